@@ -1,0 +1,32 @@
+"""actorgraph: replay captured device work across many devices with trio actors."""
+
+from ._buffer import Buffer as Buffer
+from ._errors import ActorGraphError as ActorGraphError
+from ._errors import BufferFreedError as BufferFreedError
+from ._errors import ClosedError as ClosedError
+from ._errors import DeviceError as DeviceError
+from ._errors import InputError as InputError
+from ._errors import ItemError as ItemError
+from ._errors import PlanDeadlockError as PlanDeadlockError
+from ._errors import PlanError as PlanError
+from ._errors import PlanRaceError as PlanRaceError
+from ._errors import UsageError as UsageError
+from ._errors import VarError as VarError
+from ._graph import Graph as Graph
+from ._kernel import Copy as Copy
+from ._kernel import Kernel as Kernel
+from ._kernel import Launch as Launch
+from ._runtime import Runtime as Runtime
+from ._runtime import open_runtime as open_runtime
+from ._vars import Expr as Expr
+from ._vars import Var as Var
+from ._vars import cdiv as cdiv
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActorGraphError", "Buffer", "BufferFreedError", "ClosedError", "Copy", "DeviceError",
+    "Expr", "Graph", "InputError", "ItemError", "Kernel", "Launch", "PlanDeadlockError",
+    "PlanError", "PlanRaceError", "Runtime", "UsageError", "Var", "VarError", "cdiv",
+    "open_runtime",
+]

@@ -1,0 +1,153 @@
+"""Buffers: typed, shaped regions of one device allocation (a base buffer or a view of one)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from ._errors import BufferFreedError, UsageError
+
+if TYPE_CHECKING:
+    from devices import Device
+
+_alloc_ids = itertools.count(1)
+
+
+@attrs.define(eq=False)
+class Allocation:
+    """The memory behind a base buffer and every view of it."""
+
+    device: Device
+    nelems: int
+    dtype: np.dtype[Any]
+    memory: Any
+    uid: int = attrs.field(factory=lambda: next(_alloc_ids))
+    freed: bool = False
+
+
+def _shape_of(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+        raise UsageError(f"a buffer shape is an int or a tuple of ints >= 0, got {shape!r}")
+    return dims
+
+
+@attrs.frozen(eq=False, repr=False)
+class Buffer:
+    """A typed, shaped region of device memory. Compared by identity.
+
+    `offset` is in elements from the start of the base allocation.
+    """
+
+    device: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    offset: int
+    _alloc: Allocation
+    _base: Buffer | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_view(self) -> bool:
+        return self._base is not None
+
+    @property
+    def base(self) -> Buffer:
+        return self if self._base is None else self._base
+
+    @property
+    def freed(self) -> bool:
+        return self._alloc.freed
+
+    @property
+    def alloc_id(self) -> int:
+        return self._alloc.uid
+
+    @property
+    def byte_range(self) -> tuple[int, int]:
+        start = self.offset * self.dtype.itemsize
+        return start, start + self.nbytes
+
+    def __repr__(self) -> str:
+        dims = "x".join(map(str, self.shape))
+        where = f" view@{self.offset}" if self.is_view else ""
+        gone = " freed" if self.freed else ""
+        return f"<Buffer {self.device} {dims} {self.dtype.name}{where}{gone} #{self.alloc_id}>"
+
+    def check_live(self, what: str = "") -> None:
+        if self._alloc.freed:
+            raise BufferFreedError(
+                f"{what}{self!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+            )
+
+    def view(self, offset: int = 0, size: int | None = None, shape: Any = None) -> Buffer:
+        """A view of `size` elements (or `shape`) starting `offset` elements into this buffer."""
+        self.check_live("view of ")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise UsageError(f"view offset must be an int >= 0, got {offset!r}")
+        if shape is None:
+            shape = (self.size - offset) if size is None else size
+        dims = _shape_of(shape)
+        if size is not None and math.prod(dims) != size:
+            raise UsageError(f"view size={size} does not match shape={dims}")
+        count = math.prod(dims)
+        if offset + count > self.size:
+            raise UsageError(
+                f"view(offset={offset}, size={count}) of {self!r} runs past its end "
+                f"({offset + count} > {self.size}); shrink the view or its offset"
+            )
+        return Buffer(
+            device=self.device,
+            shape=dims,
+            dtype=self.dtype,
+            offset=self.offset + offset,
+            alloc=self._alloc,
+            base=self.base,
+        )
+
+    def rebased(self, old_root: Buffer, new_root: Buffer) -> Buffer:
+        """This buffer's region, moved from `old_root` onto `new_root` (same layout)."""
+        if self is old_root:
+            return new_root
+        return new_root.view(offset=self.offset - old_root.offset, shape=self.shape)
+
+    def overlaps(self, other: Buffer) -> bool:
+        if self._alloc is not other._alloc:
+            return False
+        a0, a1 = self.byte_range
+        b0, b1 = other.byte_range
+        return a0 < b1 and b0 < a1 and a0 < a1 and b0 < b1
+
+    def within(self, other: Buffer) -> bool:
+        """True if this buffer's bytes lie inside `other`'s."""
+        if self._alloc is not other._alloc:
+            return False
+        a0, a1 = self.byte_range
+        b0, b1 = other.byte_range
+        return b0 <= a0 and a1 <= b1
+
+    def host_view(self) -> np.ndarray[Any, Any]:
+        """The numpy view of this buffer's memory, for host-visible devices."""
+        memory = self._alloc.memory
+        if not isinstance(memory, np.ndarray):
+            raise UsageError(f"{self!r} is not in host-visible memory; use rt.copyout()")
+        return memory[self.offset : self.offset + self.size].reshape(self.shape)
+
+    @property
+    def memory(self) -> Any:
+        return self._alloc.memory
+
+    @property
+    def device_object(self) -> Device:
+        return self._alloc.device

@@ -1,0 +1,42 @@
+"""The errors users see. Each message names the culprit, states the rule, suggests a fix."""
+
+from __future__ import annotations
+
+from devices import DeviceError as DeviceError
+from scheduler import PlanDeadlockError as PlanDeadlockError
+from scheduler import PlanError as PlanError
+from scheduler import PlanRaceError as PlanRaceError
+
+
+class ActorGraphError(Exception):
+    """Base of actorgraph's own errors."""
+
+
+class UsageError(ActorGraphError, ValueError):
+    """A call got arguments that break a rule of the API (checked before anything runs)."""
+
+
+class InputError(UsageError):
+    """A graph call's inputs do not match what the graph was compiled for."""
+
+
+class VarError(UsageError):
+    """A variable is missing, unknown, or outside its bounds."""
+
+
+class BufferFreedError(UsageError):
+    """A freed buffer was used."""
+
+
+class ClosedError(ActorGraphError, RuntimeError):
+    """A graph used after aclose(), or a runtime used after its `async with` exited."""
+
+
+class ItemError(ActorGraphError):
+    """An item (a kernel or copy) raised while running. The original error is __cause__."""
+
+    def __init__(self, message: str, *, index: int, label: str, device: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.label = label
+        self.device = device

@@ -1,0 +1,191 @@
+"""Kernels and the jit-cache items that use them: Launch and Copy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union
+
+import attrs
+
+from ._buffer import Buffer
+from ._errors import UsageError
+from ._vars import Expr, IntLike, Var, variables_of
+
+
+def _index_tuple(name: str) -> Callable[[Any], tuple[int, ...]]:
+    def convert(value: Any) -> tuple[int, ...]:
+        out = tuple(value)
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in out):
+            raise UsageError(f"Kernel {name} must list buffer slots as ints >= 0, got {value!r}")
+        return out
+
+    return convert
+
+
+@attrs.frozen(eq=False)
+class Kernel:
+    """A named kernel with a body per device kind.
+
+    `outs` are the buffer slots it writes, `ins` the slots it reads (a slot may be in
+    both). `cpu` is called as fn(*numpy_views, *var_values) (plus global_size= and
+    local_size= keywords when pass_dims=True); `cuda` is CUDA C source whose entry point
+    is `name`. `cost` tells simulated devices how long a launch takes.
+    """
+
+    name: str
+    cpu: Callable[..., Any] | None = None
+    cuda: str | None = None
+    outs: tuple[int, ...] = attrs.field(default=(), converter=_index_tuple("outs"))
+    ins: tuple[int, ...] = attrs.field(default=(), converter=_index_tuple("ins"))
+    cost: Any = None
+    pass_dims: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise UsageError(f"Kernel name must be an identifier, got {self.name!r}")
+        if self.cpu is None and self.cuda is None:
+            raise UsageError(
+                f"Kernel {self.name!r} has no body; give cpu=fn and/or cuda=SOURCE"
+            )
+        if self.cpu is not None and not callable(self.cpu):
+            raise UsageError(f"Kernel {self.name!r}: cpu= must be callable, got {self.cpu!r}")
+        if not self.outs:
+            raise UsageError(
+                f"Kernel {self.name!r} writes no buffer: list the written slots in outs=(...)"
+            )
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r}, outs={self.outs}, ins={self.ins})"
+
+
+Dims = Union[IntLike, Sequence[IntLike], None]
+
+
+def _dims(value: Dims) -> tuple[IntLike, ...] | None:
+    if value is None:
+        return None
+    dims = (value,) if isinstance(value, (int, Expr)) else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(
+        isinstance(d, bool) or not isinstance(d, (int, Expr)) for d in dims
+    ):
+        raise UsageError(f"launch dims are 1 to 3 ints or Var expressions, got {value!r}")
+    return dims
+
+
+def _fixedvars(value: Mapping[Var, int] | Sequence[tuple[Var, int]]) -> tuple[tuple[Var, int], ...]:
+    pairs = tuple(value.items()) if isinstance(value, Mapping) else tuple(value)
+    for var, val in pairs:
+        if not isinstance(var, Var):
+            raise UsageError(f"fixedvars keys must be Vars, got {var!r}")
+        var.check(val)
+    return pairs
+
+
+def _buffers(value: Sequence[Buffer]) -> tuple[Buffer, ...]:
+    bufs = tuple(value)
+    for i, buf in enumerate(bufs):
+        if not isinstance(buf, Buffer):
+            raise UsageError(f"buffer slot {i} must be an actorgraph Buffer, got {buf!r}")
+    return bufs
+
+
+@attrs.frozen(eq=False)
+class Launch:
+    """A kernel launch over buffers; launch dims may be Var expressions (evaluated per call)."""
+
+    kernel: Kernel
+    bufs: tuple[Buffer, ...] = attrs.field(converter=_buffers)
+    vars: tuple[Var, ...] = attrs.field(default=(), converter=tuple)
+    fixedvars: tuple[tuple[Var, int], ...] = attrs.field(factory=tuple, converter=_fixedvars)
+    global_size: tuple[IntLike, ...] | None = attrs.field(default=None, converter=_dims)
+    local_size: tuple[IntLike, ...] | None = attrs.field(default=None, converter=_dims)
+
+    def __attrs_post_init__(self) -> None:
+        kernel = self.kernel
+        if not isinstance(kernel, Kernel):
+            raise UsageError(f"Launch needs an actorgraph Kernel, got {kernel!r}")
+        nslots = len(self.bufs)
+        for slot in kernel.outs + kernel.ins:
+            if slot >= nslots:
+                raise UsageError(
+                    f"Kernel {kernel.name!r} uses buffer slot {slot} but the Launch passes "
+                    f"{nslots} buffers; pass one buffer per slot"
+                )
+        for slot in range(nslots):
+            if slot not in kernel.outs and slot not in kernel.ins:
+                raise UsageError(
+                    f"buffer slot {slot} of Kernel {kernel.name!r} is in neither outs nor ins; "
+                    f"say whether the kernel reads or writes it"
+                )
+        if not self.bufs:
+            raise UsageError(f"Launch of {kernel.name!r} has no buffers")
+        devices = {b.device for b in self.bufs}
+        if len(devices) > 1:
+            raise UsageError(
+                f"Launch of {kernel.name!r} mixes buffers of {sorted(devices)}; a kernel runs "
+                f"on one device: add a Copy to bring the data over first"
+            )
+        for var in self.vars:
+            if not isinstance(var, Var):
+                raise UsageError(f"Launch vars must be Vars, got {var!r}")
+
+    @property
+    def device(self) -> str:
+        return self.bufs[0].device
+
+    @property
+    def label(self) -> str:
+        return self.kernel.name
+
+    def free_vars(self) -> frozenset[Var]:
+        """Vars whose values come from the call (not fixed by this launch)."""
+        used: frozenset[Var] = frozenset(self.vars)
+        for dims in (self.global_size, self.local_size):
+            for d in dims or ():
+                used |= variables_of(d)
+        return used - {var for var, _ in self.fixedvars}
+
+    def reads_writes(self) -> list[tuple[Buffer, bool]]:
+        outs = set(self.kernel.outs)
+        return [(buf, slot in outs) for slot, buf in enumerate(self.bufs)]
+
+
+@attrs.frozen(eq=False)
+class Copy:
+    """Copy src into dst: same device or across devices."""
+
+    dst: Buffer
+    src: Buffer
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("dst", "src"):
+            if not isinstance(getattr(self, name), Buffer):
+                raise UsageError(f"Copy {name} must be an actorgraph Buffer, got {getattr(self, name)!r}")
+        if self.dst.dtype != self.src.dtype or self.dst.size != self.src.size:
+            raise UsageError(
+                f"Copy needs dst and src of the same dtype and size: dst is {self.dst!r}, "
+                f"src is {self.src!r}; use views of matching size"
+            )
+        if self.dst.overlaps(self.src):
+            raise UsageError(f"Copy dst {self.dst!r} overlaps its src {self.src!r}")
+
+    @property
+    def device(self) -> str:
+        return self.dst.device
+
+    @property
+    def bufs(self) -> tuple[Buffer, Buffer]:
+        return (self.dst, self.src)
+
+    @property
+    def label(self) -> str:
+        return f"copy {self.src.device}->{self.dst.device}"
+
+    def free_vars(self) -> frozenset[Var]:
+        return frozenset()
+
+    def reads_writes(self) -> list[tuple[Buffer, bool]]:
+        return [(self.dst, True), (self.src, False)]
+
+
+Item = Union[Launch, Copy]

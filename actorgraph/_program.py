@@ -1,0 +1,195 @@
+"""A Plan lowered onto a runtime's actors: op lists per queue, rebound per call.
+
+Lowering happens once per graph; a call only re-lowers the items whose buffers come
+from the call's inputs or whose var values / launch dims depend on the call's vars, and
+reuses the previous call's op lists when nothing changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from devices import SIGNAL, WAIT, Device, Job, QueueActor, Submission
+from devices._actor import Op
+from scheduler import Access, ItemKind, Plan, PlanItem, Run, Signal, SyncDevice, Wait, WaitKick
+
+from ._buffer import Buffer
+from ._errors import UsageError
+from ._kernel import Copy, Item, Launch
+from ._vars import Var, evaluate
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+
+def plan_item(item: Item) -> PlanItem:
+    accesses = []
+    for buf, write in item.reads_writes():
+        start, stop = buf.byte_range
+        accesses.append(Access(buf.device, buf.alloc_id, start, stop, write))
+    if isinstance(item, Launch):
+        return PlanItem(item.label, ItemKind.EXEC, item.device, tuple(accesses))
+    return PlanItem(item.label, ItemKind.COPY, item.dst.device, tuple(accesses), item.src.device)
+
+
+def check_item(item: object, index: int) -> Item:
+    if not isinstance(item, (Launch, Copy)):
+        raise UsageError(
+            f"item {index} is {item!r}; a jit cache holds ag.Launch(...) and ag.Copy(...) items"
+        )
+    for buf in item.bufs:
+        buf.check_live(f"item {index} ({item.label}) uses ")
+    return item
+
+
+def _dims_of(dims: tuple[Any, ...] | None, values: Mapping[Var, int]) -> tuple[int, ...]:
+    if dims is None:
+        return (1, 1, 1)
+    out = tuple(evaluate(d, values) for d in dims)
+    for d in out:
+        if d < 1:
+            raise UsageError(f"launch dims {out} must all be >= 1 for these var values")
+    return out + (1,) * (3 - len(out))
+
+
+class Program:
+    """Plan + runtime -> everything a submission needs, except per-call bindings."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        items: Sequence[Item],
+        inputs: Sequence[Buffer],
+        plan: Plan,
+        *,
+        index_offset: int = 0,
+    ) -> None:
+        self.runtime = runtime
+        self.items = tuple(items)
+        self.inputs = tuple(inputs)
+        self.plan = plan
+        self.index_offset = index_offset
+        nqueues = len(plan.queues)
+        self.actors: list[QueueActor] = [
+            runtime.device(q.device).queues[q.kind] for q in plan.queues
+        ]
+        self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
+        self.timelines = [d.timeline for d in self.devices]
+        self.counts = [sum(isinstance(m, Run) for m in prog) for prog in plan.programs]
+        self.queue_devices = [
+            tuple(di for di, qs in enumerate(plan.device_queues) if qi in qs)
+            for qi in range(nqueues)
+        ]
+        self.device_jobs = [len(qs) for qs in plan.device_queues]
+        self.kick_slot = nqueues + len(self.devices)
+
+        # Which item slots come from which input: (input index, captured root).
+        self.item_inputs: list[list[tuple[int, int]]] = [[] for _ in self.items]
+        for j, item in enumerate(self.items):
+            for slot, buf in enumerate(item.bufs):
+                source = self._input_of(buf, j)
+                if source is not None:
+                    self.item_inputs[j].append((slot, source))
+        self.free_vars: frozenset[Var] = frozenset().union(*(i.free_vars() for i in self.items))
+        self.dynamic = [j for j, item in enumerate(self.items) if self.item_inputs[j] or item.free_vars()]
+
+        device_index = {d: i for i, d in enumerate(plan.devices)}
+        self.where: dict[int, tuple[int, int]] = {}
+        templates: list[list[Op | None]] = []
+        dynamic = set(self.dynamic)
+        for qi, program in enumerate(plan.programs):
+            own = self.actors[qi]
+            ops: list[Op | None] = []
+            for msg in program:
+                if isinstance(msg, Run):
+                    self.where[msg.item] = (qi, len(ops))
+                    if msg.item in dynamic or msg.item >= len(self.items):
+                        ops.append(None)  # lowered per call, or a host op filled in later
+                    else:
+                        ops.append(self.lower(msg.item, self.inputs, {}))
+                elif isinstance(msg, Wait):
+                    src = plan.queues.index(msg.queue)
+                    ops.append((WAIT, self.actors[src].signal, src, msg.value))
+                elif isinstance(msg, Signal):
+                    ops.append((SIGNAL, own.signal, qi, msg.value))
+                elif isinstance(msg, SyncDevice):
+                    di = device_index[msg.device]
+                    ops.append((WAIT, self.devices[di].timeline, nqueues + di, 0))
+                elif isinstance(msg, WaitKick):
+                    ops.append((WAIT, runtime.kick, self.kick_slot, 0))
+            templates.append(ops)
+        self.templates = templates
+        self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
+        complete = all(op is not None for t in templates for op in t)
+        self.static_ops: tuple[tuple[Op, ...], ...] | None = (
+            tuple(tuple(t) for t in templates) if complete else None  # type: ignore[misc]
+        )
+
+    def _input_of(self, buf: Buffer, index: int) -> int | None:
+        for i, root in enumerate(self.inputs):
+            if buf is root or (not root.is_view and buf.base is root):
+                return i
+            if buf.overlaps(root):
+                raise UsageError(
+                    f"item {index} ({self.items[index].label}) uses {buf!r}, which overlaps "
+                    f"input {i} {root!r} without being it; pass the base buffer as the input"
+                )
+        return None
+
+    def describe(self, index: int) -> str:
+        item = self.items[index]
+        return f"item {index + self.index_offset} ({item.label})"
+
+    def lower(self, j: int, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]) -> Op:
+        item = self.items[j]
+        bufs = list(item.bufs)
+        for slot, source in self.item_inputs[j]:
+            bufs[slot] = bufs[slot].rebased(self.inputs[source], inputs[source])
+        qi = self.plan.item_queue[j]
+        queue = self.plan.queues[qi]
+        device = self.runtime.device(queue.device)
+        index = j + self.index_offset
+        if isinstance(item, Launch):
+            values = dict(var_vals)
+            values.update(item.fixedvars)
+            var_values = [values[v] if v in values else v.evaluate(values) for v in item.vars]
+            return device.lower_launch(
+                index, item.kernel, bufs, var_values,
+                _dims_of(item.global_size, values), _dims_of(item.local_size, values), queue.kind,
+            )
+        return device.lower_copy(index, bufs[0], bufs[1], queue.kind)
+
+    def bind(
+        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]
+    ) -> tuple[tuple[Op, ...], ...]:
+        if self.static_ops is not None:
+            return self.static_ops
+        ops = [t for t in self.templates]
+        for qi in self.dynamic_queues:
+            ops[qi] = list(ops[qi])
+        for j in self.dynamic:
+            qi, pos = self.where[j]
+            ops[qi][pos] = self.lower(j, inputs, var_vals)
+        return tuple(tuple(o) for o in ops)  # type: ignore[arg-type]
+
+    def submit(self, ops: Sequence[Sequence[Op]]) -> Submission:
+        """Post one job per queue. Synchronous: no checkpoint between tickets and posts."""
+        actors = self.actors
+        nqueues = len(actors)
+        bases = [0] * (self.kick_slot + 1)
+        for qi in range(nqueues):
+            bases[qi] = actors[qi].reserve(self.counts[qi])
+        tickets = []
+        for di, device in enumerate(self.devices):
+            prev = device.take_ticket()
+            bases[nqueues + di] = prev
+            tickets.append(prev + 1)
+        runtime = self.runtime
+        kick = runtime.kick.value + 1
+        bases[self.kick_slot] = kick
+        sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
+        for qi in range(nqueues):
+            actors[qi].post(Job(ops[qi], bases, sub, qi))
+        runtime.kick.set(kick)
+        return sub

@@ -1,0 +1,272 @@
+"""The runtime: opens devices, starts their actors in a nursery, runs eager work, compiles graphs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+
+import devices as _devices
+from devices import Device, Job, QueueActor, Signal, Submission
+from scheduler import Access, ItemKind, Plan, PlanItem, QueueKind, build_plan
+
+from ._buffer import Allocation, Buffer, _shape_of
+from ._errors import ClosedError, ItemError, UsageError
+from ._graph import Graph, check_var_vals
+from ._kernel import Item
+from ._program import Program, check_item, plan_item
+
+
+@attrs.frozen
+class RuntimeStatistics:
+    devices: tuple[str, ...]
+    submissions: int
+    in_flight: int
+    actors: tuple[Any, ...]
+
+
+class Runtime:
+    """Devices and their actors, alive inside `async with open_runtime(...)`."""
+
+    def __init__(self, device_names: Sequence[str], **options: Any) -> None:
+        if isinstance(device_names, str) or not device_names:
+            raise UsageError(
+                f"open_runtime needs a list of device names like ['CPU:0', 'CPU:1'], "
+                f"got {device_names!r}"
+            )
+        seen: set[str] = set()
+        for name in device_names:
+            if name in seen:
+                raise UsageError(f"device {name!r} is listed twice in open_runtime(...)")
+            seen.add(name)
+        timeline_start = int(options.pop("timeline_start", 0))
+        self.verify_plans = bool(options.pop("verify_plans", False))
+        self._devices: dict[str, Device] = {
+            name: _devices.open_device(name, timeline_start=timeline_start, **options)
+            for name in device_names
+        }
+        self.caps = {name: dev.caps for name, dev in self._devices.items()}
+        # KICK: a submission's queues start once the runtime admits it.
+        self.kick = Signal("KICK", 0)
+        self._open = False
+        self._closed = False
+        self.submissions = 0
+        self.in_flight = 0
+        self._eager_cache: dict[tuple[Any, ...], Plan] = {}
+
+    # -- lifecycle --
+
+    async def _start(self, nursery: trio.Nursery) -> None:
+        for device in self._devices.values():
+            await device.start(nursery)
+        self._open = True
+
+    def _close(self) -> None:
+        self._open = False
+        self._closed = True
+        for device in self._devices.values():
+            device.close()
+
+    def check_open(self) -> None:
+        if not self._open:
+            if self._closed:
+                raise ClosedError(
+                    "this runtime has exited its `async with open_runtime(...)` block; "
+                    "open a new runtime to run more work"
+                )
+            raise ClosedError("this runtime is not started; use `async with open_runtime(...) as rt`")
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(self._devices)
+
+    def device(self, name: str) -> Device:
+        try:
+            return self._devices[name]
+        except KeyError:
+            raise UsageError(
+                f"device {name!r} is not open in this runtime (open: {list(self._devices)}); "
+                f"add it to open_runtime([...])"
+            ) from None
+
+    def statistics(self) -> RuntimeStatistics:
+        return RuntimeStatistics(
+            devices=self.devices,
+            submissions=self.submissions,
+            in_flight=self.in_flight,
+            actors=tuple(
+                actor.statistics() for d in self._devices.values() for actor in d.queues.values()
+            ),
+        )
+
+    # -- memory --
+
+    def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Buffer:
+        self.check_open()
+        dev = self.device(device)
+        dims = _shape_of(shape)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise UsageError(f"alloc: {dtype!r} is not a numpy dtype") from None
+        nelems = int(np.prod(dims))
+        alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=dev.allocate(nelems, dt))
+        return Buffer(device=device, shape=dims, dtype=dt, offset=0, alloc=alloc)
+
+    def free(self, buffer: Buffer) -> None:
+        """Release a base buffer's memory; later use of it or its views is an error."""
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"free() takes a Buffer, got {buffer!r}")
+        if buffer.is_view:
+            raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
+        buffer.check_live("free: ")
+        alloc = buffer._alloc
+        alloc.freed = True
+        alloc.device.free(alloc.memory)
+        alloc.memory = None
+
+    # -- submitting work --
+
+    async def _await(self, program: Program, sub: Submission) -> None:
+        self.submissions += 1
+        self.in_flight += 1
+        try:
+            await sub.done.wait()
+        finally:
+            if sub.done.is_set():
+                self.in_flight -= 1
+            else:
+                # Cancelled: the work goes on in the actors; count it when it ends.
+                sub.on_done = lambda _: self._finished()
+        raise_failure(program, sub)
+
+    def _finished(self) -> None:
+        self.in_flight -= 1
+
+    def _host_program(self, buffer: Buffer, write: bool) -> Program:
+        dev = self.device(buffer.device)
+        start, stop = buffer.byte_range
+        kind = QueueKind.COPY if QueueKind.COPY in dev.queues else QueueKind.COMPUTE
+        item = PlanItem(
+            "host write" if write else "host read",
+            ItemKind.COPY if kind is QueueKind.COPY else ItemKind.EXEC,
+            buffer.device,
+            (Access(buffer.device, buffer.alloc_id, start, stop, write),),
+        )
+        return Program(self, (), (), build_plan([item], self.caps))
+
+    async def copyin(self, buffer: Buffer, array: Any) -> None:
+        """Copy a host array into `buffer` (after all earlier work on its device)."""
+        self.check_open()
+        data = self._host_array(buffer, array)
+        program = self._host_program(buffer, write=True)
+        queue = program.plan.queues[0]
+        op = self.device(buffer.device).lower_host_write(buffer, data, queue.kind)
+        await self._run_host(program, op)
+
+    async def copyout(self, buffer: Buffer) -> np.ndarray[Any, Any]:
+        """A host copy of `buffer`'s contents (after all earlier work on its device)."""
+        self.check_open()
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"copyout takes a Buffer, got {buffer!r}")
+        buffer.check_live("copyout: ")
+        out = np.empty(buffer.shape, dtype=buffer.dtype)
+        program = self._host_program(buffer, write=False)
+        queue = program.plan.queues[0]
+        op = self.device(buffer.device).lower_host_read(buffer, out, queue.kind)
+        await self._run_host(program, op)
+        return out
+
+    async def _run_host(self, program: Program, op: Any) -> None:
+        # The host op fills the one Run placeholder of a single-item host program.
+        ops = [tuple(op if o is None else o for o in template) for template in program.templates]
+        await self._await(program, program.submit(ops))
+
+    def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"copyin takes a Buffer, got {buffer!r}")
+        buffer.check_live("copyin: ")
+        data = np.asarray(array)
+        if data.dtype != buffer.dtype:
+            raise UsageError(
+                f"copyin: array dtype {data.dtype} does not match {buffer!r}; "
+                f"convert with array.astype(np.{buffer.dtype.name})"
+            )
+        if data.size != buffer.size:
+            raise UsageError(
+                f"copyin: array has {data.size} elements but {buffer!r} holds {buffer.size}"
+            )
+        # Own the data: the caller may change its array while the copy waits its turn.
+        return np.array(data.reshape(buffer.shape), copy=True)
+
+    async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> None:
+        """Run items eagerly, one after another: the reference semantics for graphs."""
+        self.check_open()
+        checked = [check_item(item, i) for i, item in enumerate(items)]
+        for index, item in enumerate(checked):
+            plan = build_plan([plan_item(item)], self.caps)
+            program = Program(self, (item,), (), plan, index_offset=index)
+            values = check_var_vals(program.free_vars, var_vals, f"run(): item {index} ({item.label})")
+            await self._await(program, program.submit(program.bind((), values)))
+
+    async def compile(
+        self,
+        items: Sequence[Item],
+        inputs: Sequence[Buffer] = (),
+        *,
+        verify: bool | None = None,
+    ) -> Graph:
+        """Plan `items` once; the Graph replays them with new inputs and var values."""
+        self.check_open()
+        checked = [check_item(item, i) for i, item in enumerate(items)]
+        if not checked:
+            raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
+        inputs = list(inputs)
+        for i, buf in enumerate(inputs):
+            if not isinstance(buf, Buffer):
+                raise UsageError(f"input {i} must be a Buffer, got {buf!r}")
+            buf.check_live(f"input {i}: ")
+        plan = build_plan([plan_item(item) for item in checked], self.caps)
+        if self.verify_plans if verify is None else verify:
+            plan.verify()
+        return Graph(self, Program(self, checked, inputs, plan))
+
+
+def raise_failure(program: Program, sub: Submission) -> None:
+    error = sub.error
+    if error is None:
+        return
+    if sub.failed_item < 0:
+        raise ClosedError(str(error)) from error
+    index = sub.failed_item - program.index_offset
+    item = program.items[index] if 0 <= index < len(program.items) else None
+    label = item.label if item is not None else "?"
+    raise ItemError(
+        f"item {sub.failed_item} ({label}) on {sub.failed_actor} raised "
+        f"{type(error).__name__}: {error}",
+        index=sub.failed_item,
+        label=label,
+        device=sub.failed_actor.split("/")[0],
+    ) from error
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[Runtime]:
+    """Open devices and run their queue actors for the duration of the block.
+
+    Options: timeline_start (int, initial device/queue timeline value),
+    cpu_thread_bytes (kernels touching at least this many bytes run on the device's
+    worker thread), verify_plans (check every compiled plan for deadlocks and races).
+    """
+    runtime = Runtime(devices, **options)
+    async with trio.open_nursery() as nursery:
+        try:
+            await runtime._start(nursery)
+            yield runtime
+        finally:
+            runtime._close()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,297 @@
+"""Queue actors: a trio task with an inbox that replays lowered message lists.
+
+A *job* is one queue's part of one submission (a graph replay, an eager item, a host
+copy): a tuple of ops plus the per-submission base values its waits and signals are
+relative to. Ops are plain tuples so the replay loop stays a tight Python loop:
+
+    (WAIT, signal, base_slot, rel)     park until signal >= bases[base_slot] + rel
+    (SIGNAL, signal, base_slot, rel)   set signal to bases[base_slot] + rel
+    (EXEC, fn, args, item)             fn(*args) inline, in the actor
+    (EXEC_THREAD, fn, args, item)      fn(*args) on the actor's worker thread; runs of
+                                       consecutive EXEC_THREAD ops go over in one hop
+
+Device kinds add codes of their own (>= FIRST_DEVICE_OP) and handle them in
+`_run_device_op`.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import outcome
+import trio
+
+from ._signal import Signal
+
+WAIT = 0
+SIGNAL = 1
+EXEC = 2
+EXEC_THREAD = 3
+FIRST_DEVICE_OP = 16
+
+Op = tuple[Any, ...]
+
+
+class ActorClosedError(RuntimeError):
+    """The actor that was to run this work has shut down (its runtime exited)."""
+
+
+class Submission:
+    """Shared state of one submission while its jobs run on several actors.
+
+    Invariants: `remaining` counts jobs not yet finished; `device_left[d]` counts the
+    unfinished jobs that touch device d; device d's timeline moves to `tickets[d]` when
+    that count reaches zero, so later submissions on d start only after this one.
+    """
+
+    __slots__ = (
+        "remaining", "device_left", "timelines", "tickets", "queue_devices", "error",
+        "failed_item", "failed_actor", "done", "on_done",
+    )
+
+    def __init__(
+        self,
+        njobs: int,
+        timelines: Sequence[Signal],
+        tickets: Sequence[int],
+        queue_devices: Sequence[Sequence[int]],
+        device_jobs: Sequence[int],
+    ) -> None:
+        self.remaining = njobs
+        self.timelines = timelines
+        self.tickets = tickets
+        self.queue_devices = queue_devices
+        self.device_left = list(device_jobs)
+        self.error: BaseException | None = None
+        self.failed_item = -1
+        self.failed_actor = ""
+        self.done = trio.Event()
+        self.on_done: Callable[[Submission], None] | None = None
+        if njobs == 0:
+            self.done.set()
+
+    def fail(self, item: int, actor: str, error: BaseException) -> None:
+        """Record the first failure; later ops of this submission skip their execs."""
+        if self.error is None:
+            self.error = error
+            self.failed_item = item
+            self.failed_actor = actor
+
+    def job_done(self, slot: int) -> None:
+        device_left = self.device_left
+        for d in self.queue_devices[slot]:
+            device_left[d] -= 1
+            if device_left[d] == 0:
+                self.timelines[d].set(self.tickets[d])
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.done.set()
+            if self.on_done is not None:
+                self.on_done(self)
+
+
+class Job:
+    __slots__ = ("ops", "bases", "submission", "slot")
+
+    def __init__(self, ops: Sequence[Op], bases: Sequence[int], submission: Submission, slot: int):
+        self.ops = ops
+        self.bases = bases
+        self.submission = submission
+        self.slot = slot
+
+
+@attrs.frozen
+class ActorStatistics:
+    name: str
+    jobs_done: int
+    jobs_queued: int
+    items_run: int
+    signal_value: int
+
+
+class WorkerThread:
+    """One OS thread that runs batches of ops for an actor, so numpy work leaves the
+    trio thread (and two devices really run in parallel) at one hop per batch."""
+
+    def __init__(self, name: str, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._jobs: queue.SimpleQueue[tuple[Sequence[Op], trio.lowlevel.Task] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        while True:
+            got = self._jobs.get()
+            if got is None:
+                return
+            batch, task = got
+            failure: tuple[int, BaseException] | None = None
+            for op in batch:
+                try:
+                    op[1](*op[2])
+                except Exception as exc:  # reported to the submission, never lost
+                    failure = (op[3], exc)
+                    break
+            try:
+                self._token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(failure))
+            except trio.RunFinishedError:
+                return
+
+    async def run(self, batch: Sequence[Op]) -> tuple[int, BaseException] | None:
+        self._jobs.put((batch, trio.lowlevel.current_task()))
+        # The thread cannot be interrupted; a cancelled actor waits for its batch.
+        result: tuple[int, BaseException] | None = await trio.lowlevel.wait_task_rescheduled(
+            lambda _: trio.lowlevel.Abort.FAILED
+        )
+        return result
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
+class QueueActor:
+    """A device queue as a trio task: it owns its timeline signal and runs jobs in order."""
+
+    def __init__(self, name: str, timeline_start: int = 0) -> None:
+        self.name = name
+        self.signal = Signal(name, timeline_start)
+        self.next_value = timeline_start
+        self._inbox: collections.deque[Job] = collections.deque()
+        self._task: trio.lowlevel.Task | None = None
+        self._parked = False
+        self._worker: WorkerThread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._closed = False
+        self._current: Job | None = None
+        self.jobs_done = 0
+        self.items_run = 0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    # -- submission side (runs in the submitter's task, never blocks) --
+
+    def reserve(self, count: int) -> int:
+        """Take `count` timeline values for a job; return the base they are relative to."""
+        base = self.next_value
+        self.next_value = base + count
+        return base
+
+    def post(self, job: Job) -> None:
+        self._inbox.append(job)
+        if self._parked:
+            self._parked = False
+            trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
+
+    def statistics(self) -> ActorStatistics:
+        return ActorStatistics(
+            name=self.name,
+            jobs_done=self.jobs_done,
+            jobs_queued=len(self._inbox),
+            items_run=self.items_run,
+            signal_value=self.signal.value,
+        )
+
+    # -- the actor's own task --
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._task = trio.lowlevel.current_task()
+        self._token = trio.lowlevel.current_trio_token()
+        task_status.started()
+        try:
+            while True:
+                if not self._inbox:
+                    self._parked = True
+
+                    def abort(_: object) -> trio.lowlevel.Abort:
+                        self._parked = False
+                        return trio.lowlevel.Abort.SUCCEEDED
+
+                    await trio.lowlevel.wait_task_rescheduled(abort)
+                    continue
+                job = self._inbox.popleft()
+                self._current = job
+                await self._run_job(job)
+                self._current = None
+                self.jobs_done += 1
+                if self._inbox:
+                    # Back-to-back jobs: let other tasks run between them.
+                    await trio.lowlevel.checkpoint()
+        finally:
+            self._closed = True
+            if self._worker is not None:
+                self._worker.close()
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """The actor is gone: fail every job it will never finish, so no caller hangs."""
+        pending = list(self._inbox)
+        self._inbox.clear()
+        if self._current is not None:
+            pending.insert(0, self._current)
+            self._current = None
+        for job in pending:
+            sub = job.submission
+            sub.fail(-1, self.name, ActorClosedError(f"{self.name} was shut down before it ran this work"))
+            if not sub.done.is_set():
+                sub.done.set()
+                if sub.on_done is not None:
+                    sub.on_done(sub)
+
+    def _thread(self) -> WorkerThread:
+        if self._worker is None:
+            assert self._token is not None
+            self._worker = WorkerThread(f"actorgraph {self.name}", self._token)
+        return self._worker
+
+    async def _run_job(self, job: Job) -> None:
+        ops = job.ops
+        bases = job.bases
+        sub = job.submission
+        count = len(ops)
+        i = 0
+        ran = 0
+        while i < count:
+            op = ops[i]
+            i += 1
+            code = op[0]
+            if code == EXEC:
+                if sub.error is None:
+                    try:
+                        op[1](*op[2])
+                    except Exception as exc:
+                        sub.fail(op[3], self.name, exc)
+                ran += 1
+            elif code == WAIT:
+                signal = op[1]
+                target = bases[op[2]] + op[3]
+                if signal.value < target:
+                    await signal.wait_value(target)
+            elif code == SIGNAL:
+                op[1].set(bases[op[2]] + op[3])
+            elif code == EXEC_THREAD:
+                end = i
+                while end < count and ops[end][0] == EXEC_THREAD:
+                    end += 1
+                batch = ops[i - 1 : end]
+                i = end
+                ran += len(batch)
+                if sub.error is None:
+                    failure = await self._thread().run(batch)
+                    if failure is not None:
+                        sub.fail(failure[0], self.name, failure[1])
+            else:
+                i = await self._run_device_op(op, job, i)
+        self.items_run += ran
+        sub.job_done(job.slot)
+
+    async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
+        """Handle a device-specific op; return the index of the next op to run."""
+        raise RuntimeError(f"{self.name}: unknown op code {op[0]!r}")

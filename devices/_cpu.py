@@ -1,0 +1,86 @@
+"""CPU:N devices: host memory, kernels run as numpy calls.
+
+Small kernels run inline in the actor (no hop at all). Large ones, by bytes touched,
+run on the actor's own worker thread, so two CPU devices really compute in parallel
+(numpy releases the GIL) while the trio thread keeps scheduling.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from scheduler import QueueKind
+
+from ._actor import EXEC, EXEC_THREAD, Op, QueueActor
+from ._device import Device, DeviceError
+
+DEFAULT_THREAD_BYTES = 1 << 20
+
+
+def host_launch_call(
+    device: Device,
+    kernel: Any,
+    buffers: Sequence[Any],
+    var_values: Sequence[int],
+    global_size: tuple[int, ...],
+    local_size: tuple[int, ...],
+) -> tuple[Any, tuple[Any, ...]]:
+    """The (function, args) that run a kernel's CPU body on host-visible buffers."""
+    fn = kernel.cpu
+    if fn is None:
+        raise DeviceError(
+            f"kernel {kernel.name!r} has no CPU body, so it cannot run on {device.name}; "
+            f"give Kernel(..., cpu=fn) or launch it on a device it has a body for"
+        )
+    if kernel.pass_dims:
+        fn = functools.partial(fn, global_size=global_size, local_size=local_size)
+    args = tuple(b.host_view() for b in buffers) + tuple(var_values)
+    return fn, args
+
+
+def _copy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    np.copyto(dst, src.reshape(dst.shape), casting="no")
+
+
+class CPUDevice(Device):
+    kind = "CPU"
+
+    def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
+        super().__init__(name, index, timeline_start=timeline_start, **options)
+        self.thread_bytes = int(options.get("cpu_thread_bytes", DEFAULT_THREAD_BYTES))
+        self.queues = {
+            QueueKind.COMPUTE: QueueActor(f"{name}/compute", timeline_start),
+            QueueKind.COPY: QueueActor(f"{name}/copy", timeline_start),
+        }
+
+    def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
+        return np.zeros(nelems, dtype=dtype)
+
+    def _code(self, nbytes: int) -> int:
+        return EXEC_THREAD if nbytes >= self.thread_bytes else EXEC
+
+    def lower_launch(
+        self,
+        item: int,
+        kernel: Any,
+        buffers: Sequence[Any],
+        var_values: Sequence[int],
+        global_size: tuple[int, ...],
+        local_size: tuple[int, ...],
+        queue: QueueKind,
+    ) -> Op:
+        fn, args = host_launch_call(self, kernel, buffers, var_values, global_size, local_size)
+        return (self._code(sum(b.nbytes for b in buffers)), fn, args, item)
+
+    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+        return (self._code(dst.nbytes), _copy_into, (dst.host_view(), src.host_view()), item)
+
+    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        return (self._code(buffer.nbytes), _copy_into, (buffer.host_view(), array), -1)
+
+    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        return (self._code(buffer.nbytes), _copy_into, (out, buffer.host_view()), -1)

@@ -1,0 +1,96 @@
+"""The device base: a named set of queue actors plus a device timeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import trio
+
+from scheduler import DeviceCaps, QueueKind
+
+from ._actor import Op, QueueActor
+from ._signal import Signal
+
+
+class DeviceError(Exception):
+    """A device cannot be opened, or cannot run what it was given."""
+
+
+class Device:
+    """A device: its queue actors, its timeline, its memory.
+
+    The timeline orders whole submissions on this device: submission k (a replay, an
+    eager item, a host copy) starts on any of the device's queues only when the
+    timeline has reached k - 1, and the timeline reaches k when every queue of that
+    submission that touches this device is done.
+    """
+
+    kind: ClassVar[str] = ""
+    host_visible: ClassVar[bool] = True
+
+    def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
+        self.name = name
+        self.index = index
+        self.timeline = Signal(f"{name}/timeline", timeline_start)
+        self.next_ticket = timeline_start
+        self.queues: dict[QueueKind, QueueActor] = {}
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    @property
+    def caps(self) -> DeviceCaps:
+        return DeviceCaps(
+            name=self.name,
+            kind=self.kind,
+            has_copy_queue=QueueKind.COPY in self.queues,
+            host_visible=self.host_visible,
+            is_cpu=self.kind == "CPU",
+        )
+
+    def take_ticket(self) -> int:
+        """Give the next submission its place on this device; return the value to wait for."""
+        prev = self.next_ticket
+        self.next_ticket = prev + 1
+        return prev
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        for actor in self.queues.values():
+            await nursery.start(actor.serve)
+
+    def close(self) -> None:
+        """Release what the device holds outside trio (threads, driver handles)."""
+
+    # -- memory --
+
+    def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
+        raise NotImplementedError
+
+    def free(self, memory: Any) -> None:
+        pass
+
+    # -- lowering: items -> ops the device's actors run --
+
+    def lower_launch(
+        self,
+        item: int,
+        kernel: Any,
+        buffers: Sequence[Any],
+        var_values: Sequence[int],
+        global_size: tuple[int, ...],
+        local_size: tuple[int, ...],
+        queue: QueueKind,
+    ) -> Op:
+        raise NotImplementedError
+
+    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+        raise NotImplementedError
+
+    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        raise NotImplementedError
+
+    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        raise NotImplementedError

@@ -1,0 +1,73 @@
+"""Timeline signals: a monotonically increasing 64-bit value that tasks can wait on."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import attrs
+import trio
+
+_SIGNAL_MAX = (1 << 64) - 1
+
+
+@attrs.frozen
+class SignalStatistics:
+    value: int
+    waiters: int
+
+
+class Signal:
+    """A timeline value owned by one actor (or device) and read by any.
+
+    `set` only moves the value forward and wakes exactly the waiters whose threshold is
+    now reached. `wait_value` returns at once, without a checkpoint, when the threshold
+    is already reached: a satisfied wait costs nothing on the replay's hot path.
+
+    Invariants: every live entry in `_waiters` has threshold > `value`.
+    """
+
+    __slots__ = ("name", "value", "_waiters", "_seq")
+
+    def __init__(self, name: str, value: int = 0) -> None:
+        if not 0 <= value <= _SIGNAL_MAX:
+            raise ValueError(f"signal {name!r}: value {value} is not a 64-bit unsigned int")
+        self.name = name
+        self.value = value
+        self._waiters: list[list[object]] = []
+        self._seq = itertools.count()
+
+    def __repr__(self) -> str:
+        return f"<Signal {self.name}={self.value}>"
+
+    def set(self, value: int) -> None:
+        if value <= self.value:
+            return
+        if value > _SIGNAL_MAX:
+            raise OverflowError(f"signal {self.name!r} would pass 2**64-1 (set to {value})")
+        self.value = value
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= value:  # type: ignore[operator]
+            entry = heapq.heappop(waiters)
+            task = entry[2]
+            if task is not None:
+                entry[2] = None
+                trio.lowlevel.reschedule(task)  # type: ignore[arg-type]
+
+    async def wait_value(self, threshold: int) -> None:
+        """Return once value >= threshold. No checkpoint when it already is."""
+        if self.value >= threshold:
+            return
+        entry: list[object] = [threshold, next(self._seq), trio.lowlevel.current_task()]
+        heapq.heappush(self._waiters, entry)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            entry[2] = None  # left in the heap; skipped when popped
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def statistics(self) -> SignalStatistics:
+        return SignalStatistics(
+            value=self.value, waiters=sum(1 for e in self._waiters if e[2] is not None)
+        )

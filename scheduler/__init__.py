@@ -1,0 +1,28 @@
+"""The planner: pure and synchronous. Jit cache (PlanItems) -> Plan (a message list per queue)."""
+
+from ._errors import PlanDeadlockError as PlanDeadlockError
+from ._errors import PlanError as PlanError
+from ._errors import PlanRaceError as PlanRaceError
+from ._plan import Message as Message
+from ._plan import Plan as Plan
+from ._plan import Run as Run
+from ._plan import Signal as Signal
+from ._plan import SyncDevice as SyncDevice
+from ._plan import Wait as Wait
+from ._plan import WaitKick as WaitKick
+from ._planner import assign_queue as assign_queue
+from ._planner import build_plan as build_plan
+from ._ranges import RangeTracker as RangeTracker
+from ._records import Access as Access
+from ._records import DeviceCaps as DeviceCaps
+from ._records import ItemKind as ItemKind
+from ._records import PlanItem as PlanItem
+from ._records import QueueId as QueueId
+from ._records import QueueKind as QueueKind
+from ._verify import verify_plan as verify_plan
+
+__all__ = [
+    "Access", "DeviceCaps", "ItemKind", "Message", "Plan", "PlanDeadlockError", "PlanError",
+    "PlanItem", "PlanRaceError", "QueueId", "QueueKind", "RangeTracker", "Run", "Signal",
+    "SyncDevice", "Wait", "WaitKick", "assign_queue", "build_plan", "verify_plan",
+]

@@ -1,0 +1,131 @@
+"""Jit cache -> Plan: queue assignment, dependencies, signals, pruning, kickoff, completion.
+
+The planner is pure: it reads PlanItems and DeviceCaps and returns a Plan. It knows
+nothing of trio, buffers' memory, or how a device runs an item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Union
+
+from ._errors import PlanError
+from ._plan import Message, Plan, Run, Signal, SyncDevice, Wait, WaitKick
+from ._ranges import RangeTracker
+from ._records import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind
+
+# What one queue knows is complete, as a vector clock. Keys are queue indices (value:
+# how many of that queue's items are done) and ("sync", device) for "this queue has
+# synchronised with that device's timeline" (value 1).
+_ClockKey = Union[int, tuple[str, str]]
+_Clock = dict[_ClockKey, int]
+
+
+def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
+    """Where an item runs.
+
+    A launch goes to its device's compute queue. A copy goes to the copy queue of its
+    destination if that device has one, else of its source, else to the destination's
+    compute queue: the destination is preferred so that the data lands where it is used.
+    """
+    for name in (item.device, item.src_device):
+        if name is not None and name not in caps:
+            raise PlanError(
+                f"item {item.label!r} uses device {name!r}, which this runtime did not open; "
+                f"open it with open_runtime([... {name!r} ...])"
+            )
+    if item.kind is ItemKind.EXEC:
+        return QueueId(item.device, QueueKind.COMPUTE)
+    if caps[item.device].has_copy_queue:
+        return QueueId(item.device, QueueKind.COPY)
+    if item.src_device is not None and caps[item.src_device].has_copy_queue:
+        return QueueId(item.src_device, QueueKind.COPY)
+    return QueueId(item.device, QueueKind.COMPUTE)
+
+
+def _queue_order(queue: QueueId, device_order: Mapping[str, int]) -> tuple[int, int]:
+    return (device_order[queue.device], 0 if queue.kind is QueueKind.COMPUTE else 1)
+
+
+def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Plan:
+    device_order = {name: i for i, name in enumerate(caps)}
+    item_queue_ids = [assign_queue(item, caps) for item in items]
+    queues = sorted(set(item_queue_ids), key=lambda q: _queue_order(q, device_order))
+    queue_index = {q: i for i, q in enumerate(queues)}
+    item_queue = [queue_index[q] for q in item_queue_ids]
+
+    # Position of each item in its queue; item j completing sets its queue to position+1.
+    counts = [0] * len(queues)
+    position = [0] * len(items)
+    for j, qi in enumerate(item_queue):
+        position[j] = counts[qi]
+        counts[qi] += 1
+
+    tracker = RangeTracker()
+    known: list[_Clock] = [{} for _ in queues]
+    clock_after: list[_Clock] = [{}] * len(items)
+    item_waits: list[list[tuple[int, int]]] = [[] for _ in items]
+    item_syncs: list[list[str]] = [[] for _ in items]
+    waited_on: set[tuple[int, int]] = set()
+    touched: list[set[str]] = [{q.device} for q in queues]
+
+    for qi, queue in enumerate(queues):
+        # The prologue syncs every queue with its own device's timeline.
+        known[qi][("sync", queue.device)] = 1
+
+    for j, item in enumerate(items):
+        qi = item_queue[j]
+        clock = known[qi]
+        deps: set[int] = set()
+        # Reads first, so that an item that reads and writes one range depends on the
+        # range's earlier readers only through its write.
+        for access in sorted(item.accesses, key=lambda a: a.write):
+            deps |= tracker.access(access.alloc, access.start, access.stop, access.write, j)
+        # Latest dependency first: its clock often covers the earlier ones (pruning).
+        for dep in sorted(deps, reverse=True):
+            dq = item_queue[dep]
+            if dq == qi:
+                continue  # queues run in order
+            value = position[dep] + 1
+            if clock.get(dq, 0) >= value:
+                continue  # already known complete, directly or through another wait
+            item_waits[j].append((dq, value))
+            waited_on.add((dq, value))
+            for key, seen in clock_after[dep].items():
+                if clock.get(key, 0) < seen:
+                    clock[key] = seen
+        for access in item.accesses:
+            touched[qi].add(access.device)
+            key = ("sync", access.device)
+            if not clock.get(key):
+                item_syncs[j].append(access.device)
+                clock[key] = 1
+        clock[qi] = position[j] + 1
+        clock_after[j] = dict(clock)
+
+    programs: list[list[Message]] = [
+        [WaitKick(), SyncDevice(queue.device)] for queue in queues
+    ]
+    for j in range(len(items)):
+        qi = item_queue[j]
+        program = programs[qi]
+        program.extend(SyncDevice(device) for device in sorted(item_syncs[j]))
+        program.extend(Wait(queues[dq], value) for dq, value in item_waits[j])
+        program.append(Run(j))
+        if (qi, position[j] + 1) in waited_on and position[j] + 1 < counts[qi]:
+            program.append(Signal(position[j] + 1))
+    for qi, program in enumerate(programs):
+        program.append(Signal(counts[qi]))
+
+    devices = sorted({d for t in touched for d in t}, key=lambda d: device_order.get(d, 1 << 30))
+    device_queues = tuple(
+        tuple(qi for qi in range(len(queues)) if device in touched[qi]) for device in devices
+    )
+    return Plan(
+        items=tuple(items),
+        queues=tuple(queues),
+        programs=tuple(tuple(p) for p in programs),
+        item_queue=tuple(item_queue),
+        devices=tuple(devices),
+        device_queues=device_queues,
+    )

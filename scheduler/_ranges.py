@@ -1,0 +1,91 @@
+"""Range-aware last-writer / readers-since tracking, per base allocation."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable
+
+
+class _Segment:
+    __slots__ = ("start", "stop", "writer", "readers")
+
+    def __init__(self, start: int, stop: int, writer: int | None, readers: list[int]) -> None:
+        self.start = start
+        self.stop = stop
+        self.writer = writer
+        self.readers = readers
+
+
+class RangeTracker:
+    """Tracks, for every byte range ever accessed, its last writer and the readers since.
+
+    Invariants: the segments of one allocation are sorted, disjoint and non-empty; a
+    byte never accessed has no segment.
+    """
+
+    def __init__(self) -> None:
+        self._segments: dict[Hashable, list[_Segment]] = {}
+        self._starts: dict[Hashable, list[int]] = {}
+
+    def access(self, alloc: Hashable, start: int, stop: int, write: bool, who: int) -> set[int]:
+        """Record an access by `who`; return the earlier accessors it must come after."""
+        if stop <= start:
+            return set()
+        covered = self._cover(alloc, start, stop)
+        deps: set[int] = set()
+        for seg in covered:
+            if seg.writer is not None:
+                deps.add(seg.writer)
+            if write:
+                deps.update(seg.readers)
+        if write:
+            segs = self._segments[alloc]
+            first = bisect.bisect_left(self._starts[alloc], start)
+            # A write leaves the whole range with one state: fold it into one segment.
+            merged = _Segment(start, stop, who, [])
+            segs[first : first + len(covered)] = [merged]
+            self._starts[alloc][first : first + len(covered)] = [start]
+        else:
+            for seg in covered:
+                if not seg.readers or seg.readers[-1] != who:
+                    seg.readers.append(who)
+        deps.discard(who)
+        return deps
+
+    def _cover(self, alloc: Hashable, start: int, stop: int) -> list[_Segment]:
+        """Split and fill so that [start, stop) is exactly a run of segments; return it."""
+        segs = self._segments.setdefault(alloc, [])
+        starts = self._starts.setdefault(alloc, [])
+        self._split(segs, starts, start)
+        self._split(segs, starts, stop)
+        lo = bisect.bisect_left(starts, start)
+        out: list[_Segment] = []
+        pos = start
+        idx = lo
+        while pos < stop:
+            if idx < len(segs) and segs[idx].start == pos:
+                seg = segs[idx]
+                out.append(seg)
+                pos = seg.stop
+                idx += 1
+            else:
+                gap_end = segs[idx].start if idx < len(segs) and segs[idx].start < stop else stop
+                seg = _Segment(pos, gap_end, None, [])
+                segs.insert(idx, seg)
+                starts.insert(idx, pos)
+                out.append(seg)
+                pos = gap_end
+                idx += 1
+        return out
+
+    @staticmethod
+    def _split(segs: list[_Segment], starts: list[int], at: int) -> None:
+        idx = bisect.bisect_right(starts, at) - 1
+        if idx < 0:
+            return
+        seg = segs[idx]
+        if seg.start < at < seg.stop:
+            right = _Segment(at, seg.stop, seg.writer, list(seg.readers))
+            seg.stop = at
+            segs.insert(idx + 1, right)
+            starts.insert(idx + 1, at)

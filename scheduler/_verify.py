@@ -1,0 +1,148 @@
+"""Check a Plan on its own terms: it cannot deadlock and no two conflicting accesses race.
+
+The verifier does not trust the planner's bookkeeping. It executes the message lists
+abstractly (every queue runs until it blocks on a Wait), derives happens-before from the
+waits it saw satisfied, and then replays the items' memory accesses in jit-cache order,
+checking each conflicting pair against that order.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from ._errors import PlanDeadlockError, PlanRaceError
+from ._plan import Plan, Run, Signal, SyncDevice, Wait, WaitKick
+from ._ranges import RangeTracker
+
+_Clock = dict[Union[int, tuple[str, str]], int]
+
+
+def verify_plan(plan: Plan) -> None:
+    clocks = _simulate(plan)
+    _check_runs(plan, clocks)
+    _check_races(plan, clocks)
+
+
+def _simulate(plan: Plan) -> dict[int, _Clock]:
+    """Run every queue as far as it can; return the clock each item ran with."""
+    queue_index = {q: i for i, q in enumerate(plan.queues)}
+    nqueues = len(plan.queues)
+    pc = [0] * nqueues
+    value = [0] * nqueues
+    clock: list[_Clock] = [{} for _ in range(nqueues)]
+    run_count = [0] * nqueues
+    # (queue, signalled value) -> the clock the queue had when it signalled.
+    published: list[list[tuple[int, _Clock]]] = [[] for _ in range(nqueues)]
+    item_clock: dict[int, _Clock] = {}
+
+    progress = True
+    while progress:
+        progress = False
+        for qi, program in enumerate(plan.programs):
+            while pc[qi] < len(program):
+                msg = program[pc[qi]]
+                if isinstance(msg, Wait):
+                    src = queue_index.get(msg.queue)
+                    if src is None:
+                        raise PlanDeadlockError(
+                            f"{plan.queues[qi]} waits for {msg.queue}, which has no program"
+                        )
+                    if value[src] < msg.value:
+                        break
+                    for signalled, snap in published[src]:
+                        if signalled >= msg.value:
+                            _merge(clock[qi], snap)
+                            break
+                elif isinstance(msg, Run):
+                    run_count[qi] += 1
+                    clock[qi][qi] = run_count[qi]
+                    item_clock[msg.item] = dict(clock[qi])
+                elif isinstance(msg, Signal):
+                    if msg.value < value[qi]:
+                        raise PlanDeadlockError(
+                            f"{plan.queues[qi]} signals {msg.value} after {value[qi]}: "
+                            "signal values must not go back"
+                        )
+                    if msg.value > run_count[qi]:
+                        raise PlanDeadlockError(
+                            f"{plan.queues[qi]} signals {msg.value} after only "
+                            f"{run_count[qi]} items ran: a waiter would run too early"
+                        )
+                    value[qi] = msg.value
+                    published[qi].append((msg.value, dict(clock[qi])))
+                elif isinstance(msg, SyncDevice):
+                    clock[qi][("sync", msg.device)] = 1
+                elif isinstance(msg, WaitKick):
+                    pass
+                pc[qi] += 1
+                progress = True
+
+    blocked = [qi for qi in range(nqueues) if pc[qi] < len(plan.programs[qi])]
+    if blocked:
+        raise PlanDeadlockError("plan deadlocks: " + _describe_cycle(plan, pc, blocked))
+    return item_clock
+
+
+def _describe_cycle(plan: Plan, pc: list[int], blocked: list[int]) -> str:
+    queue_index = {q: i for i, q in enumerate(plan.queues)}
+    waits: dict[int, Wait] = {}
+    for qi in blocked:
+        msg = plan.programs[qi][pc[qi]]
+        assert isinstance(msg, Wait)
+        waits[qi] = msg
+    # Follow wait-for edges from the first blocked queue until one repeats.
+    seen: list[int] = []
+    qi: int | None = blocked[0]
+    while qi is not None and qi not in seen and qi in waits:
+        seen.append(qi)
+        qi = queue_index.get(waits[qi].queue)
+    chain = seen[seen.index(qi):] if qi in seen else seen
+    return ", ".join(f"{plan.queues[q]} waits for {waits[q].queue}>={waits[q].value}" for q in chain)
+
+
+def _merge(into: _Clock, other: _Clock) -> None:
+    for key, seen in other.items():
+        if into.get(key, 0) < seen:
+            into[key] = seen
+
+
+def _check_runs(plan: Plan, clocks: dict[int, _Clock]) -> None:
+    runs: dict[int, int] = {}
+    for qi, program in enumerate(plan.programs):
+        for msg in program:
+            if isinstance(msg, Run):
+                if msg.item in runs:
+                    raise PlanRaceError(f"item {plan.describe_item(msg.item)} runs twice")
+                runs[msg.item] = qi
+    missing = [j for j in range(len(plan.items)) if j not in runs]
+    if missing:
+        raise PlanRaceError(f"items never run: {missing[:10]}")
+    for j, item in enumerate(plan.items):
+        for access in item.accesses:
+            if not clocks[j].get(("sync", access.device)):
+                raise PlanRaceError(
+                    f"item {plan.describe_item(j)} touches {access.device} before its queue "
+                    f"synchronised with that device's timeline"
+                )
+
+
+def _check_races(plan: Plan, clocks: dict[int, _Clock]) -> None:
+    seq: dict[int, tuple[int, int]] = {}
+    for j, c in clocks.items():
+        qi = plan.item_queue[j]
+        seq[j] = (qi, c[qi])
+
+    def ordered(before: int, after: int) -> bool:
+        qi, n = seq[before]
+        return clocks[after].get(qi, 0) >= n
+
+    tracker = RangeTracker()
+    for j, item in enumerate(plan.items):
+        for access in sorted(item.accesses, key=lambda a: a.write):
+            for prev in tracker.access(access.alloc, access.start, access.stop, access.write, j):
+                if not ordered(prev, j):
+                    raise PlanRaceError(
+                        f"items {plan.describe_item(prev)} and {plan.describe_item(j)} "
+                        f"conflict on allocation {access.alloc} bytes "
+                        f"[{access.start}, {access.stop}) but are not ordered"
+                    )
