@@ -1,0 +1,52 @@
+"""The `actorgraph` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _device_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one device, e.g. CPU:0,CPU:1")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="actorgraph",
+        description="Replay captured device work across many devices with trio actors.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    demo = sub.add_parser(
+        "demo",
+        help="run a multi-device graph, print its plan, check it against eager",
+        description="Build a graph over several devices, print its plan, replay it with "
+        "fresh inputs and compare every replay with eager execution.",
+    )
+    demo.add_argument(
+        "--devices", type=_device_list, default=["CPU:0", "CPU:1", "CPU:2"],
+        help="comma-separated device names (default: CPU:0,CPU:1,CPU:2)",
+    )
+    demo.add_argument("--replays", type=int, default=10, help="replays to check (default: 10)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from ._demo import main as demo_main
+
+        if args.replays < 1:
+            print("actorgraph demo: --replays must be >= 1", file=sys.stderr)
+            return 2
+        return demo_main(args.devices, args.replays)
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
