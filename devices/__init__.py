@@ -20,9 +20,12 @@ from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
 from ._device import DeviceError as DeviceError
 from ._signal import Signal as Signal
+from .cuda import CUDADevice as CUDADevice
 
 # Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.
-DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType({"CPU": CPUDevice})
+DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType(
+    {"CPU": CPUDevice, "CUDA": CUDADevice}
+)
 
 _NAME = re.compile(r"^([A-Z]+):(\d+)$")
 

@@ -24,9 +24,11 @@ _Clock = dict[_ClockKey, int]
 def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     """Where an item runs.
 
-    A launch goes to its device's compute queue. A copy goes to the copy queue of its
-    destination if that device has one, else of its source, else to the destination's
-    compute queue: the destination is preferred so that the data lands where it is used.
+    A launch goes to its device's compute queue. A copy between host-visible memory and
+    a device's own memory goes to that device's copy queue. Any other copy goes to the
+    copy queue of its destination if that device has one, else of its source, else to
+    the destination's compute queue: the destination is preferred so that the data lands
+    where it is used.
     """
     for name in (item.device, item.src_device):
         if name is not None and name not in caps:
@@ -36,6 +38,11 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
             )
     if item.kind is ItemKind.EXEC:
         return QueueId(item.device, QueueKind.COMPUTE)
+    src = caps[item.src_device] if item.src_device is not None else None
+    if src is not None and src.host_visible != caps[item.device].host_visible:
+        # Host memory <-> device memory: only the device side (a GPU) can reach both.
+        side = caps[item.device] if not caps[item.device].host_visible else src
+        return QueueId(side.name, QueueKind.COPY if side.has_copy_queue else QueueKind.COMPUTE)
     if caps[item.device].has_copy_queue:
         return QueueId(item.device, QueueKind.COPY)
     if item.src_device is not None and caps[item.src_device].has_copy_queue:
