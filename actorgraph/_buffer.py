@@ -155,8 +155,8 @@ class Buffer:
             raise BufferError(f"{self!r}: DLPack export never copies; use rt.copyout()")
         export = getattr(self._alloc.device, "dlpack", None)
         if export is None:
-            return self.host_view().__dlpack__()
-        return export(self, stream)
+            return self.host_view().__dlpack__(**({} if max_version is None else {"max_version": max_version}))
+        return export(self, stream, max_version)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         where = getattr(self._alloc.device, "dlpack_device", None)

@@ -306,15 +306,15 @@ class CUDADevice(Device):
 
     # -- DLPack --
 
-    def dlpack(self, buffer: Any, stream: Any = None) -> Any:
-        """A DLPack capsule that views `buffer`'s device memory without a copy."""
+    def dlpack(self, buffer: Any, stream: Any = None, max_version: Any = None) -> Any:
+        """A DLPack capsule that views `buffer`'s device memory without a copy. The
+        device's streams are drained first, so the consumer's stream sees finished data."""
         from ._dlpack import make_capsule
 
         self.sync()
-        memory = buffer.memory
-        device = self.dlpack_device()
         return make_capsule(
-            _pointer(buffer), buffer.shape, buffer.dtype, device, owner=memory,
+            _pointer(buffer), buffer.shape, buffer.dtype, self.dlpack_device(),
+            owner=buffer.memory, max_version=max_version,
         )
 
     def dlpack_device(self) -> tuple[int, int]:
