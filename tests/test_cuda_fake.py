@@ -12,14 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorgraph as ag
 from devices.cuda import FakeDriver
 from scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
-
-from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
 
 SIZE = 64
 Make = Callable[[dict[str, ag.Buffer]], list[Any]]

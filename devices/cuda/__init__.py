@@ -11,6 +11,13 @@ from ._queue import CudaQueueActor as CudaQueueActor
 from ._queue import MappedSignal as MappedSignal
 
 __all__ = [
-    "CUDADevice", "CopyKind", "CudaDriver", "CudaMemory", "CudaQueueActor", "DriverUnavailable",
-    "ENV_DRIVER", "FakeDriver", "MappedSignal",
+    "ENV_DRIVER",
+    "CUDADevice",
+    "CopyKind",
+    "CudaDriver",
+    "CudaMemory",
+    "CudaQueueActor",
+    "DriverUnavailable",
+    "FakeDriver",
+    "MappedSignal",
 ]

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import trio
 
-from devices._actor import SIGNAL, WAIT, FIRST_DEVICE_OP, Job, QueueActor, ActorClosedError
+from devices._actor import FIRST_DEVICE_OP, SIGNAL, WAIT, ActorClosedError, Job, QueueActor
 from devices._signal import Signal
 
 from . import _commands as C
@@ -64,7 +64,7 @@ _RECORD = -1  # (_RECORD, event, value): event fallback, handled in `_flush`
 class MappedSignal(Signal):
     """A queue's timeline: the GPU-written word in mapped memory plus its trio mirror."""
 
-    __slots__ = ("word", "device_pointer", "owner")
+    __slots__ = ("device_pointer", "owner", "word")
 
     def __init__(self, name: str, value: int, word: np.ndarray[Any, Any], device_pointer: int,
                  owner: CudaQueueActor) -> None:
@@ -81,7 +81,7 @@ class MappedSignal(Signal):
 class _GraphEntry:
     """One job shape of this queue, built into a CUDA graph and instantiated once."""
 
-    __slots__ = ("ops", "graph", "exec", "nodes", "cmds", "value_nodes", "host_waits", "items")
+    __slots__ = ("cmds", "exec", "graph", "host_waits", "items", "nodes", "ops", "value_nodes")
 
     def __init__(self) -> None:
         self.ops: Sequence[Any] = ()
