@@ -11,9 +11,12 @@ from scheduler import Plan
 
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, VarError
+from ._profile import Profile, ReplayRecord, build_profile, new_records
 from ._vars import Var
 
 if TYPE_CHECKING:
+    from devices import Submission
+
     from ._program import Program
     from ._runtime import Runtime
 
@@ -37,10 +40,18 @@ def check_var_vals(
 
 @attrs.frozen
 class GraphStatistics:
+    """`replays` counts calls submitted; `replays_done` those finished. `waits_parked` and
+    `time_blocked` (seconds) add up the waits its queues parked on; `bytes_copied` the
+    bytes its Copy items moved."""
+
     items: int
     queues: int
     replays: int
     in_flight: int
+    replays_done: int = 0
+    waits_parked: int = 0
+    time_blocked: float = 0.0
+    bytes_copied: int = 0
 
 
 class Graph:
@@ -64,6 +75,15 @@ class Graph:
         del input_allocs
         self.replays = 0
         self.in_flight = 0
+        self.replays_done = 0
+        self.waits_parked = 0
+        self.time_blocked = 0.0
+        self.bytes_copied = 0
+        self._copy_bytes = sum(program.copy_bytes)
+        # Numbers this graph in its runtime's profiles.
+        self.number = runtime.graphs_compiled
+        runtime.graphs_compiled += 1
+        self._last_record: ReplayRecord | None = None
 
     @property
     def plan(self) -> Plan:
@@ -82,20 +102,65 @@ class Graph:
             queues=len(self.plan.queues),
             replays=self.replays,
             in_flight=self.in_flight,
+            replays_done=self.replays_done,
+            waits_parked=self.waits_parked,
+            time_blocked=self.time_blocked,
+            bytes_copied=self.bytes_copied,
         )
 
+    @property
+    def last_profile(self) -> Profile | None:
+        """The Profile of this graph's latest profiled replay (None if none was profiled)."""
+        record = self._last_record
+        if record is None:
+            return None
+        return build_profile(self._runtime.actor_names(), [record])
+
     async def __call__(
-        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
+        self,
+        inputs: Sequence[Buffer] = (),
+        var_vals: Mapping[Var, int] | None = None,
+        *,
+        profile: bool | None = None,
     ) -> None:
+        """Replay with `inputs` in place of the compiled ones.
+
+        `profile=True` records this replay's item times (see `graph.last_profile`,
+        `rt.profile()`); None follows `open_runtime(..., profile=...)`.
+        """
         program = self._program
         ops = self._bind(inputs, var_vals)
-        sub = program.submit(ops)
+        runtime = self._runtime
+        if profile or (profile is None and runtime.profiling):
+            sub = self._submit_profiled(program, ops)
+        else:
+            sub = program.submit(ops)
         self.replays += 1
         self.in_flight += 1
+        runtime.replays += 1
         try:
-            await self._runtime._await(program, sub)
+            await runtime._await(program, sub)
         finally:
             self.in_flight -= 1
+            if sub.done.is_set():
+                self._count(sub)
+
+    def _submit_profiled(self, program: Program, ops: Any) -> Submission:
+        jobs = new_records(program)
+        submitted = program.actors[0]._now()
+        sub = program.submit(ops, jobs)
+        inputs = self._last_inputs or ()
+        record = ReplayRecord(program, self.number, self.replays, inputs, jobs, submitted)
+        self._last_record = record
+        self._runtime._profiled.append(record)
+        return sub
+
+    def _count(self, sub: Submission) -> None:
+        self.replays_done += 1
+        self._runtime.replays_done += 1
+        self.waits_parked += sub.waits_parked
+        self.time_blocked += sub.time_blocked
+        self.bytes_copied += self._copy_bytes
 
     def _bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Any:
         if self._closed:

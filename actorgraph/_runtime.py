@@ -18,15 +18,25 @@ from ._buffer import Allocation, Buffer, _shape_of
 from ._errors import ClosedError, ItemError, UsageError
 from ._graph import Graph, check_var_vals
 from ._kernel import Item
+from ._log import logger
+from ._profile import Profile, ReplayRecord, build_profile
 from ._program import Program, check_item, plan_item
 
 
 @attrs.frozen
 class RuntimeStatistics:
+    """`submissions` counts everything run (replays, eager items, host copies); the
+    wait, blocked-time and byte totals add up its actors' own statistics."""
+
     devices: tuple[str, ...]
     submissions: int
     in_flight: int
     actors: tuple[Any, ...]
+    replays: int = 0
+    replays_done: int = 0
+    waits_parked: int = 0
+    time_blocked: float = 0.0
+    bytes_copied: int = 0
 
 
 class Runtime:
@@ -45,6 +55,7 @@ class Runtime:
             seen.add(name)
         timeline_start = int(options.pop("timeline_start", 0))
         self.verify_plans = bool(options.pop("verify_plans", False))
+        self.profiling = bool(options.pop("profile", False))
         self._devices: dict[str, Device] = {
             name: _devices.open_device(name, timeline_start=timeline_start, **options)
             for name in device_names
@@ -57,6 +68,10 @@ class Runtime:
         self.submissions = 0
         self.in_flight = 0
         self._eager_cache: dict[tuple[Any, ...], Plan] = {}
+        self.graphs_compiled = 0
+        self.replays = 0
+        self.replays_done = 0
+        self._profiled: list[ReplayRecord] = []
 
     # -- lifecycle --
 
@@ -94,14 +109,33 @@ class Runtime:
             ) from None
 
     def statistics(self) -> RuntimeStatistics:
+        actors = tuple(
+            actor.statistics() for d in self._devices.values() for actor in d.queues.values()
+        )
         return RuntimeStatistics(
             devices=self.devices,
             submissions=self.submissions,
             in_flight=self.in_flight,
-            actors=tuple(
-                actor.statistics() for d in self._devices.values() for actor in d.queues.values()
-            ),
+            actors=actors,
+            replays=self.replays,
+            replays_done=self.replays_done,
+            waits_parked=sum(a.waits_parked for a in actors),
+            time_blocked=sum(a.time_blocked for a in actors),
+            bytes_copied=sum(a.bytes_copied for a in actors),
         )
+
+    def actor_names(self) -> tuple[str, ...]:
+        return tuple(a.name for d in self._devices.values() for a in d.queues.values())
+
+    def profile(self, *, clear: bool = False) -> Profile:
+        """Every profiled replay so far, as one Profile (`clear=True` starts afresh after).
+
+        Replays are profiled with `open_runtime(..., profile=True)` or `graph(..., profile=True)`.
+        """
+        profile = build_profile(self.actor_names(), self._profiled)
+        if clear:
+            self._profiled = []
+        return profile
 
     # -- memory --
 
@@ -157,7 +191,9 @@ class Runtime:
             buffer.device,
             (Access(buffer.device, buffer.alloc_id, start, stop, write),),
         )
-        return Program(self, (), (), build_plan([item], self.caps))
+        program = Program(self, (), (), build_plan([item], self.caps))
+        program.copy_bytes[0] = buffer.nbytes
+        return program
 
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer` (after all earlier work on its device)."""
@@ -233,6 +269,10 @@ class Runtime:
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
+        logger.debug(
+            "compiled %d items onto %d queues with %d cross-queue waits",
+            len(checked), len(plan.queues), plan.wait_count,
+        )
         return Graph(self, Program(self, checked, inputs, plan))
 
 
@@ -260,13 +300,16 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
 
     Options: timeline_start (int, initial device/queue timeline value),
     cpu_thread_bytes (kernels touching at least this many bytes run on the device's
-    worker thread), verify_plans (check every compiled plan for deadlocks and races).
+    worker thread), verify_plans (check every compiled plan for deadlocks and races),
+    profile (record item times of every graph replay; read them with `rt.profile()`).
     """
     runtime = Runtime(devices, **options)
     async with trio.open_nursery() as nursery:
         try:
             await runtime._start(nursery)
+            logger.debug("runtime open on %s", ", ".join(runtime.devices))
             yield runtime
         finally:
             runtime._close()
+            logger.debug("runtime on %s closed", ", ".join(runtime.devices))
             nursery.cancel_scope.cancel()
