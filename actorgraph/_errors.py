@@ -40,3 +40,7 @@ class ItemError(ActorGraphError):
         self.index = index
         self.label = label
         self.device = device
+
+
+class MissingExtraError(ActorGraphError, ImportError):
+    """An optional feature needs a package that is not installed (the message names the extra)."""
