@@ -235,71 +235,101 @@ def build_profile(actors: Sequence[str], records: Iterable[ReplayRecord]) -> Pro
 
 
 class _Layout:
-    """What a program's replays share: per queue, what each message is and means."""
+    """What a program's replays share, worked out once: per queue, what each message means
+    (a wait that did not park is the same record in every replay), per item its names."""
 
     def __init__(self, program: Program) -> None:
         self.program = program
         plan = program.plan
         self.actor_names = [a.name for a in program.actors]
         # runs[qi][k]: the item index of the k-th item on queue qi (signal value k+1).
-        self.runs = [[m.item for m in prog if isinstance(m, Run)] for prog in plan.programs]
-
-    def events(self, record: ReplayRecord) -> list[ProfileEvent]:
-        program = self.program
-        plan = program.plan
-        out: list[ProfileEvent] = []
-        for qi, job in enumerate(record.jobs):
-            actor = self.actor_names[qi]
-            times = {index: (start, end) for index, start, end in job.spans}
-            pending: list[WaitRecord] = []
-            for index, msg in enumerate(plan.programs[qi]):
-                got = times.get(index)
-                start, end = got if got is not None else (None, None)
+        runs = [[m.item for m in prog if isinstance(m, Run)] for prog in plan.programs]
+        # messages[qi][index]: an item index (Run), a met WaitRecord (waits), or None.
+        self.messages: list[list[int | WaitRecord | None]] = []
+        for program_msgs in plan.programs:
+            meanings: list[int | WaitRecord | None] = []
+            for msg in program_msgs:
                 if isinstance(msg, Run):
-                    if got is not None and msg.item < len(program.items):
-                        out.append(self._event(record, actor, msg.item, got, pending))
-                    pending = []
+                    meanings.append(msg.item if msg.item < len(program.items) else None)
                 elif isinstance(msg, Wait):
                     src = plan.queues.index(msg.queue)
-                    runs = self.runs[src]
-                    item = runs[msg.value - 1] if 0 < msg.value <= len(runs) else None
-                    pending.append(
-                        WaitRecord(WaitKind.QUEUE, self.actor_names[src], msg.value, item, start, end)
+                    item = runs[src][msg.value - 1] if 0 < msg.value <= len(runs[src]) else None
+                    meanings.append(
+                        WaitRecord(WaitKind.QUEUE, self.actor_names[src], msg.value, item, None, None)
                     )
                 elif isinstance(msg, SyncDevice):
                     on = f"{msg.device}/timeline"
-                    pending.append(WaitRecord(WaitKind.DEVICE, on, 0, None, start, end))
+                    meanings.append(WaitRecord(WaitKind.DEVICE, on, 0, None, None, None))
                 elif isinstance(msg, WaitKick):
-                    pending.append(WaitRecord(WaitKind.KICK, "KICK", 0, None, start, end))
+                    meanings.append(WaitRecord(WaitKind.KICK, "KICK", 0, None, None, None))
+                else:
+                    meanings.append(None)
+            self.messages.append(meanings)
+        self.items: list[tuple[str, EventKind, tuple[bool, ...], list[str]]] = [
+            (
+                item.label,
+                EventKind.COPY if isinstance(item, Copy) else EventKind.KERNEL,
+                tuple(w for _, w in item.reads_writes()),
+                [buffer_name(b) for b in item.bufs],
+            )
+            for item in program.items
+        ]
+
+    def events(self, record: ReplayRecord) -> list[ProfileEvent]:
+        out: list[ProfileEvent] = []
+        inputs = self.program.inputs
+        rebound = len(record.inputs) == len(inputs) and any(
+            new is not old for new, old in zip(record.inputs, inputs)
+        )
+        for qi, job in enumerate(record.jobs):
+            actor = self.actor_names[qi]
+            device = actor.split("/")[0]
+            times = {index: (start, end) for index, start, end in job.spans}
+            pending: list[WaitRecord] = []
+            for index, meaning in enumerate(self.messages[qi]):
+                if meaning is None:
+                    continue
+                got = times.get(index)
+                if isinstance(meaning, WaitRecord):
+                    if got is not None:  # it parked: this replay's own record
+                        meaning = attrs.evolve(meaning, start=got[0], end=got[1])
+                    pending.append(meaning)
+                    continue
+                if got is not None:
+                    out.append(self._event(record, rebound, actor, device, meaning, got, pending))
+                pending = []
         return out
 
     def _event(
         self,
         record: ReplayRecord,
+        rebound: bool,
         actor: str,
+        device: str,
         j: int,
         times: tuple[float, float],
         waits: list[WaitRecord],
     ) -> ProfileEvent:
         program = self.program
-        item = program.items[j]
-        names = [buffer_name(b) for b in item.bufs]
-        for slot, source in program.item_inputs[j]:
-            # Name the buffer this call passed, not the one the graph was compiled with.
-            old_root, new_root = program.inputs[source], record.inputs[source]
-            buf = item.bufs[slot]
-            if buf is old_root:
-                names[slot] = buffer_name(new_root)
-            else:
-                start = buf.offset - old_root.offset + new_root.offset - new_root.base.offset
-                names[slot] = f"#{new_root.alloc_id}[{start}:{start + buf.size}]"
-        writes = tuple(w for _, w in item.reads_writes())
+        label, kind, writes, names = self.items[j]
+        if rebound and program.item_inputs[j]:
+            names = list(names)
+            item = program.items[j]
+            for slot, source in program.item_inputs[j]:
+                # Name the buffer this call passed, not the one the graph was compiled with.
+                old_root, new_root = program.inputs[source], record.inputs[source]
+                buf = item.bufs[slot]
+                if buf is old_root:
+                    names[slot] = buffer_name(new_root)
+                else:
+                    start = buf.offset - old_root.offset + new_root.offset - new_root.base.offset
+                    names[slot] = f"#{new_root.alloc_id}[{start}:{start + buf.size}]"
         return ProfileEvent(
             actor=actor,
-            device=actor.split("/")[0],
+            device=device,
             item=j,
-            label=item.label,
-            kind=EventKind.COPY if isinstance(item, Copy) else EventKind.KERNEL,
+            label=label,
+            kind=kind,
             graph=record.graph,
             replay=record.replay,
             start=times[0],
