@@ -12,16 +12,15 @@ import numpy as np
 import trio
 
 import devices as _devices
-from devices import Device, Job, QueueActor, Signal, Submission
+from devices import Device, Signal, Submission
 from devices._monitor import find_deadlock
-from scheduler import Access, ItemKind, Plan, PlanItem, QueueKind, build_plan
+from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
 
 from ._buffer import Allocation, Buffer, _shape_of
 from ._errors import ActorGraphError, ClosedError, DeadlockError, ItemError, UsageError
 from ._graph import Graph, check_var_vals
 from ._kernel import Item
 from ._program import Program, check_item, plan_item
-
 
 _log = logging.getLogger("actorgraph")
 
