@@ -128,7 +128,7 @@ class Program:
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
         complete = all(op is not None for t in templates for op in t)
         self.static_ops: tuple[tuple[Op, ...], ...] | None = (
-            tuple(tuple(t) for t in templates) if complete else None  # type: ignore[misc]
+            tuple(tuple(op for op in t if op is not None) for t in templates) if complete else None
         )
 
     def _input_of(self, buf: Buffer, index: int) -> int | None:
@@ -199,6 +199,7 @@ class Program:
         kick = runtime.kick.value + 1
         bases[self.kick_slot] = kick
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
+        runtime._track(sub)
         copy_bytes = self.copy_bytes
         for qi in range(nqueues):
             profile = None if profiles is None else profiles[qi]

@@ -20,7 +20,7 @@ def progress(
         yield from iterable
         return
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
         yield from iterable
         return

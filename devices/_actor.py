@@ -29,6 +29,8 @@ import trio
 
 from ._signal import Signal
 
+_VALUE_MAX = (1 << 64) - 1
+
 WAIT = 0
 SIGNAL = 1
 EXEC = 2
@@ -51,8 +53,19 @@ class Submission:
     """
 
     __slots__ = (
-        "remaining", "device_left", "timelines", "tickets", "queue_devices", "error",
-        "failed_item", "failed_actor", "done", "on_done", "waits_parked", "time_blocked",
+        "device_left",
+        "done",
+        "error",
+        "failed_actor",
+        "failed_item",
+        "graph",
+        "on_done",
+        "queue_devices",
+        "remaining",
+        "tickets",
+        "time_blocked",
+        "timelines",
+        "waits_parked",
     )
 
     def __init__(
@@ -73,6 +86,7 @@ class Submission:
         self.failed_actor = ""
         self.done = trio.Event()
         self.on_done: Callable[[Submission], None] | None = None
+        self.graph: object = None  # the Graph a replay belongs to (for statistics)
         # Counted only where an actor really parks (the slow path), never per op.
         self.waits_parked = 0
         self.time_blocked = 0.0
@@ -106,7 +120,7 @@ class JobProfile:
     WAIT that parked; times come from the actor's clock (`QueueActor._now`).
     """
 
-    __slots__ = ("spans", "start", "end")
+    __slots__ = ("end", "spans", "start")
 
     def __init__(self) -> None:
         self.spans: list[tuple[int, float, float]] = []
@@ -115,7 +129,7 @@ class JobProfile:
 
 
 class Job:
-    __slots__ = ("ops", "bases", "submission", "slot", "profile", "copy_bytes")
+    __slots__ = ("bases", "copy_bytes", "ops", "profile", "slot", "submission")
 
     def __init__(
         self,
@@ -226,9 +240,12 @@ class QueueActor:
         self._token: trio.lowlevel.TrioToken | None = None
         self._closed = False
         self._current: Job | None = None
+        # Where the actor is parked on a signal: (signal, target, op index of the WAIT).
+        # Set only on the slow path; the deadlock monitor reads it.
+        self.parked_on: tuple[Signal, int, int] | None = None
+        self.parks = 0
         self.jobs_done = 0
         self.items_run = 0
-        self.waits_parked = 0
         self.time_blocked = 0.0
         self.bytes_copied = 0
 
@@ -240,6 +257,11 @@ class QueueActor:
     def reserve(self, count: int) -> int:
         """Take `count` timeline values for a job; return the base they are relative to."""
         base = self.next_value
+        if base + count > _VALUE_MAX:
+            raise OverflowError(
+                f"{self.name}: timeline would pass 2**64-1; start the runtime with a lower "
+                f"timeline_start"
+            )
         self.next_value = base + count
         return base
 
@@ -249,6 +271,22 @@ class QueueActor:
             self._parked = False
             trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
 
+    def pending(self) -> list[tuple[Job, int]]:
+        """The work this actor has not finished: (job, first op index not yet done).
+
+        Exact only while the actor is parked on a signal (or idle): the monitor uses it then.
+        """
+        out: list[tuple[Job, int]] = []
+        if self._current is not None:
+            start = self.parked_on[2] if self.parked_on is not None else 0
+            out.append((self._current, start))
+        out.extend((job, 0) for job in self._inbox)
+        return out
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None or bool(self._inbox)
+
     def statistics(self) -> ActorStatistics:
         return ActorStatistics(
             name=self.name,
@@ -256,7 +294,7 @@ class QueueActor:
             jobs_queued=len(self._inbox),
             items_run=self.items_run,
             signal_value=self.signal.value,
-            waits_parked=self.waits_parked,
+            waits_parked=self.parks,
             time_blocked=self.time_blocked,
             bytes_copied=self.bytes_copied,
         )
@@ -344,7 +382,7 @@ class QueueActor:
                 signal = op[1]
                 target = bases[op[2]] + op[3]
                 if signal.value < target:
-                    await self._park(signal, target, sub)
+                    await self._park(signal, target, sub, i - 1)
             elif code == SIGNAL:
                 op[1].set(bases[op[2]] + op[3])
             elif code == EXEC_THREAD:
@@ -363,14 +401,17 @@ class QueueActor:
         self.items_run += ran
         sub.job_done(job.slot)
 
-    async def _park(self, signal: Signal, target: int, sub: Submission) -> None:
-        """A WAIT that is not yet satisfied: count and time the parking, here only."""
-        self.waits_parked += 1
+    async def _park(self, signal: Signal, target: int, sub: Submission, index: int) -> None:
+        """A WAIT that is not yet satisfied (the slow path, so counting here is free):
+        park on the signal, say where for the deadlock monitor, time the parking."""
+        self.parked_on = (signal, target, index)
+        self.parks += 1
         sub.waits_parked += 1
         start = self._now()
         try:
             await signal.wait_value(target)
         finally:
+            self.parked_on = None
             blocked = self._now() - start
             self.time_blocked += blocked
             sub.time_blocked += blocked
@@ -411,7 +452,7 @@ class QueueActor:
                 target = bases[op[2]] + op[3]
                 if signal.value < target:
                     start = now()
-                    await self._park(signal, target, sub)
+                    await self._park(signal, target, sub, i - 1)
                     spans.append((i - 1, start, now()))
             elif code == SIGNAL:
                 op[1].set(bases[op[2]] + op[3])

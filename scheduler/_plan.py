@@ -79,7 +79,7 @@ class Plan:
     device_queues: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def from_items(cls, items: "list[PlanItem] | tuple[PlanItem, ...]", caps: "dict[str, object]") -> "Plan":
+    def from_items(cls, items: list[PlanItem] | tuple[PlanItem, ...], caps: dict[str, object]) -> Plan:
         from ._planner import build_plan
 
         return build_plan(items, caps)  # type: ignore[arg-type]
@@ -96,7 +96,7 @@ class Plan:
 
         return plan_to_dot(self, name)
 
-    def to_svg(self, path: "str | os.PathLike[str] | None" = None) -> str:
+    def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
         """The plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is missing)."""
         from ._dot import plan_to_svg
 

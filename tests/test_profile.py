@@ -41,8 +41,8 @@ async def test_runtime_profile_has_every_item_of_every_replay() -> None:
         profile = rt.profile()
     assert profile.actors == ("CPU:0/compute", "CPU:0/copy", "CPU:1/compute", "CPU:1/copy")
     assert len(profile.events) == 3 * 4
-    assert [r.replay for r in profile.replays] == [0, 1, 2, 3]
-    for replay in range(4):
+    assert [r.replay for r in profile.replays] == [1, 2, 3, 4]
+    for replay in range(1, 5):
         events = sorted(profile.events_of(graph.number, replay), key=lambda e: e.item)
         assert [(e.item, e.label, e.actor, e.kind) for e in events] == [
             (0, "xor", "CPU:0/compute", ag.EventKind.KERNEL),
@@ -52,11 +52,11 @@ async def test_runtime_profile_has_every_item_of_every_replay() -> None:
         # Each item starts after the one it waited for ended.
         assert events[0].end <= events[1].start and events[1].end <= events[2].start
         assert all(e.start <= e.end for e in events)
-        span = profile.replays[replay]
+        span = profile.replays[replay - 1]
         assert span.submitted <= events[0].start and events[2].end <= span.done
         queue_waits = [(w.on, w.item) for e in events for w in e.waits if w.kind is ag.WaitKind.QUEUE]
         assert queue_waits == [("CPU:0/compute", 0), ("CPU:1/copy", 1)]
-    first = sorted(profile.events_of(graph.number, 0), key=lambda e: e.item)
+    first = sorted(profile.events_of(graph.number, 1), key=lambda e: e.item)
     assert first[0].buffers[0] == first[1].buffers[1]  # the copy reads what xor wrote
     assert first[0].name.startswith("xor #") and " <- " in first[0].name
 
@@ -71,7 +71,7 @@ async def test_per_call_profile_records_only_that_call() -> None:
         await graph([a, b])
         last = graph.last_profile
         assert last is not None and len(last.events) == 3
-        assert {e.replay for e in last.events} == {1}
+        assert {e.replay for e in last.events} == {2}
         assert len(rt.profile(clear=True)) == 3
         assert len(rt.profile()) == 0
 
@@ -129,7 +129,7 @@ async def test_critical_path_follows_the_waits() -> None:
         await graph([a, b])
         await graph([a, b])
         path = rt.profile().critical_path()
-    assert [(e.replay, e.item) for e in path] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [(e.replay, e.item) for e in path] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
 
 
 async def test_statistics_count_replays_parked_waits_and_copied_bytes() -> None:

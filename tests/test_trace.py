@@ -50,7 +50,7 @@ async def test_trace_loads_with_a_track_per_actor_and_a_slice_per_item_per_repla
 
     slices = [e for e in events if e["ph"] == "X" and e["cat"] in ("kernel", "copy")]
     per_item = Counter((s["args"]["item"], s["args"]["replay"]) for s in slices)
-    assert per_item == Counter({(j, r): 1 for j in range(4) for r in range(REPLAYS)})
+    assert per_item == Counter({(j, r): 1 for j in range(4) for r in range(1, REPLAYS + 1)})
     track_of = {t["args"]["name"]: (t["pid"], t["tid"]) for t in threads}
     for s in slices:
         item = graph.plan.items[s["args"]["item"]]
