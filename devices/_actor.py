@@ -364,6 +364,7 @@ class QueueActor:
         ops = job.ops
         bases = job.bases
         sub = job.submission
+        now = time.perf_counter if type(self)._now is QueueActor._now else self._now
         count = len(ops)
         i = 0
         ran = 0
@@ -382,7 +383,19 @@ class QueueActor:
                 signal = op[1]
                 target = bases[op[2]] + op[3]
                 if signal.value < target:
-                    await self._park(signal, target, sub, i - 1)
+                    # The slow path: only here is parking counted and timed (inline: a
+                    # helper coroutine's frame would cost every park of every replay).
+                    self.parked_on = (signal, target, i - 1)
+                    self.parks += 1
+                    sub.waits_parked += 1
+                    start = now()
+                    try:
+                        await signal.wait_value(target)
+                    finally:
+                        self.parked_on = None
+                        blocked = now() - start
+                        self.time_blocked += blocked
+                        sub.time_blocked += blocked
             elif code == SIGNAL:
                 op[1].set(bases[op[2]] + op[3])
             elif code == EXEC_THREAD:
@@ -427,8 +440,8 @@ class QueueActor:
         record = job.profile
         assert record is not None
         spans = record.spans
-        # The default clock is called directly: a bound-method hop per stamp would be
-        # most of profiling's cost on tiny items. An overridden `_now` is used as is.
+        # The default clock is called directly (as in `_run_job`): a bound-method hop per
+        # stamp would be most of profiling's cost on tiny items. An override is used as is.
         now = time.perf_counter if type(self)._now is QueueActor._now else self._now
         count = len(ops)
         i = 0

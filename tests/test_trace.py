@@ -122,3 +122,18 @@ def test_cli_demo_plot_without_matplotlib_fails_early(
     assert code == 2
     assert "pip install 'actorgraph[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+async def test_replays_submitted_together_show_in_the_in_flight_counter() -> None:
+    async with ag.open_runtime(["CPU:0", "CPU:1"], profile=True) as rt:
+        a, b, c = (rt.alloc("CPU:0", N, np.int32) for _ in range(3))
+        d = rt.alloc("CPU:1", N, np.int32)
+        graph = await rt.compile([ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c)])
+        replays = [await graph.submit() for _ in range(3)]  # no checkpoint in between
+        for replay in replays:
+            await replay.wait()
+        trace = rt.profile().to_chrome_trace()
+    counts = [e["args"]["replays"] for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert counts[:3] == [1, 2, 3] and counts[-1] == 0
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "wait"]
+    assert sorted(s["args"]["replay"] for s in slices) == [1, 1, 2, 2, 3, 3]
