@@ -98,8 +98,8 @@ async def measure(replays: int, rounds: int, off_only: bool) -> dict[str, object
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replays", type=int, default=200, help="replays per round (default 200)")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
+    parser.add_argument("--replays", type=int, default=50, help="replays per round (default 50)")
+    parser.add_argument("--rounds", type=int, default=30, help="alternating rounds (default 30)")
     parser.add_argument("--off-only", action="store_true", help="measure profiling off only")
     parser.add_argument(
         "--out", default=os.path.join(os.path.dirname(__file__), "results", "profile_overhead.json")

@@ -198,3 +198,9 @@ def test_progress_passes_items_through_with_or_without_tqdm(
     assert list(progress(range(5), desc="x")) == [0, 1, 2, 3, 4]
     monkeypatch.setitem(sys.modules, "tqdm", None)  # as if the extra were not installed
     assert list(progress(range(3), enabled=True)) == [0, 1, 2]
+
+
+def test_profiling_names_are_public() -> None:
+    for name in ("Profile", "ProfileEvent", "ReplaySpan", "WaitRecord", "EventKind", "WaitKind",
+                 "MissingExtraError", "plot_timeline", "write_trace"):
+        assert name in ag.__all__ and hasattr(ag, name)
