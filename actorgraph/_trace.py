@@ -53,7 +53,7 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
         start = us(event.start)
         trace.append({
             "ph": "X", "cat": event.kind.value, "name": event.name, "pid": pid, "tid": tid,
-            "ts": start, "dur": max(us(event.end) - start, 0.001),
+            "ts": start, "dur": max(round(us(event.end) - start, 3), 0.001),
             "args": {
                 "item": event.item, "label": event.label, "graph": event.graph,
                 "replay": event.replay, "buffers": list(event.buffers),
@@ -64,7 +64,7 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
                 wait_start = us(wait.start)
                 trace.append({
                     "ph": "X", "cat": "wait", "name": f"wait {wait.on}", "pid": pid, "tid": tid,
-                    "ts": wait_start, "dur": max(us(wait.end) - wait_start, 0.001),
+                    "ts": wait_start, "dur": max(round(us(wait.end) - wait_start, 3), 0.001),
                     "args": {"for_item": wait.item, "value": wait.value, "kind": wait.kind.value},
                 })
             if wait.kind is not WaitKind.QUEUE or wait.item is None:
@@ -79,7 +79,7 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
             src_start, src_end = us(source.start), us(source.end)
             trace.append({
                 "ph": "s", "cat": "wait", "name": "waits for", "id": flow_id,
-                "pid": src_pid, "tid": src_tid, "ts": max(src_start, src_end - 0.0005),
+                "pid": src_pid, "tid": src_tid, "ts": max(src_start, round(src_end - 0.0005, 4)),
             })
             trace.append({
                 "ph": "f", "bp": "e", "cat": "wait", "name": "waits for", "id": flow_id,
