@@ -12,6 +12,10 @@ relative to. Ops are plain tuples so the replay loop stays a tight Python loop:
 
 Device kinds add codes of their own (>= FIRST_DEVICE_OP) and handle them in
 `_run_device_op`.
+
+Profiling: a job that carries a JobProfile runs in `_run_job_profiled`, a copy of the
+loop that timestamps every item with the actor's clock (`_now`); the choice is made once
+per job, so the plain loop never tests for it.
 """
 
 from __future__ import annotations
