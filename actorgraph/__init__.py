@@ -4,20 +4,31 @@ from ._buffer import Buffer as Buffer
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
 from ._errors import ClosedError as ClosedError
+from ._errors import DeadlockError as DeadlockError
 from ._errors import DeviceError as DeviceError
 from ._errors import InputError as InputError
 from ._errors import ItemError as ItemError
+from ._errors import MissingExtraError as MissingExtraError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
 from ._errors import UsageError as UsageError
 from ._errors import VarError as VarError
 from ._graph import Graph as Graph
+from ._graph import Replay as Replay
 from ._kernel import Copy as Copy
 from ._kernel import Kernel as Kernel
 from ._kernel import Launch as Launch
+from ._plot import plot_timeline as plot_timeline
+from ._profile import EventKind as EventKind
+from ._profile import Profile as Profile
+from ._profile import ProfileEvent as ProfileEvent
+from ._profile import ReplaySpan as ReplaySpan
+from ._profile import WaitKind as WaitKind
+from ._profile import WaitRecord as WaitRecord
 from ._runtime import Runtime as Runtime
 from ._runtime import open_runtime as open_runtime
+from ._trace import write_trace as write_trace
 from ._vars import Expr as Expr
 from ._vars import Var as Var
 from ._vars import cdiv as cdiv
@@ -25,8 +36,11 @@ from ._vars import cdiv as cdiv
 __version__ = "0.1.0"
 
 __all__ = [
-    "ActorGraphError", "Buffer", "BufferFreedError", "ClosedError", "Copy", "DeviceError",
+    "ActorGraphError", "Buffer", "BufferFreedError", "ClosedError", "Copy", "DeadlockError", "DeviceError",
     "Expr", "Graph", "InputError", "ItemError", "Kernel", "Launch", "PlanDeadlockError",
-    "PlanError", "PlanRaceError", "Runtime", "UsageError", "Var", "VarError", "cdiv",
+    "PlanError", "PlanRaceError", "Replay", "Runtime", "UsageError", "Var", "VarError", "cdiv",
     "open_runtime",
+    # profiling
+    "EventKind", "MissingExtraError", "Profile", "ProfileEvent", "ReplaySpan", "WaitKind",
+    "WaitRecord", "plot_timeline", "write_trace",
 ]

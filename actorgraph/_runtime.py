@@ -11,22 +11,43 @@ import numpy as np
 import trio
 
 import devices as _devices
-from devices import Device, Job, QueueActor, Signal, Submission
-from scheduler import Access, ItemKind, Plan, PlanItem, QueueKind, build_plan
+from devices import Device, Signal, Submission
+from devices._monitor import find_deadlock
+from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
 
 from ._buffer import Allocation, Buffer, _shape_of
-from ._errors import ClosedError, ItemError, UsageError
+from ._errors import ActorGraphError, ClosedError, DeadlockError, ItemError, UsageError
 from ._graph import Graph, check_var_vals
 from ._kernel import Item
+from ._log import logger as _log
+from ._profile import Profile, ReplayRecord, build_profile
 from ._program import Program, check_item, plan_item
 
 
 @attrs.frozen
+class StallReport:
+    """The watchdog saw no progress for `stalled_for` seconds (trio clock) at time `at`."""
+
+    at: float
+    stalled_for: float
+    in_flight: int
+    actors: tuple[str, ...]
+
+
+@attrs.frozen
 class RuntimeStatistics:
+    """`submissions` counts everything run (replays, eager items, host copies); the
+    wait, blocked-time and byte totals add up its actors' own statistics."""
+
     devices: tuple[str, ...]
     submissions: int
     in_flight: int
     actors: tuple[Any, ...]
+    replays: int = 0
+    replays_done: int = 0
+    waits_parked: int = 0
+    time_blocked: float = 0.0
+    bytes_copied: int = 0
 
 
 class Runtime:
@@ -45,6 +66,25 @@ class Runtime:
             seen.add(name)
         timeline_start = int(options.pop("timeline_start", 0))
         self.verify_plans = bool(options.pop("verify_plans", False))
+        self.profiling = bool(options.pop("profile", False))
+        self.max_in_flight = int(options.pop("max_in_flight", 256))
+        if self.max_in_flight < 1:
+            raise UsageError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        self.deadlock_check = float(options.pop("deadlock_check", 0.25))
+        watchdog = options.pop("watchdog", None)
+        self.watchdog: float | None = None if watchdog is None else float(watchdog)
+        self.stalls: list[StallReport] = []
+        self._open = False
+        self._closed = False
+        self._broken: BaseException | None = None
+        self.submissions = 0
+        self._pending: set[Submission] = set()
+        self._space = trio.lowlevel.ParkingLot()
+        self._activity = trio.Event()
+        self.graphs_compiled = 0
+        self.replays = 0
+        self.replays_done = 0
+        self._profiled: list[ReplayRecord] = []
         self._devices: dict[str, Device] = {
             name: _devices.open_device(name, timeline_start=timeline_start, **options)
             for name in device_names
@@ -52,17 +92,13 @@ class Runtime:
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
-        self._open = False
-        self._closed = False
-        self.submissions = 0
-        self.in_flight = 0
-        self._eager_cache: dict[tuple[Any, ...], Plan] = {}
 
     # -- lifecycle --
 
     async def _start(self, nursery: trio.Nursery) -> None:
         for device in self._devices.values():
             await device.start(nursery)
+        nursery.start_soon(self._monitor)
         self._open = True
 
     def _close(self) -> None:
@@ -72,6 +108,8 @@ class Runtime:
             device.close()
 
     def check_open(self) -> None:
+        if self._broken is not None:
+            raise ClosedError(f"this runtime is broken by an earlier fault: {self._broken}") from self._broken
         if not self._open:
             if self._closed:
                 raise ClosedError(
@@ -94,14 +132,33 @@ class Runtime:
             ) from None
 
     def statistics(self) -> RuntimeStatistics:
+        actors = tuple(
+            actor.statistics() for d in self._devices.values() for actor in d.queues.values()
+        )
         return RuntimeStatistics(
             devices=self.devices,
             submissions=self.submissions,
             in_flight=self.in_flight,
-            actors=tuple(
-                actor.statistics() for d in self._devices.values() for actor in d.queues.values()
-            ),
+            actors=actors,
+            replays=self.replays,
+            replays_done=self.replays_done,
+            waits_parked=sum(a.waits_parked for a in actors),
+            time_blocked=sum(a.time_blocked for a in actors),
+            bytes_copied=sum(a.bytes_copied for a in actors),
         )
+
+    def actor_names(self) -> tuple[str, ...]:
+        return tuple(a.name for d in self._devices.values() for a in d.queues.values())
+
+    def profile(self, *, clear: bool = False) -> Profile:
+        """Every profiled replay so far, as one Profile (`clear=True` starts afresh after).
+
+        Replays are profiled with `open_runtime(..., profile=True)` or `graph(..., profile=True)`.
+        """
+        profile = build_profile(self.actor_names(), self._profiled)
+        if clear:
+            self._profiled = []
+        return profile
 
     # -- memory --
 
@@ -131,21 +188,103 @@ class Runtime:
 
     # -- submitting work --
 
-    async def _await(self, program: Program, sub: Submission) -> None:
+    # -- in-flight submissions: back-pressure, completion, deadlock watch --
+
+    async def _admit(self) -> None:
+        """Wait for room in the in-flight window (submissions posted, not yet complete)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.check_open()
+        while len(self._pending) >= self.max_in_flight:
+            await self._space.park()
+            self.check_open()
+
+    def _track(self, sub: Submission) -> None:
         self.submissions += 1
-        self.in_flight += 1
-        try:
-            await sub.done.wait()
-        finally:
-            if sub.done.is_set():
-                self.in_flight -= 1
-            else:
-                # Cancelled: the work goes on in the actors; count it when it ends.
-                sub.on_done = lambda _: self._finished()
+        if sub.done.is_set():
+            return  # nothing to run (an empty plan)
+        self._pending.add(sub)
+        sub.on_done = self._untrack
+        if not self._activity.is_set():
+            self._activity.set()
+
+    def _untrack(self, sub: Submission) -> None:
+        was_pending = sub in self._pending
+        self._pending.discard(sub)
+        graph = sub.graph
+        if was_pending and graph is not None:  # a replay: count it once, when it ends
+            self.replays_done += 1
+            graph._count(sub)  # type: ignore[attr-defined]
+        if self._space:
+            self._space.unpark()
+
+    async def _await(self, program: Program, sub: Submission) -> None:
+        await sub.done.wait()
         raise_failure(program, sub)
 
-    def _finished(self) -> None:
-        self.in_flight -= 1
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def _break(self, error: BaseException) -> None:
+        """A sticky fault: fail everything in flight and every later call with `error`."""
+        if self._broken is None:
+            self._broken = error
+            _log.error("runtime broken: %s", error)
+        for sub in list(self._pending):
+            sub.fail(-1, "", error)
+            sub.done.set()
+            self._untrack(sub)
+        self._space.unpark_all()
+
+    def _fingerprint(self) -> tuple[int, ...]:
+        out: list[int] = []
+        for device in self._devices.values():
+            out.append(device.timeline.value)
+            for actor in device.queues.values():
+                out += (actor.jobs_done, actor.signal.value, actor.parks)
+        return tuple(out)
+
+    async def _monitor(self) -> None:
+        """Watch in-flight work: diagnose deadlocks, report replays that stop progressing."""
+        actors = [a for d in self._devices.values() for a in d.queues.values()]
+        last: tuple[int, ...] | None = None
+        still_since = 0.0
+        reported = False
+        while True:
+            if not self._pending:
+                self._activity = trio.Event()
+                await self._activity.wait()
+                last = None
+            await trio.sleep(self.deadlock_check)
+            if not self._pending:
+                continue
+            now = trio.current_time()
+            fingerprint = self._fingerprint()
+            if fingerprint != last:
+                last, still_since, reported = fingerprint, now, False
+                continue
+            blocked = find_deadlock(actors)
+            if blocked:
+                cycle = "; ".join(
+                    f"{b.actor} waits for {b.signal} >= {b.value} (now {b.current})" for b in blocked
+                )
+                self._break(DeadlockError(
+                    f"deadlock: every actor with work waits on a signal no pending work can "
+                    f"set: {cycle}. The runtime cannot continue; open a new one",
+                    blocked=tuple(blocked),
+                ))
+                continue
+            if self.watchdog is not None and not reported and now - still_since >= self.watchdog:
+                reported = True
+                stall = StallReport(
+                    at=now, stalled_for=now - still_since, in_flight=len(self._pending),
+                    actors=tuple(a.name for a in actors if a.busy),
+                )
+                self.stalls.append(stall)
+                _log.warning(
+                    "no progress for %.3f s with %d submissions in flight (busy: %s)",
+                    stall.stalled_for, stall.in_flight, ", ".join(stall.actors),
+                )
 
     def _host_program(self, buffer: Buffer, write: bool) -> Program:
         dev = self.device(buffer.device)
@@ -157,7 +296,9 @@ class Runtime:
             buffer.device,
             (Access(buffer.device, buffer.alloc_id, start, stop, write),),
         )
-        return Program(self, (), (), build_plan([item], self.caps))
+        program = Program(self, (), (), build_plan([item], self.caps))
+        program.copy_bytes[0] = buffer.nbytes
+        return program
 
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer` (after all earlier work on its device)."""
@@ -184,6 +325,7 @@ class Runtime:
     async def _run_host(self, program: Program, op: Any) -> None:
         # The host op fills the one Run placeholder of a single-item host program.
         ops = [tuple(op if o is None else o for o in template) for template in program.templates]
+        await self._admit()
         await self._await(program, program.submit(ops))
 
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
@@ -211,7 +353,9 @@ class Runtime:
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
             values = check_var_vals(program.free_vars, var_vals, f"run(): item {index} ({item.label})")
-            await self._await(program, program.submit(program.bind((), values)))
+            ops = program.bind((), values)
+            await self._admit()
+            await self._await(program, program.submit(ops))
 
     async def compile(
         self,
@@ -219,6 +363,7 @@ class Runtime:
         inputs: Sequence[Buffer] = (),
         *,
         verify: bool | None = None,
+        aliasing: str = "refuse",
     ) -> Graph:
         """Plan `items` once; the Graph replays them with new inputs and var values."""
         self.check_open()
@@ -233,7 +378,11 @@ class Runtime:
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
-        return Graph(self, Program(self, checked, inputs, plan))
+        _log.debug(
+            "compiled %d items onto %d queues with %d cross-queue waits",
+            len(checked), len(plan.queues), plan.wait_count,
+        )
+        return Graph(self, Program(self, checked, inputs, plan), aliasing=aliasing)
 
 
 def raise_failure(program: Program, sub: Submission) -> None:
@@ -241,6 +390,8 @@ def raise_failure(program: Program, sub: Submission) -> None:
     if error is None:
         return
     if sub.failed_item < 0:
+        if isinstance(error, ActorGraphError):
+            raise error
         raise ClosedError(str(error)) from error
     index = sub.failed_item - program.index_offset
     item = program.items[index] if 0 <= index < len(program.items) else None
@@ -258,15 +409,21 @@ def raise_failure(program: Program, sub: Submission) -> None:
 async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[Runtime]:
     """Open devices and run their queue actors for the duration of the block.
 
-    Options: timeline_start (int, initial device/queue timeline value),
+    Options: timeline_start (int, initial device/queue timeline value, < 2**64),
     cpu_thread_bytes (kernels touching at least this many bytes run on the device's
-    worker thread), verify_plans (check every compiled plan for deadlocks and races).
+    worker thread), verify_plans (check every compiled plan for deadlocks and races),
+    max_in_flight (submissions posted but not complete before submit blocks; 256),
+    deadlock_check (seconds between checks of in-flight work; 0.25),
+    watchdog (seconds without progress before a stall is logged and recorded; off),
+    profile (record item times of every graph replay; read them with `rt.profile()`).
     """
     runtime = Runtime(devices, **options)
     async with trio.open_nursery() as nursery:
         try:
             await runtime._start(nursery)
+            _log.debug("runtime open on %s", ", ".join(runtime.devices))
             yield runtime
         finally:
             runtime._close()
+            _log.debug("runtime on %s closed", ", ".join(runtime.devices))
             nursery.cancel_scope.cancel()
