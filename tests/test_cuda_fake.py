@@ -453,3 +453,37 @@ async def test_gpu_fuzz_like_eager() -> None:
                 return items
 
             await check_against_eager(rt, layout, [names[int(rng.integers(6))]], make, replays=3)
+
+
+# -- with the runtime's monitor and profiler --
+
+async def test_gpu_work_in_flight_is_not_mistaken_for_a_deadlock(autojump_clock: Any) -> None:
+    # Virtual time races ahead while the (fake) GPU computes, so the monitor looks many
+    # times at a CPU queue waiting on GPU work; it must see that work as pending.
+    def slow(buf: np.ndarray, n: int) -> None:
+        for _ in range(200):
+            buf[:n] = (buf[:n] * 3 + 1) % 1000
+
+    kernel = ag.Kernel("inc_k", cpu=slow, cuda="inc_k", outs=(0,), ins=(0,))
+    n = ag.Var("n", 1, 1 << 20)
+    async with runtime(["CUDA:0", "CPU:0"], deadlock_check=0.001) as rt:
+        g = rt.alloc("CUDA:0", 1 << 14, np.int32)
+        h = rt.alloc("CPU:0", 1 << 14, np.int32)
+        launch = ag.Launch(kernel, [g], vars=[n], fixedvars={n: 1 << 14})
+        graph = await rt.compile([launch, launch, ag.Copy(dst=h, src=g), inc(h)])
+        for _ in range(3):
+            await graph()
+
+
+async def test_profiled_cuda_replays_time_every_item() -> None:
+    async with runtime(["CUDA:0", "CPU:0"], profile=True) as rt:
+        g = rt.alloc("CUDA:0", SIZE, np.int32)
+        h = rt.alloc("CPU:0", SIZE, np.int32)
+        graph = await rt.compile([inc(g), inc(g), ag.Copy(dst=h, src=g)])
+        await graph()
+        await graph()
+        profile = rt.profile()
+    cuda_events = [e for e in profile.events if e.actor.startswith("CUDA:0")]
+    assert len(cuda_events) == 6
+    assert all(e.start <= e.end for e in cuda_events)
+    assert {e.actor for e in cuda_events} == {"CUDA:0/compute", "CUDA:0/copy"}

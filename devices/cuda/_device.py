@@ -108,7 +108,7 @@ class CUDADevice(Device):
         if self._closed:
             return
         self._closed = True
-        busy = any(q.busy for q in self.queues.values())  # type: ignore[attr-defined]
+        busy = any(q.gpu_busy for q in self.queues.values())  # type: ignore[attr-defined]
         for actor in self.queues.values():
             actor.close()  # type: ignore[attr-defined]
         if not busy:

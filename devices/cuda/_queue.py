@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -91,8 +92,8 @@ class _GraphEntry:
         self.cmds: list[C.Command] = []
         # (node index, base slot, relative value): wait/write values bound per replay.
         self.value_nodes: list[tuple[int, int, int]] = []
-        # (signal, base slot, relative value): host-side waits awaited before launch.
-        self.host_waits: list[tuple[Signal, int, int]] = []
+        # (signal, base slot, relative value, op index): host-side waits, before launch.
+        self.host_waits: list[tuple[Signal, int, int, int]] = []
         self.items = 0
 
 
@@ -128,6 +129,7 @@ class CudaQueueActor(QueueActor):
         # Bound once: host functions and graph host nodes keep the same identity.
         self._host_signal: Callable[[], None] = self._on_signal_written
         self._host_job_end: Callable[[], None] = self._on_job_end
+        self._stamp_start = 0.0  # profiling: when the stream reached the current item
 
     # -- host functions: these run on the stream's (driver's) thread --
 
@@ -196,9 +198,24 @@ class CudaQueueActor(QueueActor):
                 if sub.on_done is not None:
                     sub.on_done(sub)
 
+    # -- what the deadlock monitor sees: work on the GPU is pending work too --
+
     @property
     def busy(self) -> bool:
+        return self._current is not None or bool(self._inbox) or bool(self._in_flight)
+
+    @property
+    def gpu_busy(self) -> bool:
         return bool(self._in_flight)
+
+    def pending(self) -> list[tuple[Job, int]]:
+        # From op 0: replaying an enqueued part again in the monitor's abstract run is
+        # harmless (signals only move forward), and its GPU waits may still be pending.
+        out = [(job, 0) for job in self._in_flight]
+        if self._current is not None:
+            out.append((self._current, 0))
+        out.extend((job, 0) for job in self._inbox)
+        return out
 
     # -- running a job --
 
@@ -225,18 +242,46 @@ class CudaQueueActor(QueueActor):
                 C.enqueue(driver, stream, cmd)
         cmds.clear()
 
-    async def _stream_job(self, job: Job) -> None:
+    async def _run_job_profiled(self, job: Job) -> None:
+        """Profiled: host functions around every item stamp when the stream reached it,
+        so spans are GPU times as the host sees them (each costs the stream a host call)."""
+        await self._stream_job(job, profiled=True)
+
+    def _stamp(self, job: Job, index: int, at_start: bool) -> None:
+        now = self._now()
+        record = job.profile
+        if record is None:
+            return
+        if index < 0:
+            if at_start:
+                record.start = now
+            else:
+                record.end = now
+        elif at_start:
+            self._stamp_start = now
+        else:
+            record.spans.append((index, self._stamp_start, now))
+
+    async def _stream_job(self, job: Job, profiled: bool = False) -> None:
         """Put a job's work on the stream command by command (eager work, short jobs)."""
         ops, bases, sub = job.ops, job.bases, job.submission
         cmds: list[C.Command] = []
         ran = 0
+        stamp = self._stamp
         try:
-            for op in ops:
+            if profiled:
+                cmds.append((C.HOST, functools.partial(stamp, job, -1, True)))
+            for index, op in enumerate(ops):
                 code = op[0]
                 if code == CUDA_ITEM:
                     ran += 1
                     if sub.error is None:
-                        cmds.extend(op[1])
+                        if profiled:
+                            cmds.append((C.HOST, functools.partial(stamp, job, index, True)))
+                            cmds.extend(op[1])
+                            cmds.append((C.HOST, functools.partial(stamp, job, index, False)))
+                        else:
+                            cmds.extend(op[1])
                 elif code == WAIT:
                     signal: Signal = op[1]
                     target = bases[op[2]] + op[3]
@@ -246,15 +291,17 @@ class CudaQueueActor(QueueActor):
                         if self.mem_ops and signal.owner.mem_ops:
                             cmds.append((C.WAIT_VALUE, signal.device_pointer, target))
                         else:
-                            await self._wait_event(cmds, signal, target)
+                            await self._wait_event(cmds, signal, target, sub, index)
                     else:
                         # Only the trio side sets this signal: wait for it on the host.
                         self._flush(cmds)
-                        await signal.wait_value(target)
+                        await self._park(signal, target, sub, index)
                 elif code == SIGNAL:
                     self._signal_commands(cmds, bases[op[2]] + op[3])
                 else:
                     raise RuntimeError(f"{self.name}: op {op[0]!r} cannot run on a CUDA queue")
+            if profiled:
+                cmds.append((C.HOST, functools.partial(stamp, job, -1, False)))
             cmds.append((C.HOST, self._host_job_end))
             self._in_flight.append(job)
             self._flush(cmds)
@@ -280,11 +327,12 @@ class CudaQueueActor(QueueActor):
             cmds.append((C.HOST, _host_word_writer(self, value)))
         cmds.append((C.HOST, self._host_signal))
 
-    async def _wait_event(self, cmds: list[C.Command], signal: MappedSignal, target: int) -> None:
+    async def _wait_event(self, cmds: list[C.Command], signal: MappedSignal, target: int,
+                          sub: Submission, index: int) -> None:
         owner = signal.owner
         if owner.enqueued.value < target:
             self._flush(cmds)
-            await owner.enqueued.wait_value(target)
+            await self._park(owner.enqueued, target, sub, index)
         if signal.value >= target:
             return
         # Enqueue now: the event is only ours while its value is ahead of the mirror.
@@ -337,7 +385,7 @@ class CudaQueueActor(QueueActor):
         kick_slot = len(bases) - 1  # Program puts the KICK base last
         entry = _GraphEntry()
         cmds = entry.cmds
-        for op in ops:
+        for index, op in enumerate(ops):
             code = op[0]
             if code == CUDA_ITEM:
                 entry.items += 1
@@ -349,7 +397,7 @@ class CudaQueueActor(QueueActor):
                     cmds.append((C.WAIT_VALUE, signal.device_pointer, 0))
                 elif op[2] == kick_slot or any(signal is t for t in sub.timelines):
                     # Earlier submissions only: awaiting these first cannot deadlock.
-                    entry.host_waits.append((signal, op[2], op[3]))
+                    entry.host_waits.append((signal, op[2], op[3], index))
                 else:
                     return None  # waits on a CPU queue mid-job: keep it on the stream
             elif code == SIGNAL:
@@ -391,10 +439,10 @@ class CudaQueueActor(QueueActor):
 
     async def _graph_job(self, job: Job, entry: _GraphEntry) -> None:
         bases, sub = job.bases, job.submission
-        for signal, slot, rel in entry.host_waits:
+        for signal, slot, rel, index in entry.host_waits:
             target = bases[slot] + rel
             if signal.value < target:
-                await signal.wait_value(target)
+                await self._park(signal, target, sub, index)
         try:
             driver = self.driver
             driver.set_context(self.context)
