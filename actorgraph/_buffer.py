@@ -160,7 +160,7 @@ class Buffer:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         where = getattr(self._alloc.device, "dlpack_device", None)
-        return (1, 0) if where is None else where()  # type: ignore[no-any-return]
+        return (1, 0) if where is None else tuple(where())
 
     @property
     def memory(self) -> Any:

@@ -109,7 +109,9 @@ async def replay_vs_raw(rt: ag.Runtime, kernels: int, elems: int, replays: int) 
     host = buf.memory.host
     if host is not None:  # fake driver: the kernel's CPU body stands in
         view = host.view(np.int32)
-        body = lambda: _inc(view, elems)
+
+        def body() -> None:
+            _inc(view, elems)
     grid, block = ((elems + BLOCK - 1) // BLOCK, 1, 1), (BLOCK, 1, 1)
     stream = driver.stream_create()
     raw = driver.graph_create()

@@ -429,30 +429,35 @@ async def test_gpu_graph_replay_and_dlpack() -> None:
         assert tensor.cpu().numpy().tolist() == ((np.arange(SIZE) ^ 3) + 10).tolist()
 
 
+GPU_FUZZ_LAYOUT = {f"b{i}": ("CUDA:0" if i % 3 else "CPU:0") for i in range(6)}
+
+
+def _gpu_fuzz_items(s: dict[str, ag.Buffer], seed: int) -> list[Any]:
+    r = np.random.default_rng(seed)
+    names = list(GPU_FUZZ_LAYOUT)
+    items: list[Any] = []
+    for _ in range(12):
+        x, y, z = r.choice(names, 3, replace=False)
+        same_device = GPU_FUZZ_LAYOUT[x] == GPU_FUZZ_LAYOUT[y] == GPU_FUZZ_LAYOUT[z]
+        if same_device and r.random() < 0.5:
+            items.append(xor(s[x], s[y], s[z]))
+        elif r.random() < 0.5:
+            items.append(inc(s[x]))
+        else:
+            items.append(ag.Copy(dst=s[x], src=s[y]))
+    return items
+
+
 @pytest.mark.gpu
 @needs_gpus(1)
-async def test_gpu_fuzz_like_eager() -> None:
+@pytest.mark.parametrize("seed", range(5))
+async def test_gpu_fuzz_like_eager(seed: int) -> None:
     # A fixed handful of random programs on the real driver (hypothesis stays on the fake).
-    rng = np.random.default_rng(7)
-    for trial in range(5):
-        async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver="real") as rt:
-            layout = {f"b{i}": ("CUDA:0" if i % 3 else "CPU:0") for i in range(6)}
-            names = list(layout)
-
-            def make(s: dict[str, ag.Buffer], seed: int = trial) -> list[Any]:
-                r = np.random.default_rng(seed)
-                items: list[Any] = []
-                for _ in range(12):
-                    x, y, z = r.choice(names, 3, replace=False)
-                    if layout[x] == layout[y] == layout[z] and r.random() < 0.5:
-                        items.append(xor(s[x], s[y], s[z]))
-                    elif r.random() < 0.5:
-                        items.append(inc(s[x]))
-                    else:
-                        items.append(ag.Copy(dst=s[x], src=s[y]))
-                return items
-
-            await check_against_eager(rt, layout, [names[int(rng.integers(6))]], make, replays=3)
+    async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver="real") as rt:
+        await check_against_eager(
+            rt, GPU_FUZZ_LAYOUT, [f"b{seed}"],
+            lambda s: _gpu_fuzz_items(s, seed), replays=3, seed=seed,
+        )
 
 
 # -- with the runtime's monitor and profiler --

@@ -333,10 +333,11 @@ _u8 = ctypes.c_uint8
 
 
 def _pointer(buffer: Any) -> int:
-    return int(buffer.memory.pointer) + buffer.offset * buffer.dtype.itemsize
+    return int(buffer.memory.pointer) + int(buffer.offset) * int(buffer.dtype.itemsize)
 
 
 def _host_array(buffer: Any) -> np.ndarray[Any, Any]:
     start = buffer.offset * buffer.dtype.itemsize
-    raw = buffer.memory.host[start : start + buffer.nbytes]
-    return raw.view(buffer.dtype).reshape(buffer.shape)
+    raw: np.ndarray[Any, Any] = buffer.memory.host[start : start + buffer.nbytes]
+    out: np.ndarray[Any, Any] = raw.view(buffer.dtype).reshape(buffer.shape)
+    return out

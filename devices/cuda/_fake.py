@@ -285,7 +285,7 @@ class FakeDriver:
     ) -> None:
         _check_launch(function, grid, block, host_body)
         self.kernel_launches += 1
-        stream.put(host_body)  # type: ignore[arg-type]
+        stream.put(host_body)
 
     # -- copies --
 

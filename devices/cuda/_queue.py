@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import trio
 
-from devices._actor import FIRST_DEVICE_OP, SIGNAL, WAIT, ActorClosedError, Job, QueueActor
+from devices._actor import (
+    FIRST_DEVICE_OP,
+    SIGNAL,
+    WAIT,
+    ActorClosedError,
+    Job,
+    QueueActor,
+    Submission,
+)
 from devices._signal import Signal
 
 from . import _commands as C

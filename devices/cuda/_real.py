@@ -38,7 +38,7 @@ class RealDriver:
 
     def __init__(self) -> None:
         try:
-            from cuda.bindings import driver as cu
+            from cuda.bindings import driver as cu  # type: ignore[import-untyped]
             from cuda.bindings import nvrtc
         except ImportError as exc:
             raise DriverUnavailable(f"cuda-python is not installed ({exc})") from exc
@@ -191,9 +191,9 @@ class RealDriver:
 
     def compile(self, source: str, name: str, arch: str) -> bytes:
         key = (hashlib.sha256(source.encode()).hexdigest(), name, arch)
-        image = self._images.get(key)
-        if image is not None:
-            return image
+        cached = self._images.get(key)
+        if cached is not None:
+            return cached
         nv = self.nvrtc
         program = self._nv(nv.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []))
         try:
@@ -206,7 +206,7 @@ class RealDriver:
                 self._nv(nv.nvrtcGetProgramLog(program, log))
                 raise CudaError(f"NVRTC: {log.decode(errors='replace').strip()}")
             size = self._nv(nv.nvrtcGetCUBINSize(program))
-            image = b" " * size
+            image: bytes = b" " * size
             self._nv(nv.nvrtcGetCUBIN(program, image))
         finally:
             nv.nvrtcDestroyProgram(program)
