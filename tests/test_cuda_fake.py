@@ -6,12 +6,14 @@ without one): only the driver differs.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 import trio
+import trio.testing
 from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -180,6 +182,36 @@ async def test_a_replay_is_one_graph_launch_and_updates_only_changed_nodes() -> 
         # Only the kernel reading the input changed (plus the per-replay signal values).
         assert driver.statistics().node_updates - updates <= 3
         np.testing.assert_array_equal(await rt.copyout(c), np.full(SIZE, 7 + 8, np.int32))
+
+
+async def test_back_to_back_replays_are_queued_on_the_gpu_without_the_host() -> None:
+    # The second replay's wait for the first (the device timeline) is a stream wait on a
+    # mapped word, so its graph is launched while the first is still running.
+    gate = threading.Event()
+
+    def held(buf: np.ndarray, n: int) -> None:
+        gate.wait(30)
+        buf[:n] += 1
+
+    kernel = ag.Kernel("inc_k", cpu=held, cuda="inc_k", outs=(0,), ins=(0,))
+    n = ag.Var("n", 1, SIZE)
+    async with runtime(["CUDA:0", "CPU:0"]) as rt:
+        g = rt.alloc("CUDA:0", SIZE, np.int32)
+        h = rt.alloc("CPU:0", SIZE, np.int32)
+        launch = ag.Launch(kernel, [g], vars=[n], fixedvars={n: SIZE})
+        graph = await rt.compile([inc(h), ag.Copy(dst=g, src=h), launch, inc(g)])
+        copy = rt.device("CUDA:0").queues[QueueKind.COPY]
+        compute = rt.device("CUDA:0").queues[QueueKind.COMPUTE]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(graph)
+            nursery.start_soon(graph)
+            await trio.testing.wait_all_tasks_blocked()
+            assert compute.graph_launches == 2  # both queued behind the held kernel
+            # The copy queue's waits (on the CPU queue of replay 2, which itself waits for
+            # replay 1) are stream waits on mirrored words: both jobs are already on the GPU.
+            assert copy.jobs_done == 2 and copy.parks == 0
+            gate.set()
+        np.testing.assert_array_equal(await rt.copyout(g), np.full(SIZE, 2 + 2, np.int32))
 
 
 async def test_symbolic_launch_dims_are_evaluated_per_call() -> None:

@@ -21,17 +21,20 @@ from typing import Any
 
 import attrs
 import numpy as np
+import trio
 
 from scheduler import QueueKind
 
 from .._actor import Op
 from .._device import Device, DeviceError
+from .._signal import Signal
 from . import _commands as C
 from ._driver import CopyKind, CudaDriver, DriverUnavailable, open_driver
 from ._queue import CUDA_ITEM, CudaQueueActor
 
 ENV_DRIVER = "ACTORGRAPH_CUDA_DRIVER"
 _INT32 = (-(1 << 31), (1 << 31) - 1)
+_U64_MAX = (1 << 64) - 1
 
 
 @attrs.define(eq=False)
@@ -94,6 +97,9 @@ class CUDADevice(Device):
         self._staging_lock = threading.Lock()
         self._staging_free: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
         self._staging_all: list[int] = []
+        # Mapped words that follow trio-side signals, so streams can wait on them.
+        self._mirrors: dict[int, tuple[Signal, int, int]] = {}
+        self._nursery: trio.Nursery | None = None
         self._closed = False
         self.queues = {
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
@@ -104,6 +110,10 @@ class CUDADevice(Device):
     def caps(self) -> Any:
         return attrs.evolve(super().caps, peer_group=f"cuda:{self.driver.name}")
 
+    async def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        await super().start(nursery)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -113,10 +123,39 @@ class CUDADevice(Device):
             actor.close()  # type: ignore[attr-defined]
         if not busy:
             with self._staging_lock:
-                for pointer in self._staging_all:
+                pointers = self._staging_all + [host for _, host, _ in self._mirrors.values()]
+                for pointer in pointers:
                     self.driver.host_free(pointer)
                 self._staging_all.clear()
                 self._staging_free.clear()
+                self._mirrors.clear()
+
+    # -- trio-side signals as words the GPU can wait on --
+
+    def mirror(self, signal: Signal) -> int | None:
+        """The device pointer of a mapped word that follows `signal`, a signal only the
+        trio side sets (a CPU queue, a device timeline): a stream waits on the word as on
+        any GPU queue's. None before the device's actors started."""
+        entry = self._mirrors.get(id(signal))
+        if entry is not None and entry[0] is signal:
+            return entry[2]
+        if self._nursery is None:
+            return None
+        host, device = self.driver.host_alloc_mapped(8)
+        self.driver.host_write64(host, signal.value)
+        self._mirrors[id(signal)] = (signal, host, device)
+        self._nursery.start_soon(self._follow, signal, host, name=f"{self.name} mirror {signal.name}")
+        return device
+
+    async def _follow(self, signal: Signal, host: int) -> None:
+        # Wakes once per advance of the signal (not per waiter): copy it into the word.
+        write = self.driver.host_write64
+        while not self._closed:  # closed: the word may be freed already
+            seen = signal.value
+            write(host, seen)
+            if seen >= _U64_MAX:
+                return
+            await signal.wait_value(seen + 1)
 
     # -- memory --
 

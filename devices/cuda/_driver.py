@@ -60,6 +60,10 @@ class CudaDriver(Protocol):
 
     def host_free(self, host_pointer: int) -> None: ...                # cuMemFreeHost
 
+    def host_write64(self, host_pointer: int, value: int) -> None:
+        """The host stores a 64-bit word in mapped memory (for streams waiting on it)."""
+        ...
+
     def host_view(self, pointer: int, nbytes: int) -> np.ndarray[Any, Any] | None:
         """The bytes of a device allocation as a host array when device memory is host
         memory (the fake driver), else None (a real GPU)."""

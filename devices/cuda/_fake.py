@@ -123,6 +123,7 @@ class FakeDriver:
         self.peer = peer
         self.arch = arch
         self._memory: dict[int, np.ndarray[Any, Any]] = {}
+        self._retired: list[np.ndarray[Any, Any]] = []
         self._lock = threading.Lock()
         self._images: dict[tuple[str, str, str], bytes] = {}
         self._peers_enabled: set[tuple[int, int]] = set()
@@ -198,8 +199,13 @@ class FakeDriver:
 
     def mem_free(self, pointer: int) -> None:
         with self._lock:
-            if self._memory.pop(pointer, None) is None:
+            array = self._memory.pop(pointer, None)
+            if array is None:
                 raise RuntimeError(f"CUDA_ERROR_INVALID_VALUE: {pointer:#x} is not allocated")
+            if array.nbytes <= 64:
+                # Signal words: a stream being torn down may still read one; keep the
+                # bytes (a real driver's unmapped page would fault instead).
+                self._retired.append(array)
 
     def host_alloc_mapped(self, nbytes: int) -> tuple[int, int]:
         pointer = self._alloc(nbytes)
@@ -207,6 +213,9 @@ class FakeDriver:
 
     def host_free(self, host_pointer: int) -> None:
         self.mem_free(host_pointer)
+
+    def host_write64(self, host_pointer: int, value: int) -> None:
+        _write_word(host_pointer, value)
 
     def host_view(self, pointer: int, nbytes: int) -> np.ndarray[Any, Any] | None:
         array = self._memory.get(pointer)

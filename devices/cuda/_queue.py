@@ -301,9 +301,12 @@ class CudaQueueActor(QueueActor):
                         else:
                             await self._wait_event(cmds, signal, target, sub, index)
                     else:
-                        # Only the trio side sets this signal: wait for it on the host.
-                        self._flush(cmds)
-                        await self._park(signal, target, sub, index)
+                        word = self._mirror(signal, op[2], bases)
+                        if word is not None:
+                            cmds.append((C.WAIT_VALUE, word, target))
+                        else:
+                            self._flush(cmds)
+                            await self._park(signal, target, sub, index)
                 elif code == SIGNAL:
                     self._signal_commands(cmds, bases[op[2]] + op[3])
                 else:
@@ -316,6 +319,13 @@ class CudaQueueActor(QueueActor):
         except Exception as exc:  # a driver call refused: fail the job, never hang
             self._fail_unsent(job, exc)
         self.items_run += ran
+
+    def _mirror(self, signal: Signal, slot: int, bases: Sequence[int]) -> int | None:
+        """A mapped word following a trio-side signal, or None: then the host waits.
+        KICK (the last base) is set before any job runs: it never needs a word."""
+        if not self.mem_ops or slot == len(bases) - 1:
+            return None
+        return self.device.mirror(signal)
 
     def _fail_unsent(self, job: Job, exc: Exception) -> None:
         # A driver call refused: name the job's first item (which one is not known).
@@ -389,7 +399,7 @@ class CudaQueueActor(QueueActor):
 
     def _plan_graph(self, job: Job) -> _GraphEntry | None:
         """Commands for a graph of this job, or None if it must run on the stream."""
-        ops, bases, sub = job.ops, job.bases, job.submission
+        ops, bases = job.ops, job.bases
         kick_slot = len(bases) - 1  # Program puts the KICK base last
         entry = _GraphEntry()
         cmds = entry.cmds
@@ -403,11 +413,15 @@ class CudaQueueActor(QueueActor):
                 if isinstance(signal, MappedSignal) and signal.owner.mem_ops:
                     entry.value_nodes.append((len(cmds), op[2], op[3]))
                     cmds.append((C.WAIT_VALUE, signal.device_pointer, 0))
-                elif op[2] == kick_slot or any(signal is t for t in sub.timelines):
-                    # Earlier submissions only: awaiting these first cannot deadlock.
+                elif op[2] == kick_slot:
+                    # Set when the job was posted: awaiting it first cannot deadlock.
                     entry.host_waits.append((signal, op[2], op[3], index))
                 else:
-                    return None  # waits on a CPU queue mid-job: keep it on the stream
+                    word = self.device.mirror(signal)
+                    if word is None:
+                        return None
+                    entry.value_nodes.append((len(cmds), op[2], op[3]))
+                    cmds.append((C.WAIT_VALUE, word, 0))
             elif code == SIGNAL:
                 entry.value_nodes.append((len(cmds), op[2], op[3]))
                 cmds.append((C.WRITE_VALUE, self.signal.device_pointer, 0))
@@ -437,7 +451,11 @@ class CudaQueueActor(QueueActor):
         """Reuse `old`'s instantiated graph for `new`'s commands: update changed nodes."""
         driver = self.driver
         driver.set_context(self.context)
-        for i, (was, now) in enumerate(zip(old.cmds, new.cmds)):
+        cmds = new.cmds
+        for i, (was, now) in enumerate(zip(old.cmds, cmds)):
+            if now[0] == C.WAIT_VALUE or now[0] == C.WRITE_VALUE:
+                # Values are bound per replay (`_graph_job`): keep the node's current one.
+                now = cmds[i] = (now[0], now[1], was[2])
             C.update_node(driver, old.exec, old.nodes[i], self.context, was, now)
         old.cmds = new.cmds
         old.ops = new.ops

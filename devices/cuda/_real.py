@@ -145,6 +145,10 @@ class RealDriver:
     def host_free(self, host_pointer: int) -> None:
         self._check(self.cu.cuMemFreeHost(host_pointer))
 
+    def host_write64(self, host_pointer: int, value: int) -> None:
+        # An aligned 8-byte store: the GPU never sees half of it.
+        ctypes.c_uint64.from_address(host_pointer).value = value
+
     def host_view(self, pointer: int, nbytes: int) -> np.ndarray[Any, Any] | None:
         return None
 
