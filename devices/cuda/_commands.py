@@ -67,7 +67,7 @@ def shape_of(cmd: Command) -> Any:
         return (COPY, cmd[1])
     if code == HOST:
         return (HOST, cmd[1])  # host functions are compared by identity: rebuilt if new
-    return (code,)
+    return (code, cmd[1])  # a mem-op node's value may change in place, its address not
 
 
 def update_node(driver: CudaDriver, graph_exec: Any, node: Any, context: Any,

@@ -17,14 +17,18 @@ on the trio side) waiting for the value. So the mirror never runs ahead of the G
 a satisfied mirror proves the word is satisfied too.
 
 In the other direction, a CUDA queue waiting on a signal that only the trio side sets (a
-CPU actor's queue, a device timeline, the runtime's KICK) awaits it on the host before
-it puts the rest of its job on the stream: those waits keep the host in the loop. In a
-replay the only such waits are the device-timeline syncs at a job's start (and, for a
-mixed plan, waits on CPU queues); the former are awaited before a graph launch.
+CPU actor's queue, a device timeline) waits on a *mirror word*: mapped memory that the
+device keeps equal to that signal (`CUDADevice.mirror`: one trio task per mirrored
+signal, woken once per advance of it, stores the new value with a host write). The
+stream waits on the mirror as on any GPU queue's word, so the whole job, waits
+included, is on the stream before its first item runs: back-to-back replays and mixed
+CPU/GPU plans queue up on the GPU. The runtime's KICK is set before any job runs and is
+the only signal still checked on the host (for free: it is always reached).
 
-Without CAN_USE_64_BIT_STREAM_MEM_OPS the words are still written by the host mirror
-path, and cross-queue waits use events: the signalling queue records an event at each
-signal point, and a waiter, once that record has been enqueued, waits on the event.
+Without CAN_USE_64_BIT_STREAM_MEM_OPS a stream can neither write nor wait on a word:
+each signal point records an event (and a host function writes the word for the trio
+mirror); a CUDA waiter, once that record has been enqueued, waits on the event, and
+waits on trio-side signals go back to the host (awaited before the rest is enqueued).
 
 Job completion: the last command of every job is a host function that tells the trio
 thread to finish the oldest job in flight (streams are in order, so completions come
