@@ -207,11 +207,14 @@ class Runtime:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
         checked = [check_item(item, i) for i, item in enumerate(items)]
+        # var_vals covers the whole list: check it once, then give each item its own vars.
+        needed: frozenset[Any] = frozenset().union(*(item.free_vars() for item in checked))
+        values = check_var_vals(needed, var_vals, "run()")
         for index, item in enumerate(checked):
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
-            values = check_var_vals(program.free_vars, var_vals, f"run(): item {index} ({item.label})")
-            await self._await(program, program.submit(program.bind((), values)))
+            own = {var: values[var] for var in program.free_vars}
+            await self._await(program, program.submit(program.bind((), own)))
 
     async def compile(
         self,
