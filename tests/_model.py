@@ -327,11 +327,18 @@ def build_items(spec: ProgramSpec, buffers: Sequence[ag.Buffer]) -> list[ag.Laun
 # -- running a program three ways -----------------------------------------------------------
 
 
-async def _random_fill(
+def random_contents(rng: np.random.Generator, buf: ag.Buffer) -> np.ndarray:
+    """Random values over the dtype's whole range (integer dtypes)."""
+    info = np.iinfo(buf.dtype)
+    return rng.integers(info.min, info.max, size=buf.shape, dtype=buf.dtype, endpoint=True)
+
+
+async def random_fill(
     rt: ag.Runtime, host: HostArrays, bases: Iterable[ag.Buffer], rng: np.random.Generator
 ) -> None:
+    """Give each base buffer fresh random contents, on the runtime and in the host model."""
     for base in bases:
-        data = rng.integers(0, 1 << 32, size=base.shape, dtype=np.uint64).astype(DTYPE)
+        data = random_contents(rng, base)
         await rt.copyin(base, data)
         host.load(base, data)
 
@@ -356,7 +363,7 @@ async def check_program(
         graphs.append((graph, items[lo:hi], inputs))
 
     host = HostArrays()
-    await _random_fill(rt, host, buffers, rng)
+    await random_fill(rt, host, buffers, rng)
     orders = spec.call_orders if replays is None else spec.call_orders[:replays]
     for round_index, order in enumerate(orders):
         salt = int(rng.integers(0, 1001))
@@ -365,7 +372,7 @@ async def check_program(
         for gi in order:
             graph, chunk, inputs = graphs[gi]
             fresh = [rt.alloc(b.device, b.shape, b.dtype) for b in inputs]
-            await _random_fill(rt, host, fresh, rng)
+            await random_fill(rt, host, fresh, rng)
             uses_salt = any(SALT in item.free_vars() for item in chunk)
             calls.append((gi, fresh, {SALT: salt} if uses_salt else None))
         tracked = list(buffers) + [b for _, fresh, _ in calls for b in fresh]
