@@ -62,6 +62,9 @@ class Graph:
                 if slot not in bound:
                     self._internal.setdefault(buf.alloc_id, []).append(buf)
         del input_allocs
+        # One buffer per internal allocation: checked on every call, as a buffer may be
+        # freed between two calls with the same inputs.
+        self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
         self.replays = 0
         self.in_flight = 0
 
@@ -111,6 +114,9 @@ class Graph:
         )
         if not same_inputs:
             self._check_inputs(inputs)
+        for buf in self._internal_roots:
+            if buf.freed:
+                buf.check_live("this graph uses ")
         values = var_vals if var_vals is not None else {}
         if same_inputs and values == self._last_vars:
             return self._last_ops
@@ -159,8 +165,6 @@ class Graph:
                         f"input {i} {new!r} shares memory with {internal!r}, which the graph "
                         f"uses internally; pass a buffer the graph does not touch"
                     )
-        for buf in (b for bufs in self._internal.values() for b in bufs):
-            buf.check_live("this graph uses ")
 
     async def aclose(self) -> None:
         """Refuse further calls. Replays already submitted still complete."""
