@@ -15,7 +15,7 @@ from devices import Device, Job, QueueActor, Signal, Submission
 from scheduler import Access, ItemKind, Plan, PlanItem, QueueKind, build_plan
 
 from ._buffer import Allocation, Buffer, _shape_of
-from ._errors import ClosedError, ItemError, UsageError
+from ._errors import ClosedError, InputError, ItemError, UsageError
 from ._graph import Graph, check_var_vals
 from ._kernel import Item
 from ._program import Program, check_item, plan_item
@@ -233,6 +233,12 @@ class Runtime:
             if not isinstance(buf, Buffer):
                 raise UsageError(f"input {i} must be a Buffer, got {buf!r}")
             buf.check_live(f"input {i}: ")
+            for j, other in enumerate(inputs[:i]):
+                if buf.overlaps(other):
+                    raise InputError(
+                        f"inputs {j} and {i} share memory ({other!r} and {buf!r}); the plan "
+                        f"assumes distinct inputs: pass separate buffers"
+                    )
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
