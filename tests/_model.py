@@ -16,6 +16,7 @@ names to `random_programs` and `check_program`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -242,7 +243,7 @@ class ProgramSpec:
 
     def chunks(self) -> list[tuple[int, int]]:
         bounds = [0, *self.splits, len(self.items)]
-        return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+        return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
 def _disjoint(a: tuple[int, int], b: tuple[int, int], size: int) -> bool:
@@ -293,7 +294,7 @@ def random_programs(
     splits = tuple(sorted(set(draw(cuts)))) if len(items) > 1 else ()
     bounds = [0, *splits, len(items)]
     graph_inputs = []
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         used = sorted({b for item in items[lo:hi] for b, _ in item.slots})
         graph_inputs.append(tuple(b for b in used if draw(st.booleans())))
     ngraphs = len(graph_inputs)
@@ -343,6 +344,17 @@ async def random_fill(
         host.load(base, data)
 
 
+async def _call(
+    graph: ag.Graph,
+    inputs: list[ag.Buffer],
+    var_vals: dict[ag.Var, int] | None,
+    submitted: list[int],
+    index: int,
+) -> None:
+    submitted.append(index)  # a call submits synchronously, before its first checkpoint
+    await graph(inputs, var_vals=var_vals)
+
+
 async def check_program(
     rt: ag.Runtime, device_names: Sequence[str], spec: ProgramSpec, *, replays: int | None = None
 ) -> None:
@@ -378,18 +390,11 @@ async def check_program(
         tracked = list(buffers) + [b for _, fresh, _ in calls for b in fresh]
         before = host.copy()
 
-        # Issue every call at once from its own task; record the order they submit in
-        # (a call submits synchronously, before its first checkpoint).
+        # Issue every call at once from its own task; record the order they submit in.
         submitted: list[int] = []
-
-        async def call(index: int) -> None:
-            gi, fresh, var_vals = calls[index]
-            submitted.append(index)
-            await graphs[gi][0](fresh, var_vals=var_vals)
-
         async with trio.open_nursery() as nursery:
-            for index in range(len(calls)):
-                nursery.start_soon(call, index)
+            for index, (gi, fresh, var_vals) in enumerate(calls):
+                nursery.start_soon(_call, graphs[gi][0], fresh, var_vals, submitted, index)
         got = await snapshot(rt, tracked)
 
         # The host model and eager, in the order the calls were submitted.

@@ -7,14 +7,15 @@ issued concurrently) must equal eager `rt.run` and the host model (tests/_model.
 from __future__ import annotations
 
 import trio
+from _model import ProgramSpec, check_program, random_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorgraph as ag
 
-from _model import ProgramSpec, check_program, random_programs
-
 CPU_DEVICES = [f"CPU:{i}" for i in range(6)]
+# Each example takes milliseconds: explore several times the profile's budget.
+MANY = settings(max_examples=5 * settings().max_examples)
 
 
 def run_spec(device_names: list[str], spec: ProgramSpec, **options: object) -> None:
@@ -25,13 +26,13 @@ def run_spec(device_names: list[str], spec: ProgramSpec, **options: object) -> N
     trio.run(main)
 
 
-@settings(max_examples=150)
+@MANY
 @given(random_programs(max_devices=6))
 def test_random_graphs_match_eager_and_model(spec: ProgramSpec) -> None:
     run_spec(CPU_DEVICES, spec)
 
 
-@settings(max_examples=150)
+@MANY
 @given(random_programs(max_devices=4, max_items=16), st.sampled_from((0, 64, 200)))
 def test_random_graphs_on_worker_threads(spec: ProgramSpec, thread_bytes: int) -> None:
     # Items touching at least `thread_bytes` bytes run on their actor's worker thread, so

@@ -16,8 +16,6 @@ import attrs
 import numpy as np
 import pytest
 import trio
-
-import actorgraph as ag
 from _model import (
     HostArrays,
     assert_same,
@@ -28,6 +26,8 @@ from _model import (
     rebind_items,
     snapshot,
 )
+
+import actorgraph as ag
 from scheduler import Run, Wait
 
 I32 = np.int32
@@ -316,6 +316,33 @@ async def test_several_graphs_sharing_buffers_from_concurrent_tasks(
         await check_calls(rt, calls, rng, concurrent=True)
 
 
+async def test_one_graph_replayed_from_many_tasks_at_once(
+    rt: ag.Runtime, rng: np.random.Generator
+) -> None:
+    # Every replay folds its input into an accumulator the graph keeps, then ships it to
+    # CPU:1: the replays must run whole, one after another, in the order they were issued.
+    a, acc = (rt.alloc("CPU:0", 64, I32) for _ in range(2))
+    mirror = rt.alloc("CPU:1", 64, I32)
+
+    def reference(h: HostArrays, _: object) -> None:
+        h[acc][:] = h[acc] ^ h[a]
+        h[acc][:] += 1
+        h[mirror][:] = h[acc]
+        h[a][:] = h[mirror] * 3
+
+    items = [
+        ag.Launch(XOR, [acc, acc, a]),
+        ag.Launch(INC, [acc]),
+        ag.Copy(dst=mirror, src=acc),
+        ag.Copy(dst=a, src=mirror),
+        ag.Launch(TIMES3, [a, a]),
+    ]
+    compiled = await compile_checked(rt, items, [a], reference)
+    for _ in range(2):
+        calls = [Call(compiled, fresh_like(rt, [a])) for _ in range(8)]
+        await check_calls(rt, calls, rng, concurrent=True)
+
+
 async def test_graph_reading_another_devices_memory_waits_for_earlier_work_there(
     rt: ag.Runtime, rng: np.random.Generator
 ) -> None:
@@ -486,8 +513,8 @@ async def test_replays_back_to_back_from_tasks_with_eager_work_interleaved(
     for index, entry in enumerate(log):
         model_step(index, entry)
     assert seen.keys() == expected_out.keys()
-    for index in seen:
-        np.testing.assert_array_equal(seen[index], expected_out[index], err_msg=f"copyout {index}")
+    for index, array in seen.items():
+        np.testing.assert_array_equal(array, expected_out[index], err_msg=f"copyout {index}")
     want = {b.alloc_id: host.base_array(b) for b in bases + fresh}
     assert_same("concurrent replays and eager work vs numpy", final, want)
 

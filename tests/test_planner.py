@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler import (
@@ -42,8 +42,12 @@ def access(device: str, alloc: int, start: int = 0, stop: int = 64, write: bool 
     return Access(device, alloc, start, stop, write)
 
 
-def kernel(device: str, writes: list[tuple[int, int, int]], reads: list[tuple[int, int, int]] = [],
-           label: str = "k") -> PlanItem:
+def kernel(
+    device: str,
+    writes: list[tuple[int, int, int]],
+    reads: tuple[tuple[int, int, int], ...] | list[tuple[int, int, int]] = (),
+    label: str = "k",
+) -> PlanItem:
     """A launch on `device` writing and reading (alloc, start, stop) ranges of its memory."""
     accesses = [access(device, *w, write=True) for w in writes]
     accesses += [access(device, *r) for r in reads]
@@ -328,7 +332,7 @@ def test_the_plan_prints_one_column_per_queue() -> None:
         kernel("CPU:0", [(1, 0, 64)], label="mix"),
         copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
     ])
-    header, rule, *rows = str(plan).splitlines()
+    header, rule, *_ = str(plan).splitlines()
     assert [h.strip() for h in header.split("|")] == ["CPU:0/compute", "CPU:1/copy"]
     assert set(rule.replace("|", "").split()) == {"-" * len("CPU:0/compute"), "-" * len("CPU:1/copy")}
     text = str(plan)
@@ -361,6 +365,7 @@ def random_items(draw: st.DrawFn) -> list[PlanItem]:
     return items
 
 
+@settings(max_examples=5 * settings().max_examples)
 @given(random_items())
 def test_every_plan_of_random_items_verifies(items: list[PlanItem]) -> None:
     plan = build_plan(items, CAPS)
