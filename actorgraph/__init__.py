@@ -1,5 +1,12 @@
 """actorgraph: replay captured device work across many devices with trio actors."""
 
+from devices import PRESETS as SIM_PRESETS
+from devices import CostModel as CostModel
+from devices import DeviceCost as DeviceCost
+from devices import LinkCost as LinkCost
+from devices import SimRecord as SimRecord
+from devices import Work as Work
+
 from ._buffer import Buffer as Buffer
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
@@ -29,6 +36,10 @@ from ._profile import WaitRecord as WaitRecord
 from ._runtime import Runtime as Runtime
 from ._runtime import open_runtime as open_runtime
 from ._trace import write_trace as write_trace
+from ._sim import clear_sim_timeline as clear_sim_timeline
+from ._sim import sim_bounds as sim_bounds
+from ._sim import sim_durations as sim_durations
+from ._sim import sim_timeline as sim_timeline
 from ._vars import Expr as Expr
 from ._vars import Var as Var
 from ._vars import cdiv as cdiv
@@ -43,4 +54,7 @@ __all__ = [
     # profiling
     "EventKind", "MissingExtraError", "Profile", "ProfileEvent", "ReplaySpan", "WaitKind",
     "WaitRecord", "plot_timeline", "write_trace",
+    # simulated devices
+    "SIM_PRESETS", "CostModel", "DeviceCost", "LinkCost", "SimRecord", "Work",
+    "clear_sim_timeline", "sim_bounds", "sim_durations", "sim_timeline",
 ]
