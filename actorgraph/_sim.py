@@ -49,7 +49,7 @@ def sim_timeline(runtime: Runtime, submission: int | None = None) -> tuple[SimRe
 
     `submission` keeps only one submission's records (see SimRecord.submission).
     """
-    records = []
+    records: list[SimRecord] = []
     for name in runtime.devices:
         device = runtime.device(name)
         if isinstance(device, SIMDevice):

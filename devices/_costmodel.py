@@ -45,9 +45,13 @@ from ._device import DeviceError
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[float], value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{type(instance).__name__}.{attribute.name} must be a number >= 0, got {value!r}")
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be a number >= 0, got {value!r}"
+        )
     if math.isinf(value):
-        raise ValueError(f"{type(instance).__name__}.{attribute.name} must be finite, got {value!r}")
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be finite, got {value!r}"
+        )
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[float], value: float) -> None:
@@ -67,8 +71,13 @@ class Work:
     nbytes: float | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.nbytes is not None:
-            _non_negative(self, attrs.fields(Work).nbytes, self.nbytes)
+        nbytes = self.nbytes
+        if nbytes is not None and (
+            isinstance(nbytes, bool)
+            or not isinstance(nbytes, (int, float))
+            or not 0 <= nbytes < math.inf
+        ):
+            raise ValueError(f"Work.nbytes must be None or a number >= 0, got {nbytes!r}")
 
 
 @attrs.frozen
@@ -156,22 +165,24 @@ _H100_SXM = DeviceCost(launch_latency=2e-6, compute_throughput=989e12, memory_ba
 _H100_PCIE = DeviceCost(launch_latency=2e-6, compute_throughput=756e12, memory_bandwidth=2.0e12)
 _PCIE5 = LinkCost(latency=10e-6, bandwidth=64e9)
 
-PRESETS: Mapping[str, CostModel] = MappingProxyType({
-    "nvlink8": CostModel(
-        name="nvlink8",
-        devices={"SIM": _H100_SXM},
-        same_device=LinkCost(latency=2e-6, bandwidth=3.35e12 / 2),
-        peer=LinkCost(latency=3e-6, bandwidth=450e9),
-        host=_PCIE5,
-    ),
-    "pcie8": CostModel(
-        name="pcie8",
-        devices={"SIM": _H100_PCIE},
-        same_device=LinkCost(latency=2e-6, bandwidth=2.0e12 / 2),
-        peer=LinkCost(latency=10e-6, bandwidth=64e9),
-        host=_PCIE5,
-    ),
-})
+PRESETS: Mapping[str, CostModel] = MappingProxyType(
+    {
+        "nvlink8": CostModel(
+            name="nvlink8",
+            devices={"SIM": _H100_SXM},
+            same_device=LinkCost(latency=2e-6, bandwidth=3.35e12 / 2),
+            peer=LinkCost(latency=3e-6, bandwidth=450e9),
+            host=_PCIE5,
+        ),
+        "pcie8": CostModel(
+            name="pcie8",
+            devices={"SIM": _H100_PCIE},
+            same_device=LinkCost(latency=2e-6, bandwidth=2.0e12 / 2),
+            peer=LinkCost(latency=10e-6, bandwidth=64e9),
+            host=_PCIE5,
+        ),
+    }
+)
 
 DEFAULT_PRESET = "nvlink8"
 

@@ -167,7 +167,10 @@ class SIMDevice(Device):
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
         return (
-            SIM_RUN, _copy_into, (dst.host_view(), src.host_view()), item,
+            SIM_RUN,
+            _copy_into,
+            (dst.host_view(), src.host_view()),
+            item,
             self.copy_duration(dst, src),
         )
 
