@@ -39,6 +39,7 @@ from ._trace import write_trace as write_trace
 from ._sim import clear_sim_timeline as clear_sim_timeline
 from ._sim import sim_bounds as sim_bounds
 from ._sim import sim_durations as sim_durations
+from ._sim import sim_reorder as sim_reorder
 from ._sim import sim_timeline as sim_timeline
 from ._vars import Expr as Expr
 from ._vars import Var as Var
@@ -56,5 +57,5 @@ __all__ = [
     "WaitRecord", "plot_timeline", "write_trace",
     # simulated devices
     "SIM_PRESETS", "CostModel", "DeviceCost", "LinkCost", "SimRecord", "Work",
-    "clear_sim_timeline", "sim_bounds", "sim_durations", "sim_timeline",
+    "clear_sim_timeline", "sim_bounds", "sim_durations", "sim_reorder", "sim_timeline",
 ]

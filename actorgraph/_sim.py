@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from devices import SIMDevice, SimRecord
 from devices._sim import sim_op_seconds
-from scheduler import Bounds, lower_bounds
+from scheduler import Bounds, list_schedule_order, lower_bounds
 
 from ._buffer import Buffer
 from ._errors import UsageError
+from ._kernel import Item
 
 if TYPE_CHECKING:
     from ._graph import Graph
@@ -42,6 +43,20 @@ def sim_bounds(
 ) -> Bounds:
     """Lower bounds on one replay's makespan: critical path, busiest queue, queue window."""
     return lower_bounds(graph.plan, sim_durations(graph, inputs, var_vals))
+
+
+def sim_reorder(
+    graph: Graph, inputs: Sequence[Buffer] | None = None, var_vals: Mapping[Any, int] | None = None
+) -> list[Item]:
+    """The graph's items in the order a list scheduler starts them under the SIM costs.
+
+    Compile the returned list instead of the original: results are the same (every pair
+    of items that touch the same bytes keeps its order), but no queue waits behind an
+    item whose data comes late while a later item of it could run.
+    """
+    order = list_schedule_order(graph.plan, sim_durations(graph, inputs, var_vals))
+    items = graph._program.items
+    return [items[j] for j in order]
 
 
 def sim_timeline(runtime: Runtime, submission: int | None = None) -> tuple[SimRecord, ...]:

@@ -7,6 +7,7 @@ from ._bounds import lower_bounds as lower_bounds
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
+from ._order import list_schedule_order as list_schedule_order
 from ._plan import Message as Message
 from ._plan import Plan as Plan
 from ._plan import Run as Run
@@ -29,5 +30,5 @@ __all__ = [
     "Access", "Bounds", "DeviceCaps", "GraphvizError", "ItemKind", "Message", "Plan",
     "PlanDeadlockError", "PlanError", "PlanItem", "PlanRaceError", "QueueId", "QueueKind",
     "RangeTracker", "Run", "Signal", "SyncDevice", "Wait", "WaitKick", "assign_queue",
-    "build_plan", "item_dependencies", "lower_bounds", "verify_plan",
+    "build_plan", "item_dependencies", "list_schedule_order", "lower_bounds", "verify_plan",
 ]
