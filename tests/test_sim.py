@@ -489,3 +489,29 @@ def test_cost_model_checks_its_figures() -> None:
         ag.CostModel("x", {"SIM": 3}, FLAT.same_device, FLAT.peer, FLAT.host)  # type: ignore[dict-item]
     with pytest.raises(ag.DeviceError, match=r"cost model 'x' has no figures for SIM devices"):
         ag.CostModel("x", {}, FLAT.same_device, FLAT.peer, FLAT.host).device("SIM")
+
+
+async def test_a_failing_kernel_on_sim_names_item_and_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def boom(out: np.ndarray, a: np.ndarray) -> None:
+        raise ZeroDivisionError("no")
+
+    bad = ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,), cost=MS)
+    async with ag.open_runtime(["SIM:0"]) as rt:
+        a, b = rt.alloc("SIM:0", 4, np.float32), rt.alloc("SIM:0", 4, np.float32)
+        graph = await rt.compile([ag.Launch(INC, [b, a]), ag.Launch(bad, [a, b])])
+        with pytest.raises(
+            ag.ItemError, match=r"item 1 \(boom\) on SIM:0/compute raised ZeroDivisionError"
+        ):
+            await graph()
+        await graph.aclose()
+
+
+def test_sim_is_a_device_kind() -> None:
+    from devices import DEVICE_KINDS, DeviceError, parse_device_name
+
+    assert DEVICE_KINDS["SIM"] is SIMDevice
+    assert parse_device_name("SIM:7") == ("SIM", 7)
+    with pytest.raises(DeviceError, match=r"expected one of .*SIM:N"):
+        parse_device_name("GPU:0")
