@@ -4,9 +4,9 @@ Three graphs over 8 SIM devices, each replayed once under trio's MockClock (simu
 time only, no wall time): a pipeline (8 stages, 32 micro-batches), tensor parallelism
 with a ring all-reduce made of copies and reduction kernels, and a random DAG of 1k
 items. For each it prints makespan / max(critical path, busiest queue, queue window),
-how long the queue that finished last sat idle (and for how much of that a later item of
-the queue was ready: head-of-line blocking of an in-order queue), and writes everything
-to benchmarks/results/sim_quality.json.
+the chain of items that set the makespan, how long the queue it spends most time on sat
+idle while a later item of it was ready (head-of-line blocking), the same items in list-scheduled
+order (ag.sim_reorder), and writes everything to benchmarks/results/sim_quality.json.
 
     python benchmarks/sim_quality.py [--preset nvlink8|pcie8] [--items 1000] [--seed 0]
 """
@@ -174,6 +174,51 @@ def random_dag(
 # -- measuring --
 
 
+def critical_chain(plan: Any, records: Sequence[ag.SimRecord]) -> dict[str, Any]:
+    """Walk back from the item that finished last through whichever predecessor made each
+    item start when it did: its data (the dependency that ended last) or its queue (the
+    item before it on the same in-order queue). The chain covers the whole makespan.
+
+    Returns the chain's length, its data and queue edges, and the time it spends on each
+    queue (most first).
+    """
+    by_item = {r.item: r for r in records}
+    deps = item_dependencies(plan.items)
+    origin = min(r.start for r in records)
+    previous: dict[int, ag.SimRecord] = {}
+    lines: dict[str, list[ag.SimRecord]] = {}
+    for rec in sorted(records, key=lambda r: (r.start, r.end)):
+        line = lines.setdefault(rec.queue, [])
+        if line:
+            previous[rec.item] = line[-1]
+        line.append(rec)
+    cur: ag.SimRecord | None = max(records, key=lambda r: (r.end, r.queue))
+    data_edges = queue_edges = 0
+    per_queue: dict[str, float] = {}
+    length = 0
+    while cur is not None:
+        length += 1
+        per_queue[cur.queue] = per_queue.get(cur.queue, 0.0) + (cur.end - cur.start)
+        data = max((by_item[d] for d in deps[cur.item]), key=lambda r: r.end, default=None)
+        data_ready = data.end if data is not None else origin
+        before = previous.get(cur.item)
+        if before is not None and before.end >= data_ready and before.end > origin:
+            queue_edges += 1
+            cur = before
+        elif data is not None:
+            data_edges += 1
+            cur = data
+        else:
+            cur = None
+    on_queues = sorted(per_queue.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {
+        "items": length,
+        "data_edges": data_edges,
+        "queue_edges": queue_edges,
+        "time_on_queues": [{"queue": q, "s": t} for q, t in on_queues],
+    }
+
+
 def idle_analysis(plan: Any, records: Sequence[ag.SimRecord], queue: str) -> dict[str, Any]:
     """Where `queue` loses time.
 
@@ -216,6 +261,7 @@ async def measure(
     records = ag.sim_timeline(rt, submission=rt.kick.value)
     bounds = ag.sim_bounds(graph)
     best = bounds.best
+    chain = critical_chain(graph.plan, records)
     # The same items in list-scheduled order (same results, queues reordered).
     reordered = await rt.compile(ag.sim_reorder(graph), inputs=[], verify=False)
     t0 = trio.current_time()
@@ -237,10 +283,9 @@ async def measure(
         "target_met": makespan <= 1.05 * best,
         "makespan_list_scheduled_s": makespan_reordered,
         "ratio_list_scheduled": makespan_reordered / best if best else float("nan"),
-        # The queue that finished last decides the makespan: where did it wait?
-        "last_queue_idle": idle_analysis(
-            graph.plan, records, max(records, key=lambda r: (r.end, r.queue)).queue
-        ),
+        "critical_chain": chain,
+        # The queue the chain spends most time on: did it idle while it had ready work?
+        "chain_queue_idle": idle_analysis(graph.plan, records, chain["time_on_queues"][0]["queue"]),
     }
     await graph.aclose()
     return result
@@ -256,6 +301,7 @@ async def run_all(preset: str, count: int, seed: int) -> list[dict[str, Any]]:
     results = []
     builders: list[tuple[str, Callable[[ag.Runtime], Any]]] = [
         ("pipeline 8x32", lambda rt: pipeline(rt, devices)),
+        ("pipeline 8x64 (~1k items)", lambda rt: pipeline(rt, devices, micro_batches=64)),
         ("tensor-parallel ring all-reduce", lambda rt: tensor_parallel(rt, devices)),
         (f"random DAG {count}", lambda rt: random_dag(rt, devices, count, seed)),
     ]
@@ -284,7 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"SIM schedule quality, preset {args.preset} (target: makespan <= 1.05 x bound)")
     for r in results:
-        idle = r["last_queue_idle"]
+        chain = r["critical_chain"]
+        idle = r["chain_queue_idle"]
         print(
             f"  {r['name']:<34} {r['items']:>5} items  makespan {r['makespan_s'] * 1e3:9.3f} ms  "
             f"bound {r['bound_s'] * 1e3:9.3f} ms  ratio {r['ratio']:.4f}  "
@@ -294,9 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {'':<34} critical path {r['critical_path_s'] * 1e3:.3f} ms, busiest queue "
             f"{r['busiest_queue_s'] * 1e3:.3f} ms ({r['busiest_queue']}), queue window "
             f"{r['queue_window_s'] * 1e3:.3f} ms ({r['queue_window_queue']}); "
-            f"last to finish: {idle['queue']}, "
-            f"idle {idle['idle_s'] * 1e3:.3f} ms, of which {idle['fillable_idle_s'] * 1e3:.3f} ms "
-            f"with a later item of it ready (head-of-line blocking)"
+            f"makespan chain: {chain['items']} items, {chain['data_edges']} data + "
+            f"{chain['queue_edges']} queue edges, longest on {idle['queue']} "
+            f"({chain['time_on_queues'][0]['s'] * 1e3:.3f} ms), which idled "
+            f"{idle['idle_s'] * 1e3:.3f} ms, {idle['fillable_idle_s'] * 1e3:.3f} ms of it with a "
+            f"later item ready (head-of-line blocking)"
         )
         print(
             f"  {'':<34} same items in list-scheduled order (ag.sim_reorder): makespan "
