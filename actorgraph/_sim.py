@@ -19,7 +19,19 @@ from ._kernel import Item
 
 if TYPE_CHECKING:
     from ._graph import Graph
+    from ._program import Program
     from ._runtime import Runtime
+
+
+def _durations(
+    graph: Graph, inputs: Sequence[Buffer] | None, var_vals: Mapping[Any, int] | None
+) -> tuple[Program, list[float]]:
+    program, ops = graph._bind(graph._program.inputs if inputs is None else inputs, var_vals)
+    durations = []
+    for j in range(len(program.items)):
+        qi, pos = program.where[j]
+        durations.append(sim_op_seconds(ops[qi][pos]))
+    return program, durations
 
 
 def sim_durations(
@@ -29,20 +41,15 @@ def sim_durations(
 
     `inputs=None` means the buffers the graph was compiled with.
     """
-    program = graph._program
-    ops = graph._bind(program.inputs if inputs is None else inputs, var_vals)
-    durations = []
-    for j in range(len(program.items)):
-        qi, pos = program.where[j]
-        durations.append(sim_op_seconds(ops[qi][pos]))
-    return durations
+    return _durations(graph, inputs, var_vals)[1]
 
 
 def sim_bounds(
     graph: Graph, inputs: Sequence[Buffer] | None = None, var_vals: Mapping[Any, int] | None = None
 ) -> Bounds:
     """Lower bounds on one replay's makespan: critical path, busiest queue, queue window."""
-    return lower_bounds(graph.plan, sim_durations(graph, inputs, var_vals))
+    program, durations = _durations(graph, inputs, var_vals)
+    return lower_bounds(program.plan, durations)
 
 
 def sim_reorder(
@@ -54,9 +61,9 @@ def sim_reorder(
     of items that touch the same bytes keeps its order), but no queue waits behind an
     item whose data comes late while a later item of it could run.
     """
-    order = list_schedule_order(graph.plan, sim_durations(graph, inputs, var_vals))
-    items = graph._program.items
-    return [items[j] for j in order]
+    program, durations = _durations(graph, inputs, var_vals)
+    order = list_schedule_order(program.plan, durations)
+    return [program.items[j] for j in order]
 
 
 def sim_timeline(runtime: Runtime, submission: int | None = None) -> tuple[SimRecord, ...]:
