@@ -35,12 +35,12 @@ from ._profile import WaitKind as WaitKind
 from ._profile import WaitRecord as WaitRecord
 from ._runtime import Runtime as Runtime
 from ._runtime import open_runtime as open_runtime
-from ._trace import write_trace as write_trace
 from ._sim import clear_sim_timeline as clear_sim_timeline
 from ._sim import sim_bounds as sim_bounds
 from ._sim import sim_durations as sim_durations
 from ._sim import sim_reorder as sim_reorder
 from ._sim import sim_timeline as sim_timeline
+from ._trace import write_trace as write_trace
 from ._vars import Expr as Expr
 from ._vars import Var as Var
 from ._vars import cdiv as cdiv

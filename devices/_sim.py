@@ -10,7 +10,9 @@ Time is kept lazily. Each queue knows when its simulated hardware is next free
 (`_busy_until`); an item starts at max(now, busy_until) and ends `duration` later. The
 actor only sleeps on trio's clock before something another task can observe: a signal,
 a wait, the end of its job. A run of items with nothing between them costs no checkpoint
-per item, and every observable event still happens at its simulated time.
+per item, and every observable event still happens at its simulated time. A profiled job
+(`profile=True`) takes its time item by item, and a SIM actor's profile clock is trio's
+clock, so profile spans are the simulated start and end of each item.
 """
 
 from __future__ import annotations
@@ -88,11 +90,16 @@ class SimQueueActor(QueueActor):
         # The kick value (the last base) numbers submissions runtime-wide.
         self._records.append((job.bases[-1], op[3], start, end))
         ops = job.ops
-        if next_index >= len(ops) or ops[next_index][0] != SIM_RUN:
-            # Something observable comes next: let simulated time catch up first.
+        # Something observable comes next (or the job is profiled, and its spans must be
+        # this item's): let simulated time catch up first.
+        if next_index >= len(ops) or ops[next_index][0] != SIM_RUN or job.profile is not None:
             if end > now:
                 await trio.sleep_until(end)
         return next_index
+
+    def _now(self) -> float:
+        # Profiles and blocked times of a simulated queue are in simulated time.
+        return trio.current_time()
 
 
 class SIMDevice(Device):

@@ -1,9 +1,9 @@
 """The planner: pure and synchronous. Jit cache (PlanItems) -> Plan (a message list per queue)."""
 
-from ._dot import GraphvizError as GraphvizError
 from ._bounds import Bounds as Bounds
 from ._bounds import item_dependencies as item_dependencies
 from ._bounds import lower_bounds as lower_bounds
+from ._dot import GraphvizError as GraphvizError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError

@@ -515,3 +515,24 @@ def test_sim_is_a_device_kind() -> None:
     assert parse_device_name("SIM:7") == ("SIM", 7)
     with pytest.raises(DeviceError, match=r"expected one of .*SIM:N"):
         parse_device_name("GPU:0")
+
+
+async def test_profile_of_a_sim_replay_is_in_simulated_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with ag.open_runtime(["SIM:0", "SIM:1"], sim_preset=FLAT) as rt:
+        x = [rt.alloc("SIM:0", 4, np.float32) for _ in range(3)]
+        y = rt.alloc("SIM:1", 4, np.float32)
+        items = [
+            ag.Launch(_sleeper(MS), [x[1], x[0]]),
+            ag.Launch(_sleeper(2 * MS), [x[2], x[1]]),
+            ag.Copy(dst=y, src=x[2]),
+        ]
+        graph = await rt.compile(items)
+        await graph(profile=True)
+        events = sorted(rt.profile().events, key=lambda e: e.start)
+        records = ag.sim_timeline(rt, submission=rt.kick.value)
+        assert [(e.item, e.start, e.end) for e in events] == [
+            (r.item, r.start, r.end) for r in records
+        ]
+        assert events[1].end - events[1].start == pytest.approx(2 * MS)
