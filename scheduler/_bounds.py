@@ -57,12 +57,12 @@ def item_dependencies(items: Sequence[PlanItem]) -> list[tuple[int, ...]]:
     return deps
 
 
-def lower_bounds(plan: Plan, durations: Sequence[float]) -> Bounds:
-    """Bounds on the makespan of `plan` when item j takes `durations[j]` seconds."""
+def check_durations(plan: Plan, durations: Sequence[float], what: str) -> int:
+    """Check there is one finite duration >= 0 per item; return the item count."""
     count = len(plan.items)
     if len(durations) != count:
         raise PlanError(
-            f"lower_bounds needs one duration per item: the plan has {count} items, "
+            f"{what} needs one duration per item: the plan has {count} items, "
             f"got {len(durations)} durations"
         )
     for j, d in enumerate(durations):
@@ -70,6 +70,12 @@ def lower_bounds(plan: Plan, durations: Sequence[float]) -> Bounds:
             raise PlanError(
                 f"duration of item {plan.describe_item(j)} must be seconds >= 0, got {d!r}"
             )
+    return count
+
+
+def lower_bounds(plan: Plan, durations: Sequence[float]) -> Bounds:
+    """Bounds on the makespan of `plan` when item j takes `durations[j]` seconds."""
+    count = check_durations(plan, durations, "lower_bounds")
     deps = item_dependencies(plan.items)
 
     # head[j]: earliest start of j; finish[j] = head[j] + durations[j]. Jit order is a

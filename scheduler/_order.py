@@ -13,27 +13,16 @@ jit-cache order: the reordered jit cache computes the same results.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 
-from ._bounds import item_dependencies
+from ._bounds import check_durations, item_dependencies
 from ._errors import PlanError
 from ._plan import Plan
 
 
 def list_schedule_order(plan: Plan, durations: Sequence[float]) -> tuple[int, ...]:
     """Item indices in the order a list scheduler would start them on the plan's queues."""
-    count = len(plan.items)
-    if len(durations) != count:
-        raise PlanError(
-            f"list_schedule_order needs one duration per item: the plan has {count} items, "
-            f"got {len(durations)} durations"
-        )
-    for j, d in enumerate(durations):
-        if not (isinstance(d, (int, float)) and 0 <= d < math.inf):
-            raise PlanError(
-                f"duration of item {plan.describe_item(j)} must be seconds >= 0, got {d!r}"
-            )
+    count = check_durations(plan, durations, "list_schedule_order")
     deps = item_dependencies(plan.items)
     successors: list[list[int]] = [[] for _ in range(count)]
     waiting = [len(d) for d in deps]
