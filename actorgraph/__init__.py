@@ -1,5 +1,12 @@
 """actorgraph: replay captured device work across many devices with trio actors."""
 
+from devices import PRESETS as SIM_PRESETS
+from devices import CostModel as CostModel
+from devices import DeviceCost as DeviceCost
+from devices import LinkCost as LinkCost
+from devices import SimRecord as SimRecord
+from devices import Work as Work
+
 from ._buffer import Buffer as Buffer
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
@@ -28,6 +35,11 @@ from ._profile import WaitKind as WaitKind
 from ._profile import WaitRecord as WaitRecord
 from ._runtime import Runtime as Runtime
 from ._runtime import open_runtime as open_runtime
+from ._sim import clear_sim_timeline as clear_sim_timeline
+from ._sim import sim_bounds as sim_bounds
+from ._sim import sim_durations as sim_durations
+from ._sim import sim_reorder as sim_reorder
+from ._sim import sim_timeline as sim_timeline
 from ._trace import write_trace as write_trace
 from ._vars import Expr as Expr
 from ._vars import Var as Var
@@ -36,11 +48,47 @@ from ._vars import cdiv as cdiv
 __version__ = "0.1.0"
 
 __all__ = [
-    "ActorGraphError", "Buffer", "BufferFreedError", "ClosedError", "Copy", "DeadlockError", "DeviceError",
-    "Expr", "Graph", "InputError", "ItemError", "Kernel", "Launch", "PlanDeadlockError",
-    "PlanError", "PlanRaceError", "Replay", "Runtime", "UsageError", "Var", "VarError", "cdiv",
+    "ActorGraphError",
+    "Buffer",
+    "BufferFreedError",
+    "ClosedError",
+    "Copy",
+    "CostModel",
+    "DeadlockError",
+    "DeviceCost",
+    "DeviceError",
+    "EventKind",
+    "Expr",
+    "Graph",
+    "InputError",
+    "ItemError",
+    "Kernel",
+    "Launch",
+    "LinkCost",
+    "MissingExtraError",
+    "PlanDeadlockError",
+    "PlanError",
+    "PlanRaceError",
+    "Profile",
+    "ProfileEvent",
+    "Replay",
+    "ReplaySpan",
+    "Runtime",
+    "SIM_PRESETS",
+    "SimRecord",
+    "UsageError",
+    "Var",
+    "VarError",
+    "WaitKind",
+    "WaitRecord",
+    "Work",
+    "cdiv",
+    "clear_sim_timeline",
     "open_runtime",
-    # profiling
-    "EventKind", "MissingExtraError", "Profile", "ProfileEvent", "ReplaySpan", "WaitKind",
-    "WaitRecord", "plot_timeline", "write_trace",
+    "plot_timeline",
+    "sim_bounds",
+    "sim_durations",
+    "sim_reorder",
+    "sim_timeline",
+    "write_trace",
 ]

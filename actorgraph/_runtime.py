@@ -16,7 +16,14 @@ from devices._monitor import find_deadlock
 from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
 
 from ._buffer import Allocation, Buffer, _shape_of
-from ._errors import ActorGraphError, ClosedError, DeadlockError, ItemError, UsageError
+from ._errors import (
+    ActorGraphError,
+    ClosedError,
+    DeadlockError,
+    InputError,
+    ItemError,
+    UsageError,
+)
 from ._graph import Graph, check_var_vals
 from ._kernel import Item
 from ._log import logger as _log
@@ -349,11 +356,14 @@ class Runtime:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
         checked = [check_item(item, i) for i, item in enumerate(items)]
+        # var_vals covers the whole list: check it once, then give each item its own vars.
+        needed: frozenset[Any] = frozenset().union(*(item.free_vars() for item in checked))
+        values = check_var_vals(needed, var_vals, "run()")
         for index, item in enumerate(checked):
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
-            values = check_var_vals(program.free_vars, var_vals, f"run(): item {index} ({item.label})")
-            ops = program.bind((), values)
+            own = {var: values[var] for var in program.free_vars}
+            ops = program.bind((), own)
             await self._admit()
             await self._await(program, program.submit(ops))
 
@@ -375,6 +385,12 @@ class Runtime:
             if not isinstance(buf, Buffer):
                 raise UsageError(f"input {i} must be a Buffer, got {buf!r}")
             buf.check_live(f"input {i}: ")
+            for j, other in enumerate(inputs[:i]):
+                if buf.overlaps(other):
+                    raise InputError(
+                        f"inputs {j} and {i} share memory ({other!r} and {buf!r}); the plan "
+                        f"assumes distinct inputs: pass separate buffers"
+                    )
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
@@ -415,7 +431,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     max_in_flight (submissions posted but not complete before submit blocks; 256),
     deadlock_check (seconds between checks of in-flight work; 0.25),
     watchdog (seconds without progress before a stall is logged and recorded; off),
-    profile (record item times of every graph replay; read them with `rt.profile()`).
+    profile (record item times of every graph replay; read them with `rt.profile()`),
+    sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel).
     """
     runtime = Runtime(devices, **options)
     async with trio.open_nursery() as nursery:

@@ -24,8 +24,9 @@ _Clock = dict[_ClockKey, int]
 def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     """Where an item runs.
 
-    A launch goes to its device's compute queue. A copy between host-visible memory and
-    a device's own memory goes to that device's copy queue. Any other copy goes to the
+    A launch goes to its device's compute queue. A copy between host-visible memory (a
+    CPU device) and device memory the host cannot see runs on that device's copy queue:
+    its copy engine does the transfer, as on a GPU, both ways. Any other copy goes to the
     copy queue of its destination if that device has one, else of its source, else to
     the destination's compute queue: the destination is preferred so that the data lands
     where it is used.
