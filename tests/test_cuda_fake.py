@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
+from _model import ProgramSpec, check_program, random_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -425,6 +426,25 @@ def test_fuzz_random_graphs_replay_like_eager(
                     await graph()
             for n in names:
                 np.testing.assert_array_equal(await rt.copyout(graphed[n]), await rt.copyout(eager[n]))
+
+    trio.run(main)
+
+
+# The project's shared fuzzer (tests/_model.py): random jit caches with its own kernels
+# (each with a CUDA body), graphs called concurrently with fresh inputs, checked against
+# eager and the host model. CPU:0 takes part, so host <-> GPU copies and waits are in it.
+CUDA_FUZZ_DEVICES = ["CUDA:0", "CUDA:1", "CPU:0", "CUDA:2"]
+
+
+@settings(max_examples=40)
+@given(random_programs(max_devices=4, max_items=16),
+       st.sampled_from(["memops", "events", "nopeer", "streams"]))
+def test_shared_fuzzer_on_the_fake_driver(spec: ProgramSpec, mode: str) -> None:
+    driver = FakeDriver(stream_mem_ops=mode != "events", peer=mode != "nopeer")
+
+    async def main() -> None:
+        async with runtime(CUDA_FUZZ_DEVICES, driver, cuda_graphs=mode != "streams") as rt:
+            await check_program(rt, CUDA_FUZZ_DEVICES, spec)
 
     trio.run(main)
 
