@@ -153,6 +153,11 @@ class Buffer:
         self.check_live("__dlpack__ of ")
         if copy:
             raise BufferError(f"{self!r}: DLPack export never copies; use rt.copyout()")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(
+                f"{self!r} lives on DLPack device {self.__dlpack_device__()}, not {dl_device}; "
+                f"export it where it is, or copy it with rt.copyout() / a Copy item"
+            )
         export = getattr(self._alloc.device, "dlpack", None)
         if export is None:
             return self.host_view().__dlpack__(**({} if max_version is None else {"max_version": max_version}))

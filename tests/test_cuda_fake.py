@@ -297,6 +297,8 @@ async def test_dlpack_views_cpu_and_cuda_buffers_without_a_copy() -> None:
             g.__dlpack__()
         with pytest.raises(BufferError, match="never copies"):
             g.__dlpack__(copy=True)
+        with pytest.raises(BufferError, match=r"lives on DLPack device \(1, 0\), not \(2, 0\)"):
+            g.__dlpack__(dl_device=(2, 0))
 
 
 # -- errors --
@@ -544,3 +546,20 @@ async def test_profiled_cuda_replays_time_every_item() -> None:
     assert len(cuda_events) == 6
     assert all(e.start <= e.end for e in cuda_events)
     assert {e.actor for e in cuda_events} == {"CUDA:0/compute", "CUDA:0/copy"}
+
+
+async def test_a_sticky_cuda_error_fails_every_later_call_clearly() -> None:
+    driver = FakeDriver()
+    async with runtime(["CUDA:0", "CPU:0"], driver) as rt:
+        g = rt.alloc("CUDA:0", SIZE, np.int32)
+        graph = await rt.compile([inc(g), inc(g)])
+        await graph()
+        driver.fault = "CUDA_ERROR_ILLEGAL_ADDRESS"
+        with pytest.raises(ag.ItemError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+            await graph()
+        driver.fault = None  # even if the driver answered again, the context is gone
+        with pytest.raises(ag.ItemError, match="CUDA:0 hit CUDA_ERROR_ILLEGAL_ADDRESS.*open a new runtime"):
+            await rt.run([inc(g)])
+        h = rt.alloc("CPU:0", SIZE, np.int32)
+        await rt.run([inc(h)])  # other devices carry on
+        np.testing.assert_array_equal(await rt.copyout(h), np.ones(SIZE, np.int32))

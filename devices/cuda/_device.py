@@ -101,6 +101,7 @@ class CUDADevice(Device):
         self._mirrors: dict[int, tuple[Signal, int, int]] = {}
         self._nursery: trio.Nursery | None = None
         self._closed = False
+        self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
         self.queues = {
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
             QueueKind.COPY: CudaQueueActor(f"{name}/copy", self, timeline_start),
@@ -129,6 +130,17 @@ class CUDADevice(Device):
                 self._staging_all.clear()
                 self._staging_free.clear()
                 self._mirrors.clear()
+
+    def lose(self, error: BaseException) -> None:
+        """A sticky CUDA error: fail the work on the GPU, and every later job, clearly."""
+        if self.lost is None:
+            self.lost = DeviceError(
+                f"{self.name} hit {error} earlier; its CUDA context is lost and every later "
+                f"call on it fails: open a new runtime"
+            )
+            self.lost.__cause__ = error
+        for actor in self.queues.values():
+            actor.fail_in_flight(self.lost)  # type: ignore[attr-defined]
 
     # -- trio-side signals as words the GPU can wait on --
 

@@ -30,6 +30,27 @@ class DriverUnavailable(Exception):
     """The CUDA driver library or a GPU is missing on this machine."""
 
 
+# Errors after which the CUDA context is unusable: every later call fails the same way.
+STICKY_ERRORS = frozenset({
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+})
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver or NVRTC call returned an error; `name` is its CUresult name."""
+
+    def __init__(self, name: str, detail: str = "") -> None:
+        super().__init__(f"{name}: {detail}" if detail else name)
+        self.name = name
+
+    @property
+    def sticky(self) -> bool:
+        return self.name in STICKY_ERRORS
+
+
 class CudaDriver(Protocol):
     """The calls the CUDA device makes. `name` says which implementation this is."""
 

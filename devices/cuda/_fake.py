@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ._driver import CopyKind
+from ._driver import CopyKind, CudaError
 
 _MASK64 = (1 << 64) - 1
 
@@ -134,6 +134,9 @@ class FakeDriver:
         self.node_updates = 0
         self.waits = 0
         self.event_waits = 0
+        # Set to a CUresult name (e.g. "CUDA_ERROR_ILLEGAL_ADDRESS") to make every launch
+        # from now on fail with it, as a real context does after a sticky error.
+        self.fault: str | None = None
 
     def __repr__(self) -> str:
         return f"<FakeDriver {self.devices} devices>"
@@ -156,7 +159,7 @@ class FakeDriver:
 
     def open_context(self, ordinal: int) -> Any:
         if not 0 <= ordinal < self.devices:
-            raise RuntimeError(f"CUDA_ERROR_INVALID_DEVICE: fake driver has {self.devices} devices")
+            raise CudaError("CUDA_ERROR_INVALID_DEVICE", f"fake driver has {self.devices} devices")
         return ("ctx", ordinal)
 
     def set_context(self, context: Any) -> None:
@@ -181,7 +184,7 @@ class FakeDriver:
 
     def enable_peer_access(self, context: Any, peer_context: Any) -> None:
         if not self.peer:
-            raise RuntimeError("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED")
+            raise CudaError("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED")
         self._peers_enabled.add((context[1], peer_context[1]))
 
     # -- memory --
@@ -201,7 +204,7 @@ class FakeDriver:
         with self._lock:
             array = self._memory.pop(pointer, None)
             if array is None:
-                raise RuntimeError(f"CUDA_ERROR_INVALID_VALUE: {pointer:#x} is not allocated")
+                raise CudaError("CUDA_ERROR_INVALID_VALUE", f"{pointer:#x} is not allocated")
             if array.nbytes <= 64:
                 # Signal words: a stream being torn down may still read one; keep the
                 # bytes (a real driver's unmapped page would fault instead).
@@ -281,7 +284,7 @@ class FakeDriver:
 
     def module_load(self, image: bytes) -> Any:
         if not image.startswith(b"fake-cubin"):
-            raise RuntimeError("CUDA_ERROR_INVALID_IMAGE: not an image of the fake driver")
+            raise CudaError("CUDA_ERROR_INVALID_IMAGE", "not an image of the fake driver")
         return ("module", image)
 
     def module_function(self, module: Any, name: str) -> Any:
@@ -292,6 +295,7 @@ class FakeDriver:
         block: tuple[int, int, int], pointers: Sequence[int], ints: Sequence[int],
         host_body: Callable[[], None] | None = None,
     ) -> None:
+        self._check_fault()
         _check_launch(function, grid, block, host_body)
         self.kernel_launches += 1
         stream.put(host_body)
@@ -303,7 +307,7 @@ class FakeDriver:
         dst_context: Any = None, src_context: Any = None,
     ) -> None:
         if kind is CopyKind.PEER and (dst_context[1], src_context[1]) not in self._peers_enabled:
-            raise RuntimeError("CUDA_ERROR_PEER_ACCESS_NOT_ENABLED")
+            raise CudaError("CUDA_ERROR_PEER_ACCESS_NOT_ENABLED")
         stream.put(lambda: ctypes.memmove(dst, src, nbytes))
 
     # -- graphs --
@@ -358,7 +362,12 @@ class FakeDriver:
         self.node_updates += 1
         graph_exec.nodes[node] = ["wait" if wait else "write", pointer, value]
 
+    def _check_fault(self) -> None:
+        if self.fault is not None:
+            raise CudaError(self.fault, "injected by the fake driver")
+
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        self._check_fault()
         self.graph_launches += 1
         nodes = [tuple(node) for node in graph_exec.nodes]  # a launch uses the params of now
         self.kernel_launches += sum(1 for n in nodes if n[0] == "kernel")
@@ -376,7 +385,7 @@ def _check_launch(function: Any, grid: tuple[int, ...], block: tuple[int, ...],
             f"has none: give Kernel(..., cpu=fn) too"
         )
     if any(d < 1 for d in grid) or any(d < 1 for d in block):
-        raise RuntimeError(f"CUDA_ERROR_INVALID_VALUE: launch dims {grid} x {block}")
+        raise CudaError("CUDA_ERROR_INVALID_VALUE", f"launch dims {grid} x {block}")
 
 
 def _write_word(pointer: int, value: int) -> None:

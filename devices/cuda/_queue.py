@@ -60,7 +60,7 @@ from devices._actor import (
 from devices._signal import Signal
 
 from . import _commands as C
-from ._driver import CudaDriver
+from ._driver import CudaDriver, CudaError
 
 if TYPE_CHECKING:
     from ._device import CUDADevice
@@ -232,6 +232,8 @@ class CudaQueueActor(QueueActor):
     # -- running a job --
 
     async def _run_job(self, job: Job) -> None:
+        if self._refuse_lost(job):
+            return
         if self.use_graphs and self.mem_ops:
             entry = self._graph_entry(job)
             if entry is not None:
@@ -257,7 +259,8 @@ class CudaQueueActor(QueueActor):
     async def _run_job_profiled(self, job: Job) -> None:
         """Profiled: host functions around every item stamp when the stream reached it,
         so spans are GPU times as the host sees them (each costs the stream a host call)."""
-        await self._stream_job(job, profiled=True)
+        if not self._refuse_lost(job):
+            await self._stream_job(job, profiled=True)
 
     def _stamp(self, job: Job, index: int, at_start: bool) -> None:
         now = self._now()
@@ -339,6 +342,24 @@ class CudaQueueActor(QueueActor):
             self._in_flight.remove(job)
         job.submission.fail(item, self.name, exc)
         job.submission.job_done(job.slot)
+        if isinstance(exc, CudaError) and exc.sticky:
+            self.device.lose(exc)
+
+    def fail_in_flight(self, exc: BaseException) -> None:
+        """The context is lost: no completion will come for the work on the GPU."""
+        while self._in_flight:
+            job = self._in_flight.popleft()
+            job.submission.fail(-1, self.name, exc)
+            job.submission.job_done(job.slot)
+
+    def _refuse_lost(self, job: Job) -> bool:
+        lost = self.device.lost
+        if lost is None:
+            return False
+        item = next((op[2] for op in job.ops if op[0] == CUDA_ITEM), -1)
+        job.submission.fail(item, self.name, lost)
+        job.submission.job_done(job.slot)
+        return True
 
     def _signal_commands(self, cmds: list[C.Command], value: int) -> None:
         if self.mem_ops:

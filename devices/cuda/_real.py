@@ -17,12 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._driver import CopyKind, DriverUnavailable
-
-
-class CudaError(RuntimeError):
-    """A CUDA driver or NVRTC call returned an error."""
-
+from ._driver import CopyKind, CudaError, DriverUnavailable
 
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
@@ -208,7 +203,7 @@ class RealDriver:
                 size = self._nv(nv.nvrtcGetProgramLogSize(program))
                 log = b" " * size
                 self._nv(nv.nvrtcGetProgramLog(program, log))
-                raise CudaError(f"NVRTC: {log.decode(errors='replace').strip()}")
+                raise CudaError("NVRTC_ERROR_COMPILATION", log.decode(errors="replace").strip())
             size = self._nv(nv.nvrtcGetCUBINSize(program))
             image: bytes = b" " * size
             self._nv(nv.nvrtcGetCUBIN(program, image))
