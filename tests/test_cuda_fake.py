@@ -563,3 +563,17 @@ async def test_a_sticky_cuda_error_fails_every_later_call_clearly() -> None:
         h = rt.alloc("CPU:0", SIZE, np.int32)
         await rt.run([inc(h)])  # other devices carry on
         np.testing.assert_array_equal(await rt.copyout(h), np.ones(SIZE, np.int32))
+
+
+async def test_gpus_with_and_without_stream_memory_operations_in_one_runtime() -> None:
+    # One GPU signals with words, the other with events: waits across them still hold.
+    class Mixed(FakeDriver):
+        def device_attribute(self, ordinal: int, attribute: str) -> int:
+            if attribute == "CAN_USE_64_BIT_STREAM_MEM_OPS":
+                return int(ordinal == 0)
+            return super().device_attribute(ordinal, attribute)
+
+    layout, inputs, make = CASES["copies across 4 devices"]
+    async with runtime(DEVICES, Mixed()) as rt:
+        assert [rt.device(f"CUDA:{i}").mem_ops for i in range(2)] == [True, False]
+        await check_against_eager(rt, layout, inputs, make, replays=4)

@@ -302,12 +302,14 @@ class CudaQueueActor(QueueActor):
                     target = bases[op[2]] + op[3]
                     if signal.value >= target:
                         continue
-                    if isinstance(signal, MappedSignal):
-                        if self.mem_ops and signal.owner.mem_ops:
+                    if isinstance(signal, MappedSignal) and signal.owner.mem_ops == self.mem_ops:
+                        if self.mem_ops:
                             cmds.append((C.WAIT_VALUE, signal.device_pointer, target))
                         else:
                             await self._wait_event(cmds, signal, target, sub, index)
                     else:
+                        # A trio-side signal, or a GPU queue whose kind of signalling this
+                        # one cannot wait on: through a mirror word, else on the host.
                         word = self._mirror(signal, op[2], bases)
                         if word is not None:
                             cmds.append((C.WAIT_VALUE, word, target))
