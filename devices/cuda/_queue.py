@@ -42,6 +42,7 @@ import bisect
 import collections
 import ctypes
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +133,7 @@ class CudaQueueActor(QueueActor):
         self._gpu_jobs_done = 0   # counted on the stream's thread
         self._host_jobs_done = 0  # counted on the trio thread
         self._faults: list[tuple[int, int, BaseException]] = []
+        self._faults_lock = threading.Lock()
         self._graphs: collections.OrderedDict[int, _GraphEntry] = collections.OrderedDict()
         self._refused: collections.OrderedDict[int, Sequence[Any]] = collections.OrderedDict()
         self.graph_min_items = int(device.options.get("cuda_graph_min_items", DEFAULT_GRAPH_MIN_ITEMS))
@@ -150,12 +152,17 @@ class CudaQueueActor(QueueActor):
         try:
             fn(*args)
         except Exception as exc:  # handed to the submission in `_finish_oldest`
-            self._faults.append((self._gpu_jobs_done, item, exc))
+            self._fault(item, exc)
 
     def copy_on_host(self, item: int, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
         try:
             np.copyto(dst, src, casting="no")
         except Exception as exc:
+            self._fault(item, exc)
+
+    def _fault(self, item: int, exc: BaseException) -> None:
+        # Tagged with the index of the job the stream is in (jobs end in order).
+        with self._faults_lock:
             self._faults.append((self._gpu_jobs_done, item, exc))
 
     def _on_signal_written(self) -> None:
@@ -192,9 +199,10 @@ class CudaQueueActor(QueueActor):
         job = self._in_flight.popleft()
         index = self._host_jobs_done
         self._host_jobs_done += 1
-        if self._faults:
-            mine = [f for f in self._faults if f[0] == index]
-            self._faults = [f for f in self._faults if f[0] > index]
+        if self._faults:  # a fault of this job was recorded before its end marker ran
+            with self._faults_lock:
+                mine = [f for f in self._faults if f[0] == index]
+                self._faults = [f for f in self._faults if f[0] > index]
             for _, item, exc in mine:
                 job.submission.fail(item, self.name, exc)
         job.submission.job_done(job.slot)
