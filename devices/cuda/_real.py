@@ -12,6 +12,7 @@ import functools
 import hashlib
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -157,7 +158,18 @@ class RealDriver:
         self._check(self.cu.cuStreamDestroy(stream))
 
     def stream_synchronize(self, stream: Any) -> None:
-        self._check(self.cu.cuStreamSynchronize(stream))
+        # Polled, not cuStreamSynchronize: the stream may be waiting for a host function
+        # of ours, which needs the GIL that a blocking call might hold.
+        not_ready = _code(self.cu.CUresult.CUDA_ERROR_NOT_READY)
+        while True:
+            result = self.cu.cuStreamQuery(stream)
+            err = result[0] if isinstance(result, tuple) else result
+            code = _code(err)
+            if code == 0:
+                return
+            if code != not_ready:
+                raise CudaError(_name(self.cu, err))
+            time.sleep(0)  # let the host function's thread take the GIL
 
     def stream_wait_value64(self, stream: Any, pointer: int, value: int) -> None:
         cu = self.cu
