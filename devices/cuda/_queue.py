@@ -103,8 +103,9 @@ class _GraphEntry:
         self.exec: Any = None
         self.nodes: list[Any] = []
         self.cmds: list[C.Command] = []
-        # (node index, base slot, relative value): wait/write values bound per replay.
-        self.value_nodes: list[tuple[int, int, int]] = []
+        # (node index, base slot, relative value, signal waited on or None for a write):
+        # the mem-op values bound per replay.
+        self.value_nodes: list[tuple[int, int, int, Signal | None]] = []
         # (signal, base slot, relative value, op index): host-side waits, before launch.
         self.host_waits: list[tuple[Signal, int, int, int]] = []
         self.items = 0
@@ -446,8 +447,8 @@ class CudaQueueActor(QueueActor):
             elif code == WAIT:
                 signal = op[1]
                 if isinstance(signal, MappedSignal) and signal.owner.mem_ops:
-                    entry.value_nodes.append((len(cmds), op[2], op[3]))
-                    cmds.append((C.WAIT_VALUE, signal.device_pointer, 0))
+                    entry.value_nodes.append((len(cmds), op[2], op[3], signal))
+                    cmds.append((C.WAIT_VALUE, signal.device_pointer, bases[op[2]] + op[3]))
                 elif op[2] == kick_slot:
                     # Set when the job was posted: awaiting it first cannot deadlock.
                     entry.host_waits.append((signal, op[2], op[3], index))
@@ -455,11 +456,11 @@ class CudaQueueActor(QueueActor):
                     word = self.device.mirror(signal)
                     if word is None:
                         return None
-                    entry.value_nodes.append((len(cmds), op[2], op[3]))
-                    cmds.append((C.WAIT_VALUE, word, 0))
+                    entry.value_nodes.append((len(cmds), op[2], op[3], signal))
+                    cmds.append((C.WAIT_VALUE, word, bases[op[2]] + op[3]))
             elif code == SIGNAL:
-                entry.value_nodes.append((len(cmds), op[2], op[3]))
-                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, 0))
+                entry.value_nodes.append((len(cmds), op[2], op[3], None))
+                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op[2]] + op[3]))
                 cmds.append((C.HOST, self._host_signal))
             else:
                 return None
@@ -508,9 +509,14 @@ class CudaQueueActor(QueueActor):
             driver = self.driver
             driver.set_context(self.context)
             cmds = entry.cmds
-            for index, slot, rel in entry.value_nodes:
+            for index, slot, rel, waited in entry.value_nodes:
                 cmd = cmds[index]
                 value = bases[slot] + rel
+                if waited is not None and waited.value >= value:
+                    # Already reached: the node's older (lower) target passes at once, so
+                    # it needs no update (targets on one word only grow, and stay within
+                    # 2**63 of it, as the cyclic comparison needs).
+                    continue
                 if cmd[2] != value:
                     new = (cmd[0], cmd[1], value)
                     C.update_node(driver, entry.exec, entry.nodes[index], self.context, cmd, new)
