@@ -45,10 +45,9 @@ class Runtime:
             seen.add(name)
         timeline_start = int(options.pop("timeline_start", 0))
         self.verify_plans = bool(options.pop("verify_plans", False))
-        self._devices: dict[str, Device] = {
-            name: _devices.open_device(name, timeline_start=timeline_start, **options)
-            for name in device_names
-        }
+        self._devices: dict[str, Device] = _devices.open_devices(
+            device_names, timeline_start=timeline_start, **options
+        )
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
@@ -260,7 +259,9 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
 
     Options: timeline_start (int, initial device/queue timeline value),
     cpu_thread_bytes (kernels touching at least this many bytes run on the device's
-    worker thread), verify_plans (check every compiled plan for deadlocks and races).
+    worker thread), verify_plans (check every compiled plan for deadlocks and races),
+    remote_token / remote_token_file (the token of the workers of remote devices),
+    remote_timeout (seconds to connect to a worker, default 10).
     """
     runtime = Runtime(devices, **options)
     async with trio.open_nursery() as nursery:
