@@ -264,10 +264,17 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     remote_timeout (seconds to connect to a worker, default 10).
     """
     runtime = Runtime(devices, **options)
+    start_error: _devices.DeviceError | None = None
     async with trio.open_nursery() as nursery:
         try:
-            await runtime._start(nursery)
-            yield runtime
+            try:
+                await runtime._start(nursery)
+            except _devices.DeviceError as exc:
+                start_error = exc  # raised below as is, not wrapped in the nursery's group
+            else:
+                yield runtime
         finally:
             runtime._close()
             nursery.cancel_scope.cancel()
+    if start_error is not None:
+        raise start_error

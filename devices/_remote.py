@@ -330,6 +330,7 @@ class Connection:
         self.allocated = 0
         self.batches_sent = 0
         self.frames_received = 0
+        self.bytes_received = 0  # buffer data that came to the client
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}>"
@@ -344,7 +345,7 @@ class Connection:
         try:
             with trio.fail_after(self._timeout):
                 await self._connect()
-        except (OSError, trio.TooSlowError, WireError, ConnectionLostError) as exc:
+        except (OSError, trio.TooSlowError, WireError, ConnectionLostError, RemoteError) as exc:
             self._close_socket()
             raise RemoteConnectionError(
                 f"cannot connect to the worker at {self.address}: {type(exc).__name__}: "
@@ -661,6 +662,7 @@ class Connection:
         else:
             await stream.receive_into(read.view[offset : offset + tail])
             read.left -= tail
+            self.bytes_received += tail
         if read.left <= 0 or read.error is not None:
             del self._reads[meta[1]]
             read.done.set()

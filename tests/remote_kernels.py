@@ -32,3 +32,14 @@ SCALE = ag.Kernel("scale", cpu=_scale, outs=(0,), ins=(1,))
 BOOM = ag.Kernel("boom", cpu=_boom, outs=(0,), ins=(1,))
 
 KERNELS = [XOR, ADD, INC, SCALE, BOOM]
+
+
+def _sleepy(out, a):
+    # Holds the worker busy so that a test can kill it while a replay is in flight.
+    import time
+
+    time.sleep(30)
+
+
+SLEEPY = ag.Kernel("sleepy", cpu=_sleepy, outs=(0,), ins=(1,))
+KERNELS.append(SLEEPY)
