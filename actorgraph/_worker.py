@@ -100,12 +100,35 @@ class _Program:
         self.error: tuple[int, str] | None = None
 
 
-def _chunks_into(dst: np.ndarray[Any, Any], chunks: Sequence[bytes]) -> None:
+class StagingPool:
+    """Reused landing space for host writes. Fresh pages are slow to fault in while the
+    kernel copies into them, so bulk data lands in memory that was used before."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self.free: list[bytearray] = []
+
+    def take(self, nbytes: int) -> bytearray:
+        for i, buf in enumerate(self.free):
+            if len(buf) >= nbytes:
+                return self.free.pop(i)
+        return bytearray(nbytes)
+
+    def give(self, buf: bytearray) -> None:
+        # Called from a device's worker thread too: list operations are atomic.
+        if len(self.free) < self.keep:
+            self.free.append(buf)
+
+
+def _chunks_into(
+    dst: np.ndarray[Any, Any], chunks: Sequence[tuple[bytearray, int]], pool: StagingPool
+) -> None:
     flat = dst.reshape(-1).view(np.uint8)
     pos = 0
-    for chunk in chunks:
-        flat[pos : pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
-        pos += len(chunk)
+    for buf, size in chunks:
+        flat[pos : pos + size] = np.frombuffer(buf, np.uint8, size)
+        pos += size
+        pool.give(buf)
 
 
 def _bytes_of(buf: Buffer) -> memoryview:
@@ -158,7 +181,7 @@ class Session:
         self.buffers: dict[int, Buffer] = {}
         self.refused: dict[int, str] = {}
         self.programs: dict[int, _Program] = {}
-        self.blobs: dict[int, bytes] = {}
+        self.blobs: dict[int, tuple[bytearray, int]] = {}  # id -> (landing space, size)
         self.blob_bytes = 0
         self.mirrors: dict[int, Signal] = {}
         self.bytes_used = 0
@@ -364,11 +387,12 @@ class Session:
                 blob = self.blobs.pop(want_int(blob_id, "blob id"), None)
                 if blob is None:
                     raise _Refused(f"unknown blob id {blob_id}")
-                self.blob_bytes -= len(blob)
+                self.blob_bytes -= blob[1]
                 chunks.append(blob)
-            if sum(len(c) for c in chunks) != dst.nbytes:
-                raise _Refused(f"host write of {sum(len(c) for c in chunks)} bytes into {dst.nbytes}")
-            return (EXEC, _chunks_into, (dst.host_view(), chunks), -1)
+            total = sum(size for _, size in chunks)
+            if total != dst.nbytes:
+                raise _Refused(f"host write of {total} bytes into {dst.nbytes}")
+            return (EXEC, _chunks_into, (dst.host_view(), chunks, self.worker.staging), -1)
         if kind == "hr":
             src = self.buffer(entry[2], "host read src")
             read_id = want_int(entry[3], "read id")
@@ -520,6 +544,7 @@ class Worker:
         self.limits = limits
         self.sessions: dict[int, Session] = {}
         self.peers = Peers(limits)
+        self.staging = StagingPool()
         self._sids = itertools.count(1)
 
     async def serve(self, listener: trio.socket.SocketType) -> None:
@@ -589,9 +614,9 @@ class Worker:
                     blob_id = want_int(want_fields(meta, 2)[1], "blob id")
                     if session.blob_bytes + tail > self.limits.max_pending_blob_bytes:
                         raise _Refused("too many bytes of pending host writes")
-                    data = bytearray(tail)
-                    await stream.receive_into(memoryview(data))
-                    session.blobs[blob_id] = bytes(data) if tail < (1 << 16) else data  # type: ignore[assignment]
+                    data = self.staging.take(tail)
+                    await stream.receive_into(memoryview(data)[:tail])
+                    session.blobs[blob_id] = (data, tail)
                     session.blob_bytes += tail
                     tail = 0
                 elif meta[0] == "put":

@@ -226,7 +226,7 @@ class RemoteDevice(Device):
         return (WIRE, ["hw", -1, self._ref(buffer), blob_ids], list(zip(blob_ids, chunks)), -1)
 
     def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
-        read_id = self.connection.expect_read(_flat_bytes(out))
+        read_id = self.connection.expect_read(_flat_bytes(out), staged=True)
         return (WIRE, ["hr", -1, self._ref(buffer), read_id], None, -1)
 
 
@@ -254,10 +254,11 @@ class _Batch:
 
 
 class _Read:
-    __slots__ = ("view", "left", "done", "error")
+    __slots__ = ("view", "left", "done", "error", "staged")
 
-    def __init__(self, view: memoryview) -> None:
+    def __init__(self, view: memoryview, staged: bool) -> None:
         self.view = view
+        self.staged = staged  # a fresh host array: land the bytes in warm memory first
         self.left = len(view)
         self.done = trio.Event()
         self.error: BaseException | None = None
@@ -331,6 +332,7 @@ class Connection:
         self.batches_sent = 0
         self.frames_received = 0
         self.bytes_received = 0  # buffer data that came to the client
+        self._staging = bytearray()
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}>"
@@ -438,9 +440,9 @@ class Connection:
     def next_blob(self) -> int:
         return next(self._ids)
 
-    def expect_read(self, view: memoryview) -> int:
+    def expect_read(self, view: memoryview, staged: bool = False) -> int:
         read_id = next(self._ids)
-        self._reads[read_id] = _Read(view)
+        self._reads[read_id] = _Read(view, staged)
         return read_id
 
     # -- AWAIT ops of client-local queues: transfers between the client and the worker --
@@ -659,8 +661,16 @@ class Connection:
             read.error = RemoteError(f"worker {self.address} could not read: {error}")
         elif offset + tail > len(read.view):
             raise WireError(f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read")
+        elif read.staged and tail >= (1 << 20):
+            # `out` of copyout is fresh memory: the kernel faults its pages in slowly while
+            # it copies, so receive into warm memory and copy from there.
+            if len(self._staging) < tail:
+                self._staging = bytearray(tail)
+            await stream.receive_into(memoryview(self._staging)[:tail])
+            read.view[offset : offset + tail] = memoryview(self._staging)[:tail]
         else:
             await stream.receive_into(read.view[offset : offset + tail])
+        if error is None:
             read.left -= tail
             self.bytes_received += tail
         if read.left <= 0 or read.error is not None:
