@@ -27,7 +27,7 @@ import os
 import secrets
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import trio
@@ -58,7 +58,7 @@ from ._runtime import Runtime, open_runtime
 
 _REL_MAX = 1 << 40
 _VALUE_MAX = 1 << 62
-_ITEM_ENTRIES = frozenset("k c p hw hr".split())
+_ITEM_ENTRIES = frozenset(["k", "c", "p", "hw", "hr"])
 
 
 def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
@@ -83,11 +83,18 @@ def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
 
 
 class _Refused(Exception):
-    """A request broke a rule; it is answered with an error and the session goes on."""
+    """A request broke a rule; it is answered with an error and the session goes on.
+
+    `item` is the client's item index when the refusal is about one item of a program.
+    """
+
+    def __init__(self, message: str, item: int = -1) -> None:
+        super().__init__(message)
+        self.item = item
 
 
 class _Program:
-    __slots__ = ("actor", "ops", "count", "slot", "local_waits", "store", "error", "max_slot")
+    __slots__ = ("actor", "count", "error", "local_waits", "max_slot", "ops", "slot", "store")
 
     def __init__(self) -> None:
         self.actor: QueueActor | None = None
@@ -132,7 +139,7 @@ def _chunks_into(
 
 
 def _bytes_of(buf: Buffer) -> memoryview:
-    return memoryview(buf.host_view().reshape(-1).view(np.uint8))
+    return buf.host_view().reshape(-1).view(np.uint8).data
 
 
 class _Outbox:
@@ -276,7 +283,7 @@ class Session:
         try:
             self._lower(program, want_str(device, "program device"), entries)
         except (_Refused, WireError) as exc:
-            program.error = (getattr(exc, "item", -1), str(exc))
+            program.error = (exc.item if isinstance(exc, _Refused) else -1, str(exc))
 
     def _lower(self, program: _Program, device_name: str, entries: object) -> None:
         runtime = self.worker.runtime
@@ -319,7 +326,7 @@ class Session:
                     raise _Refused(f"unknown program entry {kind!r}")
             except (_Refused, WireError) as exc:
                 if kind in _ITEM_ENTRIES and isinstance(entry[1], int):
-                    exc.item = entry[1]  # type: ignore[attr-defined]
+                    raise _Refused(str(exc), entry[1]) from None
                 raise
             except IndexError:
                 raise _Refused(f"program entry {kind!r} has too few fields") from None
@@ -437,7 +444,7 @@ class Session:
         for i, p in enumerate(programs):
             p.actor.post(Job(p.ops, bases, sub, i))  # type: ignore[union-attr]
 
-    _handlers: dict[str, Callable[[Session, list[Any]], None]] = {
+    _handlers: ClassVar[dict[str, Callable[[Session, list[Any]], None]]] = {
         "alloc": _alloc, "free": _free, "forget": _forget, "ext": _ext, "prog": _prog,
         "batch": _batch,
     }
@@ -630,10 +637,10 @@ class Worker:
                 elif meta[0] == "get":
                     _, read_id, ref = want_fields(meta, 3)
                     read_id = want_int(read_id, "read id")
-                    data = _bytes_of(session.buffer(ref, "get src"))
-                    for off in range(0, len(data), CHUNK):
-                        session.out.send(["data", read_id, off, None], data[off : off + CHUNK])
-                    if not len(data):
+                    src = _bytes_of(session.buffer(ref, "get src"))
+                    for off in range(0, len(src), CHUNK):
+                        session.out.send(["data", read_id, off, None], src[off : off + CHUNK])
+                    if not len(src):
                         session.out.send(["data", read_id, 0, None])
                 else:
                     if tail:

@@ -28,8 +28,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import actorgraph as ag  # noqa: E402
-from remote_kernels import INC  # noqa: E402
+from remote_kernels import INC
+
+import actorgraph as ag
 
 
 def start_worker(devices: str) -> tuple[subprocess.Popen[str], int]:

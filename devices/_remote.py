@@ -108,7 +108,7 @@ def parse_remote_name(name: str) -> tuple[str, int, str, int] | None:
 class RemoteMemory:
     """A client-side handle on an allocation that lives on a worker."""
 
-    __slots__ = ("handle", "nbytes", "connection")
+    __slots__ = ("connection", "handle", "nbytes")
 
     def __init__(self, handle: int, nbytes: int, connection: Connection) -> None:
         self.handle = handle
@@ -120,7 +120,7 @@ class RemoteMemory:
 
 
 def _flat_bytes(array: np.ndarray[Any, Any]) -> memoryview:
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 class RemoteQueue(QueueActor):
@@ -233,7 +233,7 @@ class RemoteDevice(Device):
 class _Program:
     """One queue's op list as the worker holds it."""
 
-    __slots__ = ("prog_id", "ops", "queue", "slot", "mirrors", "final")
+    __slots__ = ("final", "mirrors", "ops", "prog_id", "queue", "slot")
 
     def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
         self.prog_id = prog_id
@@ -245,7 +245,7 @@ class _Program:
 
 
 class _Batch:
-    __slots__ = ("submission", "bases", "jobs")
+    __slots__ = ("bases", "jobs", "submission")
 
     def __init__(self, submission: Any, bases: Sequence[int]) -> None:
         self.submission = submission
@@ -254,7 +254,7 @@ class _Batch:
 
 
 class _Read:
-    __slots__ = ("view", "left", "done", "error", "staged")
+    __slots__ = ("done", "error", "left", "staged", "view")
 
     def __init__(self, view: memoryview, staged: bool) -> None:
         self.view = view
@@ -265,7 +265,7 @@ class _Read:
 
 
 class _Frame:
-    __slots__ = ("parts", "sent", "error")
+    __slots__ = ("error", "parts", "sent")
 
     def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
         self.parts = parts
@@ -617,7 +617,7 @@ class Connection:
                 if kind == "sig":
                     batch = self._batches.get(meta[1])
                     if batch is not None and meta[2] in batch.jobs:
-                        job, program = batch.jobs[meta[2]]
+                        program = batch.jobs[meta[2]][1]
                         program.queue.signal.set(batch.bases[meta[2]] + meta[3])
                 elif kind == "done":
                     self._job_reported(meta)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 import trio
 
 MAGIC = b"AG"
@@ -75,7 +75,7 @@ class Limits:
 
 def encode(meta: Sequence[Any], tail_len: int = 0) -> bytes:
     """Header + meta of one frame; the caller sends `tail_len` raw bytes after it."""
-    body = msgpack.packb(meta, use_bin_type=True)
+    body: bytes = msgpack.packb(meta, use_bin_type=True)
     return HEADER.pack(MAGIC, VERSION, len(body), tail_len) + body
 
 

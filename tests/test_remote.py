@@ -28,7 +28,7 @@ import devices
 from devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from remote_kernels import ADD, INC, SLEEPY, XOR  # noqa: E402
+from remote_kernels import ADD, INC, SLEEPY, XOR
 
 HERE = Path(__file__).parent
 GUARD = 30  # seconds: a hang guard only; every test finishes far sooner
@@ -272,9 +272,10 @@ def test_fuzz_graphs_match_a_numpy_model(
                 graph = await rt.compile(items, inputs=[bufs[1][0]])
                 for binding in (bufs[1][0], spare, bufs[1][0]):
                     await graph([binding])
+                    def real(b: ag.Buffer, binding: ag.Buffer = binding) -> ag.Buffer:
+                        return binding if b is bufs[1][0] else b
+
                     for item in items:
-                        def real(b: ag.Buffer) -> ag.Buffer:
-                            return binding if b is bufs[1][0] else b
                         if isinstance(item, ag.Launch):
                             out, a, b = (real(x) for x in item.bufs)
                             fn = _KERNELS[item.kernel.name][1]
