@@ -57,6 +57,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import trio
 
@@ -293,6 +294,18 @@ def _token_from(options: dict[str, Any]) -> bytes | None:
     return token
 
 
+@attrs.frozen
+class ConnectionStatistics:
+    address: str
+    connected: bool
+    batches_sent: int
+    batches_in_flight: int
+    frames_received: int
+    bytes_received: int
+    programs_kept: int
+    allocated_bytes: int
+
+
 class Connection:
     """The connection actor of one worker: one TCP connection, a writer task (the actor:
     it batches the jobs of the worker's queues) and a reader task (reports from the worker).
@@ -336,6 +349,18 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}>"
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(
+            address=self.address,
+            connected=self._stream is not None and self.error is None,
+            batches_sent=self.batches_sent,
+            batches_in_flight=len(self._batches),
+            frames_received=self.frames_received,
+            bytes_received=self.bytes_received,
+            programs_kept=len(self._programs),
+            allocated_bytes=self.allocated,
+        )
 
     # -- lifecycle --
 
@@ -550,11 +575,9 @@ class Connection:
             return program
         # An op list seen for the second time is a graph's: the worker keeps it. One seen
         # once (eager items, host copies) is lowered for its batch and dropped there.
+        # Host writes carry their data: never kept, never remembered.
         store = self._seen.pop(key, None) is job.ops
-        if not store:
-            self._seen[key] = job.ops
-            if len(self._seen) > self.PROGRAM_CACHE:
-                self._seen.popitem(last=False)
+        one_shot = False
         program = _Program(next(self._ids), job.ops, queue)
         entries: list[Any] = []
         for op in job.ops:
@@ -577,11 +600,16 @@ class Connection:
             elif code == WIRE:
                 entries.append(op[1])
                 if op[1][0] == "hw":
-                    store = False
+                    one_shot = True
                     for blob_id, chunk in op[2]:
                         parts += [encode(["blob", blob_id], len(chunk)), chunk]
             else:
                 raise DeviceError(f"{queue.name}: op code {code!r} cannot run on a worker")
+        store = store and not one_shot
+        if not store and not one_shot:
+            self._seen[key] = job.ops
+            if len(self._seen) > self.PROGRAM_CACHE:
+                self._seen.popitem(last=False)
         parts.append(encode(["prog", program.prog_id, queue.device.inner, entries, store]))
         if store:
             self._programs[key] = program
@@ -646,7 +674,10 @@ class Connection:
                 item, program.queue.name,
                 RemoteError(f"on worker {self.address} ({actor}): {message}"),
             )
-        program.queue.signal.set(batch.bases[meta[2]] + program.final)
+        queue = program.queue
+        queue.signal.set(batch.bases[meta[2]] + program.final)
+        queue.jobs_done += 1
+        queue.items_run += program.final
         sub.job_done(job.slot)
 
     async def _data(self, meta: list[Any], tail: int) -> None:

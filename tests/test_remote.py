@@ -28,7 +28,7 @@ import devices
 from devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from remote_kernels import ADD, INC, SLEEPY, XOR
+from remote_kernels import ADD, INC, SCALE, SLEEPY, XOR
 
 HERE = Path(__file__).parent
 GUARD = 30  # seconds: a hang guard only; every test finishes far sooner
@@ -193,6 +193,49 @@ async def test_worker_to_worker_copy_skips_the_client(
             await graph()
             assert (conn_a.bytes_received, conn_b.bytes_received) == before  # no data came here
             np.testing.assert_array_equal(await rt.copyout(y), np.arange(1 << 16) + 1)
+
+
+async def test_concurrent_replays_and_eager_work_keep_order(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    # Replays issued at once go out before their predecessors finish, so their waits on
+    # device timelines cross hosts through forwarders rather than being already met.
+    a_worker, b_worker = workers
+    ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", ra, rb]) as rt:
+            x = rt.alloc("CPU:0", 64, np.int32)
+            y = rt.alloc(ra, 64, np.int32)
+            z = rt.alloc(rb, 64, np.int32)
+            items = [
+                ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y]),
+                ag.Copy(dst=z, src=y), ag.Launch(INC, [z, z]), ag.Copy(dst=x, src=z),
+            ]
+            graph = await rt.compile(items)
+            await rt.copyin(x, np.zeros(64, np.int32))
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(graph)
+                    nursery.start_soon(rt.run, [ag.Launch(INC, [x, x])])
+            # Every replay adds 3 to x and every eager item 1, in whatever order the
+            # tasks got in: a lost update (a race) would show as less.
+            np.testing.assert_array_equal(await rt.copyout(x), np.full(64, 6 * 3 + 6))
+            stats = rt.device(ra).connection.statistics()
+            assert stats.batches_in_flight == 0 and stats.connected
+
+
+async def test_vars_and_launch_dims_go_per_call(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+    a_worker, _ = workers
+    r0 = a_worker.name("CPU:0")
+    k = ag.Var("k", 1, 100)
+    with trio.fail_after(GUARD):
+        async with runtime([r0]) as rt:
+            a, c = rt.alloc(r0, 16, np.int32), rt.alloc(r0, 16, np.int32)
+            await rt.copyin(a, np.arange(16, dtype=np.int32))
+            graph = await rt.compile([ag.Launch(SCALE, [c, a], vars=[k], global_size=k * 2)])
+            for value in (3, 7, 3):
+                await graph(var_vals={k: value})
+                np.testing.assert_array_equal(await rt.copyout(c), np.arange(16) * value)
 
 
 async def test_item_failure_on_worker_names_the_item(
