@@ -273,8 +273,10 @@ def _graphs(draw: st.DrawFn) -> tuple[list[tuple[object, ...]], int]:
             items.append(("k", draw(st.sampled_from(sorted(_KERNELS))), dev,
                           draw(st.integers(0, 2)), draw(st.integers(0, 2)), draw(st.integers(0, 2))))
         else:
+            # A copy of whole buffers, or of one half-sized view into another.
+            halves = draw(st.none() | st.tuples(st.integers(0, 16), st.integers(0, 16)))
             items.append(("c", draw(st.integers(0, 3)), draw(st.integers(0, 2)),
-                          draw(st.integers(0, 3)), draw(st.integers(0, 2))))
+                          draw(st.integers(0, 3)), draw(st.integers(0, 2)), halves))
     return items, draw(st.integers(0, 2**31 - 1))
 
 
@@ -305,9 +307,12 @@ def test_fuzz_graphs_match_a_numpy_model(
                         row = bufs[dev]
                         items.append(ag.Launch(_KERNELS[kname][0], [row[o], row[i1], row[i2]]))
                     else:
-                        _, dd, di, sd, si = it
+                        _, dd, di, sd, si, halves = it
                         dst, src = bufs[dd][di], bufs[sd][si]
-                        if dst is src:
+                        if halves is not None:
+                            dst = dst.view(offset=halves[0], size=n // 2)
+                            src = src.view(offset=halves[1], size=n // 2)
+                        if dst.overlaps(src) or dst is src:
                             continue
                         items.append(ag.Copy(dst=dst, src=src))
                 if not items:
@@ -324,7 +329,10 @@ def test_fuzz_graphs_match_a_numpy_model(
                             fn = _KERNELS[item.kernel.name][1]
                             host[out] = fn(host[a], host[b]).astype(np.int32)
                         else:
-                            host[real(item.dst)] = host[real(item.src)].copy()
+                            dst, src = real(item.dst.base), real(item.src.base)
+                            d0, s0 = item.dst.offset, item.src.offset
+                            size = item.dst.size
+                            host[dst][d0 : d0 + size] = host[src][s0 : s0 + size].copy()
                 for buf, want in host.items():
                     np.testing.assert_array_equal(await rt.copyout(buf), want, err_msg=repr(buf))
 
