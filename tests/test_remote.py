@@ -365,7 +365,7 @@ async def test_worker_killed_mid_replay(token_file: Path) -> None:
                     nursery.start_soon(replay)
                     await trio.testing.wait_all_tasks_blocked()  # the batch is on the wire
                     worker.kill()
-                assert len(errors) == 1
+                assert len(errors) == 1 and isinstance(errors[0], ag.ClosedError)
                 assert re.search(r"connection to worker 127.0.0.1:\d+ lost", str(errors[0]))
                 # Local devices go on working; the remote one says what happened.
                 await rt.copyin(z, np.arange(8, dtype=np.int32))
@@ -506,3 +506,35 @@ async def test_refuses_bad_requests_and_keeps_the_session(
             assert meta[0] == "done" and "signals must rise to its item count" in meta[3][2]
             stream.sock.close()
             np.testing.assert_array_equal(await rt.copyout(theirs), np.arange(4))
+
+
+async def test_peer_reads_need_a_valid_ticket(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(worker.name("CPU:0")).connection
+            stream, _ = await _raw(worker.port)
+            await stream.send([encode(["auth", "peer", b"", []])])
+            ref = [x.memory.handle, 0, [4]]
+            for ticket in (b"0" * 16, conn.ticket(x.memory.handle + 1)):
+                await stream.send([encode(["pread", 1, conn.session_id, ref, ticket])])
+                meta, _ = await stream.receive()
+                assert meta[0] == "error" and "bad read ticket" in meta[-1]
+            await stream.send([encode(["get", 1, ref])])  # a peer may do nothing else
+            meta, _ = await stream.receive()
+            assert meta[0] == "error" and "can only read" in meta[-1]
+            await stream.send([encode(["pread", 2, conn.session_id, ref, conn.ticket(ref[0])])])
+            meta, tail = await stream.receive()
+            assert meta[:2] == ["data", 2] and tail == 16
+            stream.sock.close()
+
+
+def test_worker_refuses_to_serve_other_hosts_without_a_token(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from actorgraph._cli import main
+
+    assert main(["worker", "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "refusing to serve 0.0.0.0 without a token; pass --token-file" in capsys.readouterr().err
