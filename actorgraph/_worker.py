@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 import trio
 
@@ -487,8 +488,12 @@ class _PeerLink:
 
 
 class Peers:
+    """This worker's links to other workers, for the copies it pulls."""
+
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
+        # Data on a link we opened is what we asked for, checked against its destination
+        # before it is read: accept the sender's chunks even where our --max-frame is lower.
+        self.limits = attrs.evolve(limits, max_tail=max(CHUNK, limits.max_tail))
         self.links: dict[tuple[str, int], _PeerLink] = {}
 
     async def _link(self, host: str, port: int) -> _PeerLink:

@@ -222,7 +222,8 @@ class RemoteDevice(Device):
 
     def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         data = _flat_bytes(array)
-        chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [data]
+        step = self.connection.chunk
+        chunks = [data[i : i + step] for i in range(0, len(data), step)] or [data]
         blob_ids = [self.connection.next_blob() for _ in chunks]
         return (WIRE, ["hw", -1, self._ref(buffer), blob_ids], list(zip(blob_ids, chunks)), -1)
 
@@ -421,6 +422,11 @@ class Connection:
         if self._stream is not None:
             self._stream.sock.close()
 
+    @property
+    def chunk(self) -> int:
+        """Bulk data goes in frames no larger than this side or the worker accepts."""
+        return max(1, min(CHUNK, self.limits.max_tail))
+
     def ticket(self, handle: int) -> bytes:
         return read_ticket(self._key, handle)
 
@@ -479,8 +485,8 @@ class Connection:
         data = _flat_bytes(src)
         sent = trio.Event()
         parts: list[bytes | memoryview] = []
-        for off in range(0, len(data), CHUNK):
-            chunk = data[off : off + CHUNK]
+        for off in range(0, len(data), self.chunk):
+            chunk = data[off : off + self.chunk]
             parts += [encode(["put", ref, off], len(chunk)), chunk]
         frame = _Frame(parts or [encode(["put", ref, 0])], sent)
         self._queue(frame)
@@ -711,7 +717,7 @@ class Connection:
     # -- failure --
 
     def _lose(self, exc: BaseException) -> None:
-        if self.error is None or str(self.error).endswith("was closed"):
+        if self.error is None:
             names = ", ".join(d.name for d in self.devices)
             self.error = RemoteConnectionError(
                 f"connection to worker {self.address} lost ({type(exc).__name__}: {exc}); "

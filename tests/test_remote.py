@@ -36,7 +36,9 @@ TOKEN = b"test-token-0123456789"
 
 
 class WorkerProcess:
-    def __init__(self, devices: str, token_file: Path | None, port: int = 0) -> None:
+    def __init__(
+        self, devices: str, token_file: Path | None, port: int = 0, extra: tuple[str, ...] = ()
+    ) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
         cmd = [
             sys.executable, "-m", "actorgraph", "worker", "--port", str(port),
@@ -44,6 +46,7 @@ class WorkerProcess:
         ]
         if token_file is not None:
             cmd += ["--token-file", str(token_file)]
+        cmd += extra
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], GUARD)
@@ -337,6 +340,27 @@ def test_fuzz_graphs_match_a_numpy_model(
                     np.testing.assert_array_equal(await rt.copyout(buf), want, err_msg=repr(buf))
 
     trio.run(main)
+
+
+async def test_bulk_data_goes_in_frames_the_worker_accepts(
+    workers: tuple[WorkerProcess, WorkerProcess], token_file: Path
+) -> None:
+    small = WorkerProcess("CPU:0", token_file, extra=("--max-frame", "65536"))
+    _, big = workers
+    try:
+        rs, rb = small.name("CPU:0"), big.name("CPU:0")
+        data = np.arange(1 << 18, dtype=np.int32)  # 1 MiB: 16 frames into `small`
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", rs, rb]) as rt:
+                x, y = rt.alloc(rs, data.size, np.int32), rt.alloc(rs, data.size, np.int32)
+                z, local = rt.alloc(rb, data.size, np.int32), rt.alloc("CPU:0", data.size, np.int32)
+                await rt.copyin(x, data)
+                await rt.copyin(local, data + 1)
+                await rt.run([ag.Copy(dst=y, src=local), ag.Copy(dst=z, src=x), ag.Copy(dst=x, src=z)])
+                np.testing.assert_array_equal(await rt.copyout(x), data)
+                np.testing.assert_array_equal(await rt.copyout(y), data + 1)
+    finally:
+        small.kill()
 
 
 # -- faults --
