@@ -217,7 +217,9 @@ class Session:
         signal = self.mirrors.get(ext)
         if signal is None:
             if len(self.mirrors) >= self.worker.limits.max_signals:
-                raise _Refused(f"too many mirrored signals (limit {self.worker.limits.max_signals})")
+                raise _Refused(
+                    f"too many mirrored signals (limit {self.worker.limits.max_signals})"
+                )
             signal = self.mirrors[ext] = Signal(f"mirror{ext}", 0)
         return signal
 
@@ -238,17 +240,22 @@ class Session:
         try:
             device = want_str(device, "alloc device")
             if device not in self.worker.runtime.devices:
-                raise _Refused(f"this worker has no device {device!r} ({self.worker.runtime.devices})")
+                raise _Refused(
+                    f"this worker has no device {device!r} ({self.worker.runtime.devices})"
+                )
             if dtype not in DTYPES:
                 raise _Refused(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
             nelems = want_int(nelems, "alloc size")
             nbytes = nelems * np.dtype(dtype).itemsize
             limits = self.worker.limits
             if nbytes > limits.max_alloc_bytes:
-                raise _Refused(f"{nbytes} bytes is over the limit of {limits.max_alloc_bytes} per allocation")
+                raise _Refused(
+                    f"{nbytes} bytes is over the limit of {limits.max_alloc_bytes} per allocation"
+                )
             if self.bytes_used + nbytes > limits.max_session_bytes:
                 raise _Refused(
-                    f"{nbytes} more bytes would pass this client's limit of {limits.max_session_bytes}"
+                    f"{nbytes} more bytes would pass this client's limit of "
+                    f"{limits.max_session_bytes}"
                 )
             self.buffers[handle] = self.worker.runtime.alloc(device, nelems, dtype)
             self.bytes_used += nbytes
@@ -277,7 +284,9 @@ class Session:
         _, prog_id, device, entries, store = want_fields(meta, 5)
         prog_id = want_int(prog_id, "program id")
         if len(self.programs) >= self.worker.limits.max_programs:
-            raise _Refused(f"too many programs (limit {self.worker.limits.max_programs}); forget some")
+            raise _Refused(
+                f"too many programs (limit {self.worker.limits.max_programs}); forget some"
+            )
         program = _Program()
         program.store = store is True
         self.programs[prog_id] = program
@@ -308,7 +317,14 @@ class Session:
                 elif kind == "w":
                     slot = want_int(entry[2], "wait slot", 0, 1 << 16)
                     program.max_slot = max(program.max_slot, slot)
-                    ops.append((WAIT, self.mirror(entry[1]), slot, want_int(entry[3], "wait value", 0, _REL_MAX)))
+                    ops.append(
+                        (
+                            WAIT,
+                            self.mirror(entry[1]),
+                            slot,
+                            want_int(entry[3], "wait value", 0, _REL_MAX),
+                        )
+                    )
                 elif kind == "l":
                     other = want_str(entry[1], "wait device")
                     if other not in runtime.devices:
@@ -319,8 +335,12 @@ class Session:
                     signal = runtime.device(other).queues[QueueKind.COMPUTE].signal
                     ops.append((WAIT, signal, slot, want_int(entry[3], "wait value", 0, _REL_MAX)))
                 elif kind == "s":
-                    signals.append((want_int(entry[1], "signal slot", 0, 1 << 16),
-                                    want_int(entry[2], "signal value", 0, _REL_MAX)))
+                    signals.append(
+                        (
+                            want_int(entry[1], "signal slot", 0, 1 << 16),
+                            want_int(entry[2], "signal value", 0, _REL_MAX),
+                        )
+                    )
                     ops.append((SIGNAL, actor.signal) + signals[-1])
                     ops.append(None)  # the report of this signal, filled in below
                 else:
@@ -361,17 +381,32 @@ class Session:
                     f"unknown kernel {name!r}: this worker loaded {sorted(self.worker.kernels)}; "
                     f"start it with --kernels MODULE, where MODULE.KERNELS lists it"
                 )
-            bufs = [self.buffer(r, f"kernel {name!r} buffer") for r in want_list(entry[3], "buffers", 64)]
+            bufs = [
+                self.buffer(r, f"kernel {name!r} buffer")
+                for r in want_list(entry[3], "buffers", 64)
+            ]
             owners = {b.device for b in bufs}
             if owners != {device.name}:
                 raise _Refused(f"kernel {name!r} on {device.name} got buffers of {sorted(owners)}")
             if len(bufs) != len(set(kernel.outs) | set(kernel.ins)):
-                raise _Refused(f"kernel {name!r} takes {len(set(kernel.outs) | set(kernel.ins))} buffers, got {len(bufs)}")
-            var_values = [want_int(v, "var value", -(1 << 62), 1 << 62) for v in want_list(entry[4], "vars", 64)]
-            dims = [tuple(want_int(d, "launch dim", 1, 1 << 40) for d in want_list(e, "dims", 3, size=3))
-                    for e in entry[5:7]]
+                raise _Refused(
+                    f"kernel {name!r} takes {len(set(kernel.outs) | set(kernel.ins))} "
+                    f"buffers, got {len(bufs)}"
+                )
+            var_values = [
+                want_int(v, "var value", -(1 << 62), 1 << 62)
+                for v in want_list(entry[4], "vars", 64)
+            ]
+            dims = [
+                tuple(
+                    want_int(d, "launch dim", 1, 1 << 40) for d in want_list(e, "dims", 3, size=3)
+                )
+                for e in entry[5:7]
+            ]
             try:
-                return device.lower_launch(item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE)
+                return device.lower_launch(
+                    item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE
+                )
             except Exception as exc:
                 raise _Refused(f"kernel {name!r}: {exc}") from None
         if kind == "c":
@@ -387,7 +422,12 @@ class Session:
             sid = want_int(entry[5], "peer session")
             ref = want_list(entry[6], "peer buffer", 3, size=3)
             ticket = want_bytes(entry[7], "read ticket", 32)
-            return (AWAIT, self.worker.peers.pull, (host, port, sid, ref, ticket, _bytes_of(dst)), item)
+            return (
+                AWAIT,
+                self.worker.peers.pull,
+                (host, port, sid, ref, ticket, _bytes_of(dst)),
+                item,
+            )
         if kind == "hw":
             dst = self.buffer(entry[2], "host write dst")
             chunks = []
@@ -432,8 +472,15 @@ class Session:
                     error = (-1, f"a program uses base slot {p.max_slot} of {len(bases)}")
                 for slot, dev in p.local_waits:
                     other = slots.get(slot)
-                    if other is None or other.actor is not self.worker.runtime.device(dev).queues[QueueKind.COMPUTE]:
-                        error = (-1, f"a local wait on slot {slot} names no queue of this batch on {dev}")
+                    if (
+                        other is None
+                        or other.actor
+                        is not self.worker.runtime.device(dev).queues[QueueKind.COMPUTE]
+                    ):
+                        error = (
+                            -1,
+                            f"a local wait on slot {slot} names no queue of this batch on {dev}",
+                        )
         if error is not None:
             for p in programs:
                 self.out.send(["done", batch_id, p.slot, [error[0], "worker", error[1]]])
@@ -446,7 +493,11 @@ class Session:
             p.actor.post(Job(p.ops, bases, sub, i))  # type: ignore[union-attr]
 
     _handlers: ClassVar[dict[str, Callable[[Session, list[Any]], None]]] = {
-        "alloc": _alloc, "free": _free, "forget": _forget, "ext": _ext, "prog": _prog,
+        "alloc": _alloc,
+        "free": _free,
+        "forget": _forget,
+        "ext": _ext,
+        "prog": _prog,
         "batch": _batch,
     }
 
@@ -512,7 +563,14 @@ class Peers:
         return link
 
     async def pull(
-        self, job: Job, host: str, port: int, sid: int, ref: list[Any], ticket: bytes, dst: memoryview
+        self,
+        job: Job,
+        host: str,
+        port: int,
+        sid: int,
+        ref: list[Any],
+        ticket: bytes,
+        dst: memoryview,
     ) -> None:
         if job.submission.error is not None:
             return
@@ -534,7 +592,9 @@ class Peers:
                         break
         except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
             self.links.pop((host, port), None)
-            raise ConnectionError(f"worker-to-worker read from {host}:{port} failed: {exc}") from None
+            raise ConnectionError(
+                f"worker-to-worker read from {host}:{port} failed: {exc}"
+            ) from None
 
 
 _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.ClosedResourceError)
@@ -615,7 +675,9 @@ class Worker:
                 raise WireError("authentication failed: wrong or missing token")
         for name in want_list(meta[3], "devices", 1024):
             if name not in self.runtime.devices:
-                raise WireError(f"this worker has no device {name!r} (it has {list(self.runtime.devices)})")
+                raise WireError(
+                    f"this worker has no device {name!r} (it has {list(self.runtime.devices)})"
+                )
         return "client"
 
     async def _client_loop(self, stream: FrameStream, session: Session) -> None:
@@ -714,7 +776,11 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def worker_main(
-    devices: Sequence[str], host: str, port: int, token_file: str | None, kernels: Sequence[str],
+    devices: Sequence[str],
+    host: str,
+    port: int,
+    token_file: str | None,
+    kernels: Sequence[str],
     limits: Limits,
 ) -> int:
     token = None
@@ -735,7 +801,12 @@ def worker_main(
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(
                 lambda task_status: run_worker(
-                    devices, host, port, token=token, kernel_modules=kernels, limits=limits,
+                    devices,
+                    host,
+                    port,
+                    token=token,
+                    kernel_modules=kernels,
+                    limits=limits,
                     task_status=task_status,
                 )
             )
@@ -750,4 +821,3 @@ def worker_main(
     except KeyboardInterrupt:
         return 0
     return 0
-

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import trio
@@ -36,9 +37,21 @@ import actorgraph as ag
 def start_worker(devices: str) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actorgraph", "worker", "--port", "0", "--devices", devices,
-         "--kernels", "remote_kernels"],
-        stdout=subprocess.PIPE, env=env, text=True,
+        [
+            sys.executable,
+            "-m",
+            "actorgraph",
+            "worker",
+            "--port",
+            "0",
+            "--devices",
+            devices,
+            "--kernels",
+            "remote_kernels",
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     line = proc.stdout.readline() if proc.stdout else ""
     match = re.search(r"listening on \S+:(\d+)", line)
@@ -112,7 +125,10 @@ async def bandwidth(rt: ag.Runtime, a: str, b: str, nbytes: int, reps: int = 8) 
         "worker_to_worker_device_copy": await rt.compile([ag.Copy(dst=xb, src=xa)]),
         "worker_to_client_device_copy": await rt.compile([ag.Copy(dst=local, src=xb)]),
     }
-    timings: dict[str, list[float]] = {"client_to_worker_copyin": [], "worker_to_client_copyout": []}
+    timings: dict[str, list[float]] = {
+        "client_to_worker_copyin": [],
+        "worker_to_client_copyout": [],
+    }
     timings.update({k: [] for k in copies})
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -130,7 +146,7 @@ async def bandwidth(rt: ag.Runtime, a: str, b: str, nbytes: int, reps: int = 8) 
     return {k: nbytes / min(v) / 1e9 for k, v in timings.items()}
 
 
-async def main() -> dict[str, object]:
+async def main() -> dict[str, Any]:
     wa, port_a = start_worker("CPU:0")
     wb, port_b = start_worker("CPU:0")
     try:
@@ -152,18 +168,23 @@ async def main() -> dict[str, object]:
     }
 
 
+def report(results: dict[str, Any]) -> None:
+    r100, r1 = results["replay_100_items"], results["replay_1_item"]
+    bw = results["bandwidth_GBps_64MiB"]
+    print(f"bare loopback TCP round trip (trio):      {results['tcp_round_trip_us']:7.1f} us")
+    print(f"replay, 1-item graph on one worker:       {r1['us_per_replay']:7.1f} us")
+    print(
+        f"replay, 100-item graph on one worker:     {r100['us_per_replay']:7.1f} us "
+        f"(median {r100['us_per_replay_median']:.1f}; {r100['batches_per_replay']:.0f} batch "
+        f"out, {r100['frames_back_per_replay']:.0f} frame back per replay; target <= 300 us)"
+    )
+    for key, value in bw.items():
+        print(f"copy {key.replace('_', ' '):36s} {value:6.2f} GB/s (64 MiB; target >= 1 GB/s)")
+
+
 if __name__ == "__main__":
     results = trio.run(main)
-    r100, r1, bw = results["replay_100_items"], results["replay_1_item"], results["bandwidth_GBps_64MiB"]
-    print(f"bare loopback TCP round trip (trio):      {results['tcp_round_trip_us']:7.1f} us")
-    print(f"replay, 1-item graph on one worker:       {r1['us_per_replay']:7.1f} us")  # type: ignore[index]
-    print(
-        f"replay, 100-item graph on one worker:     {r100['us_per_replay']:7.1f} us "  # type: ignore[index]
-        f"(median {r100['us_per_replay_median']:.1f}; {r100['batches_per_replay']:.0f} batch out, "  # type: ignore[index]
-        f"{r100['frames_back_per_replay']:.0f} frame back per replay; target <= 300 us)"  # type: ignore[index]
-    )
-    for key, value in bw.items():  # type: ignore[union-attr]
-        print(f"copy {key.replace('_', ' '):36s} {value:6.2f} GB/s (64 MiB; target >= 1 GB/s)")
+    report(results)
     out = HERE / "results" / "remote.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -147,8 +147,14 @@ class RemoteDevice(Device):
     lowers_foreign_copies = True
 
     def __init__(
-        self, name: str, index: int, *, connection: Connection, inner: str,
-        timeline_start: int = 0, **options: Any,
+        self,
+        name: str,
+        index: int,
+        *,
+        connection: Connection,
+        inner: str,
+        timeline_start: int = 0,
+        **options: Any,
     ) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
         self.connection = connection
@@ -190,23 +196,37 @@ class RemoteDevice(Device):
         queue: QueueKind,
     ) -> Op:
         entry = [
-            "k", item, kernel.name, [self._ref(b) for b in buffers],
-            [int(v) for v in var_values], list(global_size), list(local_size),
+            "k",
+            item,
+            kernel.name,
+            [self._ref(b) for b in buffers],
+            [int(v) for v in var_values],
+            list(global_size),
+            list(local_size),
         ]
         return (WIRE, entry, None, item)
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
         """Every copy that touches a remote buffer, wherever the planner put it."""
         dst_dev, src_dev = dst.device_object, src.device_object
-        dst_remote, src_remote = isinstance(dst_dev, RemoteDevice), isinstance(src_dev, RemoteDevice)
+        dst_remote, src_remote = (
+            isinstance(dst_dev, RemoteDevice),
+            isinstance(src_dev, RemoteDevice),
+        )
         if dst_remote and src_remote:
             # Neither side has a copy queue: this runs on the destination's worker.
             if dst_dev.connection is src_dev.connection:
                 return (WIRE, ["c", item, self._ref(dst), self._ref(src)], None, item)
             source = src_dev.connection
             entry = [
-                "p", item, self._ref(dst), source.host, source.port, source.session_id,
-                self._ref(src), source.ticket(src.memory.handle),
+                "p",
+                item,
+                self._ref(dst),
+                source.host,
+                source.port,
+                source.session_id,
+                self._ref(src),
+                source.ticket(src.memory.handle),
             ]
             return (WIRE, entry, None, item)
         if src_remote:
@@ -513,7 +533,9 @@ class Connection:
             return
         self._queue((job, queue))
 
-    async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _serve(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         self._task = trio.lowlevel.current_task()
         task_status.started()
         pending = self._pending
@@ -568,7 +590,9 @@ class Connection:
                     ext.append([ext_id, value])
                 target = bases[slot] + rel
                 if value < target:
-                    self._nursery.start_soon(self._forward, signal, target, ext_id)  # type: ignore[union-attr]
+                    nursery = self._nursery
+                    assert nursery is not None  # started before any job can arrive
+                    nursery.start_soon(self._forward, signal, target, ext_id)
         self._batches[batch_id] = batch
         parts.append(encode(["batch", batch_id, list(bases), prog_ids, ext]))
         self.batches_sent += 1
@@ -661,8 +685,16 @@ class Connection:
                     pass  # refusals of requests without an answer show up where they are used
                 else:
                     raise WireError(f"unexpected message {kind!r} from the worker")
-        except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError,
-                trio.BrokenResourceError, KeyError, IndexError, TypeError) as exc:
+        except (
+            OSError,
+            ConnectionLostError,
+            WireError,
+            trio.ClosedResourceError,
+            trio.BrokenResourceError,
+            KeyError,
+            IndexError,
+            TypeError,
+        ) as exc:
             self._lose(exc)
 
     def _job_reported(self, meta: list[Any]) -> None:
@@ -677,7 +709,8 @@ class Connection:
         if error is not None:
             item, actor, message = error
             sub.fail(
-                item, program.queue.name,
+                item,
+                program.queue.name,
                 RemoteError(f"on worker {self.address} ({actor}): {message}"),
             )
         queue = program.queue
@@ -697,7 +730,9 @@ class Connection:
         if error is not None:
             read.error = RemoteError(f"worker {self.address} could not read: {error}")
         elif offset + tail > len(read.view):
-            raise WireError(f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read")
+            raise WireError(
+                f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read"
+            )
         elif read.staged and tail >= (1 << 20):
             # `out` of copyout is fresh memory: the kernel faults its pages in slowly while
             # it copies, so receive into warm memory and copy from there.
@@ -747,7 +782,9 @@ class Connection:
             trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
 
     @staticmethod
-    def _fail_job(job: Job, final: int, bases: Sequence[int], queue: RemoteQueue, error: BaseException) -> None:
+    def _fail_job(
+        job: Job, final: int, bases: Sequence[int], queue: RemoteQueue, error: BaseException
+    ) -> None:
         sub = job.submission
         sub.fail(-1, queue.name, error)
         queue.signal.set(bases[_own_slot(job.ops)] + final)
@@ -791,8 +828,11 @@ def open_remote_devices(
         if conn is None:
             conn = connections[(host, port)] = Connection(host, port, dict(options))
         out[name] = RemoteDevice(
-            name, index, connection=conn, inner=f"{kind}:{index}",
-            timeline_start=timeline_start, **options,
+            name,
+            index,
+            connection=conn,
+            inner=f"{kind}:{index}",
+            timeline_start=timeline_start,
+            **options,
         )
     return out
-

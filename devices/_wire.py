@@ -103,9 +103,15 @@ def decode_meta(body: bytes | bytearray | memoryview, limits: Limits) -> list[An
     """The message in a frame's meta part: a non-empty list starting with its kind (a str)."""
     try:
         meta = msgpack.unpackb(
-            body, raw=False, use_list=True, strict_map_key=True, ext_hook=_no_ext,
-            max_str_len=limits.max_meta, max_bin_len=limits.max_meta,
-            max_array_len=limits.max_program_ops * 8, max_map_len=1 << 10,
+            body,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            ext_hook=_no_ext,
+            max_str_len=limits.max_meta,
+            max_bin_len=limits.max_meta,
+            max_array_len=limits.max_program_ops * 8,
+            max_map_len=1 << 10,
         )
     except WireError:
         raise
@@ -148,7 +154,9 @@ def want_bytes(value: object, what: str, max_len: int = 256) -> bytes:
     return value
 
 
-def want_list(value: object, what: str, max_len: int = 1 << 20, size: int | None = None) -> list[Any]:
+def want_list(
+    value: object, what: str, max_len: int = 1 << 20, size: int | None = None
+) -> list[Any]:
     if not isinstance(value, list) or len(value) > max_len:
         raise WireError(f"{what} must be a list of at most {max_len} entries")
     if size is not None and len(value) != size:

@@ -41,8 +41,16 @@ class WorkerProcess:
     ) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
         cmd = [
-            sys.executable, "-m", "actorgraph", "worker", "--port", str(port),
-            "--devices", devices, "--kernels", "remote_kernels",
+            sys.executable,
+            "-m",
+            "actorgraph",
+            "worker",
+            "--port",
+            str(port),
+            "--devices",
+            devices,
+            "--kernels",
+            "remote_kernels",
         ]
         if token_file is not None:
             cmd += ["--token-file", str(token_file)]
@@ -99,8 +107,11 @@ async def test_no_worker_is_a_clear_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once closed
-    with trio.fail_after(GUARD), pytest.raises(
-        devices.RemoteConnectionError, match=r"cannot connect to the worker at 127.0.0.1:\d+"
+    with (
+        trio.fail_after(GUARD),
+        pytest.raises(
+            devices.RemoteConnectionError, match=r"cannot connect to the worker at 127.0.0.1:\d+"
+        ),
     ):
         async with ag.open_runtime([f"CPU:0@127.0.0.1:{port}"]):
             pass
@@ -119,10 +130,16 @@ async def test_alloc_copy_run_graph(workers: tuple[WorkerProcess, WorkerProcess]
             await rt.copyin(b, np.full(64, 5, np.int32))
             await rt.run([ag.Launch(XOR, [c, a, b])])
             np.testing.assert_array_equal(await rt.copyout(c), np.arange(64) ^ 5)
-            graph = await rt.compile([ag.Launch(ADD, [c, a, b]), ag.Launch(INC, [c, c])], inputs=[a])
+            graph = await rt.compile(
+                [ag.Launch(ADD, [c, a, b]), ag.Launch(INC, [c, c])], inputs=[a]
+            )
             a2 = rt.alloc(r0, 64, np.int32)
             await rt.copyin(a2, np.full(64, 100, np.int32))
-            for src, want in ((a, np.arange(64) + 6), (a2, np.full(64, 106)), (a, np.arange(64) + 6)):
+            for src, want in (
+                (a, np.arange(64) + 6),
+                (a2, np.full(64, 106)),
+                (a, np.arange(64) + 6),
+            ):
                 await graph([src])
                 np.testing.assert_array_equal(await rt.copyout(c), want)
             view = a.view(offset=8, size=4)
@@ -211,8 +228,12 @@ async def test_concurrent_replays_and_eager_work_keep_order(
             y = rt.alloc(ra, 64, np.int32)
             z = rt.alloc(rb, 64, np.int32)
             items = [
-                ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y]),
-                ag.Copy(dst=z, src=y), ag.Launch(INC, [z, z]), ag.Copy(dst=x, src=z),
+                ag.Launch(INC, [x, x]),
+                ag.Copy(dst=y, src=x),
+                ag.Launch(INC, [y, y]),
+                ag.Copy(dst=z, src=y),
+                ag.Launch(INC, [z, z]),
+                ag.Copy(dst=x, src=z),
             ]
             graph = await rt.compile(items)
             await rt.copyin(x, np.zeros(64, np.int32))
@@ -227,7 +248,9 @@ async def test_concurrent_replays_and_eager_work_keep_order(
             assert stats.batches_in_flight == 0 and stats.connected
 
 
-async def test_vars_and_launch_dims_go_per_call(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+async def test_vars_and_launch_dims_go_per_call(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
     a_worker, _ = workers
     r0 = a_worker.name("CPU:0")
     k = ag.Var("k", 1, 100)
@@ -251,8 +274,12 @@ async def test_item_failure_on_worker_names_the_item(
         async with runtime(["CPU:0", r0]) as rt:
             x = rt.alloc(r0, 8, np.int32)
             y = rt.alloc("CPU:0", 8, np.int32)
-            graph = await rt.compile([ag.Launch(INC, [x, x]), ag.Launch(boom, [x, x]), ag.Copy(dst=y, src=x)])
-            with pytest.raises(ag.ItemError, match=r"item 1 \(boom\).*ZeroDivisionError: boom on purpose"):
+            graph = await rt.compile(
+                [ag.Launch(INC, [x, x]), ag.Launch(boom, [x, x]), ag.Copy(dst=y, src=x)]
+            )
+            with pytest.raises(
+                ag.ItemError, match=r"item 1 \(boom\).*ZeroDivisionError: boom on purpose"
+            ):
                 await graph()
             nope = ag.Kernel("nope", cpu=lambda out: None, outs=(0,))
             with pytest.raises(ag.ItemError, match=r"unknown kernel 'nope'.*--kernels MODULE"):
@@ -273,13 +300,29 @@ def _graphs(draw: st.DrawFn) -> tuple[list[tuple[object, ...]], int]:
     for _ in range(nitems):
         if draw(st.booleans()):
             dev = draw(st.integers(0, 3))
-            items.append(("k", draw(st.sampled_from(sorted(_KERNELS))), dev,
-                          draw(st.integers(0, 2)), draw(st.integers(0, 2)), draw(st.integers(0, 2))))
+            items.append(
+                (
+                    "k",
+                    draw(st.sampled_from(sorted(_KERNELS))),
+                    dev,
+                    draw(st.integers(0, 2)),
+                    draw(st.integers(0, 2)),
+                    draw(st.integers(0, 2)),
+                )
+            )
         else:
             # A copy of whole buffers, or of one half-sized view into another.
             halves = draw(st.none() | st.tuples(st.integers(0, 16), st.integers(0, 16)))
-            items.append(("c", draw(st.integers(0, 3)), draw(st.integers(0, 2)),
-                          draw(st.integers(0, 3)), draw(st.integers(0, 2)), halves))
+            items.append(
+                (
+                    "c",
+                    draw(st.integers(0, 3)),
+                    draw(st.integers(0, 2)),
+                    draw(st.integers(0, 3)),
+                    draw(st.integers(0, 2)),
+                    halves,
+                )
+            )
     return items, draw(st.integers(0, 2**31 - 1))
 
 
@@ -323,6 +366,7 @@ def test_fuzz_graphs_match_a_numpy_model(
                 graph = await rt.compile(items, inputs=[bufs[1][0]])
                 for binding in (bufs[1][0], spare, bufs[1][0]):
                     await graph([binding])
+
                     def real(b: ag.Buffer, binding: ag.Buffer = binding) -> ag.Buffer:
                         return binding if b is bufs[1][0] else b
 
@@ -356,7 +400,9 @@ async def test_bulk_data_goes_in_frames_the_worker_accepts(
                 z, local = rt.alloc(rb, data.size, np.int32), rt.alloc("CPU:0", data.size, np.int32)
                 await rt.copyin(x, data)
                 await rt.copyin(local, data + 1)
-                await rt.run([ag.Copy(dst=y, src=local), ag.Copy(dst=z, src=x), ag.Copy(dst=x, src=z)])
+                await rt.run(
+                    [ag.Copy(dst=y, src=local), ag.Copy(dst=z, src=x), ag.Copy(dst=x, src=z)]
+                )
                 np.testing.assert_array_equal(await rt.copyout(x), data)
                 np.testing.assert_array_equal(await rt.copyout(y), data + 1)
     finally:
@@ -447,7 +493,9 @@ async def _still_serves(worker: WorkerProcess) -> None:
         np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
 
 
-async def test_refuses_missing_and_wrong_tokens(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+async def test_refuses_missing_and_wrong_tokens(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):
         with pytest.raises(devices.RemoteConnectionError, match="requires a token"):
@@ -512,20 +560,26 @@ async def test_refuses_bad_requests_and_keeps_the_session(
             # A program naming an unknown kernel is refused when a batch runs it.
             await stream.send([encode(["alloc", 5, "CPU:0", 4, "int32"])])
             prog = [["k", 0, "nope", [[5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]], ["s", 0, 1]]
-            await stream.send([encode(["prog", 1, "CPU:0", prog, False]),
-                               encode(["batch", 2, [0], [1], []])])
+            await stream.send(
+                [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0], [1], []])]
+            )
             meta, _ = await stream.receive()
             assert meta[:3] == ["done", 2, 0] and "unknown kernel 'nope'" in meta[3][2]
             # The session still works: a valid program runs.
-            prog = [["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]], ["s", 0, 1]]
-            await stream.send([encode(["prog", 3, "CPU:0", prog, False]),
-                               encode(["batch", 4, [0], [3], []])])
+            prog = [
+                ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
+                ["s", 0, 1],
+            ]
+            await stream.send(
+                [encode(["prog", 3, "CPU:0", prog, False]), encode(["batch", 4, [0], [3], []])]
+            )
             meta, _ = await stream.receive()
             assert meta == ["done", 4, 0, None]
             # A program may not signal past its own range on the shared queue.
             prog = [["s", 0, 1000]]
-            await stream.send([encode(["prog", 5, "CPU:0", prog, False]),
-                               encode(["batch", 6, [0], [5], []])])
+            await stream.send(
+                [encode(["prog", 5, "CPU:0", prog, False]), encode(["batch", 6, [0], [5], []])]
+            )
             meta, _ = await stream.receive()
             assert meta[0] == "done" and "signals must rise to its item count" in meta[3][2]
             stream.sock.close()
