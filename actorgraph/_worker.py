@@ -193,6 +193,16 @@ class Session:
         self.blob_bytes = 0
         self.mirrors: dict[int, Signal] = {}
         self.bytes_used = 0
+        self.running: set[Submission] = set()
+
+    def abandon(self) -> None:
+        """The client is gone. Its jobs still queued on the worker's shared actors must not
+        block other clients: fail them (their items are skipped) and release every wait
+        on a signal only this client could have advanced."""
+        for sub in list(self.running):
+            sub.fail(-1, "worker", ConnectionError("the client went away"))
+        for mirror in self.mirrors.values():
+            mirror.set(_VALUE_MAX + _REL_MAX)
 
     # -- lookups, each with a refusal that names the id --
 
@@ -487,6 +497,8 @@ class Session:
             return
         bases.append(batch_id)
         sub = Submission(len(programs), [], [], [()] * len(programs), [])
+        self.running.add(sub)
+        sub.on_done = self.running.discard
         for p in programs:
             bases[p.slot] = p.actor.reserve(p.count)  # type: ignore[union-attr]
         for i, p in enumerate(programs):
@@ -652,6 +664,7 @@ class Worker:
         finally:
             if session is not None:
                 self.sessions.pop(session.sid, None)
+                session.abandon()
                 for buf in session.buffers.values():
                     self.runtime.free(buf)
                 session.buffers.clear()

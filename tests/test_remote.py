@@ -616,3 +616,24 @@ def test_worker_refuses_to_serve_other_hosts_without_a_token(
 
     assert main(["worker", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "refusing to serve 0.0.0.0 without a token; pass --token-file" in capsys.readouterr().err
+
+
+async def test_a_client_that_leaves_mid_job_does_not_block_others(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        stream = await _session(worker.port)
+        # A job that waits for a signal of this client, which then goes away: the job
+        # sits on the worker's shared CPU:0 queue until the worker lets it go.
+        await stream.send([encode(["alloc", 1, "CPU:0", 4, "int32"])])
+        prog = [
+            ["w", 1, 0, 5],
+            ["k", 0, "inc", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
+            ["s", 0, 1],
+        ]
+        await stream.send(
+            [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0], [1], []])]
+        )
+        stream.sock.close()
+        await _still_serves(worker)
