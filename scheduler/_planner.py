@@ -24,12 +24,11 @@ _Clock = dict[_ClockKey, int]
 def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     """Where an item runs.
 
-    A launch goes to its device's compute queue. A copy between host-visible memory (a
-    CPU device) and device memory the host cannot see runs on that device's copy queue:
-    its copy engine does the transfer, as on a GPU, both ways. Any other copy goes to the
-    copy queue of its destination if that device has one, else of its source, else to
-    the destination's compute queue: the destination is preferred so that the data lands
-    where it is used.
+    A launch goes to its device's compute queue. A copy goes to the copy queue of its
+    destination if that device has one, else of its source, else to the destination's
+    compute queue: the destination is preferred so that the data lands where it is used.
+    The exception is a copy from device memory the host cannot see into the host (a
+    CPU device): the source device's copy engine does that transfer, as on a GPU.
     """
     for name in (item.device, item.src_device):
         if name is not None and name not in caps:
@@ -40,10 +39,13 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     if item.kind is ItemKind.EXEC:
         return QueueId(item.device, QueueKind.COMPUTE)
     src = caps[item.src_device] if item.src_device is not None else None
-    if src is not None and src.host_visible != caps[item.device].host_visible:
-        # Host memory <-> device memory: only the device side (a GPU) can reach both.
-        side = caps[item.device] if not caps[item.device].host_visible else src
-        return QueueId(side.name, QueueKind.COPY if side.has_copy_queue else QueueKind.COMPUTE)
+    if (
+        src is not None
+        and caps[item.device].is_cpu
+        and not src.host_visible
+        and src.has_copy_queue
+    ):
+        return QueueId(src.name, QueueKind.COPY)
     if caps[item.device].has_copy_queue:
         return QueueId(item.device, QueueKind.COPY)
     if item.src_device is not None and caps[item.src_device].has_copy_queue:
