@@ -130,11 +130,13 @@ async def test_ordering_case_matches_eager(case: str) -> None:
         {"driver": lambda: FakeDriver(stream_mem_ops=False)},
         {"driver": lambda: FakeDriver(peer=False)},
         {"driver": FakeDriver, "cuda_graphs": False},
+        {"driver": FakeDriver, "cuda_mem_ops": False},
+        {"driver": FakeDriver, "cuda_graph_min_items": 1},
         {"driver": FakeDriver, "timeline_start": (1 << 63) - 3},
         {"driver": FakeDriver, "timeline_start": (1 << 64) - 1000},
     ],
-    ids=["event fallback", "no peer access", "streams only", "timeline near 2**63",
-         "timeline near 2**64"],
+    ids=["event fallback", "no peer access", "streams only", "mem ops off", "graphs of one item",
+         "timeline near 2**63", "timeline near 2**64"],
 )
 @pytest.mark.parametrize("case", ["copies across 4 devices", "CPU and CUDA in one graph",
                                   "offset views, overlapping and disjoint"])
