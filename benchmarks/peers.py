@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -29,12 +30,14 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
+import trio
 
 if __package__ in (None, ""):
     # Run as a script: make the checkout's packages importable.
@@ -51,17 +54,6 @@ class Skip(Exception):
 
 
 @attrs.frozen
-class Measurement:
-    times: tuple[float, ...]
-    outputs: tuple[np.ndarray[Any, Any], ...]
-    note: str = ""
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-
-@attrs.frozen
 class Row:
     """One workload; `per` says how a median is shown: per item (us) or per run (ms)."""
 
@@ -73,32 +65,60 @@ class Row:
 
 
 # -- peers --
+#
+# A peer is opened for one workload (everything allocated, compiled, inputs placed), then
+# run again and again; all peers of a row are open at once and take turns, so a burst of
+# load from elsewhere on the machine lands on every peer alike.
 
 
-def measure_actorgraph(workload: wl.Workload, inputs: Sequence[Any], warmup: int, runs: int) -> Measurement:
-    import trio
+class Peer:
+    """One way of running a workload: `run` runs it once, to completion."""
 
+    name = ""
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """What ran (after at least one run): shown beside the figure."""
+        return ""
+
+    async def outputs(self) -> tuple[np.ndarray[Any, Any], ...]:
+        """The workload's sinks after the last run."""
+        raise NotImplementedError
+
+
+class ActorgraphPeer(Peer):
+    name = "actorgraph"
+
+    def __init__(self, rt: Any, workload: wl.Workload) -> None:
+        self.rt = rt
+        self.workload = workload
+        self.build = wl.build_actorgraph(rt, workload)
+        self.graph: Any = None
+
+    async def start(self, inputs: Sequence[Any]) -> None:
+        for buf, data in zip(self.build.inputs, inputs):
+            await self.rt.copyin(buf, data)
+        self.graph = await self.rt.compile(self.build.items, inputs=self.build.inputs)
+
+    async def run(self) -> None:
+        await self.graph(self.build.inputs)
+
+    def describe(self) -> str:
+        return f"{self.graph.statistics().queues} queue actors"
+
+    async def outputs(self) -> tuple[np.ndarray[Any, Any], ...]:
+        return tuple([await self.rt.copyout(self.build.buffers[o]) for o in self.workload.outputs])
+
+
+async def open_actorgraph(stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]) -> Peer:
     import actorgraph as ag
 
-    async def main() -> Measurement:
-        async with ag.open_runtime(wl.cpu_devices(workload.devices)) as rt:
-            build = wl.build_actorgraph(rt, workload)
-            for buf, data in zip(build.inputs, inputs):
-                await rt.copyin(buf, data)
-            graph = await rt.compile(build.items, inputs=build.inputs)
-            for _ in range(warmup):
-                await graph(build.inputs)
-            times = []
-            for _ in range(runs):
-                start = time.perf_counter()
-                await graph(build.inputs)
-                times.append(time.perf_counter() - start)
-            outputs = [await rt.copyout(build.buffers[o]) for o in workload.outputs]
-            stats = graph.statistics()
-            await graph.aclose()
-        return Measurement(tuple(times), tuple(outputs), f"{stats.queues} queue actors")
-
-    return trio.run(main)
+    rt = await stack.enter_async_context(ag.open_runtime(wl.cpu_devices(workload.devices)))
+    peer = ActorgraphPeer(rt, workload)
+    await peer.start(inputs)
+    return peer
 
 
 def _numpy_buffers(workload: wl.Workload, inputs: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
@@ -108,22 +128,35 @@ def _numpy_buffers(workload: wl.Workload, inputs: Sequence[Any]) -> list[np.ndar
     return arrays
 
 
-def measure_numpy(workload: wl.Workload, inputs: Sequence[Any], warmup: int, runs: int) -> Measurement:
-    arrays = _numpy_buffers(workload, inputs)
-    calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-    for step in workload.steps:
-        if isinstance(step, wl.Xor):
-            out = arrays[step.out]
-            calls.append((functools.partial(np.bitwise_xor, out=out), (arrays[step.a], arrays[step.b])))
-        else:
-            calls.append((np.copyto, (arrays[step.out], arrays[step.src])))
+class NumpyPeer(Peer):
+    """The items as prepared numpy calls in one Python loop: no scheduling at all."""
 
-    def run() -> None:
-        for fn, args in calls:
+    name = "numpy"
+
+    def __init__(self, workload: wl.Workload, inputs: Sequence[Any]) -> None:
+        self.workload = workload
+        self.arrays = arrays = _numpy_buffers(workload, inputs)
+        self.calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        for step in workload.steps:
+            if isinstance(step, wl.Xor):
+                xor = functools.partial(np.bitwise_xor, out=arrays[step.out])
+                self.calls.append((xor, (arrays[step.a], arrays[step.b])))
+            else:
+                self.calls.append((np.copyto, (arrays[step.out], arrays[step.src])))
+
+    async def run(self) -> None:
+        for fn, args in self.calls:
             fn(*args)
 
-    times = _timed(run, warmup, runs)
-    return Measurement(times, tuple(arrays[o].copy() for o in workload.outputs), "one thread")
+    def describe(self) -> str:
+        return "sequential, one thread"
+
+    async def outputs(self) -> tuple[np.ndarray[Any, Any], ...]:
+        return tuple(self.arrays[o].copy() for o in self.workload.outputs)
+
+
+async def open_numpy(stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]) -> Peer:
+    return NumpyPeer(workload, inputs)
 
 
 def _xor_task(out: np.ndarray[Any, Any], a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> Any:
@@ -135,32 +168,45 @@ def _copy_task(out: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> Any:
     return out
 
 
-def measure_dask(workload: wl.Workload, inputs: Sequence[Any], warmup: int, runs: int) -> Measurement:
+class DaskPeer(Peer):
+    """The same DAG as a Dask graph of numpy calls on the threaded scheduler, with one
+    worker thread per device (1 worker: the items run one at a time, as on one device)."""
+
+    name = "dask"
+
+    def __init__(self, workload: wl.Workload, inputs: Sequence[Any]) -> None:
+        import dask
+        import dask.threaded
+
+        self.get = dask.threaded.get
+        self.version = dask.__version__
+        self.workload = workload
+        self.arrays = arrays = _numpy_buffers(workload, inputs)
+        graph: dict[str, Any] = {f"b{buf}": arrays[buf] for buf in workload.inputs}
+        for step in workload.steps:
+            out = arrays[step.out]
+            if isinstance(step, wl.Xor):
+                graph[f"b{step.out}"] = (functools.partial(_xor_task, out), f"b{step.a}", f"b{step.b}")
+            else:
+                graph[f"b{step.out}"] = (functools.partial(_copy_task, out), f"b{step.src}")
+        self.graph = graph
+        self.keys = [f"b{o}" for o in workload.outputs]
+        self.workers = workload.devices
+
+    async def run(self) -> None:
+        self.get(self.graph, self.keys, num_workers=self.workers)
+
+    def describe(self) -> str:
+        return f"dask {self.version}, threaded scheduler, {self.workers} worker(s)"
+
+    async def outputs(self) -> tuple[np.ndarray[Any, Any], ...]:
+        return tuple(self.arrays[o].copy() for o in self.workload.outputs)
+
+
+async def open_dask(stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]) -> Peer:
     if importlib.util.find_spec("dask") is None:
         raise Skip('dask is not installed: pip install -e ".[bench]"')
-    import dask
-    import dask.threaded
-
-    arrays = _numpy_buffers(workload, inputs)
-    graph: dict[str, Any] = {f"b{buf}": arrays[buf] for buf in workload.inputs}
-    for step in workload.steps:
-        out = arrays[step.out]
-        if isinstance(step, wl.Xor):
-            graph[f"b{step.out}"] = (functools.partial(_xor_task, out), f"b{step.a}", f"b{step.b}")
-        else:
-            graph[f"b{step.out}"] = (functools.partial(_copy_task, out), f"b{step.src}")
-    keys = [f"b{o}" for o in workload.outputs]
-    workers = workload.devices
-
-    def run() -> None:
-        dask.threaded.get(graph, keys, num_workers=workers)
-
-    times = _timed(run, warmup, runs)
-    return Measurement(
-        times,
-        tuple(arrays[o].copy() for o in workload.outputs),
-        f"dask {dask.__version__}, threaded, {workers} worker(s)",
-    )
+    return DaskPeer(workload, inputs)
 
 
 TINYGRAD_VERSION = "0.11.0"
@@ -182,15 +228,60 @@ def describe_runners(jit_cache: Sequence[Any]) -> str:
             batches.setdefault(name, []).append(len(inner))
         else:
             loose[name] += 1
-    parts = [
-        f"{name} x{len(sizes)} (batches of {'+'.join(map(str, sizes))} items)"
-        for name, sizes in batches.items()
-    ]
+    parts = []
+    for name, sizes in batches.items():
+        shown = "+".join(map(str, sizes[:12])) + ("+..." if len(sizes) > 12 else "")
+        parts.append(f"{name} x{len(sizes)} ({sum(sizes)} items in batches of {shown})")
     parts += [f"{name} x{count} ungraphed" for name, count in loose.items()]
     return "; ".join(parts) or "nothing captured"
 
 
-def measure_tinygrad(workload: wl.Workload, inputs: Sequence[Any], warmup: int, runs: int) -> Measurement:
+class TinygradPeer(Peer):
+    """The workload as tinygrad tensors on its CPU devices, one realize per item inside a
+    TinyJit: the jit captures one kernel per xor and one copy per move, and from its
+    third call on replays them through its graph runner (HCQGraph for CPU devices)."""
+
+    name = "tinygrad"
+
+    def __init__(self, workload: wl.Workload, inputs: Sequence[Any]) -> None:
+        import tinygrad
+        from tinygrad import Device, Tensor, TinyJit
+
+        self.version = getattr(tinygrad, "__version__", None) or importlib.metadata.version("tinygrad")
+        self.workload = workload
+        names = [_tinygrad_device(d) for d in range(workload.devices)]
+        self.placed = [
+            Tensor(np.asarray(data), device=names[workload.buffer_devices[buf]]).realize()
+            for buf, data in zip(workload.inputs, inputs)
+        ]
+        steps, sinks, input_ids = workload.steps, workload.outputs, workload.inputs
+
+        def body(*tensors: Any) -> tuple[Any, ...]:
+            values = dict(zip(input_ids, tensors))
+            for step in steps:
+                if isinstance(step, wl.Xor):
+                    values[step.out] = (values[step.a] ^ values[step.b]).realize()
+                else:
+                    values[step.out] = values[step.src].to(names[step.device]).realize()
+            return tuple(values[o] for o in sinks)
+
+        self.jit = TinyJit(body)
+        self.devices = [Device[name] for name in names]
+        self.result: tuple[Any, ...] = ()
+
+    async def run(self) -> None:
+        self.result = self.jit(*self.placed)
+        for device in self.devices:
+            device.synchronize()
+
+    def describe(self) -> str:
+        return f"tinygrad {self.version}: {describe_runners(self.jit.jit_cache)}"
+
+    async def outputs(self) -> tuple[np.ndarray[Any, Any], ...]:
+        return tuple(t.numpy() for t in self.result)
+
+
+async def open_tinygrad(stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]) -> Peer:
     compiler = os.environ.get("CC", "clang")
     if shutil.which(compiler) is None:
         raise Skip(
@@ -199,66 +290,17 @@ def measure_tinygrad(workload: wl.Workload, inputs: Sequence[Any], warmup: int, 
         )
     if importlib.util.find_spec("tinygrad") is None:
         raise Skip(f'tinygrad is not installed: pip install -e ".[bench]" (tinygrad=={TINYGRAD_VERSION})')
-    import tinygrad
-    from tinygrad import Device, Tensor, TinyJit
-
-    version = getattr(tinygrad, "__version__", None)
-    if version is None:
-        from importlib.metadata import version as dist_version
-
-        version = dist_version("tinygrad")
-    names = [_tinygrad_device(d) for d in range(workload.devices)]
-    placed = [
-        Tensor(np.asarray(data), device=names[workload.buffer_devices[buf]]).realize()
-        for buf, data in zip(workload.inputs, inputs)
-    ]
-    steps, sinks, input_ids = workload.steps, workload.outputs, workload.inputs
-
-    def body(*tensors: Any) -> tuple[Any, ...]:
-        # One realize per item: each xor is its own kernel and each move its own copy,
-        # as in the other peers' jit caches.
-        values = dict(zip(input_ids, tensors))
-        for step in steps:
-            if isinstance(step, wl.Xor):
-                values[step.out] = (values[step.a] ^ values[step.b]).realize()
-            else:
-                values[step.out] = values[step.src].to(names[step.device]).realize()
-        return tuple(values[o] for o in sinks)
-
-    jit = TinyJit(body)
-    devices = [Device[name] for name in names]
-    result: tuple[Any, ...] = ()
-
-    def run() -> None:
-        nonlocal result
-        result = jit(*placed)
-        for device in devices:
-            device.synchronize()
-
-    # TinyJit runs plainly on call 1, captures on call 2 and builds its graphs on call 3.
-    times = _timed(run, max(warmup, 3), runs)
-    runners = describe_runners(jit.jit_cache)
-    outputs = tuple(t.numpy() for t in result)
-    return Measurement(times, outputs, f"tinygrad {version}: {runners}")
+    return TinygradPeer(workload, inputs)
 
 
-MEASURE: dict[str, Callable[[wl.Workload, Sequence[Any], int, int], Measurement]] = {
-    "actorgraph": measure_actorgraph,
-    "tinygrad": measure_tinygrad,
-    "dask": measure_dask,
-    "numpy": measure_numpy,
+OPEN: dict[str, Callable[[AsyncExitStack, wl.Workload, Sequence[Any]], Awaitable[Peer]]] = {
+    "actorgraph": open_actorgraph,
+    "tinygrad": open_tinygrad,
+    "dask": open_dask,
+    "numpy": open_numpy,
 }
-
-
-def _timed(run: Callable[[], None], warmup: int, runs: int) -> tuple[float, ...]:
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return tuple(times)
+# TinyJit runs plainly on call 1, captures on call 2 and builds its graphs on call 3.
+MIN_WARMUP = {"tinygrad": 3}
 
 
 # -- the run --
@@ -295,45 +337,75 @@ def check_outputs(workload: wl.Workload, inputs: Sequence[Any], got: Sequence[An
     return None
 
 
-def run_row(row: Row, peers: Sequence[str], log: Callable[[str], None]) -> dict[str, Any]:
-    inputs = row.workload.host_inputs()
-    scale = 1e6 / len(row.workload.steps) if row.per == "item" else 1e3
+async def run_row(row: Row, peers: Sequence[str], log: Callable[[str], None]) -> dict[str, Any]:
+    """Open every peer on the row's workload, warm each up, then time them in turns."""
+    workload = row.workload
+    inputs = workload.host_inputs()
+    scale = 1e6 / len(workload.steps) if row.per == "item" else 1e3
     result: dict[str, Any] = {
-        "workload": row.workload.name,
-        "items": len(row.workload.steps),
-        "copies": row.workload.copies,
-        "devices": row.workload.devices,
-        "elems": row.workload.elems,
+        "workload": workload.name,
+        "items": len(workload.steps),
+        "copies": workload.copies,
+        "devices": workload.devices,
+        "elems": workload.elems,
         "unit": "us/item" if row.per == "item" else "ms/run",
         "warmup": row.warmup,
         "runs": row.runs,
         "peers": {},
     }
-    for peer in peers:
-        try:
-            m = MEASURE[peer](row.workload, inputs, row.warmup, row.runs)
-        except Skip as skip:
-            log(f"  {peer}: skipped: {skip}")
-            result["peers"][peer] = {"skipped": str(skip)}
-            continue
-        error = check_outputs(row.workload, inputs, m.outputs)
-        entry = {
-            "median_s": m.median,
-            "value": m.median * scale,
-            "times_s": list(m.times),
-            "note": m.note,
-            "correct": error is None,
-        }
-        if error is not None:
-            entry["error"] = error
-        result["peers"][peer] = entry
-        flag = "" if error is None else f"  WRONG: {error}"
-        log(f"  {peer}: {entry['value']:.3f} {result['unit']} ({m.note}){flag}")
-    base = result["peers"].get("actorgraph", {}).get("value")
-    for entry in result["peers"].values():
+    entries: dict[str, dict[str, Any]] = {}
+    async with AsyncExitStack() as stack:
+        opened: dict[str, Peer] = {}
+        for name in peers:
+            try:
+                opened[name] = await OPEN[name](stack, workload, inputs)
+            except Skip as skip:
+                log(f"  {name}: skipped: {skip}")
+                entries[name] = {"skipped": str(skip)}
+        for name, peer in opened.items():
+            for _ in range(max(row.warmup, MIN_WARMUP.get(name, 0))):
+                await peer.run()
+        times: dict[str, list[float]] = {name: [] for name in opened}
+        order = list(opened)
+        for turn in range(row.runs):
+            # Rotate who goes first; each peer runs once untimed to have its data warm
+            # again after the others ran, then once timed.
+            for name in order[turn % len(order):] + order[: turn % len(order)]:
+                peer = opened[name]
+                await peer.run()
+                start = time.perf_counter()
+                await peer.run()
+                times[name].append(time.perf_counter() - start)
+        for name, peer in opened.items():
+            error = check_outputs(workload, inputs, await peer.outputs())
+            median = statistics.median(times[name])
+            entry: dict[str, Any] = {
+                "median_s": median,
+                "value": median * scale,
+                "min_s": min(times[name]),
+                "times_s": times[name],
+                "note": peer.describe(),
+                "correct": error is None,
+            }
+            if error is not None:
+                entry["error"] = error
+            entries[name] = entry
+            flag = "" if error is None else f"  WRONG: {error}"
+            log(f"  {name}: {entry['value']:.3f} {result['unit']} ({entry['note']}){flag}")
+    result["peers"] = {name: entries[name] for name in peers}
+    base = entries.get("actorgraph", {}).get("value")
+    for entry in entries.values():
         if "value" in entry and base:
             entry["actorgraph_ahead"] = entry["value"] / base
     return result
+
+
+async def run_rows(rows: Sequence[Row], peers: Sequence[str]) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        print(f"{row.key}: {row.workload.name}", flush=True)
+        results[row.key] = await run_row(row, peers, lambda line: print(line, flush=True))
+    return results
 
 
 def speedup_row(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
@@ -422,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = [p for p in peers if p not in MEASURE]
+    unknown = [p for p in peers if p not in OPEN]
     if unknown:
         parser.error(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
     rows = rows_for(args.quick, args.runs, args.warmup)
@@ -433,10 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown rows {sorted(missing)}; choose from {', '.join(r.key for r in rows)}")
         rows = [r for r in rows if r.key in wanted]
 
-    results: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        print(f"{row.key}: {row.workload.name}", flush=True)
-        results[row.key] = run_row(row, peers, lambda line: print(line, flush=True))
+    results = trio.run(run_rows, rows, peers)
     if "heavy_1dev" in results and "heavy_2dev" in results:
         results["heavy_speedup"] = speedup_row(results["heavy_1dev"], results["heavy_2dev"])
 
