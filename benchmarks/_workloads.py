@@ -125,16 +125,18 @@ def two_device_copies(
     items: int = 1024, copy_every: int = 8, elems: int = TINY_ELEMS
 ) -> Workload:
     """One xor chain per device, items alternating between them; every `copy_every`-th
-    item moves the other device's latest result over, and the next xor there folds it in."""
+    item moves one device's latest result to the other (the direction alternates), and
+    the next xor there folds it in, so each device in turn waits for the other."""
     build = _Builder(2)
     heads = [build.input(0), build.input(1)]
     keys = [build.input(0), build.input(1)]
     for i in range(items):
-        device = i % 2
         if i % copy_every == copy_every - 1:
+            device = (i // copy_every) % 2
             # The moved value becomes this device's key for its next xor.
             keys[device] = build.move(device, heads[1 - device])
         else:
+            device = i % 2
             heads[device] = build.xor(device, heads[device], keys[device])
     return build.done(f"{items} items, 2 devices, 1 in {copy_every} a copy", elems)
 

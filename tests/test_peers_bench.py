@@ -145,3 +145,8 @@ async def test_actorgraph_build_matches_the_reference() -> None:
         await graph(build.inputs)
         for buf in range(len(workload.buffer_devices)):
             np.testing.assert_array_equal(await rt.copyout(build.buffers[buf]), want[buf])
+
+
+def test_two_device_copies_go_both_ways() -> None:
+    workload = wl.two_device_copies(64)
+    assert {s.device for s in workload.steps if isinstance(s, wl.Move)} == {0, 1}
