@@ -458,9 +458,13 @@ def draw(rows: dict[str, dict[str, Any]], peers: Sequence[str], path: Path) -> s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False)
+    columns = min(3, len(rows))
+    lines = -(-len(rows) // columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(3.6 * columns, 3.4 * lines), squeeze=False)
     colors = dict(zip(PEERS, ("tab:blue", "tab:orange", "tab:green", "tab:gray")))
-    for ax, (key, row) in zip(axes[0], rows.items()):
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
+    for ax, (key, row) in zip(axes.flat, rows.items()):
         shown = [p for p in peers if "value" in row["peers"].get(p, {})]
         values = [row["peers"][p]["value"] for p in shown]
         bars = ax.bar(shown, values, color=[colors.get(p, "tab:purple") for p in shown])
@@ -469,6 +473,9 @@ def draw(rows: dict[str, dict[str, Any]], peers: Sequence[str], path: Path) -> s
             label = f"{bar.get_height():.3g}" + (f"\n{ahead:.2f}x" if peer != "actorgraph" and ahead else "")
             ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom", fontsize=7)
+        if row["unit"] == "us/item":
+            # Per-item overheads span orders of magnitude between peers.
+            ax.set_yscale("log")
         ax.set_title(key, fontsize=9)
         ax.set_ylabel(row["unit"], fontsize=8)
         ax.tick_params(axis="x", labelrotation=45, labelsize=7)
