@@ -72,9 +72,7 @@ class Workload:
 
     def host_inputs(self, seed: int = 0) -> list[np.ndarray[Any, Any]]:
         rng = np.random.default_rng(seed)
-        return [
-            rng.integers(0, 1 << 30, self.elems, dtype=np.int32) for _ in self.inputs
-        ]
+        return [rng.integers(0, 1 << 30, self.elems, dtype=np.int32) for _ in self.inputs]
 
 
 class _Builder:
@@ -107,7 +105,11 @@ class _Builder:
 
     def done(self, name: str, elems: int) -> Workload:
         return Workload(
-            name, self.devices, elems, tuple(self.buffer_devices), tuple(self.inputs),
+            name,
+            self.devices,
+            elems,
+            tuple(self.buffer_devices),
+            tuple(self.inputs),
             tuple(self.steps),
         )
 
@@ -121,9 +123,7 @@ def tiny_chain(items: int = 256, elems: int = TINY_ELEMS) -> Workload:
     return build.done(f"tiny xor x{items}, 1 device", elems)
 
 
-def two_device_copies(
-    items: int = 1024, copy_every: int = 8, elems: int = TINY_ELEMS
-) -> Workload:
+def two_device_copies(items: int = 1024, copy_every: int = 8, elems: int = TINY_ELEMS) -> Workload:
     """One xor chain per device, items alternating between them; every `copy_every`-th
     item moves one device's latest result to the other (the direction alternates), and
     the next xor there folds it in, so each device in turn waits for the other."""

@@ -43,7 +43,7 @@ if __package__ in (None, ""):
     # Run as a script: make the checkout's packages importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _workloads as wl  # noqa: E402
+from benchmarks import _workloads as wl
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEERS = ("actorgraph", "tinygrad", "dask", "numpy")
@@ -112,7 +112,9 @@ class ActorgraphPeer(Peer):
         return tuple([await self.rt.copyout(self.build.buffers[o]) for o in self.workload.outputs])
 
 
-async def open_actorgraph(stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]) -> Peer:
+async def open_actorgraph(
+    stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]
+) -> Peer:
     import actorgraph as ag
 
     rt = await stack.enter_async_context(ag.open_runtime(wl.cpu_devices(workload.devices)))
@@ -140,7 +142,9 @@ class NumpyPeer(Peer):
         for step in workload.steps:
             if isinstance(step, wl.Xor):
                 # out as the third positional argument: cheaper than out= for a ufunc
-                self.calls.append((np.bitwise_xor, (arrays[step.a], arrays[step.b], arrays[step.out])))
+                self.calls.append(
+                    (np.bitwise_xor, (arrays[step.a], arrays[step.b], arrays[step.out]))
+                )
             else:
                 self.calls.append((np.copyto, (arrays[step.out], arrays[step.src])))
 
@@ -175,18 +179,21 @@ class DaskPeer(Peer):
     name = "dask"
 
     def __init__(self, workload: wl.Workload, inputs: Sequence[Any]) -> None:
-        import dask
         import dask.threaded
 
         self.get = dask.threaded.get
-        self.version = dask.__version__
+        self.version = importlib.metadata.version("dask")
         self.workload = workload
         self.arrays = arrays = _numpy_buffers(workload, inputs)
         graph: dict[str, Any] = {f"b{buf}": arrays[buf] for buf in workload.inputs}
         for step in workload.steps:
             out = arrays[step.out]
             if isinstance(step, wl.Xor):
-                graph[f"b{step.out}"] = (functools.partial(_xor_task, out), f"b{step.a}", f"b{step.b}")
+                graph[f"b{step.out}"] = (
+                    functools.partial(_xor_task, out),
+                    f"b{step.a}",
+                    f"b{step.b}",
+                )
             else:
                 graph[f"b{step.out}"] = (functools.partial(_copy_task, out), f"b{step.src}")
         self.graph = graph
@@ -244,10 +251,11 @@ class TinygradPeer(Peer):
     name = "tinygrad"
 
     def __init__(self, workload: wl.Workload, inputs: Sequence[Any]) -> None:
-        import tinygrad
-        from tinygrad import Device, Tensor, TinyJit
+        from tinygrad.device import Device
+        from tinygrad.engine.jit import TinyJit
+        from tinygrad.tensor import Tensor
 
-        self.version = getattr(tinygrad, "__version__", None) or importlib.metadata.version("tinygrad")
+        self.version = importlib.metadata.version("tinygrad")
         self.workload = workload
         names = [_tinygrad_device(d) for d in range(workload.devices)]
         self.placed = [
@@ -266,7 +274,7 @@ class TinygradPeer(Peer):
             return tuple(values[o] for o in sinks)
 
         self.jit = TinyJit(body)
-        self.devices = [Device[name] for name in names]
+        self.devices: list[Any] = [Device[name] for name in names]
         self.result: tuple[Any, ...] = ()
 
     async def run(self) -> None:
@@ -281,7 +289,9 @@ class TinygradPeer(Peer):
         return tuple(t.numpy() for t in self.result)
 
 
-async def open_tinygrad(stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]) -> Peer:
+async def open_tinygrad(
+    stack: AsyncExitStack, workload: wl.Workload, inputs: Sequence[Any]
+) -> Peer:
     compiler = os.environ.get("CC", "clang")
     if shutil.which(compiler) is None:
         raise Skip(
@@ -289,7 +299,9 @@ async def open_tinygrad(stack: AsyncExitStack, workload: wl.Workload, inputs: Se
             f"install it (Debian/Ubuntu: apt-get install clang)"
         )
     if importlib.util.find_spec("tinygrad") is None:
-        raise Skip(f'tinygrad is not installed: pip install -e ".[bench]" (tinygrad=={TINYGRAD_VERSION})')
+        raise Skip(
+            f'tinygrad is not installed: pip install -e ".[bench]" (tinygrad=={TINYGRAD_VERSION})'
+        )
     return TinygradPeer(workload, inputs)
 
 
@@ -312,7 +324,12 @@ def rows_for(quick: bool, runs: int | None, warmup: int | None) -> list[Row]:
         tiny, heavy_elems, n_tiny, n_copies, n_dag, n_heavy = 64, 1 << 12, 16, 32, 40, 4
     else:
         tiny, heavy_elems, n_tiny, n_copies, n_dag, n_heavy = (
-            wl.TINY_ELEMS, wl.HEAVY_ELEMS, 256, 1024, 1000, 16
+            wl.TINY_ELEMS,
+            wl.HEAVY_ELEMS,
+            256,
+            1024,
+            1000,
+            16,
         )
     small_runs = runs or (3 if quick else 30)
     big_runs = runs or (3 if quick else 9)
@@ -370,7 +387,7 @@ async def run_row(row: Row, peers: Sequence[str], log: Callable[[str], None]) ->
         for turn in range(row.runs):
             # Rotate who goes first; each peer runs once untimed to have its data warm
             # again after the others ran, then once timed.
-            for name in order[turn % len(order):] + order[: turn % len(order)]:
+            for name in order[turn % len(order) :] + order[: turn % len(order)]:
                 peer = opened[name]
                 await peer.run()
                 start = time.perf_counter()
@@ -462,7 +479,7 @@ def draw(rows: dict[str, dict[str, Any]], peers: Sequence[str], path: Path) -> s
     lines = -(-len(rows) // columns)
     fig, axes = plt.subplots(lines, columns, figsize=(3.6 * columns, 3.4 * lines), squeeze=False)
     colors = dict(zip(PEERS, ("tab:blue", "tab:orange", "tab:green", "tab:gray")))
-    for ax in axes.flat[len(rows):]:
+    for ax in axes.flat[len(rows) :]:
         ax.set_visible(False)
     for ax, (key, row) in zip(axes.flat, rows.items()):
         shown = [p for p in peers if "value" in row["peers"].get(p, {})]
@@ -470,9 +487,16 @@ def draw(rows: dict[str, dict[str, Any]], peers: Sequence[str], path: Path) -> s
         bars = ax.bar(shown, values, color=[colors.get(p, "tab:purple") for p in shown])
         for bar, peer in zip(bars, shown):
             ahead = row["peers"][peer].get("actorgraph_ahead")
-            label = f"{bar.get_height():.3g}" + (f"\n{ahead:.2f}x" if peer != "actorgraph" and ahead else "")
-            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=7)
+            label = f"{bar.get_height():.3g}" + (
+                f"\n{ahead:.2f}x" if peer != "actorgraph" and ahead else ""
+            )
+            ax.annotate(
+                label,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
         if row["unit"] == "us/item":
             # Per-item overheads span orders of magnitude between peers.
             ax.set_yscale("log")
@@ -480,7 +504,9 @@ def draw(rows: dict[str, dict[str, Any]], peers: Sequence[str], path: Path) -> s
         ax.set_ylabel(row["unit"], fontsize=8)
         ax.tick_params(axis="x", labelrotation=45, labelsize=7)
         ax.margins(y=0.25)
-    fig.suptitle("actorgraph and peers (label: value, and how many times actorgraph is ahead)", fontsize=9)
+    fig.suptitle(
+        "actorgraph and peers (label: value, and how many times actorgraph is ahead)", fontsize=9
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -489,12 +515,20 @@ def draw(rows: dict[str, dict[str, Any]], peers: Sequence[str], path: Path) -> s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated subset of {','.join(PEERS)}")
-    parser.add_argument("--rows", default="", help="comma-separated subset of row names (default: all)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"comma-separated subset of {','.join(PEERS)}"
+    )
+    parser.add_argument(
+        "--rows", default="", help="comma-separated subset of row names (default: all)"
+    )
     parser.add_argument("--runs", type=int, default=None, help="timed runs per peer and row")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement"
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "peers.json")
     parser.add_argument("--png", type=Path, default=RESULTS / "peers.png")
     parser.add_argument("--no-plot", action="store_true")
@@ -509,7 +543,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = {r.strip() for r in args.rows.split(",")}
         missing = wanted - {r.key for r in rows}
         if missing:
-            parser.error(f"unknown rows {sorted(missing)}; choose from {', '.join(r.key for r in rows)}")
+            parser.error(
+                f"unknown rows {sorted(missing)}; choose from {', '.join(r.key for r in rows)}"
+            )
         rows = [r for r in rows if r.key in wanted]
 
     results = trio.run(run_rows, rows, peers)
@@ -537,8 +573,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = draw(results, peers, args.png)
         print(why or f"wrote {args.png}")
     wrong = [
-        f"{key}/{peer}" for key, row in results.items()
-        for peer, entry in row["peers"].items() if entry.get("correct") is False
+        f"{key}/{peer}"
+        for key, row in results.items()
+        for peer, entry in row["peers"].items()
+        if entry.get("correct") is False
     ]
     if wrong:
         print(f"results differ from the numpy reference: {', '.join(wrong)}")
