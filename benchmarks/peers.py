@@ -62,6 +62,7 @@ class Row:
     per: str
     warmup: int
     runs: int
+    group: str = ""
 
 
 # -- peers --
@@ -332,14 +333,14 @@ def rows_for(quick: bool, runs: int | None, warmup: int | None) -> list[Row]:
             16,
         )
     small_runs = runs or (3 if quick else 30)
-    big_runs = runs or (3 if quick else 9)
+    big_runs = runs or (3 if quick else 15)
     small_warm = warmup if warmup is not None else (1 if quick else 5)
     big_warm = warmup if warmup is not None else (1 if quick else 3)
     return [
         Row("tiny_1dev", wl.tiny_chain(n_tiny, tiny), "item", small_warm, small_runs),
         Row("copies_2dev", wl.two_device_copies(n_copies, 8, tiny), "item", small_warm, small_runs),
-        Row("heavy_1dev", wl.heavy(1, n_heavy, heavy_elems), "run", big_warm, big_runs),
-        Row("heavy_2dev", wl.heavy(2, n_heavy, heavy_elems), "run", big_warm, big_runs),
+        Row("heavy_1dev", wl.heavy(1, n_heavy, heavy_elems), "run", big_warm, big_runs, "heavy"),
+        Row("heavy_2dev", wl.heavy(2, n_heavy, heavy_elems), "run", big_warm, big_runs, "heavy"),
         Row("dag_1k", wl.random_dag(n_dag, 2, 8, elems=tiny), "item", small_warm, small_runs),
     ]
 
@@ -354,12 +355,9 @@ def check_outputs(workload: wl.Workload, inputs: Sequence[Any], got: Sequence[An
     return None
 
 
-async def run_row(row: Row, peers: Sequence[str], log: Callable[[str], None]) -> dict[str, Any]:
-    """Open every peer on the row's workload, warm each up, then time them in turns."""
+def _row_header(row: Row) -> dict[str, Any]:
     workload = row.workload
-    inputs = workload.host_inputs()
-    scale = 1e6 / len(workload.steps) if row.per == "item" else 1e3
-    result: dict[str, Any] = {
+    return {
         "workload": workload.name,
         "items": len(workload.steps),
         "copies": workload.copies,
@@ -370,72 +368,101 @@ async def run_row(row: Row, peers: Sequence[str], log: Callable[[str], None]) ->
         "runs": row.runs,
         "peers": {},
     }
-    entries: dict[str, dict[str, Any]] = {}
+
+
+async def run_group(
+    rows: Sequence[Row], peers: Sequence[str], log: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """Open every peer on every row of the group, warm each up, then time them in turns.
+
+    Rows of one group share their turns (heavy on 1 device and on 2), so a ratio between
+    them compares runs made under the same load.
+    """
+    inputs = {row.key: row.workload.host_inputs() for row in rows}
+    entries: dict[tuple[str, str], dict[str, Any]] = {}
     async with AsyncExitStack() as stack:
-        opened: dict[str, Peer] = {}
-        for name in peers:
-            try:
-                opened[name] = await OPEN[name](stack, workload, inputs)
-            except Skip as skip:
-                log(f"  {name}: skipped: {skip}")
-                entries[name] = {"skipped": str(skip)}
-        for name, peer in opened.items():
-            for _ in range(max(row.warmup, MIN_WARMUP.get(name, 0))):
+        opened: dict[tuple[str, str], Peer] = {}
+        for row in rows:
+            for name in peers:
+                try:
+                    opened[row.key, name] = await OPEN[name](stack, row.workload, inputs[row.key])
+                except Skip as skip:
+                    entries[row.key, name] = {"skipped": str(skip)}
+        for (key, name), peer in opened.items():
+            warmup = next(r.warmup for r in rows if r.key == key)
+            for _ in range(max(warmup, MIN_WARMUP.get(name, 0))):
                 await peer.run()
-        times: dict[str, list[float]] = {name: [] for name in opened}
+        times: dict[tuple[str, str], list[float]] = {slot: [] for slot in opened}
         order = list(opened)
-        for turn in range(row.runs):
-            # Rotate who goes first; each peer runs once untimed to have its data warm
-            # again after the others ran, then once timed.
-            for name in order[turn % len(order) :] + order[: turn % len(order)]:
-                peer = opened[name]
+        for turn in range(max(row.runs for row in rows)):
+            # Rotate who goes first; each runs once untimed to have its data warm again
+            # after the others ran, then once timed.
+            shift = turn % len(order)
+            for slot in order[shift:] + order[:shift]:
+                peer = opened[slot]
                 await peer.run()
                 start = time.perf_counter()
                 await peer.run()
-                times[name].append(time.perf_counter() - start)
-        for name, peer in opened.items():
-            error = check_outputs(workload, inputs, await peer.outputs())
-            median = statistics.median(times[name])
+                times[slot].append(time.perf_counter() - start)
+        for (key, name), peer in opened.items():
+            row = next(r for r in rows if r.key == key)
+            error = check_outputs(row.workload, inputs[key], await peer.outputs())
+            median = statistics.median(times[key, name])
+            scale = 1e6 / len(row.workload.steps) if row.per == "item" else 1e3
             entry: dict[str, Any] = {
                 "median_s": median,
                 "value": median * scale,
-                "min_s": min(times[name]),
-                "times_s": times[name],
+                "min_s": min(times[key, name]),
+                "times_s": times[key, name],
                 "note": peer.describe(),
                 "correct": error is None,
             }
             if error is not None:
                 entry["error"] = error
-            entries[name] = entry
-            flag = "" if error is None else f"  WRONG: {error}"
+            entries[key, name] = entry
+    results: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        result = _row_header(row)
+        log(f"{row.key}: {row.workload.name}")
+        for name in peers:
+            entry = entries[row.key, name]
+            result["peers"][name] = entry
+            if "skipped" in entry:
+                log(f"  {name}: skipped: {entry['skipped']}")
+                continue
+            flag = "" if entry["correct"] else f"  WRONG: {entry['error']}"
             log(f"  {name}: {entry['value']:.3f} {result['unit']} ({entry['note']}){flag}")
-    result["peers"] = {name: entries[name] for name in peers}
-    base = entries.get("actorgraph", {}).get("value")
-    for entry in entries.values():
-        if "value" in entry and base:
-            entry["actorgraph_ahead"] = entry["value"] / base
-    return result
+        base = result["peers"].get("actorgraph", {}).get("value")
+        for entry in result["peers"].values():
+            if "value" in entry and base:
+                entry["actorgraph_ahead"] = entry["value"] / base
+        results[row.key] = result
+    return results
 
 
 async def run_rows(rows: Sequence[Row], peers: Sequence[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[Row]] = {}
     for row in rows:
-        print(f"{row.key}: {row.workload.name}", flush=True)
-        results[row.key] = await run_row(row, peers, lambda line: print(line, flush=True))
+        groups.setdefault(row.group or row.key, []).append(row)
+    for group in groups.values():
+        results.update(await run_group(group, peers, lambda line: print(line, flush=True)))
     return results
 
 
 def speedup_row(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
     """Heavy kernels, 2 devices vs 1: the speedup each peer gets from the second device."""
     result: dict[str, Any] = {
-        "workload": "heavy, 2 devices vs 1 (speedup)",
+        "workload": "heavy, 2 devices vs 1 (speedup: median of paired runs)",
         "unit": "x (higher is better)",
         "peers": {},
     }
     for peer, entry in one["peers"].items():
         other = two["peers"].get(peer, {})
-        if "median_s" in entry and "median_s" in other:
-            result["peers"][peer] = {"value": entry["median_s"] / other["median_s"]}
+        if "times_s" in entry and "times_s" in other:
+            # Runs of the two rows alternate, so pair them up: each pair saw the same load.
+            ratios = [a / b for a, b in zip(entry["times_s"], other["times_s"])]
+            result["peers"][peer] = {"value": statistics.median(ratios)}
         else:
             result["peers"][peer] = {"skipped": entry.get("skipped") or other.get("skipped", "")}
     base = result["peers"].get("actorgraph", {}).get("value")
