@@ -575,6 +575,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         rows = [r for r in rows if r.key in wanted]
 
+    load_before = os.getloadavg()
+    if load_before[0] > 0.5 * (os.cpu_count() or 1):
+        print(
+            f"note: load average {load_before[0]:.2f} on {os.cpu_count()} CPUs: other work is "
+            f"running, so the heavy rows (which need a free core per device) will read low"
+        )
     results = trio.run(run_rows, rows, peers)
     if "heavy_1dev" in results and "heavy_2dev" in results:
         results["heavy_speedup"] = speedup_row(results["heavy_1dev"], results["heavy_2dev"])
@@ -589,6 +595,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
         },
         "peers": peers,
         "rows": results,
