@@ -17,39 +17,14 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import trio
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import actorgraph as ag
 from actorgraph._program import plan_item
+from benchmarks import _workloads as wl
 from scheduler import build_plan
-
-
-def _xor(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    np.bitwise_xor(a, b, out=out)
-
-
-XOR = ag.Kernel("xor", cpu=_xor, outs=(0,), ins=(1, 2))
-
-
-def tiny_chain(rt: ag.Runtime, devices: list[str], n_items: int, size: int, copy_every: int):
-    """n_items over `devices`, round-robin in blocks; every `copy_every`-th item is a copy
-    to the next device. Returns (items, inputs)."""
-    bufs = {d: [rt.alloc(d, size, np.int32) for _ in range(4)] for d in devices}
-    items: list[ag.Launch | ag.Copy] = []
-    block = max(1, n_items // (len(devices) * 4))
-    for i in range(n_items):
-        dev = devices[(i // block) % len(devices)]
-        b = bufs[dev]
-        if copy_every and i % copy_every == copy_every - 1 and len(devices) > 1:
-            nxt = devices[((i // block) + 1) % len(devices)]
-            items.append(ag.Copy(dst=bufs[nxt][i % 2], src=b[2]))
-        else:
-            k = i % 3
-            items.append(ag.Launch(XOR, [b[2 + (k == 2)], b[k % 2], b[1 - k % 2]]))
-    return items, [bufs[devices[0]][0]]
 
 
 async def time_replays(graph: ag.Graph, inputs, replays: int, rounds: int) -> float:
@@ -65,9 +40,14 @@ async def time_replays(graph: ag.Graph, inputs, replays: int, rounds: int) -> fl
 
 
 async def bench_tiny(devices: list[str], copy_every: int, n_items: int = 256) -> dict[str, float]:
+    if len(devices) == 1:
+        workload = wl.tiny_chain(n_items)
+    else:
+        workload = wl.two_device_copies(n_items, copy_every)
     async with ag.open_runtime(devices) as rt:
-        items, inputs = tiny_chain(rt, devices, n_items, 1024, copy_every)
-        graph = await rt.compile(items, inputs=inputs)
+        build = wl.build_actorgraph(rt, workload, devices)
+        inputs = list(build.inputs)
+        graph = await rt.compile(build.items, inputs=inputs)
         per_replay = await time_replays(graph, inputs, replays=50, rounds=7)
         waits = graph.plan.wait_count
     return {"us_per_item": per_replay / n_items * 1e6, "us_per_replay": per_replay * 1e6,
@@ -75,27 +55,23 @@ async def bench_tiny(devices: list[str], copy_every: int, n_items: int = 256) ->
 
 
 async def bench_heavy(ndev: int, total: int = 8, size: int = 4 << 20) -> float:
-    """The same `total` heavy xor kernels, spread over `ndev` devices."""
-    devices = [f"CPU:{i}" for i in range(ndev)]
-    rng = np.random.default_rng(0)
-    async with ag.open_runtime(devices) as rt:
-        items = []
-        for i in range(total):
-            dev = devices[i % ndev]
-            a, b, c = (rt.alloc(dev, size, np.int32) for _ in range(3))
-            # Real data: untouched buffers read the kernel's shared zero page, not memory.
-            await rt.copyin(a, rng.integers(0, 1 << 30, size, dtype=np.int32))
-            await rt.copyin(b, rng.integers(0, 1 << 30, size, dtype=np.int32))
-            items.append(ag.Launch(XOR, [c, a, b]))
-        graph = await rt.compile(items)
+    """The same `total` heavy xor kernels (two chains), spread over `ndev` devices."""
+    workload = wl.heavy(ndev, kernels=total, elems=size)
+    async with ag.open_runtime(wl.cpu_devices(ndev)) as rt:
+        build = wl.build_actorgraph(rt, workload)
+        # Real data: untouched buffers read the kernel's shared zero page, not memory.
+        for buf, data in zip(build.inputs, workload.host_inputs(), strict=True):
+            await rt.copyin(buf, data)
+        graph = await rt.compile(build.items)
         return await time_replays(graph, [], replays=2, rounds=5)
 
 
 def bench_planning(n_items: int = 10_000) -> dict[str, float]:
     async def build() -> tuple[list, dict]:
-        async with ag.open_runtime(["CPU:0", "CPU:1", "CPU:2", "CPU:3"]) as rt:
-            items, _ = tiny_chain(rt, list(rt.devices), n_items, 16, 8)
-            return [plan_item(i) for i in items], dict(rt.caps)
+        workload = wl.random_dag(n_items, devices=4, copy_every=8, elems=16)
+        async with ag.open_runtime(wl.cpu_devices(4)) as rt:
+            build = wl.build_actorgraph(rt, workload)
+            return [plan_item(i) for i in build.items], dict(rt.caps)
 
     plan_items, caps = trio.run(build)
     samples = []
