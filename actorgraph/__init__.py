@@ -1,5 +1,9 @@
 """actorgraph: replay captured device work across many devices with trio actors."""
 
+from ._background import BackgroundGraph as BackgroundGraph
+from ._background import BackgroundRuntime as BackgroundRuntime
+from ._background import Call as Call
+from ._background import start_runtime as start_runtime
 from ._buffer import Buffer as Buffer
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
@@ -13,6 +17,10 @@ from ._errors import PlanRaceError as PlanRaceError
 from ._errors import UsageError as UsageError
 from ._errors import VarError as VarError
 from ._graph import Graph as Graph
+from ._jit import JitFunction as JitFunction
+from ._jit import JitTraceError as JitTraceError
+from ._jit import JitWarning as JitWarning
+from ._jit import jit as jit
 from ._kernel import Copy as Copy
 from ._kernel import Kernel as Kernel
 from ._kernel import Launch as Launch
@@ -25,8 +33,8 @@ from ._vars import cdiv as cdiv
 __version__ = "0.1.0"
 
 __all__ = [
-    "ActorGraphError", "Buffer", "BufferFreedError", "ClosedError", "Copy", "DeviceError",
-    "Expr", "Graph", "InputError", "ItemError", "Kernel", "Launch", "PlanDeadlockError",
+    "ActorGraphError", "BackgroundGraph", "BackgroundRuntime", "Buffer", "Call", "BufferFreedError", "ClosedError", "Copy", "DeviceError",
+    "Expr", "Graph", "InputError", "ItemError", "JitFunction", "JitTraceError", "JitWarning", "Kernel", "Launch", "PlanDeadlockError",
     "PlanError", "PlanRaceError", "Runtime", "UsageError", "Var", "VarError", "cdiv",
-    "open_runtime",
+    "jit", "open_runtime", "start_runtime",
 ]

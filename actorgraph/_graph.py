@@ -9,6 +9,7 @@ import attrs
 
 from scheduler import Plan
 
+from . import _jit
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, VarError
 from ._vars import Var
@@ -87,6 +88,7 @@ class Graph:
     async def __call__(
         self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
     ) -> None:
+        _jit.check_graph_call()
         program = self._program
         ops = self._bind(inputs, var_vals)
         sub = program.submit(ops)

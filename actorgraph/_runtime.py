@@ -17,7 +17,8 @@ from scheduler import Access, ItemKind, Plan, PlanItem, QueueKind, build_plan
 from ._buffer import Allocation, Buffer, _shape_of
 from ._errors import ClosedError, ItemError, UsageError
 from ._graph import Graph, check_var_vals
-from ._kernel import Item
+from . import _jit
+from ._kernel import Copy, Item, Kernel, Launch
 from ._program import Program, check_item, plan_item
 
 
@@ -162,6 +163,7 @@ class Runtime:
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer` (after all earlier work on its device)."""
         self.check_open()
+        _jit.check_host_transfer("copyin")
         data = self._host_array(buffer, array)
         program = self._host_program(buffer, write=True)
         queue = program.plan.queues[0]
@@ -171,6 +173,7 @@ class Runtime:
     async def copyout(self, buffer: Buffer) -> np.ndarray[Any, Any]:
         """A host copy of `buffer`'s contents (after all earlier work on its device)."""
         self.check_open()
+        _jit.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
             raise UsageError(f"copyout takes a Buffer, got {buffer!r}")
         buffer.check_live("copyout: ")
@@ -207,11 +210,45 @@ class Runtime:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
         checked = [check_item(item, i) for i, item in enumerate(items)]
+        scope = _jit.current_scope()
+        if scope is not None:
+            # Inside an @ag.jit function: the scope records the items (and supplies the
+            # call's var values); it may skip running them when it only traces.
+            if not scope.issue(self, checked, var_vals):
+                return
+            var_vals = None
         for index, item in enumerate(checked):
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
-            values = check_var_vals(program.free_vars, var_vals, f"run(): item {index} ({item.label})")
+            if scope is not None:
+                values = scope.values_for(program.free_vars, item, index)
+            else:
+                values = check_var_vals(
+                    program.free_vars, var_vals, f"run(): item {index} ({item.label})"
+                )
             await self._await(program, program.submit(program.bind((), values)))
+
+    async def launch(
+        self,
+        kernel: Kernel,
+        bufs: Sequence[Buffer],
+        *,
+        vars: Sequence[Any] = (),
+        fixedvars: Mapping[Any, int] | None = None,
+        global_size: Any = None,
+        local_size: Any = None,
+        var_vals: Mapping[Any, int] | None = None,
+    ) -> None:
+        """Launch one kernel now: `rt.run([Launch(...)])`; recorded inside an @ag.jit function."""
+        item = Launch(
+            kernel, bufs, vars=vars, fixedvars=fixedvars or {},
+            global_size=global_size, local_size=local_size,
+        )
+        await self.run([item], var_vals)
+
+    async def copy(self, dst: Buffer, src: Buffer) -> None:
+        """Copy `src` into `dst` now: `rt.run([Copy(dst, src)])`; recorded inside @ag.jit."""
+        await self.run([Copy(dst=dst, src=src)])
 
     async def compile(
         self,
