@@ -8,6 +8,7 @@ from ._buffer import Buffer as Buffer
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
 from ._errors import ClosedError as ClosedError
+from ._errors import DeadlockError as DeadlockError
 from ._errors import DeviceError as DeviceError
 from ._errors import InputError as InputError
 from ._errors import ItemError as ItemError
@@ -17,6 +18,7 @@ from ._errors import PlanRaceError as PlanRaceError
 from ._errors import UsageError as UsageError
 from ._errors import VarError as VarError
 from ._graph import Graph as Graph
+from ._graph import Replay as Replay
 from ._jit import JitFunction as JitFunction
 from ._jit import JitTraceError as JitTraceError
 from ._jit import JitWarning as JitWarning
@@ -33,8 +35,9 @@ from ._vars import cdiv as cdiv
 __version__ = "0.1.0"
 
 __all__ = [
-    "ActorGraphError", "BackgroundGraph", "BackgroundRuntime", "Buffer", "Call", "BufferFreedError", "ClosedError", "Copy", "DeviceError",
-    "Expr", "Graph", "InputError", "ItemError", "JitFunction", "JitTraceError", "JitWarning", "Kernel", "Launch", "PlanDeadlockError",
-    "PlanError", "PlanRaceError", "Runtime", "UsageError", "Var", "VarError", "cdiv",
-    "jit", "open_runtime", "start_runtime",
+    "ActorGraphError", "BackgroundGraph", "BackgroundRuntime", "Buffer", "BufferFreedError",
+    "Call", "ClosedError", "Copy", "DeadlockError", "DeviceError", "Expr", "Graph",
+    "InputError", "ItemError", "JitFunction", "JitTraceError", "JitWarning", "Kernel",
+    "Launch", "PlanDeadlockError", "PlanError", "PlanRaceError", "Replay", "Runtime",
+    "UsageError", "Var", "VarError", "cdiv", "jit", "open_runtime", "start_runtime",
 ]

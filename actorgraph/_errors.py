@@ -40,3 +40,14 @@ class ItemError(ActorGraphError):
         self.index = index
         self.label = label
         self.device = device
+
+
+class DeadlockError(ActorGraphError, RuntimeError):
+    """Every actor with work waits on a signal that no pending work can set.
+
+    `blocked` lists the waits (actor, signal, value wanted, value now).
+    """
+
+    def __init__(self, message: str, *, blocked: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.blocked = blocked

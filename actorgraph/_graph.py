@@ -36,6 +36,33 @@ def check_var_vals(
     return values
 
 
+class Replay:
+    """A submitted replay. `await replay.wait()` returns when it is complete (or raises
+    its failure)."""
+
+    __slots__ = ("graph", "_program", "_sub", "number")
+
+    def __init__(self, graph: Graph, program: Program, sub: Any, number: int) -> None:
+        self.graph = graph
+        self._program = program
+        self._sub = sub
+        self.number = number
+        sub.graph = graph
+
+    def __repr__(self) -> str:
+        return f"<Replay {self.number} {'done' if self.done else 'in flight'}>"
+
+    @property
+    def done(self) -> bool:
+        return bool(self._sub.done.is_set())
+
+    async def wait(self) -> None:
+        await self._sub.done.wait()
+        from ._runtime import raise_failure
+
+        raise_failure(self._program, self._sub)
+
+
 @attrs.frozen
 class GraphStatistics:
     items: int
@@ -47,7 +74,11 @@ class GraphStatistics:
 class Graph:
     """A jit cache planned once. Replays are ordered with all other work on its devices."""
 
-    def __init__(self, runtime: Runtime, program: Program) -> None:
+    def __init__(self, runtime: Runtime, program: Program, *, aliasing: str = "refuse") -> None:
+        if aliasing not in ("refuse", "replan"):
+            raise InputError(f"aliasing must be 'refuse' or 'replan', got {aliasing!r}")
+        self._aliasing = aliasing
+        self._aliased: dict[tuple[int, ...], tuple[tuple[Buffer, ...], Program]] = {}
         self._runtime = runtime
         self._program = program
         self._inputs = program.inputs
@@ -64,7 +95,6 @@ class Graph:
                     self._internal.setdefault(buf.alloc_id, []).append(buf)
         del input_allocs
         self.replays = 0
-        self.in_flight = 0
 
     @property
     def plan(self) -> Plan:
@@ -82,28 +112,44 @@ class Graph:
             items=len(self._program.items),
             queues=len(self.plan.queues),
             replays=self.replays,
-            in_flight=self.in_flight,
+            in_flight=sum(1 for r in self._runtime._pending if r.graph is self),
         )
 
     async def __call__(
         self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
     ) -> None:
+        """Replay with these inputs and var values; return when the replay is complete.
+
+        Cancelling the call before the replay is submitted submits nothing; cancelling it
+        after abandons only the waiting: the replay completes in order on the devices.
+        """
+        replay = await self.submit(inputs, var_vals)
+        await replay.wait()
+
+    async def submit(
+        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
+    ) -> Replay:
+        """Submit a replay without waiting for it; blocks only while the runtime's
+        in-flight window (`max_in_flight`) is full. Replays complete in submission order."""
         _jit.check_graph_call()
-        program = self._program
-        ops = self._bind(inputs, var_vals)
+        program, ops = self._bind(inputs, var_vals)
+        await self._runtime._admit()
+        if self._closed:
+            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
         sub = program.submit(ops)
         self.replays += 1
-        self.in_flight += 1
-        try:
-            await self._runtime._await(program, sub)
-        finally:
-            self.in_flight -= 1
+        return Replay(self, program, sub, self.replays)
 
     def _bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Any:
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
         self._runtime.check_open()
         inputs = tuple(inputs)
+        aliased = self._aliased.get(tuple(map(id, inputs)))
+        if aliased is not None and all(a is b for a, b in zip(aliased[0], inputs)):
+            program = aliased[1]
+            checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
+            return program, program.bind(inputs, checked)
         last = self._last_inputs
         same_inputs = (
             last is not None
@@ -112,16 +158,48 @@ class Graph:
             and not any(b.freed for b in inputs)
         )
         if not same_inputs:
-            self._check_inputs(inputs)
+            overlap = self._check_inputs(inputs)
+            if overlap is not None:
+                return self._replan(inputs, overlap, var_vals)
         values = var_vals if var_vals is not None else {}
         if same_inputs and values == self._last_vars:
-            return self._last_ops
+            return self._program, self._last_ops
         checked = check_var_vals(self._program.free_vars, values, "this graph")
         ops = self._program.bind(inputs, checked)
         self._last_inputs, self._last_vars, self._last_ops = inputs, dict(values), ops
-        return ops
+        return self._program, ops
 
-    def _check_inputs(self, inputs: tuple[Buffer, ...]) -> None:
+    def _replan(
+        self, inputs: tuple[Buffer, ...], overlap: str, var_vals: Mapping[Var, int] | None
+    ) -> Any:
+        """Inputs alias each other or the graph's own buffers: the captured plan's
+        dependencies would be wrong for them. Refuse, or plan again for this aliasing."""
+        if self._aliasing != "replan":
+            raise InputError(
+                f"{overlap}; the plan assumes distinct memory: pass separate buffers, or "
+                f"compile with aliasing='replan' to plan again for aliased inputs"
+            )
+        from ._program import Program, plan_item
+        from scheduler import build_plan
+
+        program = self._program
+        items = []
+        for j, item in enumerate(program.items):
+            bufs = list(item.bufs)
+            for slot, source in program.item_inputs[j]:
+                bufs[slot] = bufs[slot].rebased(program.inputs[source], inputs[source])
+            items.append(item.with_buffers(bufs))
+        plan = build_plan([plan_item(item) for item in items], self._runtime.caps)
+        replanned = Program(self._runtime, items, inputs, plan)
+        if len(self._aliased) >= 8:
+            self._aliased.pop(next(iter(self._aliased)))
+        self._aliased[tuple(map(id, inputs))] = (inputs, replanned)
+        checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
+        return replanned, replanned.bind(inputs, checked)
+
+    def _check_inputs(self, inputs: tuple[Buffer, ...]) -> str | None:
+        """Check count, type, device, dtype, shape, liveness; return a description of
+        the first aliasing found (inputs sharing memory), or None."""
         expected = self._inputs
         if len(inputs) != len(expected):
             raise InputError(
@@ -129,6 +207,7 @@ class Graph:
                 f"{len(inputs)}; pass one buffer per input, in compile() order"
             )
         by_alloc: dict[int, list[tuple[int, Buffer]]] = {}
+        overlap: str | None = None
         for i, (new, old) in enumerate(zip(inputs, expected)):
             if not isinstance(new, Buffer):
                 raise InputError(f"input {i} must be a Buffer, got {new!r}")
@@ -149,24 +228,24 @@ class Graph:
                     f"{old.shape}"
                 )
             for j, other in by_alloc.get(new.alloc_id, ()):
-                if new.overlaps(other):
-                    raise InputError(
-                        f"inputs {j} and {i} share memory ({other!r} and {new!r}); the plan "
-                        f"assumes distinct inputs: pass separate buffers"
-                    )
+                if new.overlaps(other) and overlap is None:
+                    overlap = f"inputs {j} and {i} share memory ({other!r} and {new!r})"
             by_alloc.setdefault(new.alloc_id, []).append((i, new))
             for internal in self._internal.get(new.alloc_id, ()):
-                if new.overlaps(internal):
-                    raise InputError(
+                if new.overlaps(internal) and overlap is None:
+                    overlap = (
                         f"input {i} {new!r} shares memory with {internal!r}, which the graph "
-                        f"uses internally; pass a buffer the graph does not touch"
+                        f"uses internally"
                     )
         for buf in (b for bufs in self._internal.values() for b in bufs):
             buf.check_live("this graph uses ")
+        return overlap
 
     async def aclose(self) -> None:
-        """Refuse further calls. Replays already submitted still complete."""
+        """Refuse further calls, then wait for the replays already submitted."""
         self._closed = True
+        for sub in [s for s in self._runtime._pending if s.graph is self]:
+            await sub.done.wait()
 
     async def __aenter__(self) -> Graph:
         return self

@@ -145,6 +145,9 @@ class Launch:
                 used |= variables_of(d)
         return used - {var for var, _ in self.fixedvars}
 
+    def with_buffers(self, bufs: Sequence[Buffer]) -> Launch:
+        return attrs.evolve(self, bufs=tuple(bufs))
+
     def reads_writes(self) -> list[tuple[Buffer, bool]]:
         outs = set(self.kernel.outs)
         return [(buf, slot in outs) for slot, buf in enumerate(self.bufs)]
@@ -183,6 +186,9 @@ class Copy:
 
     def free_vars(self) -> frozenset[Var]:
         return frozenset()
+
+    def with_buffers(self, bufs: Sequence[Buffer]) -> Copy:
+        return Copy(dst=bufs[0], src=bufs[1])
 
     def reads_writes(self) -> list[tuple[Buffer, bool]]:
         return [(self.dst, True), (self.src, False)]

@@ -189,6 +189,7 @@ class Program:
         kick = runtime.kick.value + 1
         bases[self.kick_slot] = kick
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
+        runtime._track(sub)
         for qi in range(nqueues):
             actors[qi].post(Job(ops[qi], bases, sub, qi))
         runtime.kick.set(kick)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -11,15 +12,28 @@ import numpy as np
 import trio
 
 import devices as _devices
-from devices import Device, Job, QueueActor, Signal, Submission
-from scheduler import Access, ItemKind, Plan, PlanItem, QueueKind, build_plan
+from devices import Device, Signal, Submission
+from devices._monitor import find_deadlock
+from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
 
-from ._buffer import Allocation, Buffer, _shape_of
-from ._errors import ClosedError, ItemError, UsageError
-from ._graph import Graph, check_var_vals
 from . import _jit
+from ._buffer import Allocation, Buffer, _shape_of
+from ._errors import ActorGraphError, ClosedError, DeadlockError, ItemError, UsageError
+from ._graph import Graph, check_var_vals
 from ._kernel import Copy, Item, Kernel, Launch
 from ._program import Program, check_item, plan_item
+
+_log = logging.getLogger("actorgraph")
+
+
+@attrs.frozen
+class StallReport:
+    """The watchdog saw no progress for `stalled_for` seconds (trio clock) at time `at`."""
+
+    at: float
+    stalled_for: float
+    in_flight: int
+    actors: tuple[str, ...]
 
 
 @attrs.frozen
@@ -46,6 +60,20 @@ class Runtime:
             seen.add(name)
         timeline_start = int(options.pop("timeline_start", 0))
         self.verify_plans = bool(options.pop("verify_plans", False))
+        self.max_in_flight = int(options.pop("max_in_flight", 256))
+        if self.max_in_flight < 1:
+            raise UsageError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        self.deadlock_check = float(options.pop("deadlock_check", 0.25))
+        watchdog = options.pop("watchdog", None)
+        self.watchdog: float | None = None if watchdog is None else float(watchdog)
+        self.stalls: list[StallReport] = []
+        self._open = False
+        self._closed = False
+        self._broken: BaseException | None = None
+        self.submissions = 0
+        self._pending: set[Submission] = set()
+        self._space = trio.lowlevel.ParkingLot()
+        self._activity = trio.Event()
         self._devices: dict[str, Device] = {
             name: _devices.open_device(name, timeline_start=timeline_start, **options)
             for name in device_names
@@ -53,17 +81,13 @@ class Runtime:
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
-        self._open = False
-        self._closed = False
-        self.submissions = 0
-        self.in_flight = 0
-        self._eager_cache: dict[tuple[Any, ...], Plan] = {}
 
     # -- lifecycle --
 
     async def _start(self, nursery: trio.Nursery) -> None:
         for device in self._devices.values():
             await device.start(nursery)
+        nursery.start_soon(self._monitor)
         self._open = True
 
     def _close(self) -> None:
@@ -73,6 +97,8 @@ class Runtime:
             device.close()
 
     def check_open(self) -> None:
+        if self._broken is not None:
+            raise ClosedError(f"this runtime is broken by an earlier fault: {self._broken}") from self._broken
         if not self._open:
             if self._closed:
                 raise ClosedError(
@@ -132,21 +158,98 @@ class Runtime:
 
     # -- submitting work --
 
-    async def _await(self, program: Program, sub: Submission) -> None:
+    # -- in-flight submissions: back-pressure, completion, deadlock watch --
+
+    async def _admit(self) -> None:
+        """Wait for room in the in-flight window (submissions posted, not yet complete)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.check_open()
+        while len(self._pending) >= self.max_in_flight:
+            await self._space.park()
+            self.check_open()
+
+    def _track(self, sub: Submission) -> None:
         self.submissions += 1
-        self.in_flight += 1
-        try:
-            await sub.done.wait()
-        finally:
-            if sub.done.is_set():
-                self.in_flight -= 1
-            else:
-                # Cancelled: the work goes on in the actors; count it when it ends.
-                sub.on_done = lambda _: self._finished()
+        if sub.done.is_set():
+            return  # nothing to run (an empty plan)
+        self._pending.add(sub)
+        sub.on_done = self._untrack
+        if not self._activity.is_set():
+            self._activity.set()
+
+    def _untrack(self, sub: Submission) -> None:
+        self._pending.discard(sub)
+        if self._space:
+            self._space.unpark()
+
+    async def _await(self, program: Program, sub: Submission) -> None:
+        await sub.done.wait()
         raise_failure(program, sub)
 
-    def _finished(self) -> None:
-        self.in_flight -= 1
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def _break(self, error: BaseException) -> None:
+        """A sticky fault: fail everything in flight and every later call with `error`."""
+        if self._broken is None:
+            self._broken = error
+            _log.error("runtime broken: %s", error)
+        for sub in list(self._pending):
+            sub.fail(-1, "", error)
+            sub.done.set()
+            self._untrack(sub)
+        self._space.unpark_all()
+
+    def _fingerprint(self) -> tuple[int, ...]:
+        out: list[int] = []
+        for device in self._devices.values():
+            out.append(device.timeline.value)
+            for actor in device.queues.values():
+                out += (actor.jobs_done, actor.signal.value, actor.parks)
+        return tuple(out)
+
+    async def _monitor(self) -> None:
+        """Watch in-flight work: diagnose deadlocks, report replays that stop progressing."""
+        actors = [a for d in self._devices.values() for a in d.queues.values()]
+        last: tuple[int, ...] | None = None
+        still_since = 0.0
+        reported = False
+        while True:
+            if not self._pending:
+                self._activity = trio.Event()
+                await self._activity.wait()
+                last = None
+            await trio.sleep(self.deadlock_check)
+            if not self._pending:
+                continue
+            now = trio.current_time()
+            fingerprint = self._fingerprint()
+            if fingerprint != last:
+                last, still_since, reported = fingerprint, now, False
+                continue
+            blocked = find_deadlock(actors)
+            if blocked:
+                cycle = "; ".join(
+                    f"{b.actor} waits for {b.signal} >= {b.value} (now {b.current})" for b in blocked
+                )
+                self._break(DeadlockError(
+                    f"deadlock: every actor with work waits on a signal no pending work can "
+                    f"set: {cycle}. The runtime cannot continue; open a new one",
+                    blocked=tuple(blocked),
+                ))
+                continue
+            if self.watchdog is not None and not reported and now - still_since >= self.watchdog:
+                reported = True
+                stall = StallReport(
+                    at=now, stalled_for=now - still_since, in_flight=len(self._pending),
+                    actors=tuple(a.name for a in actors if a.busy),
+                )
+                self.stalls.append(stall)
+                _log.warning(
+                    "no progress for %.3f s with %d submissions in flight (busy: %s)",
+                    stall.stalled_for, stall.in_flight, ", ".join(stall.actors),
+                )
 
     def _host_program(self, buffer: Buffer, write: bool) -> Program:
         dev = self.device(buffer.device)
@@ -187,6 +290,7 @@ class Runtime:
     async def _run_host(self, program: Program, op: Any) -> None:
         # The host op fills the one Run placeholder of a single-item host program.
         ops = [tuple(op if o is None else o for o in template) for template in program.templates]
+        await self._admit()
         await self._await(program, program.submit(ops))
 
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
@@ -226,7 +330,9 @@ class Runtime:
                 values = check_var_vals(
                     program.free_vars, var_vals, f"run(): item {index} ({item.label})"
                 )
-            await self._await(program, program.submit(program.bind((), values)))
+            ops = program.bind((), values)
+            await self._admit()
+            await self._await(program, program.submit(ops))
 
     async def launch(
         self,
@@ -256,6 +362,7 @@ class Runtime:
         inputs: Sequence[Buffer] = (),
         *,
         verify: bool | None = None,
+        aliasing: str = "refuse",
     ) -> Graph:
         """Plan `items` once; the Graph replays them with new inputs and var values."""
         self.check_open()
@@ -270,7 +377,7 @@ class Runtime:
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
-        return Graph(self, Program(self, checked, inputs, plan))
+        return Graph(self, Program(self, checked, inputs, plan), aliasing=aliasing)
 
 
 def raise_failure(program: Program, sub: Submission) -> None:
@@ -278,6 +385,8 @@ def raise_failure(program: Program, sub: Submission) -> None:
     if error is None:
         return
     if sub.failed_item < 0:
+        if isinstance(error, ActorGraphError):
+            raise error
         raise ClosedError(str(error)) from error
     index = sub.failed_item - program.index_offset
     item = program.items[index] if 0 <= index < len(program.items) else None
@@ -295,9 +404,12 @@ def raise_failure(program: Program, sub: Submission) -> None:
 async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[Runtime]:
     """Open devices and run their queue actors for the duration of the block.
 
-    Options: timeline_start (int, initial device/queue timeline value),
+    Options: timeline_start (int, initial device/queue timeline value, < 2**64),
     cpu_thread_bytes (kernels touching at least this many bytes run on the device's
-    worker thread), verify_plans (check every compiled plan for deadlocks and races).
+    worker thread), verify_plans (check every compiled plan for deadlocks and races),
+    max_in_flight (submissions posted but not complete before submit blocks; 256),
+    deadlock_check (seconds between checks of in-flight work; 0.25),
+    watchdog (seconds without progress before a stall is logged and recorded; off).
     """
     runtime = Runtime(devices, **options)
     async with trio.open_nursery() as nursery:

@@ -28,6 +28,8 @@ import trio
 
 from ._signal import Signal
 
+_VALUE_MAX = (1 << 64) - 1
+
 WAIT = 0
 SIGNAL = 1
 EXEC = 2
@@ -51,7 +53,7 @@ class Submission:
 
     __slots__ = (
         "remaining", "device_left", "timelines", "tickets", "queue_devices", "error",
-        "failed_item", "failed_actor", "done", "on_done",
+        "failed_item", "failed_actor", "done", "on_done", "graph",
     )
 
     def __init__(
@@ -72,6 +74,7 @@ class Submission:
         self.failed_actor = ""
         self.done = trio.Event()
         self.on_done: Callable[[Submission], None] | None = None
+        self.graph: object = None  # the Graph a replay belongs to (for statistics)
         if njobs == 0:
             self.done.set()
 
@@ -170,6 +173,10 @@ class QueueActor:
         self._token: trio.lowlevel.TrioToken | None = None
         self._closed = False
         self._current: Job | None = None
+        # Where the actor is parked on a signal: (signal, target, op index of the WAIT).
+        # Set only on the slow path; the deadlock monitor reads it.
+        self.parked_on: tuple[Signal, int, int] | None = None
+        self.parks = 0
         self.jobs_done = 0
         self.items_run = 0
 
@@ -181,6 +188,11 @@ class QueueActor:
     def reserve(self, count: int) -> int:
         """Take `count` timeline values for a job; return the base they are relative to."""
         base = self.next_value
+        if base + count > _VALUE_MAX:
+            raise OverflowError(
+                f"{self.name}: timeline would pass 2**64-1; start the runtime with a lower "
+                f"timeline_start"
+            )
         self.next_value = base + count
         return base
 
@@ -189,6 +201,22 @@ class QueueActor:
         if self._parked:
             self._parked = False
             trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
+
+    def pending(self) -> list[tuple[Job, int]]:
+        """The work this actor has not finished: (job, first op index not yet done).
+
+        Exact only while the actor is parked on a signal (or idle): the monitor uses it then.
+        """
+        out: list[tuple[Job, int]] = []
+        if self._current is not None:
+            start = self.parked_on[2] if self.parked_on is not None else 0
+            out.append((self._current, start))
+        out.extend((job, 0) for job in self._inbox)
+        return out
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None or bool(self._inbox)
 
     def statistics(self) -> ActorStatistics:
         return ActorStatistics(
@@ -273,7 +301,12 @@ class QueueActor:
                 signal = op[1]
                 target = bases[op[2]] + op[3]
                 if signal.value < target:
-                    await signal.wait_value(target)
+                    self.parked_on = (signal, target, i - 1)
+                    self.parks += 1
+                    try:
+                        await signal.wait_value(target)
+                    finally:
+                        self.parked_on = None
             elif code == SIGNAL:
                 op[1].set(bases[op[2]] + op[3])
             elif code == EXEC_THREAD:

@@ -62,46 +62,57 @@ def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Pla
         counts[qi] += 1
 
     tracker = RangeTracker()
-    known: list[_Clock] = [{} for _ in queues]
+    # known[q]: what queue q knows of *other* queues (and device syncs) so far; its own
+    # progress is implied by position. Snapshots share the dict until it next changes
+    # (copy on write), so runs of items without new waits cost no copies.
+    known: list[_Clock] = [{("sync", q.device): 1} for q in queues]
+    shared = [False] * len(queues)
     clock_after: list[_Clock] = [{}] * len(items)
     item_waits: list[list[tuple[int, int]]] = [[] for _ in items]
     item_syncs: list[list[str]] = [[] for _ in items]
     waited_on: set[tuple[int, int]] = set()
     touched: list[set[str]] = [{q.device} for q in queues]
 
-    for qi, queue in enumerate(queues):
-        # The prologue syncs every queue with its own device's timeline.
-        known[qi][("sync", queue.device)] = 1
+    def writable(qi: int) -> _Clock:
+        if shared[qi]:
+            known[qi] = dict(known[qi])
+            shared[qi] = False
+        return known[qi]
 
     for j, item in enumerate(items):
         qi = item_queue[j]
-        clock = known[qi]
+        accesses = item.accesses
         deps: set[int] = set()
         # Reads first, so that an item that reads and writes one range depends on the
         # range's earlier readers only through its write.
-        for access in sorted(item.accesses, key=lambda a: a.write):
+        if len(accesses) > 1:
+            accesses = tuple(sorted(accesses, key=lambda a: a.write))
+        for access in accesses:
             deps |= tracker.access(access.alloc, access.start, access.stop, access.write, j)
         # Latest dependency first: its clock often covers the earlier ones (pruning).
-        for dep in sorted(deps, reverse=True):
+        for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
             dq = item_queue[dep]
             if dq == qi:
                 continue  # queues run in order
             value = position[dep] + 1
-            if clock.get(dq, 0) >= value:
+            if known[qi].get(dq, 0) >= value:
                 continue  # already known complete, directly or through another wait
             item_waits[j].append((dq, value))
             waited_on.add((dq, value))
+            clock = writable(qi)
+            clock[dq] = value
             for key, seen in clock_after[dep].items():
-                if clock.get(key, 0) < seen:
+                if key != qi and clock.get(key, 0) < seen:
                     clock[key] = seen
-        for access in item.accesses:
-            touched[qi].add(access.device)
-            key = ("sync", access.device)
-            if not clock.get(key):
-                item_syncs[j].append(access.device)
-                clock[key] = 1
-        clock[qi] = position[j] + 1
-        clock_after[j] = dict(clock)
+        for access in accesses:
+            device = access.device
+            touched[qi].add(device)
+            key = ("sync", device)
+            if key not in known[qi]:
+                item_syncs[j].append(device)
+                writable(qi)[key] = 1
+        clock_after[j] = known[qi]
+        shared[qi] = True
 
     programs: list[list[Message]] = [
         [WaitKick(), SyncDevice(queue.device)] for queue in queues

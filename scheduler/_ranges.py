@@ -38,7 +38,11 @@ class RangeTracker:
                 deps.add(seg.writer)
             if write:
                 deps.update(seg.readers)
-        if write:
+        if write and len(covered) == 1:
+            seg = covered[0]
+            seg.writer = who
+            seg.readers = []
+        elif write:
             segs = self._segments[alloc]
             first = bisect.bisect_left(self._starts[alloc], start)
             # A write leaves the whole range with one state: fold it into one segment.
@@ -56,6 +60,10 @@ class RangeTracker:
         """Split and fill so that [start, stop) is exactly a run of segments; return it."""
         segs = self._segments.setdefault(alloc, [])
         starts = self._starts.setdefault(alloc, [])
+        # Fast path: the range is exactly one existing segment (whole-buffer accesses).
+        idx = bisect.bisect_left(starts, start)
+        if idx < len(segs) and segs[idx].start == start and segs[idx].stop == stop:
+            return [segs[idx]]
         self._split(segs, starts, start)
         self._split(segs, starts, stop)
         lo = bisect.bisect_left(starts, start)
