@@ -40,7 +40,7 @@ class Replay:
     """A submitted replay. `await replay.wait()` returns when it is complete (or raises
     its failure)."""
 
-    __slots__ = ("graph", "_program", "_sub", "number")
+    __slots__ = ("_program", "_sub", "graph", "number")
 
     def __init__(self, graph: Graph, program: Program, sub: Any, number: int) -> None:
         self.graph = graph
@@ -179,8 +179,9 @@ class Graph:
                 f"{overlap}; the plan assumes distinct memory: pass separate buffers, or "
                 f"compile with aliasing='replan' to plan again for aliased inputs"
             )
-        from ._program import Program, plan_item
         from scheduler import build_plan
+
+        from ._program import Program, plan_item
 
         program = self._program
         items = []

@@ -12,14 +12,19 @@ from ._errors import UsageError
 from ._vars import Expr, IntLike, Var, variables_of
 
 
-def _index_tuple(name: str) -> Callable[[Any], tuple[int, ...]]:
-    def convert(value: Any) -> tuple[int, ...]:
-        out = tuple(value)
-        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in out):
-            raise UsageError(f"Kernel {name} must list buffer slots as ints >= 0, got {value!r}")
-        return out
+def _slots(name: str, value: Any) -> tuple[int, ...]:
+    out = tuple(value)
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in out):
+        raise UsageError(f"Kernel {name} must list buffer slots as ints >= 0, got {value!r}")
+    return out
 
-    return convert
+
+def _outs(value: Any) -> tuple[int, ...]:
+    return _slots("outs", value)
+
+
+def _ins(value: Any) -> tuple[int, ...]:
+    return _slots("ins", value)
 
 
 @attrs.frozen(eq=False)
@@ -35,8 +40,8 @@ class Kernel:
     name: str
     cpu: Callable[..., Any] | None = None
     cuda: str | None = None
-    outs: tuple[int, ...] = attrs.field(default=(), converter=_index_tuple("outs"))
-    ins: tuple[int, ...] = attrs.field(default=(), converter=_index_tuple("ins"))
+    outs: tuple[int, ...] = attrs.field(default=(), converter=_outs)
+    ins: tuple[int, ...] = attrs.field(default=(), converter=_ins)
     cost: Any = None
     pass_dims: bool = False
 

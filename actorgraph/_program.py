@@ -123,7 +123,7 @@ class Program:
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
         complete = all(op is not None for t in templates for op in t)
         self.static_ops: tuple[tuple[Op, ...], ...] | None = (
-            tuple(tuple(t) for t in templates) if complete else None  # type: ignore[misc]
+            tuple(tuple(op for op in t if op is not None) for t in templates) if complete else None
         )
 
     def _input_of(self, buf: Buffer, index: int) -> int | None:

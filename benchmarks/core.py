@@ -22,9 +22,9 @@ import trio
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import actorgraph as ag  # noqa: E402
-from actorgraph._program import plan_item  # noqa: E402
-from scheduler import build_plan  # noqa: E402
+import actorgraph as ag
+from actorgraph._program import plan_item
+from scheduler import build_plan
 
 
 def _xor(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:

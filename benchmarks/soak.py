@@ -17,7 +17,7 @@ import trio
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import actorgraph as ag  # noqa: E402
+import actorgraph as ag
 
 XOR = ag.Kernel("xor", cpu=lambda out, a, b: np.bitwise_xor(a, b, out=out), outs=(0,), ins=(1, 2))
 INC = ag.Kernel("inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))

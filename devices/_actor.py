@@ -52,8 +52,17 @@ class Submission:
     """
 
     __slots__ = (
-        "remaining", "device_left", "timelines", "tickets", "queue_devices", "error",
-        "failed_item", "failed_actor", "done", "on_done", "graph",
+        "device_left",
+        "done",
+        "error",
+        "failed_actor",
+        "failed_item",
+        "graph",
+        "on_done",
+        "queue_devices",
+        "remaining",
+        "tickets",
+        "timelines",
     )
 
     def __init__(
@@ -99,7 +108,7 @@ class Submission:
 
 
 class Job:
-    __slots__ = ("ops", "bases", "submission", "slot")
+    __slots__ = ("bases", "ops", "slot", "submission")
 
     def __init__(self, ops: Sequence[Op], bases: Sequence[int], submission: Submission, slot: int):
         self.ops = ops

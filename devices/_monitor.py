@@ -51,7 +51,7 @@ def find_deadlock(actors: Sequence[QueueActor]) -> list[BlockedWait] | None:
     progress = True
     while progress:
         progress = False
-        for actor, work in queues.items():
+        for work in queues.values():
             while work:
                 job, start = work[0]
                 ops = job.ops

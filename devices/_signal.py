@@ -27,7 +27,7 @@ class Signal:
     Invariants: every live entry in `_waiters` has threshold > `value`.
     """
 
-    __slots__ = ("name", "value", "_waiters", "_seq")
+    __slots__ = ("_seq", "_waiters", "name", "value")
 
     def __init__(self, name: str, value: int = 0) -> None:
         if not 0 <= value <= _SIGNAL_MAX:

@@ -78,7 +78,7 @@ class Plan:
     device_queues: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def from_items(cls, items: "list[PlanItem] | tuple[PlanItem, ...]", caps: "dict[str, object]") -> "Plan":
+    def from_items(cls, items: list[PlanItem] | tuple[PlanItem, ...], caps: dict[str, object]) -> Plan:
         from ._planner import build_plan
 
         return build_plan(items, caps)  # type: ignore[arg-type]

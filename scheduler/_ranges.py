@@ -7,7 +7,7 @@ from collections.abc import Hashable
 
 
 class _Segment:
-    __slots__ = ("start", "stop", "writer", "readers")
+    __slots__ = ("readers", "start", "stop", "writer")
 
     def __init__(self, start: int, stop: int, writer: int | None, readers: list[int]) -> None:
         self.start = start

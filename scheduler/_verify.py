@@ -8,13 +8,11 @@ checking each conflicting pair against that order.
 
 from __future__ import annotations
 
-from typing import Union
-
 from ._errors import PlanDeadlockError, PlanRaceError
 from ._plan import Plan, Run, Signal, SyncDevice, Wait, WaitKick
 from ._ranges import RangeTracker
 
-_Clock = dict[Union[int, tuple[str, str]], int]
+_Clock = dict[int | tuple[str, str], int]
 
 
 def verify_plan(plan: Plan) -> None:
@@ -86,17 +84,17 @@ def _simulate(plan: Plan) -> dict[int, _Clock]:
 def _describe_cycle(plan: Plan, pc: list[int], blocked: list[int]) -> str:
     queue_index = {q: i for i, q in enumerate(plan.queues)}
     waits: dict[int, Wait] = {}
-    for qi in blocked:
-        msg = plan.programs[qi][pc[qi]]
-        assert isinstance(msg, Wait)
-        waits[qi] = msg
+    for stuck in blocked:
+        msg = plan.programs[stuck][pc[stuck]]
+        if isinstance(msg, Wait):
+            waits[stuck] = msg
     # Follow wait-for edges from the first blocked queue until one repeats.
     seen: list[int] = []
-    qi: int | None = blocked[0]
-    while qi is not None and qi not in seen and qi in waits:
-        seen.append(qi)
-        qi = queue_index.get(waits[qi].queue)
-    chain = seen[seen.index(qi):] if qi in seen else seen
+    at: int | None = blocked[0]
+    while at is not None and at not in seen and at in waits:
+        seen.append(at)
+        at = queue_index.get(waits[at].queue)
+    chain = seen[seen.index(at) :] if at is not None and at in seen else seen
     return ", ".join(f"{plan.queues[q]} waits for {waits[q].queue}>={waits[q].value}" for q in chain)
 
 
