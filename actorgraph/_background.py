@@ -71,7 +71,8 @@ class Call(Generic[T]):
     def __await__(self) -> Generator[Any, None, T]:
         if self._owner.on_runtime_thread():
             # Code running on the runtime (a function passed to call()): no hop at all.
-            return (yield from self._fn(*self._args, **self._kwargs).__await__())
+            result: T = yield from self._fn(*self._args, **self._kwargs).__await__()
+            return result
         try:
             library = sniffio.current_async_library()
         except sniffio.AsyncLibraryNotFoundError:

@@ -45,7 +45,7 @@ import attrs
 
 from ._buffer import Buffer
 from ._errors import ActorGraphError, InputError, UsageError, VarError
-from ._kernel import Copy, Item, Launch
+from ._kernel import Item, Launch
 from ._vars import Var
 
 if TYPE_CHECKING:
@@ -234,9 +234,9 @@ class _Signature:
                 f"ones distinct)"
             )
         if self.var_keys != other.var_keys:
-            was = sorted(v.name for v in self.var_keys)
-            now = sorted(v.name for v in other.var_keys)
-            return f"{name}() was captured with values for Vars {was} but got values for {now}"
+            had = sorted(v.name for v in self.var_keys)
+            got = sorted(v.name for v in other.var_keys)
+            return f"{name}() was captured with values for Vars {had} but got values for {got}"
         return None
 
 
@@ -390,7 +390,7 @@ class JitFunction:
         self._eager_calls = 0
         self._replays = 0
         self._capture_count = 0
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
         return f"<jit {self.name} {self._state.value}, {len(self._captures)} graph(s)>"
