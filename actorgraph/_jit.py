@@ -136,7 +136,9 @@ class _Scope:
             self.items.extend(items)
         return self.mode is not Mode.TRACE
 
-    def values_for(self, needed: frozenset[Var], item: Item, index: int) -> dict[Var, int]:
+    def values_for(self, items: Sequence[Item]) -> dict[Var, int]:
+        """The call's values for the Vars these items use (and only those)."""
+        needed: frozenset[Var] = frozenset().union(*(item.free_vars() for item in items))
         return {var: self.var_vals[var] for var in needed}
 
 

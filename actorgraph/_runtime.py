@@ -316,20 +316,15 @@ class Runtime:
         checked = [check_item(item, i) for i, item in enumerate(items)]
         scope = _jit.current_scope()
         if scope is not None:
-            # Inside an @ag.jit function: the scope records the items (and supplies the
-            # call's var values); it may skip running them when it only traces.
+            # Inside an @ag.jit function: the scope records the items and supplies the
+            # call's var values; it skips running them when it only traces.
             if not scope.issue(self, checked, var_vals):
                 return
-            var_vals = None
+            var_vals = scope.values_for(checked)
         for index, item in enumerate(checked):
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
-            if scope is not None:
-                values = scope.values_for(program.free_vars, item, index)
-            else:
-                values = check_var_vals(
-                    program.free_vars, var_vals, f"run(): item {index} ({item.label})"
-                )
+            values = check_var_vals(program.free_vars, var_vals, f"run(): item {index} ({item.label})")
             ops = program.bind((), values)
             await self._admit()
             await self._await(program, program.submit(ops))
