@@ -424,3 +424,31 @@ async def test_eager_launch_and_copy_outside_jit_are_plain_eager_calls() -> None
         out = rt.alloc("CPU:0", 8, np.int32)
         await rt.launch(DOUBLE, [out, a], vars=[N], global_size=ag.cdiv(N, 4), var_vals={N: 5})
         np.testing.assert_array_equal(await rt.copyout(out), [0, 2, 4, 6, 8, 0, 0, 0])
+
+
+async def test_repeating_the_same_argument_objects_still_notices_frees_and_refills() -> None:
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        out = rt.alloc("CPU:0", 4, np.int32)
+
+        @ag.jit
+        async def total(rt: ag.Runtime, xs: list[ag.Buffer]) -> None:
+            await rt.launch(ADD, [out, xs[0], xs[1]])
+
+        x, y = await filled(rt, "CPU:0", np.full(4, 1)), await filled(rt, "CPU:0", np.full(4, 2))
+        xs = [x, y]
+        for _ in range(4):
+            await total(rt, xs)
+        np.testing.assert_array_equal(await rt.copyout(out), np.full(4, 3))
+        xs[1] = await filled(rt, "CPU:0", np.full(4, 5))  # same list object, new contents
+        await total(rt, xs)
+        np.testing.assert_array_equal(await rt.copyout(out), np.full(4, 6))
+
+        @ag.jit
+        async def double(rt: ag.Runtime, x: ag.Buffer) -> None:
+            await rt.launch(ADD, [out, x, x])
+
+        for _ in range(4):
+            await double(rt, x)
+        rt.free(x)
+        with pytest.raises(ag.BufferFreedError, match=r"double\(\): argument x .* was freed"):
+            await double(rt, x)
