@@ -122,9 +122,18 @@ class BackgroundGraph:
         return self.graph.statistics()
 
     def __call__(
-        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
+        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None,
+        **options: Any,
     ) -> Call[None]:
-        return Call(self._owner, self.graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
+        """`await graph(inputs, var_vals=...)`; options pass through to Graph.__call__."""
+        kwargs = {"var_vals": var_vals, **options}
+        return Call(self._owner, self.graph, (inputs,), kwargs, "graph(...)")
+
+    def __getattr__(self, name: str) -> Any:
+        # Read-only facts of the Graph (last_profile, ...) straight from it.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.graph, name)
 
     def aclose(self) -> Call[None]:
         return Call(self._owner, self.graph.aclose, (), {}, "graph.aclose()")
@@ -133,7 +142,10 @@ class BackgroundGraph:
 class BackgroundRuntime:
     """A runtime held open on its own thread until close(). Made by start_runtime()."""
 
-    def __init__(self, devices: Sequence[str], options: Mapping[str, Any]) -> None:
+    def __init__(
+        self, devices: Sequence[str], options: Mapping[str, Any], clock: trio.abc.Clock | None = None
+    ) -> None:
+        self._clock = clock
         self._runtime: Runtime | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -162,7 +174,7 @@ class BackgroundRuntime:
                     nursery.cancel_scope.cancel()
 
         try:
-            trio.run(serve)
+            trio.run(serve, clock=self._clock)
         except BaseException as error:  # noqa: BLE001 - handed to the caller, not swallowed
             if not ready.done():
                 ready.set_exception(error)
@@ -274,6 +286,10 @@ class BackgroundRuntime:
     def statistics(self) -> RuntimeStatistics:
         return self._sync(self.runtime.statistics)
 
+    def current_time(self) -> float:
+        """trio.current_time() of the runtime's run (its clock: see start_runtime(clock=))."""
+        return self._sync(trio.current_time)
+
     def copyin(self, buffer: Buffer, array: Any) -> Call[None]:
         return self._call("copyin(...)", self.runtime.copyin, buffer, array)
 
@@ -290,10 +306,12 @@ class BackgroundRuntime:
         return self._call("copy(...)", self.runtime.copy, dst, src)
 
     def compile(
-        self, items: Sequence[Item], inputs: Sequence[Buffer] = (), *, verify: bool | None = None
+        self, items: Sequence[Item], inputs: Sequence[Buffer] = (), **options: Any
     ) -> Call[BackgroundGraph]:
+        """`await rt.compile(items, inputs)`; options pass through to Runtime.compile."""
+
         async def compile_graph() -> BackgroundGraph:
-            graph = await self.runtime.compile(items, inputs, verify=verify)
+            graph = await self.runtime.compile(items, inputs, **options)
             return BackgroundGraph(self, graph)
 
         return self._call("compile(...)", compile_graph)
@@ -325,13 +343,17 @@ class BackgroundRuntime:
         self.close()
 
 
-def start_runtime(devices: Sequence[str], **options: Any) -> BackgroundRuntime:
+def start_runtime(
+    devices: Sequence[str], *, clock: trio.abc.Clock | None = None, **options: Any
+) -> BackgroundRuntime:
     """Open a runtime on a background thread that lives until `close()`.
 
-    Takes open_runtime's arguments. Use it where an `async with` block cannot span the
-    work: notebooks (await its calls from any cell), synchronous scripts (`.result()`).
+    Takes open_runtime's arguments, plus `clock=` for the thread's trio run (e.g.
+    `trio.testing.MockClock(autojump_threshold=0)` so SIM devices take no wall time).
+    Use it where an `async with` block cannot span the work: notebooks (await its calls
+    from any cell), synchronous scripts (`.result()`).
     """
-    return BackgroundRuntime(devices, options)
+    return BackgroundRuntime(devices, options, clock)
 
 
 def forward_target(args: Sequence[Any], kwargs: Mapping[str, Any]) -> BackgroundRuntime | None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import actorgraph as ag
 
@@ -130,3 +131,19 @@ def test_closed_runtime_and_bad_devices_raise() -> None:
     with pytest.raises(ag.ClosedError, match=r"alloc: this background runtime is closed"):
         rt.alloc("CPU:0", 4)
     rt.close()  # closing twice is fine
+
+
+def test_clock_option_and_current_time() -> None:
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    with ag.start_runtime(["CPU:0", "CPU:1"], clock=clock) as rt:
+        start = rt.current_time()
+
+        async def nap() -> float:
+            await trio.sleep(5.0)  # autojump: no wall time passes
+            return trio.current_time()
+
+        assert rt.call(nap).result(timeout=10) == pytest.approx(start + 5.0)
+        assert rt.current_time() == pytest.approx(start + 5.0)
+        graph, inputs, out = _graph(rt)
+        graph(inputs, var_vals=None).result()
+        assert graph.replays == 1  # Graph attributes read through the wrapper
