@@ -19,6 +19,8 @@ from ._errors import UsageError as UsageError
 from ._errors import VarError as VarError
 from ._graph import Graph as Graph
 from ._graph import Replay as Replay
+from ._inventory import Inventory as Inventory
+from ._inventory import local_devices as local_devices
 from ._jit import JitFunction as JitFunction
 from ._jit import JitTraceError as JitTraceError
 from ._jit import JitWarning as JitWarning
@@ -37,7 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ActorGraphError", "BackgroundGraph", "BackgroundRuntime", "Buffer", "BufferFreedError",
     "Call", "ClosedError", "Copy", "DeadlockError", "DeviceError", "Expr", "Graph",
-    "InputError", "ItemError", "JitFunction", "JitTraceError", "JitWarning", "Kernel",
+    "InputError", "Inventory", "ItemError", "JitFunction", "JitTraceError", "JitWarning", "Kernel",
     "Launch", "PlanDeadlockError", "PlanError", "PlanRaceError", "Replay", "Runtime",
-    "UsageError", "Var", "VarError", "cdiv", "jit", "open_runtime", "start_runtime",
+    "UsageError", "Var", "VarError", "cdiv", "jit", "local_devices", "open_runtime", "start_runtime",
 ]

@@ -110,9 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return _bench(args)
     if args.command == "devices":
-        from ._inventory import inventory, render
+        from ._inventory import local_devices, render
 
-        found = inventory()
+        found = local_devices()
         print(json.dumps(found.as_json(), indent=2) if args.json else render(found))
         return 0
     return 2  # pragma: no cover - argparse rejects unknown commands

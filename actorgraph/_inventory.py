@@ -81,7 +81,12 @@ def probe_cuda() -> tuple[tuple[GPUInfo, ...], str]:
         return (), f"the CUDA driver could not be queried ({type(error).__name__}: {first})"
 
 
-def inventory() -> Inventory:
+def local_devices() -> Inventory:
+    """What this machine offers (`actorgraph devices`): device kinds, CUDA GPUs, SIM presets.
+
+    Opens nothing; without cuda-python, a driver or a GPU, `gpus` is empty and `gpu_note`
+    says why.
+    """
     gpus, note = probe_cuda()
     # SIM's cost-model presets, where this install has SIM devices.
     presets = getattr(_devices, "PRESETS", None)
