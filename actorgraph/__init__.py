@@ -12,6 +12,7 @@ from ._errors import DeadlockError as DeadlockError
 from ._errors import DeviceError as DeviceError
 from ._errors import InputError as InputError
 from ._errors import ItemError as ItemError
+from ._errors import MissingExtraError as MissingExtraError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
@@ -28,8 +29,16 @@ from ._jit import jit as jit
 from ._kernel import Copy as Copy
 from ._kernel import Kernel as Kernel
 from ._kernel import Launch as Launch
+from ._plot import plot_timeline as plot_timeline
+from ._profile import EventKind as EventKind
+from ._profile import Profile as Profile
+from ._profile import ProfileEvent as ProfileEvent
+from ._profile import ReplaySpan as ReplaySpan
+from ._profile import WaitKind as WaitKind
+from ._profile import WaitRecord as WaitRecord
 from ._runtime import Runtime as Runtime
 from ._runtime import open_runtime as open_runtime
+from ._trace import write_trace as write_trace
 from ._vars import Expr as Expr
 from ._vars import Var as Var
 from ._vars import cdiv as cdiv
@@ -39,7 +48,11 @@ __version__ = "0.1.0"
 __all__ = [
     "ActorGraphError", "BackgroundGraph", "BackgroundRuntime", "Buffer", "BufferFreedError",
     "Call", "ClosedError", "Copy", "DeadlockError", "DeviceError", "Expr", "Graph",
-    "InputError", "Inventory", "ItemError", "JitFunction", "JitTraceError", "JitWarning", "Kernel",
-    "Launch", "PlanDeadlockError", "PlanError", "PlanRaceError", "Replay", "Runtime",
-    "UsageError", "Var", "VarError", "cdiv", "jit", "local_devices", "open_runtime", "start_runtime",
+    "InputError", "Inventory", "ItemError", "JitFunction", "JitTraceError", "JitWarning",
+    "Kernel", "Launch", "PlanDeadlockError", "PlanError", "PlanRaceError", "Replay", "Runtime",
+    "UsageError", "Var", "VarError", "cdiv", "jit", "local_devices", "open_runtime",
+    "start_runtime",
+    # profiling
+    "EventKind", "MissingExtraError", "Profile", "ProfileEvent", "ReplaySpan", "WaitKind",
+    "WaitRecord", "plot_timeline", "write_trace",
 ]

@@ -34,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated device names (default: CPU:0,CPU:1,CPU:2)",
     )
     demo.add_argument("--replays", type=int, default=10, help="replays to check (default: 10)")
+    demo.add_argument(
+        "--trace", metavar="PATH", help="profile the replays, write a Chrome trace (Perfetto) here"
+    )
+    demo.add_argument(
+        "--plot", metavar="PATH", help="profile the replays, draw a timeline picture here (.png, .svg)"
+    )
+    demo.add_argument("-v", "--verbose", action="store_true", help="log what actorgraph does")
 
     bench = sub.add_parser(
         "bench",
@@ -106,7 +113,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.replays < 1:
             print("actorgraph demo: --replays must be >= 1", file=sys.stderr)
             return 2
-        return demo_main(args.devices, args.replays)
+        if args.plot is not None:
+            from ._errors import MissingExtraError
+            from ._plot import require_matplotlib
+
+            try:
+                require_matplotlib()  # fail before the run, not after it
+            except MissingExtraError as exc:
+                print(f"actorgraph demo: {exc}", file=sys.stderr)
+                return 2
+        if args.verbose:
+            import logging
+
+            logging.basicConfig(format="%(name)s: %(message)s")
+            logging.getLogger("actorgraph").setLevel(logging.DEBUG)  # ours only, not matplotlib's
+        return demo_main(args.devices, args.replays, args.trace, args.plot)
     if args.command == "bench":
         return _bench(args)
     if args.command == "devices":

@@ -8,6 +8,7 @@ import numpy as np
 import trio
 
 from ._kernel import Copy, Kernel, Launch
+from ._progress import progress
 from ._runtime import open_runtime
 
 
@@ -23,10 +24,22 @@ XOR = Kernel("xor", cpu=_xor, outs=(0,), ins=(1, 2))
 ADD = Kernel("add", cpu=_add, outs=(0,), ins=(1, 2))
 
 
-async def run_demo(devices: Sequence[str], size: int = 4096, replays: int = 10) -> bool:
-    """Build a two-stage graph over `devices`, print its plan, replay it, compare with eager."""
+async def run_demo(
+    devices: Sequence[str],
+    size: int = 4096,
+    replays: int = 10,
+    *,
+    trace: str | None = None,
+    plot: str | None = None,
+) -> bool:
+    """Build a two-stage graph over `devices`, print its plan, replay it, compare with eager.
+
+    With `trace` / `plot`, the replays are profiled and written as a Chrome trace / a
+    timeline picture.
+    """
     rng = np.random.default_rng(0)
-    async with open_runtime(list(devices)) as rt:
+    profiled = trace is not None or plot is not None
+    async with open_runtime(list(devices), profile=profiled) as rt:
         first, last = devices[0], devices[-1]
         a = rt.alloc(first, size, np.int32)
         b = rt.alloc(first, size, np.int32)
@@ -51,7 +64,7 @@ async def run_demo(devices: Sequence[str], size: int = 4096, replays: int = 10) 
         print(graph.plan)
         print()
         ok = True
-        for replay in range(replays):
+        for replay in progress(range(replays), desc="replays"):
             a_host = rng.integers(0, 1 << 20, size, dtype=np.int32)
             b_host = rng.integers(0, 1 << 20, size, dtype=np.int32)
             await rt.copyin(a, a_host)
@@ -65,8 +78,22 @@ async def run_demo(devices: Sequence[str], size: int = 4096, replays: int = 10) 
                 print(f"replay {replay}: MISMATCH against eager")
         await graph.aclose()
         print(f"{replays} replays checked against eager: {'OK' if ok else 'FAILED'}")
+        if profiled:
+            profile = rt.profile()
+            print(profile.summary())
+            if trace is not None:
+                profile.to_chrome_trace(trace)
+                print(f"trace written to {trace} (open it in Perfetto or chrome://tracing)")
+            if plot is not None:
+                from ._plot import plot_timeline
+
+                plot_timeline(profile, plot, title=f"demo: {replays} replays")
+                print(f"timeline written to {plot}")
         return ok
 
 
-def main(devices: Sequence[str], replays: int) -> int:
-    return 0 if trio.run(run_demo, list(devices), 4096, replays) else 1
+def main(
+    devices: Sequence[str], replays: int, trace: str | None = None, plot: str | None = None
+) -> int:
+    ok = trio.run(lambda: run_demo(list(devices), 4096, replays, trace=trace, plot=plot))
+    return 0 if ok else 1

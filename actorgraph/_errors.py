@@ -51,3 +51,7 @@ class DeadlockError(ActorGraphError, RuntimeError):
     def __init__(self, message: str, *, blocked: tuple[object, ...] = ()) -> None:
         super().__init__(message)
         self.blocked = blocked
+
+
+class MissingExtraError(ActorGraphError, ImportError):
+    """An optional feature needs a package that is not installed (the message names the extra)."""

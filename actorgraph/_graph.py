@@ -12,9 +12,12 @@ from scheduler import Plan
 from . import _jit
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, VarError
+from ._profile import Profile, ReplayRecord, build_profile, new_records
 from ._vars import Var
 
 if TYPE_CHECKING:
+    from devices import Submission
+
     from ._program import Program
     from ._runtime import Runtime
 
@@ -65,10 +68,18 @@ class Replay:
 
 @attrs.frozen
 class GraphStatistics:
+    """`replays` counts calls submitted; `replays_done` those finished. `waits_parked` and
+    `time_blocked` (seconds) add up the waits its queues parked on; `bytes_copied` the
+    bytes its Copy items moved."""
+
     items: int
     queues: int
     replays: int
     in_flight: int
+    replays_done: int = 0
+    waits_parked: int = 0
+    time_blocked: float = 0.0
+    bytes_copied: int = 0
 
 
 class Graph:
@@ -95,6 +106,15 @@ class Graph:
                     self._internal.setdefault(buf.alloc_id, []).append(buf)
         del input_allocs
         self.replays = 0
+        self.replays_done = 0
+        self.waits_parked = 0
+        self.time_blocked = 0.0
+        self.bytes_copied = 0
+        self._copy_bytes = sum(program.copy_bytes)
+        # Numbers this graph in its runtime's profiles.
+        self.number = runtime.graphs_compiled
+        runtime.graphs_compiled += 1
+        self._last_record: ReplayRecord | None = None
 
     @property
     def plan(self) -> Plan:
@@ -113,32 +133,76 @@ class Graph:
             queues=len(self.plan.queues),
             replays=self.replays,
             in_flight=sum(1 for r in self._runtime._pending if r.graph is self),
+            replays_done=self.replays_done,
+            waits_parked=self.waits_parked,
+            time_blocked=self.time_blocked,
+            bytes_copied=self.bytes_copied,
         )
 
+    @property
+    def last_profile(self) -> Profile | None:
+        """The Profile of this graph's latest profiled replay (None if none was profiled)."""
+        record = self._last_record
+        if record is None:
+            return None
+        return build_profile(self._runtime.actor_names(), [record])
+
     async def __call__(
-        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
+        self,
+        inputs: Sequence[Buffer] = (),
+        var_vals: Mapping[Var, int] | None = None,
+        *,
+        profile: bool | None = None,
     ) -> None:
         """Replay with these inputs and var values; return when the replay is complete.
 
+        `profile=True` records this replay's item times (see `graph.last_profile`,
+        `rt.profile()`); None follows `open_runtime(..., profile=...)`.
         Cancelling the call before the replay is submitted submits nothing; cancelling it
         after abandons only the waiting: the replay completes in order on the devices.
         """
-        replay = await self.submit(inputs, var_vals)
+        replay = await self.submit(inputs, var_vals, profile=profile)
         await replay.wait()
 
     async def submit(
-        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
+        self,
+        inputs: Sequence[Buffer] = (),
+        var_vals: Mapping[Var, int] | None = None,
+        *,
+        profile: bool | None = None,
     ) -> Replay:
         """Submit a replay without waiting for it; blocks only while the runtime's
         in-flight window (`max_in_flight`) is full. Replays complete in submission order."""
         _jit.check_graph_call()
         program, ops = self._bind(inputs, var_vals)
-        await self._runtime._admit()
+        runtime = self._runtime
+        await runtime._admit()
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
-        sub = program.submit(ops)
+        if profile or (profile is None and runtime.profiling):
+            sub = self._submit_profiled(program, ops, inputs)
+        else:
+            sub = program.submit(ops)
         self.replays += 1
+        runtime.replays += 1
         return Replay(self, program, sub, self.replays)
+
+    def _submit_profiled(self, program: Program, ops: Any, inputs: Sequence[Buffer]) -> Submission:
+        jobs = new_records(program)
+        submitted = program.actors[0]._now()
+        sub = program.submit(ops, jobs)
+        # Numbered like the Replay that submit() returns: 1, 2, ...
+        record = ReplayRecord(program, self.number, self.replays + 1, tuple(inputs), jobs, submitted)
+        self._last_record = record
+        self._runtime._profiled.append(record)
+        return sub
+
+    def _count(self, sub: Submission) -> None:
+        """A replay of this graph finished (the runtime calls this once per replay)."""
+        self.replays_done += 1
+        self.waits_parked += sub.waits_parked
+        self.time_blocked += sub.time_blocked
+        self.bytes_copied += self._copy_bytes
 
     def _bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Any:
         if self._closed:

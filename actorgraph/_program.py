@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from devices import SIGNAL, WAIT, Device, Job, QueueActor, Submission
-from devices._actor import Op
+from devices._actor import JobProfile, Op
 from scheduler import Access, ItemKind, Plan, PlanItem, Run, Signal, SyncDevice, Wait, WaitKick
 
 from ._buffer import Buffer
@@ -82,6 +82,11 @@ class Program:
             for qi in range(nqueues)
         ]
         self.device_jobs = [len(qs) for qs in plan.device_queues]
+        # Bytes each queue copies per submission, for statistics (host copies set theirs).
+        self.copy_bytes = [0] * nqueues
+        for j, item in enumerate(self.items):
+            if isinstance(item, Copy):
+                self.copy_bytes[plan.item_queue[j]] += item.dst.nbytes
         self.kick_slot = nqueues + len(self.devices)
 
         # Which item slots come from which input: (input index, captured root).
@@ -173,8 +178,13 @@ class Program:
             ops[qi][pos] = self.lower(j, inputs, var_vals)
         return tuple(tuple(o) for o in ops)  # type: ignore[arg-type]
 
-    def submit(self, ops: Sequence[Sequence[Op]]) -> Submission:
-        """Post one job per queue. Synchronous: no checkpoint between tickets and posts."""
+    def submit(
+        self, ops: Sequence[Sequence[Op]], profiles: Sequence[JobProfile] | None = None
+    ) -> Submission:
+        """Post one job per queue. Synchronous: no checkpoint between tickets and posts.
+
+        With `profiles` (one per queue), each actor timestamps its job into its record.
+        """
         actors = self.actors
         nqueues = len(actors)
         bases = [0] * (self.kick_slot + 1)
@@ -190,7 +200,9 @@ class Program:
         bases[self.kick_slot] = kick
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
         runtime._track(sub)
+        copy_bytes = self.copy_bytes
         for qi in range(nqueues):
-            actors[qi].post(Job(ops[qi], bases, sub, qi))
+            profile = None if profiles is None else profiles[qi]
+            actors[qi].post(Job(ops[qi], bases, sub, qi, profile, copy_bytes[qi]))
         runtime.kick.set(kick)
         return sub

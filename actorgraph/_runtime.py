@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -21,9 +20,9 @@ from ._buffer import Allocation, Buffer, _shape_of
 from ._errors import ActorGraphError, ClosedError, DeadlockError, ItemError, UsageError
 from ._graph import Graph, check_var_vals
 from ._kernel import Copy, Item, Kernel, Launch
+from ._log import logger as _log
+from ._profile import Profile, ReplayRecord, build_profile
 from ._program import Program, check_item, plan_item
-
-_log = logging.getLogger("actorgraph")
 
 
 @attrs.frozen
@@ -38,10 +37,18 @@ class StallReport:
 
 @attrs.frozen
 class RuntimeStatistics:
+    """`submissions` counts everything run (replays, eager items, host copies); the
+    wait, blocked-time and byte totals add up its actors' own statistics."""
+
     devices: tuple[str, ...]
     submissions: int
     in_flight: int
     actors: tuple[Any, ...]
+    replays: int = 0
+    replays_done: int = 0
+    waits_parked: int = 0
+    time_blocked: float = 0.0
+    bytes_copied: int = 0
 
 
 class Runtime:
@@ -60,6 +67,7 @@ class Runtime:
             seen.add(name)
         timeline_start = int(options.pop("timeline_start", 0))
         self.verify_plans = bool(options.pop("verify_plans", False))
+        self.profiling = bool(options.pop("profile", False))
         self.max_in_flight = int(options.pop("max_in_flight", 256))
         if self.max_in_flight < 1:
             raise UsageError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
@@ -74,6 +82,10 @@ class Runtime:
         self._pending: set[Submission] = set()
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
+        self.graphs_compiled = 0
+        self.replays = 0
+        self.replays_done = 0
+        self._profiled: list[ReplayRecord] = []
         self._devices: dict[str, Device] = {
             name: _devices.open_device(name, timeline_start=timeline_start, **options)
             for name in device_names
@@ -121,14 +133,33 @@ class Runtime:
             ) from None
 
     def statistics(self) -> RuntimeStatistics:
+        actors = tuple(
+            actor.statistics() for d in self._devices.values() for actor in d.queues.values()
+        )
         return RuntimeStatistics(
             devices=self.devices,
             submissions=self.submissions,
             in_flight=self.in_flight,
-            actors=tuple(
-                actor.statistics() for d in self._devices.values() for actor in d.queues.values()
-            ),
+            actors=actors,
+            replays=self.replays,
+            replays_done=self.replays_done,
+            waits_parked=sum(a.waits_parked for a in actors),
+            time_blocked=sum(a.time_blocked for a in actors),
+            bytes_copied=sum(a.bytes_copied for a in actors),
         )
+
+    def actor_names(self) -> tuple[str, ...]:
+        return tuple(a.name for d in self._devices.values() for a in d.queues.values())
+
+    def profile(self, *, clear: bool = False) -> Profile:
+        """Every profiled replay so far, as one Profile (`clear=True` starts afresh after).
+
+        Replays are profiled with `open_runtime(..., profile=True)` or `graph(..., profile=True)`.
+        """
+        profile = build_profile(self.actor_names(), self._profiled)
+        if clear:
+            self._profiled = []
+        return profile
 
     # -- memory --
 
@@ -178,7 +209,12 @@ class Runtime:
             self._activity.set()
 
     def _untrack(self, sub: Submission) -> None:
+        was_pending = sub in self._pending
         self._pending.discard(sub)
+        graph = sub.graph
+        if was_pending and graph is not None:  # a replay: count it once, when it ends
+            self.replays_done += 1
+            graph._count(sub)  # type: ignore[attr-defined]
         if self._space:
             self._space.unpark()
 
@@ -261,7 +297,9 @@ class Runtime:
             buffer.device,
             (Access(buffer.device, buffer.alloc_id, start, stop, write),),
         )
-        return Program(self, (), (), build_plan([item], self.caps))
+        program = Program(self, (), (), build_plan([item], self.caps))
+        program.copy_bytes[0] = buffer.nbytes
+        return program
 
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer` (after all earlier work on its device)."""
@@ -372,6 +410,10 @@ class Runtime:
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
+        _log.debug(
+            "compiled %d items onto %d queues with %d cross-queue waits",
+            len(checked), len(plan.queues), plan.wait_count,
+        )
         return Graph(self, Program(self, checked, inputs, plan), aliasing=aliasing)
 
 
@@ -404,13 +446,16 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     worker thread), verify_plans (check every compiled plan for deadlocks and races),
     max_in_flight (submissions posted but not complete before submit blocks; 256),
     deadlock_check (seconds between checks of in-flight work; 0.25),
-    watchdog (seconds without progress before a stall is logged and recorded; off).
+    watchdog (seconds without progress before a stall is logged and recorded; off),
+    profile (record item times of every graph replay; read them with `rt.profile()`).
     """
     runtime = Runtime(devices, **options)
     async with trio.open_nursery() as nursery:
         try:
             await runtime._start(nursery)
+            _log.debug("runtime open on %s", ", ".join(runtime.devices))
             yield runtime
         finally:
             runtime._close()
+            _log.debug("runtime on %s closed", ", ".join(runtime.devices))
             nursery.cancel_scope.cancel()

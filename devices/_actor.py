@@ -12,6 +12,10 @@ relative to. Ops are plain tuples so the replay loop stays a tight Python loop:
 
 Device kinds add codes of their own (>= FIRST_DEVICE_OP) and handle them in
 `_run_device_op`.
+
+Profiling: a job that carries a JobProfile runs in `_run_job_profiled`, a copy of the
+loop that timestamps every item with the actor's clock (`_now`); the choice is made once
+per job, so the plain loop never tests for it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,7 +67,9 @@ class Submission:
         "queue_devices",
         "remaining",
         "tickets",
+        "time_blocked",
         "timelines",
+        "waits_parked",
     )
 
     def __init__(
@@ -84,6 +91,9 @@ class Submission:
         self.done = trio.Event()
         self.on_done: Callable[[Submission], None] | None = None
         self.graph: object = None  # the Graph a replay belongs to (for statistics)
+        # Counted only where an actor really parks (the slow path), never per op.
+        self.waits_parked = 0
+        self.time_blocked = 0.0
         if njobs == 0:
             self.done.set()
 
@@ -107,14 +117,39 @@ class Submission:
                 self.on_done(self)
 
 
-class Job:
-    __slots__ = ("bases", "ops", "slot", "submission")
+class JobProfile:
+    """Timestamps of one profiled job, filled in by the actor that runs it.
 
-    def __init__(self, ops: Sequence[Op], bases: Sequence[int], submission: Submission, slot: int):
+    `spans` holds (op index, start, end) for every op that runs an item and for every
+    WAIT that parked; times come from the actor's clock (`QueueActor._now`).
+    """
+
+    __slots__ = ("end", "spans", "start")
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, float, float]] = []
+        self.start: float | None = None  # None until the actor starts / finishes the job
+        self.end: float | None = None
+
+
+class Job:
+    __slots__ = ("bases", "copy_bytes", "ops", "profile", "slot", "submission")
+
+    def __init__(
+        self,
+        ops: Sequence[Op],
+        bases: Sequence[int],
+        submission: Submission,
+        slot: int,
+        profile: JobProfile | None = None,
+        copy_bytes: int = 0,
+    ):
         self.ops = ops
         self.bases = bases
         self.submission = submission
         self.slot = slot
+        self.profile = profile  # None: the plain replay loop, no timestamps at all
+        self.copy_bytes = copy_bytes
 
 
 @attrs.frozen
@@ -124,6 +159,9 @@ class ActorStatistics:
     jobs_queued: int
     items_run: int
     signal_value: int
+    waits_parked: int = 0
+    time_blocked: float = 0.0
+    bytes_copied: int = 0
 
 
 class WorkerThread:
@@ -132,9 +170,9 @@ class WorkerThread:
 
     def __init__(self, name: str, token: trio.lowlevel.TrioToken) -> None:
         self._token = token
-        self._jobs: queue.SimpleQueue[tuple[Sequence[Op], trio.lowlevel.Task] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[
+            tuple[Sequence[Op], trio.lowlevel.Task, list[tuple[float, float]] | None] | None
+        ] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -143,21 +181,45 @@ class WorkerThread:
             got = self._jobs.get()
             if got is None:
                 return
-            batch, task = got
+            batch, task, times = got
             failure: tuple[int, BaseException] | None = None
-            for op in batch:
-                try:
-                    op[1](*op[2])
-                except Exception as exc:  # reported to the submission, never lost
-                    failure = (op[3], exc)
-                    break
+            if times is not None:
+                failure = self._run_timed(batch, times)
+            else:
+                for op in batch:
+                    try:
+                        op[1](*op[2])
+                    except Exception as exc:  # reported to the submission, never lost
+                        failure = (op[3], exc)
+                        break
             try:
                 self._token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(failure))
             except trio.RunFinishedError:
                 return
 
-    async def run(self, batch: Sequence[Op]) -> tuple[int, BaseException] | None:
-        self._jobs.put((batch, trio.lowlevel.current_task()))
+    @staticmethod
+    def _run_timed(
+        batch: Sequence[Op], times: list[tuple[float, float]]
+    ) -> tuple[int, BaseException] | None:
+        # Profiling: stamped here, in the thread, so each item of a batch gets its own
+        # times. perf_counter is the default actor clock; a device whose `_now` is
+        # another clock keeps its items off the worker thread.
+        clock = time.perf_counter
+        for op in batch:
+            start = clock()
+            try:
+                op[1](*op[2])
+            except Exception as exc:
+                times.append((start, clock()))
+                return (op[3], exc)
+            times.append((start, clock()))
+        return None
+
+    async def run(
+        self, batch: Sequence[Op], times: list[tuple[float, float]] | None = None
+    ) -> tuple[int, BaseException] | None:
+        """Run `batch` in the thread; with `times`, append (start, end) per op to it."""
+        self._jobs.put((batch, trio.lowlevel.current_task(), times))
         # The thread cannot be interrupted; a cancelled actor waits for its batch.
         result: tuple[int, BaseException] | None = await trio.lowlevel.wait_task_rescheduled(
             lambda _: trio.lowlevel.Abort.FAILED
@@ -188,6 +250,8 @@ class QueueActor:
         self.parks = 0
         self.jobs_done = 0
         self.items_run = 0
+        self.time_blocked = 0.0
+        self.bytes_copied = 0
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -234,7 +298,14 @@ class QueueActor:
             jobs_queued=len(self._inbox),
             items_run=self.items_run,
             signal_value=self.signal.value,
+            waits_parked=self.parks,
+            time_blocked=self.time_blocked,
+            bytes_copied=self.bytes_copied,
         )
+
+    def _now(self) -> float:
+        """The clock profiles and blocked times are measured with (seconds)."""
+        return time.perf_counter()
 
     # -- the actor's own task --
 
@@ -255,9 +326,14 @@ class QueueActor:
                     continue
                 job = self._inbox.popleft()
                 self._current = job
-                await self._run_job(job)
+                # Chosen once per job, so the plain loop carries no profiling test per op.
+                if job.profile is None:
+                    await self._run_job(job)
+                else:
+                    await self._run_job_profiled(job)
                 self._current = None
                 self.jobs_done += 1
+                self.bytes_copied += job.copy_bytes
                 if self._inbox:
                     # Back-to-back jobs: let other tasks run between them.
                     await trio.lowlevel.checkpoint()
@@ -292,6 +368,7 @@ class QueueActor:
         ops = job.ops
         bases = job.bases
         sub = job.submission
+        now = time.perf_counter if type(self)._now is QueueActor._now else self._now
         count = len(ops)
         i = 0
         ran = 0
@@ -310,12 +387,19 @@ class QueueActor:
                 signal = op[1]
                 target = bases[op[2]] + op[3]
                 if signal.value < target:
+                    # The slow path: only here is parking counted and timed (inline: a
+                    # helper coroutine's frame would cost every park of every replay).
                     self.parked_on = (signal, target, i - 1)
                     self.parks += 1
+                    sub.waits_parked += 1
+                    start = now()
                     try:
                         await signal.wait_value(target)
                     finally:
                         self.parked_on = None
+                        blocked = now() - start
+                        self.time_blocked += blocked
+                        sub.time_blocked += blocked
             elif code == SIGNAL:
                 op[1].set(bases[op[2]] + op[3])
             elif code == EXEC_THREAD:
@@ -331,6 +415,84 @@ class QueueActor:
                         sub.fail(failure[0], self.name, failure[1])
             else:
                 i = await self._run_device_op(op, job, i)
+        self.items_run += ran
+        sub.job_done(job.slot)
+
+    async def _park(self, signal: Signal, target: int, sub: Submission, index: int) -> None:
+        """A WAIT that is not yet satisfied (the slow path, so counting here is free):
+        park on the signal, say where for the deadlock monitor, time the parking."""
+        self.parked_on = (signal, target, index)
+        self.parks += 1
+        sub.waits_parked += 1
+        start = self._now()
+        try:
+            await signal.wait_value(target)
+        finally:
+            self.parked_on = None
+            blocked = self._now() - start
+            self.time_blocked += blocked
+            sub.time_blocked += blocked
+
+    async def _run_job_profiled(self, job: Job) -> None:
+        """`_run_job` with timestamps around every item and every parked wait.
+
+        A separate copy of the loop, so that replays without profiling pay nothing for it.
+        """
+        ops = job.ops
+        bases = job.bases
+        sub = job.submission
+        record = job.profile
+        assert record is not None
+        spans = record.spans
+        # The default clock is called directly (as in `_run_job`): a bound-method hop per
+        # stamp would be most of profiling's cost on tiny items. An override is used as is.
+        now = time.perf_counter if type(self)._now is QueueActor._now else self._now
+        count = len(ops)
+        i = 0
+        ran = 0
+        record.start = now()
+        while i < count:
+            op = ops[i]
+            i += 1
+            code = op[0]
+            if code == EXEC:
+                start = now()
+                if sub.error is None:
+                    try:
+                        op[1](*op[2])
+                    except Exception as exc:
+                        sub.fail(op[3], self.name, exc)
+                spans.append((i - 1, start, now()))
+                ran += 1
+            elif code == WAIT:
+                signal = op[1]
+                target = bases[op[2]] + op[3]
+                if signal.value < target:
+                    start = now()
+                    await self._park(signal, target, sub, i - 1)
+                    spans.append((i - 1, start, now()))
+            elif code == SIGNAL:
+                op[1].set(bases[op[2]] + op[3])
+            elif code == EXEC_THREAD:
+                first = i - 1
+                end = i
+                while end < count and ops[end][0] == EXEC_THREAD:
+                    end += 1
+                batch = ops[first:end]
+                i = end
+                ran += len(batch)
+                if sub.error is None:
+                    times: list[tuple[float, float]] = []
+                    failure = await self._thread().run(batch, times)
+                    spans.extend((first + k, t0, t1) for k, (t0, t1) in enumerate(times))
+                    if failure is not None:
+                        sub.fail(failure[0], self.name, failure[1])
+            else:
+                first = i - 1
+                start = now()
+                i = await self._run_device_op(op, job, i)
+                spans.append((first, start, now()))
+        record.end = now()
         self.items_run += ran
         sub.job_done(job.slot)
 

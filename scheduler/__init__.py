@@ -1,5 +1,6 @@
 """The planner: pure and synchronous. Jit cache (PlanItems) -> Plan (a message list per queue)."""
 
+from ._dot import GraphvizError as GraphvizError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
@@ -22,7 +23,7 @@ from ._records import QueueKind as QueueKind
 from ._verify import verify_plan as verify_plan
 
 __all__ = [
-    "Access", "DeviceCaps", "ItemKind", "Message", "Plan", "PlanDeadlockError", "PlanError",
+    "Access", "DeviceCaps", "GraphvizError", "ItemKind", "Message", "Plan", "PlanDeadlockError", "PlanError",
     "PlanItem", "PlanRaceError", "QueueId", "QueueKind", "RangeTracker", "Run", "Signal",
     "SyncDevice", "Wait", "WaitKick", "assign_queue", "build_plan", "verify_plan",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Union
 
 import attrs
@@ -88,6 +89,18 @@ class Plan:
         from ._verify import verify_plan
 
         verify_plan(self)
+
+    def to_dot(self, name: str = "plan") -> str:
+        """The plan as Graphviz DOT text: a cluster per queue, an arrow per wait."""
+        from ._dot import plan_to_dot
+
+        return plan_to_dot(self, name)
+
+    def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is missing)."""
+        from ._dot import plan_to_svg
+
+        return plan_to_svg(self, path)
 
     @property
     def wait_count(self) -> int:

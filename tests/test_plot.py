@@ -1,0 +1,65 @@
+"""Timeline pictures: a PNG that is really an image, and clear errors when it cannot be drawn."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import actorgraph as ag
+
+N = 64
+XOR = ag.Kernel("xor", cpu=lambda out, a, b: np.bitwise_xor(a, b, out=out), outs=(0,), ins=(1, 2))
+
+
+async def _profile() -> ag.Profile:
+    async with ag.open_runtime(["CPU:0", "CPU:1"], profile=True) as rt:
+        a, b, c = (rt.alloc("CPU:0", N, np.int32) for _ in range(3))
+        d, e = (rt.alloc("CPU:1", N, np.int32) for _ in range(2))
+        graph = await rt.compile([ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c), ag.Launch(XOR, [e, d, d])])
+        for _ in range(3):
+            await graph()
+        return rt.profile()
+
+
+async def test_plot_timeline_writes_a_real_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    path = tmp_path / "timeline.png"
+    assert ag.plot_timeline(await _profile(), path, title="three replays") == str(path)
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(data) > 10_000
+    image = imread(path)
+    height, width = image.shape[:2]
+    assert width >= 800 and height >= 200
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+async def test_plot_timeline_draws_svg_and_empty_profiles(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    ag.plot_timeline(await _profile(), tmp_path / "t.svg", critical_path=False)
+    assert "<svg" in (tmp_path / "t.svg").read_text()
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        empty = rt.profile()
+    ag.plot_timeline(empty, tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").stat().st_size > 1000
+
+
+async def test_plot_timeline_takes_a_profile(tmp_path: Path) -> None:
+    with pytest.raises(ag.UsageError, match=r"plot_timeline takes a Profile \(from rt.profile\(\)\)"):
+        ag.plot_timeline("trace.json", tmp_path / "x.png")  # type: ignore[arg-type]
+
+
+async def test_plot_timeline_without_matplotlib_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profile = await _profile()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ag.MissingExtraError, match=r"pip install 'actorgraph\[plot\]'"):
+        ag.plot_timeline(profile, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
