@@ -8,8 +8,11 @@ Needs the `notebooks` extra (pip install -e ".[notebooks]").
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import sys
+import tempfile
 
 import nbformat
 from nbclient import NotebookClient
@@ -28,7 +31,18 @@ def execute(path: pathlib.Path, timeout: int = 300) -> nbformat.NotebookNode:
     return notebook
 
 
+def use_this_python() -> None:
+    """Make the `python3` kernel this interpreter (not whichever `python` is on PATH)."""
+    spec = pathlib.Path(tempfile.mkdtemp()) / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "language": "python"}))
+    os.environ["JUPYTER_PATH"] = str(spec.parent.parent)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+
+
 def main(prefixes: list[str]) -> int:
+    use_this_python()
     paths = sorted(HERE.glob("*.ipynb"))
     if prefixes:
         paths = [p for p in paths if any(p.stem.startswith(x) for x in prefixes)]

@@ -3,6 +3,7 @@ an error, and the committed copy carries its outputs."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -35,14 +36,28 @@ def test_committed_notebook_carries_its_outputs(path: pathlib.Path) -> None:
     assert any(cell.outputs for cell in code), f"{path.name} was saved without outputs"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_headless(path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def this_python_kernel(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A `python3` kernelspec that runs this interpreter (whatever else is installed)."""
+    spec = tmp_path / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"})
+    )
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
     # The kernel is a child process: let it import this checkout's packages.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    pythonpath = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in pythonpath if p))
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    return "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_headless(path: pathlib.Path, this_python_kernel: str) -> None:
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
-        notebook, timeout=120, kernel_name="python3",
+        notebook, timeout=120, kernel_name=this_python_kernel,
         resources={"metadata": {"path": str(EXAMPLES)}},
     )
     client.execute()  # raises CellExecutionError on the first failing cell
