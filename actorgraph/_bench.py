@@ -73,6 +73,22 @@ async def builtin(items: int, replays: int) -> dict[str, Any]:
                 await rt.launch(XOR, [c, x, b] if i % 2 == 0 else [d, c, x])
 
         jit_s = await _median_call_s(lambda: step(rt, a), replays)
+        # New input objects on every call: the full argument check, no identity shortcut.
+        spare = [rt.alloc("CPU:0", 1024, np.int32) for _ in range(2)]
+        turn = [0]
+
+        def alternate() -> Any:
+            turn[0] ^= 1
+            return step(rt, spare[turn[0]])
+
+        jit_new_s = await _median_call_s(alternate, replays)
+        graph_alt = await rt.compile(chain, inputs=[a])
+
+        def alternate_graph() -> Any:
+            turn[0] ^= 1
+            return graph_alt([spare[turn[0]]])
+
+        graph_new_s = await _median_call_s(alternate_graph, replays)
         eager_s = await _median_call_s(lambda: rt.run(chain), max(1, replays // 10), rounds=3)
     return {
         "items": items,
@@ -80,6 +96,9 @@ async def builtin(items: int, replays: int) -> dict[str, Any]:
         "graph_us_per_call": graph_s * 1e6,
         "jit_us_per_call": jit_s * 1e6,
         "jit_overhead_us_per_call": (jit_s - graph_s) * 1e6,
+        "jit_new_inputs_us_per_call": jit_new_s * 1e6,
+        "graph_new_inputs_us_per_call": graph_new_s * 1e6,
+        "jit_new_inputs_overhead_us_per_call": (jit_new_s - graph_new_s) * 1e6,
         "eager_us_per_item": eager_s / items * 1e6,
     }
 
@@ -88,9 +107,11 @@ def main_builtin(items: int, replays: int, out: str | None) -> int:
     results = trio.run(builtin, items, replays)
     print(f"built-in replay benchmark: {items} tiny xor kernels on CPU:0")
     print(f"  graph replay: {results['graph_us_per_item']:.2f} us/item "
-          f"({results['graph_us_per_call']:.0f} us per replay)")
+          f"({results['graph_us_per_call']:.0f} us per replay; "
+          f"{results['graph_new_inputs_us_per_call']:.0f} us with new inputs each replay)")
     print(f"  @ag.jit call: {results['jit_us_per_call']:.0f} us per call "
-          f"({results['jit_overhead_us_per_call']:+.1f} us over the graph)")
+          f"({results['jit_overhead_us_per_call']:+.1f} us over the graph; "
+          f"{results['jit_new_inputs_overhead_us_per_call']:+.1f} us with new inputs each call)")
     print(f"  eager rt.run: {results['eager_us_per_item']:.1f} us/item")
     if out:
         path = pathlib.Path(out)
