@@ -105,6 +105,9 @@ class Graph:
                 if slot not in bound:
                     self._internal.setdefault(buf.alloc_id, []).append(buf)
         del input_allocs
+        # One buffer per internal allocation: checked on every call, as a buffer may be
+        # freed between two calls with the same inputs.
+        self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
         self.replays = 0
         self.replays_done = 0
         self.waits_parked = 0
@@ -225,6 +228,9 @@ class Graph:
             overlap = self._check_inputs(inputs)
             if overlap is not None:
                 return self._replan(inputs, overlap, var_vals)
+        for buf in self._internal_roots:
+            if buf.freed:
+                buf.check_live("this graph uses ")
         values = var_vals if var_vals is not None else {}
         if same_inputs and values == self._last_vars:
             return self._program, self._last_ops
@@ -302,8 +308,6 @@ class Graph:
                         f"input {i} {new!r} shares memory with {internal!r}, which the graph "
                         f"uses internally"
                     )
-        for buf in (b for bufs in self._internal.values() for b in bufs):
-            buf.check_live("this graph uses ")
         return overlap
 
     async def aclose(self) -> None:

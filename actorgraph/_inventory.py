@@ -13,6 +13,8 @@ import devices as _devices
 
 @attrs.frozen
 class GPUInfo:
+    """One GPU as the CUDA driver describes it."""
+
     index: int
     name: str
     memory_bytes: int
@@ -21,6 +23,8 @@ class GPUInfo:
 
 @attrs.frozen
 class Inventory:
+    """What this machine offers: device kinds, CPU cores, CUDA GPUs, SIM presets."""
+
     kinds: tuple[str, ...]  # device kinds this install can open ("CPU", "SIM", ...)
     cpu_cores: int
     gpus: tuple[GPUInfo, ...]

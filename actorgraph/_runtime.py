@@ -17,7 +17,14 @@ from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
 
 from . import _jit
 from ._buffer import Allocation, Buffer, _shape_of
-from ._errors import ActorGraphError, ClosedError, DeadlockError, ItemError, UsageError
+from ._errors import (
+    ActorGraphError,
+    ClosedError,
+    DeadlockError,
+    InputError,
+    ItemError,
+    UsageError,
+)
 from ._graph import Graph, check_var_vals
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
@@ -359,11 +366,14 @@ class Runtime:
             if not scope.issue(self, checked, var_vals):
                 return
             var_vals = scope.values_for(checked)
+        # var_vals covers the whole list: check it once, then give each item its own vars.
+        needed: frozenset[Any] = frozenset().union(*(item.free_vars() for item in checked))
+        values = check_var_vals(needed, var_vals, "run()")
         for index, item in enumerate(checked):
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
-            values = check_var_vals(program.free_vars, var_vals, f"run(): item {index} ({item.label})")
-            ops = program.bind((), values)
+            own = {var: values[var] for var in program.free_vars}
+            ops = program.bind((), own)
             await self._admit()
             await self._await(program, program.submit(ops))
 
@@ -407,6 +417,12 @@ class Runtime:
             if not isinstance(buf, Buffer):
                 raise UsageError(f"input {i} must be a Buffer, got {buf!r}")
             buf.check_live(f"input {i}: ")
+            for j, other in enumerate(inputs[:i]):
+                if buf.overlaps(other):
+                    raise InputError(
+                        f"inputs {j} and {i} share memory ({other!r} and {buf!r}); the plan "
+                        f"assumes distinct inputs: pass separate buffers"
+                    )
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()

@@ -1,0 +1,457 @@
+"""Every bad input has a clear, early error: each test pins its type and its message."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+import actorgraph as ag
+
+I32 = np.int32
+N = ag.Var("n", 1, 64)
+K = ag.Var("k", 0, 9)
+
+
+def _xor(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    np.bitwise_xor(a, b, out=out)
+
+
+def _fill(out: np.ndarray, n: int) -> None:
+    out[:n] = n
+
+
+XOR = ag.Kernel("xor", cpu=_xor, outs=(0,), ins=(1, 2))
+FILL = ag.Kernel("fill", cpu=_fill, outs=(0,))
+GPU_ONLY = ag.Kernel(
+    "gpu_only", cuda='extern "C" __global__ void gpu_only(int* x) { x[0] = 1; }', outs=(0,)
+)
+
+
+def raises(error: type[BaseException], message: str) -> pytest.RaisesContext[BaseException]:
+    """pytest.raises matching `message` literally."""
+    return pytest.raises(error, match=re.escape(message))
+
+
+@pytest.fixture
+async def rt() -> AsyncIterator[ag.Runtime]:
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        yield rt
+
+
+def bufs(rt: ag.Runtime, count: int, device: str = "CPU:0", size: int = 64) -> list[ag.Buffer]:
+    return [rt.alloc(device, size, I32) for _ in range(count)]
+
+
+async def xor_graph(rt: ag.Runtime) -> tuple[ag.Graph, list[ag.Buffer]]:
+    a, b, c = bufs(rt, 3)
+    return await rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b]), [a, b, c]
+
+
+# -- graph inputs -----------------------------------------------------------------------------
+
+
+async def test_wrong_input_count(rt: ag.Runtime) -> None:
+    graph, (a, _, _) = await xor_graph(rt)
+    with raises(ag.InputError, "graph was compiled with 2 inputs but was called with 1; pass one buffer per input"):
+        await graph([a])
+
+
+async def test_wrong_input_shape(rt: ag.Runtime) -> None:
+    graph, (a, _, _) = await xor_graph(rt)
+    with raises(ag.InputError, "input 1 has shape (8, 8) but the graph was compiled for (64,)"):
+        await graph([a, rt.alloc("CPU:0", (8, 8), I32)])
+
+
+async def test_wrong_input_dtype(rt: ag.Runtime) -> None:
+    graph, (a, _, _) = await xor_graph(rt)
+    with raises(ag.InputError, "input 1 has dtype float32 but the graph was compiled for int32"):
+        await graph([a, rt.alloc("CPU:0", 64, np.float32)])
+
+
+async def test_wrong_input_device(rt: ag.Runtime) -> None:
+    graph, (a, _, _) = await xor_graph(rt)
+    with raises(ag.InputError, "input 1 is on CPU:1 but the graph was compiled for one on CPU:0; copy it to CPU:0 first"):
+        await graph([a, rt.alloc("CPU:1", 64, I32)])
+
+
+async def test_input_that_is_not_a_buffer(rt: ag.Runtime) -> None:
+    graph, (a, _, _) = await xor_graph(rt)
+    with raises(ag.InputError, "input 1 must be a Buffer, got array("):
+        await graph([a, np.zeros(64, I32)])  # type: ignore[list-item]
+    with raises(ag.UsageError, "input 0 must be a Buffer, got 'a'"):
+        await rt.compile([ag.Launch(XOR, bufs(rt, 3))], inputs=["a"])  # type: ignore[list-item]
+
+
+async def test_inputs_aliasing_each_other(rt: ag.Runtime) -> None:
+    graph, _ = await xor_graph(rt)
+    big = rt.alloc("CPU:0", 128, I32)
+    first, second = big.view(offset=0, size=64), big.view(offset=36, size=64)
+    with raises(ag.InputError, f"inputs 0 and 1 share memory ({first!r} and {second!r}); the plan assumes distinct memory: pass separate buffers, or compile with aliasing='replan' to plan again for aliased inputs"):
+        await graph([first, second])
+    x = rt.alloc("CPU:0", 64, I32)
+    with raises(ag.InputError, "inputs 0 and 1 share memory"):
+        await graph([x, x])
+    # Disjoint views of one buffer are distinct inputs.
+    await graph([big.view(offset=0, size=64), big.view(offset=64, size=64)])
+
+
+async def test_compile_refuses_inputs_aliasing_each_other(rt: ag.Runtime) -> None:
+    a, b, c = bufs(rt, 3)
+    with raises(ag.InputError, "inputs 0 and 1 share memory"):
+        await rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, a])
+
+
+async def test_input_aliasing_an_internal_buffer(rt: ag.Runtime) -> None:
+    graph, (_, b, c) = await xor_graph(rt)
+    with raises(ag.InputError, f"input 0 {c!r} shares memory with {c!r}, which the graph uses internally; the plan assumes distinct memory: pass separate buffers, or compile with aliasing='replan' to plan again for aliased inputs"):
+        await graph([c, b])
+    with raises(ag.InputError, "input 1 <Buffer CPU:0 64 int32 view@0"):
+        await graph([b, c.view(offset=0, size=64)])
+
+
+async def test_an_item_buffer_overlapping_an_input_without_being_it(rt: ag.Runtime) -> None:
+    a, b, c = bufs(rt, 3)
+    window = a.view(offset=8, size=32)
+    part = window.view(offset=0, size=8)
+    items = [ag.Launch(XOR, [c.view(offset=0, size=8), part, b.view(offset=0, size=8)])]
+    with raises(ag.UsageError, f"item 0 (xor) uses {part!r}, which overlaps input 0 {window!r} without being it; pass the base buffer as the input"):
+        await rt.compile(items, inputs=[window])
+
+
+# -- vars ------------------------------------------------------------------------------------
+
+
+async def fill_graph(rt: ag.Runtime) -> ag.Graph:
+    (out,) = bufs(rt, 1)
+    return await rt.compile([ag.Launch(FILL, [out], vars=[N])])
+
+
+async def test_var_out_of_bounds(rt: ag.Runtime) -> None:
+    graph = await fill_graph(rt)
+    message = "Var 'n' = 65 is outside its bounds [1, 64]; pass a value in range or widen the Var's bounds"
+    with raises(ag.VarError, message):
+        await graph(var_vals={N: 65})
+    with raises(ag.VarError, "Var 'n' = 0 is outside its bounds [1, 64]"):
+        await rt.run([ag.Launch(FILL, bufs(rt, 1), vars=[N])], var_vals={N: 0})
+    with raises(ag.VarError, "Var 'n' = 99 is outside its bounds [1, 64]"):
+        ag.Launch(FILL, bufs(rt, 1), vars=[N], fixedvars={N: 99})
+
+
+async def test_var_value_that_is_not_an_int(rt: ag.Runtime) -> None:
+    graph = await fill_graph(rt)
+    with raises(ag.VarError, "Var 'n' needs an int value, got 2.5"):
+        await graph(var_vals={N: 2.5})  # type: ignore[dict-item]
+    with raises(ag.VarError, "Var 'n' needs an int value, got True"):
+        await graph(var_vals={N: True})
+
+
+async def test_missing_var(rt: ag.Runtime) -> None:
+    graph = await fill_graph(rt)
+    with raises(ag.VarError, "this graph needs values for Vars ['n']; pass var_vals={var: value}"):
+        await graph()
+    with raises(ag.VarError, "run() needs values for Vars ['n']"):
+        await rt.run([ag.Launch(FILL, bufs(rt, 1), vars=[N])])
+
+
+async def test_unknown_var(rt: ag.Runtime) -> None:
+    graph = await fill_graph(rt)
+    with raises(ag.VarError, "this graph does not use Var 'k' (it uses: ['n']); drop it"):
+        await graph(var_vals={N: 3, K: 1})
+    with raises(ag.VarError, "run() does not use Var 'k' (it uses: none); drop it"):
+        await rt.run([ag.Launch(XOR, bufs(rt, 3))], var_vals={K: 1})
+    with raises(ag.VarError, "this graph: var_vals keys must be ag.Var objects, got 'n'"):
+        await graph(var_vals={"n": 3})  # type: ignore[dict-item]
+
+
+async def test_launch_dims_that_evaluate_below_one(rt: ag.Runtime) -> None:
+    (out,) = bufs(rt, 1)
+    graph = await rt.compile([ag.Launch(FILL, [out], vars=[N], global_size=N - 5)])
+    with raises(ag.UsageError, "launch dims (-2,) must all be >= 1 for these var values"):
+        await graph(var_vals={N: 3})
+    await graph(var_vals={N: 6})
+
+
+def test_bad_vars_and_dims() -> None:
+    with raises(ag.VarError, "Var 'v': bounds must be ints with lo <= hi, got [5, 1]"):
+        ag.Var("v", 5, 1)
+    with raises(ag.VarError, "Var name must be a non-empty string, got ''"):
+        ag.Var("", 0, 1)
+    with raises(TypeError, "launch-dim expressions combine ints and Vars only; got 1.5 (float)"):
+        N * 1.5  # type: ignore[operator]
+    with raises(ag.VarError, "launch dim (n // (n - n)) divides by zero for these var values"):
+        (N // (N - N)).evaluate({N: 3})
+
+
+# -- freed buffers ---------------------------------------------------------------------------
+
+
+async def test_freed_buffer_in_items(rt: ag.Runtime) -> None:
+    a, b, c = bufs(rt, 3)
+    rt.free(b)
+    items = [ag.Launch(XOR, [c, a, b])]
+    message = f"item 0 (xor) uses {b!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+    with raises(ag.BufferFreedError, message):
+        await rt.run(items)
+    with raises(ag.BufferFreedError, message):
+        await rt.compile(items)
+    assert "freed" in repr(b)
+
+
+async def test_freed_buffer_as_input(rt: ag.Runtime) -> None:
+    graph, (a, b, _) = await xor_graph(rt)
+    (gone,) = bufs(rt, 1)
+    rt.free(gone)
+    with raises(ag.BufferFreedError, f"input 1: {gone!r} was freed"):
+        await graph([a, gone])
+    with raises(ag.BufferFreedError, f"input 0: {gone!r} was freed"):
+        await rt.compile([ag.Launch(XOR, bufs(rt, 3))], inputs=[gone])
+    # An input used by the previous call and freed since.
+    await graph([a, b])
+    rt.free(b)
+    with raises(ag.BufferFreedError, f"input 1: {b!r} was freed"):
+        await graph([a, b])
+
+
+async def test_freed_internal_buffer_on_replay(rt: ag.Runtime) -> None:
+    graph, (a, b, c) = await xor_graph(rt)
+    await graph([a, b])
+    rt.free(c)
+    message = f"this graph uses {c!r} was freed"
+    with raises(ag.BufferFreedError, message):
+        await graph([a, b])  # the same inputs as the last call
+    with raises(ag.BufferFreedError, message):
+        await graph(bufs(rt, 2))
+
+
+async def test_freed_buffer_in_copyin_copyout_view_and_free(rt: ag.Runtime) -> None:
+    (a,) = bufs(rt, 1)
+    view = a.view(offset=4, size=4)
+    rt.free(a)
+    with raises(ag.BufferFreedError, f"copyin: {a!r} was freed"):
+        await rt.copyin(a, np.zeros(64, I32))
+    with raises(ag.BufferFreedError, f"copyout: {view!r} was freed"):
+        await rt.copyout(view)
+    with raises(ag.BufferFreedError, f"view of {a!r} was freed"):
+        a.view(offset=0, size=1)
+    with raises(ag.BufferFreedError, f"free: {a!r} was freed"):
+        rt.free(a)
+    (b,) = bufs(rt, 1)
+    with raises(ag.UsageError, "free() takes a base buffer; "):
+        rt.free(b.view(offset=1, size=1))
+
+
+# -- kernels, launches, copies, views --------------------------------------------------------
+
+
+async def test_kernel_with_no_body_for_the_device(rt: ag.Runtime) -> None:
+    (out,) = bufs(rt, 1)
+    items = [ag.Launch(GPU_ONLY, [out])]
+    message = (
+        "kernel 'gpu_only' has no CPU body, so it cannot run on CPU:0; give Kernel(..., cpu=fn) "
+        "or launch it on a device it has a body for"
+    )
+    with raises(ag.DeviceError, message):
+        await rt.run(items)
+    with raises(ag.DeviceError, message):
+        await rt.compile(items)
+    # Refused before anything ran: the runtime goes on.
+    await rt.run([ag.Launch(XOR, bufs(rt, 3))])
+
+
+def test_bad_kernels() -> None:
+    with raises(ag.UsageError, "Kernel 'k' has no body; give cpu=fn and/or cuda=SOURCE"):
+        ag.Kernel("k", outs=(0,))
+    with raises(ag.UsageError, "Kernel 'k' writes no buffer: list the written slots in outs=(...)"):
+        ag.Kernel("k", cpu=_fill)
+    with raises(ag.UsageError, "Kernel name must be an identifier, got 'a-b'"):
+        ag.Kernel("a-b", cpu=_fill, outs=(0,))
+    with raises(ag.UsageError, "Kernel 'k': cpu= must be callable, got 3"):
+        ag.Kernel("k", cpu=3, outs=(0,))
+    with raises(ag.UsageError, "Kernel outs must list buffer slots as ints >= 0, got (-1,)"):
+        ag.Kernel("k", cpu=_fill, outs=(-1,))
+
+
+async def test_launch_mixing_devices(rt: ag.Runtime) -> None:
+    a, c = bufs(rt, 2)
+    (b,) = bufs(rt, 1, "CPU:1")
+    with raises(ag.UsageError, "Launch of 'xor' mixes buffers of ['CPU:0', 'CPU:1']; a kernel runs on one device: add a Copy to bring the data over first"):
+        ag.Launch(XOR, [c, a, b])
+
+
+async def test_slot_in_neither_outs_nor_ins(rt: ag.Runtime) -> None:
+    with raises(ag.UsageError, "buffer slot 1 of Kernel 'fill' is in neither outs nor ins; say whether the kernel reads or writes it"):
+        ag.Launch(FILL, bufs(rt, 2))
+
+
+async def test_slot_out_of_range(rt: ag.Runtime) -> None:
+    with raises(ag.UsageError, "Kernel 'xor' uses buffer slot 2 but the Launch passes 2 buffers; pass one buffer per slot"):
+        ag.Launch(XOR, bufs(rt, 2))
+
+
+async def test_bad_launch_arguments(rt: ag.Runtime) -> None:
+    with raises(ag.UsageError, "buffer slot 0 must be an actorgraph Buffer, got"):
+        ag.Launch(FILL, [np.zeros(4)])
+    with raises(ag.UsageError, "launch dims are 1 to 3 ints or Var expressions, got (1, 1, 1, 1)"):
+        ag.Launch(FILL, bufs(rt, 1), global_size=(1, 1, 1, 1))
+    with raises(ag.UsageError, "Launch needs an actorgraph Kernel, got 'xor'"):
+        ag.Launch("xor", bufs(rt, 1))  # type: ignore[arg-type]
+
+
+async def test_copy_size_or_dtype_mismatch(rt: ag.Runtime) -> None:
+    (a,) = bufs(rt, 1)
+    small = rt.alloc("CPU:1", 32, I32)
+    floats = rt.alloc("CPU:1", 64, np.float32)
+    with raises(ag.UsageError, f"Copy needs dst and src of the same dtype and size: dst is {small!r}, src is {a!r}; use views of matching size"):
+        ag.Copy(dst=small, src=a)
+    with raises(ag.UsageError, f"Copy needs dst and src of the same dtype and size: dst is {floats!r}, src is {a!r}"):
+        ag.Copy(dst=floats, src=a)
+    with raises(ag.UsageError, "Copy dst "):
+        ag.Copy(dst=a.view(offset=0, size=8), src=a.view(offset=4, size=8))
+
+
+async def test_view_past_end(rt: ag.Runtime) -> None:
+    (a,) = bufs(rt, 1)
+    with raises(ag.UsageError, f"view(offset=60, size=8) of {a!r} runs past its end (68 > 64); shrink the view or its offset"):
+        a.view(offset=60, size=8)
+    part = a.view(offset=32, size=16)
+    with raises(ag.UsageError, "view(offset=10, size=8) of"):
+        part.view(offset=10, size=8)
+    with raises(ag.UsageError, "view offset must be an int >= 0, got -1"):
+        a.view(offset=-1, size=1)
+    with raises(ag.UsageError, "view size=6 does not match shape=(2, 2)"):
+        a.view(size=6, shape=(2, 2))
+
+
+async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
+    with raises(ag.UsageError, "a buffer shape is an int or a tuple of ints >= 0, got -3"):
+        rt.alloc("CPU:0", -3, I32)
+    with raises(ag.UsageError, "alloc: 'no such type' is not a numpy dtype"):
+        rt.alloc("CPU:0", 4, "no such type")
+    (a,) = bufs(rt, 1)
+    with raises(ag.UsageError, f"copyin: array dtype float64 does not match {a!r}; convert with array.astype(np.int32)"):
+        await rt.copyin(a, np.zeros(64))
+    with raises(ag.UsageError, f"copyin: array has 63 elements but {a!r} holds 64"):
+        await rt.copyin(a, np.zeros(63, I32))
+    with raises(ag.UsageError, "copyout takes a Buffer, got"):
+        await rt.copyout(np.zeros(3))  # type: ignore[arg-type]
+
+
+async def test_bad_item_lists(rt: ag.Runtime) -> None:
+    with raises(ag.UsageError, "compile() got no items; a graph needs at least one Launch or Copy"):
+        await rt.compile([])
+    with raises(ag.UsageError, "item 0 is 'xor'; a jit cache holds ag.Launch(...) and ag.Copy(...) items"):
+        await rt.run(["xor"])  # type: ignore[list-item]
+
+
+# -- devices and runtimes --------------------------------------------------------------------
+
+
+async def test_unknown_device_name() -> None:
+    for name in ("GPU:0", "cpu:0", "CPU0", "CPU:-1"):
+        with raises(ag.DeviceError, f"unknown device name {name!r}: expected one of CPU:N (e.g. 'CPU:0')"):
+            async with ag.open_runtime([name]):
+                pass  # pragma: no cover
+
+
+async def test_bad_device_lists() -> None:
+    with raises(ag.UsageError, "open_runtime needs a list of device names like ['CPU:0', 'CPU:1'], got 'CPU:0'"):
+        async with ag.open_runtime("CPU:0"):
+            pass  # pragma: no cover
+    with raises(ag.UsageError, "device 'CPU:0' is listed twice in open_runtime(...)"):
+        async with ag.open_runtime(["CPU:0", "CPU:0"]):
+            pass  # pragma: no cover
+
+
+async def test_device_not_opened_in_the_runtime(rt: ag.Runtime) -> None:
+    with raises(ag.UsageError, "device 'CPU:3' is not open in this runtime (open: ['CPU:0', 'CPU:1']); add it to open_runtime([...])"):
+        rt.alloc("CPU:3", 4, I32)
+    # A buffer from another runtime, on a device this one did not open.
+    async with ag.open_runtime(["CPU:5"]) as other:
+        stranger = other.alloc("CPU:5", 64, I32)
+        (mine,) = bufs(rt, 1)
+        items = [ag.Copy(dst=mine, src=stranger)]
+        with raises(ag.PlanError, "uses device 'CPU:5', which this runtime did not open; open it with open_runtime([... 'CPU:5' ...])"):
+            await rt.compile(items)
+        with raises(ag.PlanError, "which this runtime did not open"):
+            await rt.run(items)
+
+
+async def test_graph_after_aclose(rt: ag.Runtime) -> None:
+    graph, (a, b, _) = await xor_graph(rt)
+    async with graph:
+        await graph([a, b])
+    with raises(ag.ClosedError, "was closed with aclose(); compile a new graph"):
+        await graph([a, b])
+    await graph.aclose()  # closing twice is fine
+    assert "closed" in repr(graph)
+
+
+async def test_runtime_after_exit() -> None:
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        graph, (a, b, c) = await xor_graph(rt)
+    message = "this runtime has exited its `async with open_runtime(...)` block; open a new runtime to run more work"
+    with raises(ag.ClosedError, message):
+        rt.alloc("CPU:0", 4, I32)
+    with raises(ag.ClosedError, message):
+        await graph([a, b])
+    with raises(ag.ClosedError, message):
+        await rt.run([ag.Launch(XOR, [c, a, b])])
+    with raises(ag.ClosedError, message):
+        await rt.compile([ag.Launch(XOR, [c, a, b])])
+    with raises(ag.ClosedError, message):
+        await rt.copyin(a, np.zeros(64, I32))
+    with raises(ag.ClosedError, message):
+        await rt.copyout(a)
+
+
+# -- a kernel that raises --------------------------------------------------------------------
+
+
+class Boom:
+    """A kernel body that raises while `armed`."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.error = ValueError("bad value in the kernel")
+
+    def __call__(self, out: np.ndarray, a: np.ndarray) -> None:
+        if self.armed:
+            raise self.error
+        out[:] = a + 1
+
+
+@pytest.mark.parametrize("thread_bytes", [1 << 30, 0], ids=["inline", "thread"])
+async def test_a_kernel_that_raises(thread_bytes: int) -> None:
+    boom = Boom()
+    kernel = ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,))
+    async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=thread_bytes) as rt:
+        a, b, c = bufs(rt, 3)
+        (d,) = bufs(rt, 1, "CPU:1")
+        await rt.copyin(a, np.arange(64, dtype=I32))
+        # Item 1 raises; item 2 on another device waits for it and must not hang.
+        items = [ag.Launch(XOR, [c, a, a]), ag.Launch(kernel, [b, a]), ag.Copy(dst=d, src=b)]
+        graph = await rt.compile(items, inputs=[a])
+        message = "item 1 (boom) on CPU:0/compute raised ValueError: bad value in the kernel"
+        for attempt in range(2):
+            with raises(ag.ItemError, message) as info:
+                await graph([a])
+            error = info.value
+            assert (error.index, error.label, error.device) == (1, "boom", "CPU:0")
+            assert error.__cause__ is boom.error
+
+        # Eager: the index is the item's place in the list given to run().
+        with raises(ag.ItemError, "item 2 (boom) on CPU:0/compute raised ValueError") as info:
+            await rt.run(items[:1] + items)
+        assert info.value.index == 2 and info.value.__cause__ is boom.error
+
+        # The runtime, and the graph, go on working.
+        boom.armed = False
+        await graph([a])
+        np.testing.assert_array_equal(await rt.copyout(d), np.arange(64, dtype=I32) + 1)
+        await rt.copyin(a, np.full(64, 7, I32))
+        await rt.run(items)
+        np.testing.assert_array_equal(await rt.copyout(d), np.full(64, 8, I32))
+        assert rt.statistics().in_flight == 0  # nothing is left over from the failed ones
