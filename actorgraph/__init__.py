@@ -1,5 +1,12 @@
 """actorgraph: replay captured device work across many devices with trio actors."""
 
+from devices import PRESETS as SIM_PRESETS
+from devices import CostModel as CostModel
+from devices import DeviceCost as DeviceCost
+from devices import LinkCost as LinkCost
+from devices import SimRecord as SimRecord
+from devices import Work as Work
+
 from ._background import BackgroundGraph as BackgroundGraph
 from ._background import BackgroundRuntime as BackgroundRuntime
 from ._background import Call as Call
@@ -38,6 +45,11 @@ from ._profile import WaitKind as WaitKind
 from ._profile import WaitRecord as WaitRecord
 from ._runtime import Runtime as Runtime
 from ._runtime import open_runtime as open_runtime
+from ._sim import clear_sim_timeline as clear_sim_timeline
+from ._sim import sim_bounds as sim_bounds
+from ._sim import sim_durations as sim_durations
+from ._sim import sim_reorder as sim_reorder
+from ._sim import sim_timeline as sim_timeline
 from ._trace import write_trace as write_trace
 from ._vars import Expr as Expr
 from ._vars import Var as Var
@@ -54,7 +66,9 @@ __all__ = [
     "Call",
     "ClosedError",
     "Copy",
+    "CostModel",
     "DeadlockError",
+    "DeviceCost",
     "DeviceError",
     "EventKind",
     "Expr",
@@ -67,6 +81,7 @@ __all__ = [
     "JitWarning",
     "Kernel",
     "Launch",
+    "LinkCost",
     "MissingExtraError",
     "PlanDeadlockError",
     "PlanError",
@@ -76,16 +91,24 @@ __all__ = [
     "Replay",
     "ReplaySpan",
     "Runtime",
+    "SIM_PRESETS",
+    "SimRecord",
     "UsageError",
     "Var",
     "VarError",
     "WaitKind",
     "WaitRecord",
+    "Work",
     "cdiv",
+    "clear_sim_timeline",
     "jit",
     "local_devices",
     "open_runtime",
     "plot_timeline",
+    "sim_bounds",
+    "sim_durations",
+    "sim_reorder",
+    "sim_timeline",
     "start_runtime",
     "write_trace",
 ]

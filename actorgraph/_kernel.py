@@ -7,6 +7,8 @@ from typing import Any, Union
 
 import attrs
 
+from devices._costmodel import check_kernel_cost
+
 from ._buffer import Buffer
 from ._errors import UsageError
 from ._vars import Expr, IntLike, Var, variables_of
@@ -34,7 +36,8 @@ class Kernel:
     `outs` are the buffer slots it writes, `ins` the slots it reads (a slot may be in
     both). `cpu` is called as fn(*numpy_views, *var_values) (plus global_size= and
     local_size= keywords when pass_dims=True); `cuda` is CUDA C source whose entry point
-    is `name`. `cost` tells simulated devices how long a launch takes.
+    is `name`. `cost` tells simulated devices how long a launch takes: seconds, a
+    Work(flops=..., nbytes=...), or fn(buffer_nbytes, var_values) -> either.
     """
 
     name: str
@@ -58,6 +61,10 @@ class Kernel:
             raise UsageError(
                 f"Kernel {self.name!r} writes no buffer: list the written slots in outs=(...)"
             )
+        try:
+            check_kernel_cost(self.name, self.cost)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, outs={self.outs}, ins={self.ins})"

@@ -463,7 +463,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     max_in_flight (submissions posted but not complete before submit blocks; 256),
     deadlock_check (seconds between checks of in-flight work; 0.25),
     watchdog (seconds without progress before a stall is logged and recorded; off),
-    profile (record item times of every graph replay; read them with `rt.profile()`).
+    profile (record item times of every graph replay; read them with `rt.profile()`),
+    sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel).
     """
     runtime = Runtime(devices, **options)
     async with trio.open_nursery() as nursery:

@@ -16,13 +16,23 @@ from ._actor import ActorStatistics as ActorStatistics
 from ._actor import Job as Job
 from ._actor import QueueActor as QueueActor
 from ._actor import Submission as Submission
+from ._costmodel import PRESETS as PRESETS
+from ._costmodel import CostModel as CostModel
+from ._costmodel import DeviceCost as DeviceCost
+from ._costmodel import LinkCost as LinkCost
+from ._costmodel import Work as Work
 from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
 from ._device import DeviceError as DeviceError
 from ._signal import Signal as Signal
+from ._sim import SIMDevice as SIMDevice
+from ._sim import SimQueueActor as SimQueueActor
+from ._sim import SimRecord as SimRecord
 
 # Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.
-DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType({"CPU": CPUDevice})
+DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType(
+    {"CPU": CPUDevice, "SIM": SIMDevice}
+)
 
 _NAME = re.compile(r"^([A-Z]+):(\d+)$")
 

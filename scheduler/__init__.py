@@ -1,9 +1,13 @@
 """The planner: pure and synchronous. Jit cache (PlanItems) -> Plan (a message list per queue)."""
 
+from ._bounds import Bounds as Bounds
+from ._bounds import item_dependencies as item_dependencies
+from ._bounds import lower_bounds as lower_bounds
 from ._dot import GraphvizError as GraphvizError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
+from ._order import list_schedule_order as list_schedule_order
 from ._plan import Message as Message
 from ._plan import Plan as Plan
 from ._plan import Run as Run
@@ -23,7 +27,8 @@ from ._records import QueueKind as QueueKind
 from ._verify import verify_plan as verify_plan
 
 __all__ = [
-    "Access", "DeviceCaps", "GraphvizError", "ItemKind", "Message", "Plan", "PlanDeadlockError", "PlanError",
-    "PlanItem", "PlanRaceError", "QueueId", "QueueKind", "RangeTracker", "Run", "Signal",
-    "SyncDevice", "Wait", "WaitKick", "assign_queue", "build_plan", "verify_plan",
+    "Access", "Bounds", "DeviceCaps", "GraphvizError", "ItemKind", "Message", "Plan",
+    "PlanDeadlockError", "PlanError", "PlanItem", "PlanRaceError", "QueueId", "QueueKind",
+    "RangeTracker", "Run", "Signal", "SyncDevice", "Wait", "WaitKick", "assign_queue",
+    "build_plan", "item_dependencies", "list_schedule_order", "lower_bounds", "verify_plan",
 ]

@@ -27,6 +27,8 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     A launch goes to its device's compute queue. A copy goes to the copy queue of its
     destination if that device has one, else of its source, else to the destination's
     compute queue: the destination is preferred so that the data lands where it is used.
+    The exception is a copy from device memory the host cannot see into the host (a
+    CPU device): the source device's copy engine does that transfer, as on a GPU.
     """
     for name in (item.device, item.src_device):
         if name is not None and name not in caps:
@@ -36,6 +38,14 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
             )
     if item.kind is ItemKind.EXEC:
         return QueueId(item.device, QueueKind.COMPUTE)
+    src = caps[item.src_device] if item.src_device is not None else None
+    if (
+        src is not None
+        and caps[item.device].is_cpu
+        and not src.host_visible
+        and src.has_copy_queue
+    ):
+        return QueueId(src.name, QueueKind.COPY)
     if caps[item.device].has_copy_queue:
         return QueueId(item.device, QueueKind.COPY)
     if item.src_device is not None and caps[item.src_device].has_copy_queue:

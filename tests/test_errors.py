@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import actorgraph as ag
+from devices import DEVICE_KINDS
 
 I32 = np.int32
 N = ag.Var("n", 1, 64)
@@ -351,7 +352,8 @@ async def test_bad_item_lists(rt: ag.Runtime) -> None:
 
 async def test_unknown_device_name() -> None:
     for name in ("GPU:0", "cpu:0", "CPU0", "CPU:-1"):
-        with raises(ag.DeviceError, f"unknown device name {name!r}: expected one of CPU:N (e.g. 'CPU:0')"):
+        kinds = ", ".join(f"{k}:N" for k in DEVICE_KINDS)
+        with raises(ag.DeviceError, f"unknown device name {name!r}: expected one of {kinds} (e.g. 'CPU:0')"):
             async with ag.open_runtime([name]):
                 pass  # pragma: no cover
 

@@ -1,0 +1,98 @@
+"""Schedule quality on SIM devices: per-item simulated durations, lower bounds, timelines.
+
+The durations are read from the ops a replay would run, so the bounds use exactly the
+figures the simulated queues take; items on non-SIM devices count as 0 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from devices import SIMDevice, SimRecord
+from devices._sim import sim_op_seconds
+from scheduler import Bounds, list_schedule_order, lower_bounds
+
+from ._buffer import Buffer
+from ._errors import UsageError
+from ._kernel import Item
+
+if TYPE_CHECKING:
+    from ._graph import Graph
+    from ._program import Program
+    from ._runtime import Runtime
+
+
+def _durations(
+    graph: Graph, inputs: Sequence[Buffer] | None, var_vals: Mapping[Any, int] | None
+) -> tuple[Program, list[float]]:
+    program, ops = graph._bind(graph._program.inputs if inputs is None else inputs, var_vals)
+    durations = []
+    for j in range(len(program.items)):
+        qi, pos = program.where[j]
+        durations.append(sim_op_seconds(ops[qi][pos]))
+    return program, durations
+
+
+def sim_durations(
+    graph: Graph, inputs: Sequence[Buffer] | None = None, var_vals: Mapping[Any, int] | None = None
+) -> list[float]:
+    """Simulated seconds of each item of `graph` for a call with these inputs and var values.
+
+    `inputs=None` means the buffers the graph was compiled with.
+    """
+    return _durations(graph, inputs, var_vals)[1]
+
+
+def sim_bounds(
+    graph: Graph, inputs: Sequence[Buffer] | None = None, var_vals: Mapping[Any, int] | None = None
+) -> Bounds:
+    """Lower bounds on one replay's makespan: critical path, busiest queue, queue window."""
+    program, durations = _durations(graph, inputs, var_vals)
+    return lower_bounds(program.plan, durations)
+
+
+def sim_reorder(
+    graph: Graph, inputs: Sequence[Buffer] | None = None, var_vals: Mapping[Any, int] | None = None
+) -> list[Item]:
+    """The graph's items in the order a list scheduler starts them under the SIM costs.
+
+    Compile the returned list instead of the original: results are the same (every pair
+    of items that touch the same bytes keeps its order), but no queue waits behind an
+    item whose data comes late while a later item of it could run.
+    """
+    program, durations = _durations(graph, inputs, var_vals)
+    order = list_schedule_order(program.plan, durations)
+    return [program.items[j] for j in order]
+
+
+def sim_timeline(runtime: Runtime, submission: int | None = None) -> tuple[SimRecord, ...]:
+    """What every SIM queue of `runtime` ran, sorted by start time (then queue name).
+
+    `submission` keeps only one submission's records (see SimRecord.submission).
+    """
+    records: list[SimRecord] = []
+    for name in runtime.devices:
+        device = runtime.device(name)
+        if isinstance(device, SIMDevice):
+            records.extend(device.sim_records())
+    if submission is not None:
+        records = [r for r in records if r.submission == submission]
+    records.sort(key=lambda r: (r.start, r.queue, r.end))
+    return tuple(records)
+
+
+def clear_sim_timeline(runtime: Runtime) -> None:
+    """Forget the SIM queues' records (a long-running simulation keeps them otherwise)."""
+    for name in runtime.devices:
+        device = runtime.device(name)
+        if isinstance(device, SIMDevice):
+            device.clear_sim_records()
+
+
+def last_submission(runtime: Runtime) -> int:
+    """The number of the runtime's latest submission, for sim_timeline(rt, submission=...)."""
+    value = runtime.kick.value
+    if value == 0:
+        raise UsageError("this runtime has not submitted any work yet")
+    return value

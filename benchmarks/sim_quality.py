@@ -1,0 +1,364 @@
+"""Schedule quality on simulated GPUs: makespan of one replay / the best lower bound.
+
+Three graphs over 8 SIM devices, each replayed once under trio's MockClock (simulated
+time only, no wall time): a pipeline (8 stages, 32 micro-batches), tensor parallelism
+with a ring all-reduce made of copies and reduction kernels, and a random DAG of 1k
+items. For each it prints makespan / max(critical path, busiest queue, queue window),
+the chain of items that set the makespan, how long the queue it spends most time on sat
+idle while a later item of it was ready (head-of-line blocking), the same items in list-scheduled
+order (ag.sim_reorder), and writes everything to benchmarks/results/sim_quality.json.
+
+    python benchmarks/sim_quality.py [--preset nvlink8|pcie8] [--items 1000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import trio
+import trio.testing
+
+import actorgraph as ag
+from scheduler import item_dependencies
+
+FloatArray = np.ndarray[Any, Any]
+
+
+def _scale_add(out: FloatArray, x: FloatArray) -> None:
+    np.multiply(x, 0.5, out=out)
+    out += 1.0
+
+
+def _mix(out: FloatArray, a: FloatArray, b: FloatArray) -> None:
+    np.add(a, b, out=out)
+    out *= 0.5
+
+
+def _accumulate(acc: FloatArray, x: FloatArray) -> None:
+    acc += x
+
+
+def _weighted(out: FloatArray, x: FloatArray, weight: FloatArray) -> None:
+    np.multiply(x, weight, out=out)
+
+
+# -- the three graphs --
+
+
+def pipeline(
+    rt: ag.Runtime,
+    devices: Sequence[str],
+    micro_batches: int = 32,
+    elems: int = 1 << 16,
+    stage_seconds: float = 200e-6,
+) -> tuple[list[ag.Launch | ag.Copy], list[ag.Buffer], list[ag.Buffer]]:
+    """Pipeline parallelism: stage s runs on devices[s]; activations flow to the next stage.
+
+    Returns (items, buffers to fill first, the last stage's outputs).
+    """
+    stage = ag.Kernel("stage", cpu=_scale_add, outs=(0,), ins=(1,), cost=stage_seconds)
+    items: list[ag.Launch | ag.Copy] = []
+    firsts = [rt.alloc(devices[0], elems, np.float32) for _ in range(micro_batches)]
+    outputs = []
+    for m in range(micro_batches):
+        x = firsts[m]
+        for s, dev in enumerate(devices):
+            y = rt.alloc(dev, elems, np.float32)
+            items.append(ag.Launch(stage, [y, x]))
+            if s + 1 < len(devices):
+                x = rt.alloc(devices[s + 1], elems, np.float32)
+                items.append(ag.Copy(dst=x, src=y))
+        outputs.append(y)
+    return items, firsts, outputs
+
+
+def tensor_parallel(
+    rt: ag.Runtime,
+    devices: Sequence[str],
+    layers: int = 4,
+    elems: int = 1 << 20,
+    matmul_seconds: float = 300e-6,
+) -> tuple[list[ag.Launch | ag.Copy], list[ag.Buffer], list[ag.Buffer]]:
+    """Tensor parallelism: per layer each device computes a partial sum, then a ring
+    all-reduce (reduce-scatter then all-gather, one chunk per device) adds them up.
+
+    Returns (items, buffers to fill first (activations, then weights), final activations).
+    """
+    matmul = ag.Kernel("matmul_shard", cpu=_weighted, outs=(0,), ins=(1, 2), cost=matmul_seconds)
+    reduce = ag.Kernel("reduce", cpu=_accumulate, outs=(0,), ins=(0, 1))
+    ndev = len(devices)
+    if elems % ndev:
+        raise ValueError(f"elems={elems} must split into {ndev} equal chunks")
+    chunk = elems // ndev
+    acts = [rt.alloc(d, elems, np.float32) for d in devices]
+    weights = [rt.alloc(d, 1, np.float32) for d in devices]
+    accs = [rt.alloc(d, elems, np.float32) for d in devices]
+    # One receive slot per reduce-scatter step, so a step never waits for the last one's
+    # reduction to free its buffer.
+    recvs = [rt.alloc(d, chunk * (ndev - 1), np.float32) for d in devices]
+
+    def part(buf: ag.Buffer, index: int) -> ag.Buffer:
+        return buf.view(offset=index * chunk, size=chunk)
+
+    items: list[ag.Launch | ag.Copy] = []
+    for layer in range(layers):
+        src = acts if layer == 0 else accs
+        for i in range(ndev):
+            # acc_i = act_i * w_i (a matmul shard's partial sum, scaled for checking).
+            items.append(ag.Launch(matmul, [accs[i], src[i], weights[i]]))
+        for step in range(ndev - 1):
+            for i in range(ndev):
+                nxt = (i + 1) % ndev
+                items.append(
+                    ag.Copy(dst=part(recvs[nxt], step), src=part(accs[i], (i - step) % ndev))
+                )
+            for i in range(ndev):
+                nxt = (i + 1) % ndev
+                c = (i - step) % ndev
+                items.append(ag.Launch(reduce, [part(accs[nxt], c), part(recvs[nxt], step)]))
+        for step in range(ndev - 1):
+            for i in range(ndev):
+                nxt = (i + 1) % ndev
+                c = (i + 1 - step) % ndev
+                items.append(ag.Copy(dst=part(accs[nxt], c), src=part(accs[i], c)))
+    return items, acts + weights, accs
+
+
+def random_dag(
+    rt: ag.Runtime,
+    devices: Sequence[str],
+    count: int = 1000,
+    seed: int = 0,
+    elems: int = 1 << 14,
+) -> tuple[list[ag.Launch | ag.Copy], list[ag.Buffer], list[ag.Buffer]]:
+    """A random DAG: kernels read one or two recent values of their device, copies bring a
+    value over from another device. Kernel costs 20-200 us, seeded.
+
+    Returns (items, buffers to fill first, every value produced).
+    """
+    rng = random.Random(seed)
+    values: dict[str, list[ag.Buffer]] = {d: [] for d in devices}
+    firsts = []
+    for d in devices:
+        for _ in range(2):
+            buf = rt.alloc(d, elems, np.float32)
+            values[d].append(buf)
+            firsts.append(buf)
+    kernels = [
+        ag.Kernel(f"k{i}", cpu=_mix, outs=(0,), ins=(1, 2), cost=rng.uniform(20e-6, 200e-6))
+        for i in range(16)
+    ]
+    items: list[ag.Launch | ag.Copy] = []
+    made = []
+    for _ in range(count):
+        dev = rng.choice(devices)
+        out = rt.alloc(dev, elems, np.float32)
+        if rng.random() < 0.2:
+            other = rng.choice([d for d in devices if d != dev])
+            items.append(ag.Copy(dst=out, src=rng.choice(values[other][-8:])))
+        else:
+            recent = values[dev][-8:]
+            a, b = rng.choice(recent), rng.choice(recent)
+            items.append(ag.Launch(rng.choice(kernels), [out, a, b]))
+        values[dev].append(out)
+        made.append(out)
+    return items, firsts, made
+
+
+# -- measuring --
+
+
+def critical_chain(plan: Any, records: Sequence[ag.SimRecord]) -> dict[str, Any]:
+    """Walk back from the item that finished last through whichever predecessor made each
+    item start when it did: its data (the dependency that ended last) or its queue (the
+    item before it on the same in-order queue). The chain covers the whole makespan.
+
+    Returns the chain's length, its data and queue edges, and the time it spends on each
+    queue (most first).
+    """
+    by_item = {r.item: r for r in records}
+    deps = item_dependencies(plan.items)
+    origin = min(r.start for r in records)
+    previous: dict[int, ag.SimRecord] = {}
+    lines: dict[str, list[ag.SimRecord]] = {}
+    for rec in sorted(records, key=lambda r: (r.start, r.end)):
+        line = lines.setdefault(rec.queue, [])
+        if line:
+            previous[rec.item] = line[-1]
+        line.append(rec)
+    cur: ag.SimRecord | None = max(records, key=lambda r: (r.end, r.queue))
+    data_edges = queue_edges = 0
+    per_queue: dict[str, float] = {}
+    length = 0
+    while cur is not None:
+        length += 1
+        per_queue[cur.queue] = per_queue.get(cur.queue, 0.0) + (cur.end - cur.start)
+        data = max((by_item[d] for d in deps[cur.item]), key=lambda r: r.end, default=None)
+        data_ready = data.end if data is not None else origin
+        before = previous.get(cur.item)
+        if before is not None and before.end >= data_ready and before.end > origin:
+            queue_edges += 1
+            cur = before
+        elif data is not None:
+            data_edges += 1
+            cur = data
+        else:
+            cur = None
+    on_queues = sorted(per_queue.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {
+        "items": length,
+        "data_edges": data_edges,
+        "queue_edges": queue_edges,
+        "time_on_queues": [{"queue": q, "s": t} for q, t in on_queues],
+    }
+
+
+def idle_analysis(plan: Any, records: Sequence[ag.SimRecord], queue: str) -> dict[str, Any]:
+    """Where `queue` loses time.
+
+    `idle_s`: time the queue sat idle between the replay's start and its last item.
+    `fillable_idle_s`: the part of it during which a later item of the same queue already
+    had its data ready: an in-order queue stalled on its head item (head-of-line
+    blocking) while a reordered queue could have worked.
+    """
+    by_item = {r.item: r for r in records}
+    deps = item_dependencies(plan.items)
+    origin = min(r.start for r in records)
+    ready = {j: max((by_item[d].end for d in deps[j]), default=origin) for j in by_item}
+    mine = sorted((r for r in records if r.queue == queue), key=lambda r: r.start)
+    idle = fillable = 0.0
+    previous_end = origin
+    for k, rec in enumerate(mine):
+        gap_start, gap_end = previous_end, rec.start
+        if gap_end > gap_start:
+            idle += gap_end - gap_start
+            # The earliest moment some later item of this queue was ready to run.
+            earliest = min((ready[r.item] for r in mine[k + 1 :]), default=gap_end)
+            fillable += max(0.0, gap_end - max(gap_start, earliest))
+        previous_end = rec.end
+    return {"queue": queue, "idle_s": idle, "fillable_idle_s": fillable}
+
+
+async def measure(
+    rt: ag.Runtime,
+    name: str,
+    items: Sequence[ag.Launch | ag.Copy],
+    firsts: Sequence[ag.Buffer],
+    seed_values: Callable[[int], FloatArray],
+) -> dict[str, Any]:
+    for i, buf in enumerate(firsts):
+        await rt.copyin(buf, seed_values(i)[: buf.size].reshape(buf.shape))
+    graph = await rt.compile(items, inputs=[], verify=False)
+    t0 = trio.current_time()
+    await graph()
+    makespan = trio.current_time() - t0
+    records = ag.sim_timeline(rt, submission=rt.kick.value)
+    bounds = ag.sim_bounds(graph)
+    best = bounds.best
+    chain = critical_chain(graph.plan, records)
+    # The same items in list-scheduled order (same results, queues reordered).
+    reordered = await rt.compile(ag.sim_reorder(graph), inputs=[], verify=False)
+    t0 = trio.current_time()
+    await reordered()
+    makespan_reordered = trio.current_time() - t0
+    await reordered.aclose()
+    result = {
+        "name": name,
+        "items": len(items),
+        "queues": len(graph.plan.queues),
+        "makespan_s": makespan,
+        "critical_path_s": bounds.critical_path,
+        "busiest_queue_s": bounds.busiest_queue,
+        "busiest_queue": bounds.busiest_queue_name,
+        "queue_window_s": bounds.queue_window,
+        "queue_window_queue": bounds.queue_window_name,
+        "bound_s": best,
+        "ratio": makespan / best if best else float("nan"),
+        "target_met": makespan <= 1.05 * best,
+        "makespan_list_scheduled_s": makespan_reordered,
+        "ratio_list_scheduled": makespan_reordered / best if best else float("nan"),
+        "critical_chain": chain,
+        # The queue the chain spends most time on: did it idle while it had ready work?
+        "chain_queue_idle": idle_analysis(graph.plan, records, chain["time_on_queues"][0]["queue"]),
+    }
+    await graph.aclose()
+    return result
+
+
+async def run_all(preset: str, count: int, seed: int) -> list[dict[str, Any]]:
+    devices = [f"SIM:{i}" for i in range(8)]
+    rng = np.random.default_rng(seed)
+
+    def values(i: int) -> FloatArray:
+        return rng.standard_normal(1 << 20).astype(np.float32)
+
+    results = []
+    builders: list[tuple[str, Callable[[ag.Runtime], Any]]] = [
+        ("pipeline 8x32", lambda rt: pipeline(rt, devices)),
+        ("pipeline 8x64 (~1k items)", lambda rt: pipeline(rt, devices, micro_batches=64)),
+        ("tensor-parallel ring all-reduce", lambda rt: tensor_parallel(rt, devices)),
+        (f"random DAG {count}", lambda rt: random_dag(rt, devices, count, seed)),
+    ]
+    for name, build in builders:
+        async with ag.open_runtime(devices, sim_preset=preset) as rt:
+            items, firsts, _ = build(rt)
+            results.append(await measure(rt, name, items, firsts, values))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--preset", default="nvlink8", choices=sorted(ag.SIM_PRESETS))
+    parser.add_argument("--items", type=int, default=1000, help="random DAG size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", default=str(pathlib.Path(__file__).parent / "results" / "sim_quality.json")
+    )
+    args = parser.parse_args(argv)
+    results = trio.run(
+        run_all,
+        args.preset,
+        args.items,
+        args.seed,
+        clock=trio.testing.MockClock(autojump_threshold=0),
+    )
+    print(f"SIM schedule quality, preset {args.preset} (target: makespan <= 1.05 x bound)")
+    for r in results:
+        chain = r["critical_chain"]
+        idle = r["chain_queue_idle"]
+        print(
+            f"  {r['name']:<34} {r['items']:>5} items  makespan {r['makespan_s'] * 1e3:9.3f} ms  "
+            f"bound {r['bound_s'] * 1e3:9.3f} ms  ratio {r['ratio']:.4f}  "
+            f"{'ok' if r['target_met'] else 'MISSED'}"
+        )
+        print(
+            f"  {'':<34} critical path {r['critical_path_s'] * 1e3:.3f} ms, busiest queue "
+            f"{r['busiest_queue_s'] * 1e3:.3f} ms ({r['busiest_queue']}), queue window "
+            f"{r['queue_window_s'] * 1e3:.3f} ms ({r['queue_window_queue']}); "
+            f"makespan chain: {chain['items']} items, {chain['data_edges']} data + "
+            f"{chain['queue_edges']} queue edges, longest on {idle['queue']} "
+            f"({chain['time_on_queues'][0]['s'] * 1e3:.3f} ms), which idled "
+            f"{idle['idle_s'] * 1e3:.3f} ms, {idle['fillable_idle_s'] * 1e3:.3f} ms of it with a "
+            f"later item ready (head-of-line blocking)"
+        )
+        print(
+            f"  {'':<34} same items in list-scheduled order (ag.sim_reorder): makespan "
+            f"{r['makespan_list_scheduled_s'] * 1e3:.3f} ms, ratio {r['ratio_list_scheduled']:.4f}"
+        )
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"preset": args.preset, "seed": args.seed, "results": results}, indent=2)
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

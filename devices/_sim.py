@@ -1,0 +1,195 @@
+"""SIM:N devices: simulated GPUs whose data is real and whose time comes from a cost model.
+
+A SIM device has a compute and a copy queue actor, like a GPU with one compute stream
+and one DMA engine. A kernel runs its CPU body (so results are exact) and a copy moves
+the bytes; the time each takes comes from the runtime's cost model and passes on trio's
+clock. Under `trio.testing.MockClock(autojump_threshold=0)` a run costs no wall time and
+is deterministic: the same graph gives the same per-item start and end times.
+
+Time is kept lazily. Each queue knows when its simulated hardware is next free
+(`_busy_until`); an item starts at max(now, busy_until) and ends `duration` later. The
+actor only sleeps on trio's clock before something another task can observe: a signal,
+a wait, the end of its job. A run of items with nothing between them costs no checkpoint
+per item, and every observable event still happens at its simulated time. A profiled job
+(`profile=True`) takes its time item by item, and a SIM actor's profile clock is trio's
+clock, so profile spans are the simulated start and end of each item.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+
+from scheduler import DeviceCaps, QueueKind
+
+from ._actor import FIRST_DEVICE_OP, Job, Op, QueueActor
+from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
+from ._cpu import host_launch_call
+from ._device import Device
+
+# (SIM_RUN, fn, args, item, seconds): run fn(*args) now, take `seconds` of simulated time.
+SIM_RUN = FIRST_DEVICE_OP
+
+
+@attrs.frozen
+class SimRecord:
+    """One item as a SIM queue ran it.
+
+    `submission` numbers the runtime's submissions (graph replays, eager items, host
+    copies) in the order they were made; `item` is the item's index in its jit cache
+    (or in the `rt.run` list), -1 for a host copy.
+    """
+
+    queue: str
+    submission: int
+    item: int
+    start: float
+    end: float
+
+
+def _copy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    np.copyto(dst, src.reshape(dst.shape), casting="no")
+
+
+class SimQueueActor(QueueActor):
+    """A queue actor that takes simulated time per item and records when each ran."""
+
+    def __init__(self, name: str, timeline_start: int = 0) -> None:
+        super().__init__(name, timeline_start)
+        self._busy_until = -math.inf
+        # (submission, item, start, end) per item; a flat list keeps recording cheap.
+        self._records: list[tuple[int, int, float, float]] = []
+
+    def sim_records(self) -> tuple[SimRecord, ...]:
+        """Every item this queue ran since it started (or since `clear_sim_records`)."""
+        name = self.name
+        return tuple(SimRecord(name, *rec) for rec in self._records)
+
+    def clear_sim_records(self) -> None:
+        self._records.clear()
+
+    async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
+        if op[0] != SIM_RUN:
+            return await super()._run_device_op(op, job, next_index)
+        now = trio.current_time()
+        start = self._busy_until if self._busy_until > now else now
+        end = start + op[4]
+        self._busy_until = end
+        sub = job.submission
+        if sub.error is None:
+            try:
+                op[1](*op[2])
+            except Exception as exc:
+                sub.fail(op[3], self.name, exc)
+        self.items_run += 1
+        # The kick value (the last base) numbers submissions runtime-wide.
+        self._records.append((job.bases[-1], op[3], start, end))
+        ops = job.ops
+        # Something observable comes next (or the job is profiled, and its spans must be
+        # this item's): let simulated time catch up first.
+        if next_index >= len(ops) or ops[next_index][0] != SIM_RUN or job.profile is not None:
+            if end > now:
+                await trio.sleep_until(end)
+        return next_index
+
+    def _now(self) -> float:
+        # Profiles and blocked times of a simulated queue are in simulated time.
+        return trio.current_time()
+
+
+class SIMDevice(Device):
+    """A simulated GPU. Memory is host numpy arrays; the planner sees device memory."""
+
+    kind = "SIM"
+    host_visible = False
+
+    def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
+        super().__init__(name, index, timeline_start=timeline_start, **options)
+        self.cost_model: CostModel = resolve_cost_model(options.get("sim_preset", DEFAULT_PRESET))
+        self.device_cost = self.cost_model.device(self.kind)
+        # Every SIM device of one runtime sits in the same simulated node.
+        self.peer_group = f"SIM/{self.cost_model.name}"
+        self.queues = {
+            QueueKind.COMPUTE: SimQueueActor(f"{name}/compute", timeline_start),
+            QueueKind.COPY: SimQueueActor(f"{name}/copy", timeline_start),
+        }
+
+    @property
+    def caps(self) -> DeviceCaps:
+        return attrs.evolve(super().caps, peer_group=self.peer_group)
+
+    def sim_records(self) -> tuple[SimRecord, ...]:
+        """This device's records, compute queue first, each queue in run order."""
+        actors: list[SimQueueActor] = list(self.queues.values())  # type: ignore[arg-type]
+        return tuple(rec for actor in actors for rec in actor.sim_records())
+
+    def clear_sim_records(self) -> None:
+        for actor in self.queues.values():
+            actor.clear_sim_records()  # type: ignore[attr-defined]
+
+    def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
+        return np.zeros(nelems, dtype=dtype)
+
+    # -- costs --
+
+    def link_to(self, other: Device) -> LinkCost:
+        """The link a copy between this device and `other` goes over."""
+        model = self.cost_model
+        if other is self:
+            return model.same_device
+        if isinstance(other, SIMDevice) and other.peer_group == self.peer_group:
+            return model.peer
+        return model.host
+
+    def launch_duration(
+        self, kernel: Any, buffers: Sequence[Any], var_values: Sequence[int]
+    ) -> float:
+        return self.cost_model.kernel_duration(
+            self.kind, kernel, [b.nbytes for b in buffers], var_values
+        )
+
+    def copy_duration(self, dst: Any, src: Any) -> float:
+        far = src.device_object if dst.device_object is self else dst.device_object
+        return self.link_to(far).duration(dst.nbytes)
+
+    # -- lowering --
+
+    def lower_launch(
+        self,
+        item: int,
+        kernel: Any,
+        buffers: Sequence[Any],
+        var_values: Sequence[int],
+        global_size: tuple[int, ...],
+        local_size: tuple[int, ...],
+        queue: QueueKind,
+    ) -> Op:
+        fn, args = host_launch_call(self, kernel, buffers, var_values, global_size, local_size)
+        return (SIM_RUN, fn, args, item, self.launch_duration(kernel, buffers, var_values))
+
+    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+        return (
+            SIM_RUN,
+            _copy_into,
+            (dst.host_view(), src.host_view()),
+            item,
+            self.copy_duration(dst, src),
+        )
+
+    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        seconds = self.cost_model.host.duration(buffer.nbytes)
+        return (SIM_RUN, _copy_into, (buffer.host_view(), array), -1, seconds)
+
+    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        seconds = self.cost_model.host.duration(buffer.nbytes)
+        return (SIM_RUN, _copy_into, (out, buffer.host_view()), -1, seconds)
+
+
+def sim_op_seconds(op: Op) -> float:
+    """Simulated seconds of a lowered op: its duration for SIM ops, 0 for any other."""
+    return float(op[4]) if op[0] == SIM_RUN else 0.0
