@@ -287,7 +287,11 @@ class BackgroundRuntime:
         return self._sync(self.runtime.statistics)
 
     def current_time(self) -> float:
-        """trio.current_time() of the runtime's run (its clock: see start_runtime(clock=))."""
+        """trio.current_time() of the runtime's run (its clock: see start_runtime(clock=)).
+
+        Under a MockClock with autojump the clock may jump while the runtime idles between
+        calls; to time work, read the clock inside a function run by call().
+        """
         return self._sync(trio.current_time)
 
     def copyin(self, buffer: Buffer, array: Any) -> Call[None]:
