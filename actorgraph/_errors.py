@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from devices import DeviceError as DeviceError
+from scheduler import ActorGraphError as ActorGraphError
 from scheduler import PlanDeadlockError as PlanDeadlockError
 from scheduler import PlanError as PlanError
 from scheduler import PlanRaceError as PlanRaceError
-
-
-class ActorGraphError(Exception):
-    """Base of actorgraph's own errors."""
 
 
 class UsageError(ActorGraphError, ValueError):

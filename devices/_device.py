@@ -8,13 +8,13 @@ from typing import Any, ClassVar
 import numpy as np
 import trio
 
-from scheduler import DeviceCaps, QueueKind
+from scheduler import ActorGraphError, DeviceCaps, QueueKind
 
 from ._actor import Op, QueueActor
 from ._signal import Signal
 
 
-class DeviceError(Exception):
+class DeviceError(ActorGraphError):
     """A device cannot be opened, or cannot run what it was given."""
 
 

@@ -4,6 +4,7 @@ from ._bounds import Bounds as Bounds
 from ._bounds import item_dependencies as item_dependencies
 from ._bounds import lower_bounds as lower_bounds
 from ._dot import GraphvizError as GraphvizError
+from ._errors import ActorGraphError as ActorGraphError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
@@ -27,8 +28,30 @@ from ._records import QueueKind as QueueKind
 from ._verify import verify_plan as verify_plan
 
 __all__ = [
-    "Access", "Bounds", "DeviceCaps", "GraphvizError", "ItemKind", "Message", "Plan",
-    "PlanDeadlockError", "PlanError", "PlanItem", "PlanRaceError", "QueueId", "QueueKind",
-    "RangeTracker", "Run", "Signal", "SyncDevice", "Wait", "WaitKick", "assign_queue",
-    "build_plan", "item_dependencies", "list_schedule_order", "lower_bounds", "verify_plan",
+    "Access",
+    "ActorGraphError",
+    "Bounds",
+    "DeviceCaps",
+    "GraphvizError",
+    "ItemKind",
+    "Message",
+    "Plan",
+    "PlanDeadlockError",
+    "PlanError",
+    "PlanItem",
+    "PlanRaceError",
+    "QueueId",
+    "QueueKind",
+    "RangeTracker",
+    "Run",
+    "Signal",
+    "SyncDevice",
+    "Wait",
+    "WaitKick",
+    "assign_queue",
+    "build_plan",
+    "item_dependencies",
+    "list_schedule_order",
+    "lower_bounds",
+    "verify_plan",
 ]

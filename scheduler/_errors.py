@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 
-class PlanError(Exception):
+class ActorGraphError(Exception):
+    """Base of every error the project raises on purpose (planner, devices, public API)."""
+
+
+class PlanError(ActorGraphError):
     """A plan could not be built, or a built plan is unsafe (deadlock or race)."""
 
 

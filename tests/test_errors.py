@@ -457,3 +457,10 @@ async def test_a_kernel_that_raises(thread_bytes: int) -> None:
         await rt.run(items)
         np.testing.assert_array_equal(await rt.copyout(d), np.full(64, 8, I32))
         assert rt.statistics().in_flight == 0  # nothing is left over from the failed ones
+
+
+def test_every_error_shares_one_base() -> None:
+    for error in (ag.DeviceError, ag.PlanError, ag.PlanDeadlockError, ag.PlanRaceError,
+                  ag.UsageError, ag.InputError, ag.VarError, ag.BufferFreedError,
+                  ag.ClosedError, ag.ItemError, ag.DeadlockError):
+        assert issubclass(error, ag.ActorGraphError), error
