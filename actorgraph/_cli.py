@@ -42,6 +42,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("-v", "--verbose", action="store_true", help="log what actorgraph does")
 
+    worker = sub.add_parser(
+        "worker",
+        help="host devices for REMOTE clients (KIND:N@HOST:PORT device names)",
+        description="Serve devices over TCP to actorgraph clients. Prints the address it "
+        "listens on. Binds loopback unless --host says otherwise (then a token is required).",
+    )
+    worker.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    worker.add_argument("--port", type=int, default=7000, help="port (default: 7000; 0 picks one)")
+    worker.add_argument(
+        "--devices", type=_device_list, default=["CPU:0"],
+        help="comma-separated devices to host (default: CPU:0)",
+    )
+    worker.add_argument("--token-file", default=None, help="file holding the clients' shared token")
+    worker.add_argument(
+        "--kernels", action="append", default=[], metavar="MODULE",
+        help="module whose KERNELS the clients may launch by name (repeatable)",
+    )
+    worker.add_argument(
+        "--max-frame", type=int, default=256 << 20, help="largest frame data part, bytes"
+    )
+    worker.add_argument(
+        "--max-client-bytes", type=int, default=8 << 30, help="memory one client may allocate"
+    )
+
     bench = sub.add_parser(
         "bench",
         help="measure replay cost (the checkout's benchmarks/core.py, else a built-in one)",
@@ -136,6 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = local_devices()
         print(json.dumps(found.as_json(), indent=2) if args.json else render(found))
         return 0
+    if args.command == "worker":
+        from devices._wire import Limits
+
+        from ._worker import worker_main
+
+        limits = Limits(max_tail=args.max_frame, max_session_bytes=args.max_client_bytes)
+        return worker_main(
+            args.devices, args.host, args.port, args.token_file, args.kernels, limits
+        )
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

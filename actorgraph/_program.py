@@ -163,6 +163,10 @@ class Program:
                 index, item.kernel, bufs, var_values,
                 _dims_of(item.global_size, values), _dims_of(item.local_size, values), queue.kind,
             )
+        for buf in bufs:
+            owner = buf.device_object
+            if owner is not device and owner.lowers_foreign_copies:
+                return owner.lower_copy(index, bufs[0], bufs[1], queue.kind)
         return device.lower_copy(index, bufs[0], bufs[1], queue.kind)
 
     def bind(

@@ -18,7 +18,6 @@ from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
 from . import _jit
 from ._buffer import Allocation, Buffer, _shape_of
 from ._errors import (
-    ActorGraphError,
     ClosedError,
     DeadlockError,
     InputError,
@@ -93,10 +92,9 @@ class Runtime:
         self.replays = 0
         self.replays_done = 0
         self._profiled: list[ReplayRecord] = []
-        self._devices: dict[str, Device] = {
-            name: _devices.open_device(name, timeline_start=timeline_start, **options)
-            for name in device_names
-        }
+        self._devices: dict[str, Device] = _devices.open_devices(
+            device_names, timeline_start=timeline_start, **options
+        )
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
@@ -438,7 +436,8 @@ def raise_failure(program: Program, sub: Submission) -> None:
     if error is None:
         return
     if sub.failed_item < 0:
-        if isinstance(error, ActorGraphError):
+        # Not an item's fault: the runtime broke (deadlock) or a device went away.
+        if isinstance(error, (ClosedError, DeadlockError)):
             raise error
         raise ClosedError(str(error)) from error
     index = sub.failed_item - program.index_offset
@@ -464,15 +463,24 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     deadlock_check (seconds between checks of in-flight work; 0.25),
     watchdog (seconds without progress before a stall is logged and recorded; off),
     profile (record item times of every graph replay; read them with `rt.profile()`),
-    sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel).
+    sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel),
+    remote_token / remote_token_file (the token of the workers of remote devices),
+    remote_timeout (seconds to connect to a worker, default 10).
     """
     runtime = Runtime(devices, **options)
+    start_error: _devices.DeviceError | None = None
     async with trio.open_nursery() as nursery:
         try:
-            await runtime._start(nursery)
-            _log.debug("runtime open on %s", ", ".join(runtime.devices))
-            yield runtime
+            try:
+                await runtime._start(nursery)
+            except _devices.DeviceError as exc:
+                start_error = exc  # raised below as is, not wrapped in the nursery's group
+            else:
+                _log.debug("runtime open on %s", ", ".join(runtime.devices))
+                yield runtime
         finally:
             runtime._close()
             _log.debug("runtime on %s closed", ", ".join(runtime.devices))
             nursery.cancel_scope.cancel()
+    if start_error is not None:
+        raise start_error

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
+from ._actor import AWAIT as AWAIT
 from ._actor import EXEC as EXEC
 from ._actor import EXEC_THREAD as EXEC_THREAD
 from ._actor import FIRST_DEVICE_OP as FIRST_DEVICE_OP
@@ -24,6 +26,10 @@ from ._costmodel import Work as Work
 from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
 from ._device import DeviceError as DeviceError
+from ._remote import RemoteConnectionError as RemoteConnectionError
+from ._remote import RemoteDevice as RemoteDevice
+from ._remote import RemoteError as RemoteError
+from ._remote import open_remote_devices, parse_remote_name
 from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice
 from ._sim import SimQueueActor as SimQueueActor
@@ -38,14 +44,32 @@ _NAME = re.compile(r"^([A-Z]+):(\d+)$")
 
 
 def parse_device_name(name: str) -> tuple[str, int]:
-    """'CPU:1' -> ('CPU', 1), with an error that lists the known kinds."""
+    """'CPU:1' -> ('CPU', 1), with an error that lists the known kinds.
+
+    'KIND:N@HOST:PORT' names device KIND:N of a worker: -> ('REMOTE', N).
+    """
+    remote = parse_remote_name(name)
+    if remote is not None:
+        return "REMOTE", remote[1]
     match = _NAME.match(name) if isinstance(name, str) else None
     if match is None or match.group(1) not in DEVICE_KINDS:
         kinds = ", ".join(f"{k}:N" for k in DEVICE_KINDS)
-        raise DeviceError(f"unknown device name {name!r}: expected one of {kinds} (e.g. 'CPU:0')")
+        raise DeviceError(
+            f"unknown device name {name!r}: expected one of {kinds} (e.g. 'CPU:0'), or "
+            f"KIND:N@HOST:PORT for a device of a worker (e.g. 'CPU:0@127.0.0.1:7000')"
+        )
     return match.group(1), int(match.group(2))
 
 
 def open_device(name: str, **options: Any) -> Device:
     kind, index = parse_device_name(name)
+    if kind == "REMOTE":
+        return open_remote_devices([name], **options)[name]
     return DEVICE_KINDS[kind](name, index, **options)
+
+
+def open_devices(names: Sequence[str], **options: Any) -> dict[str, Device]:
+    """Open devices by name; remote devices of one worker share one connection."""
+    remote = [n for n in names if parse_device_name(n)[0] == "REMOTE"]
+    opened = open_remote_devices(remote, **options) if remote else {}
+    return {n: opened[n] if n in opened else open_device(n, **options) for n in names}

@@ -9,6 +9,9 @@ relative to. Ops are plain tuples so the replay loop stays a tight Python loop:
     (EXEC, fn, args, item)             fn(*args) inline, in the actor
     (EXEC_THREAD, fn, args, item)      fn(*args) on the actor's worker thread; runs of
                                        consecutive EXEC_THREAD ops go over in one hop
+    (AWAIT, fn, args, item)            await fn(job, *args) in the actor, for ops that do
+                                       I/O (REMOTE transfers). It runs even after the
+                                       submission failed: fn checks job.submission.error
 
 Device kinds add codes of their own (>= FIRST_DEVICE_OP) and handle them in
 `_run_device_op`.
@@ -39,6 +42,7 @@ WAIT = 0
 SIGNAL = 1
 EXEC = 2
 EXEC_THREAD = 3
+AWAIT = 4
 FIRST_DEVICE_OP = 16
 
 Op = tuple[Any, ...]
@@ -413,6 +417,11 @@ class QueueActor:
                     failure = await self._thread().run(batch)
                     if failure is not None:
                         sub.fail(failure[0], self.name, failure[1])
+            elif code == AWAIT:
+                try:
+                    await op[1](job, *op[2])
+                except Exception as exc:
+                    sub.fail(op[3], self.name, exc)
             else:
                 i = await self._run_device_op(op, job, i)
         self.items_run += ran

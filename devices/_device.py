@@ -29,6 +29,9 @@ class Device:
 
     kind: ClassVar[str] = ""
     host_visible: ClassVar[bool] = True
+    # A device whose memory the client reaches only through I/O (REMOTE) lowers every
+    # copy that touches it, whichever queue the planner puts the copy on.
+    lowers_foreign_copies: ClassVar[bool] = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         self.name = name

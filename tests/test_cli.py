@@ -22,7 +22,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out, err
 
 
-@pytest.mark.parametrize("command", ["demo", "bench", "devices"])
+@pytest.mark.parametrize("command", ["demo", "bench", "worker", "devices"])
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str) -> None:
     code, out, _ = run_cli(capsys, command, "--help")
     assert code == 0 and out.startswith(f"usage: actorgraph {command}")
@@ -36,6 +36,8 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
         ((), r"the following arguments are required: COMMAND"),
         (("bogus",), r"argument COMMAND: invalid choice: 'bogus'"),
         (("devices", "--bogus"), r"actorgraph devices: error: unrecognized arguments: --bogus"),
+        (("worker", "--bogus"), r"actorgraph worker: error: unrecognized arguments: --bogus"),
+        (("worker", "--port", "x"), r"actorgraph worker: error: argument --port: invalid int value: 'x'"),
         (("bench", "--items", "x"), r"actorgraph bench: error: argument --items: invalid int value: 'x'"),
         (("bench", "--items", "0"), r"actorgraph bench: --items must be >= 1, got 0"),
         (("bench", "--replays", "-3"), r"actorgraph bench: --replays must be >= 1, got -3"),
@@ -98,7 +100,7 @@ def test_bench_runs_the_checkouts_core_benchmarks_when_present(
 
 
 def test_parser_keeps_one_subparser_per_command() -> None:
-    # New commands (e.g. `worker`) slot in as further subparsers of this parser.
+    # Each command is one subparser of this parser; new ones slot in the same way.
     parser = build_parser()
     choices = next(a for a in parser._actions if a.dest == "command").choices
-    assert {"demo", "bench", "devices"} <= set(choices)
+    assert {"demo", "bench", "worker", "devices"} <= set(choices)

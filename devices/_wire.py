@@ -1,0 +1,259 @@
+"""The REMOTE wire format: length-prefixed msgpack frames, versioned, never pickle.
+
+A frame is a fixed 16-byte header, a msgpack *meta* part and an optional raw *tail*:
+
+    header = b"AG" | version: u16 | meta length: u32 | tail length: u64     (big-endian)
+    meta   = one msgpack array [kind: str, *fields], msgpack's own types only (no ext types)
+    tail   = raw bytes (buffer contents), so bulk data is never re-encoded or copied twice
+
+Both lengths are checked against `Limits` before a byte of the body is read, so an
+oversized frame costs the receiver nothing. Every field of a message is checked by the
+helpers below (`want_int`, `want_str`, ...): a wrong type or an out-of-range value is a
+`WireError`, never a crash. `decode_frame` is pure, so it can be fuzzed on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import msgpack  # type: ignore[import-untyped]
+import trio
+
+MAGIC = b"AG"
+VERSION = 1
+HEADER = struct.Struct(">2sHIQ")
+
+# The dtypes a buffer may have on the wire: fixed-size numeric types only.
+DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
+    "complex64 complex128".split()
+)
+
+_SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
+
+
+class WireError(Exception):
+    """A frame or a message broke the protocol (bad header, bad msgpack, bad field)."""
+
+
+class ConnectionLostError(ConnectionError):
+    """The peer closed the connection or it broke."""
+
+
+@attrs.frozen
+class Limits:
+    """Size limits of one side of a connection. Every frame and allocation is checked."""
+
+    max_meta: int = 16 << 20
+    max_tail: int = 256 << 20
+    max_session_bytes: int = 8 << 30
+    max_alloc_bytes: int = 4 << 30
+    max_programs: int = 4096
+    max_program_ops: int = 1 << 20
+    max_pending_blob_bytes: int = 1 << 30
+    max_signals: int = 1 << 16
+
+    def as_wire(self) -> dict[str, int]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_wire(cls, value: object) -> Limits:
+        if not isinstance(value, dict):
+            raise WireError(f"limits must be a map, got {type(value).__name__}")
+        known = {f.name for f in attrs.fields(cls)}
+        kwargs = {}
+        for key, val in value.items():
+            if key in known:
+                kwargs[key] = want_int(val, key, 0, 1 << 62)
+        return cls(**kwargs)
+
+
+def encode(meta: Sequence[Any], tail_len: int = 0) -> bytes:
+    """Header + meta of one frame; the caller sends `tail_len` raw bytes after it."""
+    body: bytes = msgpack.packb(meta, use_bin_type=True)
+    return HEADER.pack(MAGIC, VERSION, len(body), tail_len) + body
+
+
+def parse_header(header: bytes, limits: Limits) -> tuple[int, int]:
+    """(meta length, tail length) of a frame header, or WireError."""
+    if len(header) != HEADER.size:
+        raise WireError(f"frame header is {HEADER.size} bytes, got {len(header)}")
+    magic, version, meta_len, tail_len = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise WireError(f"not an actorgraph frame (magic {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise WireError(f"protocol version {version} is not supported (this side speaks {VERSION})")
+    if meta_len == 0 or meta_len > limits.max_meta:
+        raise WireError(f"frame meta of {meta_len} bytes is outside 1..{limits.max_meta}")
+    if tail_len > limits.max_tail:
+        raise WireError(f"frame tail of {tail_len} bytes is over the limit of {limits.max_tail}")
+    return meta_len, tail_len
+
+
+def _no_ext(code: int, data: bytes) -> object:
+    raise WireError(f"msgpack ext type {code} is not allowed")
+
+
+def decode_meta(body: bytes | bytearray | memoryview, limits: Limits) -> list[Any]:
+    """The message in a frame's meta part: a non-empty list starting with its kind (a str)."""
+    try:
+        meta = msgpack.unpackb(
+            body,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            ext_hook=_no_ext,
+            max_str_len=limits.max_meta,
+            max_bin_len=limits.max_meta,
+            max_array_len=limits.max_program_ops * 8,
+            max_map_len=1 << 10,
+        )
+    except WireError:
+        raise
+    except Exception as exc:  # msgpack raises many kinds; all mean the same here
+        raise WireError(f"frame meta is not valid msgpack: {type(exc).__name__}: {exc}") from None
+    if not isinstance(meta, list) or not meta or not isinstance(meta[0], str):
+        raise WireError("a message is a msgpack array whose first field is its kind (a str)")
+    return meta
+
+
+def decode_frame(data: bytes, limits: Limits) -> tuple[list[Any], bytes]:
+    """Decode one whole frame held in memory: (message, tail). Raises only WireError."""
+    meta_len, tail_len = parse_header(bytes(data[: HEADER.size]), limits)
+    end = HEADER.size + meta_len
+    if len(data) != end + tail_len:
+        raise WireError(f"frame holds {len(data)} bytes, its header says {end + tail_len}")
+    return decode_meta(data[HEADER.size : end], limits), bytes(data[end:])
+
+
+# -- field checks: each names the field and the rule it broke --
+
+
+def want_int(value: object, what: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{what} must be an int, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise WireError(f"{what} = {value} is outside {lo}..{hi}")
+    return value
+
+
+def want_str(value: object, what: str, max_len: int = 256) -> str:
+    if not isinstance(value, str) or len(value) > max_len:
+        raise WireError(f"{what} must be a str of at most {max_len} chars")
+    return value
+
+
+def want_bytes(value: object, what: str, max_len: int = 256) -> bytes:
+    if not isinstance(value, bytes) or len(value) > max_len:
+        raise WireError(f"{what} must be bytes of at most {max_len}")
+    return value
+
+
+def want_list(
+    value: object, what: str, max_len: int = 1 << 20, size: int | None = None
+) -> list[Any]:
+    if not isinstance(value, list) or len(value) > max_len:
+        raise WireError(f"{what} must be a list of at most {max_len} entries")
+    if size is not None and len(value) != size:
+        raise WireError(f"{what} must have {size} entries, got {len(value)}")
+    return value
+
+
+def want_fields(meta: list[Any], count: int) -> list[Any]:
+    if len(meta) != count:
+        raise WireError(f"message {meta[0]!r} has {count - 1} fields, got {len(meta) - 1}")
+    return meta
+
+
+# -- authentication --
+
+
+def auth_mac(token: bytes, nonce: bytes) -> bytes:
+    """The answer to a worker's challenge: HMAC-SHA256 of its nonce under the shared token."""
+    return hmac.new(token, b"actorgraph-auth\0" + nonce, hashlib.sha256).digest()
+
+
+def read_ticket(session_key: bytes, handle: int) -> bytes:
+    """A capability to read one allocation of one session (for worker-to-worker copies)."""
+    return hmac.new(session_key, b"read\0%d" % handle, hashlib.sha256).digest()[:16]
+
+
+# -- frames over a trio socket --
+
+
+class FrameStream:
+    """Frames over one connected trio socket. One reader task and one writer at a time."""
+
+    def __init__(self, sock: trio.socket.SocketType, limits: Limits) -> None:
+        self.sock = sock
+        self.limits = limits
+        self._buf = bytearray()
+        self._pos = 0
+
+    async def _fill(self, need: int) -> None:
+        while len(self._buf) - self._pos < need:
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            chunk = await self.sock.recv(max(1 << 16, need))
+            if not chunk:
+                raise ConnectionLostError("the connection was closed by the other side")
+            self._buf += chunk
+
+    def _take(self, n: int) -> bytes:
+        out = bytes(self._buf[self._pos : self._pos + n])
+        self._pos += n
+        return out
+
+    async def receive(self) -> tuple[list[Any], int]:
+        """The next message, and the length of its tail (read it with receive_into/skip)."""
+        await self._fill(HEADER.size)
+        meta_len, tail_len = parse_header(self._take(HEADER.size), self.limits)
+        await self._fill(meta_len)
+        body = self._take(meta_len)
+        return decode_meta(body, self.limits), tail_len
+
+    async def receive_into(self, view: memoryview) -> None:
+        """Fill `view` with the next len(view) bytes of the stream (a tail)."""
+        n = len(view)
+        have = min(n, len(self._buf) - self._pos)
+        if have:
+            view[:have] = self._buf[self._pos : self._pos + have]
+            self._pos += have
+        while have < n:
+            got = await self.sock.recv_into(view[have:], n - have)
+            if not got:
+                raise ConnectionLostError("the connection was closed by the other side")
+            have += got
+
+    async def skip(self, n: int) -> None:
+        scratch = memoryview(bytearray(min(n, 1 << 20)))
+        while n:
+            step = min(n, len(scratch))
+            await self.receive_into(scratch[:step])
+            n -= step
+
+    async def send(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Send frames (headers, metas and tails, in order): small parts go in one syscall."""
+        small: list[bytes | memoryview] = []
+        for part in parts:
+            if len(part) < _SMALL:
+                small.append(part)
+                continue
+            if small:
+                await self._send_all(b"".join(small))
+                small = []
+            await self._send_all(part)
+        if small:
+            await self._send_all(small[0] if len(small) == 1 else b"".join(small))
+
+    async def _send_all(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            sent = await self.sock.send(view)
+            view = view[sent:]

@@ -1,0 +1,45 @@
+"""Kernels that the test workers load with `--kernels remote_kernels` (and clients import)."""
+
+import numpy as np
+
+import actorgraph as ag
+
+
+def _xor(out, a, b):
+    np.bitwise_xor(a, b, out=out)
+
+
+def _add(out, a, b):
+    np.add(a, b, out=out)
+
+
+def _inc(out, a):
+    np.add(a, 1, out=out)
+
+
+def _scale(out, a, k):
+    np.multiply(a, k, out=out)
+
+
+def _boom(out, a):
+    raise ZeroDivisionError("boom on purpose")
+
+
+XOR = ag.Kernel("xor", cpu=_xor, outs=(0,), ins=(1, 2))
+ADD = ag.Kernel("add", cpu=_add, outs=(0,), ins=(1, 2))
+INC = ag.Kernel("inc", cpu=_inc, outs=(0,), ins=(1,))
+SCALE = ag.Kernel("scale", cpu=_scale, outs=(0,), ins=(1,))
+BOOM = ag.Kernel("boom", cpu=_boom, outs=(0,), ins=(1,))
+
+KERNELS = [XOR, ADD, INC, SCALE, BOOM]
+
+
+def _sleepy(out, a):
+    # Holds the worker busy so that a test can kill it while a replay is in flight.
+    import time
+
+    time.sleep(30)
+
+
+SLEEPY = ag.Kernel("sleepy", cpu=_sleepy, outs=(0,), ins=(1,))
+KERNELS.append(SLEEPY)

@@ -1,0 +1,639 @@
+"""REMOTE devices against real worker subprocesses on loopback.
+
+Two workers serve the whole module (A: CPU:0 and CPU:1, B: CPU:0), both with a token.
+Tests that kill or restart a worker start their own. Real sockets cannot run on trio's
+mock clock, so every test guards against hangs with a generous trio.fail_after.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+import actorgraph as ag
+import devices
+from devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
+
+sys.path.insert(0, str(Path(__file__).parent))
+from remote_kernels import ADD, INC, SCALE, SLEEPY, XOR
+
+HERE = Path(__file__).parent
+GUARD = 30  # seconds: a hang guard only; every test finishes far sooner
+TOKEN = b"test-token-0123456789"
+
+
+class WorkerProcess:
+    def __init__(
+        self, devices: str, token_file: Path | None, port: int = 0, extra: tuple[str, ...] = ()
+    ) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
+        cmd = [
+            sys.executable,
+            "-m",
+            "actorgraph",
+            "worker",
+            "--port",
+            str(port),
+            "--devices",
+            devices,
+            "--kernels",
+            "remote_kernels",
+        ]
+        if token_file is not None:
+            cmd += ["--token-file", str(token_file)]
+        cmd += extra
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], GUARD)
+        line = self.proc.stdout.readline() if ready else ""
+        match = re.search(r"listening on (\S+):(\d+)", line)
+        if match is None:
+            self.proc.kill()
+            raise RuntimeError(f"worker did not start: {line!r}")
+        self.port = int(match.group(2))
+
+    def name(self, device: str) -> str:
+        return f"{device}@127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("remote") / "token"
+    path.write_bytes(TOKEN + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def workers(token_file: Path) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    a = WorkerProcess("CPU:0,CPU:1", token_file)
+    b = WorkerProcess("CPU:0", token_file)
+    yield a, b
+    a.kill()
+    b.kill()
+
+
+def runtime(names: list[str], **options: object) -> object:
+    return ag.open_runtime(names, remote_token=TOKEN, **options)
+
+
+# -- names --
+
+
+def test_remote_names_parse() -> None:
+    assert devices.parse_device_name("CPU:1@127.0.0.1:7000") == ("REMOTE", 1)
+    assert devices.parse_device_name("CPU:0@[::1]:7000") == ("REMOTE", 0)
+    with pytest.raises(ag.DeviceError, match=r"KIND:N@HOST:PORT"):
+        devices.parse_device_name("CPU:0@127.0.0.1")
+
+
+async def test_no_worker_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    with (
+        trio.fail_after(GUARD),
+        pytest.raises(
+            devices.RemoteConnectionError, match=r"cannot connect to the worker at 127.0.0.1:\d+"
+        ),
+    ):
+        async with ag.open_runtime([f"CPU:0@127.0.0.1:{port}"]):
+            pass
+
+
+# -- the basics work as for local devices --
+
+
+async def test_alloc_copy_run_graph(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+    a_worker, _ = workers
+    r0 = a_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([r0]) as rt:
+            a, b, c = (rt.alloc(r0, 64, np.int32) for _ in range(3))
+            await rt.copyin(a, np.arange(64, dtype=np.int32))
+            await rt.copyin(b, np.full(64, 5, np.int32))
+            await rt.run([ag.Launch(XOR, [c, a, b])])
+            np.testing.assert_array_equal(await rt.copyout(c), np.arange(64) ^ 5)
+            graph = await rt.compile(
+                [ag.Launch(ADD, [c, a, b]), ag.Launch(INC, [c, c])], inputs=[a]
+            )
+            a2 = rt.alloc(r0, 64, np.int32)
+            await rt.copyin(a2, np.full(64, 100, np.int32))
+            for src, want in (
+                (a, np.arange(64) + 6),
+                (a2, np.full(64, 106)),
+                (a, np.arange(64) + 6),
+            ):
+                await graph([src])
+                np.testing.assert_array_equal(await rt.copyout(c), want)
+            view = a.view(offset=8, size=4)
+            np.testing.assert_array_equal(await rt.copyout(view), [8, 9, 10, 11])
+
+
+async def test_one_round_trip_per_replay(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+    a_worker, _ = workers
+    r0, r1 = a_worker.name("CPU:0"), a_worker.name("CPU:1")
+    with trio.fail_after(GUARD):
+        async with runtime([r0, r1]) as rt:
+            x = rt.alloc(r0, 16, np.int32)
+            y = rt.alloc(r1, 16, np.int32)
+            items = [ag.Launch(INC, [x, x]) for _ in range(50)] + [ag.Copy(dst=y, src=x)]
+            items += [ag.Launch(INC, [y, y]) for _ in range(49)]
+            graph = await rt.compile(items)
+            conn = rt.device(r0).connection
+            await graph()
+            await graph()
+            sent, received = conn.batches_sent, conn.frames_received
+            await graph()
+            # One batch out; back: one "done" per queue (plus the signal the copy waits on).
+            assert conn.batches_sent == sent + 1
+            assert conn.frames_received - received <= 3
+            np.testing.assert_array_equal(await rt.copyout(y), np.full(16, 3 * 50 + 49))
+
+
+async def test_ordering_local_remote_chain(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+    # local -> A -> B -> local, with kernels between: every hop waits for the one before.
+    a_worker, b_worker = workers
+    ra, rb = a_worker.name("CPU:1"), b_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", ra, rb], verify_plans=True) as rt:
+            src = rt.alloc("CPU:0", 256, np.int32)
+            at_a = rt.alloc(ra, 256, np.int32)
+            at_b = rt.alloc(rb, 256, np.int32)
+            back = rt.alloc("CPU:0", 256, np.int32)
+            items = [
+                ag.Launch(INC, [src, src]),
+                ag.Copy(dst=at_a, src=src),
+                ag.Launch(INC, [at_a, at_a]),
+                ag.Copy(dst=at_b, src=at_a),
+                ag.Launch(INC, [at_b, at_b]),
+                ag.Copy(dst=back, src=at_b),
+                ag.Launch(INC, [src, back]),  # overwrites src only after A read it
+            ]
+            graph = await rt.compile(items)
+            await rt.copyin(src, np.zeros(256, np.int32))
+            model = np.zeros(256, np.int64)
+            for _ in range(3):
+                await graph()
+                model = model + 1  # src += 1; a = src + 1; b = a + 1; back = b; src = back + 1
+                model = model + 3
+            np.testing.assert_array_equal(await rt.copyout(src), model)
+            np.testing.assert_array_equal(await rt.copyout(back), model - 1)
+
+
+async def test_worker_to_worker_copy_skips_the_client(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    a_worker, b_worker = workers
+    ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([ra, rb]) as rt:
+            x = rt.alloc(ra, 1 << 16, np.int32)
+            y = rt.alloc(rb, 1 << 16, np.int32)
+            await rt.copyin(x, np.arange(1 << 16, dtype=np.int32))
+            graph = await rt.compile([ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y])])
+            conn_a, conn_b = rt.device(ra).connection, rt.device(rb).connection
+            before = (conn_a.bytes_received, conn_b.bytes_received)
+            await graph()
+            assert (conn_a.bytes_received, conn_b.bytes_received) == before  # no data came here
+            np.testing.assert_array_equal(await rt.copyout(y), np.arange(1 << 16) + 1)
+
+
+async def test_concurrent_replays_and_eager_work_keep_order(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    # Replays issued at once go out before their predecessors finish, so their waits on
+    # device timelines cross hosts through forwarders rather than being already met.
+    a_worker, b_worker = workers
+    ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", ra, rb]) as rt:
+            x = rt.alloc("CPU:0", 64, np.int32)
+            y = rt.alloc(ra, 64, np.int32)
+            z = rt.alloc(rb, 64, np.int32)
+            items = [
+                ag.Launch(INC, [x, x]),
+                ag.Copy(dst=y, src=x),
+                ag.Launch(INC, [y, y]),
+                ag.Copy(dst=z, src=y),
+                ag.Launch(INC, [z, z]),
+                ag.Copy(dst=x, src=z),
+            ]
+            graph = await rt.compile(items)
+            await rt.copyin(x, np.zeros(64, np.int32))
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(graph)
+                    nursery.start_soon(rt.run, [ag.Launch(INC, [x, x])])
+            # Every replay adds 3 to x and every eager item 1, in whatever order the
+            # tasks got in: a lost update (a race) would show as less.
+            np.testing.assert_array_equal(await rt.copyout(x), np.full(64, 6 * 3 + 6))
+            stats = rt.device(ra).connection.statistics()
+            assert stats.batches_in_flight == 0 and stats.connected
+
+
+async def test_vars_and_launch_dims_go_per_call(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    a_worker, _ = workers
+    r0 = a_worker.name("CPU:0")
+    k = ag.Var("k", 1, 100)
+    with trio.fail_after(GUARD):
+        async with runtime([r0]) as rt:
+            a, c = rt.alloc(r0, 16, np.int32), rt.alloc(r0, 16, np.int32)
+            await rt.copyin(a, np.arange(16, dtype=np.int32))
+            graph = await rt.compile([ag.Launch(SCALE, [c, a], vars=[k], global_size=k * 2)])
+            for value in (3, 7, 3):
+                await graph(var_vals={k: value})
+                np.testing.assert_array_equal(await rt.copyout(c), np.arange(16) * value)
+
+
+async def test_item_failure_on_worker_names_the_item(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    a_worker, _ = workers
+    r0 = a_worker.name("CPU:0")
+    boom = ag.Kernel("boom", cpu=lambda out, a: None, outs=(0,), ins=(1,))
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", r0]) as rt:
+            x = rt.alloc(r0, 8, np.int32)
+            y = rt.alloc("CPU:0", 8, np.int32)
+            graph = await rt.compile(
+                [ag.Launch(INC, [x, x]), ag.Launch(boom, [x, x]), ag.Copy(dst=y, src=x)]
+            )
+            with pytest.raises(
+                ag.ItemError, match=r"item 1 \(boom\).*ZeroDivisionError: boom on purpose"
+            ):
+                await graph()
+            nope = ag.Kernel("nope", cpu=lambda out: None, outs=(0,))
+            with pytest.raises(ag.ItemError, match=r"unknown kernel 'nope'.*--kernels MODULE"):
+                await rt.run([ag.Launch(nope, [x])])
+            await rt.run([ag.Launch(INC, [x, x])])  # the session goes on
+            assert (await rt.copyout(x)).shape == (8,)
+
+
+# -- the fuzzer: random graphs over local and remote devices, against a numpy model --
+
+_KERNELS = {"xor": (XOR, np.bitwise_xor), "add": (ADD, np.add)}
+
+
+@st.composite
+def _graphs(draw: st.DrawFn) -> tuple[list[tuple[object, ...]], int]:
+    nitems = draw(st.integers(1, 12))
+    items: list[tuple[object, ...]] = []
+    for _ in range(nitems):
+        if draw(st.booleans()):
+            dev = draw(st.integers(0, 3))
+            items.append(
+                (
+                    "k",
+                    draw(st.sampled_from(sorted(_KERNELS))),
+                    dev,
+                    draw(st.integers(0, 2)),
+                    draw(st.integers(0, 2)),
+                    draw(st.integers(0, 2)),
+                )
+            )
+        else:
+            # A copy of whole buffers, or of one half-sized view into another.
+            halves = draw(st.none() | st.tuples(st.integers(0, 16), st.integers(0, 16)))
+            items.append(
+                (
+                    "c",
+                    draw(st.integers(0, 3)),
+                    draw(st.integers(0, 2)),
+                    draw(st.integers(0, 3)),
+                    draw(st.integers(0, 2)),
+                    halves,
+                )
+            )
+    return items, draw(st.integers(0, 2**31 - 1))
+
+
+@given(_graphs())
+def test_fuzz_graphs_match_a_numpy_model(
+    workers: tuple[WorkerProcess, WorkerProcess], case: tuple[list[tuple[object, ...]], int]
+) -> None:
+    spec, seed = case
+    a_worker, b_worker = workers
+    names = ["CPU:0", a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")]
+    n = 32
+    rng = np.random.default_rng(seed)
+
+    async def main() -> None:
+        with trio.fail_after(GUARD):
+            async with runtime(names, verify_plans=True) as rt:
+                bufs = [[rt.alloc(d, n, np.int32) for _ in range(3)] for d in names]
+                spare = rt.alloc(names[1], n, np.int32)  # the graph input's second binding
+                host = {}
+                for row in bufs + [[spare]]:
+                    for buf in row:
+                        host[buf] = rng.integers(0, 1000, n, dtype=np.int32)
+                        await rt.copyin(buf, host[buf])
+                items = []
+                for it in spec:
+                    if it[0] == "k":
+                        _, kname, dev, o, i1, i2 = it
+                        row = bufs[dev]
+                        items.append(ag.Launch(_KERNELS[kname][0], [row[o], row[i1], row[i2]]))
+                    else:
+                        _, dd, di, sd, si, halves = it
+                        dst, src = bufs[dd][di], bufs[sd][si]
+                        if halves is not None:
+                            dst = dst.view(offset=halves[0], size=n // 2)
+                            src = src.view(offset=halves[1], size=n // 2)
+                        if dst.overlaps(src) or dst is src:
+                            continue
+                        items.append(ag.Copy(dst=dst, src=src))
+                if not items:
+                    return
+                graph = await rt.compile(items, inputs=[bufs[1][0]])
+                for binding in (bufs[1][0], spare, bufs[1][0]):
+                    await graph([binding])
+
+                    def real(b: ag.Buffer, binding: ag.Buffer = binding) -> ag.Buffer:
+                        return binding if b is bufs[1][0] else b
+
+                    for item in items:
+                        if isinstance(item, ag.Launch):
+                            out, a, b = (real(x) for x in item.bufs)
+                            fn = _KERNELS[item.kernel.name][1]
+                            host[out] = fn(host[a], host[b]).astype(np.int32)
+                        else:
+                            dst, src = real(item.dst.base), real(item.src.base)
+                            d0, s0 = item.dst.offset, item.src.offset
+                            size = item.dst.size
+                            host[dst][d0 : d0 + size] = host[src][s0 : s0 + size].copy()
+                for buf, want in host.items():
+                    np.testing.assert_array_equal(await rt.copyout(buf), want, err_msg=repr(buf))
+
+    trio.run(main)
+
+
+async def test_bulk_data_goes_in_frames_the_worker_accepts(
+    workers: tuple[WorkerProcess, WorkerProcess], token_file: Path
+) -> None:
+    small = WorkerProcess("CPU:0", token_file, extra=("--max-frame", "65536"))
+    _, big = workers
+    try:
+        rs, rb = small.name("CPU:0"), big.name("CPU:0")
+        data = np.arange(1 << 18, dtype=np.int32)  # 1 MiB: 16 frames into `small`
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", rs, rb]) as rt:
+                x, y = rt.alloc(rs, data.size, np.int32), rt.alloc(rs, data.size, np.int32)
+                z, local = rt.alloc(rb, data.size, np.int32), rt.alloc("CPU:0", data.size, np.int32)
+                await rt.copyin(x, data)
+                await rt.copyin(local, data + 1)
+                await rt.run(
+                    [ag.Copy(dst=y, src=local), ag.Copy(dst=z, src=x), ag.Copy(dst=x, src=z)]
+                )
+                np.testing.assert_array_equal(await rt.copyout(x), data)
+                np.testing.assert_array_equal(await rt.copyout(y), data + 1)
+    finally:
+        small.kill()
+
+
+# -- faults --
+
+
+async def test_worker_killed_mid_replay(token_file: Path) -> None:
+    worker = WorkerProcess("CPU:0", token_file)
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0]) as rt:
+                x = rt.alloc(r0, 8, np.int32)
+                y = rt.alloc("CPU:0", 8, np.int32)
+                z = rt.alloc("CPU:0", 8, np.int32)
+                # The local copy waits for the remote kernel: it must not hang either.
+                graph = await rt.compile([ag.Launch(SLEEPY, [x, x]), ag.Copy(dst=y, src=x)])
+                errors = []
+
+                async def replay() -> None:
+                    try:
+                        await graph()
+                    except ag.ActorGraphError as exc:
+                        errors.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(replay)
+                    await trio.testing.wait_all_tasks_blocked()  # the batch is on the wire
+                    worker.kill()
+                assert len(errors) == 1 and isinstance(errors[0], ag.ClosedError)
+                assert re.search(r"connection to worker 127.0.0.1:\d+ lost", str(errors[0]))
+                # Local devices go on working; the remote one says what happened.
+                await rt.copyin(z, np.arange(8, dtype=np.int32))
+                await rt.run([ag.Launch(INC, [z, z]), ag.Copy(dst=y, src=z)])
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 1)
+                with pytest.raises(ag.ActorGraphError, match="connection to worker"):
+                    await rt.run([ag.Launch(INC, [x, x])])
+    finally:
+        worker.kill()
+
+
+async def test_reconnect_to_a_restarted_worker(token_file: Path) -> None:
+    worker = WorkerProcess("CPU:0", token_file)
+    port = worker.port
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([worker.name("CPU:0")]) as rt:
+                x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+                await rt.copyin(x, np.ones(4, np.int32))
+            worker.kill()
+            worker = WorkerProcess("CPU:0", token_file, port=port)
+            async with runtime([worker.name("CPU:0")]) as rt:
+                x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+                await rt.copyin(x, np.full(4, 7, np.int32))
+                await rt.run([ag.Launch(INC, [x, x])])
+                np.testing.assert_array_equal(await rt.copyout(x), np.full(4, 8))
+    finally:
+        worker.kill()
+
+
+# -- security: every refusal is an error reply, and the worker keeps serving --
+
+
+async def _raw(port: int, limits: Limits | None = None) -> tuple[FrameStream, bytes]:
+    sock = trio.socket.socket()
+    await sock.connect(("127.0.0.1", port))
+    stream = FrameStream(sock, limits or Limits())
+    meta, _ = await stream.receive()
+    assert meta[0] == "challenge" and meta[2] is True
+    return stream, meta[1]
+
+
+async def _session(port: int) -> FrameStream:
+    stream, nonce = await _raw(port)
+    await stream.send([encode(["auth", "client", auth_mac(TOKEN, nonce), ["CPU:0"]])])
+    meta, _ = await stream.receive()
+    assert meta[0] == "welcome"
+    return stream
+
+
+async def _still_serves(worker: WorkerProcess) -> None:
+    async with runtime([worker.name("CPU:0")]) as rt:
+        x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+        await rt.copyin(x, np.arange(4, dtype=np.int32))
+        np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+
+
+async def test_refuses_missing_and_wrong_tokens(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        with pytest.raises(devices.RemoteConnectionError, match="requires a token"):
+            async with ag.open_runtime([worker.name("CPU:0")]):
+                pass
+        with pytest.raises(devices.RemoteConnectionError, match="authentication failed"):
+            async with ag.open_runtime([worker.name("CPU:0")], remote_token=b"wrong"):
+                pass
+        stream, _ = await _raw(worker.port)
+        await stream.send([encode(["auth", "client", b"", ["CPU:0"]])])
+        meta, _ = await stream.receive()
+        assert meta[0] == "error" and "authentication failed" in meta[-1]
+        await _still_serves(worker)
+
+
+async def test_refuses_malformed_and_oversized_frames(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    worker, _ = workers
+    bad_frames = [
+        b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 16,  # not our magic
+        HEADER.pack(b"AG", 99, 4, 0) + b"\x91\xa1x\0",  # unknown version
+        HEADER.pack(b"AG", 1, 3, 0) + b"\xc1\xc1\xc1",  # not msgpack
+        HEADER.pack(b"AG", 1, 1 << 30, 0),  # meta over the limit: refused unread
+        HEADER.pack(b"AG", 1, 2, 1 << 40) + b"\x91\x00",  # tail over the limit
+    ]
+    with trio.fail_after(GUARD):
+        for frame in bad_frames:
+            stream = await _session(worker.port)
+            await stream.send([frame])
+            meta, _ = await stream.receive()
+            assert meta[0] == "error" and meta[1] == "frame", meta
+            assert await stream.sock.recv(1) == b""  # and that connection is closed
+        await _still_serves(worker)
+
+
+async def test_refuses_bad_requests_and_keeps_the_session(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            # Another client's buffer: it exists on the worker, but not in our session.
+            theirs = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(theirs, np.arange(4, dtype=np.int32))
+            handle = theirs.memory.handle
+            stream = await _session(worker.port)
+            requests = [
+                (["get", 1, [handle, 0, [4]]], "unknown buffer id"),
+                (["alloc", "x", "CPU:0", 4, "int32"], "must be an int"),
+                (["alloc", 1, "CPU:0", 1 << 40, "int8"], "over the limit"),
+                (["alloc", 2, "CPU:0", 4, "object"], "is not one of"),
+                (["alloc", 3, "GPU:7", 4, "int32"], "no device 'GPU:7'"),
+                (["batch", 9, [0], [12345], []], "unknown program id 12345"),
+                (["frobnicate", 1], "unknown request 'frobnicate'"),
+                (["free"], "has 1 fields, got 0"),
+            ]
+            for request, message in requests:
+                await stream.send([encode(request)])
+                meta, _ = await stream.receive()
+                assert meta[0] == "error" and message in meta[-1], (request, meta)
+            # A program naming an unknown kernel is refused when a batch runs it.
+            await stream.send([encode(["alloc", 5, "CPU:0", 4, "int32"])])
+            prog = [["k", 0, "nope", [[5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]], ["s", 0, 1]]
+            await stream.send(
+                [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0], [1], []])]
+            )
+            meta, _ = await stream.receive()
+            assert meta[:3] == ["done", 2, 0] and "unknown kernel 'nope'" in meta[3][2]
+            # The session still works: a valid program runs.
+            prog = [
+                ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
+                ["s", 0, 1],
+            ]
+            await stream.send(
+                [encode(["prog", 3, "CPU:0", prog, False]), encode(["batch", 4, [0], [3], []])]
+            )
+            meta, _ = await stream.receive()
+            assert meta == ["done", 4, 0, None]
+            # A program may not signal past its own range on the shared queue.
+            prog = [["s", 0, 1000]]
+            await stream.send(
+                [encode(["prog", 5, "CPU:0", prog, False]), encode(["batch", 6, [0], [5], []])]
+            )
+            meta, _ = await stream.receive()
+            assert meta[0] == "done" and "signals must rise to its item count" in meta[3][2]
+            stream.sock.close()
+            np.testing.assert_array_equal(await rt.copyout(theirs), np.arange(4))
+
+
+async def test_peer_reads_need_a_valid_ticket(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(worker.name("CPU:0")).connection
+            stream, _ = await _raw(worker.port)
+            await stream.send([encode(["auth", "peer", b"", []])])
+            ref = [x.memory.handle, 0, [4]]
+            for ticket in (b"0" * 16, conn.ticket(x.memory.handle + 1)):
+                await stream.send([encode(["pread", 1, conn.session_id, ref, ticket])])
+                meta, _ = await stream.receive()
+                assert meta[0] == "error" and "bad read ticket" in meta[-1]
+            await stream.send([encode(["get", 1, ref])])  # a peer may do nothing else
+            meta, _ = await stream.receive()
+            assert meta[0] == "error" and "can only read" in meta[-1]
+            await stream.send([encode(["pread", 2, conn.session_id, ref, conn.ticket(ref[0])])])
+            meta, tail = await stream.receive()
+            assert meta[:2] == ["data", 2] and tail == 16
+            stream.sock.close()
+
+
+def test_worker_refuses_to_serve_other_hosts_without_a_token(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from actorgraph._cli import main
+
+    assert main(["worker", "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "refusing to serve 0.0.0.0 without a token; pass --token-file" in capsys.readouterr().err
+
+
+async def test_a_client_that_leaves_mid_job_does_not_block_others(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        stream = await _session(worker.port)
+        # A job that waits for a signal of this client, which then goes away: the job
+        # sits on the worker's shared CPU:0 queue until the worker lets it go.
+        await stream.send([encode(["alloc", 1, "CPU:0", 4, "int32"])])
+        prog = [
+            ["w", 1, 0, 5],
+            ["k", 0, "inc", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
+            ["s", 0, 1],
+        ]
+        await stream.send(
+            [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0], [1], []])]
+        )
+        stream.sock.close()
+        await _still_serves(worker)
