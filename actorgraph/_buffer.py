@@ -144,6 +144,29 @@ class Buffer:
             raise UsageError(f"{self!r} is not in host-visible memory; use rt.copyout()")
         return memory[self.offset : self.offset + self.size].reshape(self.shape)
 
+    # -- DLPack: torch.from_dlpack(buffer), numpy.from_dlpack(buffer), ... view it in place --
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
+                   dl_device: Any = None, copy: bool | None = None) -> Any:
+        """Export this buffer without a copy. Await the work that writes it first: the
+        export waits for the device's queued work, not for work submitted later."""
+        self.check_live("__dlpack__ of ")
+        if copy:
+            raise BufferError(f"{self!r}: DLPack export never copies; use rt.copyout()")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(
+                f"{self!r} lives on DLPack device {self.__dlpack_device__()}, not {dl_device}; "
+                f"export it where it is, or copy it with rt.copyout() / a Copy item"
+            )
+        export = getattr(self._alloc.device, "dlpack", None)
+        if export is None:
+            return self.host_view().__dlpack__(**({} if max_version is None else {"max_version": max_version}))
+        return export(self, stream, max_version)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        where = getattr(self._alloc.device, "dlpack_device", None)
+        return (1, 0) if where is None else tuple(where())
+
     @property
     def memory(self) -> Any:
         return self._alloc.memory

@@ -34,10 +34,11 @@ from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice
 from ._sim import SimQueueActor as SimQueueActor
 from ._sim import SimRecord as SimRecord
+from .cuda import CUDADevice as CUDADevice
 
 # Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.
 DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType(
-    {"CPU": CPUDevice, "SIM": SIMDevice}
+    {"CPU": CPUDevice, "SIM": SIMDevice, "CUDA": CUDADevice}
 )
 
 _NAME = re.compile(r"^([A-Z]+):(\d+)$")

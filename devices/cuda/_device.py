@@ -1,0 +1,394 @@
+"""CUDA:N devices: a compute and a copy queue per GPU, kernels from NVRTC, pinned staging.
+
+Which driver: `open_runtime([...], cuda_driver="fake")` (or a FakeDriver instance, or the
+environment variable ACTORGRAPH_CUDA_DRIVER=fake) runs every CUDA code path on host
+memory with kernels' CPU bodies; the default, "real", uses cuda-python and needs an
+NVIDIA GPU and driver. Other options: cuda_graphs=False keeps every job on the streams
+(no CUDA graphs); cuda_graph_min_items=N sets how many items a job needs to become a
+graph; cuda_mem_ops=False forces the event fallback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+
+from scheduler import QueueKind
+
+from .._actor import Op
+from .._device import Device, DeviceError
+from .._signal import Signal
+from . import _commands as C
+from ._driver import CopyKind, CudaDriver, DriverUnavailable, open_driver
+from ._queue import CUDA_ITEM, CudaQueueActor
+
+ENV_DRIVER = "ACTORGRAPH_CUDA_DRIVER"
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_U64_MAX = (1 << 64) - 1
+
+
+@attrs.define(eq=False)
+class CudaMemory:
+    """A device allocation: its device pointer, size, and (fake driver only) host bytes."""
+
+    device: CUDADevice
+    pointer: int
+    nbytes: int
+    host: np.ndarray[Any, Any] | None
+
+
+class _Staging:
+    """Pinned, mapped host memory for one copy between host memory and a GPU.
+
+    Held by the lowered copy (so a graph's copy keeps it across replays) and returned to
+    the device's pool when that lowering is dropped.
+    """
+
+    def __init__(self, device: CUDADevice, nbytes: int) -> None:
+        self.host_pointer, self.nbytes, self.array = device._take_staging(nbytes)
+        weakref.finalize(self, device._give_staging, self.host_pointer, self.nbytes, self.array)
+
+
+class CUDADevice(Device):
+    kind = "CUDA"
+    host_visible = False
+
+    def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
+        super().__init__(name, index, timeline_start=timeline_start, **options)
+        choice = options.get("cuda_driver") or os.environ.get(ENV_DRIVER) or "real"
+        try:
+            self.driver: CudaDriver = open_driver(choice, index)
+            self.driver.init()
+            count = self.driver.device_count()
+        except DriverUnavailable as exc:
+            raise DeviceError(
+                f"cannot open {name}: {exc}. CUDA devices need an NVIDIA GPU and its driver. "
+                f"Without one, run the CUDA code paths on the fake driver with "
+                f"open_runtime([...], cuda_driver='fake') (or {ENV_DRIVER}=fake), or use "
+                f"CPU:N (or SIM:N simulated GPUs) devices instead"
+            ) from exc
+        except ValueError as exc:
+            raise DeviceError(f"cannot open {name}: {exc}") from exc
+        if not 0 <= index < count:
+            raise DeviceError(
+                f"cannot open {name}: this machine has {count} CUDA device(s)"
+                + (f" (CUDA:0 to CUDA:{count - 1})" if count else "")
+            )
+        driver = self.driver
+        self.context = driver.open_context(index)
+        driver.set_context(self.context)
+        major = driver.device_attribute(index, "COMPUTE_CAPABILITY_MAJOR")
+        minor = driver.device_attribute(index, "COMPUTE_CAPABILITY_MINOR")
+        self.arch = f"sm_{major}{minor}"
+        self.mem_ops = bool(driver.device_attribute(index, "CAN_USE_64_BIT_STREAM_MEM_OPS")) and \
+            bool(options.get("cuda_mem_ops", True))
+        self._functions: dict[tuple[str, str], Any] = {}
+        self._peers: dict[int, bool] = {}
+        self._staging_lock = threading.Lock()
+        self._staging_free: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
+        self._staging_all: list[int] = []
+        # Mapped words that follow trio-side signals, so streams can wait on them.
+        self._mirrors: dict[int, tuple[Signal, int, int]] = {}
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+        self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
+        self.queues = {
+            QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
+            QueueKind.COPY: CudaQueueActor(f"{name}/copy", self, timeline_start),
+        }
+
+    @property
+    def caps(self) -> Any:
+        return attrs.evolve(super().caps, peer_group=f"cuda:{self.driver.name}")
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        await super().start(nursery)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        busy = any(q.gpu_busy for q in self.queues.values())  # type: ignore[attr-defined]
+        for actor in self.queues.values():
+            actor.close()  # type: ignore[attr-defined]
+        if not busy:
+            with self._staging_lock:
+                pointers = self._staging_all + [host for _, host, _ in self._mirrors.values()]
+                for pointer in pointers:
+                    self.driver.host_free(pointer)
+                self._staging_all.clear()
+                self._staging_free.clear()
+                self._mirrors.clear()
+
+    def lose(self, error: BaseException) -> None:
+        """A sticky CUDA error: fail the work on the GPU, and every later job, clearly."""
+        if self.lost is None:
+            self.lost = DeviceError(
+                f"{self.name} hit {error} earlier; its CUDA context is lost and every later "
+                f"call on it fails: open a new runtime"
+            )
+            self.lost.__cause__ = error
+        for actor in self.queues.values():
+            actor.fail_in_flight(self.lost)  # type: ignore[attr-defined]
+
+    # -- trio-side signals as words the GPU can wait on --
+
+    def mirror(self, signal: Signal) -> int | None:
+        """The device pointer of a mapped word that follows `signal`, a signal only the
+        trio side sets (a CPU queue, a device timeline): a stream waits on the word as on
+        any GPU queue's. None before the device's actors started."""
+        entry = self._mirrors.get(id(signal))
+        if entry is not None and entry[0] is signal:
+            return entry[2]
+        if self._nursery is None:
+            return None
+        host, device = self.driver.host_alloc_mapped(8)
+        self.driver.host_write64(host, signal.value)
+        self._mirrors[id(signal)] = (signal, host, device)
+        self._nursery.start_soon(self._follow, signal, host, name=f"{self.name} mirror {signal.name}")
+        return device
+
+    async def _follow(self, signal: Signal, host: int) -> None:
+        # Wakes once per advance of the signal (not per waiter): copy it into the word.
+        write = self.driver.host_write64
+        while not self._closed:  # closed: the word may be freed already
+            seen = signal.value
+            write(host, seen)
+            if seen >= _U64_MAX:
+                return
+            await signal.wait_value(seen + 1)
+
+    # -- memory --
+
+    def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
+        nbytes = nelems * dtype.itemsize
+        self.driver.set_context(self.context)
+        pointer = self.driver.mem_alloc(max(nbytes, 1))
+        return CudaMemory(self, pointer, nbytes, self.driver.host_view(pointer, nbytes))
+
+    def free(self, memory: Any) -> None:
+        # Work still queued may use it: let the streams drain first (frees are rare).
+        self.driver.set_context(self.context)
+        for actor in self.queues.values():
+            self.driver.stream_synchronize(actor.stream)  # type: ignore[attr-defined]
+        self.driver.mem_free(memory.pointer)
+
+    def _take_staging(self, nbytes: int) -> tuple[int, int, np.ndarray[Any, Any]]:
+        size = 64 if nbytes <= 64 else 1 << (nbytes - 1).bit_length()
+        with self._staging_lock:
+            free = self._staging_free.get(size)
+            if free:
+                pointer, array = free.pop()
+                return pointer, size, array
+        self.driver.set_context(self.context)
+        pointer, _ = self.driver.host_alloc_mapped(size)
+        with self._staging_lock:
+            self._staging_all.append(pointer)
+        array = np.ctypeslib.as_array((_u8 * size).from_address(pointer))
+        return pointer, size, array
+
+    def _give_staging(self, pointer: int, size: int, array: np.ndarray[Any, Any]) -> None:
+        with self._staging_lock:
+            if not self._closed:
+                self._staging_free.setdefault(size, []).append((pointer, array))
+
+    # -- kernels --
+
+    def function(self, kernel: Any) -> Any:
+        """The loaded entry point of a kernel's CUDA source: compiled once per arch (the
+        driver caches images by source hash), loaded once per device."""
+        source = kernel.cuda
+        if source is None:
+            raise DeviceError(
+                f"kernel {kernel.name!r} has no CUDA source, so it cannot run on {self.name}; "
+                f"give Kernel(..., cuda=SOURCE) with an extern \"C\" __global__ {kernel.name}(...)"
+            )
+        key = (hashlib.sha256(source.encode()).hexdigest(), kernel.name)
+        function = self._functions.get(key)
+        if function is None:
+            self.driver.set_context(self.context)
+            try:
+                image = self.driver.compile(source, kernel.name, self.arch)
+                module = self.driver.module_load(image)
+                function = self.driver.module_function(module, kernel.name)
+            except DriverUnavailable:
+                raise
+            except Exception as exc:
+                raise DeviceError(
+                    f"kernel {kernel.name!r} did not build for {self.name} ({self.arch}): {exc}"
+                ) from exc
+            self._functions[key] = function
+        return function
+
+    def _actor(self, queue: QueueKind) -> CudaQueueActor:
+        return self.queues[queue]  # type: ignore[return-value]
+
+    def lower_launch(
+        self,
+        item: int,
+        kernel: Any,
+        buffers: Sequence[Any],
+        var_values: Sequence[int],
+        global_size: tuple[int, ...],
+        local_size: tuple[int, ...],
+        queue: QueueKind,
+    ) -> Op:
+        function = self.function(kernel)
+        for value in var_values:
+            if not _INT32[0] <= value <= _INT32[1]:
+                raise DeviceError(
+                    f"kernel {kernel.name!r} on {self.name}: var value {value} does not fit "
+                    f"the 32-bit int a CUDA kernel takes"
+                )
+        pointers = tuple(_pointer(b) for b in buffers)
+        ints = tuple(int(v) for v in var_values)
+        body = None
+        if buffers and buffers[0].memory.host is not None:  # a driver without a GPU
+            if kernel.cpu is None:
+                raise DeviceError(
+                    f"kernel {kernel.name!r} has no CPU body, and the fake CUDA driver runs "
+                    f"kernels with their CPU bodies: give Kernel(..., cpu=fn) too"
+                )
+            fn = kernel.cpu
+            if kernel.pass_dims:
+                fn = functools.partial(fn, global_size=global_size, local_size=local_size)
+            args = tuple(_host_array(b) for b in buffers) + ints
+            body = functools.partial(self._actor(queue).run_body, item, fn, args)
+        grid = (global_size + (1, 1))[:3]
+        block = (local_size + (1, 1))[:3]
+        return (CUDA_ITEM, ((C.KERNEL, function, grid, block, pointers, ints, body),), item)
+
+    # -- copies --
+
+    def peer_ok(self, other: CUDADevice) -> bool:
+        """Enable peer access both ways once; False where the hardware cannot."""
+        known = self._peers.get(other.index)
+        if known is not None:
+            return known
+        ok = (
+            other.driver is self.driver
+            and self.driver.can_access_peer(self.index, other.index)
+            and self.driver.can_access_peer(other.index, self.index)
+            and not self.options.get("cuda_no_peer", False)
+        )
+        if ok:
+            try:
+                self.driver.set_context(self.context)
+                self.driver.enable_peer_access(self.context, other.context)
+                self.driver.set_context(other.context)
+                self.driver.enable_peer_access(other.context, self.context)
+            except Exception:
+                ok = False
+            self.driver.set_context(self.context)
+        self._peers[other.index] = ok
+        other._peers[self.index] = ok
+        return ok
+
+    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+        actor = self._actor(queue)
+        dst_mem, src_mem = dst.memory, src.memory
+        nbytes = dst.nbytes
+        dst_gpu, src_gpu = isinstance(dst_mem, CudaMemory), isinstance(src_mem, CudaMemory)
+        cmds: tuple[C.Command, ...]
+        keep: Any = None
+        if dst_gpu and src_gpu:
+            dst_dev, src_dev = dst_mem.device, src_mem.device
+            if dst_dev is src_dev:
+                cmds = ((C.COPY, CopyKind.DTOD, _pointer(dst), _pointer(src), nbytes, None, None),)
+            elif dst_dev.peer_ok(src_dev):
+                cmds = ((C.COPY, CopyKind.PEER, _pointer(dst), _pointer(src), nbytes,
+                         dst_dev.context, src_dev.context),)
+            else:  # no peer access: through pinned host memory, on this one stream
+                keep = _Staging(self, nbytes)
+                cmds = (
+                    (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes, None, None),
+                    (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes, None, None),
+                )
+        elif dst_gpu:
+            cmds, keep = self._upload(item, actor, dst, src.host_view())
+        elif src_gpu:
+            cmds, keep = self._download(item, actor, dst.host_view(), src)
+        else:
+            raise DeviceError(f"{self.name} cannot copy between {dst!r} and {src!r}: neither is on it")
+        return (CUDA_ITEM, cmds, item, keep)
+
+    def _upload(self, item: int, actor: CudaQueueActor, dst: Any,
+                array: np.ndarray[Any, Any]) -> tuple[tuple[C.Command, ...], Any]:
+        nbytes = dst.nbytes
+        keep = _Staging(self, nbytes)
+        staged = keep.array[:nbytes].view(dst.dtype).reshape(dst.shape)
+        fill = functools.partial(actor.copy_on_host, item, staged, array.reshape(dst.shape))
+        cmds = (
+            (C.HOST, fill),
+            (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes, None, None),
+        )
+        return cmds, (keep, fill)
+
+    def _download(self, item: int, actor: CudaQueueActor, out: np.ndarray[Any, Any],
+                  src: Any) -> tuple[tuple[C.Command, ...], Any]:
+        nbytes = src.nbytes
+        keep = _Staging(self, nbytes)
+        staged = keep.array[:nbytes].view(src.dtype).reshape(out.shape)
+        drain = functools.partial(actor.copy_on_host, item, out, staged)
+        cmds = (
+            (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes, None, None),
+            (C.HOST, drain),
+        )
+        return cmds, (keep, drain)
+
+    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        cmds, keep = self._upload(-1, self._actor(queue), buffer, array)
+        return (CUDA_ITEM, cmds, -1, keep)
+
+    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+        cmds, keep = self._download(-1, self._actor(queue), out, buffer)
+        return (CUDA_ITEM, cmds, -1, keep)
+
+    # -- DLPack --
+
+    def dlpack(self, buffer: Any, stream: Any = None, max_version: Any = None) -> Any:
+        """A DLPack capsule that views `buffer`'s device memory without a copy. The
+        device's streams are drained first, so the consumer's stream sees finished data."""
+        from ._dlpack import make_capsule
+
+        self.sync()
+        return make_capsule(
+            _pointer(buffer), buffer.shape, buffer.dtype, self.dlpack_device(),
+            owner=buffer.memory, max_version=max_version,
+        )
+
+    def dlpack_device(self) -> tuple[int, int]:
+        # Device memory of the fake driver is host memory: report it as such, so numpy
+        # (and torch on the CPU) can view it; a real GPU's is kDLCUDA (2).
+        return (1, 0) if self.driver.name == "fake" else (2, self.index)
+
+    def sync(self) -> None:
+        """Wait (blocking) until both streams have run everything queued on them."""
+        self.driver.set_context(self.context)
+        for actor in self.queues.values():
+            self.driver.stream_synchronize(actor.stream)  # type: ignore[attr-defined]
+
+
+_u8 = ctypes.c_uint8
+
+
+def _pointer(buffer: Any) -> int:
+    return int(buffer.memory.pointer) + int(buffer.offset) * int(buffer.dtype.itemsize)
+
+
+def _host_array(buffer: Any) -> np.ndarray[Any, Any]:
+    start = buffer.offset * buffer.dtype.itemsize
+    raw: np.ndarray[Any, Any] = buffer.memory.host[start : start + buffer.nbytes]
+    out: np.ndarray[Any, Any] = raw.view(buffer.dtype).reshape(buffer.shape)
+    return out

@@ -1,0 +1,562 @@
+"""CUDA queue actors: a trio task per stream that turns plan messages into stream work.
+
+How a queue's timeline signal lives on both sides (the bridge)
+---------------------------------------------------------------
+Each CUDA queue owns one 64-bit word in pinned host memory mapped into every device's
+address space (`MappedSignal.word`). The GPU is the only writer: a plan's `Signal`
+becomes cuStreamWriteValue64 on the queue's stream, so the word holds how far the GPU
+really got. Another CUDA queue waits on it with cuStreamWaitValue64 (GEQ) on its own
+stream: cross-queue and cross-device order costs the host nothing, and a replay runs
+on the GPUs without the host in the loop.
+
+The trio side sees the same timeline through the `Signal` base class that `MappedSignal`
+extends: its `value` is a mirror of the word, moved forward only from the word itself.
+After each write the stream runs a host function that asks the trio thread (through the
+trio token) to copy the word into the mirror; that wakes CPU actors (and anything else
+on the trio side) waiting for the value. So the mirror never runs ahead of the GPU, and
+a satisfied mirror proves the word is satisfied too.
+
+In the other direction, a CUDA queue waiting on a signal that only the trio side sets (a
+CPU actor's queue, a device timeline) waits on a *mirror word*: mapped memory that the
+device keeps equal to that signal (`CUDADevice.mirror`: one trio task per mirrored
+signal, woken once per advance of it, stores the new value with a host write). The
+stream waits on the mirror as on any GPU queue's word, so the whole job, waits
+included, is on the stream before its first item runs: back-to-back replays and mixed
+CPU/GPU plans queue up on the GPU. The runtime's KICK is set before any job runs and is
+the only signal still checked on the host (for free: it is always reached).
+
+Without CAN_USE_64_BIT_STREAM_MEM_OPS a stream can neither write nor wait on a word:
+each signal point records an event (and a host function writes the word for the trio
+mirror); a CUDA waiter, once that record has been enqueued, waits on the event, and
+waits on trio-side signals go back to the host (awaited before the rest is enqueued).
+
+Job completion: the last command of every job is a host function that tells the trio
+thread to finish the oldest job in flight (streams are in order, so completions come
+in submission order). Until then the submission is not done and the device timeline
+does not move, so eager work and later replays stay ordered after it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import ctypes
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import trio
+
+from devices._actor import (
+    FIRST_DEVICE_OP,
+    SIGNAL,
+    WAIT,
+    ActorClosedError,
+    Job,
+    QueueActor,
+    Submission,
+)
+from devices._signal import Signal
+
+from . import _commands as C
+from ._driver import CudaDriver, CudaError
+
+if TYPE_CHECKING:
+    from ._device import CUDADevice
+
+CUDA_ITEM = FIRST_DEVICE_OP  # (CUDA_ITEM, commands, item index)
+
+# Jobs with at least this many items replay as a CUDA graph (see `_graph_job`).
+DEFAULT_GRAPH_MIN_ITEMS = 2
+_GRAPH_CACHE = 8
+_u64 = ctypes.c_uint64
+_RECORD = -1  # (_RECORD, event, value): event fallback, handled in `_flush`
+
+
+class MappedSignal(Signal):
+    """A queue's timeline: the GPU-written word in mapped memory plus its trio mirror."""
+
+    __slots__ = ("device_pointer", "owner", "word")
+
+    def __init__(self, name: str, value: int, word: np.ndarray[Any, Any], device_pointer: int,
+                 owner: CudaQueueActor) -> None:
+        super().__init__(name, value)
+        self.word = word
+        self.device_pointer = device_pointer
+        self.owner = owner
+        word[0] = value
+
+    def gpu_value(self) -> int:
+        return int(self.word[0])
+
+
+class _GraphEntry:
+    """One job shape of this queue, built into a CUDA graph and instantiated once."""
+
+    __slots__ = ("cmds", "exec", "graph", "host_waits", "items", "nodes", "ops", "value_nodes")
+
+    def __init__(self) -> None:
+        self.ops: Sequence[Any] = ()
+        self.graph: Any = None
+        self.exec: Any = None
+        self.nodes: list[Any] = []
+        self.cmds: list[C.Command] = []
+        # (node index, base slot, relative value, signal waited on or None for a write):
+        # the mem-op values bound per replay.
+        self.value_nodes: list[tuple[int, int, int, Signal | None]] = []
+        # (signal, base slot, relative value, op index): host-side waits, before launch.
+        self.host_waits: list[tuple[Signal, int, int, int]] = []
+        self.items = 0
+
+
+class CudaQueueActor(QueueActor):
+    """A compute or copy queue of one GPU: owns a non-blocking stream and a mapped word."""
+
+    def __init__(self, name: str, device: CUDADevice, timeline_start: int = 0) -> None:
+        super().__init__(name, timeline_start)
+        self.device = device
+        self.driver: CudaDriver = device.driver
+        self.context = device.context
+        self.stream = self.driver.stream_create()
+        self.mem_ops = device.mem_ops
+        host_pointer, device_pointer = self.driver.host_alloc_mapped(8)
+        self._word_host_pointer = host_pointer
+        word = np.ctypeslib.as_array((_u64 * 1).from_address(host_pointer))
+        self.signal: MappedSignal = MappedSignal(name, timeline_start, word, device_pointer, self)
+        # Event fallback: (value, event) per signal point whose record was enqueued.
+        self.enqueued = Signal(f"{name}/enqueued", timeline_start)
+        self._event_values: list[int] = []
+        self._events: list[Any] = []
+        self._event_pool: list[Any] = []
+        self._in_flight: collections.deque[Job] = collections.deque()
+        self._gpu_jobs_done = 0   # counted on the stream's thread
+        self._host_jobs_done = 0  # counted on the trio thread
+        self._faults: list[tuple[int, int, BaseException]] = []
+        self._faults_lock = threading.Lock()
+        self._graphs: collections.OrderedDict[int, _GraphEntry] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[int, Sequence[Any]] = collections.OrderedDict()
+        self.graph_min_items = int(device.options.get("cuda_graph_min_items", DEFAULT_GRAPH_MIN_ITEMS))
+        self.use_graphs = bool(device.options.get("cuda_graphs", True))
+        self.graph_launches = 0
+        self.graph_builds = 0
+        # Bound once: host functions and graph host nodes keep the same identity.
+        self._host_signal: Callable[[], None] = self._on_signal_written
+        self._host_job_end: Callable[[], None] = self._on_job_end
+        self._stamp_start = 0.0  # profiling: when the stream reached the current item
+
+    # -- host functions: these run on the stream's (driver's) thread --
+
+    def run_body(self, item: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """A kernel's CPU body, run by a driver without a GPU; a raise fails the item."""
+        try:
+            fn(*args)
+        except Exception as exc:  # handed to the submission in `_finish_oldest`
+            self._fault(item, exc)
+
+    def copy_on_host(self, item: int, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+        try:
+            np.copyto(dst, src, casting="no")
+        except Exception as exc:
+            self._fault(item, exc)
+
+    def _fault(self, item: int, exc: BaseException) -> None:
+        # Tagged with the index of the job the stream is in (jobs end in order).
+        with self._faults_lock:
+            self._faults.append((self._gpu_jobs_done, item, exc))
+
+    def _on_signal_written(self) -> None:
+        self._to_trio(self._sync_mirror)
+
+    def _on_job_end(self) -> None:
+        self._gpu_jobs_done += 1
+        self._to_trio(self._finish_oldest)
+
+    def _to_trio(self, fn: Callable[[], None]) -> None:
+        token = self._token
+        if token is None:
+            return
+        try:
+            token.run_sync_soon(fn)
+        except trio.RunFinishedError:
+            pass  # the runtime is gone; nobody waits any more
+
+    # -- trio side of the bridge --
+
+    def _sync_mirror(self) -> None:
+        value = self.signal.gpu_value()
+        self.signal.set(value)
+        # Events of signal points the GPU has passed are never waited on again.
+        if self._event_values and self._event_values[0] <= value:
+            cut = bisect.bisect_right(self._event_values, value)
+            self._event_pool.extend(self._events[:cut])
+            del self._events[:cut], self._event_values[:cut]
+
+    def _finish_oldest(self) -> None:
+        self._sync_mirror()
+        if not self._in_flight:
+            return
+        job = self._in_flight.popleft()
+        index = self._host_jobs_done
+        self._host_jobs_done += 1
+        if self._faults:  # a fault of this job was recorded before its end marker ran
+            with self._faults_lock:
+                mine = [f for f in self._faults if f[0] == index]
+                self._faults = [f for f in self._faults if f[0] > index]
+            for _, item, exc in mine:
+                job.submission.fail(item, self.name, exc)
+        job.submission.job_done(job.slot)
+
+    def _abandon(self) -> None:
+        super()._abandon()
+        while self._in_flight:
+            sub = self._in_flight.popleft().submission
+            sub.fail(-1, self.name, ActorClosedError(
+                f"{self.name} was shut down while the GPU still ran this work"))
+            if not sub.done.is_set():
+                sub.done.set()
+                if sub.on_done is not None:
+                    sub.on_done(sub)
+
+    # -- what the deadlock monitor sees: work on the GPU is pending work too --
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None or bool(self._inbox) or bool(self._in_flight)
+
+    @property
+    def gpu_busy(self) -> bool:
+        return bool(self._in_flight)
+
+    def pending(self) -> list[tuple[Job, int]]:
+        # From op 0: replaying an enqueued part again in the monitor's abstract run is
+        # harmless (signals only move forward), and its GPU waits may still be pending.
+        out = [(job, 0) for job in self._in_flight]
+        if self._current is not None:
+            out.append((self._current, 0))
+        out.extend((job, 0) for job in self._inbox)
+        return out
+
+    # -- running a job --
+
+    async def _run_job(self, job: Job) -> None:
+        if self._refuse_lost(job):
+            return
+        if self.use_graphs and self.mem_ops:
+            entry = self._graph_entry(job)
+            if entry is not None:
+                await self._graph_job(job, entry)
+                return
+        await self._stream_job(job)
+
+    def _flush(self, cmds: list[C.Command]) -> None:
+        if not cmds:
+            return
+        driver, stream = self.driver, self.stream
+        driver.set_context(self.context)
+        for cmd in cmds:
+            if cmd[0] == _RECORD:
+                driver.event_record(cmd[1], stream)
+                self._events.append(cmd[1])
+                self._event_values.append(cmd[2])
+                self.enqueued.set(cmd[2])
+            else:
+                C.enqueue(driver, stream, cmd)
+        cmds.clear()
+
+    async def _run_job_profiled(self, job: Job) -> None:
+        """Profiled: host functions around every item stamp when the stream reached it,
+        so spans are GPU times as the host sees them (each costs the stream a host call)."""
+        if not self._refuse_lost(job):
+            await self._stream_job(job, profiled=True)
+
+    def _stamp(self, job: Job, index: int, at_start: bool) -> None:
+        now = self._now()
+        record = job.profile
+        if record is None:
+            return
+        if index < 0:
+            if at_start:
+                record.start = now
+            else:
+                record.end = now
+        elif at_start:
+            self._stamp_start = now
+        else:
+            record.spans.append((index, self._stamp_start, now))
+
+    async def _stream_job(self, job: Job, profiled: bool = False) -> None:
+        """Put a job's work on the stream command by command (eager work, short jobs)."""
+        ops, bases, sub = job.ops, job.bases, job.submission
+        cmds: list[C.Command] = []
+        ran = 0
+        stamp = self._stamp
+        try:
+            if profiled:
+                cmds.append((C.HOST, functools.partial(stamp, job, -1, True)))
+            for index, op in enumerate(ops):
+                code = op[0]
+                if code == CUDA_ITEM:
+                    ran += 1
+                    if sub.error is None:
+                        if profiled:
+                            cmds.append((C.HOST, functools.partial(stamp, job, index, True)))
+                            cmds.extend(op[1])
+                            cmds.append((C.HOST, functools.partial(stamp, job, index, False)))
+                        else:
+                            cmds.extend(op[1])
+                elif code == WAIT:
+                    signal: Signal = op[1]
+                    target = bases[op[2]] + op[3]
+                    if signal.value >= target:
+                        continue
+                    if isinstance(signal, MappedSignal) and signal.owner.mem_ops == self.mem_ops:
+                        if self.mem_ops:
+                            cmds.append((C.WAIT_VALUE, signal.device_pointer, target))
+                        else:
+                            await self._wait_event(cmds, signal, target, sub, index)
+                    else:
+                        # A trio-side signal, or a GPU queue whose kind of signalling this
+                        # one cannot wait on: through a mirror word, else on the host.
+                        word = self._mirror(signal, op[2], bases)
+                        if word is not None:
+                            cmds.append((C.WAIT_VALUE, word, target))
+                        else:
+                            self._flush(cmds)
+                            await self._park(signal, target, sub, index)
+                elif code == SIGNAL:
+                    self._signal_commands(cmds, bases[op[2]] + op[3])
+                else:
+                    raise RuntimeError(f"{self.name}: op {op[0]!r} cannot run on a CUDA queue")
+            if profiled:
+                cmds.append((C.HOST, functools.partial(stamp, job, -1, False)))
+            cmds.append((C.HOST, self._host_job_end))
+            self._in_flight.append(job)
+            self._flush(cmds)
+        except Exception as exc:  # a driver call refused: fail the job, never hang
+            self._fail_unsent(job, exc)
+        self.items_run += ran
+
+    def _mirror(self, signal: Signal, slot: int, bases: Sequence[int]) -> int | None:
+        """A mapped word following a trio-side signal, or None: then the host waits.
+        KICK (the last base) is set before any job runs: it never needs a word."""
+        if not self.mem_ops or slot == len(bases) - 1:
+            return None
+        return self.device.mirror(signal)
+
+    def _fail_unsent(self, job: Job, exc: Exception) -> None:
+        # A driver call refused: name the job's first item (which one is not known).
+        item = next((op[2] for op in job.ops if op[0] == CUDA_ITEM), -1)
+        if job in self._in_flight:
+            # Its end marker may not be on the stream: finish it here, after what was sent.
+            self._in_flight.remove(job)
+        job.submission.fail(item, self.name, exc)
+        job.submission.job_done(job.slot)
+        if isinstance(exc, CudaError) and exc.sticky:
+            self.device.lose(exc)
+
+    def fail_in_flight(self, exc: BaseException) -> None:
+        """The context is lost: no completion will come for the work on the GPU."""
+        while self._in_flight:
+            job = self._in_flight.popleft()
+            job.submission.fail(-1, self.name, exc)
+            job.submission.job_done(job.slot)
+
+    def _refuse_lost(self, job: Job) -> bool:
+        lost = self.device.lost
+        if lost is None:
+            return False
+        item = next((op[2] for op in job.ops if op[0] == CUDA_ITEM), -1)
+        job.submission.fail(item, self.name, lost)
+        job.submission.job_done(job.slot)
+        return True
+
+    def _signal_commands(self, cmds: list[C.Command], value: int) -> None:
+        if self.mem_ops:
+            cmds.append((C.WRITE_VALUE, self.signal.device_pointer, value))
+        else:
+            event = self._event_pool.pop() if self._event_pool else self.driver.event_create()
+            cmds.append((_RECORD, event, value))
+            cmds.append((C.HOST, _host_word_writer(self, value)))
+        cmds.append((C.HOST, self._host_signal))
+
+    async def _wait_event(self, cmds: list[C.Command], signal: MappedSignal, target: int,
+                          sub: Submission, index: int) -> None:
+        owner = signal.owner
+        if owner.enqueued.value < target:
+            self._flush(cmds)
+            await self._park(owner.enqueued, target, sub, index)
+        if signal.value >= target:
+            return
+        # Enqueue now: the event is only ours while its value is ahead of the mirror.
+        self._flush(cmds)
+        event = owner._events[bisect.bisect_left(owner._event_values, target)]
+        self.driver.set_context(self.context)
+        self.driver.stream_wait_event(self.stream, event)
+
+    # -- the fast path: a job as a CUDA graph --
+
+    def _graph_entry(self, job: Job) -> _GraphEntry | None:
+        """The graph for this job's op list: found by identity (a replay with the same
+        inputs and var values reuses its op lists), else by shape (new inputs: the nodes
+        whose pointers or values changed are updated in place), else built."""
+        ops = job.ops
+        if len(ops) < self.graph_min_items:
+            return None
+        key = id(ops)
+        graphs = self._graphs
+        entry = graphs.get(key)
+        if entry is not None and entry.ops is ops:
+            graphs.move_to_end(key)
+            return entry
+        refused = self._refused.get(key)
+        if refused is not None and refused is ops:
+            return None
+        entry = self._plan_graph(job)
+        if entry is None:
+            self._refused[key] = ops  # held, so the id is not reused while cached
+            while len(self._refused) > _GRAPH_CACHE:
+                self._refused.popitem(last=False)
+            return None
+        graphs.pop(key, None)
+        for old_key, old in list(graphs.items()):
+            if _same_shape(old.cmds, entry.cmds):
+                del graphs[old_key]
+                self._update_graph(old, entry)
+                graphs[key] = old
+                return old
+        self._build_graph(entry)
+        graphs[key] = entry
+        while len(graphs) > _GRAPH_CACHE:
+            _, dropped = graphs.popitem(last=False)
+            self.driver.graph_destroy(dropped.graph, dropped.exec)
+        return entry
+
+    def _plan_graph(self, job: Job) -> _GraphEntry | None:
+        """Commands for a graph of this job, or None if it must run on the stream."""
+        ops, bases = job.ops, job.bases
+        kick_slot = len(bases) - 1  # Program puts the KICK base last
+        entry = _GraphEntry()
+        cmds = entry.cmds
+        for index, op in enumerate(ops):
+            code = op[0]
+            if code == CUDA_ITEM:
+                entry.items += 1
+                cmds.extend(op[1])
+            elif code == WAIT:
+                signal = op[1]
+                if isinstance(signal, MappedSignal) and signal.owner.mem_ops:
+                    entry.value_nodes.append((len(cmds), op[2], op[3], signal))
+                    cmds.append((C.WAIT_VALUE, signal.device_pointer, bases[op[2]] + op[3]))
+                elif op[2] == kick_slot:
+                    # Set when the job was posted: awaiting it first cannot deadlock.
+                    entry.host_waits.append((signal, op[2], op[3], index))
+                else:
+                    word = self.device.mirror(signal)
+                    if word is None:
+                        return None
+                    entry.value_nodes.append((len(cmds), op[2], op[3], signal))
+                    cmds.append((C.WAIT_VALUE, word, bases[op[2]] + op[3]))
+            elif code == SIGNAL:
+                entry.value_nodes.append((len(cmds), op[2], op[3], None))
+                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op[2]] + op[3]))
+                cmds.append((C.HOST, self._host_signal))
+            else:
+                return None
+        if entry.items < self.graph_min_items:
+            return None
+        cmds.append((C.HOST, self._host_job_end))
+        entry.ops = ops
+        return entry
+
+    def _build_graph(self, entry: _GraphEntry) -> None:
+        driver = self.driver
+        driver.set_context(self.context)
+        graph = driver.graph_create()
+        node = None
+        nodes = []
+        for cmd in entry.cmds:
+            node = C.add_node(driver, graph, node, self.context, cmd)
+            nodes.append(node)
+        entry.graph, entry.nodes = graph, nodes
+        entry.exec = driver.graph_instantiate(graph)
+        self.graph_builds += 1
+
+    def _update_graph(self, old: _GraphEntry, new: _GraphEntry) -> None:
+        """Reuse `old`'s instantiated graph for `new`'s commands: update changed nodes."""
+        driver = self.driver
+        driver.set_context(self.context)
+        cmds = new.cmds
+        for i, (was, now) in enumerate(zip(old.cmds, cmds)):
+            if now[0] == C.WAIT_VALUE or now[0] == C.WRITE_VALUE:
+                # Values are bound per replay (`_graph_job`): keep the node's current one.
+                now = cmds[i] = (now[0], now[1], was[2])
+            C.update_node(driver, old.exec, old.nodes[i], self.context, was, now)
+        old.cmds = new.cmds
+        old.ops = new.ops
+        old.value_nodes = new.value_nodes
+        old.host_waits = new.host_waits
+        old.items = new.items
+
+    async def _graph_job(self, job: Job, entry: _GraphEntry) -> None:
+        bases, sub = job.bases, job.submission
+        for signal, slot, rel, index in entry.host_waits:
+            target = bases[slot] + rel
+            if signal.value < target:
+                await self._park(signal, target, sub, index)
+        try:
+            driver = self.driver
+            driver.set_context(self.context)
+            cmds = entry.cmds
+            for index, slot, rel, waited in entry.value_nodes:
+                cmd = cmds[index]
+                value = bases[slot] + rel
+                if waited is not None and waited.value >= value:
+                    # Already reached: the node's older (lower) target passes at once, so
+                    # it needs no update (targets on one word only grow, and stay within
+                    # 2**63 of it, as the cyclic comparison needs).
+                    continue
+                if cmd[2] != value:
+                    new = (cmd[0], cmd[1], value)
+                    C.update_node(driver, entry.exec, entry.nodes[index], self.context, cmd, new)
+                    cmds[index] = new
+            self._in_flight.append(job)
+            driver.graph_launch(entry.exec, self.stream)
+            self.graph_launches += 1
+        except Exception as exc:
+            self._fail_unsent(job, exc)
+        self.items_run += entry.items
+
+    # -- teardown --
+
+    def close(self) -> None:
+        driver = self.driver
+        if self._in_flight:
+            # The GPU may still wait on words nobody will write: leave its resources be.
+            driver.stream_destroy(self.stream)
+            return
+        driver.set_context(self.context)
+        driver.stream_synchronize(self.stream)
+        for entry in self._graphs.values():
+            driver.graph_destroy(entry.graph, entry.exec)
+        self._graphs.clear()
+        for event in self._events + self._event_pool:
+            driver.event_destroy(event)
+        driver.stream_destroy(self.stream)
+        driver.host_free(self._word_host_pointer)
+
+
+def _host_word_writer(actor: CudaQueueActor, value: int) -> Callable[[], None]:
+    """Event fallback: no stream writes, so the stream's host function writes the word."""
+
+    def write() -> None:
+        actor.signal.word[0] = value
+
+    return write
+
+
+def _same_shape(old: list[C.Command], new: list[C.Command]) -> bool:
+    return len(old) == len(new) and all(
+        C.shape_of(a) == C.shape_of(b) for a, b in zip(old, new)
+    )
