@@ -5,7 +5,7 @@
 Stage s of the model runs on SIM:s; each micro-batch's activations are copied to the next
 GPU. Time is simulated (a cost model on trio's MockClock), so the run takes no wall time and
 prints the same figures every time. The same ground as 02_multi_gpu_pipeline.ipynb; the
-builder here is also what cuda.py and 03_cuda.ipynb run on real GPUs.
+builder here is also what cuda_pipeline.py and 03_cuda.ipynb run on real GPUs.
 """
 
 from __future__ import annotations

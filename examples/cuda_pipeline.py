@@ -1,6 +1,6 @@
 """The pipeline of multi_gpu_pipeline.py on CUDA GPUs when this machine has some, else on SIM.
 
-    python examples/cuda.py [--micro-batches 16] [--replays 20]
+    python examples/cuda_pipeline.py [--micro-batches 16] [--replays 20]
 
 It says which devices it used and why. On CUDA the figures are wall-clock times of real
 replays; on SIM they are simulated times (the cost model on trio's MockClock). Results are
