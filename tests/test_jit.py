@@ -452,3 +452,21 @@ async def test_repeating_the_same_argument_objects_still_notices_frees_and_refil
         rt.free(x)
         with pytest.raises(ag.BufferFreedError, match=r"double\(\): argument x .* was freed"):
             await double(rt, x)
+
+
+async def test_a_function_that_frees_its_scratch_buffer_cannot_be_captured() -> None:
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        out = rt.alloc("CPU:0", 4, np.int32)
+
+        @ag.jit
+        async def step(rt: ag.Runtime, x: ag.Buffer) -> None:
+            tmp = rt.alloc("CPU:0", 4, np.int32)
+            await rt.launch(ADD, [tmp, x, x])
+            await rt.launch(ADD, [out, tmp, x])
+            rt.free(tmp)
+
+        x = await filled(rt, "CPU:0", np.arange(4))
+        await step(rt, x)
+        with pytest.raises(ag.BufferFreedError, match=r"item 0 \(add\) uses <Buffer CPU:0 4 int32 freed") as info:
+            await step(rt, x)
+        assert "while planning the work captured from step()" in str(info.value.__notes__)
