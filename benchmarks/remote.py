@@ -29,9 +29,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from remote_kernels import INC
+from remote_kernels import INC  # noqa: E402
 
-import actorgraph as ag
+import actorgraph as ag  # noqa: E402
 
 
 def start_worker(devices: str) -> tuple[subprocess.Popen[str], int]:

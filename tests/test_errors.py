@@ -437,7 +437,7 @@ async def test_a_kernel_that_raises(thread_bytes: int) -> None:
         items = [ag.Launch(XOR, [c, a, a]), ag.Launch(kernel, [b, a]), ag.Copy(dst=d, src=b)]
         graph = await rt.compile(items, inputs=[a])
         message = "item 1 (boom) on CPU:0/compute raised ValueError: bad value in the kernel"
-        for attempt in range(2):
+        for _attempt in range(2):
             with raises(ag.ItemError, message) as info:
                 await graph([a])
             error = info.value
