@@ -7,6 +7,10 @@ from devices import LinkCost as LinkCost
 from devices import SimRecord as SimRecord
 from devices import Work as Work
 
+from ._background import BackgroundGraph as BackgroundGraph
+from ._background import BackgroundRuntime as BackgroundRuntime
+from ._background import Call as Call
+from ._background import start_runtime as start_runtime
 from ._buffer import Buffer as Buffer
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
@@ -23,6 +27,12 @@ from ._errors import UsageError as UsageError
 from ._errors import VarError as VarError
 from ._graph import Graph as Graph
 from ._graph import Replay as Replay
+from ._inventory import Inventory as Inventory
+from ._inventory import local_devices as local_devices
+from ._jit import JitFunction as JitFunction
+from ._jit import JitTraceError as JitTraceError
+from ._jit import JitWarning as JitWarning
+from ._jit import jit as jit
 from ._kernel import Copy as Copy
 from ._kernel import Kernel as Kernel
 from ._kernel import Launch as Launch
@@ -49,8 +59,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActorGraphError",
+    "BackgroundGraph",
+    "BackgroundRuntime",
     "Buffer",
     "BufferFreedError",
+    "Call",
     "ClosedError",
     "Copy",
     "CostModel",
@@ -61,7 +74,11 @@ __all__ = [
     "Expr",
     "Graph",
     "InputError",
+    "Inventory",
     "ItemError",
+    "JitFunction",
+    "JitTraceError",
+    "JitWarning",
     "Kernel",
     "Launch",
     "LinkCost",
@@ -84,11 +101,14 @@ __all__ = [
     "Work",
     "cdiv",
     "clear_sim_timeline",
+    "jit",
+    "local_devices",
     "open_runtime",
     "plot_timeline",
     "sim_bounds",
     "sim_durations",
     "sim_reorder",
     "sim_timeline",
+    "start_runtime",
     "write_trace",
 ]

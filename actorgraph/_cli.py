@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -64,11 +65,72 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--max-client-bytes", type=int, default=8 << 30, help="memory one client may allocate"
     )
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure replay cost (the checkout's benchmarks/core.py, else a built-in one)",
+        description="Run the core benchmarks (benchmarks/core.py, when running from a "
+        "checkout) or, with --builtin or outside a checkout, a small built-in benchmark: "
+        "tiny xor kernels on CPU:0 replayed as a Graph and as an @ag.jit function. "
+        "Prints the figures and writes them as JSON.",
+    )
+    bench.add_argument(
+        "--builtin", action="store_true", help="run the built-in benchmark even in a checkout"
+    )
+    bench.add_argument(
+        "--items", type=int, default=256, help="built-in: kernels per replay (default: 256)"
+    )
+    bench.add_argument(
+        "--replays", type=int, default=200, help="built-in: replays per round (default: 200)"
+    )
+    bench.add_argument("--out", metavar="PATH", help="write the figures as JSON here")
+
+    devices = sub.add_parser(
+        "devices",
+        help="list the devices this machine offers (CPU, CUDA GPUs, SIM presets)",
+        description="List what this machine offers: CPU devices, the GPUs the CUDA driver "
+        "sees (none is fine: nothing is opened), and the SIM cost-model presets.",
+    )
+    devices.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import _bench as bench
+
+    for flag, value in (("--items", args.items), ("--replays", args.replays)):
+        if value < 1:
+            print(f"actorgraph bench: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    script = None if args.builtin else bench.core_script()
+    if script is None:
+        return bench.main_builtin(args.items, args.replays, args.out)
+    if args.items != 256 or args.replays != 200:
+        print(
+            "actorgraph bench: --items and --replays apply to the built-in benchmark; "
+            "add --builtin to use them",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"running {script}")
+    return bench.run_core(script, ["--out", args.out] if args.out else [])
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(command)
+            if isinstance(found, argparse.ArgumentParser):
+                return found
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Report an unknown flag with the usage of the command it was given to.
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "demo":
         from ._demo import main as demo_main
 
@@ -90,6 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.basicConfig(format="%(name)s: %(message)s")
             logging.getLogger("actorgraph").setLevel(logging.DEBUG)  # ours only, not matplotlib's
         return demo_main(args.devices, args.replays, args.trace, args.plot)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "devices":
+        from ._inventory import local_devices, render
+
+        found = local_devices()
+        print(json.dumps(found.as_json(), indent=2) if args.json else render(found))
+        return 0
     if args.command == "worker":
         from devices._wire import Limits
 

@@ -9,6 +9,7 @@ import attrs
 
 from scheduler import Plan
 
+from . import _jit
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, VarError
 from ._profile import Profile, ReplayRecord, build_profile, new_records
@@ -175,6 +176,7 @@ class Graph:
     ) -> Replay:
         """Submit a replay without waiting for it; blocks only while the runtime's
         in-flight window (`max_in_flight`) is full. Replays complete in submission order."""
+        _jit.check_graph_call()
         program, ops = self._bind(inputs, var_vals)
         runtime = self._runtime
         await runtime._admit()

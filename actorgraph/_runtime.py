@@ -15,6 +15,7 @@ from devices import Device, Signal, Submission
 from devices._monitor import find_deadlock
 from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
 
+from . import _jit
 from ._buffer import Allocation, Buffer, _shape_of
 from ._errors import (
     ClosedError,
@@ -24,7 +25,7 @@ from ._errors import (
     UsageError,
 )
 from ._graph import Graph, check_var_vals
-from ._kernel import Item
+from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._profile import Profile, ReplayRecord, build_profile
 from ._program import Program, check_item, plan_item
@@ -308,6 +309,7 @@ class Runtime:
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer` (after all earlier work on its device)."""
         self.check_open()
+        _jit.check_host_transfer("copyin")
         data = self._host_array(buffer, array)
         program = self._host_program(buffer, write=True)
         queue = program.plan.queues[0]
@@ -317,6 +319,7 @@ class Runtime:
     async def copyout(self, buffer: Buffer) -> np.ndarray[Any, Any]:
         """A host copy of `buffer`'s contents (after all earlier work on its device)."""
         self.check_open()
+        _jit.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
             raise UsageError(f"copyout takes a Buffer, got {buffer!r}")
         buffer.check_live("copyout: ")
@@ -354,6 +357,13 @@ class Runtime:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
         checked = [check_item(item, i) for i, item in enumerate(items)]
+        scope = _jit.current_scope()
+        if scope is not None:
+            # Inside an @ag.jit function: the scope records the items and supplies the
+            # call's var values; it skips running them when it only traces.
+            if not scope.issue(self, checked, var_vals):
+                return
+            var_vals = scope.values_for(checked)
         # var_vals covers the whole list: check it once, then give each item its own vars.
         needed: frozenset[Any] = frozenset().union(*(item.free_vars() for item in checked))
         values = check_var_vals(needed, var_vals, "run()")
@@ -364,6 +374,28 @@ class Runtime:
             ops = program.bind((), own)
             await self._admit()
             await self._await(program, program.submit(ops))
+
+    async def launch(
+        self,
+        kernel: Kernel,
+        bufs: Sequence[Buffer],
+        *,
+        vars: Sequence[Any] = (),
+        fixedvars: Mapping[Any, int] | None = None,
+        global_size: Any = None,
+        local_size: Any = None,
+        var_vals: Mapping[Any, int] | None = None,
+    ) -> None:
+        """Launch one kernel now: `rt.run([Launch(...)])`; recorded inside an @ag.jit function."""
+        item = Launch(
+            kernel, bufs, vars=vars, fixedvars=fixedvars or {},
+            global_size=global_size, local_size=local_size,
+        )
+        await self.run([item], var_vals)
+
+    async def copy(self, dst: Buffer, src: Buffer) -> None:
+        """Copy `src` into `dst` now: `rt.run([Copy(dst, src)])`; recorded inside @ag.jit."""
+        await self.run([Copy(dst=dst, src=src)])
 
     async def compile(
         self,

@@ -1,0 +1,142 @@
+"""`actorgraph devices`: what this machine offers, without opening (or requiring) any of it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import attrs
+
+import devices as _devices
+
+
+@attrs.frozen
+class GPUInfo:
+    """One GPU as the CUDA driver describes it."""
+
+    index: int
+    name: str
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+
+
+@attrs.frozen
+class Inventory:
+    """What this machine offers: device kinds, CPU cores, CUDA GPUs, SIM presets."""
+
+    kinds: tuple[str, ...]  # device kinds this install can open ("CPU", "SIM", ...)
+    cpu_cores: int
+    gpus: tuple[GPUInfo, ...]
+    gpu_note: str  # why no GPU is listed, or the driver version
+    sim_presets: tuple[str, ...]
+    sim_default: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kinds": list(self.kinds),
+            "cpu_cores": self.cpu_cores,
+            "cuda_gpus": [
+                {
+                    "name": f"CUDA:{g.index}", "model": g.name, "memory_bytes": g.memory_bytes,
+                    "compute_capability": list(g.compute_capability),
+                }
+                for g in self.gpus
+            ],
+            "cuda_note": self.gpu_note,
+            "sim_presets": list(self.sim_presets),
+            "sim_default": self.sim_default,
+        }
+
+
+def probe_cuda() -> tuple[tuple[GPUInfo, ...], str]:
+    """GPUs the CUDA driver sees. Never raises: no cuda-python, no driver, no GPU -> a note."""
+    try:
+        from cuda.bindings import driver  # type: ignore[import-untyped]
+    except Exception as error:  # noqa: BLE001 - any import failure means "no CUDA here"
+        return (), f"cuda-python is not importable ({type(error).__name__})"
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return (), f"the CUDA driver did not initialise ({err.name})"
+        err, version = driver.cuDriverGetVersion()
+        err, count = driver.cuDeviceGetCount()
+        gpus = []
+        for index in range(count):
+            err, dev = driver.cuDeviceGet(index)
+            err, raw = driver.cuDeviceGetName(256, dev)
+            err, memory = driver.cuDeviceTotalMem(dev)
+            attr = driver.CUdevice_attribute
+            err, major = driver.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
+            )
+            err, minor = driver.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
+            )
+            name = raw.split(b"\0", 1)[0].decode(errors="replace")
+            gpus.append(GPUInfo(index, name, int(memory), (int(major), int(minor))))
+        note = f"driver {version // 1000}.{version % 1000 // 10}"
+        return tuple(gpus), note if gpus else f"{note}, but it sees no GPU"
+    except Exception as error:  # noqa: BLE001 - e.g. the driver library is missing
+        text = str(error)
+        if "driver library" in text or "libcuda" in text:
+            return (), "no NVIDIA driver on this machine (libcuda not found)"
+        first = text.strip().split(". ")[0][:120]
+        return (), f"the CUDA driver could not be queried ({type(error).__name__}: {first})"
+
+
+def local_devices() -> Inventory:
+    """What this machine offers (`actorgraph devices`): device kinds, CUDA GPUs, SIM presets.
+
+    Opens nothing; without cuda-python, a driver or a GPU, `gpus` is empty and `gpu_note`
+    says why.
+    """
+    gpus, note = probe_cuda()
+    # SIM's cost-model presets, where this install has SIM devices.
+    presets = getattr(_devices, "PRESETS", None)
+    default = None
+    if presets is not None:
+        try:
+            costmodel = importlib.import_module("devices._costmodel")
+            default = getattr(costmodel, "DEFAULT_PRESET", None)
+        except ImportError:
+            default = None
+    return Inventory(
+        kinds=tuple(_devices.DEVICE_KINDS),
+        cpu_cores=os.cpu_count() or 1,
+        gpus=gpus,
+        gpu_note=note,
+        sim_presets=tuple(sorted(presets)) if presets else (),
+        sim_default=default,
+    )
+
+
+def render(inv: Inventory) -> str:
+    lines = [f"device kinds this install can open: {', '.join(inv.kinds)}", ""]
+    lines.append(
+        f"CPU:N    host memory, a compute and a copy actor each; any N "
+        f"(this machine has {inv.cpu_cores} cores, so up to {inv.cpu_cores} run in parallel)"
+    )
+    if inv.gpus:
+        for gpu in inv.gpus:
+            cc = ".".join(map(str, gpu.compute_capability))
+            usable = "" if "CUDA" in inv.kinds else "  (no CUDA device kind in this install)"
+            lines.append(
+                f"CUDA:{gpu.index:<3} {gpu.name}, {gpu.memory_bytes / 2**30:.0f} GiB, "
+                f"compute capability {cc}{usable}"
+            )
+        lines.append(f"         ({inv.gpu_note})")
+    else:
+        lines.append(f"CUDA     none: {inv.gpu_note}")
+    if "SIM" in inv.kinds:
+        if inv.sim_presets:
+            names = ", ".join(
+                f"{p} (default)" if p == inv.sim_default else p for p in inv.sim_presets
+            )
+            lines.append(f"SIM:N    simulated GPUs, any N; cost-model presets: {names}")
+        else:
+            lines.append("SIM:N    simulated GPUs, any N")
+    for kind in inv.kinds:
+        if kind not in ("CPU", "SIM", "CUDA"):
+            lines.append(f"{kind}:N")
+    return "\n".join(lines)

@@ -1,0 +1,676 @@
+"""Capture: `@ag.jit` turns an async function that issues eager work into a replayed Graph.
+
+The function issues work through the runtime's eager calls (`rt.launch`, `rt.copy`,
+`rt.run`). Calls go through three stages:
+
+1. The first call runs eagerly and records nothing but the shape of what it issued.
+   One-time setup (allocating scratch buffers, loading constants with `rt.copyin`)
+   belongs here.
+2. The second call *captures*: every item the function issues runs eagerly at once,
+   exactly as in stage 1, and is recorded. When the function returns, the recorded items
+   are planned into one Graph whose inputs are the Buffers passed as arguments. Running
+   eagerly while capturing keeps the capture call's semantics identical to eager code
+   (work is visible to any Python the function runs in between); the graph is first
+   replayed on the third call.
+3. Later calls do not run the function at all: they check the arguments against the
+   capture and replay the graph with the new input buffers and var values.
+
+The rule for Python control flow: a captured function must issue the same work for
+every call with the same *argument signature*: the arguments' structure, every
+non-Buffer argument (compared with `==`, or identity where `==` is not a plain bool),
+and each Buffer argument's device, dtype and shape, plus the set of Vars given values.
+Those are checked on every call, so control flow that depends on them is safe: a call
+that differs raises InputError (or captures again with `jit(recapture=True)`). Control
+flow that depends on anything else (buffer contents, var values read some other way,
+global state, the call count after the second call) is frozen at the capture: the
+replay repeats the capture call's path. Cheap checks catch the common slips: host
+transfers (`copyin`/`copyout`) and graph calls inside a capture raise, since a replay
+cannot repeat them; a capture call that issues different work than the first call
+warns (JitWarning: expected when the first call does setup); and `jit(check_trace=True)`
+re-runs the function's Python on every replay, without running its work, and raises
+JitTraceError when it issues anything different from the capture.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import functools
+import inspect
+import warnings
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import attrs
+
+from ._buffer import Buffer
+from ._errors import ActorGraphError, InputError, UsageError, VarError
+from ._kernel import Item, Launch
+from ._vars import Var
+
+if TYPE_CHECKING:
+    from ._graph import Graph
+    from ._runtime import Runtime
+
+
+class JitWarning(UserWarning):
+    """A jitted function's capture looks different from its first (eager) call."""
+
+
+class JitTraceError(ActorGraphError):
+    """With check_trace=True: a replayed call's Python issued different work than the capture."""
+
+
+class Mode(enum.Enum):
+    EAGER = "eager"  # first call (or a call while another task captures): run, don't record
+    CAPTURE = "capture"  # run and record
+    TRACE = "trace"  # record only (check_trace): the graph runs the work
+
+
+_SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar(
+    "actorgraph_jit_scope", default=None
+)
+
+
+def current_scope() -> _Scope | None:
+    """The capture scope of the calling task, if it is inside an @ag.jit function."""
+    return _SCOPE.get()
+
+
+def check_host_transfer(what: str) -> None:
+    scope = _SCOPE.get()
+    if scope is not None and scope.mode is not Mode.EAGER:
+        raise UsageError(
+            f"rt.{what}() inside @ag.jit function {scope.name}() while it is being "
+            f"captured: a graph replay cannot repeat host transfers; move the {what} "
+            f"outside the function (or do it only on the first call, which runs eagerly)"
+        )
+
+
+def check_graph_call() -> None:
+    scope = _SCOPE.get()
+    if scope is not None and scope.mode is not Mode.EAGER:
+        raise UsageError(
+            f"await graph(...) inside @ag.jit function {scope.name}() while it is being "
+            f"captured: a captured function issues work with rt.launch / rt.copy / rt.run; "
+            f"call the graph outside the function"
+        )
+
+
+@attrs.define(eq=False)
+class _Scope:
+    """What one call of a jitted function issued. Lives in a contextvar for that call."""
+
+    name: str
+    mode: Mode
+    var_vals: dict[Var, int]
+    record: bool = True
+    items: list[Item] = attrs.field(factory=list)
+    runtime: Runtime | None = None
+
+    def issue(self, runtime: Runtime, items: Sequence[Item], var_vals: Any) -> bool:
+        """Record `items`; return whether the runtime should also run them now."""
+        if var_vals:
+            raise UsageError(
+                f"rt.launch / rt.run inside @ag.jit function {self.name}() got var_vals: "
+                f"inside a jitted function var values come from the call; pass "
+                f"var_vals={{...}} to {self.name}(...), or fix a constant with "
+                f"Launch(..., fixedvars={{var: value}})"
+            )
+        if self.runtime is None:
+            self.runtime = runtime
+        elif runtime is not self.runtime:
+            raise UsageError(
+                f"@ag.jit function {self.name}() issued work on two runtimes; a captured "
+                f"graph runs on one runtime: use one runtime per jitted function"
+            )
+        for item in items:
+            missing = sorted(v.name for v in item.free_vars() if v not in self.var_vals)
+            if missing:
+                raise VarError(
+                    f"{self.name}() issued {item.label}, which uses Vars {missing}, but the "
+                    f"call gave no values for them; call {self.name}(..., "
+                    f"var_vals={{{missing[0]}: ...}})"
+                )
+        if self.record:
+            self.items.extend(items)
+        return self.mode is not Mode.TRACE
+
+    def values_for(self, items: Sequence[Item]) -> dict[Var, int]:
+        """The call's values for the Vars these items use (and only those)."""
+        needed: frozenset[Var] = frozenset().union(*(item.free_vars() for item in items))
+        return {var: self.var_vals[var] for var in needed}
+
+
+# -- argument signatures --
+
+
+@attrs.frozen
+class _Leaf:
+    """One piece of a call's arguments: a Buffer, a container's shape, or a constant."""
+
+    path: str
+    kind: str  # "buffer" | "container" | "const"
+    value: Any
+
+
+def _flatten(value: Any, path: str, out: list[_Leaf]) -> None:
+    if isinstance(value, Buffer):
+        out.append(_Leaf(path, "buffer", value))
+    elif type(value) in (list, tuple):
+        out.append(_Leaf(path, "container", (type(value), len(value))))
+        for i, v in enumerate(value):
+            _flatten(v, f"{path}[{i}]", out)
+    elif type(value) is dict:
+        out.append(_Leaf(path, "container", (dict, tuple(value))))
+        for k, v in value.items():
+            _flatten(v, f"{path}[{k!r}]", out)
+    else:
+        out.append(_Leaf(path, "const", value))
+
+
+def _same_const(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        equal = a == b
+    except Exception:
+        return False
+    # `==` that is not a plain truth value (numpy arrays) cannot be trusted: changed.
+    return equal is True or (type(equal).__name__ == "bool_" and bool(equal))
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@attrs.frozen
+class _Signature:
+    leaves: tuple[_Leaf, ...]
+    var_keys: frozenset[Var]
+
+    @property
+    def buffers(self) -> list[_Leaf]:
+        return [leaf for leaf in self.leaves if leaf.kind == "buffer"]
+
+    def mismatch(self, other: _Signature, name: str, runtime: Runtime) -> str | None:
+        """Why a call with signature `other` cannot replay this capture (None: it can)."""
+        if [(a.path, a.kind) for a in self.leaves] != [(b.path, b.kind) for b in other.leaves]:
+            was = ", ".join(f"{a.path}: {a.kind}" for a in self.leaves)
+            now = ", ".join(f"{b.path}: {b.kind}" for b in other.leaves)
+            return (
+                f"{name}() got arguments shaped differently from its capture "
+                f"(captured: {was}; now: {now})"
+            )
+        for old, new in zip(self.leaves, other.leaves):
+            if old.kind == "container" and old.value != new.value:
+                return f"{name}(): argument {old.path} is {new.value} but was {old.value} when captured"
+            if old.kind == "const" and not _same_const(old.value, new.value):
+                return (
+                    f"{name}(): argument {old.path} is {_describe(new.value)} but was "
+                    f"{_describe(old.value)} when captured; non-Buffer arguments are "
+                    f"constants of the capture"
+                )
+            if old.kind == "buffer":
+                was, now = old.value, new.value
+                for what in ("device", "dtype", "shape"):
+                    if getattr(was, what) != getattr(now, what):
+                        return (
+                            f"{name}(): argument {old.path} has {what} {getattr(now, what)} "
+                            f"but the capture used {getattr(was, what)}"
+                        )
+                own = runtime._devices.get(now.device)
+                if now.device_object is not own:
+                    return (
+                        f"{name}(): argument {old.path} {now!r} belongs to another runtime "
+                        f"than the one {name}() was captured on"
+                    )
+        old_alias, new_alias = _aliasing(self.buffers), _aliasing(other.buffers)
+        if old_alias != new_alias:
+            return (
+                f"{name}(): the Buffer arguments repeat differently from the capture "
+                f"(the same buffer passed twice must stay the same buffer, and distinct "
+                f"ones distinct)"
+            )
+        if self.var_keys != other.var_keys:
+            had = sorted(v.name for v in self.var_keys)
+            got = sorted(v.name for v in other.var_keys)
+            return f"{name}() was captured with values for Vars {had} but got values for {got}"
+        return None
+
+
+def _aliasing(leaves: list[_Leaf]) -> tuple[int, ...]:
+    """For each Buffer leaf, the index of the first leaf holding the same Buffer object."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(leaf.value), i) for i, leaf in enumerate(leaves))
+
+
+def _unique_buffers(leaves: list[_Leaf]) -> list[Buffer]:
+    seen: dict[int, Buffer] = {}
+    for leaf in leaves:
+        seen.setdefault(id(leaf.value), leaf.value)
+    return list(seen.values())
+
+
+# -- structural traces: what a call issued, comparable across calls --
+
+
+def _trace(items: Sequence[Item], inputs: Sequence[Buffer]) -> tuple[Any, ...]:
+    """Items with buffers named by role: input i (+offset) or the k-th other allocation."""
+    own: dict[int, int] = {}
+
+    def canon(buf: Buffer) -> tuple[Any, ...]:
+        where = (buf.shape, buf.dtype.str, buf.device)
+        for i, root in enumerate(inputs):
+            if buf.within(root):
+                return ("input", i, buf.offset - root.offset, *where)
+        return ("own", own.setdefault(buf.alloc_id, len(own)), buf.offset, *where)
+
+    out: list[tuple[Any, ...]] = []
+    for item in items:
+        bufs = tuple(canon(b) for b in item.bufs)
+        if isinstance(item, Launch):
+            out.append(
+                ("launch", item.kernel.name, bufs, item.vars, item.fixedvars,
+                 item.global_size, item.local_size)
+            )
+        else:
+            out.append(("copy", bufs))
+    return tuple(out)
+
+
+def _first_difference(was: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    for i, (a, b) in enumerate(zip(was, now)):
+        if a != b:
+            return f"item {i} differs ({a[0]} {a[1] if a[0] == 'launch' else ''} vs {b[0]} " \
+                   f"{b[1] if b[0] == 'launch' else ''})"
+    return f"{len(was)} items vs {len(now)}"
+
+
+# -- results --
+
+
+@attrs.frozen
+class _FromInput:
+    """A returned buffer that lies in input `index`: rebased onto each call's input."""
+
+    index: int
+    buffer: Buffer
+
+
+def _result_template(value: Any, inputs: Sequence[Buffer]) -> Any:
+    if isinstance(value, Buffer):
+        for i, root in enumerate(inputs):
+            if value.within(root):
+                return _FromInput(i, value)
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(_result_template(v, inputs) for v in value)
+    if type(value) is dict:
+        return {k: _result_template(v, inputs) for k, v in value.items()}
+    return value
+
+
+def _rebuild(template: Any, old: Sequence[Buffer], new: Sequence[Buffer]) -> Any:
+    if isinstance(template, _FromInput):
+        return template.buffer.rebased(old[template.index], new[template.index])
+    if type(template) in (list, tuple):
+        return type(template)(_rebuild(v, old, new) for v in template)
+    if type(template) is dict:
+        return {k: _rebuild(v, old, new) for k, v in template.items()}
+    return template
+
+
+# -- the decorator --
+
+
+@attrs.define(eq=False)
+class _Capture:
+    signature: _Signature
+    runtime: Runtime
+    graph: Graph
+    inputs: tuple[Buffer, ...]
+    result: Any
+    trace: tuple[Any, ...]
+    replays: int = 0
+
+
+@attrs.define(eq=False)
+class _LastCall:
+    """The arguments of the latest replay, to skip re-checking identical ones."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    values: dict[Var, int]
+    capture: _Capture
+    signature: _Signature
+
+    def matches(self, args: tuple[Any, ...], kwargs: dict[str, Any], var_vals: Any) -> bool:
+        if len(args) != len(self.args) or len(kwargs) != len(self.kwargs):
+            return False
+        if any(a is not b for a, b in zip(args, self.args)):
+            return False
+        if any(kwargs.get(k, _MISSING) is not v for k, v in self.kwargs.items()):
+            return False
+        if (var_vals or {}) != self.values or self.capture.runtime._closed:
+            return False
+        # Only top-level identity is known: containers may have been refilled, buffers freed.
+        return not any(
+            type(a) in (list, tuple, dict) for a in (*args, *kwargs.values())
+        ) and not any(leaf.value.freed for leaf in self.signature.buffers)
+
+
+_MISSING = object()
+
+
+class State(enum.Enum):
+    FRESH = "fresh"  # no call yet: the next call runs eagerly
+    WARM = "warm"  # one eager call done: the next call captures
+    CAPTURED = "captured"  # calls replay a graph
+
+
+@attrs.frozen
+class JitStatistics:
+    state: State
+    calls: int
+    eager_calls: int
+    captures: int
+    replays: int
+    graphs: int
+
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+class JitFunction:
+    """An async function whose calls after the first two replay a captured Graph.
+
+    Call it like the function, plus an optional `var_vals={var: value}` keyword (reserved)
+    for the Vars its launches use. See the module docstring for the stages and rules.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        recapture: bool = False,
+        max_captures: int = 4,
+        check_trace: bool = False,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise UsageError(
+                f"@ag.jit decorates async functions (async def ...); {fn!r} is not one"
+            )
+        if isinstance(max_captures, bool) or not isinstance(max_captures, int) or max_captures < 1:
+            raise UsageError(f"jit(max_captures=...) must be an int >= 1, got {max_captures!r}")
+        self._fn = fn
+        self._signature = inspect.signature(fn)
+        self.name = getattr(fn, "__name__", "function")
+        self.recapture = bool(recapture)
+        self.max_captures = max_captures if recapture else 1
+        self.check_trace = bool(check_trace)
+        self._captures: list[_Capture] = []  # most recently used last
+        self._state = State.FRESH
+        self._first_trace: tuple[Any, ...] | None = None
+        self._capturing = False
+        self._calls = 0
+        self._eager_calls = 0
+        self._replays = 0
+        self._capture_count = 0
+        self._last_call: _LastCall | None = None
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<jit {self.name} {self._state.value}, {len(self._captures)} graph(s)>"
+
+    @property
+    def graph(self) -> Graph | None:
+        """The most recently used captured Graph (print(f.graph.plan) to see it), or None."""
+        return self._captures[-1].graph if self._captures else None
+
+    def statistics(self) -> JitStatistics:
+        return JitStatistics(
+            state=self._state,
+            calls=self._calls,
+            eager_calls=self._eager_calls,
+            captures=self._capture_count,
+            replays=self._replays,
+            graphs=len(self._captures),
+        )
+
+    def reset(self) -> None:
+        """Forget every capture: the next call runs eagerly again, the one after captures."""
+        self._captures.clear()
+        self._last_call = None
+        self._state = State.FRESH
+        self._first_trace = None
+
+    async def __call__(self, *args: Any, var_vals: Mapping[Var, int] | None = None, **kwargs: Any) -> Any:
+        from ._background import forward_target
+
+        handle = forward_target(args, kwargs)
+        if handle is not None:
+            # A background runtime's work must run on its thread: run the whole call there.
+            return await handle.call(self, *args, var_vals=var_vals, **kwargs)
+        outer = _SCOPE.get()
+        if outer is not None:
+            # Called from inside another jitted function: its work becomes part of that one.
+            if var_vals:
+                raise UsageError(
+                    f"{self.name}() is called inside @ag.jit function {outer.name}() with "
+                    f"var_vals; give var values to the outermost call, {outer.name}(...)"
+                )
+            return await self._fn(*args, **kwargs)
+
+        last = self._last_call
+        if last is not None and last.matches(args, kwargs, var_vals):
+            # The very same argument objects as the last replay: its checks still hold.
+            self._calls += 1
+            return await self._replay(last.capture, last.signature, last.values, args, kwargs)
+
+        values = self._check_var_vals(var_vals)
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        leaves: list[_Leaf] = []
+        for pname, value in bound.arguments.items():
+            _flatten(value, pname, leaves)
+        signature = _Signature(tuple(leaves), frozenset(values))
+        for leaf in signature.buffers:
+            leaf.value.check_live(f"{self.name}(): argument {leaf.path} ")
+        self._calls += 1
+        self._drop_closed_runtimes()
+
+        if self._captures:
+            capture, why = self._find(signature)
+            if capture is not None:
+                self._last_call = _LastCall(args, kwargs, values, capture, signature)
+                return await self._replay(capture, signature, values, args, kwargs)
+            if not self.recapture:
+                raise InputError(
+                    f"{why}; pass arguments like the capture's, or decorate with "
+                    f"@ag.jit(recapture=True) to capture again for new ones"
+                )
+            return await self._capture(signature, values, args, kwargs)
+        if self._state is State.FRESH or self._capturing:
+            return await self._eager(signature, values, args, kwargs)
+        return await self._capture(signature, values, args, kwargs)
+
+    def _check_var_vals(self, var_vals: Mapping[Var, int] | None) -> dict[Var, int]:
+        values = dict(var_vals or {})
+        for var, value in values.items():
+            if not isinstance(var, Var):
+                raise VarError(f"{self.name}(): var_vals keys must be ag.Var objects, got {var!r}")
+            var.check(value)
+        return values
+
+    def _drop_closed_runtimes(self) -> None:
+        # A closed runtime can never replay again: start over on whatever runtime is next.
+        if self._captures and any(c.runtime._closed for c in self._captures):
+            self._captures = [c for c in self._captures if not c.runtime._closed]
+            if not self._captures:
+                self.reset()
+
+    def _find(self, signature: _Signature) -> tuple[_Capture | None, str]:
+        why = ""
+        for capture in reversed(self._captures):
+            reason = capture.signature.mismatch(signature, self.name, capture.runtime)
+            if reason is None:
+                self._captures.remove(capture)
+                self._captures.append(capture)
+                return capture, ""
+            why = why or reason
+        return None, why
+
+    async def _run(self, scope: _Scope, args: Any, kwargs: Any) -> Any:
+        token = _SCOPE.set(scope)
+        try:
+            return await self._fn(*args, **kwargs)
+        finally:
+            _SCOPE.reset(token)
+
+    async def _eager(
+        self, signature: _Signature, values: dict[Var, int], args: Any, kwargs: Any
+    ) -> Any:
+        # The first call records too, only to compare the capture call against it.
+        first = self._state is State.FRESH and not self._capturing
+        scope = _Scope(self.name, Mode.EAGER, values, record=first)
+        result = await self._run(scope, args, kwargs)
+        self._eager_calls += 1
+        if first:
+            self._first_trace = _trace(scope.items, _unique_buffers(signature.buffers))
+            self._state = State.WARM
+        return result
+
+    async def _capture(
+        self, signature: _Signature, values: dict[Var, int], args: Any, kwargs: Any
+    ) -> Any:
+        inputs = _unique_buffers(signature.buffers)
+        for i, a in enumerate(inputs):
+            for b in inputs[i + 1 :]:
+                if a.overlaps(b):
+                    raise InputError(
+                        f"{self.name}(): Buffer arguments {a!r} and {b!r} share memory; "
+                        f"a captured graph needs distinct input buffers"
+                    )
+        self._capturing = True
+        try:
+            scope = _Scope(self.name, Mode.CAPTURE, values)
+            result = await self._run(scope, args, kwargs)
+        finally:
+            self._capturing = False
+        if not scope.items or scope.runtime is None:
+            raise UsageError(
+                f"@ag.jit function {self.name}() issued no work through rt.launch / rt.copy "
+                f"/ rt.run on its capture call, so there is nothing to replay; call it "
+                f"without @ag.jit"
+            )
+        runtime = scope.runtime
+        for leaf in signature.buffers:
+            if leaf.value.device_object is not runtime._devices.get(leaf.value.device):
+                raise InputError(
+                    f"{self.name}(): argument {leaf.path} {leaf.value!r} belongs to another "
+                    f"runtime than the one the function issued its work on"
+                )
+        try:
+            graph = await runtime.compile(scope.items, inputs=inputs)
+        except ActorGraphError as error:
+            error.add_note(f"(while planning the work captured from {self.name}())")
+            raise
+        trace = _trace(scope.items, inputs)
+        if self._first_trace is not None and trace != self._first_trace:
+            warnings.warn(
+                JitWarning(
+                    f"{self.name}(): the capture call issued different work than the first "
+                    f"call ({_first_difference(self._first_trace, trace)}); later calls "
+                    f"replay the capture call's work. Expected if the first call does "
+                    f"one-time setup; otherwise the function's control flow depends on "
+                    f"something the jit does not check (see help(ag.jit))"
+                ),
+                stacklevel=3,
+            )
+        self._first_trace = None
+        capture = _Capture(
+            signature=signature,
+            runtime=runtime,
+            graph=graph,
+            inputs=tuple(inputs),
+            result=_result_template(result, inputs),
+            trace=trace,
+        )
+        self._captures.append(capture)
+        if len(self._captures) > self.max_captures:
+            self._captures.pop(0)
+            self._last_call = None
+        self._capture_count += 1
+        self._state = State.CAPTURED
+        return result
+
+    async def _replay(
+        self,
+        capture: _Capture,
+        signature: _Signature,
+        values: dict[Var, int],
+        args: Any,
+        kwargs: Any,
+    ) -> Any:
+        inputs = _unique_buffers(signature.buffers)
+        if self.check_trace:
+            scope = _Scope(self.name, Mode.TRACE, values)
+            await self._run(scope, args, kwargs)
+            trace = _trace(scope.items, inputs)
+            if trace != capture.trace:
+                raise JitTraceError(
+                    f"{self.name}() issued different work than its capture "
+                    f"({_first_difference(capture.trace, trace)}); its control flow depends "
+                    f"on something the jit does not check: make it depend only on the "
+                    f"arguments, or call f.reset() to capture again"
+                )
+        needed = capture.graph._program.free_vars
+        await capture.graph(inputs, var_vals={v: values[v] for v in needed})
+        capture.replays += 1
+        self._replays += 1
+        return _rebuild(capture.result, capture.inputs, inputs)
+
+
+@overload
+def jit(fn: F) -> JitFunction: ...
+
+
+@overload
+def jit(
+    *, recapture: bool = False, max_captures: int = 4, check_trace: bool = False
+) -> Callable[[F], JitFunction]: ...
+
+
+def jit(
+    fn: Any = None,
+    *,
+    recapture: bool = False,
+    max_captures: int = 4,
+    check_trace: bool = False,
+) -> Any:
+    """Capture an async function's eager work once, then replay it as a Graph.
+
+    `@ag.jit` or `@ag.jit(recapture=True, max_captures=4, check_trace=False)`.
+    Call 1 runs eagerly, call 2 runs eagerly and captures, calls 3+ replay. Buffer
+    arguments are the graph's inputs; other arguments are constants of the capture;
+    `var_vals={var: value}` gives the Vars' values. A call whose arguments differ from
+    the capture raises InputError, or, with recapture=True, is captured in its turn (up
+    to max_captures graphs kept, least recently used dropped). Returned buffers that
+    lie in an input follow the call's input; other returned buffers are the capture's
+    own, and each replay writes them again. check_trace=True re-runs the function's
+    Python on each replay (without its work) and raises JitTraceError on a difference.
+    """
+    def wrap(f: Any) -> JitFunction:
+        return JitFunction(
+            f, recapture=recapture, max_captures=max_captures, check_trace=check_trace
+        )
+
+    if fn is None:
+        return wrap
+    if not callable(fn):
+        raise UsageError(f"@ag.jit decorates async functions, got {fn!r}")
+    return wrap(fn)

@@ -1,0 +1,106 @@
+"""The `actorgraph` command: every subcommand runs, has --help, and rejects bad flags clearly."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from actorgraph import _bench
+from actorgraph._cli import build_parser, main
+from actorgraph._inventory import GPUInfo, Inventory, probe_cuda, render
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:
+        code = int(exit.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "worker", "devices"])
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0 and out.startswith(f"usage: actorgraph {command}")
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0 and command in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((), r"the following arguments are required: COMMAND"),
+        (("bogus",), r"argument COMMAND: invalid choice: 'bogus'"),
+        (("devices", "--bogus"), r"actorgraph devices: error: unrecognized arguments: --bogus"),
+        (("worker", "--bogus"), r"actorgraph worker: error: unrecognized arguments: --bogus"),
+        (("worker", "--port", "x"), r"actorgraph worker: error: argument --port: invalid int value: 'x'"),
+        (("bench", "--items", "x"), r"actorgraph bench: error: argument --items: invalid int value: 'x'"),
+        (("bench", "--items", "0"), r"actorgraph bench: --items must be >= 1, got 0"),
+        (("bench", "--replays", "-3"), r"actorgraph bench: --replays must be >= 1, got -3"),
+        (("bench", "--items", "5"), r"--items and --replays apply to the built-in benchmark; add --builtin"),
+        (("demo", "--replays", "0"), r"actorgraph demo: --replays must be >= 1"),
+        (("demo", "--devices", ","), r"give at least one device, e.g. CPU:0,CPU:1"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_clear_message(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert re.search(message, err), err
+
+
+def test_devices_lists_cpu_and_never_needs_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "devices")
+    assert code == 0
+    assert "CPU:N" in out and "CUDA" in out
+    code, out, _ = run_cli(capsys, "devices", "--json")
+    data = json.loads(out)
+    assert code == 0 and "CPU" in data["kinds"] and data["cpu_cores"] >= 1
+    gpus, note = probe_cuda()  # whatever this machine has, it answers without raising
+    assert isinstance(note, str) and len(gpus) == len(data["cuda_gpus"])
+
+
+def test_devices_text_names_gpus_and_sim_presets() -> None:
+    inv = Inventory(
+        kinds=("CPU", "SIM", "CUDA"), cpu_cores=16,
+        gpus=(GPUInfo(0, "NVIDIA H200", 141 << 30, (9, 0)),), gpu_note="driver 13.0",
+        sim_presets=("a100x8", "nvlink8"), sim_default="nvlink8",
+    )
+    text = render(inv)
+    assert "CUDA:0   NVIDIA H200, 141 GiB, compute capability 9.0" in text
+    assert "cost-model presets: a100x8, nvlink8 (default)" in text
+    assert json.loads(json.dumps(inv.as_json()))["cuda_gpus"][0]["name"] == "CUDA:0"
+
+
+def test_builtin_bench_prints_and_writes_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    out_file = tmp_path / "bench.json"
+    code, out, _ = run_cli(
+        capsys, "bench", "--builtin", "--items", "8", "--replays", "3", "--out", str(out_file)
+    )
+    assert code == 0 and "graph replay:" in out and "@ag.jit call:" in out
+    data = json.loads(out_file.read_text())
+    assert data["items"] == 8 and data["graph_us_per_item"] > 0
+
+
+def test_bench_runs_the_checkouts_core_benchmarks_when_present(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "core.py"
+    fake.write_text("def main(argv):\n    print('core ran with', argv)\n    return 0\n")
+    monkeypatch.setattr(_bench, "core_script", lambda: fake)
+    code, out, _ = run_cli(capsys, "bench", "--out", "x.json")
+    assert code == 0 and "core ran with ['--out', 'x.json']" in out
+
+
+def test_parser_keeps_one_subparser_per_command() -> None:
+    # Each command is one subparser of this parser; new ones slot in the same way.
+    parser = build_parser()
+    choices = next(a for a in parser._actions if a.dest == "command").choices
+    assert {"demo", "bench", "worker", "devices"} <= set(choices)
