@@ -49,14 +49,15 @@ class Buffer:
     offset: int
     _alloc: Allocation
     _base: Buffer | None = None
+    # Derived once: lowering reads them for every item of every rebound replay.
+    size: int = attrs.field(init=False)
+    nbytes: int = attrs.field(init=False)
+    _host: Any = attrs.field(init=False, default=None)  # cached host_view()
 
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
+    def __attrs_post_init__(self) -> None:
+        size = math.prod(self.shape)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "nbytes", size * self.dtype.itemsize)
 
     @property
     def is_view(self) -> bool:
@@ -139,10 +140,15 @@ class Buffer:
 
     def host_view(self) -> np.ndarray[Any, Any]:
         """The numpy view of this buffer's memory, for host-visible devices."""
+        if self._host is not None and not self._alloc.freed:
+            return self._host  # type: ignore[no-any-return]
         memory = self._alloc.memory
         if not isinstance(memory, np.ndarray):
             raise UsageError(f"{self!r} is not in host-visible memory; use rt.copyout()")
-        return memory[self.offset : self.offset + self.size].reshape(self.shape)
+        flat = memory[self.offset : self.offset + self.size]
+        view = flat if len(self.shape) == 1 else flat.reshape(self.shape)
+        object.__setattr__(self, "_host", view)
+        return view
 
     # -- DLPack: torch.from_dlpack(buffer), numpy.from_dlpack(buffer), ... view it in place --
 

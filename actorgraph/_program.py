@@ -146,18 +146,34 @@ class Program:
         item = self.items[index]
         return f"item {index + self.index_offset} ({item.label})"
 
-    def lower(self, j: int, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]) -> Op:
+    def lower(
+        self,
+        j: int,
+        inputs: Sequence[Buffer],
+        var_vals: Mapping[Var, int],
+        rebased: dict[tuple[int, int], Buffer] | None = None,
+    ) -> Op:
+        """Lower item j for these inputs and var values. `rebased` memoises, for one
+        call, the buffers moved onto the call's inputs (many items share them)."""
         item = self.items[j]
         bufs = list(item.bufs)
         for slot, source in self.item_inputs[j]:
-            bufs[slot] = bufs[slot].rebased(self.inputs[source], inputs[source])
+            captured = bufs[slot]
+            key = (id(captured), source)
+            moved = rebased.get(key) if rebased is not None else None
+            if moved is None:
+                moved = captured.rebased(self.inputs[source], inputs[source])
+                if rebased is not None:
+                    rebased[key] = moved
+            bufs[slot] = moved
         qi = self.plan.item_queue[j]
         queue = self.plan.queues[qi]
         device = self.runtime.device(queue.device)
         index = j + self.index_offset
         if isinstance(item, Launch):
-            values = dict(var_vals)
-            values.update(item.fixedvars)
+            values: Mapping[Var, int] = var_vals
+            if item.fixedvars:
+                values = {**var_vals, **dict(item.fixedvars)}
             var_values = [values[v] if v in values else v.evaluate(values) for v in item.vars]
             return device.lower_launch(
                 index, item.kernel, bufs, var_values,
@@ -177,9 +193,10 @@ class Program:
         ops = [t for t in self.templates]
         for qi in self.dynamic_queues:
             ops[qi] = list(ops[qi])
+        rebased: dict[tuple[int, int], Buffer] = {}
         for j in self.dynamic:
             qi, pos = self.where[j]
-            ops[qi][pos] = self.lower(j, inputs, var_vals)
+            ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
         return tuple(tuple(o) for o in ops)  # type: ignore[arg-type]
 
     def submit(

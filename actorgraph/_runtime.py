@@ -85,6 +85,7 @@ class Runtime:
         self._closed = False
         self._broken: BaseException | None = None
         self.submissions = 0
+        self.frees = 0
         self._pending: set[Submission] = set()
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
@@ -191,6 +192,7 @@ class Runtime:
         alloc.freed = True
         alloc.device.free(alloc.memory)
         alloc.memory = None
+        self.frees += 1  # graphs re-check their buffers' liveness when this moves
 
     # -- submitting work --
 

@@ -42,8 +42,16 @@ def host_launch_call(
     return fn, args
 
 
-def _copy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-    np.copyto(dst, src.reshape(dst.shape), casting="no")
+def copy_args(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Arguments for np.copyto(dst, src), shaped once at lowering rather than per call.
+
+    Items and host copies have equal dtypes and sizes (checked when they are made).
+    """
+    if src.dtype != dst.dtype or src.size != dst.size:
+        raise DeviceError(f"cannot copy {src.size} {src.dtype} into {dst.size} {dst.dtype}")
+    return dst, src if src.shape == dst.shape else src.reshape(dst.shape)
 
 
 class CPUDevice(Device):
@@ -77,10 +85,10 @@ class CPUDevice(Device):
         return (self._code(sum(b.nbytes for b in buffers)), fn, args, item)
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
-        return (self._code(dst.nbytes), _copy_into, (dst.host_view(), src.host_view()), item)
+        return (self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item)
 
     def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
-        return (self._code(buffer.nbytes), _copy_into, (buffer.host_view(), array), -1)
+        return (self._code(buffer.nbytes), np.copyto, copy_args(buffer.host_view(), array), -1)
 
     def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
-        return (self._code(buffer.nbytes), _copy_into, (out, buffer.host_view()), -1)
+        return (self._code(buffer.nbytes), np.copyto, copy_args(out, buffer.host_view()), -1)

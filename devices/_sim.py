@@ -29,7 +29,7 @@ from scheduler import DeviceCaps, QueueKind
 
 from ._actor import FIRST_DEVICE_OP, Job, Op, QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
-from ._cpu import host_launch_call
+from ._cpu import copy_args, host_launch_call
 from ._device import Device
 
 # (SIM_RUN, fn, args, item, seconds): run fn(*args) now, take `seconds` of simulated time.
@@ -50,10 +50,6 @@ class SimRecord:
     item: int
     start: float
     end: float
-
-
-def _copy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-    np.copyto(dst, src.reshape(dst.shape), casting="no")
 
 
 class SimQueueActor(QueueActor):
@@ -175,19 +171,19 @@ class SIMDevice(Device):
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
         return (
             SIM_RUN,
-            _copy_into,
-            (dst.host_view(), src.host_view()),
+            np.copyto,
+            copy_args(dst.host_view(), src.host_view()),
             item,
             self.copy_duration(dst, src),
         )
 
     def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
-        return (SIM_RUN, _copy_into, (buffer.host_view(), array), -1, seconds)
+        return (SIM_RUN, np.copyto, copy_args(buffer.host_view(), array), -1, seconds)
 
     def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
-        return (SIM_RUN, _copy_into, (out, buffer.host_view()), -1, seconds)
+        return (SIM_RUN, np.copyto, copy_args(out, buffer.host_view()), -1, seconds)
 
 
 def sim_op_seconds(op: Op) -> float:
