@@ -64,12 +64,20 @@ class Program:
         plan: Plan,
         *,
         index_offset: int = 0,
+        item_numbers: Sequence[int] | None = None,
     ) -> None:
         self.runtime = runtime
         self.items = tuple(items)
         self.inputs = tuple(inputs)
         self.plan = plan
-        self.index_offset = index_offset
+        # The number a user knows item j by (its place in the list they gave): items
+        # are reordered by compile(order="cost"), and eager items are planned one by one.
+        self.item_numbers = (
+            tuple(item_numbers)
+            if item_numbers is not None
+            else tuple(range(index_offset, index_offset + len(self.items)))
+        )
+        self._local = {number: j for j, number in enumerate(self.item_numbers)}
         nqueues = len(plan.queues)
         self.actors: list[QueueActor] = [
             runtime.device(q.device).queues[q.kind] for q in plan.queues
@@ -144,7 +152,11 @@ class Program:
 
     def describe(self, index: int) -> str:
         item = self.items[index]
-        return f"item {index + self.index_offset} ({item.label})"
+        return f"item {self.item_numbers[index]} ({item.label})"
+
+    def local_index(self, number: int) -> int | None:
+        """Item j of this program for the number the user knows it by."""
+        return self._local.get(number)
 
     def lower(
         self,
@@ -169,7 +181,7 @@ class Program:
         qi = self.plan.item_queue[j]
         queue = self.plan.queues[qi]
         device = self.runtime.device(queue.device)
-        index = j + self.index_offset
+        index = self.item_numbers[j]
         if isinstance(item, Launch):
             values: Mapping[Var, int] = var_vals
             if item.fixedvars:

@@ -13,7 +13,7 @@ import trio
 import devices as _devices
 from devices import Device, Signal, Submission
 from devices._monitor import find_deadlock
-from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan
+from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan, list_schedule_order
 
 from . import _jit
 from ._buffer import Allocation, Buffer, _shape_of
@@ -406,9 +406,21 @@ class Runtime:
         *,
         verify: bool | None = None,
         aliasing: str = "refuse",
+        order: str = "jit",
+        var_vals: Mapping[Any, int] | None = None,
     ) -> Graph:
-        """Plan `items` once; the Graph replays them with new inputs and var values."""
+        """Plan `items` once; the Graph replays them with new inputs and var values.
+
+        order="jit" keeps each queue's items in list order. order="cost" lets a list
+        scheduler order them by the devices' cost estimates (SIM devices' cost model;
+        items elsewhere count as 0 s), so no queue waits behind an item whose data comes
+        late while later work of its own is ready. Items that touch the same bytes keep
+        their order, so results are the same; errors still name items by their place in
+        `items`. Graphs with Vars need `var_vals=` to estimate costs.
+        """
         self.check_open()
+        if order not in ("jit", "cost"):
+            raise UsageError(f"compile(order=...) is 'jit' or 'cost', got {order!r}")
         checked = [check_item(item, i) for i, item in enumerate(items)]
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
@@ -426,11 +438,28 @@ class Runtime:
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
+        program = Program(self, checked, inputs, plan)
+        if order == "cost":
+            program = self._cost_ordered(program, var_vals)
+            if self.verify_plans if verify is None else verify:
+                program.plan.verify()
         _log.debug(
             "compiled %d items onto %d queues with %d cross-queue waits",
-            len(checked), len(plan.queues), plan.wait_count,
+            len(checked), len(program.plan.queues), program.plan.wait_count,
         )
-        return Graph(self, Program(self, checked, inputs, plan), aliasing=aliasing)
+        return Graph(self, program, aliasing=aliasing)
+
+    def _cost_ordered(self, program: Program, var_vals: Mapping[Any, int] | None) -> Program:
+        values = check_var_vals(program.free_vars, var_vals, "compile(order='cost')")
+        ops = program.bind(program.inputs, values)
+        durations = []
+        for j in range(len(program.items)):
+            qi, pos = program.where[j]
+            durations.append(self.device(program.plan.queues[qi].device).estimate_seconds(ops[qi][pos]))
+        order = list_schedule_order(program.plan, durations)
+        items = [program.items[j] for j in order]
+        plan = build_plan([plan_item(item) for item in items], self.caps)
+        return Program(self, items, program.inputs, plan, item_numbers=order)
 
 
 def raise_failure(program: Program, sub: Submission) -> None:
@@ -442,8 +471,8 @@ def raise_failure(program: Program, sub: Submission) -> None:
         if isinstance(error, (ClosedError, DeadlockError)):
             raise error
         raise ClosedError(str(error)) from error
-    index = sub.failed_item - program.index_offset
-    item = program.items[index] if 0 <= index < len(program.items) else None
+    index = program.local_index(sub.failed_item)
+    item = program.items[index] if index is not None else None
     label = item.label if item is not None else "?"
     raise ItemError(
         f"item {sub.failed_item} ({label}) on {sub.failed_actor} raised "

@@ -67,6 +67,11 @@ class Device:
     def close(self) -> None:
         """Release what the device holds outside trio (threads, driver handles)."""
 
+    def estimate_seconds(self, op: Op) -> float:
+        """How long a lowered op of this device is expected to take, for cost-ordered
+        plans. Devices without a cost model say 0."""
+        return 0.0
+
     # -- memory --
 
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:

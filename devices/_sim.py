@@ -153,6 +153,9 @@ class SIMDevice(Device):
         far = src.device_object if dst.device_object is self else dst.device_object
         return self.link_to(far).duration(dst.nbytes)
 
+    def estimate_seconds(self, op: Op) -> float:
+        return sim_op_seconds(op)
+
     # -- lowering --
 
     def lower_launch(
