@@ -131,6 +131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         # Report an unknown flag with the usage of the command it was given to.
         _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    from scheduler import ActorGraphError
+
+    try:
+        return _run(args)
+    except ActorGraphError as exc:
+        # A bad device name, a worker that refuses, ...: say it plainly, no traceback.
+        print(f"actorgraph {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from ._demo import main as demo_main
 

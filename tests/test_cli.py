@@ -104,3 +104,14 @@ def test_parser_keeps_one_subparser_per_command() -> None:
     parser = build_parser()
     choices = next(a for a in parser._actions if a.dest == "command").choices
     assert {"demo", "bench", "worker", "devices"} <= set(choices)
+
+
+def test_demo_with_an_unknown_device_is_a_clear_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from actorgraph._cli import main
+
+    assert main(["demo", "--devices", "GPU:0"]) == 2
+    err = capsys.readouterr().err
+    assert "actorgraph demo: unknown device name 'GPU:0': expected one of CPU:N" in err
+    assert "Traceback" not in err
