@@ -16,6 +16,10 @@ the framing (bad magic or version, oversized, not msgpack) gets an error reply a
 connection is closed, since the stream cannot be trusted after it. Other sessions never
 notice. Worker-to-worker reads come in over "peer" connections, which need no token but
 can only read allocations named by a ticket (an HMAC under the owning session's key).
+
+This module accepts connections, runs the handshake and routes frames; one client's state
+and requests are a `Session` (_session.py), and the links this worker opens to other
+workers are `Peers` (_peers.py).
 """
 
 from __future__ import annotations
@@ -26,40 +30,29 @@ import itertools
 import os
 import secrets
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Iterable, Mapping, Sequence
 
-import attrs
-import numpy as np
 import trio
 
-from devices import AWAIT, EXEC, SIGNAL, WAIT, Job, QueueActor, Signal, Submission
-from devices._remote import CHUNK
 from devices._wire import (
-    DTYPES,
+    CHUNK,
     ConnectionLostError,
     FrameStream,
     Limits,
     WireError,
     auth_mac,
-    encode,
     read_ticket,
     want_bytes,
     want_fields,
     want_int,
     want_list,
-    want_str,
 )
-from scheduler import QueueKind
 
-from ._buffer import Buffer
 from ._errors import UsageError
 from ._kernel import Kernel
+from ._peers import Peers
 from ._runtime import Runtime, open_runtime
-
-_REL_MAX = 1 << 40
-_VALUE_MAX = 1 << 62
-_ITEM_ENTRIES = frozenset(["k", "c", "p", "hw", "hr"])
+from ._session import Outbox, Refused, Session, StagingPool, bytes_of
 
 
 def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
@@ -81,532 +74,6 @@ def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
                 raise UsageError(f"kernel {kernel.name!r} is defined twice (in {name} and before)")
             registry[kernel.name] = kernel
     return registry
-
-
-class _Refused(Exception):
-    """A request broke a rule; it is answered with an error and the session goes on.
-
-    `item` is the client's item index when the refusal is about one item of a program.
-    """
-
-    def __init__(self, message: str, item: int = -1) -> None:
-        super().__init__(message)
-        self.item = item
-
-
-class _Program:
-    __slots__ = ("actor", "count", "error", "local_waits", "max_slot", "ops", "slot", "store")
-
-    def __init__(self) -> None:
-        self.actor: QueueActor | None = None
-        self.ops: tuple[Any, ...] = ()
-        self.count = 0
-        self.slot = 0
-        self.max_slot = 0
-        self.local_waits: list[tuple[int, str]] = []
-        self.store = False
-        self.error: tuple[int, str] | None = None
-
-
-class StagingPool:
-    """Reused landing space for host writes. Fresh pages are slow to fault in while the
-    kernel copies into them, so bulk data lands in memory that was used before."""
-
-    def __init__(self, keep: int = 4) -> None:
-        self.keep = keep
-        self.free: list[bytearray] = []
-
-    def take(self, nbytes: int) -> bytearray:
-        for i, buf in enumerate(self.free):
-            if len(buf) >= nbytes:
-                return self.free.pop(i)
-        return bytearray(nbytes)
-
-    def give(self, buf: bytearray) -> None:
-        # Called from a device's worker thread too: list operations are atomic.
-        if len(self.free) < self.keep:
-            self.free.append(buf)
-
-
-def _chunks_into(
-    dst: np.ndarray[Any, Any], chunks: Sequence[tuple[bytearray, int]], pool: StagingPool
-) -> None:
-    flat = dst.reshape(-1).view(np.uint8)
-    pos = 0
-    for buf, size in chunks:
-        flat[pos : pos + size] = np.frombuffer(buf, np.uint8, size)
-        pos += size
-        pool.give(buf)
-
-
-def _bytes_of(buf: Buffer) -> memoryview:
-    return buf.host_view().reshape(-1).view(np.uint8).data
-
-
-class _Outbox:
-    """Frames a session sends, in order, by one writer task."""
-
-    def __init__(self, stream: FrameStream) -> None:
-        self.stream = stream
-        self.parts: list[bytes | memoryview] = []
-        self.waiters: list[trio.Event] = []
-        self.wake = trio.Event()
-        self.closed = False
-
-    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
-        self.parts.append(encode(meta, len(tail) if tail is not None else 0))
-        if tail is not None:
-            self.parts.append(tail)
-        self.wake.set()
-        done = trio.Event()
-        self.waiters.append(done)
-        return done
-
-    async def run(self) -> None:
-        try:
-            while True:
-                await self.wake.wait()
-                self.wake = trio.Event()
-                parts, self.parts = self.parts, []
-                waiters, self.waiters = self.waiters, []
-                await self.stream.send(parts)
-                for w in waiters:
-                    w.set()
-        finally:
-            self.closed = True
-            for w in self.waiters:
-                w.set()
-
-
-class Session:
-    """One client's state on the worker: its buffers, programs, blobs and mirrors."""
-
-    def __init__(self, worker: Worker, sid: int, out: _Outbox) -> None:
-        self.worker = worker
-        self.sid = sid
-        self.key = secrets.token_bytes(32)
-        self.out = out
-        self.buffers: dict[int, Buffer] = {}
-        self.refused: dict[int, str] = {}
-        self.programs: dict[int, _Program] = {}
-        self.blobs: dict[int, tuple[bytearray, int]] = {}  # id -> (landing space, size)
-        self.blob_bytes = 0
-        self.mirrors: dict[int, Signal] = {}
-        self.bytes_used = 0
-        self.running: set[Submission] = set()
-
-    def abandon(self) -> None:
-        """The client is gone. Its jobs still queued on the worker's shared actors must not
-        block other clients: fail them (their items are skipped) and release every wait
-        on a signal only this client could have advanced."""
-        for sub in list(self.running):
-            sub.fail(-1, "worker", ConnectionError("the client went away"))
-        for mirror in self.mirrors.values():
-            mirror.set(_VALUE_MAX + _REL_MAX)
-
-    # -- lookups, each with a refusal that names the id --
-
-    def buffer(self, ref: object, what: str) -> Buffer:
-        ref = want_list(ref, what, 3, size=3)
-        handle = want_int(ref[0], f"{what} handle")
-        base = self.buffers.get(handle)
-        if base is None:
-            why = self.refused.get(handle)
-            if why is not None:
-                raise _Refused(f"{what}: buffer {handle} was refused: {why}")
-            raise _Refused(f"{what}: unknown buffer id {handle} (not allocated by this client)")
-        offset = want_int(ref[1], f"{what} offset")
-        shape = tuple(want_int(d, f"{what} shape") for d in want_list(ref[2], f"{what} shape", 8))
-        try:
-            return base.view(offset=offset, shape=shape) if shape else base
-        except UsageError as exc:
-            raise _Refused(f"{what}: {exc}") from None
-
-    def mirror(self, ext_id: object) -> Signal:
-        ext = want_int(ext_id, "signal id")
-        signal = self.mirrors.get(ext)
-        if signal is None:
-            if len(self.mirrors) >= self.worker.limits.max_signals:
-                raise _Refused(
-                    f"too many mirrored signals (limit {self.worker.limits.max_signals})"
-                )
-            signal = self.mirrors[ext] = Signal(f"mirror{ext}", 0)
-        return signal
-
-    # -- requests --
-
-    def handle(self, meta: list[Any]) -> None:
-        kind = meta[0]
-        handler = self._handlers.get(kind)
-        if handler is None:
-            raise _Refused(f"unknown request {kind!r}")
-        handler(self, meta)
-
-    def _alloc(self, meta: list[Any]) -> None:
-        _, handle, device, nelems, dtype = want_fields(meta, 5)
-        handle = want_int(handle, "alloc handle")
-        if handle in self.buffers or handle in self.refused:
-            raise _Refused(f"buffer id {handle} is already in use")
-        try:
-            device = want_str(device, "alloc device")
-            if device not in self.worker.runtime.devices:
-                raise _Refused(
-                    f"this worker has no device {device!r} ({self.worker.runtime.devices})"
-                )
-            if dtype not in DTYPES:
-                raise _Refused(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-            nelems = want_int(nelems, "alloc size")
-            nbytes = nelems * np.dtype(dtype).itemsize
-            limits = self.worker.limits
-            if nbytes > limits.max_alloc_bytes:
-                raise _Refused(
-                    f"{nbytes} bytes is over the limit of {limits.max_alloc_bytes} per allocation"
-                )
-            if self.bytes_used + nbytes > limits.max_session_bytes:
-                raise _Refused(
-                    f"{nbytes} more bytes would pass this client's limit of "
-                    f"{limits.max_session_bytes}"
-                )
-            self.buffers[handle] = self.worker.runtime.alloc(device, nelems, dtype)
-            self.bytes_used += nbytes
-        except (_Refused, WireError) as exc:
-            self.refused[handle] = str(exc)
-            raise
-
-    def _free(self, meta: list[Any]) -> None:
-        handle = want_int(want_fields(meta, 2)[1], "free handle")
-        buf = self.buffers.pop(handle, None)
-        if buf is None:
-            self.refused.pop(handle, None)
-            return
-        self.bytes_used -= buf.nbytes
-        self.worker.runtime.free(buf)
-
-    def _forget(self, meta: list[Any]) -> None:
-        self.programs.pop(want_int(want_fields(meta, 2)[1], "program id"), None)
-
-    def _ext(self, meta: list[Any]) -> None:
-        for pair in want_list(want_fields(meta, 2)[1], "ext", 1 << 16):
-            pair = want_list(pair, "ext entry", 2, size=2)
-            self.mirror(pair[0]).set(want_int(pair[1], "ext value", 0, _VALUE_MAX))
-
-    def _prog(self, meta: list[Any]) -> None:
-        _, prog_id, device, entries, store = want_fields(meta, 5)
-        prog_id = want_int(prog_id, "program id")
-        if len(self.programs) >= self.worker.limits.max_programs:
-            raise _Refused(
-                f"too many programs (limit {self.worker.limits.max_programs}); forget some"
-            )
-        program = _Program()
-        program.store = store is True
-        self.programs[prog_id] = program
-        try:
-            self._lower(program, want_str(device, "program device"), entries)
-        except (_Refused, WireError) as exc:
-            program.error = (exc.item if isinstance(exc, _Refused) else -1, str(exc))
-
-    def _lower(self, program: _Program, device_name: str, entries: object) -> None:
-        runtime = self.worker.runtime
-        if device_name not in runtime.devices:
-            raise _Refused(f"this worker has no device {device_name!r} ({runtime.devices})")
-        device = runtime.device(device_name)
-        actor = device.queues[QueueKind.COMPUTE]
-        program.actor = actor
-        entries = want_list(entries, "program", self.worker.limits.max_program_ops)
-        ops: list[Any] = []
-        signals: list[tuple[int, int]] = []
-        for entry in entries:
-            entry = want_list(entry, "program entry", 16)
-            if not entry or not isinstance(entry[0], str):
-                raise _Refused("a program entry is a list starting with its kind")
-            kind = entry[0]
-            try:
-                if kind in _ITEM_ENTRIES:
-                    program.count += 1
-                    ops.append(self._lower_item(device, entry))
-                elif kind == "w":
-                    slot = want_int(entry[2], "wait slot", 0, 1 << 16)
-                    program.max_slot = max(program.max_slot, slot)
-                    ops.append(
-                        (
-                            WAIT,
-                            self.mirror(entry[1]),
-                            slot,
-                            want_int(entry[3], "wait value", 0, _REL_MAX),
-                        )
-                    )
-                elif kind == "l":
-                    other = want_str(entry[1], "wait device")
-                    if other not in runtime.devices:
-                        raise _Refused(f"wait on unknown device {other!r}")
-                    slot = want_int(entry[2], "wait slot", 0, 1 << 16)
-                    program.max_slot = max(program.max_slot, slot)
-                    program.local_waits.append((slot, other))
-                    signal = runtime.device(other).queues[QueueKind.COMPUTE].signal
-                    ops.append((WAIT, signal, slot, want_int(entry[3], "wait value", 0, _REL_MAX)))
-                elif kind == "s":
-                    signals.append(
-                        (
-                            want_int(entry[1], "signal slot", 0, 1 << 16),
-                            want_int(entry[2], "signal value", 0, _REL_MAX),
-                        )
-                    )
-                    ops.append((SIGNAL, actor.signal) + signals[-1])
-                    ops.append(None)  # the report of this signal, filled in below
-                else:
-                    raise _Refused(f"unknown program entry {kind!r}")
-            except (_Refused, WireError) as exc:
-                if kind in _ITEM_ENTRIES and isinstance(entry[1], int):
-                    raise _Refused(str(exc), entry[1]) from None
-                raise
-            except IndexError:
-                raise _Refused(f"program entry {kind!r} has too few fields") from None
-        if not signals:
-            raise _Refused("a program ends with its queue's signal")
-        slots = {slot for slot, _ in signals}
-        values = [value for _, value in signals]
-        if len(slots) != 1 or values != sorted(values) or values[-1] != program.count:
-            # Signals set a shared actor's timeline: they must stay inside this job's range.
-            raise _Refused("a program's signals must rise to its item count, on one slot")
-        program.slot = slots.pop()
-        program.max_slot = max(program.max_slot, program.slot)
-        last_report = len(ops) - 1 - ops[::-1].index(None)
-        for i, op in enumerate(ops):
-            if op is None:
-                if i == last_report:
-                    ops[i] = (AWAIT, self._job_done, (program.slot, program.count), -1)
-                else:
-                    ops[i] = (AWAIT, self._report, (program.slot, ops[i - 1][3]), -1)
-        program.ops = tuple(ops)
-
-    def _lower_item(self, device: Any, entry: list[Any]) -> Any:
-        kind = entry[0]
-        item = want_int(entry[1], "item index", -1, 1 << 40)
-        if kind == "k":
-            want_fields(["k"] + entry[1:], 7)
-            name = want_str(entry[2], "kernel name")
-            kernel = self.worker.kernels.get(name)
-            if kernel is None:
-                raise _Refused(
-                    f"unknown kernel {name!r}: this worker loaded {sorted(self.worker.kernels)}; "
-                    f"start it with --kernels MODULE, where MODULE.KERNELS lists it"
-                )
-            bufs = [
-                self.buffer(r, f"kernel {name!r} buffer")
-                for r in want_list(entry[3], "buffers", 64)
-            ]
-            owners = {b.device for b in bufs}
-            if owners != {device.name}:
-                raise _Refused(f"kernel {name!r} on {device.name} got buffers of {sorted(owners)}")
-            if len(bufs) != len(set(kernel.outs) | set(kernel.ins)):
-                raise _Refused(
-                    f"kernel {name!r} takes {len(set(kernel.outs) | set(kernel.ins))} "
-                    f"buffers, got {len(bufs)}"
-                )
-            var_values = [
-                want_int(v, "var value", -(1 << 62), 1 << 62)
-                for v in want_list(entry[4], "vars", 64)
-            ]
-            dims = [
-                tuple(
-                    want_int(d, "launch dim", 1, 1 << 40) for d in want_list(e, "dims", 3, size=3)
-                )
-                for e in entry[5:7]
-            ]
-            try:
-                return device.lower_launch(
-                    item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE
-                )
-            except Exception as exc:
-                raise _Refused(f"kernel {name!r}: {exc}") from None
-        if kind == "c":
-            dst = self.buffer(entry[2], "copy dst")
-            src = self.buffer(entry[3], "copy src")
-            if dst.nbytes != src.nbytes or dst.dtype != src.dtype:
-                raise _Refused(f"copy between {dst!r} and {src!r}: sizes or dtypes differ")
-            return device.lower_copy(item, dst, src, QueueKind.COMPUTE)
-        if kind == "p":
-            dst = self.buffer(entry[2], "pull dst")
-            host = want_str(entry[3], "peer host")
-            port = want_int(entry[4], "peer port", 1, 65535)
-            sid = want_int(entry[5], "peer session")
-            ref = want_list(entry[6], "peer buffer", 3, size=3)
-            ticket = want_bytes(entry[7], "read ticket", 32)
-            return (
-                AWAIT,
-                self.worker.peers.pull,
-                (host, port, sid, ref, ticket, _bytes_of(dst)),
-                item,
-            )
-        if kind == "hw":
-            dst = self.buffer(entry[2], "host write dst")
-            chunks = []
-            for blob_id in want_list(entry[3], "blob ids", 1 << 12):
-                blob = self.blobs.pop(want_int(blob_id, "blob id"), None)
-                if blob is None:
-                    raise _Refused(f"unknown blob id {blob_id}")
-                self.blob_bytes -= blob[1]
-                chunks.append(blob)
-            total = sum(size for _, size in chunks)
-            if total != dst.nbytes:
-                raise _Refused(f"host write of {total} bytes into {dst.nbytes}")
-            return (EXEC, _chunks_into, (dst.host_view(), chunks, self.worker.staging), -1)
-        if kind == "hr":
-            src = self.buffer(entry[2], "host read src")
-            read_id = want_int(entry[3], "read id")
-            return (AWAIT, self._send_read, (read_id, _bytes_of(src)), -1)
-        raise _Refused(f"unknown item entry {kind!r}")
-
-    def _batch(self, meta: list[Any]) -> None:
-        _, batch_id, bases, prog_ids, ext = want_fields(meta, 5)
-        batch_id = want_int(batch_id, "batch id")
-        bases = [want_int(b, "base", 0, _VALUE_MAX) for b in want_list(bases, "bases", 1 << 17)]
-        programs: list[_Program] = []
-        error: tuple[int, str] | None = None
-        for pid in want_list(prog_ids, "program ids", 1 << 16):
-            pid = want_int(pid, "program id")
-            program = self.programs.get(pid)
-            if program is None:
-                raise _Refused(f"batch {batch_id}: unknown program id {pid}")
-            if not program.store:
-                del self.programs[pid]
-            programs.append(program)
-            error = error or program.error
-        self._ext(["ext", ext])
-        slots = {p.slot: p for p in programs}
-        if error is None:
-            if len(slots) != len(programs):
-                error = (-1, "two programs of one batch run on one slot")
-            for p in programs:
-                if p.max_slot >= len(bases):
-                    error = (-1, f"a program uses base slot {p.max_slot} of {len(bases)}")
-                for slot, dev in p.local_waits:
-                    other = slots.get(slot)
-                    if (
-                        other is None
-                        or other.actor
-                        is not self.worker.runtime.device(dev).queues[QueueKind.COMPUTE]
-                    ):
-                        error = (
-                            -1,
-                            f"a local wait on slot {slot} names no queue of this batch on {dev}",
-                        )
-        if error is not None:
-            for p in programs:
-                self.out.send(["done", batch_id, p.slot, [error[0], "worker", error[1]]])
-            return
-        bases.append(batch_id)
-        sub = Submission(len(programs), [], [], [()] * len(programs), [])
-        self.running.add(sub)
-        sub.on_done = self.running.discard
-        for p in programs:
-            bases[p.slot] = p.actor.reserve(p.count)  # type: ignore[union-attr]
-        for i, p in enumerate(programs):
-            p.actor.post(Job(p.ops, bases, sub, i))  # type: ignore[union-attr]
-
-    _handlers: ClassVar[dict[str, Callable[[Session, list[Any]], None]]] = {
-        "alloc": _alloc,
-        "free": _free,
-        "forget": _forget,
-        "ext": _ext,
-        "prog": _prog,
-        "batch": _batch,
-    }
-
-    # -- AWAIT ops run by the worker's actors --
-
-    async def _report(self, job: Job, slot: int, rel: int) -> None:
-        self.out.send(["sig", job.bases[-1], slot, rel])
-
-    async def _job_done(self, job: Job, slot: int, count: int) -> None:
-        sub = job.submission
-        error = None
-        if sub.error is not None:
-            error = [sub.failed_item, sub.failed_actor, f"{type(sub.error).__name__}: {sub.error}"]
-        self.out.send(["done", job.bases[-1], slot, error])
-
-    async def _send_read(self, job: Job, read_id: int, data: memoryview) -> None:
-        if job.submission.error is not None:
-            self.out.send(["data", read_id, 0, "an earlier item of this submission failed"])
-            return
-        await self.send_data(read_id, data)
-
-    async def send_data(self, read_id: int, data: memoryview) -> None:
-        done = None
-        for off in range(0, len(data), CHUNK):
-            done = self.out.send(["data", read_id, off, None], data[off : off + CHUNK])
-        if done is None:
-            done = self.out.send(["data", read_id, 0, None])
-        # The tail is the buffer itself: it must not change until it is sent.
-        await done.wait()
-
-
-class _PeerLink:
-    """One connection from this worker to another, for worker-to-worker reads."""
-
-    def __init__(self, stream: FrameStream) -> None:
-        self.stream = stream
-        self.lock = trio.Lock()
-        self.ids = itertools.count(1)
-
-
-class Peers:
-    """This worker's links to other workers, for the copies it pulls."""
-
-    def __init__(self, limits: Limits) -> None:
-        # Data on a link we opened is what we asked for, checked against its destination
-        # before it is read: accept the sender's chunks even where our --max-frame is lower.
-        self.limits = attrs.evolve(limits, max_tail=max(CHUNK, limits.max_tail))
-        self.links: dict[tuple[str, int], _PeerLink] = {}
-
-    async def _link(self, host: str, port: int) -> _PeerLink:
-        link = self.links.get((host, port))
-        if link is None:
-            family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
-            sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
-            await sock.connect((host, port))
-            sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-            stream = FrameStream(sock, self.limits)
-            meta, _ = await stream.receive()
-            if meta[0] != "challenge":
-                raise ConnectionLostError(f"peer {host}:{port} did not send a challenge")
-            await stream.send([encode(["auth", "peer", b"", []])])
-            link = self.links[(host, port)] = _PeerLink(stream)
-        return link
-
-    async def pull(
-        self,
-        job: Job,
-        host: str,
-        port: int,
-        sid: int,
-        ref: list[Any],
-        ticket: bytes,
-        dst: memoryview,
-    ) -> None:
-        if job.submission.error is not None:
-            return
-        try:
-            link = await self._link(host, port)
-            async with link.lock:
-                req = next(link.ids)
-                await link.stream.send([encode(["pread", req, sid, ref, ticket])])
-                got = 0
-                while got < len(dst) or got == 0:
-                    meta, tail = await link.stream.receive()
-                    if meta[0] == "error":
-                        raise RuntimeError(f"peer {host}:{port} refused the read: {meta[-1]}")
-                    if meta[0] != "data" or meta[1] != req or meta[2] + tail > len(dst):
-                        raise WireError(f"peer {host}:{port} answered {meta[0]!r} out of turn")
-                    await link.stream.receive_into(dst[meta[2] : meta[2] + tail])
-                    got += tail
-                    if len(dst) == 0:
-                        break
-        except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
-            self.links.pop((host, port), None)
-            raise ConnectionError(
-                f"worker-to-worker read from {host}:{port} failed: {exc}"
-            ) from None
 
 
 _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.ClosedResourceError)
@@ -643,7 +110,7 @@ class Worker:
         session: Session | None = None
         try:
             async with trio.open_nursery() as nursery:
-                out = _Outbox(stream)
+                out = Outbox(stream)
                 nursery.start_soon(out.run)
                 try:
                     role = await self._handshake(stream, out)
@@ -670,7 +137,7 @@ class Worker:
                 session.buffers.clear()
             sock.close()
 
-    async def _handshake(self, stream: FrameStream, out: _Outbox) -> str:
+    async def _handshake(self, stream: FrameStream, out: Outbox) -> str:
         nonce = secrets.token_bytes(32)
         out.send(["challenge", nonce, self.token is not None])
         with trio.fail_after(30):
@@ -700,7 +167,7 @@ class Worker:
                 if meta[0] == "blob":
                     blob_id = want_int(want_fields(meta, 2)[1], "blob id")
                     if session.blob_bytes + tail > self.limits.max_pending_blob_bytes:
-                        raise _Refused("too many bytes of pending host writes")
+                        raise Refused("too many bytes of pending host writes")
                     data = self.staging.take(tail)
                     await stream.receive_into(memoryview(data)[:tail])
                     session.blobs[blob_id] = (data, tail)
@@ -708,36 +175,36 @@ class Worker:
                     tail = 0
                 elif meta[0] == "put":
                     _, ref, offset = want_fields(meta, 3)
-                    view = _bytes_of(session.buffer(ref, "put dst"))
+                    view = bytes_of(session.buffer(ref, "put dst"))
                     offset = want_int(offset, "put offset")
                     if offset + tail > len(view):
-                        raise _Refused(f"put of {tail} bytes at {offset} into {len(view)}")
+                        raise Refused(f"put of {tail} bytes at {offset} into {len(view)}")
                     await stream.receive_into(view[offset : offset + tail])
                     tail = 0
                 elif meta[0] == "get":
                     _, read_id, ref = want_fields(meta, 3)
                     read_id = want_int(read_id, "read id")
-                    src = _bytes_of(session.buffer(ref, "get src"))
+                    src = bytes_of(session.buffer(ref, "get src"))
                     for off in range(0, len(src), CHUNK):
                         session.out.send(["data", read_id, off, None], src[off : off + CHUNK])
                     if not len(src):
                         session.out.send(["data", read_id, 0, None])
                 else:
                     if tail:
-                        raise _Refused(f"request {meta[0]!r} carries no data")
+                        raise Refused(f"request {meta[0]!r} carries no data")
                     session.handle(meta)
-            except (_Refused, WireError, ValueError, TypeError, KeyError, IndexError) as exc:
+            except (Refused, WireError, ValueError, TypeError, KeyError, IndexError) as exc:
                 if tail:
                     await stream.skip(tail)
                 ref_id = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
                 session.out.send(["error", meta[0], ref_id, str(exc)])
 
-    async def _peer_loop(self, stream: FrameStream, out: _Outbox) -> None:
+    async def _peer_loop(self, stream: FrameStream, out: Outbox) -> None:
         while True:
             meta, tail = await stream.receive()
             try:
                 if meta[0] != "pread" or tail:
-                    raise _Refused("a peer connection can only read ('pread')")
+                    raise Refused("a peer connection can only read ('pread')")
                 _, req, sid, ref, ticket = want_fields(meta, 5)
                 req = want_int(req, "request id")
                 session = self.sessions.get(want_int(sid, "session id"))
@@ -746,15 +213,15 @@ class Worker:
                 if session is None or not hmac.compare_digest(
                     ticket, read_ticket(session.key, want_int(ref[0], "handle"))
                 ):
-                    raise _Refused("no such session or a bad read ticket")
-                data = _bytes_of(session.buffer(ref, "pread src"))
+                    raise Refused("no such session or a bad read ticket")
+                data = bytes_of(session.buffer(ref, "pread src"))
                 done = None
                 for off in range(0, len(data), CHUNK):
                     done = out.send(["data", req, off, None], data[off : off + CHUNK])
                 if done is None:
                     done = out.send(["data", req, 0, None])
                 await done.wait()
-            except (_Refused, WireError) as exc:
+            except (Refused, WireError) as exc:
                 out.send(["error", "pread", 0, str(exc)])
 
 

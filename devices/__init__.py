@@ -18,6 +18,8 @@ from ._actor import ActorStatistics as ActorStatistics
 from ._actor import Job as Job
 from ._actor import QueueActor as QueueActor
 from ._actor import Submission as Submission
+from ._connection import RemoteConnectionError as RemoteConnectionError
+from ._connection import RemoteError as RemoteError
 from ._costmodel import PRESETS as PRESETS
 from ._costmodel import CostModel as CostModel
 from ._costmodel import DeviceCost as DeviceCost
@@ -26,9 +28,7 @@ from ._costmodel import Work as Work
 from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
 from ._device import DeviceError as DeviceError
-from ._remote import RemoteConnectionError as RemoteConnectionError
 from ._remote import RemoteDevice as RemoteDevice
-from ._remote import RemoteError as RemoteError
 from ._remote import open_remote_devices, parse_remote_name
 from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice

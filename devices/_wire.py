@@ -34,6 +34,7 @@ DTYPES = frozenset(
     "complex64 complex128".split()
 )
 
+CHUNK = 64 << 20  # bulk data goes in frames of at most this many bytes
 _SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
 
 

@@ -1,0 +1,631 @@
+"""The connection actor of REMOTE devices: one TCP connection to one worker.
+
+`Connection` batches the jobs its worker's queues get in one submission into one frame,
+keeps the programs the worker holds, forwards the client signals the worker waits on and
+turns the worker's reports into signals and finished jobs. The design (batches, programs,
+local and mirror waits, lost connections) is described in devices/_remote.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+import trio
+
+from scheduler import QueueKind
+
+from ._actor import FIRST_DEVICE_OP, SIGNAL, WAIT, Job, Op
+from ._device import DeviceError
+from ._signal import Signal
+from ._wire import (
+    CHUNK,
+    DTYPES,
+    ConnectionLostError,
+    FrameStream,
+    Limits,
+    WireError,
+    auth_mac,
+    encode,
+    read_ticket,
+    want_bytes,
+    want_int,
+)
+
+if TYPE_CHECKING:
+    from ._remote import RemoteDevice, RemoteQueue
+
+# A remote item, lowered: (WIRE, wire entry, bulk data to send with it or None, item index).
+WIRE = FIRST_DEVICE_OP
+
+
+class RemoteError(DeviceError):
+    """A worker refused a request or reported that an item failed there."""
+
+
+class RemoteConnectionError(DeviceError, ConnectionError):
+    """The connection to a worker could not be made, or broke."""
+
+
+class RemoteMemory:
+    """A client-side handle on an allocation that lives on a worker."""
+
+    __slots__ = ("connection", "handle", "nbytes")
+
+    def __init__(self, handle: int, nbytes: int, connection: Connection) -> None:
+        self.handle = handle
+        self.nbytes = nbytes
+        self.connection = connection
+
+    def __repr__(self) -> str:
+        return f"<RemoteMemory #{self.handle} {self.nbytes}B on {self.connection.address}>"
+
+
+def flat_bytes(array: np.ndarray[Any, Any]) -> memoryview:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
+class _Program:
+    """One queue's op list as the worker holds it."""
+
+    __slots__ = ("final", "mirrors", "ops", "prog_id", "queue", "slot")
+
+    def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
+        self.prog_id = prog_id
+        self.ops = ops  # held, so that id(ops) stays this program's key
+        self.queue = queue
+        self.slot = _own_slot(ops)
+        self.mirrors: list[tuple[Signal, int, int, int]] = []  # signal, base slot, rel, id
+        self.final = 0
+
+
+class _Batch:
+    __slots__ = ("bases", "jobs", "submission")
+
+    def __init__(self, submission: Any, bases: Sequence[int]) -> None:
+        self.submission = submission
+        self.bases = bases
+        self.jobs: dict[int, tuple[Job, _Program]] = {}
+
+
+class _Read:
+    __slots__ = ("done", "error", "left", "staged", "view")
+
+    def __init__(self, view: memoryview, staged: bool) -> None:
+        self.view = view
+        self.staged = staged  # a fresh host array: land the bytes in warm memory first
+        self.left = len(view)
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class _Frame:
+    __slots__ = ("error", "parts", "sent")
+
+    def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
+        self.parts = parts
+        self.sent = sent
+        self.error: BaseException | None = None
+
+
+class _Ext:
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: dict[int, int] = {}
+
+
+def _token_from(options: dict[str, Any]) -> bytes | None:
+    token = options.get("remote_token")
+    path = options.get("remote_token_file")
+    if token is None and path is not None:
+        with open(os.fspath(path), "rb") as f:
+            token = f.read().strip()
+    if isinstance(token, str):
+        token = token.encode()
+    if token is not None and not isinstance(token, bytes):
+        raise DeviceError(f"remote_token must be str or bytes, got {type(token).__name__}")
+    return token
+
+
+@attrs.frozen
+class ConnectionStatistics:
+    address: str
+    connected: bool
+    batches_sent: int
+    batches_in_flight: int
+    frames_received: int
+    bytes_received: int
+    programs_kept: int
+    allocated_bytes: int
+
+
+class Connection:
+    """The connection actor of one worker: one TCP connection, a writer task (the actor:
+    it batches the jobs of the worker's queues) and a reader task (reports from the worker).
+
+    Invariants: frames go out in the order they were queued; every job handed to `post`
+    ends with `job_done` exactly once (by a "done" report, or failed when the connection
+    is lost).
+    """
+
+    PROGRAM_CACHE = 256
+
+    def __init__(self, host: str, port: int, options: dict[str, Any]) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"{host}:{port}"
+        self.devices: list[RemoteDevice] = []
+        self._token = _token_from(options)
+        self._timeout = float(options.get("remote_timeout", 10.0))
+        self.limits = Limits()
+        self.session_id = 0
+        self._key = b""
+        self._stream: FrameStream | None = None
+        self._nursery: trio.Nursery | None = None
+        self._started = False
+        self.error: RemoteConnectionError | None = None
+        self._pending: collections.deque[Any] = collections.deque()
+        self._task: trio.lowlevel.Task | None = None
+        self._parked = False
+        self._ids = itertools.count(1)
+        self._batches: dict[int, _Batch] = {}
+        self._reads: dict[int, _Read] = {}
+        self._programs: collections.OrderedDict[int, _Program] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[int, Sequence[Op]] = collections.OrderedDict()
+        self._signal_ids: dict[int, tuple[Signal, int]] = {}
+        self._ext_sent: dict[int, int] = {}
+        self.allocated = 0
+        self.batches_sent = 0
+        self.frames_received = 0
+        self.bytes_received = 0  # buffer data that came to the client
+        self._staging = bytearray()
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.address}>"
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(
+            address=self.address,
+            connected=self._stream is not None and self.error is None,
+            batches_sent=self.batches_sent,
+            batches_in_flight=len(self._batches),
+            frames_received=self.frames_received,
+            bytes_received=self.bytes_received,
+            programs_kept=len(self._programs),
+            allocated_bytes=self.allocated,
+        )
+
+    # -- lifecycle --
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._nursery = nursery
+        try:
+            with trio.fail_after(self._timeout):
+                await self._connect()
+        except (OSError, trio.TooSlowError, WireError, ConnectionLostError, RemoteError) as exc:
+            self._close_socket()
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {type(exc).__name__}: "
+                f"{exc}; start one with `actorgraph worker --host {self.host} --port "
+                f"{self.port} --devices ...`"
+            ) from None
+        await nursery.start(self._serve)
+        nursery.start_soon(self._read_loop)
+
+    async def _connect(self) -> None:
+        family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
+        sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+        self._stream = FrameStream(sock, self.limits)
+        await sock.connect((self.host, self.port))
+        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        stream = self._stream
+        meta, _ = await stream.receive()
+        if meta[0] == "error":
+            raise RemoteError(f"worker at {self.address} refused the connection: {meta[-1]}")
+        if meta[0] != "challenge" or len(meta) != 3:
+            raise WireError(f"expected a challenge from the worker, got {meta[0]!r}")
+        nonce = want_bytes(meta[1], "challenge nonce", 64)
+        needs_token = meta[2] is True
+        if needs_token and self._token is None:
+            raise RemoteError(
+                f"worker at {self.address} requires a token; pass "
+                f"open_runtime(..., remote_token_file=PATH) with its --token-file"
+            )
+        mac = auth_mac(self._token, nonce) if self._token is not None and needs_token else b""
+        await stream.send([encode(["auth", "client", mac, [d.inner for d in self.devices]])])
+        meta, _ = await stream.receive()
+        if meta[0] == "error":
+            raise RemoteError(f"worker at {self.address} refused this client: {meta[-1]}")
+        if meta[0] != "welcome" or len(meta) != 4:
+            raise WireError(f"expected a welcome from the worker, got {meta[0]!r}")
+        self.session_id = want_int(meta[1], "session id")
+        self._key = want_bytes(meta[2], "session key", 64)
+        self.limits = Limits.from_wire(meta[3])
+
+    def close(self) -> None:
+        if self.error is None:
+            self.error = RemoteConnectionError(f"the connection to {self.address} was closed")
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        if self._stream is not None:
+            self._stream.sock.close()
+
+    @property
+    def chunk(self) -> int:
+        """Bulk data goes in frames no larger than this side or the worker accepts."""
+        return max(1, min(CHUNK, self.limits.max_tail))
+
+    def ticket(self, handle: int) -> bytes:
+        return read_ticket(self._key, handle)
+
+    # -- requests that need no answer (queued in order with the batches) --
+
+    def _queue(self, entry: Any) -> None:
+        self._pending.append(entry)
+        if self._parked:
+            self._parked = False
+            trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self._stream is None:
+            raise RemoteConnectionError(f"the connection to {self.address} is not started")
+
+    def allocate(self, device: RemoteDevice, nelems: int, dtype: np.dtype[Any]) -> RemoteMemory:
+        self._check()
+        if dtype.name not in DTYPES:
+            raise DeviceError(
+                f"{device.name}: dtype {dtype} cannot live on a worker; use one of {sorted(DTYPES)}"
+            )
+        nbytes = nelems * dtype.itemsize
+        limits = self.limits
+        if nbytes > limits.max_alloc_bytes or self.allocated + nbytes > limits.max_session_bytes:
+            raise DeviceError(
+                f"{device.name}: allocating {nbytes} bytes would pass the worker's limits "
+                f"(one allocation <= {limits.max_alloc_bytes}, a client's total <= "
+                f"{limits.max_session_bytes}, {self.allocated} in use); free buffers first"
+            )
+        handle = next(self._ids)
+        self.allocated += nbytes
+        self._queue(_Frame([encode(["alloc", handle, device.inner, nelems, dtype.name])]))
+        return RemoteMemory(handle, nbytes, self)
+
+    def free(self, memory: RemoteMemory) -> None:
+        self.allocated -= memory.nbytes
+        if self.error is None:
+            self._queue(_Frame([encode(["free", memory.handle])]))
+
+    def next_blob(self) -> int:
+        return next(self._ids)
+
+    def expect_read(self, view: memoryview, staged: bool = False) -> int:
+        read_id = next(self._ids)
+        self._reads[read_id] = _Read(view, staged)
+        return read_id
+
+    # -- AWAIT ops of client-local queues: transfers between the client and the worker --
+
+    async def push(self, job: Job, src: np.ndarray[Any, Any], ref: list[Any]) -> None:
+        if job.submission.error is not None:
+            return
+        self._check()
+        data = flat_bytes(src)
+        sent = trio.Event()
+        parts: list[bytes | memoryview] = []
+        for off in range(0, len(data), self.chunk):
+            chunk = data[off : off + self.chunk]
+            parts += [encode(["put", ref, off], len(chunk)), chunk]
+        frame = _Frame(parts or [encode(["put", ref, 0])], sent)
+        self._queue(frame)
+        await sent.wait()
+        if frame.error is not None:
+            raise frame.error
+
+    async def pull(self, job: Job, dst: np.ndarray[Any, Any], ref: list[Any]) -> None:
+        if job.submission.error is not None:
+            return
+        self._check()
+        read_id = self.expect_read(flat_bytes(dst))
+        read = self._reads[read_id]
+        self._queue(_Frame([encode(["get", read_id, ref])]))
+        await read.done.wait()
+        if read.error is not None:
+            raise read.error
+
+    # -- the actor --
+
+    def post(self, job: Job, queue: RemoteQueue) -> None:
+        if self.error is not None:
+            self._fail_job(job, _final_of(job.ops), job.bases, queue, self.error)
+            return
+        self._queue((job, queue))
+
+    async def _serve(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        self._task = trio.lowlevel.current_task()
+        task_status.started()
+        pending = self._pending
+        while self.error is None:
+            if not pending:
+                self._parked = True
+
+                def abort(_: object) -> trio.lowlevel.Abort:
+                    self._parked = False
+                    return trio.lowlevel.Abort.SUCCEEDED
+
+                await trio.lowlevel.wait_task_rescheduled(abort)
+                continue
+            parts: list[bytes | memoryview] = []
+            frames: list[_Frame] = []
+            while pending:
+                entry = pending.popleft()
+                if type(entry) is tuple:
+                    group = [entry]
+                    sub = entry[0].submission
+                    while pending and type(pending[0]) is tuple and pending[0][0].submission is sub:
+                        group.append(pending.popleft())
+                    self._encode_batch(group, parts)
+                elif type(entry) is _Ext:
+                    parts.append(encode(["ext", [[k, v] for k, v in entry.values.items()]]))
+                else:
+                    parts += entry.parts
+                    frames.append(entry)
+            try:
+                await self._stream.send(parts)  # type: ignore[union-attr]
+            except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+                self._lose(exc)
+            for frame in frames:
+                frame.error = self.error
+                if frame.sent is not None:
+                    frame.sent.set()
+
+    def _encode_batch(self, group: list[tuple[Job, RemoteQueue]], parts: list[Any]) -> None:
+        bases = group[0][0].bases
+        batch_id = next(self._ids)
+        batch = _Batch(group[0][0].submission, bases)
+        prog_ids = []
+        ext: list[list[int]] = []
+        for job, queue in group:
+            program = self._program_of(job, queue, parts)
+            batch.jobs[program.slot] = (job, program)
+            prog_ids.append(program.prog_id)
+            for signal, slot, rel, ext_id in program.mirrors:
+                value = signal.value
+                if self._ext_sent.get(ext_id, -1) < value:
+                    self._ext_sent[ext_id] = value
+                    ext.append([ext_id, value])
+                target = bases[slot] + rel
+                if value < target:
+                    nursery = self._nursery
+                    assert nursery is not None  # started before any job can arrive
+                    nursery.start_soon(self._forward, signal, target, ext_id)
+        self._batches[batch_id] = batch
+        parts.append(encode(["batch", batch_id, list(bases), prog_ids, ext]))
+        self.batches_sent += 1
+
+    def _program_of(self, job: Job, queue: RemoteQueue, parts: list[Any]) -> _Program:
+        key = id(job.ops)
+        program = self._programs.get(key)
+        if program is not None and program.ops is job.ops:
+            self._programs.move_to_end(key)
+            return program
+        # An op list seen for the second time is a graph's: the worker keeps it. One seen
+        # once (eager items, host copies) is lowered for its batch and dropped there.
+        # Host writes carry their data: never kept, never remembered.
+        store = self._seen.pop(key, None) is job.ops
+        one_shot = False
+        program = _Program(next(self._ids), job.ops, queue)
+        entries: list[Any] = []
+        for op in job.ops:
+            code = op[0]
+            if code == WAIT:
+                signal = op[1]
+                known = self._signal_ids.get(id(signal))
+                local = _local_queue(signal, self)
+                if local is not None:
+                    entries.append(["l", local.device.inner, op[2], op[3]])
+                    continue
+                if known is None or known[0] is not signal:
+                    known = (signal, next(self._ids))
+                    self._signal_ids[id(signal)] = known
+                entries.append(["w", known[1], op[2], op[3]])
+                program.mirrors.append((signal, op[2], op[3], known[1]))
+            elif code == SIGNAL:
+                entries.append(["s", op[2], op[3]])
+                program.final = op[3]
+            elif code == WIRE:
+                entries.append(op[1])
+                if op[1][0] == "hw":
+                    one_shot = True
+                    for blob_id, chunk in op[2]:
+                        parts += [encode(["blob", blob_id], len(chunk)), chunk]
+            else:
+                raise DeviceError(f"{queue.name}: op code {code!r} cannot run on a worker")
+        store = store and not one_shot
+        if not store and not one_shot:
+            self._seen[key] = job.ops
+            if len(self._seen) > self.PROGRAM_CACHE:
+                self._seen.popitem(last=False)
+        parts.append(encode(["prog", program.prog_id, queue.device.inner, entries, store]))
+        if store:
+            self._programs[key] = program
+            if len(self._programs) > self.PROGRAM_CACHE:
+                _, old = self._programs.popitem(last=False)
+                parts.append(encode(["forget", old.prog_id]))
+        return program
+
+    async def _forward(self, signal: Signal, target: int, ext_id: int) -> None:
+        await signal.wait_value(target)
+        value = signal.value
+        if self.error is not None or self._ext_sent.get(ext_id, -1) >= value:
+            return
+        self._ext_sent[ext_id] = value
+        last = self._pending[-1] if self._pending else None
+        if type(last) is _Ext:
+            last.values[ext_id] = value
+        else:
+            ext = _Ext()
+            ext.values[ext_id] = value
+            self._queue(ext)
+
+    # -- reports from the worker --
+
+    async def _read_loop(self) -> None:
+        stream = self._stream
+        assert stream is not None
+        try:
+            while True:
+                meta, tail = await stream.receive()
+                self.frames_received += 1
+                kind = meta[0]
+                if kind == "sig":
+                    batch = self._batches.get(meta[1])
+                    if batch is not None and meta[2] in batch.jobs:
+                        program = batch.jobs[meta[2]][1]
+                        program.queue.signal.set(batch.bases[meta[2]] + meta[3])
+                elif kind == "done":
+                    self._job_reported(meta)
+                elif kind == "data":
+                    await self._data(meta, tail)
+                elif kind == "error":
+                    pass  # refusals of requests without an answer show up where they are used
+                else:
+                    raise WireError(f"unexpected message {kind!r} from the worker")
+        except (
+            OSError,
+            ConnectionLostError,
+            WireError,
+            trio.ClosedResourceError,
+            trio.BrokenResourceError,
+            KeyError,
+            IndexError,
+            TypeError,
+        ) as exc:
+            self._lose(exc)
+
+    def _job_reported(self, meta: list[Any]) -> None:
+        batch = self._batches.get(meta[1])
+        if batch is None or meta[2] not in batch.jobs:
+            raise WireError(f"worker reported a job it was not given: {meta[1:3]}")
+        job, program = batch.jobs.pop(meta[2])
+        if not batch.jobs:
+            del self._batches[meta[1]]
+        error = meta[3]
+        sub = job.submission
+        if error is not None:
+            item, actor, message = error
+            sub.fail(
+                item,
+                program.queue.name,
+                RemoteError(f"on worker {self.address} ({actor}): {message}"),
+            )
+        queue = program.queue
+        queue.signal.set(batch.bases[meta[2]] + program.final)
+        queue.jobs_done += 1
+        queue.items_run += program.final
+        sub.job_done(job.slot)
+
+    async def _data(self, meta: list[Any], tail: int) -> None:
+        read = self._reads.get(meta[1])
+        stream = self._stream
+        assert stream is not None
+        if read is None:
+            await stream.skip(tail)
+            return
+        offset, error = meta[2], meta[3]
+        if error is not None:
+            read.error = RemoteError(f"worker {self.address} could not read: {error}")
+        elif offset + tail > len(read.view):
+            raise WireError(
+                f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read"
+            )
+        elif read.staged and tail >= (1 << 20):
+            # `out` of copyout is fresh memory: the kernel faults its pages in slowly while
+            # it copies, so receive into warm memory and copy from there.
+            if len(self._staging) < tail:
+                self._staging = bytearray(tail)
+            await stream.receive_into(memoryview(self._staging)[:tail])
+            read.view[offset : offset + tail] = memoryview(self._staging)[:tail]
+        else:
+            await stream.receive_into(read.view[offset : offset + tail])
+        if error is None:
+            read.left -= tail
+            self.bytes_received += tail
+        if read.left <= 0 or read.error is not None:
+            del self._reads[meta[1]]
+            read.done.set()
+
+    # -- failure --
+
+    def _lose(self, exc: BaseException) -> None:
+        if self.error is None:
+            names = ", ".join(d.name for d in self.devices)
+            self.error = RemoteConnectionError(
+                f"connection to worker {self.address} lost ({type(exc).__name__}: {exc}); "
+                f"work on {names} did not complete. Restart the worker and open a new runtime"
+            )
+        self._close_socket()
+        error = self.error
+        for batch in list(self._batches.values()):
+            for job, program in batch.jobs.values():
+                self._fail_job(job, program.final, batch.bases, program.queue, error)
+        self._batches.clear()
+        for read in self._reads.values():
+            read.error = error
+            read.done.set()
+        self._reads.clear()
+        while self._pending:
+            entry = self._pending.popleft()
+            if type(entry) is tuple:
+                job, queue = entry
+                self._fail_job(job, _final_of(job.ops), job.bases, queue, error)
+            elif type(entry) is _Frame:
+                entry.error = error
+                if entry.sent is not None:
+                    entry.sent.set()
+        if self._parked:
+            self._parked = False
+            trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _fail_job(
+        job: Job, final: int, bases: Sequence[int], queue: RemoteQueue, error: BaseException
+    ) -> None:
+        sub = job.submission
+        sub.fail(-1, queue.name, error)
+        queue.signal.set(bases[_own_slot(job.ops)] + final)
+        sub.job_done(job.slot)
+
+
+def _own_slot(ops: Sequence[Op]) -> int:
+    for op in reversed(ops):
+        if op[0] == SIGNAL:
+            return int(op[2])
+    raise DeviceError("a queue's op list ends with its own signal")
+
+
+def _final_of(ops: Sequence[Op]) -> int:
+    for op in reversed(ops):
+        if op[0] == SIGNAL:
+            return int(op[3])
+    return 0
+
+
+def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:
+    for device in connection.devices:
+        queue = device.queues[QueueKind.COMPUTE]
+        if queue.signal is signal:
+            return queue  # type: ignore[return-value]
+    return None
