@@ -34,7 +34,7 @@ import attrs
 import outcome
 import trio
 
-from ._signal import Signal
+from ._signal import Doorbell, Signal
 
 _VALUE_MAX = (1 << 64) - 1
 
@@ -242,8 +242,7 @@ class QueueActor:
         self.signal = Signal(name, timeline_start)
         self.next_value = timeline_start
         self._inbox: collections.deque[Job] = collections.deque()
-        self._task: trio.lowlevel.Task | None = None
-        self._parked = False
+        self._doorbell = Doorbell()
         self._worker: WorkerThread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._closed = False
@@ -275,9 +274,7 @@ class QueueActor:
 
     def post(self, job: Job) -> None:
         self._inbox.append(job)
-        if self._parked:
-            self._parked = False
-            trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
+        self._doorbell.ring()
 
     def pending(self) -> list[tuple[Job, int]]:
         """The work this actor has not finished: (job, first op index not yet done).
@@ -314,19 +311,12 @@ class QueueActor:
     # -- the actor's own task --
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._task = trio.lowlevel.current_task()
         self._token = trio.lowlevel.current_trio_token()
         task_status.started()
         try:
             while True:
                 if not self._inbox:
-                    self._parked = True
-
-                    def abort(_: object) -> trio.lowlevel.Abort:
-                        self._parked = False
-                        return trio.lowlevel.Abort.SUCCEEDED
-
-                    await trio.lowlevel.wait_task_rescheduled(abort)
+                    await self._doorbell.wait()
                     continue
                 job = self._inbox.popleft()
                 self._current = job

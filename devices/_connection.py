@@ -22,7 +22,7 @@ from scheduler import QueueKind
 
 from ._actor import FIRST_DEVICE_OP, SIGNAL, WAIT, Job, Op
 from ._device import DeviceError
-from ._signal import Signal
+from ._signal import Doorbell, Signal
 from ._wire import (
     CHUNK,
     DTYPES,
@@ -171,8 +171,7 @@ class Connection:
         self._started = False
         self.error: RemoteConnectionError | None = None
         self._pending: collections.deque[Any] = collections.deque()
-        self._task: trio.lowlevel.Task | None = None
-        self._parked = False
+        self._doorbell = Doorbell()
         self._ids = itertools.count(1)
         self._batches: dict[int, _Batch] = {}
         self._reads: dict[int, _Read] = {}
@@ -272,9 +271,7 @@ class Connection:
 
     def _queue(self, entry: Any) -> None:
         self._pending.append(entry)
-        if self._parked:
-            self._parked = False
-            trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
+        self._doorbell.ring()
 
     def _check(self) -> None:
         if self.error is not None:
@@ -354,18 +351,11 @@ class Connection:
     async def _serve(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        self._task = trio.lowlevel.current_task()
         task_status.started()
         pending = self._pending
         while self.error is None:
             if not pending:
-                self._parked = True
-
-                def abort(_: object) -> trio.lowlevel.Abort:
-                    self._parked = False
-                    return trio.lowlevel.Abort.SUCCEEDED
-
-                await trio.lowlevel.wait_task_rescheduled(abort)
+                await self._doorbell.wait()
                 continue
             parts: list[bytes | memoryview] = []
             frames: list[_Frame] = []
@@ -595,9 +585,7 @@ class Connection:
                 entry.error = error
                 if entry.sent is not None:
                     entry.sent.set()
-        if self._parked:
-            self._parked = False
-            trio.lowlevel.reschedule(self._task)  # type: ignore[arg-type]
+        self._doorbell.ring()
 
     @staticmethod
     def _fail_job(

@@ -71,3 +71,32 @@ class Signal:
         return SignalStatistics(
             value=self.value, waiters=sum(1 for e in self._waiters if e[2] is not None)
         )
+
+
+class Doorbell:
+    """Wakes one task parked waiting for work. Ringing when nobody waits does nothing:
+    the owner checks its inbox before it parks, so no ring is ever needed twice.
+
+    Invariants: `_task` is set only while its task is parked in `wait`.
+    """
+
+    __slots__ = ("_task",)
+
+    def __init__(self) -> None:
+        self._task: trio.lowlevel.Task | None = None
+
+    def ring(self) -> None:
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self) -> None:
+        """Park until rung (or cancelled)."""
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
