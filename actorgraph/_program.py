@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from devices import SIGNAL, WAIT, Device, Job, QueueActor, Submission
+from devices import SIGNAL, WAIT, Device, Job, LaunchRequest, QueueActor, Submission
 from devices._actor import JobProfile, Op
 from scheduler import Access, ItemKind, Plan, PlanItem, Run, Signal, SyncDevice, Wait, WaitKick
 
@@ -187,10 +187,10 @@ class Program:
             if item.fixedvars:
                 values = {**var_vals, **dict(item.fixedvars)}
             var_values = [values[v] if v in values else v.evaluate(values) for v in item.vars]
-            return device.lower_launch(
+            return device.lower_launch(LaunchRequest(
                 index, item.kernel, bufs, var_values,
                 _dims_of(item.global_size, values), _dims_of(item.local_size, values), queue.kind,
-            )
+            ))
         for buf in bufs:
             owner = buf.device_object
             if owner is not device and owner.lowers_foreign_copies:

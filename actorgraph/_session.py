@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import trio
 
-from devices import AWAIT, EXEC, SIGNAL, WAIT, Job, QueueActor, Signal, Submission
+from devices import AWAIT, EXEC, SIGNAL, WAIT, Job, LaunchRequest, QueueActor, Signal, Submission
 from devices._wire import (
     CHUNK,
     DTYPES,
@@ -371,7 +371,7 @@ class Session:
             ]
             try:
                 return device.lower_launch(
-                    item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE
+                    LaunchRequest(item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE)
                 )
             except Exception as exc:
                 raise Refused(f"kernel {name!r}: {exc}") from None

@@ -28,6 +28,7 @@ from ._costmodel import Work as Work
 from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
 from ._device import DeviceError as DeviceError
+from ._device import LaunchRequest as LaunchRequest
 from ._remote import RemoteDevice as RemoteDevice
 from ._remote import open_remote_devices, parse_remote_name
 from ._signal import Signal as Signal

@@ -8,7 +8,6 @@ run on the actor's own worker thread, so two CPU devices really compute in paral
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,20 +15,14 @@ import numpy as np
 from scheduler import QueueKind
 
 from ._actor import EXEC, EXEC_THREAD, Op, QueueActor
-from ._device import Device, DeviceError
+from ._device import Device, DeviceError, LaunchRequest
 
 DEFAULT_THREAD_BYTES = 1 << 20
 
 
-def host_launch_call(
-    device: Device,
-    kernel: Any,
-    buffers: Sequence[Any],
-    var_values: Sequence[int],
-    global_size: tuple[int, ...],
-    local_size: tuple[int, ...],
-) -> tuple[Any, tuple[Any, ...]]:
+def host_launch_call(device: Device, launch: LaunchRequest) -> tuple[Any, tuple[Any, ...]]:
     """The (function, args) that run a kernel's CPU body on host-visible buffers."""
+    kernel = launch.kernel
     fn = kernel.cpu
     if fn is None:
         raise DeviceError(
@@ -37,8 +30,8 @@ def host_launch_call(
             f"give Kernel(..., cpu=fn) or launch it on a device it has a body for"
         )
     if kernel.pass_dims:
-        fn = functools.partial(fn, global_size=global_size, local_size=local_size)
-    args = tuple(b.host_view() for b in buffers) + tuple(var_values)
+        fn = functools.partial(fn, global_size=launch.global_size, local_size=launch.local_size)
+    args = tuple(b.host_view() for b in launch.buffers) + tuple(launch.var_values)
     return fn, args
 
 
@@ -71,18 +64,9 @@ class CPUDevice(Device):
     def _code(self, nbytes: int) -> int:
         return EXEC_THREAD if nbytes >= self.thread_bytes else EXEC
 
-    def lower_launch(
-        self,
-        item: int,
-        kernel: Any,
-        buffers: Sequence[Any],
-        var_values: Sequence[int],
-        global_size: tuple[int, ...],
-        local_size: tuple[int, ...],
-        queue: QueueKind,
-    ) -> Op:
-        fn, args = host_launch_call(self, kernel, buffers, var_values, global_size, local_size)
-        return (self._code(sum(b.nbytes for b in buffers)), fn, args, item)
+    def lower_launch(self, launch: LaunchRequest) -> Op:
+        fn, args = host_launch_call(self, launch)
+        return (self._code(sum(b.nbytes for b in launch.buffers)), fn, args, launch.item)
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
         return (self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item)

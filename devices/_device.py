@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import trio
@@ -12,6 +12,22 @@ from scheduler import ActorGraphError, DeviceCaps, QueueKind
 
 from ._actor import Op, QueueActor
 from ._signal import Signal
+
+
+class LaunchRequest(NamedTuple):
+    """One kernel launch, resolved for one call: what every device lowers a Launch from.
+
+    `item` numbers it for error reports; buffers are this call's (inputs rebound);
+    `var_values` are the kernel's vars in order; dims are padded to 3.
+    """
+
+    item: int
+    kernel: Any
+    buffers: Sequence[Any]
+    var_values: Sequence[int]
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+    queue: QueueKind
 
 
 class DeviceError(ActorGraphError):
@@ -82,16 +98,7 @@ class Device:
 
     # -- lowering: items -> ops the device's actors run --
 
-    def lower_launch(
-        self,
-        item: int,
-        kernel: Any,
-        buffers: Sequence[Any],
-        var_values: Sequence[int],
-        global_size: tuple[int, ...],
-        local_size: tuple[int, ...],
-        queue: QueueKind,
-    ) -> Op:
+    def lower_launch(self, launch: LaunchRequest) -> Op:
         raise NotImplementedError
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:

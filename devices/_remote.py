@@ -62,7 +62,7 @@ from scheduler import QueueKind
 
 from ._actor import AWAIT, Job, Op, QueueActor
 from ._connection import WIRE, Connection, RemoteMemory, flat_bytes
-from ._device import Device, DeviceError
+from ._device import Device, DeviceError, LaunchRequest
 
 REMOTE_NAME = re.compile(r"^([A-Z]+):(\d+)@(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
 
@@ -140,16 +140,8 @@ class RemoteDevice(Device):
             raise DeviceError(f"{buffer!r} is not memory of a remote device")
         return [memory.handle, buffer.offset, list(buffer.shape)]
 
-    def lower_launch(
-        self,
-        item: int,
-        kernel: Any,
-        buffers: Sequence[Any],
-        var_values: Sequence[int],
-        global_size: tuple[int, ...],
-        local_size: tuple[int, ...],
-        queue: QueueKind,
-    ) -> Op:
+    def lower_launch(self, launch: LaunchRequest) -> Op:
+        item, kernel, buffers, var_values, global_size, local_size, queue = launch
         entry = [
             "k",
             item,

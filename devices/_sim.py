@@ -30,7 +30,7 @@ from scheduler import DeviceCaps, QueueKind
 from ._actor import FIRST_DEVICE_OP, Job, Op, QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
-from ._device import Device
+from ._device import Device, LaunchRequest
 
 # (SIM_RUN, fn, args, item, seconds): run fn(*args) now, take `seconds` of simulated time.
 SIM_RUN = FIRST_DEVICE_OP
@@ -158,18 +158,10 @@ class SIMDevice(Device):
 
     # -- lowering --
 
-    def lower_launch(
-        self,
-        item: int,
-        kernel: Any,
-        buffers: Sequence[Any],
-        var_values: Sequence[int],
-        global_size: tuple[int, ...],
-        local_size: tuple[int, ...],
-        queue: QueueKind,
-    ) -> Op:
-        fn, args = host_launch_call(self, kernel, buffers, var_values, global_size, local_size)
-        return (SIM_RUN, fn, args, item, self.launch_duration(kernel, buffers, var_values))
+    def lower_launch(self, launch: LaunchRequest) -> Op:
+        fn, args = host_launch_call(self, launch)
+        seconds = self.launch_duration(launch.kernel, launch.buffers, launch.var_values)
+        return (SIM_RUN, fn, args, launch.item, seconds)
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
         return (

@@ -16,7 +16,6 @@ import hashlib
 import os
 import threading
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -26,7 +25,7 @@ import trio
 from scheduler import QueueKind
 
 from .._actor import Op
-from .._device import Device, DeviceError
+from .._device import Device, DeviceError, LaunchRequest
 from .._signal import Signal
 from . import _commands as C
 from ._driver import CopyKind, CudaDriver, DriverUnavailable, open_driver
@@ -234,16 +233,8 @@ class CUDADevice(Device):
     def _actor(self, queue: QueueKind) -> CudaQueueActor:
         return self.queues[queue]  # type: ignore[return-value]
 
-    def lower_launch(
-        self,
-        item: int,
-        kernel: Any,
-        buffers: Sequence[Any],
-        var_values: Sequence[int],
-        global_size: tuple[int, ...],
-        local_size: tuple[int, ...],
-        queue: QueueKind,
-    ) -> Op:
+    def lower_launch(self, launch: LaunchRequest) -> Op:
+        item, kernel, buffers, var_values, global_size, local_size, queue = launch
         function = self.function(kernel)
         for value in var_values:
             if not _INT32[0] <= value <= _INT32[1]:
