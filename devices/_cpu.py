@@ -22,7 +22,7 @@ DEFAULT_THREAD_BYTES = 1 << 20
 
 def host_launch_call(device: Device, launch: LaunchRequest) -> tuple[Any, tuple[Any, ...]]:
     """The (function, args) that run a kernel's CPU body on host-visible buffers."""
-    kernel = launch.kernel
+    _, kernel, buffers, var_values, global_size, local_size, _ = launch  # one unpack: hot path
     fn = kernel.cpu
     if fn is None:
         raise DeviceError(
@@ -30,8 +30,8 @@ def host_launch_call(device: Device, launch: LaunchRequest) -> tuple[Any, tuple[
             f"give Kernel(..., cpu=fn) or launch it on a device it has a body for"
         )
     if kernel.pass_dims:
-        fn = functools.partial(fn, global_size=launch.global_size, local_size=launch.local_size)
-    args = tuple(b.host_view() for b in launch.buffers) + tuple(launch.var_values)
+        fn = functools.partial(fn, global_size=global_size, local_size=local_size)
+    args = tuple([b.host_view() for b in buffers]) + tuple(var_values)
     return fn, args
 
 
@@ -66,7 +66,7 @@ class CPUDevice(Device):
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         fn, args = host_launch_call(self, launch)
-        return (self._code(sum(b.nbytes for b in launch.buffers)), fn, args, launch.item)
+        return (self._code(sum([b.nbytes for b in launch[2]])), fn, args, launch[0])
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
         return (self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item)
