@@ -299,18 +299,23 @@ def test_two_runs_give_identical_timelines() -> None:
     assert len(timeline1) == 120
 
 
+async def _two_kernels_and_a_copy(rt: ag.Runtime) -> ag.Graph:
+    """SIM:0 runs a 1 ms then a 2 ms kernel in a chain; SIM:1 copies the result."""
+    x = [rt.alloc("SIM:0", 4, np.float32) for _ in range(3)]
+    y = rt.alloc("SIM:1", 4, np.float32)
+    items = [
+        ag.Launch(_sleeper(MS), [x[1], x[0]]),
+        ag.Launch(_sleeper(2 * MS), [x[2], x[1]]),
+        ag.Copy(dst=y, src=x[2]),
+    ]
+    return await rt.compile(items)
+
+
 async def test_timeline_records_each_item_once_in_queue_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with ag.open_runtime(["SIM:0", "SIM:1"], sim_preset=FLAT) as rt:
-        x = [rt.alloc("SIM:0", 4, np.float32) for _ in range(3)]
-        y = rt.alloc("SIM:1", 4, np.float32)
-        items = [
-            ag.Launch(_sleeper(MS), [x[1], x[0]]),
-            ag.Launch(_sleeper(2 * MS), [x[2], x[1]]),
-            ag.Copy(dst=y, src=x[2]),
-        ]
-        graph = await rt.compile(items)
+        graph = await _two_kernels_and_a_copy(rt)
         ag.clear_sim_timeline(rt)
         await graph()
         await graph()
@@ -521,14 +526,7 @@ async def test_profile_of_a_sim_replay_is_in_simulated_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with ag.open_runtime(["SIM:0", "SIM:1"], sim_preset=FLAT) as rt:
-        x = [rt.alloc("SIM:0", 4, np.float32) for _ in range(3)]
-        y = rt.alloc("SIM:1", 4, np.float32)
-        items = [
-            ag.Launch(_sleeper(MS), [x[1], x[0]]),
-            ag.Launch(_sleeper(2 * MS), [x[2], x[1]]),
-            ag.Copy(dst=y, src=x[2]),
-        ]
-        graph = await rt.compile(items)
+        graph = await _two_kernels_and_a_copy(rt)
         await graph(profile=True)
         events = sorted(rt.profile().events, key=lambda e: e.start)
         records = ag.sim_timeline(rt, submission=rt.kick.value)
