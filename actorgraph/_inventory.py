@@ -31,6 +31,7 @@ class Inventory:
     gpu_note: str  # why no GPU is listed, or the driver version
     sim_presets: tuple[str, ...]
     sim_default: str | None
+    nvrtc_note: str = ""  # which NVRTC compiles CUDA kernels here, or why none does
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +45,7 @@ class Inventory:
                 for g in self.gpus
             ],
             "cuda_note": self.gpu_note,
+            "nvrtc_note": self.nvrtc_note,
             "sim_presets": list(self.sim_presets),
             "sim_default": self.sim_default,
         }
@@ -85,6 +87,19 @@ def probe_cuda() -> tuple[tuple[GPUInfo, ...], str]:
         return (), f"the CUDA driver could not be queried ({type(error).__name__}: {first})"
 
 
+def probe_nvrtc() -> str:
+    """Which NVRTC would compile `Kernel(cuda=...)` sources here. Never raises."""
+    try:
+        from cuda.bindings import nvrtc
+
+        _, major, minor = nvrtc.nvrtcVersion()
+        _, archs = nvrtc.nvrtcGetSupportedArchs()
+    except Exception:  # noqa: BLE001 - no cuda-python or no NVRTC library
+        return "not installed: pip install 'actorgraph[cuda]' to compile CUDA kernels"
+    archs = sorted(int(a) for a in archs)
+    return f"{major}.{minor}, builds sm_{archs[0]} to sm_{archs[-1]}"
+
+
 def local_devices() -> Inventory:
     """What this machine offers (`actorgraph devices`): device kinds, CUDA GPUs, SIM presets.
 
@@ -108,6 +123,7 @@ def local_devices() -> Inventory:
         gpu_note=note,
         sim_presets=tuple(sorted(presets)) if presets else (),
         sim_default=default,
+        nvrtc_note=probe_nvrtc(),
     )
 
 
@@ -128,6 +144,8 @@ def render(inv: Inventory) -> str:
         lines.append(f"         ({inv.gpu_note})")
     else:
         lines.append(f"CUDA     none: {inv.gpu_note}")
+    if inv.nvrtc_note:
+        lines.append(f"NVRTC    {inv.nvrtc_note}")
     if "SIM" in inv.kinds:
         if inv.sim_presets:
             names = ", ".join(

@@ -63,6 +63,7 @@ def test_devices_lists_cpu_and_never_needs_cuda(capsys: pytest.CaptureFixture[st
     assert code == 0 and "CPU" in data["kinds"] and data["cpu_cores"] >= 1
     gpus, note = probe_cuda()  # whatever this machine has, it answers without raising
     assert isinstance(note, str) and len(gpus) == len(data["cuda_gpus"])
+    assert re.fullmatch(r"\d+\.\d+, builds sm_\d+ to sm_\d+|not installed: .*", data["nvrtc_note"])
 
 
 def test_devices_text_names_gpus_and_sim_presets() -> None:
@@ -70,9 +71,11 @@ def test_devices_text_names_gpus_and_sim_presets() -> None:
         kinds=("CPU", "SIM", "CUDA"), cpu_cores=16,
         gpus=(GPUInfo(0, "NVIDIA H200", 141 << 30, (9, 0)),), gpu_note="driver 13.0",
         sim_presets=("a100x8", "nvlink8"), sim_default="nvlink8",
+        nvrtc_note="13.0, builds sm_75 to sm_121",
     )
     text = render(inv)
     assert "CUDA:0   NVIDIA H200, 141 GiB, compute capability 9.0" in text
+    assert "NVRTC    13.0, builds sm_75 to sm_121" in text
     assert "cost-model presets: a100x8, nvlink8 (default)" in text
     assert json.loads(json.dumps(inv.as_json()))["cuda_gpus"][0]["name"] == "CUDA:0"
 

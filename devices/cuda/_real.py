@@ -2,7 +2,9 @@
 
 Imported only when a CUDA device is opened with the real driver. Written against the
 cuda-python 12.x / 13.x bindings, whose calls return (CUresult, *values).
-Checked on a real GPU by the `gpu`-marked tests (scripts/gpu_check.sh).
+Checked on a real GPU by the `gpu`-marked tests (scripts/gpu_check.sh); without one,
+tests/test_cuda_real.py checks that every call gets through the bindings' argument
+conversion and that NVRTC builds the kernels.
 """
 
 from __future__ import annotations
@@ -26,27 +28,30 @@ _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 @functools.cache
 def real_driver() -> RealDriver:
     """One per process: the CUDA driver's own state (cuInit, primary contexts) is too."""
-    return RealDriver()
+    try:
+        from cuda.bindings import driver as cu  # type: ignore[import-untyped]
+        from cuda.bindings import nvrtc
+    except ImportError as exc:
+        raise DriverUnavailable(f"cuda-python is not installed ({exc})") from exc
+    try:
+        result = cu.cuInit(0)
+    except Exception as exc:  # the driver library itself is missing
+        raise DriverUnavailable(f"no NVIDIA driver library was found ({exc})") from exc
+    err = result[0] if isinstance(result, tuple) else result
+    if _code(err) != 0:
+        raise DriverUnavailable(f"cuInit failed with {_name(cu, err)} (no usable GPU)")
+    return RealDriver(cu, nvrtc)
 
 
 class RealDriver:
+    """The driver calls on the `cuda.bindings.driver` and `cuda.bindings.nvrtc` modules
+    given; building one makes no call (`real_driver()` checks cuInit first)."""
+
     name = "real"
 
-    def __init__(self) -> None:
-        try:
-            from cuda.bindings import driver as cu  # type: ignore[import-untyped]
-            from cuda.bindings import nvrtc
-        except ImportError as exc:
-            raise DriverUnavailable(f"cuda-python is not installed ({exc})") from exc
+    def __init__(self, cu: Any, nvrtc: Any) -> None:
         self.cu = cu
         self.nvrtc = nvrtc
-        try:
-            result = cu.cuInit(0)
-        except Exception as exc:  # the driver library itself is missing
-            raise DriverUnavailable(f"no NVIDIA driver library was found ({exc})") from exc
-        err = result[0] if isinstance(result, tuple) else result
-        if _code(err) != 0:
-            raise DriverUnavailable(f"cuInit failed with {_name(cu, err)} (no usable GPU)")
         self._devices: dict[int, Any] = {}
         self._images: dict[tuple[str, str, str], bytes] = {}
         # Host functions: the driver calls one C trampoline with a token; the token
@@ -201,28 +206,61 @@ class RealDriver:
     # -- kernels --
 
     def compile(self, source: str, name: str, arch: str) -> bytes:
+        """A loadable image of `source` for `arch` ("sm_90"): a cubin where this NVRTC
+        knows the arch, else PTX for the newest arch it knows below it (the driver
+        finishes that at load time). Cached by source hash."""
         key = (hashlib.sha256(source.encode()).hexdigest(), name, arch)
         cached = self._images.get(key)
         if cached is not None:
             return cached
         nv = self.nvrtc
+        target, ptx = self._target(arch)
         program = self._nv(nv.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []))
         try:
-            options = [f"--gpu-architecture={arch}".encode()]
+            options = [f"--gpu-architecture={target}".encode()]
             result = nv.nvrtcCompileProgram(program, len(options), options)
             err = result[0] if isinstance(result, tuple) else result
             if _code(err) != 0:
                 size = self._nv(nv.nvrtcGetProgramLogSize(program))
                 log = b" " * size
                 self._nv(nv.nvrtcGetProgramLog(program, log))
-                raise CudaError("NVRTC_ERROR_COMPILATION", log.decode(errors="replace").strip())
-            size = self._nv(nv.nvrtcGetCUBINSize(program))
-            image: bytes = b" " * size
-            self._nv(nv.nvrtcGetCUBIN(program, image))
+                raise CudaError("NVRTC_ERROR_COMPILATION", _text(log))
+            if ptx:  # PTX is text: the driver wants its trailing NUL kept
+                size = self._nv(nv.nvrtcGetPTXSize(program))
+                image: bytes = b" " * size
+                self._nv(nv.nvrtcGetPTX(program, image))
+            else:
+                size = self._nv(nv.nvrtcGetCUBINSize(program))
+                image = b" " * size
+                self._nv(nv.nvrtcGetCUBIN(program, image))
         finally:
             nv.nvrtcDestroyProgram(program)
         self._images[key] = image
         return image
+
+    def _target(self, arch: str) -> tuple[str, bool]:
+        """The --gpu-architecture to compile `arch` with, and whether that gives PTX."""
+        try:
+            known = [int(a) for a in self._nv(self.nvrtc.nvrtcGetSupportedArchs())]
+        except CudaError:
+            raise
+        except Exception as exc:  # the NVRTC library itself is missing
+            raise CudaError(
+                "NVRTC_NOT_FOUND",
+                f"CUDA kernels are compiled with NVRTC, and its library was not found ({exc}); "
+                f"install it with: pip install 'actorgraph[cuda]' (or nvidia-cuda-nvrtc)",
+            ) from exc
+        wanted = int(arch.removeprefix("sm_"))
+        if wanted in known:
+            return arch, False
+        below = [a for a in known if a < wanted]
+        if not below:
+            raise CudaError(
+                "NVRTC_ERROR_INVALID_OPTION",
+                f"this NVRTC builds for sm_{known[0]} to sm_{known[-1]}, not {arch}; "
+                f"install an NVRTC that supports {arch}",
+            )
+        return f"compute_{max(below)}", True
 
     def _nv(self, result: Any) -> Any:
         err = result[0] if isinstance(result, tuple) else result
@@ -394,6 +432,11 @@ def _kernel_params(pointers: Sequence[int], ints: Sequence[int]) -> tuple[Any, i
     values += [ctypes.c_int32(i) for i in ints]
     array = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
     return (values, array), ctypes.addressof(array)
+
+
+def _text(log: bytes) -> str:
+    """A C string from NVRTC as text, without its trailing NUL."""
+    return log.split(b"\0", 1)[0].decode(errors="replace").strip()
 
 
 def _code(err: Any) -> int:
