@@ -39,7 +39,7 @@ python3 -c "import sys, trio, numpy; from cuda.bindings import driver; print(sys
 status=0
 # -p no:cacheprovider: the working tree may be read-only; -rs lists what was skipped.
 timeout 180 python3 -m pytest -q -rs -p no:cacheprovider \
-    tests/test_cuda_driver.py tests/test_cuda_fake.py 2>&1 | tee "$RESULTS/gpu_tests.txt" || status=1
+    tests/test_cuda_driver.py tests/test_cuda_fake.py tests/test_cuda_real.py 2>&1 | tee "$RESULTS/gpu_tests.txt" || status=1
 
 timeout 100 python3 benchmarks/cuda_replay.py --driver real --json "$RESULTS/cuda.json" 2>&1 \
     | tee "$RESULTS/cuda_bench.txt" || status=1
