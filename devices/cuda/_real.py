@@ -345,8 +345,9 @@ class RealDriver:
             params.dstMemoryType, params.dstHost = host, dst
         else:
             params.dstMemoryType, params.dstDevice = device, cu.CUdeviceptr(dst)
-        params.WidthInBytes = nbytes
-        params.Height = 1
+        # One row of one slice: pitches of the whole width, as cuMemcpy3D wants them.
+        params.WidthInBytes = params.srcPitch = params.dstPitch = nbytes
+        params.Height = params.srcHeight = params.dstHeight = 1
         params.Depth = 1
         return params
 

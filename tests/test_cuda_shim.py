@@ -1,0 +1,140 @@
+"""The real CUDA driver path end to end, without a GPU.
+
+tests/cudashim/libcuda.c is a libcuda.so.1 that keeps "device" memory in host memory and
+runs each stream on a thread (see its header). Built here with the C compiler against
+cuda.h (the test extra installs the header), it stands in for the NVIDIA driver under
+cuda-python, so RealDriver, the CUDA device and its queue actors run for real: every
+driver call crosses the bindings into C, and the `gpu`-marked tests run in a fresh
+process that loads the library, once per driver configuration a GPU machine may have.
+
+On a machine with a real driver these skip: the `gpu` tests run there against the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "tests" / "cudashim" / "libcuda.c"
+GPU_TESTS = ["tests/test_cuda_driver.py", "tests/test_cuda_fake.py"]
+
+
+def _cuda_include() -> pathlib.Path | None:
+    """A folder with cuda.h: the pip header package, CUDA_HOME, or a CUDA toolkit."""
+    places: list[str] = []
+    try:
+        import nvidia  # type: ignore[import-not-found]
+
+        for root in nvidia.__path__:
+            places += sorted(glob.glob(os.path.join(root, "cu*", "include")), reverse=True)
+            places.append(os.path.join(root, "cuda_runtime", "include"))
+    except ImportError:
+        pass
+    if os.environ.get("CUDA_HOME"):
+        places.append(os.path.join(os.environ["CUDA_HOME"], "include"))
+    places += ["/usr/local/cuda/include", *sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)]
+    for place in places:
+        if os.path.exists(os.path.join(place, "cuda.h")):
+            return pathlib.Path(place)
+    return None
+
+
+@functools.cache
+def _why_not() -> str | None:
+    """Why the shim cannot stand in here, or None."""
+    try:
+        from cuda.bindings import driver, nvrtc
+    except ImportError:
+        return "cuda-python is not installed"
+    try:
+        driver.cuInit(0)
+        return "a real CUDA driver is present: the gpu tests run against it"
+    except Exception:
+        pass
+    try:
+        nvrtc.nvrtcVersion()
+    except Exception:
+        return "the NVRTC library is not installed (the kernels must compile)"
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        return "no C compiler to build the test libcuda"
+    if _cuda_include() is None:
+        return "no cuda.h (pip install nvidia-cuda-runtime)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    folder = tmp_path_factory.mktemp("cudashim")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler is not None
+    subprocess.run(
+        [compiler, "-std=gnu11", "-O1", "-Wall", "-shared", "-fPIC", "-pthread",
+         f"-I{_cuda_include()}", "-o", str(folder / "libcuda.so.1"), str(SOURCE)],
+        check=True, capture_output=True, text=True,
+    )
+    return folder
+
+
+def _run(shim: pathlib.Path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    paths = [str(shim), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+    full_env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(paths), **env}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
+        timeout=300,
+    )
+
+
+MODES = {
+    "two GPUs with peer access": {},
+    "no 64-bit stream memory operations": {"CUDASHIM_NO_MEMOPS": "1"},
+    "no peer access": {"CUDASHIM_NO_PEER": "1"},
+    "one GPU": {"CUDASHIM_DEVICES": "1"},
+    "three GPUs": {"CUDASHIM_DEVICES": "3"},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_the_gpu_tests_pass_on_the_real_driver_over_the_test_libcuda(
+    shim: pathlib.Path, mode: str
+) -> None:
+    done = _run(shim, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu",
+                       *GPU_TESTS], **MODES[mode])
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-6000:]
+    assert "needs 1 real CUDA GPU" not in report  # the real-driver tests ran, none skipped
+    passed = int(report.rsplit(" passed", 1)[0].rsplit(maxsplit=1)[-1])
+    assert passed >= 14, report[-2000:]
+
+
+def test_the_test_libcuda_catches_a_kernel_reading_another_gpus_memory(shim: pathlib.Path) -> None:
+    # Without peer access a kernel on GPU 0 must not touch GPU 1's memory: on a GPU that
+    # is a fault, here an abort naming it. This is what lets the runs above fail.
+    script = textwrap.dedent("""
+        from _cuda_kernels import INC_SRC
+        from devices.cuda._real import real_driver
+        drv = real_driver()
+        ctx0, ctx1 = drv.open_context(0), drv.open_context(1)
+        drv.set_context(ctx1)
+        theirs = drv.mem_alloc(256)
+        drv.set_context(ctx0)
+        fn = drv.module_function(drv.module_load(drv.compile(INC_SRC, "inc_k", "sm_90")), "inc_k")
+        stream = drv.stream_create()
+        drv.launch_kernel(stream, fn, (1, 1, 1), (64, 1, 1), [theirs], [64])
+        drv.stream_synchronize(stream)
+        print("not caught")
+    """)
+    done = _run(shim, ["-c", script], CUDASHIM_NO_PEER="1", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    assert done.returncode != 0 and "not caught" not in done.stdout
+    assert "inc_k: device 0 touched memory of device 1 without peer access" in done.stderr
