@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import pathlib
 import shutil
@@ -138,3 +139,20 @@ def test_the_test_libcuda_catches_a_kernel_reading_another_gpus_memory(shim: pat
     done = _run(shim, ["-c", script], CUDASHIM_NO_PEER="1", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
     assert done.returncode != 0 and "not caught" not in done.stdout
     assert "inc_k: device 0 touched memory of device 1 without peer access" in done.stderr
+
+
+def test_the_cuda_benchmark_runs_on_the_real_driver_over_the_test_libcuda(
+    shim: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    # The benchmark scripts/gpu_check.sh runs on a GPU, small: its raw-CUDA baselines call
+    # the driver directly, so this is their only run without a GPU. Its timings here
+    # measure threads, not a GPU, and are not looked at.
+    out = tmp_path / "cuda.json"
+    done = _run(shim, ["benchmarks/cuda_replay.py", "--kernels", "20", "--elems", "256",
+                       "--replays", "4", "--copy-mb", "1", "--spin-elems", "1024",
+                       "--json", str(out)])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    result = json.loads(out.read_text())
+    assert result["driver"] == "real" and result["replay"]["result_checked"] is True
+    assert result["replay"]["graph_builds"] == 1 and result["overlap"]["queues"] == [
+        "CUDA:0/compute", "CUDA:0/copy"]

@@ -17,7 +17,8 @@
  * - A stream is a thread running its operations in order: kernels, copies, 64-bit waits
  *   (GEQ, the driver's cyclic comparison) and writes on words, host functions, event
  *   records and waits, and graph launches.
- * - Kernels are the ones the tests use (xor_k, inc_k): cuModuleGetFunction finds the
+ * - Kernels are the ones the tests and the CUDA benchmark use (xor_k, inc_k, the fuzzer's
+ *   fz_*, spin_k): cuModuleGetFunction finds the
  *   name in the image NVRTC built (a cubin or PTX) and runs a C body of the same kernel
  *   over the launch's grid x block threads.
  * - Calls that need a current context (allocations, streams, events, modules, peer
@@ -338,6 +339,15 @@ static void k_salt(void **p, const int32_t *v, uint64_t c) {
     for (uint64_t i = 0; i < c; i++) o[i] = a[i] + (uint32_t)v[1];
 }
 
+static void k_spin(void **p, const int32_t *v, uint64_t c) {
+    float *x = p[0];
+    for (uint64_t i = 0; i < c; i++) {
+        float y = x[i];
+        for (int32_t k = 0; k < v[1]; k++) y = y * 0.999999f + 0.000001f;
+        x[i] = y;
+    }
+}
+
 static const struct {
     const char *name;
     int pointers, ints;
@@ -345,7 +355,7 @@ static const struct {
 } KERNELS[] = {
     {"xor_k", 3, 1, k_xor}, {"inc_k", 1, 1, k_inc},   {"fz_xor", 3, 1, k_xor},
     {"fz_add", 3, 1, k_add}, {"fz_move", 2, 1, k_move}, {"fz_bump", 1, 1, k_inc},
-    {"fz_salt", 2, 2, k_salt},
+    {"fz_salt", 2, 2, k_salt}, {"spin_k", 1, 2, k_spin}, /* benchmarks/cuda_replay.py */
 };
 
 struct CUfunc_st {
