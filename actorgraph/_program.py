@@ -46,13 +46,17 @@ def check_item(item: object, index: int) -> Item:
     return item
 
 
-def _dims_of(dims: tuple[Any, ...] | None, values: Mapping[Var, int]) -> tuple[int, ...]:
+def _dims_of(dims: tuple[Any, ...] | None, values: Mapping[Var, int], index: int,
+             item: Launch, which: str) -> tuple[int, ...]:
     if dims is None:
         return (1, 1, 1)
     out = tuple(evaluate(d, values) for d in dims)
     for d in out:
         if d < 1:
-            raise UsageError(f"launch dims {out} must all be >= 1 for these var values")
+            raise UsageError(
+                f"item {index} ({item.label}): {which} is {out} for these var values; launch "
+                f"dims must all be >= 1 (leave out a launch that has no work)"
+            )
     return out + (1,) * (3 - len(out))
 
 
@@ -193,7 +197,8 @@ class Program:
             # tuple.__new__: half the cost of the NamedTuple constructor, on a per-call path.
             return device.lower_launch(_new_request(LaunchRequest, (
                 index, item.kernel, bufs, var_values,
-                _dims_of(item.global_size, values), _dims_of(item.local_size, values), queue.kind,
+                _dims_of(item.global_size, values, index, item, "global_size"),
+                _dims_of(item.local_size, values, index, item, "local_size"), queue.kind,
             )))
         for buf in bufs:
             owner = buf.device_object

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import actorgraph as ag
 from devices.cuda import FakeDriver
+from devices.cuda._driver import CudaError
 from scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 
 SIZE = 64
@@ -347,6 +348,69 @@ async def test_kernels_without_the_needed_bodies_are_refused() -> None:
         big = ag.Var("big", 0, 1 << 40)
         with pytest.raises(ag.DeviceError, match="does not fit the 32-bit int"):
             await rt.run([ag.Launch(XOR, [buf, buf, buf], vars=[big])], var_vals={big: 1 << 33})
+
+
+async def test_a_block_larger_than_cuda_allows_is_refused_when_lowered() -> None:
+    async with runtime(["CUDA:0"]) as rt:
+        buf = rt.alloc("CUDA:0", SIZE, np.int32)
+        n = ag.Var("n", 1, 99)
+        launch = ag.Launch(XOR, [buf, buf, buf], vars=[n], fixedvars={n: 1}, global_size=1,
+                           local_size=(64, 32))
+        with pytest.raises(ag.DeviceError, match=r"'xor_k' on CUDA:0: local_size=\(64, 32, 1\) "
+                                                 r"is 2048 threads a block, and CUDA allows at most 1024"):
+            await rt.compile([launch])
+
+
+@pytest.mark.parametrize(
+    "driver", ["fake", pytest.param("real", marks=[pytest.mark.gpu, needs_gpus(1)])]
+)
+async def test_empty_buffers_copy_as_nothing_between_gpus_and_the_host(driver: str) -> None:
+    # The driver takes no zero-length copies (a graph memcpy node of 0 bytes is invalid):
+    # copies of empty buffers lower to nothing, in graphs, eagerly and through copyin/out.
+    devices = ["CUDA:0", "CUDA:1", "CPU:0"] if driver == "fake" or gpu_count() > 1 else ["CUDA:0", "CPU:0"]
+    async with ag.open_runtime(devices, cuda_driver=driver) as rt:
+        a, b, h = (rt.alloc(d, 0, np.int32) for d in (devices[0], devices[-2], "CPU:0"))
+        items = [ag.Copy(dst=b, src=a), ag.Copy(dst=h, src=b), ag.Copy(dst=a, src=h)]
+        graph = await rt.compile(items)
+        for _ in range(2):
+            await graph()
+        await rt.run(items)
+        await rt.copyin(a, np.zeros(0, np.int32))
+        assert (await rt.copyout(b)).shape == (0,)
+
+
+class _NoGraphs(FakeDriver):
+    """A driver that will not build kernel nodes into graphs, with the error given."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+    def graph_add_kernel(self, *args: Any, **kwargs: Any) -> Any:
+        raise CudaError(self.error, "refused for the test")
+
+
+async def test_a_job_the_driver_will_not_build_as_a_graph_runs_on_the_stream() -> None:
+    async with runtime(["CUDA:0", "CPU:0"], _NoGraphs("CUDA_ERROR_NOT_SUPPORTED")) as rt:
+        g = rt.alloc("CUDA:0", SIZE, np.int32)
+        graph = await rt.compile([inc(g) for _ in range(4)])
+        for _ in range(3):
+            await graph()
+        np.testing.assert_array_equal(await rt.copyout(g), np.full(SIZE, 12, np.int32))
+        compute = rt.device("CUDA:0").queues[QueueKind.COMPUTE]
+        assert (compute.graph_refusals, compute.graph_launches) == (1, 0)  # asked once
+
+
+async def test_a_sticky_error_while_building_a_graph_fails_the_call_and_loses_the_gpu() -> None:
+    async with runtime(["CUDA:0", "CPU:0"], _NoGraphs("CUDA_ERROR_ILLEGAL_ADDRESS")) as rt:
+        g = rt.alloc("CUDA:0", SIZE, np.int32)
+        graph = await rt.compile([inc(g) for _ in range(4)])
+        with pytest.raises(ag.ItemError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+            await graph()
+        with pytest.raises(ag.ItemError, match="CUDA:0 hit CUDA_ERROR_ILLEGAL_ADDRESS.*open a new runtime"):
+            await graph()
+        h = rt.alloc("CPU:0", SIZE, np.int32)
+        await rt.run([inc(h)])  # the CPU carries on
 
 
 async def test_a_kernel_that_raises_fails_its_call_and_the_runtime_goes_on() -> None:

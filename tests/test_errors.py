@@ -170,7 +170,8 @@ async def test_unknown_var(rt: ag.Runtime) -> None:
 async def test_launch_dims_that_evaluate_below_one(rt: ag.Runtime) -> None:
     (out,) = bufs(rt, 1)
     graph = await rt.compile([ag.Launch(FILL, [out], vars=[N], global_size=N - 5)])
-    with raises(ag.UsageError, "launch dims (-2,) must all be >= 1 for these var values"):
+    with raises(ag.UsageError, "item 0 (fill): global_size is (-2,) for these var values; "
+                               "launch dims must all be >= 1 (leave out a launch that has no work)"):
         await graph(var_vals={N: 3})
     await graph(var_vals={N: 6})
 

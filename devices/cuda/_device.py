@@ -34,6 +34,7 @@ from ._queue import CUDA_ITEM, CudaQueueActor
 ENV_DRIVER = "ACTORGRAPH_CUDA_DRIVER"
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _U64_MAX = (1 << 64) - 1
+_MAX_BLOCK = 1024  # threads a block, on every GPU CUDA 12 and 13 support
 
 
 @attrs.define(eq=False)
@@ -258,6 +259,12 @@ class CUDADevice(Device):
             body = functools.partial(self._actor(queue).run_body, item, fn, args)
         grid = (global_size + (1, 1))[:3]
         block = (local_size + (1, 1))[:3]
+        if block[0] * block[1] * block[2] > _MAX_BLOCK:
+            raise DeviceError(
+                f"kernel {kernel.name!r} on {self.name}: local_size={block} is "
+                f"{block[0] * block[1] * block[2]} threads a block, and CUDA allows at most "
+                f"{_MAX_BLOCK}; use a smaller local_size and a larger global_size"
+            )
         return (CUDA_ITEM, ((C.KERNEL, function, grid, block, pointers, ints, body),), item)
 
     # -- copies --
@@ -293,6 +300,8 @@ class CUDADevice(Device):
         dst_gpu, src_gpu = isinstance(dst_mem, CudaMemory), isinstance(src_mem, CudaMemory)
         cmds: tuple[C.Command, ...]
         keep: Any = None
+        if nbytes == 0 and (dst_gpu or src_gpu):
+            return (CUDA_ITEM, (), item, None)  # nothing to move; the driver takes no empty copies
         if dst_gpu and src_gpu:
             dst_dev, src_dev = dst_mem.device, src_mem.device
             if dst_dev is src_dev:

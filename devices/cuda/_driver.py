@@ -157,7 +157,7 @@ class CudaDriver(Protocol):
         self, graph_exec: Any, node: Any, context: Any, pointer: int, value: int, wait: bool,
     ) -> None: ...                                      # cuGraphExecBatchMemOpNodeSetParams
     def graph_launch(self, graph_exec: Any, stream: Any) -> None: ...
-    def graph_destroy(self, graph: Any, graph_exec: Any) -> None: ...
+    def graph_destroy(self, graph: Any, graph_exec: Any) -> None: ...  # graph_exec None: not instantiated
 
 
 DRIVER_NAMES = ("real", "fake")

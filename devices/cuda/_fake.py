@@ -327,6 +327,7 @@ class FakeDriver:
 
     def graph_add_memcpy(self, graph: Any, after: Any, context: Any, kind: CopyKind, dst: int,
                          src: int, nbytes: int) -> Any:
+        _check_copy_node(nbytes)
         return self._add(graph, ["memcpy", dst, src, nbytes])
 
     def graph_add_wait_value64(self, graph: Any, after: Any, context: Any, pointer: int,
@@ -354,6 +355,7 @@ class FakeDriver:
 
     def graph_exec_memcpy_update(self, graph_exec: Any, node: Any, context: Any, kind: CopyKind,
                                  dst: int, src: int, nbytes: int) -> None:
+        _check_copy_node(nbytes)
         self.node_updates += 1
         graph_exec.nodes[node] = ["memcpy", dst, src, nbytes]
 
@@ -375,6 +377,11 @@ class FakeDriver:
 
     def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
         pass
+
+
+def _check_copy_node(nbytes: int) -> None:
+    if nbytes < 1:
+        raise CudaError("CUDA_ERROR_INVALID_VALUE", "a memcpy node copies at least one byte")
 
 
 def _check_launch(function: Any, grid: tuple[int, ...], block: tuple[int, ...],

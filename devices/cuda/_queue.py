@@ -141,6 +141,7 @@ class CudaQueueActor(QueueActor):
         self.use_graphs = bool(device.options.get("cuda_graphs", True))
         self.graph_launches = 0
         self.graph_builds = 0
+        self.graph_refusals = 0  # jobs the driver would not build as a graph (run on the stream)
         # Bound once: host functions and graph host nodes keep the same identity.
         self._host_signal: Callable[[], None] = self._on_signal_written
         self._host_job_end: Callable[[], None] = self._on_job_end
@@ -244,7 +245,17 @@ class CudaQueueActor(QueueActor):
         if self._refuse_lost(job):
             return
         if self.use_graphs and self.mem_ops:
-            entry = self._graph_entry(job)
+            try:
+                entry = self._graph_entry(job)
+            except CudaError as exc:
+                if exc.sticky:  # the context is gone: the stream would fail the same way
+                    self._fail_unsent(job, exc)
+                    return
+                # The driver would not take this job as a graph: the same commands go on
+                # the stream instead, and this op list is not offered as a graph again.
+                self._refuse(job.ops)
+                self.graph_refusals += 1
+                entry = None
             if entry is not None:
                 await self._graph_job(job, entry)
                 return
@@ -415,15 +426,17 @@ class CudaQueueActor(QueueActor):
             return None
         entry = self._plan_graph(job)
         if entry is None:
-            self._refused[key] = ops  # held, so the id is not reused while cached
-            while len(self._refused) > _GRAPH_CACHE:
-                self._refused.popitem(last=False)
+            self._refuse(ops)
             return None
         graphs.pop(key, None)
         for old_key, old in list(graphs.items()):
             if _same_shape(old.cmds, entry.cmds):
                 del graphs[old_key]
-                self._update_graph(old, entry)
+                try:
+                    self._update_graph(old, entry)
+                except Exception:
+                    self.driver.graph_destroy(old.graph, old.exec)  # half updated
+                    raise
                 graphs[key] = old
                 return old
         self._build_graph(entry)
@@ -432,6 +445,11 @@ class CudaQueueActor(QueueActor):
             _, dropped = graphs.popitem(last=False)
             self.driver.graph_destroy(dropped.graph, dropped.exec)
         return entry
+
+    def _refuse(self, ops: Sequence[Any]) -> None:
+        self._refused[id(ops)] = ops  # held, so the id is not reused while cached
+        while len(self._refused) > _GRAPH_CACHE:
+            self._refused.popitem(last=False)
 
     def _plan_graph(self, job: Job) -> _GraphEntry | None:
         """Commands for a graph of this job, or None if it must run on the stream."""
@@ -476,11 +494,15 @@ class CudaQueueActor(QueueActor):
         graph = driver.graph_create()
         node = None
         nodes = []
-        for cmd in entry.cmds:
-            node = C.add_node(driver, graph, node, self.context, cmd)
-            nodes.append(node)
-        entry.graph, entry.nodes = graph, nodes
-        entry.exec = driver.graph_instantiate(graph)
+        try:
+            for cmd in entry.cmds:
+                node = C.add_node(driver, graph, node, self.context, cmd)
+                nodes.append(node)
+            graph_exec = driver.graph_instantiate(graph)
+        except Exception:
+            driver.graph_destroy(graph, None)
+            raise
+        entry.graph, entry.nodes, entry.exec = graph, nodes, graph_exec
         self.graph_builds += 1
 
     def _update_graph(self, old: _GraphEntry, new: _GraphEntry) -> None:

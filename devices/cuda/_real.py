@@ -422,7 +422,8 @@ class RealDriver:
         self._check(self.cu.cuGraphLaunch(graph_exec, stream))
 
     def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
-        self._check(self.cu.cuGraphExecDestroy(graph_exec))
+        if graph_exec is not None:
+            self._check(self.cu.cuGraphExecDestroy(graph_exec))
         self._check(self.cu.cuGraphDestroy(graph))
 
 
