@@ -594,6 +594,14 @@ def test_shared_fuzzer_on_the_real_driver(spec: ProgramSpec, graphs: bool) -> No
     async def main() -> None:
         async with ag.open_runtime(sorted(set(names)), cuda_driver="real", cuda_graphs=graphs) as rt:
             await check_program(rt, names, spec)
+            # Every graph the driver refused ran on the stream (still correct), but a
+            # refusal means a graph was built or updated against the driver's rules.
+            refusals = {
+                actor.name: actor.graph_refusals
+                for name in set(names) if name.startswith("CUDA")
+                for actor in rt.device(name).queues.values()
+            }
+            assert not any(refusals.values()), refusals
 
     trio.run(main)
 

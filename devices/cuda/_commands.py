@@ -4,6 +4,7 @@ A lowered item is a tuple of commands (plain tuples, so a replay builds nothing)
 
     (KERNEL, function, grid, block, pointers, ints, host_body)
     (COPY, kind, dst, src, nbytes, dst_context, src_context)
+                                    the contexts own the GPU sides (None: host memory)
     (HOST, fn)                      a host function, in stream order (staging copies)
     (WAIT_VALUE, pointer, value)    cuStreamWaitValue64 GEQ
     (WRITE_VALUE, pointer, value)   cuStreamWriteValue64
@@ -64,7 +65,8 @@ def shape_of(cmd: Command) -> Any:
     if code == KERNEL:
         return (KERNEL, cmd[1])
     if code == COPY:
-        return (COPY, cmd[1])
+        # The driver updates a memcpy node only between memory of the same contexts.
+        return (COPY, cmd[1], cmd[5], cmd[6])
     if code == HOST:
         return (HOST, cmd[1])  # host functions are compared by identity: rebuilt if new
     return (code, cmd[1])  # a mem-op node's value may change in place, its address not

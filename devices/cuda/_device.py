@@ -305,15 +305,18 @@ class CUDADevice(Device):
         if dst_gpu and src_gpu:
             dst_dev, src_dev = dst_mem.device, src_mem.device
             if dst_dev is src_dev:
-                cmds = ((C.COPY, CopyKind.DTOD, _pointer(dst), _pointer(src), nbytes, None, None),)
+                cmds = ((C.COPY, CopyKind.DTOD, _pointer(dst), _pointer(src), nbytes,
+                         dst_dev.context, src_dev.context),)
             elif dst_dev.peer_ok(src_dev):
                 cmds = ((C.COPY, CopyKind.PEER, _pointer(dst), _pointer(src), nbytes,
                          dst_dev.context, src_dev.context),)
             else:  # no peer access: through pinned host memory, on this one stream
                 keep = _Staging(self, nbytes)
                 cmds = (
-                    (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes, None, None),
-                    (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes, None, None),
+                    (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes,
+                     None, src_dev.context),
+                    (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes,
+                     dst_dev.context, None),
                 )
         elif dst_gpu:
             cmds, keep = self._upload(item, actor, dst, src.host_view())
@@ -331,7 +334,8 @@ class CUDADevice(Device):
         fill = functools.partial(actor.copy_on_host, item, staged, array.reshape(dst.shape))
         cmds = (
             (C.HOST, fill),
-            (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes, None, None),
+            (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes,
+             dst.memory.device.context, None),
         )
         return cmds, (keep, fill)
 
@@ -342,7 +346,8 @@ class CUDADevice(Device):
         staged = keep.array[:nbytes].view(src.dtype).reshape(out.shape)
         drain = functools.partial(actor.copy_on_host, item, out, staged)
         cmds = (
-            (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes, None, None),
+            (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes,
+             None, src.memory.device.context),
             (C.HOST, drain),
         )
         return cmds, (keep, drain)

@@ -469,6 +469,7 @@ struct op {
     uintptr_t dst, src;                                  /* OP_COPY */
     size_t nbytes;
     int dst_on_device, src_on_device;
+    int dst_owner, src_owner;                            /* owning device, or -1: host */
     volatile uint64_t *word;                             /* OP_WAIT, OP_WRITE */
     uint64_t value;
     CUhostFn fn;                                         /* OP_HOST */
@@ -800,6 +801,9 @@ static CUresult memcpy_op(struct op *op, const CUDA_MEMCPY3D *p, CUcontext ctx) 
     op->src_on_device = p->srcMemoryType == CU_MEMORYTYPE_DEVICE;
     op->dst_on_device = p->dstMemoryType == CU_MEMORYTYPE_DEVICE;
     op->nbytes = p->WidthInBytes;
+    struct allocation *d = find(dst, op->nbytes), *r = find(src, op->nbytes);
+    op->dst_owner = d && d->kind == DEVICE_MEMORY ? d->device : -1;
+    op->src_owner = r && r->kind == DEVICE_MEMORY ? r->device : -1;
     return CUDA_SUCCESS;
 }
 
@@ -863,8 +867,10 @@ CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode node, const C
     struct op *target = exec_op(e, node, OP_KERNEL), op = {0};
     if (!target) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = kernel_op(&op, p);
-    if (r == CUDA_SUCCESS) *target = op;
-    return r;
+    if (r != CUDA_SUCCESS) return r;
+    if (op.launch.device != target->launch.device) return CUDA_ERROR_INVALID_VALUE; /* same context */
+    *target = op;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec e, CUgraphNode node, const CUDA_MEMCPY3D *p, CUcontext ctx) {
@@ -872,8 +878,14 @@ CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec e, CUgraphNode node, const C
     struct op *target = exec_op(e, node, OP_COPY), op = {0};
     if (!target) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = memcpy_op(&op, p, ctx);
-    if (r == CUDA_SUCCESS) *target = op;
-    return r;
+    if (r != CUDA_SUCCESS) return r;
+    /* "The source and destination memory must be allocated from the same contexts as the
+       original", and host stays host. */
+    if (op.dst_owner != target->dst_owner || op.src_owner != target->src_owner ||
+        op.dst_on_device != target->dst_on_device || op.src_on_device != target->src_on_device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *target = op;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuGraphExecBatchMemOpNodeSetParams(CUgraphExec e, CUgraphNode node, const CUDA_BATCH_MEM_OP_NODE_PARAMS *p) {
