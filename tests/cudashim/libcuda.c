@@ -24,8 +24,11 @@
  * - Calls that need a current context (allocations, streams, events, modules, peer
  *   access) fail with CUDA_ERROR_INVALID_CONTEXT without one, as on a GPU, where the
  *   current context is per thread.
- * - A misuse the driver would only report later (a bad address in a kernel) aborts the
- *   process with a message: the test that ran it fails loudly.
+ * - Graph exec updates keep the driver's rules: a kernel node keeps its context, a memcpy
+ *   node the contexts of its memory, a mem-op node its kind.
+ * - A misuse the driver would only report later, or not at all (a bad address in a
+ *   kernel, a CUDA call from a host function), aborts the process with a message: the
+ *   test that ran it fails loudly.
  *
  * Environment: CUDASHIM_DEVICES (default 2), CUDASHIM_NO_MEMOPS=1 (no 64-bit stream
  * memory operations), CUDASHIM_NO_PEER=1 (no peer access).
@@ -172,8 +175,15 @@ CUresult cuCtxGetCurrent(CUcontext *ctx) {
     return CUDA_SUCCESS;
 }
 
+static __thread int in_host_function;
+
+/* Host functions "must not make any CUDA API calls": the calls that check for a context
+   check for that too. */
 #define NEED_CONTEXT() \
-    do { if (!valid_context(current)) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
+    do { \
+        if (in_host_function) die("a CUDA call from inside a host function"); \
+        if (!valid_context(current)) return CUDA_ERROR_INVALID_CONTEXT; \
+    } while (0)
 
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
     NEED_CONTEXT();
@@ -511,7 +521,11 @@ static void execute(struct op *op) {
         while (!reached(atomic_load((_Atomic uint64_t *)op->word), op->value)) pause_briefly();
         break;
     case OP_WRITE: atomic_store((_Atomic uint64_t *)op->word, op->value); break;
-    case OP_HOST: op->fn(op->user); break;
+    case OP_HOST:
+        in_host_function = 1;
+        op->fn(op->user);
+        in_host_function = 0;
+        break;
     case OP_RECORD: {
         unsigned long long seen = atomic_load(&op->event->completed);
         while (seen < op->sequence && !atomic_compare_exchange_weak(&op->event->completed, &seen, op->sequence)) {}
