@@ -637,20 +637,25 @@ static CUresult word_op(struct op *op, CUdeviceptr address, cuuint64_t value, un
     return CUDA_SUCCESS;
 }
 
+static CUresult enqueue_word_op(CUstream s, CUdeviceptr address, cuuint64_t value,
+                                unsigned int flags, int wait) {
+    struct op *op = new_op(OP_WAIT);
+    CUresult r = word_op(op, address, value, flags, wait);
+    if (r != CUDA_SUCCESS) {
+        free(op);
+        return r;
+    }
+    return enqueue(s, op);
+}
+
 CUresult cuStreamWaitValue64(CUstream s, CUdeviceptr address, cuuint64_t value, unsigned int flags) {
     NEED_CONTEXT();
-    struct op *op = new_op(OP_WAIT);
-    CUresult r = word_op(op, address, value, flags, 1);
-    if (r != CUDA_SUCCESS) { free(op); return r; }
-    return enqueue(s, op);
+    return enqueue_word_op(s, address, value, flags, 1);
 }
 
 CUresult cuStreamWriteValue64(CUstream s, CUdeviceptr address, cuuint64_t value, unsigned int flags) {
     NEED_CONTEXT();
-    struct op *op = new_op(OP_WRITE);
-    CUresult r = word_op(op, address, value, flags, 0);
-    if (r != CUDA_SUCCESS) { free(op); return r; }
-    return enqueue(s, op);
+    return enqueue_word_op(s, address, value, flags, 0);
 }
 
 CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *user) {
