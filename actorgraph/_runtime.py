@@ -87,6 +87,8 @@ class Runtime:
         self.submissions = 0
         self.frees = 0
         self._pending: set[Submission] = set()
+        # (submissions still running, device, memory): frees waiting for that work.
+        self._deferred_frees: list[tuple[set[Submission], Device, Any]] = []
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
         self.graphs_compiled = 0
@@ -190,9 +192,28 @@ class Runtime:
         buffer.check_live("free: ")
         alloc = buffer._alloc
         alloc.freed = True
-        alloc.device.free(alloc.memory)
-        alloc.memory = None
+        memory, alloc.memory = alloc.memory, None
         self.frees += 1  # graphs re-check their buffers' liveness when this moves
+        # Work submitted before may still use the memory (no later work can): the device
+        # gets it back once that work is done. Never wait for it here, on the trio thread
+        # that the work itself may need.
+        waiting = {sub for sub in self._pending if not sub.done.is_set()}
+        if waiting:
+            self._deferred_frees.append((waiting, alloc.device, memory))
+        else:
+            self._release(alloc.device, memory)
+
+    @staticmethod
+    def _release(device: Device, memory: Any) -> None:
+        try:
+            device.free(memory)
+        except Exception as error:  # e.g. a GPU whose context is already lost
+            _log.warning("%s could not free a buffer: %s", device.name, error)
+
+    @property
+    def frees_pending(self) -> int:
+        """Buffers freed while submitted work might still use them, not yet released."""
+        return len(self._deferred_frees)
 
     # -- submitting work --
 
@@ -222,6 +243,15 @@ class Runtime:
         if was_pending and graph is not None:  # a replay: count it once, when it ends
             self.replays_done += 1
             graph._count(sub)  # type: ignore[attr-defined]
+        if self._deferred_frees:
+            still = []
+            for waiting, device, memory in self._deferred_frees:
+                waiting.discard(sub)
+                if waiting:
+                    still.append((waiting, device, memory))
+                else:
+                    self._release(device, memory)
+            self._deferred_frees = still
         if self._space:
             self._space.unpark()
 

@@ -6,6 +6,10 @@ without one): only the driver differs.
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -377,6 +381,53 @@ async def test_empty_buffers_copy_as_nothing_between_gpus_and_the_host(driver: s
         await rt.run(items)
         await rt.copyin(a, np.zeros(0, np.int32))
         assert (await rt.copyout(b)).shape == (0,)
+
+
+_FREE_WHILE_GPU_WAITS = """
+import threading, numpy as np, trio, actorgraph as ag
+from _cuda_kernels import inc
+from devices.cuda import FakeDriver
+
+gate = threading.Event()
+
+def gated(buf, n):
+    assert gate.wait(30)
+    buf[:n] += 1
+
+GATED = ag.Kernel("inc_k", cpu=gated, cuda="inc_k", outs=(0,), ins=(0,))
+N = ag.Var("n", 1, 64)
+
+async def main():
+    driver = FakeDriver()
+    # cpu_thread_bytes=1: the gated kernel runs on the CPU worker thread, not in trio.
+    async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver=driver, cpu_thread_bytes=1) as rt:
+        h, g, spare = rt.alloc("CPU:0", 64, np.int32), rt.alloc("CUDA:0", 64, np.int32), rt.alloc("CUDA:0", 8, np.int32)
+        graph = await rt.compile([ag.Launch(GATED, [h], vars=[N], fixedvars={N: 64}),
+                                  ag.Copy(dst=g, src=h), inc(g), inc(g)])
+        replay = await graph.submit()
+        await trio.sleep(0)  # the GPU queue is now waiting on the CPU kernel's signal
+        live = driver.statistics().live_allocations
+        rt.free(spare)  # must neither block nor give the memory back yet
+        assert rt.frees_pending == 1 and driver.statistics().live_allocations == live
+        gate.set()
+        await replay.wait()
+        assert rt.frees_pending == 0 and driver.statistics().live_allocations == live - 1
+        assert (await rt.copyout(g)).tolist() == [3] * 64
+        print("ok")
+
+trio.run(main)
+"""
+
+
+def test_freeing_a_buffer_while_the_gpu_waits_on_cpu_work_neither_blocks_nor_frees_early() -> None:
+    # Run apart, with a time limit: the failure this guards against is a hang (free
+    # waiting on the GPU, which waits on a CPU signal that needs the blocked trio thread).
+    root = pathlib.Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", _FREE_WHILE_GPU_WAITS], cwd=root, capture_output=True,
+        text=True, timeout=120, env={**os.environ, "PYTHONPATH": f"{root}:{root / 'tests'}"},
+    )
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr
 
 
 class _NoGraphs(FakeDriver):

@@ -13,7 +13,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
+import queue
 import threading
 import weakref
 from typing import Any
@@ -34,6 +36,7 @@ from ._queue import CUDA_ITEM, CudaQueueActor
 ENV_DRIVER = "ACTORGRAPH_CUDA_DRIVER"
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _U64_MAX = (1 << 64) - 1
+_log = logging.getLogger("actorgraph.devices.cuda")  # under the library's quiet logger
 _MAX_BLOCK = 1024  # threads a block, on every GPU CUDA 12 and 13 support
 
 
@@ -57,6 +60,28 @@ class _Staging:
     def __init__(self, device: CUDADevice, nbytes: int) -> None:
         self.host_pointer, self.nbytes, self.array = device._take_staging(nbytes)
         weakref.finalize(self, device._give_staging, self.host_pointer, self.nbytes, self.array)
+
+
+class _Reaper:
+    """A thread that frees device memory for a GPU with work in flight (see free)."""
+
+    def __init__(self, device: CUDADevice) -> None:
+        self.device = device
+        self.pointers: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._main, name=f"{device.name}/free", daemon=True)
+        self.thread.start()
+
+    def put(self, pointer: int | None) -> None:
+        self.pointers.put(pointer)
+
+    def _main(self) -> None:
+        driver = self.device.driver
+        driver.set_context(self.device.context)  # current contexts are per thread
+        while (pointer := self.pointers.get()) is not None:
+            try:
+                driver.mem_free(pointer)
+            except Exception as error:  # a lost context: nothing more to give back
+                _log.warning("%s could not free %#x: %s", self.device.name, pointer, error)
 
 
 class CUDADevice(Device):
@@ -101,6 +126,7 @@ class CUDADevice(Device):
         self._mirrors: dict[int, tuple[Signal, int, int]] = {}
         self._nursery: trio.Nursery | None = None
         self._closed = False
+        self._reaper: _Reaper | None = None
         self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
         self.queues = {
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
@@ -122,6 +148,10 @@ class CUDADevice(Device):
         busy = any(q.gpu_busy for q in self.queues.values())  # type: ignore[attr-defined]
         for actor in self.queues.values():
             actor.close()  # type: ignore[attr-defined]
+        if self._reaper is not None:
+            self._reaper.put(None)
+            if not busy:  # else its last free may wait on the GPU for good: leave it be
+                self._reaper.thread.join()
         if not busy:
             with self._staging_lock:
                 pointers = self._staging_all + [host for _, host, _ in self._mirrors.values()]
@@ -178,11 +208,16 @@ class CUDADevice(Device):
         return CudaMemory(self, pointer, nbytes, self.driver.host_view(pointer, nbytes))
 
     def free(self, memory: Any) -> None:
-        # Work still queued may use it: let the streams drain first (frees are rare).
-        self.driver.set_context(self.context)
-        for actor in self.queues.values():
-            self.driver.stream_synchronize(actor.stream)  # type: ignore[attr-defined]
-        self.driver.mem_free(memory.pointer)
+        """The runtime frees memory once no submitted work uses it. cuMemFree may still
+        wait for all work on the GPU, and that work may wait on signals that only the
+        trio thread moves: with work on the GPU, a helper thread frees instead."""
+        if not any(q.gpu_busy for q in self.queues.values()):  # type: ignore[attr-defined]
+            self.driver.set_context(self.context)
+            self.driver.mem_free(memory.pointer)
+            return
+        if self._reaper is None:
+            self._reaper = _Reaper(self)
+        self._reaper.put(memory.pointer)
 
     def _take_staging(self, nbytes: int) -> tuple[int, int, np.ndarray[Any, Any]]:
         size = 64 if nbytes <= 64 else 1 << (nbytes - 1).bit_length()
