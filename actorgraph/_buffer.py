@@ -154,8 +154,10 @@ class Buffer:
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
                    dl_device: Any = None, copy: bool | None = None) -> Any:
-        """Export this buffer without a copy. Await the work that writes it first: the
-        export waits for the device's queued work, not for work submitted later."""
+        """Export this buffer without a copy. On a GPU the consumer's `stream` waits for
+        the work queued on the device (the host does not block); host memory is exported
+        as it is. Await the work that writes the buffer first: work submitted later is
+        not waited for."""
         self.check_live("__dlpack__ of ")
         if copy:
             raise BufferError(f"{self!r}: DLPack export never copies; use rt.copyout()")

@@ -111,6 +111,26 @@ def test_event_wait_waits_for_the_latest_record(driver: tuple[CudaDriver, Any]) 
     drv.host_free(host)
 
 
+def test_another_librarys_stream_handle_waits_on_our_events(driver: tuple[CudaDriver, Any]) -> None:
+    # DLPack hands us a consumer's stream as an int: wrapped, it waits like our own.
+    drv, _ = driver
+    ours, theirs = drv.stream_create(), drv.stream_create()
+    foreign = drv.wrap_stream(int(theirs))
+    gate = threading.Event()
+    order: list[str] = []
+    drv.launch_host_func(ours, lambda: (gate.wait(TIMEOUT), order.append("ours")) and None)
+    event = drv.event_create()
+    drv.event_record(event, ours)
+    drv.stream_wait_event(foreign, event)
+    drv.event_destroy(event)  # the pending wait still holds
+    drv.launch_host_func(theirs, lambda: order.append("theirs"))
+    gate.set()
+    drv.stream_synchronize(theirs)
+    assert order == ["ours", "theirs"]
+    for s in (ours, theirs):
+        drv.stream_destroy(s)
+
+
 def test_copies_host_device_and_device_device(driver: tuple[CudaDriver, Any]) -> None:
     drv, _ = driver
     n = 1 << 12

@@ -6,6 +6,7 @@ without one): only the driver differs.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pathlib
 import subprocess
@@ -24,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorgraph as ag
-from devices.cuda import FakeDriver
+from devices.cuda import CopyKind, FakeDriver
 from devices.cuda._driver import CudaError
 from scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 
@@ -406,14 +407,15 @@ async def main():
                                   ag.Copy(dst=g, src=h), inc(g), inc(g)])
         replay = await graph.submit()
         await trio.sleep(0)  # the GPU queue is now waiting on the CPU kernel's signal
-        live = driver.statistics().live_allocations
+        pointer = spare.memory.pointer
         rt.free(spare)  # must neither block nor give the memory back yet
-        assert rt.frees_pending == 1 and driver.statistics().live_allocations == live
+        assert rt.frees_pending == 1 and driver.allocated(pointer)
         gate.set()
         await replay.wait()
-        assert rt.frees_pending == 0 and driver.statistics().live_allocations == live - 1
+        assert rt.frees_pending == 0  # handed to the device (which may free it on a thread)
         assert (await rt.copyout(g)).tolist() == [3] * 64
-        print("ok")
+    assert not driver.allocated(pointer)  # closing the runtime waited for the free
+    print("ok")
 
 trio.run(main)
 """
@@ -600,6 +602,48 @@ async def test_gpu_graph_replay_and_dlpack() -> None:
         tensor = torch.from_dlpack(c)
         assert tensor.device.type == "cuda"
         assert tensor.cpu().numpy().tolist() == ((np.arange(SIZE) ^ 3) + 10).tolist()
+
+
+@pytest.mark.gpu
+@needs_gpus(1)
+async def test_gpu_dlpack_export_orders_the_consumers_stream_and_never_blocks() -> None:
+    # The GPU's queued work waits on a CPU kernel held by a gate: an export that drained
+    # the streams on this thread would hang here. The consumer's stream must instead wait
+    # for that work on the GPU, so its copy of the buffer sees the final values.
+    gate = threading.Event()
+
+    def gated(buf: np.ndarray, n: int) -> None:
+        assert gate.wait(30)
+        buf[:n] += 1
+
+    held = ag.Kernel("held", cpu=gated, outs=(0,), ins=(0,))
+    n = ag.Var("n", 1, SIZE)
+    async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver="real", cpu_thread_bytes=1) as rt:
+        h, g = rt.alloc("CPU:0", SIZE, np.int32), rt.alloc("CUDA:0", SIZE, np.int32)
+        graph = await rt.compile([ag.Launch(held, [h], vars=[n], fixedvars={n: SIZE}),
+                                  ag.Copy(dst=g, src=h), inc(g)])
+        replay = await graph.submit()
+        device = rt.device("CUDA:0")
+        drv = device.driver
+        drv.set_context(device.context)
+        consumer = drv.stream_create()
+        host, _ = drv.host_alloc_mapped(SIZE * 4)
+        if not device.mem_ops:
+            # Only events could order it, and the work is not on the streams yet.
+            with pytest.raises(BufferError, match="await that work, then export"):
+                g.__dlpack__(stream=int(consumer))
+            gate.set()
+            await replay.wait()
+        capsule = g.__dlpack__(stream=int(consumer))
+        drv.memcpy(consumer, CopyKind.DTOH, host, g.memory.pointer, SIZE * 4)
+        gate.set()
+        await replay.wait()
+        drv.stream_synchronize(consumer)
+        seen = np.ctypeslib.as_array((ctypes.c_int32 * SIZE).from_address(host)).copy()
+        assert seen.tolist() == [2] * SIZE
+        del capsule
+        drv.stream_destroy(consumer)
+        drv.host_free(host)
 
 
 GPU_FUZZ_LAYOUT = {f"b{i}": ("CUDA:0" if i % 3 else "CPU:0") for i in range(6)}

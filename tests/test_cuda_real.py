@@ -177,7 +177,12 @@ def test_every_driver_method_has_a_marshalling_check() -> None:
 
     protocol = {name for name in vars(CudaDriver) if not name.startswith("_") and name != "name"}
     checked = {name.split()[0] for name in _calls()} | {"compile", "host_write64", "host_view"}
-    assert protocol - checked == set()
+    assert protocol - checked == {"wrap_stream"}  # no driver call: checked below
+
+
+def test_a_wrapped_stream_handle_is_the_bindings_stream_of_that_address() -> None:
+    stream = _driver().wrap_stream(0x7F00_0000_1000)
+    assert isinstance(stream, cu.CUstream) and int(stream) == 0x7F00_0000_1000
 
 
 @needs_no_driver

@@ -398,15 +398,50 @@ class CUDADevice(Device):
     # -- DLPack --
 
     def dlpack(self, buffer: Any, stream: Any = None, max_version: Any = None) -> Any:
-        """A DLPack capsule that views `buffer`'s device memory without a copy. The
-        device's streams are drained first, so the consumer's stream sees finished data."""
+        """A DLPack capsule that views `buffer`'s device memory without a copy.
+
+        On a GPU the consumer's `stream` (DLPack's convention: None or 1 the legacy
+        default stream, 2 the per-thread one, else a CUstream handle, -1 none) is made to
+        wait on the GPU for all work submitted to this device so far: the host never
+        blocks, as that work may wait on signals this very thread moves. Fake-driver
+        memory is host memory that the consumer reads at once: there the streams drain."""
         from ._dlpack import make_capsule
 
-        self.sync()
+        if self.driver.name == "fake":
+            self.sync()
+        elif stream != -1:
+            self._order_before(1 if stream is None else int(stream))
         return make_capsule(
             _pointer(buffer), buffer.shape, buffer.dtype, self.dlpack_device(),
             owner=buffer.memory, max_version=max_version,
         )
+
+    def _order_before(self, handle: int) -> None:
+        """Make the stream `handle` wait for all work submitted to this device so far.
+
+        A queue's word reaches `next_value` once all of it is done, including jobs still
+        in the actor's inbox: the consumer waits on the words. Without stream memory
+        operations only events can order it, and they cover only what is on the streams."""
+        driver = self.driver
+        driver.set_context(self.context)
+        consumer = driver.wrap_stream(handle)
+        for actor in self.queues.values():
+            target = actor.next_value
+            if actor.signal.value >= target:
+                continue  # all done
+            if self.mem_ops:
+                driver.stream_wait_value64(consumer, actor.signal.device_pointer, target)  # type: ignore[attr-defined]
+            elif not actor.busy:  # all of it is on the stream already
+                event = driver.event_create()
+                driver.event_record(event, actor.stream)  # type: ignore[attr-defined]
+                driver.stream_wait_event(consumer, event)
+                driver.event_destroy(event)  # the driver keeps it until the wait is done
+            else:
+                raise BufferError(
+                    f"cannot export from {self.name}: work submitted to {actor.name} is not on its stream "
+                    f"yet, and without 64-bit stream memory operations an export cannot "
+                    f"wait for it; await that work, then export"
+                )
 
     def dlpack_device(self) -> tuple[int, int]:
         # Device memory of the fake driver is host memory: report it as such, so numpy

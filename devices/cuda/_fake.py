@@ -50,9 +50,13 @@ class _Stream:
     def __init__(self, name: str) -> None:
         self.name = name
         self.closed = False
+        self.handle = id(self)  # what int() of a real CUstream gives: its address
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
+
+    def __int__(self) -> int:
+        return self.handle
 
     def put(self, command: Callable[[], None]) -> None:
         if self.closed:
@@ -127,6 +131,7 @@ class FakeDriver:
         self._lock = threading.Lock()
         self._images: dict[tuple[str, str, str], bytes] = {}
         self._peers_enabled: set[tuple[int, int]] = set()
+        self._streams: dict[int, _Stream] = {}  # by handle, for wrap_stream
         self.compiles = 0
         self.kernel_launches = 0
         self.graph_launches = 0
@@ -140,6 +145,10 @@ class FakeDriver:
 
     def __repr__(self) -> str:
         return f"<FakeDriver {self.devices} devices>"
+
+    def allocated(self, pointer: int) -> bool:
+        """Whether `pointer` is a live allocation (for tests of when memory goes back)."""
+        return pointer in self._memory
 
     def statistics(self) -> FakeStatistics:
         return FakeStatistics(
@@ -229,9 +238,12 @@ class FakeDriver:
     # -- streams --
 
     def stream_create(self) -> Any:
-        return _Stream("fake-cuda-stream")
+        stream = _Stream("fake-cuda-stream")
+        self._streams[int(stream)] = stream
+        return stream
 
     def stream_destroy(self, stream: Any) -> None:
+        self._streams.pop(int(stream), None)
         stream.close()
 
     def stream_synchronize(self, stream: Any) -> None:
@@ -261,6 +273,12 @@ class FakeDriver:
         epoch = threading.Event()
         event.current = epoch
         stream.put(epoch.set)
+
+    def wrap_stream(self, handle: int) -> Any:
+        stream = self._streams.get(handle)
+        if stream is None:  # the default streams included: the fake driver has none
+            raise CudaError("CUDA_ERROR_INVALID_HANDLE", f"no fake stream has handle {handle:#x}")
+        return stream
 
     def stream_wait_event(self, stream: Any, event: Any) -> None:
         self.event_waits += 1

@@ -203,6 +203,9 @@ class RealDriver:
     def stream_wait_event(self, stream: Any, event: Any) -> None:
         self._check(self.cu.cuStreamWaitEvent(stream, event, 0))
 
+    def wrap_stream(self, handle: int) -> Any:
+        return self.cu.CUstream(handle)
+
     # -- kernels --
 
     def compile(self, source: str, name: str, arch: str) -> bytes:
