@@ -5,7 +5,8 @@
 # Takes well under 5 minutes on one H200.
 #
 # Wheels: the GPU machine has python3 with torch, numpy, attrs, pytest, hypothesis,
-# msgpack and cuda-python, but not trio, outcome, sniffio or pytest-trio. They travel as
+# msgpack and cuda-python, but not trio, outcome, sniffio or pytest-trio. They (and what
+# trio needs, so the set is complete on any Python 3.12) travel as
 # wheels in .whl/ (ignored by git) and are installed into /tmp/site there:
 #   bash scripts/gpu_check.sh wheels    # where pip reaches PyPI: downloads them into .whl/
 #   bash scripts/gpu_check.sh           # on the GPU machine (carry .whl along)
@@ -17,7 +18,7 @@ if [ "${1:-}" = "wheels" ]; then
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
         -d .whl trio==0.35.0 outcome==1.3.0.post0 sniffio==1.3.1 pytest-trio==0.8.0 \
-        sortedcontainers==2.4.0 attrs==26.1.0
+        sortedcontainers==2.4.0 attrs==26.1.0 idna==3.11
     exit 0
 fi
 

@@ -427,7 +427,8 @@ def test_freeing_a_buffer_while_the_gpu_waits_on_cpu_work_neither_blocks_nor_fre
     root = pathlib.Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [sys.executable, "-c", _FREE_WHILE_GPU_WAITS], cwd=root, capture_output=True,
-        text=True, timeout=120, env={**os.environ, "PYTHONPATH": f"{root}:{root / 'tests'}"},
+        text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(root), str(root / "tests"), os.environ.get("PYTHONPATH")]))},
     )
     assert done.stdout.strip() == "ok", done.stdout + done.stderr
 

@@ -136,7 +136,8 @@ def test_the_test_libcuda_catches_a_kernel_reading_another_gpus_memory(shim: pat
         drv.stream_synchronize(stream)
         print("not caught")
     """)
-    done = _run(shim, ["-c", script], CUDASHIM_NO_PEER="1", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    done = _run(shim, ["-c", script], CUDASHIM_NO_PEER="1", PYTHONPATH=os.pathsep.join(
+                    filter(None, [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")])))
     assert done.returncode != 0 and "not caught" not in done.stdout
     assert "inc_k: device 0 touched memory of device 1 without peer access" in done.stderr
 

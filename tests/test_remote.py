@@ -39,7 +39,8 @@ class WorkerProcess:
     def __init__(
         self, devices: str, token_file: Path | None, port: int = 0, extra: tuple[str, ...] = ()
     ) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH")])))
         cmd = [
             sys.executable,
             "-m",
