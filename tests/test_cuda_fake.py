@@ -70,7 +70,16 @@ async def check_against_eager(
     return graph
 
 
+# tests/test_cuda_shim.py runs this file on the real driver (over a test libcuda):
+# `runtime()` then opens real CUDA devices, and tests of what only the fake driver does
+# (kernels that run their own CPU bodies, host-memory DLPack) are left out.
+ON_REAL_DRIVER = os.environ.get("ACTORGRAPH_TEST_CUDA_DRIVER") == "real"
+fake_only = pytest.mark.skipif(ON_REAL_DRIVER, reason="tests what the fake driver does")
+
+
 def runtime(devices: Sequence[str], driver: Any = None, **options: Any) -> Any:
+    if driver is None and ON_REAL_DRIVER:
+        driver = "real"
     return ag.open_runtime(list(devices), cuda_driver=driver or FakeDriver(), **options)
 
 
@@ -193,6 +202,7 @@ async def test_a_replay_is_one_graph_launch_and_updates_only_changed_nodes() -> 
         np.testing.assert_array_equal(await rt.copyout(c), np.full(SIZE, 7 + 8, np.int32))
 
 
+@fake_only
 async def test_back_to_back_replays_are_queued_on_the_gpu_without_the_host() -> None:
     # The second replay's wait for the first (the device timeline) is a stream wait on a
     # mapped word, so its graph is launched while the first is still running.
@@ -223,6 +233,7 @@ async def test_back_to_back_replays_are_queued_on_the_gpu_without_the_host() -> 
         np.testing.assert_array_equal(await rt.copyout(g), np.full(SIZE, 2 + 2, np.int32))
 
 
+@fake_only
 async def test_symbolic_launch_dims_are_evaluated_per_call() -> None:
     seen: list[tuple[int, ...]] = []
 
@@ -286,6 +297,7 @@ def test_planner_puts_host_gpu_copies_on_the_gpu_side() -> None:
     assert assign_queue(to_gpu, caps) == QueueId("CUDA:0", QueueKind.COPY)
 
 
+@fake_only
 async def test_dlpack_views_cpu_and_cuda_buffers_without_a_copy() -> None:
     async with runtime(["CPU:0", "CUDA:0"]) as rt:
         h = rt.alloc("CPU:0", (4, 8), np.int32)
@@ -338,6 +350,7 @@ async def test_env_var_picks_the_fake_driver(monkeypatch: pytest.MonkeyPatch) ->
         assert rt.device("CUDA:0").driver.name == "fake"
 
 
+@fake_only
 async def test_kernels_without_the_needed_bodies_are_refused() -> None:
     cpu_only = ag.Kernel("k", cpu=lambda out: None, outs=(0,))
     cuda_only = ag.Kernel("k", cuda='extern "C" __global__ void k(int *o) {}', outs=(0,))
@@ -467,6 +480,7 @@ async def test_a_sticky_error_while_building_a_graph_fails_the_call_and_loses_th
         await rt.run([inc(h)])  # the CPU carries on
 
 
+@fake_only
 async def test_a_kernel_that_raises_fails_its_call_and_the_runtime_goes_on() -> None:
     def boom(out: np.ndarray, n: int) -> None:
         raise ValueError("bad value")
@@ -704,6 +718,7 @@ def test_shared_fuzzer_on_the_real_driver(spec: ProgramSpec, graphs: bool) -> No
 
 # -- with the runtime's monitor and profiler --
 
+@fake_only
 async def test_gpu_work_in_flight_is_not_mistaken_for_a_deadlock(autojump_clock: Any) -> None:
     # Virtual time races ahead while the (fake) GPU computes, so the monitor looks many
     # times at a CPU queue waiting on GPU work; it must see that work as pending.
