@@ -161,3 +161,12 @@ def test_the_cuda_benchmark_runs_on_the_real_driver_over_the_test_libcuda(
     assert result["driver"] == "real" and result["replay"]["result_checked"] is True
     assert result["replay"]["graph_builds"] == 1 and result["overlap"]["queues"] == [
         "CUDA:0/compute", "CUDA:0/copy"]
+
+
+def test_the_cuda_example_runs_on_the_real_driver_over_the_test_libcuda(shim: pathlib.Path) -> None:
+    # examples/cuda_pipeline.py (the 03_cuda notebook's twin) picks CUDA when the driver
+    # sees GPUs: here it takes the real-driver path a GPU machine would.
+    done = _run(shim, ["examples/cuda_pipeline.py"])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "running on CUDA: 2 GPU(s)" in done.stdout
+    assert "every micro-batch matches numpy" in done.stdout

@@ -17,8 +17,8 @@
  * - A stream is a thread running its operations in order: kernels, copies, 64-bit waits
  *   (GEQ, the driver's cyclic comparison) and writes on words, host functions, event
  *   records and waits, and graph launches.
- * - Kernels are the ones the tests and the CUDA benchmark use (xor_k, inc_k, the fuzzer's
- *   fz_*, spin_k): cuModuleGetFunction finds the
+ * - Kernels are the ones the tests, the CUDA benchmark and the CUDA example use (xor_k,
+ *   inc_k, the fuzzer's fz_*, spin_k, stage): cuModuleGetFunction finds the
  *   name in the image NVRTC built (a cubin or PTX) and runs a C body of the same kernel
  *   over the launch's grid x block threads.
  * - Calls that need a current context (allocations, streams, events, modules, peer
@@ -358,6 +358,11 @@ static void k_spin(void **p, const int32_t *v, uint64_t c) {
     }
 }
 
+static void k_stage(void **p, const int32_t *v, uint64_t c) {
+    float *o = p[0]; const float *x = p[1];
+    for (uint64_t i = 0; i < c; i++) o[i] = x[i] * 0.5f + 1.0f;
+}
+
 static const struct {
     const char *name;
     int pointers, ints;
@@ -366,6 +371,7 @@ static const struct {
     {"xor_k", 3, 1, k_xor}, {"inc_k", 1, 1, k_inc},   {"fz_xor", 3, 1, k_xor},
     {"fz_add", 3, 1, k_add}, {"fz_move", 2, 1, k_move}, {"fz_bump", 1, 1, k_inc},
     {"fz_salt", 2, 2, k_salt}, {"spin_k", 1, 2, k_spin}, /* benchmarks/cuda_replay.py */
+    {"stage", 2, 1, k_stage},                          /* examples/multi_gpu_pipeline.py */
 };
 
 struct CUfunc_st {
