@@ -399,6 +399,7 @@ class Runtime:
         # var_vals covers the whole list: check it once, then give each item its own vars.
         needed: frozenset[Any] = frozenset().union(*(item.free_vars() for item in checked))
         values = check_var_vals(needed, var_vals, "run()")
+        await self._build_kernels(checked)
         for index, item in enumerate(checked):
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
@@ -428,6 +429,18 @@ class Runtime:
     async def copy(self, dst: Buffer, src: Buffer) -> None:
         """Copy `src` into `dst` now: `rt.run([Copy(dst, src)])`; recorded inside @ag.jit."""
         await self.run([Copy(dst=dst, src=src)])
+
+    async def _build_kernels(self, items: Sequence[Item]) -> None:
+        """Compile the kernels that would compile slowly on first lowering (NVRTC for
+        CUDA) on a worker thread, so the runtime's other work goes on meanwhile."""
+        wanted: dict[Device, set[Kernel]] = {}
+        for item in items:
+            if isinstance(item, Launch) and item.bufs:
+                wanted.setdefault(item.bufs[0].device_object, set()).add(item.kernel)
+        for device, kernels in wanted.items():
+            slow = device.slow_builds(kernels)
+            if slow:
+                await trio.to_thread.run_sync(device.build_kernels, slow)
 
     async def compile(
         self,
@@ -468,6 +481,7 @@ class Runtime:
         plan = build_plan([plan_item(item) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
+        await self._build_kernels(checked)
         program = Program(self, checked, inputs, plan)
         if order == "cost":
             program = self._cost_ordered(program, var_vals)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -97,6 +97,15 @@ class Device:
         pass
 
     # -- lowering: items -> ops the device's actors run --
+
+    def slow_builds(self, kernels: Iterable[Any]) -> list[Any]:
+        """The kernels whose first lowering here would build them slowly (compile), so
+        the runtime builds them first with `build_kernels` on a worker thread."""
+        return []
+
+    def build_kernels(self, kernels: Sequence[Any]) -> None:
+        """Build `kernels` ahead of lowering. Runs on a worker thread; a kernel that
+        fails to build is left for lowering to report."""
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         raise NotImplementedError

@@ -273,6 +273,33 @@ async def test_kernels_compile_once_per_arch_and_load_once_per_device() -> None:
 
 # -- copies and DLPack --
 
+async def test_kernels_compile_on_a_worker_thread_not_the_trio_thread() -> None:
+    # NVRTC takes a good part of a second a kernel: compile() and run() build kernels
+    # on a worker thread first, so the runtime's other work goes on meanwhile.
+    class TimedCompiles(FakeDriver):
+        name = "timed"  # not "fake": its compiles count as slow, as NVRTC's do
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.threads: list[int] = []
+
+        def compile(self, source: str, name: str, arch: str) -> bytes:
+            before = self.compiles
+            image = super().compile(source, name, arch)
+            if self.compiles > before:  # a real compile, not a cache hit
+                self.threads.append(threading.get_ident())
+            return image
+
+    driver = TimedCompiles()
+    async with runtime(["CUDA:0"], driver) as rt:
+        a, b, c = (rt.alloc("CUDA:0", SIZE, np.int32) for _ in range(3))
+        await rt.compile([xor(c, a, b)])
+        await rt.run([inc(c)])
+        await rt.run([inc(c)])  # built already: no thread hop
+    assert len(driver.threads) == 2
+    assert threading.get_ident() not in driver.threads
+
+
 async def test_host_copies_go_through_pinned_staging_on_the_gpu_copy_queue() -> None:
     async with runtime(["CPU:0", "CUDA:0"]) as rt:
         h = rt.alloc("CPU:0", SIZE, np.int32)

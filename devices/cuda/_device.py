@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import weakref
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -249,7 +250,7 @@ class CUDADevice(Device):
                 f"kernel {kernel.name!r} has no CUDA source, so it cannot run on {self.name}; "
                 f"give Kernel(..., cuda=SOURCE) with an extern \"C\" __global__ {kernel.name}(...)"
             )
-        key = (hashlib.sha256(source.encode()).hexdigest(), kernel.name)
+        key = (_source_key(source), kernel.name)
         function = self._functions.get(key)
         if function is None:
             self.driver.set_context(self.context)
@@ -265,6 +266,22 @@ class CUDADevice(Device):
                 ) from exc
             self._functions[key] = function
         return function
+
+    def slow_builds(self, kernels: Iterable[Any]) -> list[Any]:
+        # NVRTC takes a good part of a second; the fake driver compiles nothing.
+        if self.driver.name == "fake":
+            return []
+        return [
+            k for k in kernels
+            if k.cuda is not None and (_source_key(k.cuda), k.name) not in self._functions
+        ]
+
+    def build_kernels(self, kernels: Sequence[Any]) -> None:
+        for kernel in kernels:
+            try:  # NVRTC only: loading needs this device's context, on the trio thread
+                self.driver.compile(kernel.cuda, kernel.name, self.arch)
+            except Exception:
+                pass  # lowering compiles it again and reports the error with its kernel
 
     def _actor(self, queue: QueueKind) -> CudaQueueActor:
         return self.queues[queue]  # type: ignore[return-value]
@@ -456,6 +473,12 @@ class CUDADevice(Device):
 
 
 _u8 = ctypes.c_uint8
+
+
+@functools.lru_cache(maxsize=1024)
+def _source_key(source: str) -> str:
+    """A kernel source's hash, computed once per source (lowering asks on every rebind)."""
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def _pointer(buffer: Any) -> int:
