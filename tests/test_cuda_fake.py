@@ -300,6 +300,24 @@ async def test_kernels_compile_on_a_worker_thread_not_the_trio_thread() -> None:
     assert threading.get_ident() not in driver.threads
 
 
+async def test_closing_the_runtime_gives_back_its_gpu_memory_except_exported_buffers() -> None:
+    driver = FakeDriver()
+    for export in (False, True):
+        async with runtime(["CUDA:0", "CUDA:1", "CPU:0"], driver) as rt:
+            a, b = rt.alloc("CUDA:0", SIZE, np.int32), rt.alloc("CUDA:1", SIZE, np.int32)
+            h = rt.alloc("CPU:0", SIZE, np.int32)
+            graph = await rt.compile([inc(a), ag.Copy(dst=b, src=a), ag.Copy(dst=h, src=b), inc(h)])
+            await graph()
+            await rt.copyin(a, np.arange(SIZE, dtype=np.int32))
+            if export:
+                view = np.from_dlpack(b)  # may outlive the runtime: b must stay
+        if export:
+            assert driver.statistics().live_allocations == 1
+            assert view.sum() == SIZE  # (the fake's device memory is host memory)
+        else:
+            assert driver.statistics().live_allocations == 0  # buffers, staging, words
+
+
 async def test_host_copies_go_through_pinned_staging_on_the_gpu_copy_queue() -> None:
     async with runtime(["CPU:0", "CUDA:0"]) as rt:
         h = rt.alloc("CPU:0", SIZE, np.int32)

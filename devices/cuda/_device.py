@@ -49,6 +49,7 @@ class CudaMemory:
     pointer: int
     nbytes: int
     host: np.ndarray[Any, Any] | None
+    exported: bool = False  # viewed through DLPack: it may outlive the runtime
 
 
 class _Staging:
@@ -128,6 +129,7 @@ class CUDADevice(Device):
         self._nursery: trio.Nursery | None = None
         self._closed = False
         self._reaper: _Reaper | None = None
+        self._live: dict[int, CudaMemory] = {}  # allocations not freed yet, by pointer
         self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
         self.queues = {
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
@@ -153,14 +155,28 @@ class CUDADevice(Device):
             self._reaper.put(None)
             if not busy:  # else its last free may wait on the GPU for good: leave it be
                 self._reaper.thread.join()
-        if not busy:
-            with self._staging_lock:
-                pointers = self._staging_all + [host for _, host, _ in self._mirrors.values()]
-                for pointer in pointers:
-                    self.driver.host_free(pointer)
-                self._staging_all.clear()
-                self._staging_free.clear()
-                self._mirrors.clear()
+        if busy or self.lost is not None:
+            return  # the GPU may still use all of it (or the context is gone): leave it be
+        driver = self.driver
+        driver.set_context(self.context)
+        with self._staging_lock:
+            pointers = self._staging_all + [host for _, host, _ in self._mirrors.values()]
+            for pointer in pointers:
+                driver.host_free(pointer)
+            self._staging_all.clear()
+            self._staging_free.clear()
+            self._mirrors.clear()
+        # The buffers go with the runtime, except those viewed through DLPack (a tensor
+        # may outlive the runtime): they, and so the context, stay for the process.
+        exported = False
+        for pointer, memory in list(self._live.items()):
+            if memory.exported:
+                exported = True
+            else:
+                driver.mem_free(pointer)
+                del self._live[pointer]
+        if not exported:
+            driver.close_context(self.index)
 
     def lose(self, error: BaseException) -> None:
         """A sticky CUDA error: fail the work on the GPU, and every later job, clearly."""
@@ -206,12 +222,15 @@ class CUDADevice(Device):
         nbytes = nelems * dtype.itemsize
         self.driver.set_context(self.context)
         pointer = self.driver.mem_alloc(max(nbytes, 1))
-        return CudaMemory(self, pointer, nbytes, self.driver.host_view(pointer, nbytes))
+        memory = CudaMemory(self, pointer, nbytes, self.driver.host_view(pointer, nbytes))
+        self._live[pointer] = memory
+        return memory
 
     def free(self, memory: Any) -> None:
         """The runtime frees memory once no submitted work uses it. cuMemFree may still
         wait for all work on the GPU, and that work may wait on signals that only the
         trio thread moves: with work on the GPU, a helper thread frees instead."""
+        self._live.pop(memory.pointer, None)
         if not any(q.gpu_busy for q in self.queues.values()):  # type: ignore[attr-defined]
             self.driver.set_context(self.context)
             self.driver.mem_free(memory.pointer)
@@ -424,6 +443,7 @@ class CUDADevice(Device):
         memory is host memory that the consumer reads at once: there the streams drain."""
         from ._dlpack import make_capsule
 
+        buffer.memory.exported = True
         if self.driver.name == "fake":
             self.sync()
         elif stream != -1:
