@@ -166,7 +166,9 @@ def test_the_cuda_benchmark_runs_on_the_real_driver_over_the_test_libcuda(
 def test_the_cuda_example_runs_on_the_real_driver_over_the_test_libcuda(shim: pathlib.Path) -> None:
     # examples/cuda_pipeline.py (the 03_cuda notebook's twin) picks CUDA when the driver
     # sees GPUs: here it takes the real-driver path a GPU machine would.
-    done = _run(shim, ["examples/cuda_pipeline.py"])
+    done = _run(shim, ["examples/cuda_pipeline.py"], CUDASHIM_REPORT="1")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "running on CUDA: 2 GPU(s)" in done.stdout
     assert "every micro-batch matches numpy" in done.stdout
+    # Closing the runtime gave back every buffer, staging area and signal word.
+    assert "cudashim: at exit 0 device and 0 mapped host allocations live" in done.stderr

@@ -315,6 +315,17 @@ CUresult cuMemFreeHost(void *p) {
     return forget((uintptr_t)p, MAPPED_HOST_MEMORY);
 }
 
+/* With CUDASHIM_REPORT=1, what is still allocated when the process ends. */
+__attribute__((destructor)) static void report(void) {
+    if (!env_int("CUDASHIM_REPORT", 0)) return;
+    int device = 0, host = 0;
+    for (struct allocation *a = allocations; a; a = a->next) {
+        if (a->kind == DEVICE_MEMORY) device++;
+        else host++;
+    }
+    fprintf(stderr, "cudashim: at exit %d device and %d mapped host allocations live\n", device, host);
+}
+
 /* ---------------------------------------------------------------- kernels */
 
 struct CUmod_st {
