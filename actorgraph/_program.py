@@ -139,12 +139,36 @@ class Program:
                 elif isinstance(msg, WaitKick):
                     ops.append((WAIT, runtime.kick, self.kick_slot, 0))
             templates.append(ops)
+        self._mark_host_signals(templates)
         self.templates = templates
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
         complete = all(op is not None for t in templates for op in t)
         self.static_ops: tuple[tuple[Op, ...], ...] | None = (
             tuple(tuple(op for op in t if op is not None) for t in templates) if complete else None
         )
+
+    def _mark_host_signals(self, templates: list[list[Op | None]]) -> None:
+        """Flag each SIGNAL by whether an actor waits on it through the trio side: the
+        first signal at or past each such wait's value. GPU queues report only those
+        (and job ends) to the host, so their streams do not stop for host callbacks
+        that nobody needs."""
+        nqueues = len(self.actors)
+        host_waits: list[list[int]] = [[] for _ in range(nqueues)]
+        for wi, ops in enumerate(templates):
+            for op in ops:
+                if op is not None and op[0] == WAIT and op[2] < nqueues:
+                    src = op[2]
+                    if not self.actors[wi].waits_without_host(self.actors[src]):
+                        host_waits[src].append(op[3])
+        for qi, ops in enumerate(templates):
+            pending = sorted(host_waits[qi])
+            for k, op in enumerate(ops):
+                if op is not None and op[0] == SIGNAL:
+                    reached = 0
+                    while reached < len(pending) and pending[reached] <= op[3]:
+                        reached += 1
+                    ops[k] = (*op, reached > 0)
+                    del pending[:reached]
 
     def _input_of(self, buf: Buffer, index: int) -> int | None:
         for i, root in enumerate(self.inputs):

@@ -5,7 +5,9 @@ copy): a tuple of ops plus the per-submission base values its waits and signals 
 relative to. Ops are plain tuples so the replay loop stays a tight Python loop:
 
     (WAIT, signal, base_slot, rel)     park until signal >= bases[base_slot] + rel
-    (SIGNAL, signal, base_slot, rel)   set signal to bases[base_slot] + rel
+    (SIGNAL, signal, base_slot, rel[, host])   set signal to bases[base_slot] + rel; `host`
+                                       False: no actor waits on it through the trio side
+                                       (a GPU queue may then skip telling the host)
     (EXEC, fn, args, item)             fn(*args) inline, in the actor
     (EXEC_THREAD, fn, args, item)      fn(*args) on the actor's worker thread; runs of
                                        consecutive EXEC_THREAD ops go over in one hop
@@ -271,6 +273,12 @@ class QueueActor:
             )
         self.next_value = base + count
         return base
+
+    def waits_without_host(self, other: QueueActor) -> bool:
+        """Whether this actor waits on `other`'s signal without its trio-side value (GPU
+        queues reading each other's words); if every waiter does, `other` need not
+        report that value to the host."""
+        return False
 
     def post(self, job: Job) -> None:
         self._inbox.append(job)

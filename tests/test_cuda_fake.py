@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import actorgraph as ag
 from devices.cuda import CopyKind, FakeDriver
+from devices.cuda import _commands as C
 from devices.cuda._driver import CudaError
 from scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 
@@ -272,6 +273,36 @@ async def test_kernels_compile_once_per_arch_and_load_once_per_device() -> None:
 
 
 # -- copies and DLPack --
+
+async def test_gpu_queues_stop_for_a_host_callback_only_where_the_host_waits() -> None:
+    # A host node holds its stream until the callback has run (and has the GIL): a
+    # signal only GPU queues wait on is a word write alone; one a CPU queue waits on
+    # also tells the host.
+    async with runtime(["CUDA:0", "CUDA:1", "CPU:0"], cuda_graph_min_items=1) as rt:
+        a, b = rt.alloc("CUDA:0", SIZE, np.int32), rt.alloc("CUDA:1", SIZE, np.int32)
+        h = rt.alloc("CPU:0", SIZE, np.int32)
+        graph = await rt.compile([inc(a), inc(a), ag.Copy(dst=b, src=a), inc(b),
+                                  ag.Copy(dst=h, src=b), inc(h)])
+        await rt.copyin(a, np.zeros(SIZE, np.int32))
+        for _ in range(2):
+            await graph()
+        np.testing.assert_array_equal(await rt.copyout(h), np.full(SIZE, 6, np.int32))
+        if not rt.device("CUDA:0").mem_ops:
+            return  # (a GPU without stream memory operations: no graphs, events order it)
+
+        def nodes(name: str, queue: QueueKind) -> tuple[int, int]:
+            actor: Any = rt.device(name).queues[queue]
+            (entry,) = actor._graphs.values()
+            writes = sum(1 for c in entry.cmds if c[0] == C.WRITE_VALUE)
+            reports = sum(1 for c in entry.cmds if c[0] == C.HOST and c[1] == actor._host_signal)
+            return writes, reports
+
+        # CUDA:0 signals CUDA:1's copy queue only; CUDA:1's copy queue signals CUDA:1's
+        # compute queue (a GPU) and then the CPU queue (the host).
+        assert nodes("CUDA:0", QueueKind.COMPUTE) == (1, 0)
+        assert nodes("CUDA:1", QueueKind.COMPUTE) == (1, 0)
+        assert nodes("CUDA:1", QueueKind.COPY) == (2, 1)
+
 
 async def test_kernels_compile_on_a_worker_thread_not_the_trio_thread() -> None:
     # NVRTC takes a good part of a second a kernel: compile() and run() build kernels

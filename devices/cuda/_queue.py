@@ -220,6 +220,10 @@ class CudaQueueActor(QueueActor):
                 if sub.on_done is not None:
                     sub.on_done(sub)
 
+    def waits_without_host(self, other: QueueActor) -> bool:
+        # Words (both with stream memory operations) or events (both without).
+        return isinstance(other, CudaQueueActor) and other.mem_ops == self.mem_ops
+
     # -- what the deadlock monitor sees: work on the GPU is pending work too --
 
     @property
@@ -337,7 +341,7 @@ class CudaQueueActor(QueueActor):
                             self._flush(cmds)
                             await self._park(signal, target, sub, index)
                 elif code == SIGNAL:
-                    self._signal_commands(cmds, bases[op[2]] + op[3])
+                    self._signal_commands(cmds, bases[op[2]] + op[3], len(op) < 5 or op[4])
                 else:
                     raise RuntimeError(f"{self.name}: op {op[0]!r} cannot run on a CUDA queue")
             if profiled:
@@ -383,9 +387,11 @@ class CudaQueueActor(QueueActor):
         job.submission.job_done(job.slot)
         return True
 
-    def _signal_commands(self, cmds: list[C.Command], value: int) -> None:
+    def _signal_commands(self, cmds: list[C.Command], value: int, host: bool = True) -> None:
         if self.mem_ops:
             cmds.append((C.WRITE_VALUE, self.signal.device_pointer, value))
+            if not host:
+                return  # only GPU queues wait on it, on the word: no host callback
         else:
             event = self._event_pool.pop() if self._event_pool else self.driver.event_create()
             cmds.append((_RECORD, event, value))
@@ -479,7 +485,8 @@ class CudaQueueActor(QueueActor):
             elif code == SIGNAL:
                 entry.value_nodes.append((len(cmds), op[2], op[3], None))
                 cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op[2]] + op[3]))
-                cmds.append((C.HOST, self._host_signal))
+                if len(op) < 5 or op[4]:  # a host node stops the stream until it has run
+                    cmds.append((C.HOST, self._host_signal))
             else:
                 return None
         if entry.items < self.graph_min_items:
