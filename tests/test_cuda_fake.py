@@ -304,6 +304,29 @@ async def test_gpu_queues_stop_for_a_host_callback_only_where_the_host_waits() -
         assert nodes("CUDA:1", QueueKind.COPY) == (2, 1)
 
 
+async def test_a_graph_with_no_host_work_reports_its_end_from_a_side_stream() -> None:
+    # Device-to-device copies only (on a GPU, kernels too): the graph holds no host node,
+    # so replays queued back to back run without the stream stopping for the host.
+    async with runtime(["CUDA:0", "CUDA:1", "CPU:0"]) as rt:
+        a, b = rt.alloc("CUDA:0", SIZE, np.int32), rt.alloc("CUDA:1", SIZE, np.int32)
+        c = rt.alloc("CUDA:1", SIZE, np.int32)
+        # Both copies land on CUDA:1's copy queue: one graph of two items there.
+        graph = await rt.compile([ag.Copy(dst=b, src=a), ag.Copy(dst=c, src=b)])
+        for step in range(3):
+            await rt.copyin(a, np.full(SIZE, step, np.int32))
+            replays = [await graph.submit() for _ in range(3)]
+            for replay in replays:
+                await replay.wait()
+            np.testing.assert_array_equal(await rt.copyout(c), np.full(SIZE, step, np.int32))
+        if not rt.device("CUDA:1").mem_ops:
+            return  # (a GPU without stream memory operations: no graphs)
+        copier: Any = rt.device("CUDA:1").queues[QueueKind.COPY]
+        (entry,) = copier._graphs.values()
+        assert entry.notify and not any(cmd[0] == C.HOST for cmd in entry.cmds)
+        assert copier.graph_launches == 9
+        assert copier._notify is not None and not copier._notified  # all reported
+
+
 async def test_kernels_compile_on_a_worker_thread_not_the_trio_thread() -> None:
     # NVRTC takes a good part of a second a kernel: compile() and run() build kernels
     # on a worker thread first, so the runtime's other work goes on meanwhile.

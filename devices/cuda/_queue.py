@@ -95,7 +95,8 @@ class MappedSignal(Signal):
 class _GraphEntry:
     """One job shape of this queue, built into a CUDA graph and instantiated once."""
 
-    __slots__ = ("cmds", "exec", "graph", "host_waits", "items", "nodes", "ops", "value_nodes")
+    __slots__ = ("cmds", "exec", "graph", "host_waits", "items", "nodes", "notify", "ops",
+                 "reports", "value_nodes")
 
     def __init__(self) -> None:
         self.ops: Sequence[Any] = ()
@@ -109,6 +110,11 @@ class _GraphEntry:
         # (signal, base slot, relative value, op index): host-side waits, before launch.
         self.host_waits: list[tuple[Signal, int, int, int]] = []
         self.items = 0
+        # A graph with no host work of its own (no staging copies, no host bodies) tells
+        # the host from a side stream, so its stream never stops for a callback:
+        # `notify`, and the (base slot, relative value) of the signals to report.
+        self.notify = False
+        self.reports: list[tuple[int, int]] = []
 
 
 class CudaQueueActor(QueueActor):
@@ -145,6 +151,12 @@ class CudaQueueActor(QueueActor):
         # Bound once: host functions and graph host nodes keep the same identity.
         self._host_signal: Callable[[], None] = self._on_signal_written
         self._host_job_end: Callable[[], None] = self._on_job_end
+        self._host_notified_end: Callable[[], None] = self._on_notified_end
+        # The side stream that reports graph jobs' signals and ends (created when needed),
+        # and (job, event) for each such job in flight, oldest first.
+        self._notify: Any = None
+        self._notified: collections.deque[tuple[Job, Any]] = collections.deque()
+        self._end_events: list[Any] = []
         self._stamp_start = 0.0  # profiling: when the stream reached the current item
 
     # -- host functions: these run on the stream's (driver's) thread --
@@ -174,6 +186,11 @@ class CudaQueueActor(QueueActor):
         self._gpu_jobs_done += 1
         self._to_trio(self._finish_oldest)
 
+    def _on_notified_end(self) -> None:
+        # A job with no host work of its own: it has no faults to match, so it is not
+        # counted with the jobs whose faults are (see `_fault`).
+        self._to_trio(self._finish_oldest)
+
     def _to_trio(self, fn: Callable[[], None]) -> None:
         token = self._token
         if token is None:
@@ -199,6 +216,10 @@ class CudaQueueActor(QueueActor):
         if not self._in_flight:
             return
         job = self._in_flight.popleft()
+        if self._notified and self._notified[0][0] is job:
+            self._end_events.append(self._notified.popleft()[1])
+            job.submission.job_done(job.slot)
+            return
         index = self._host_jobs_done
         self._host_jobs_done += 1
         if self._faults:  # a fault of this job was recorded before its end marker ran
@@ -211,6 +232,7 @@ class CudaQueueActor(QueueActor):
 
     def _abandon(self) -> None:
         super()._abandon()
+        self._notified.clear()
         while self._in_flight:
             sub = self._in_flight.popleft().submission
             sub.fail(-1, self.name, ActorClosedError(
@@ -373,6 +395,7 @@ class CudaQueueActor(QueueActor):
 
     def fail_in_flight(self, exc: BaseException) -> None:
         """The context is lost: no completion will come for the work on the GPU."""
+        self._notified.clear()
         while self._in_flight:
             job = self._in_flight.popleft()
             job.submission.fail(-1, self.name, exc)
@@ -463,6 +486,10 @@ class CudaQueueActor(QueueActor):
         kick_slot = len(bases) - 1  # Program puts the KICK base last
         entry = _GraphEntry()
         cmds = entry.cmds
+        entry.notify = not any(
+            cmd[0] == C.HOST or (cmd[0] == C.KERNEL and cmd[6] is not None)
+            for op in ops if op[0] == CUDA_ITEM for cmd in op[1]
+        )
         for index, op in enumerate(ops):
             code = op[0]
             if code == CUDA_ITEM:
@@ -485,13 +512,18 @@ class CudaQueueActor(QueueActor):
             elif code == SIGNAL:
                 entry.value_nodes.append((len(cmds), op[2], op[3], None))
                 cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op[2]] + op[3]))
-                if len(op) < 5 or op[4]:  # a host node stops the stream until it has run
+                if len(op) >= 5 and not op[4]:
+                    pass  # only GPU queues wait on it, on the word
+                elif entry.notify:
+                    entry.reports.append((op[2], op[3]))
+                else:  # a host node: it stops the stream until the callback has run
                     cmds.append((C.HOST, self._host_signal))
             else:
                 return None
         if entry.items < self.graph_min_items:
             return None
-        cmds.append((C.HOST, self._host_job_end))
+        if not entry.notify:
+            cmds.append((C.HOST, self._host_job_end))
         entry.ops = ops
         return entry
 
@@ -527,6 +559,8 @@ class CudaQueueActor(QueueActor):
         old.value_nodes = new.value_nodes
         old.host_waits = new.host_waits
         old.items = new.items
+        old.notify = new.notify
+        old.reports = new.reports
 
     async def _graph_job(self, job: Job, entry: _GraphEntry) -> None:
         bases, sub = job.bases, job.submission
@@ -553,26 +587,49 @@ class CudaQueueActor(QueueActor):
             self._in_flight.append(job)
             driver.graph_launch(entry.exec, self.stream)
             self.graph_launches += 1
+            if entry.notify:
+                self._notify_from_side(job, [bases[slot] + rel for slot, rel in entry.reports])
         except Exception as exc:
             self._fail_unsent(job, exc)
         self.items_run += entry.items
+
+    def _notify_from_side(self, job: Job, reports: list[int]) -> None:
+        """Tell the host about `job`'s reported signals and its end from the side stream:
+        it waits on the word (each report) and on an event recorded after the job (the
+        end), so the job's own stream never waits for a host callback."""
+        driver = self.driver
+        if self._notify is None:
+            self._notify = driver.stream_create()
+        notify = self._notify
+        for value in reports:
+            driver.stream_wait_value64(notify, self.signal.device_pointer, value)
+            driver.launch_host_func(notify, self._host_signal)
+        event = self._end_events.pop() if self._end_events else driver.event_create()
+        driver.event_record(event, self.stream)
+        driver.stream_wait_event(notify, event)
+        driver.launch_host_func(notify, self._host_notified_end)
+        self._notified.append((job, event))
 
     # -- teardown --
 
     def close(self) -> None:
         driver = self.driver
+        streams = [self.stream] + ([self._notify] if self._notify is not None else [])
         if self._in_flight:
             # The GPU may still wait on words nobody will write: leave its resources be.
-            driver.stream_destroy(self.stream)
+            for stream in streams:
+                driver.stream_destroy(stream)
             return
         driver.set_context(self.context)
-        driver.stream_synchronize(self.stream)
+        for stream in streams:
+            driver.stream_synchronize(stream)
         for entry in self._graphs.values():
             driver.graph_destroy(entry.graph, entry.exec)
         self._graphs.clear()
-        for event in self._events + self._event_pool:
+        for event in self._events + self._event_pool + self._end_events:
             driver.event_destroy(event)
-        driver.stream_destroy(self.stream)
+        for stream in streams:
+            driver.stream_destroy(stream)
         driver.host_free(self._word_host_pointer)
 
 
