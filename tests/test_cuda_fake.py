@@ -7,6 +7,7 @@ without one): only the driver differs.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import pathlib
 import subprocess
@@ -368,8 +369,23 @@ async def test_closing_the_runtime_gives_back_its_gpu_memory_except_exported_buf
         if export:
             assert driver.statistics().live_allocations == 1
             assert view.sum() == SIZE  # (the fake's device memory is host memory)
-        else:
-            assert driver.statistics().live_allocations == 0  # buffers, staging, words
+            del view, a, b, h, graph  # the consumer and the user let go: it goes too
+            gc.collect()
+        assert driver.statistics().live_allocations == 0  # buffers, staging, words
+
+
+async def test_freeing_an_exported_buffer_keeps_its_memory_until_the_consumer_lets_go() -> None:
+    driver = FakeDriver()
+    async with runtime(["CUDA:0"], driver) as rt:
+        b = rt.alloc("CUDA:0", SIZE, np.int32)
+        await rt.copyin(b, np.arange(SIZE, dtype=np.int32))
+        view = np.from_dlpack(b)
+        pointer = b.memory.pointer
+        rt.free(b)
+        assert driver.allocated(pointer) and view.sum() == SIZE * (SIZE - 1) // 2
+        del view
+        gc.collect()  # now it goes (on the device's helper thread)
+    assert not driver.allocated(pointer)  # closing waited for the helper
 
 
 async def test_host_copies_go_through_pinned_staging_on_the_gpu_copy_queue() -> None:

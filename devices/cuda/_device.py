@@ -129,6 +129,8 @@ class CUDADevice(Device):
         self._nursery: trio.Nursery | None = None
         self._closed = False
         self._reaper: _Reaper | None = None
+        self._reaper_lock = threading.Lock()
+        self._closed_busy = False  # closed with work still on the GPU
         self._live: dict[int, CudaMemory] = {}  # allocations not freed yet, by pointer
         self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
         self.queues = {
@@ -149,12 +151,15 @@ class CUDADevice(Device):
             return
         self._closed = True
         busy = any(q.gpu_busy for q in self.queues.values())  # type: ignore[attr-defined]
+        self._closed_busy = busy
         for actor in self.queues.values():
             actor.close()  # type: ignore[attr-defined]
-        if self._reaper is not None:
-            self._reaper.put(None)
+        with self._reaper_lock:
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.put(None)
             if not busy:  # else its last free may wait on the GPU for good: leave it be
-                self._reaper.thread.join()
+                reaper.thread.join()
         if busy or self.lost is not None:
             return  # the GPU may still use all of it (or the context is gone): leave it be
         driver = self.driver
@@ -167,14 +172,16 @@ class CUDADevice(Device):
             self._staging_free.clear()
             self._mirrors.clear()
         # The buffers go with the runtime, except those viewed through DLPack (a tensor
-        # may outlive the runtime): they, and so the context, stay for the process.
+        # may outlive the runtime): they go when their last viewer does, and the context
+        # stays for them.
         exported = False
         for pointer, memory in list(self._live.items()):
             if memory.exported:
                 exported = True
+                self._free_when_unused(memory)
             else:
                 driver.mem_free(pointer)
-                del self._live[pointer]
+            del self._live[pointer]
         if not exported:
             driver.close_context(self.index)
 
@@ -231,13 +238,34 @@ class CUDADevice(Device):
         wait for all work on the GPU, and that work may wait on signals that only the
         trio thread moves: with work on the GPU, a helper thread frees instead."""
         self._live.pop(memory.pointer, None)
+        if memory.exported:
+            self._free_when_unused(memory)
+            return
         if not any(q.gpu_busy for q in self.queues.values()):  # type: ignore[attr-defined]
             self.driver.set_context(self.context)
             self.driver.mem_free(memory.pointer)
             return
-        if self._reaper is None:
-            self._reaper = _Reaper(self)
-        self._reaper.put(memory.pointer)
+        self._reap(memory.pointer)
+
+    def _reap(self, pointer: int) -> None:
+        """Free `pointer` on the helper thread; at once once the device is closed with
+        nothing left on its GPU (nothing there to wait for)."""
+        if self._closed and not self._closed_busy:
+            try:
+                self.driver.set_context(self.context)
+                self.driver.mem_free(pointer)
+            except Exception as error:
+                _log.warning("%s could not free %#x: %s", self.name, pointer, error)
+            return
+        with self._reaper_lock:
+            if self._reaper is None:
+                self._reaper = _Reaper(self)
+            self._reaper.put(pointer)
+
+    def _free_when_unused(self, memory: CudaMemory) -> None:
+        # A DLPack consumer (a torch tensor, say) may still view it: free it once the
+        # last reference to the allocation, the capsule's included, is gone.
+        weakref.finalize(memory, self._reap, memory.pointer)
 
     def _take_staging(self, nbytes: int) -> tuple[int, int, np.ndarray[Any, Any]]:
         size = 64 if nbytes <= 64 else 1 << (nbytes - 1).bit_length()
