@@ -105,6 +105,8 @@ MODES: dict[str, tuple[dict[str, str], list[str]]] = {
     "four GPUs with peer access": ({"CUDASHIM_DEVICES": "4"}, []),
     "no 64-bit stream memory operations": ({"CUDASHIM_DEVICES": "4", "CUDASHIM_NO_MEMOPS": "1"}, []),
     "no peer access": ({"CUDASHIM_DEVICES": "4", "CUDASHIM_NO_PEER": "1"}, []),
+    # Every stream operation starts after a pause of up to 50 us: other interleavings.
+    "four GPUs, streams at uneven speeds": ({"CUDASHIM_DEVICES": "4", "CUDASHIM_JITTER": "7"}, []),
     "one GPU": ({"CUDASHIM_DEVICES": "1"}, ["-m", "gpu"]),
 }
 

@@ -31,7 +31,8 @@
  *   test that ran it fails loudly.
  *
  * Environment: CUDASHIM_DEVICES (default 2), CUDASHIM_NO_MEMOPS=1 (no 64-bit stream
- * memory operations), CUDASHIM_NO_PEER=1 (no peer access).
+ * memory operations), CUDASHIM_NO_PEER=1 (no peer access), CUDASHIM_JITTER=seed (pauses
+ * before operations), CUDASHIM_REPORT=1 (what is still allocated at exit).
  */
 
 #define _GNU_SOURCE
@@ -525,7 +526,22 @@ static void pause_briefly(void) {
 
 static int reached(uint64_t word, uint64_t value) { return (int64_t)(word - value) >= 0; }
 
+/* With CUDASHIM_JITTER=N (a seed, not 0) every operation starts after a pseudo-random
+   pause of up to 50 us: streams then interleave in more ways, as a GPU's do, and a
+   missing wait shows. Each stream thread draws from its own sequence. */
+static atomic_uint jitter_streams;
+
+static void jitter(void) {
+    static __thread unsigned seed;
+    int base = env_int("CUDASHIM_JITTER", 0);
+    if (!base) return;
+    if (!seed) seed = (unsigned)base * 2654435761u + atomic_fetch_add(&jitter_streams, 1) + 1;
+    struct timespec t = {0, (long)(rand_r(&seed) % 50000)};
+    nanosleep(&t, NULL);
+}
+
 static void execute(struct op *op) {
+    if (op->kind != OP_GRAPH) jitter();
     switch (op->kind) {
     case OP_KERNEL: run_kernel(&op->launch); break;
     case OP_COPY:
