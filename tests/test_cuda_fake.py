@@ -371,6 +371,9 @@ async def test_closing_the_runtime_gives_back_its_gpu_memory_except_exported_buf
             assert view.sum() == SIZE  # (the fake's device memory is host memory)
             del view, a, b, h, graph  # the consumer and the user let go: it goes too
             gc.collect()
+        else:
+            with pytest.raises(BufferError, match="its runtime has closed and its GPU memory is gone"):
+                np.from_dlpack(b)
         assert driver.statistics().live_allocations == 0  # buffers, staging, words
 
 

@@ -50,6 +50,7 @@ class CudaMemory:
     nbytes: int
     host: np.ndarray[Any, Any] | None
     exported: bool = False  # viewed through DLPack: it may outlive the runtime
+    released: bool = False  # given back when the runtime closed
 
 
 class _Staging:
@@ -181,6 +182,7 @@ class CUDADevice(Device):
                 self._free_when_unused(memory)
             else:
                 driver.mem_free(pointer)
+                memory.released = True
             del self._live[pointer]
         if not exported:
             driver.close_context(self.index)
@@ -471,6 +473,11 @@ class CUDADevice(Device):
         memory is host memory that the consumer reads at once: there the streams drain."""
         from ._dlpack import make_capsule
 
+        if buffer.memory.released:
+            raise BufferError(
+                f"{buffer!r}: its runtime has closed and its GPU memory is gone; export "
+                f"buffers while their runtime is open (an exported one then stays)"
+            )
         buffer.memory.exported = True
         if self.driver.name == "fake":
             self.sync()
