@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _plan_items import copy, kernel
 
 from scheduler import (
     Access,
@@ -16,17 +17,6 @@ from scheduler import (
 )
 
 CAPS = {name: DeviceCaps(name, "SIM", host_visible=False) for name in ("D0", "D1", "D2")}
-
-
-def kernel(device: str, writes: int, *reads: int) -> PlanItem:
-    accesses = [Access(device, alloc, 0, 16, False) for alloc in reads]
-    accesses.append(Access(device, writes, 0, 16, True))
-    return PlanItem(f"k{writes}", ItemKind.EXEC, device, tuple(accesses))
-
-
-def copy(dst: str, writes: int, src: str, reads: int) -> PlanItem:
-    accesses = (Access(src, reads, 0, 16, False), Access(dst, writes, 0, 16, True))
-    return PlanItem("copy", ItemKind.COPY, dst, accesses, src)
 
 
 def test_dependencies_follow_byte_ranges() -> None:

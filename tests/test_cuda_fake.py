@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-import pathlib
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import trio
 import trio.testing
 from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
 from _model import ProgramSpec, check_program, random_programs
+from _paths import ROOT, child_pythonpath
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -555,11 +555,9 @@ trio.run(main)
 def test_freeing_a_buffer_while_the_gpu_waits_on_cpu_work_neither_blocks_nor_frees_early() -> None:
     # Run apart, with a time limit: the failure this guards against is a hang (free
     # waiting on the GPU, which waits on a CPU signal that needs the blocked trio thread).
-    root = pathlib.Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-c", _FREE_WHILE_GPU_WAITS], cwd=root, capture_output=True,
-        text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(root), str(root / "tests"), os.environ.get("PYTHONPATH")]))},
+        [sys.executable, "-c", _FREE_WHILE_GPU_WAITS], cwd=ROOT, capture_output=True,
+        text=True, timeout=120, env={**os.environ, "PYTHONPATH": child_pythonpath()},
     )
     assert done.stdout.strip() == "ok", done.stdout + done.stderr
 

@@ -24,8 +24,8 @@ import sys
 import textwrap
 
 import pytest
+from _paths import ROOT, child_pythonpath
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "cudashim" / "libcuda.c"
 GPU_TESTS = ["tests/test_cuda_driver.py", "tests/test_cuda_fake.py"]
 
@@ -142,8 +142,7 @@ def test_the_test_libcuda_catches_a_kernel_reading_another_gpus_memory(shim: pat
         drv.stream_synchronize(stream)
         print("not caught")
     """)
-    done = _run(shim, ["-c", script], CUDASHIM_NO_PEER="1", PYTHONPATH=os.pathsep.join(
-                    filter(None, [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH")])))
+    done = _run(shim, ["-c", script], CUDASHIM_NO_PEER="1", PYTHONPATH=child_pythonpath())
     assert done.returncode != 0 and "not caught" not in done.stdout
     assert "inc_k: device 0 touched memory of device 1 without peer access" in done.stderr
 

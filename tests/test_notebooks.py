@@ -10,12 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from _paths import ROOT, child_pythonpath
 
 nbformat = pytest.importorskip("nbformat", reason="needs the test extra (nbclient, ipykernel)")
 nbclient = pytest.importorskip("nbclient", reason="needs the test extra (nbclient, ipykernel)")
 pytest.importorskip("ipykernel", reason="needs the test extra (nbclient, ipykernel)")
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 
@@ -47,8 +47,7 @@ def this_python_kernel(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) 
     )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
     # The kernel is a child process: let it import this checkout's packages.
-    pythonpath = [str(ROOT), os.environ.get("PYTHONPATH", "")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in pythonpath if p))
+    monkeypatch.setenv("PYTHONPATH", child_pythonpath())
     monkeypatch.setenv("MPLBACKEND", "Agg")
     return "python3"
 
@@ -70,7 +69,7 @@ SCRIPTS = sorted(p for p in EXAMPLES.glob("*.py") if p.name not in NOT_SCRIPTS)
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_example_script_runs(path: pathlib.Path) -> None:
     env = dict(os.environ, MPLBACKEND="Agg")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = child_pythonpath()
     done = subprocess.run(
         [sys.executable, str(path)], cwd=EXAMPLES, env=env, capture_output=True, text=True,
         timeout=120,

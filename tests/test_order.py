@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from _plan_items import copy, kernel
 
 from scheduler import (
-    Access,
     DeviceCaps,
-    ItemKind,
     PlanError,
-    PlanItem,
     build_plan,
     item_dependencies,
     list_schedule_order,
@@ -17,17 +15,6 @@ from scheduler import (
 )
 
 CAPS = {name: DeviceCaps(name, "SIM", host_visible=False) for name in ("D0", "D1")}
-
-
-def kernel(device: str, writes: int, *reads: int) -> PlanItem:
-    accesses = [Access(device, alloc, 0, 16, False) for alloc in reads]
-    accesses.append(Access(device, writes, 0, 16, True))
-    return PlanItem(f"k{writes}", ItemKind.EXEC, device, tuple(accesses))
-
-
-def copy(dst: str, writes: int, src: str, reads: int) -> PlanItem:
-    accesses = (Access(src, reads, 0, 16, False), Access(dst, writes, 0, 16, True))
-    return PlanItem("copy", ItemKind.COPY, dst, accesses, src)
 
 
 def test_ready_work_goes_ahead_of_an_item_waiting_for_data() -> None:

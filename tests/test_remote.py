@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _paths import child_pythonpath
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -39,8 +40,7 @@ class WorkerProcess:
     def __init__(
         self, devices: str, token_file: Path | None, port: int = 0, extra: tuple[str, ...] = ()
     ) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            filter(None, [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=child_pythonpath())
         cmd = [
             sys.executable,
             "-m",

@@ -78,13 +78,8 @@ class _Reaper:
         self.pointers.put(pointer)
 
     def _main(self) -> None:
-        driver = self.device.driver
-        driver.set_context(self.device.context)  # current contexts are per thread
         while (pointer := self.pointers.get()) is not None:
-            try:
-                driver.mem_free(pointer)
-            except Exception as error:  # a lost context: nothing more to give back
-                _log.warning("%s could not free %#x: %s", self.device.name, pointer, error)
+            self.device._free_now(pointer)
 
 
 class CUDADevice(Device):
@@ -243,21 +238,25 @@ class CUDADevice(Device):
         if memory.exported:
             self._free_when_unused(memory)
             return
-        if not any(q.gpu_busy for q in self.queues.values()):  # type: ignore[attr-defined]
+        if any(q.gpu_busy for q in self.queues.values()):  # type: ignore[attr-defined]
+            self._reap(memory.pointer)
+        else:
+            self._free_now(memory.pointer)
+
+    def _free_now(self, pointer: int) -> None:
+        """cuMemFree on the calling thread (its current context set first: they are per
+        thread); a failure, as with a lost context, is logged: nothing more to give back."""
+        try:
             self.driver.set_context(self.context)
-            self.driver.mem_free(memory.pointer)
-            return
-        self._reap(memory.pointer)
+            self.driver.mem_free(pointer)
+        except Exception as error:
+            _log.warning("%s could not free %#x: %s", self.name, pointer, error)
 
     def _reap(self, pointer: int) -> None:
         """Free `pointer` on the helper thread; at once once the device is closed with
         nothing left on its GPU (nothing there to wait for)."""
         if self._closed and not self._closed_busy:
-            try:
-                self.driver.set_context(self.context)
-                self.driver.mem_free(pointer)
-            except Exception as error:
-                _log.warning("%s could not free %#x: %s", self.name, pointer, error)
+            self._free_now(pointer)
             return
         with self._reaper_lock:
             if self._reaper is None:
