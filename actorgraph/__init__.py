@@ -1,11 +1,11 @@
 """actorgraph: replay captured device work across many devices with trio actors."""
 
-from devices import PRESETS as SIM_PRESETS
-from devices import CostModel as CostModel
-from devices import DeviceCost as DeviceCost
-from devices import LinkCost as LinkCost
-from devices import SimRecord as SimRecord
-from devices import Work as Work
+from actorgraph.devices import PRESETS as SIM_PRESETS
+from actorgraph.devices import CostModel as CostModel
+from actorgraph.devices import DeviceCost as DeviceCost
+from actorgraph.devices import LinkCost as LinkCost
+from actorgraph.devices import SimRecord as SimRecord
+from actorgraph.devices import Work as Work
 
 from ._background import BackgroundGraph as BackgroundGraph
 from ._background import BackgroundRuntime as BackgroundRuntime

@@ -24,7 +24,7 @@ import numpy as np
 import sniffio
 import trio
 
-from scheduler import Plan
+from actorgraph.scheduler import Plan
 
 from ._buffer import Buffer
 from ._errors import ClosedError, UsageError

@@ -12,7 +12,7 @@ import numpy as np
 from ._errors import BufferFreedError, UsageError
 
 if TYPE_CHECKING:
-    from devices import Device
+    from actorgraph.devices import Device
 
 _alloc_ids = itertools.count(1)
 

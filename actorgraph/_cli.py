@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         # Report an unknown flag with the usage of the command it was given to.
         _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
-    from scheduler import ActorGraphError
+    from actorgraph.scheduler import ActorGraphError
 
     try:
         return _run(args)
@@ -172,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(found.as_json(), indent=2) if args.json else render(found))
         return 0
     if args.command == "worker":
-        from devices._wire import Limits
+        from actorgraph.devices._wire import Limits
 
         from ._worker import worker_main
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from devices import DeviceError as DeviceError
-from scheduler import ActorGraphError as ActorGraphError
-from scheduler import PlanDeadlockError as PlanDeadlockError
-from scheduler import PlanError as PlanError
-from scheduler import PlanRaceError as PlanRaceError
+from actorgraph.devices import DeviceError as DeviceError
+from actorgraph.scheduler import ActorGraphError as ActorGraphError
+from actorgraph.scheduler import PlanDeadlockError as PlanDeadlockError
+from actorgraph.scheduler import PlanError as PlanError
+from actorgraph.scheduler import PlanRaceError as PlanRaceError
 
 
 class UsageError(ActorGraphError, ValueError):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from scheduler import Plan
+from actorgraph.scheduler import Plan
 
 from . import _jit
 from ._buffer import Buffer
@@ -16,7 +16,7 @@ from ._profile import Profile, ReplayRecord, build_profile, new_records
 from ._vars import Var
 
 if TYPE_CHECKING:
-    from devices import Submission
+    from actorgraph.devices import Submission
 
     from ._program import Program
     from ._runtime import Runtime
@@ -255,7 +255,7 @@ class Graph:
                 f"{overlap}; the plan assumes distinct memory: pass separate buffers, or "
                 f"compile with aliasing='replan' to plan again for aliased inputs"
             )
-        from scheduler import build_plan
+        from actorgraph.scheduler import build_plan
 
         from ._program import Program, plan_item
 

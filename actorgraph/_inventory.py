@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-import devices as _devices
+from actorgraph import devices as _devices
 
 
 @attrs.frozen
@@ -112,7 +112,7 @@ def local_devices() -> Inventory:
     default = None
     if presets is not None:
         try:
-            costmodel = importlib.import_module("devices._costmodel")
+            costmodel = importlib.import_module("actorgraph.devices._costmodel")
             default = getattr(costmodel, "DEFAULT_PRESET", None)
         except ImportError:
             default = None

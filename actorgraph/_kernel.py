@@ -7,7 +7,7 @@ from typing import Any, Union
 
 import attrs
 
-from devices._costmodel import check_kernel_cost
+from actorgraph.devices._costmodel import check_kernel_cost
 
 from ._buffer import Buffer
 from ._errors import UsageError

@@ -13,8 +13,15 @@ from typing import Any
 import attrs
 import trio
 
-from devices import Job
-from devices._wire import CHUNK, ConnectionLostError, FrameStream, Limits, WireError, encode
+from actorgraph.devices import Job
+from actorgraph.devices._wire import (
+    CHUNK,
+    ConnectionLostError,
+    FrameStream,
+    Limits,
+    WireError,
+    encode,
+)
 
 
 class _PeerLink:

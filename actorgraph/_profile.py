@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from devices._actor import JobProfile
-from scheduler import Run, SyncDevice, Wait, WaitKick
+from actorgraph.devices._actor import JobProfile
+from actorgraph.scheduler import Run, SyncDevice, Wait, WaitKick
 
 from ._buffer import Buffer
 from ._kernel import Copy

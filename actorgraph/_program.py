@@ -10,9 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from devices import SIGNAL, WAIT, Device, Job, LaunchRequest, QueueActor, Submission
-from devices._actor import JobProfile, Op
-from scheduler import Access, ItemKind, Plan, PlanItem, Run, Signal, SyncDevice, Wait, WaitKick
+from actorgraph.devices import SIGNAL, WAIT, Device, Job, LaunchRequest, QueueActor, Submission
+from actorgraph.devices._actor import JobProfile, Op
+from actorgraph.scheduler import (
+    Access,
+    ItemKind,
+    Plan,
+    PlanItem,
+    Run,
+    Signal,
+    SyncDevice,
+    Wait,
+    WaitKick,
+)
 
 from ._buffer import Buffer
 from ._errors import UsageError

@@ -10,10 +10,17 @@ import attrs
 import numpy as np
 import trio
 
-import devices as _devices
-from devices import Device, Signal, Submission
-from devices._monitor import find_deadlock
-from scheduler import Access, ItemKind, PlanItem, QueueKind, build_plan, list_schedule_order
+from actorgraph import devices as _devices
+from actorgraph.devices import Device, Signal, Submission
+from actorgraph.devices._monitor import find_deadlock
+from actorgraph.scheduler import (
+    Access,
+    ItemKind,
+    PlanItem,
+    QueueKind,
+    build_plan,
+    list_schedule_order,
+)
 
 from . import _jit
 from ._buffer import Allocation, Buffer, _shape_of

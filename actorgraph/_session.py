@@ -14,8 +14,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import trio
 
-from devices import AWAIT, EXEC, SIGNAL, WAIT, Job, LaunchRequest, QueueActor, Signal, Submission
-from devices._wire import (
+from actorgraph.devices import (
+    AWAIT,
+    EXEC,
+    SIGNAL,
+    WAIT,
+    Job,
+    LaunchRequest,
+    QueueActor,
+    Signal,
+    Submission,
+)
+from actorgraph.devices._wire import (
     CHUNK,
     DTYPES,
     FrameStream,
@@ -27,7 +37,7 @@ from devices._wire import (
     want_list,
     want_str,
 )
-from scheduler import QueueKind
+from actorgraph.scheduler import QueueKind
 
 from ._buffer import Buffer
 from ._errors import UsageError

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from devices import SIMDevice, SimRecord
-from devices._sim import sim_op_seconds
-from scheduler import Bounds, list_schedule_order, lower_bounds
+from actorgraph.devices import SIMDevice, SimRecord
+from actorgraph.devices._sim import sim_op_seconds
+from actorgraph.scheduler import Bounds, list_schedule_order, lower_bounds
 
 from ._buffer import Buffer
 from ._errors import UsageError

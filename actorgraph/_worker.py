@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import trio
 
-from devices._wire import (
+from actorgraph.devices._wire import (
     CHUNK,
     ConnectionLostError,
     FrameStream,

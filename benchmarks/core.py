@@ -21,10 +21,11 @@ import trio
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from actorgraph.scheduler import build_plan
+
 import actorgraph as ag
 from actorgraph._program import plan_item
 from benchmarks import _workloads as wl
-from scheduler import build_plan
 
 
 async def time_replays(graph: ag.Graph, inputs, replays: int, rounds: int) -> float:

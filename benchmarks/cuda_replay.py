@@ -30,8 +30,9 @@ import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from actorgraph.scheduler import QueueKind
+
 import actorgraph as ag
-from scheduler import QueueKind
 
 INC_SRC = r"""
 extern "C" __global__ void inc_k(int *buf, int n) {

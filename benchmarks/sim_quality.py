@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import trio
 import trio.testing
+from actorgraph.scheduler import item_dependencies
 
 import actorgraph as ag
-from scheduler import item_dependencies
 
 FloatArray = np.ndarray[Any, Any]
 

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 import trio
-
-from scheduler import QueueKind
+from actorgraph.scheduler import QueueKind
 
 from ._actor import FIRST_DEVICE_OP, SIGNAL, WAIT, Job, Op
 from ._device import DeviceError

@@ -11,8 +11,7 @@ import functools
 from typing import Any
 
 import numpy as np
-
-from scheduler import QueueKind
+from actorgraph.scheduler import QueueKind
 
 from ._actor import EXEC, EXEC_THREAD, Op, QueueActor
 from ._device import Device, DeviceError, LaunchRequest

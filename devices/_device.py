@@ -7,8 +7,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import trio
-
-from scheduler import ActorGraphError, DeviceCaps, QueueKind
+from actorgraph.scheduler import ActorGraphError, DeviceCaps, QueueKind
 
 from ._actor import Op, QueueActor
 from ._signal import Signal

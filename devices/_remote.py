@@ -57,8 +57,7 @@ from typing import Any
 
 import numpy as np
 import trio
-
-from scheduler import QueueKind
+from actorgraph.scheduler import QueueKind
 
 from ._actor import AWAIT, Job, Op, QueueActor
 from ._connection import WIRE, Connection, RemoteMemory, flat_bytes

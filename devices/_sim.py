@@ -24,8 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 import trio
-
-from scheduler import DeviceCaps, QueueKind
+from actorgraph.scheduler import DeviceCaps, QueueKind
 
 from ._actor import FIRST_DEVICE_OP, Job, Op, QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model

@@ -52,7 +52,7 @@ def inc(buf: ag.Buffer) -> ag.Launch:
 def gpu_count() -> int:
     """How many GPUs the real driver sees here (0 without a GPU or driver)."""
     try:
-        from devices.cuda._real import real_driver
+        from actorgraph.devices.cuda._real import real_driver
 
         return real_driver().device_count()
     except Exception:

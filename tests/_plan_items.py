@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler import Access, ItemKind, PlanItem
+from actorgraph.scheduler import Access, ItemKind, PlanItem
 
 
 def kernel(device: str, writes: int, *reads: int) -> PlanItem:

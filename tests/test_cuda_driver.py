@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 from _cuda_kernels import INC_SRC, needs_gpus
-
-from devices.cuda import CopyKind, CudaDriver, FakeDriver
-from devices.cuda._driver import open_driver
-from devices.cuda._fake import reached
+from actorgraph.devices.cuda import CopyKind, CudaDriver, FakeDriver
+from actorgraph.devices.cuda._driver import open_driver
+from actorgraph.devices.cuda._fake import reached
 
 TIMEOUT = 30  # seconds; only reached if a contract is broken (a hang)
 

@@ -22,14 +22,14 @@ import trio.testing
 from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
 from _model import ProgramSpec, check_program, random_programs
 from _paths import ROOT, child_pythonpath
+from actorgraph.devices.cuda import CopyKind, FakeDriver
+from actorgraph.devices.cuda import _commands as C
+from actorgraph.devices.cuda._driver import CudaError
+from actorgraph.scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorgraph as ag
-from devices.cuda import CopyKind, FakeDriver
-from devices.cuda import _commands as C
-from devices.cuda._driver import CudaError
-from scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 
 SIZE = 64
 Make = Callable[[dict[str, ag.Buffer]], list[Any]]
@@ -518,7 +518,7 @@ async def test_empty_buffers_copy_as_nothing_between_gpus_and_the_host(driver: s
 _FREE_WHILE_GPU_WAITS = """
 import threading, numpy as np, trio, actorgraph as ag
 from _cuda_kernels import inc
-from devices.cuda import FakeDriver
+from actorgraph.devices.cuda import FakeDriver
 
 gate = threading.Event()
 

@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 from _cuda_kernels import INC_SRC, XOR_SRC
-
-from devices.cuda import CopyKind
-from devices.cuda._driver import CudaError
-from devices.cuda._real import RealDriver
+from actorgraph.devices.cuda import CopyKind
+from actorgraph.devices.cuda._driver import CudaError
+from actorgraph.devices.cuda._real import RealDriver
 
 cu = pytest.importorskip("cuda.bindings.driver")
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
@@ -173,7 +172,7 @@ def _calls() -> dict[str, Callable[[RealDriver], Any]]:
 
 
 def test_every_driver_method_has_a_marshalling_check() -> None:
-    from devices.cuda._driver import CudaDriver
+    from actorgraph.devices.cuda._driver import CudaDriver
 
     protocol = {name for name in vars(CudaDriver) if not name.startswith("_") and name != "name"}
     checked = {name.split()[0] for name in _calls()} | {"compile", "host_write64", "host_view"}

@@ -130,7 +130,7 @@ def test_the_test_libcuda_catches_a_kernel_reading_another_gpus_memory(shim: pat
     # is a fault, here an abort naming it. This is what lets the runs above fail.
     script = textwrap.dedent("""
         from _cuda_kernels import INC_SRC
-        from devices.cuda._real import real_driver
+        from actorgraph.devices.cuda._real import real_driver
         drv = real_driver()
         ctx0, ctx1 = drv.open_context(0), drv.open_context(1)
         drv.set_context(ctx1)

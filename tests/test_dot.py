@@ -7,8 +7,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from scheduler import Access, DeviceCaps, GraphvizError, ItemKind, Plan, PlanItem, _dot, build_plan
+from actorgraph.scheduler import (
+    Access,
+    DeviceCaps,
+    GraphvizError,
+    ItemKind,
+    Plan,
+    PlanItem,
+    _dot,
+    build_plan,
+)
 
 CAPS = {
     "CPU:0": DeviceCaps("CPU:0", "CPU", is_cpu=True),

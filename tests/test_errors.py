@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from actorgraph.devices import DEVICE_KINDS
 
 import actorgraph as ag
-from devices import DEVICE_KINDS
 
 I32 = np.int32
 N = ag.Var("n", 1, 64)

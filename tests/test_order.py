@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from _plan_items import copy, kernel
-
-from scheduler import (
+from actorgraph.scheduler import (
     DeviceCaps,
     PlanError,
     build_plan,

@@ -27,9 +27,9 @@ from _model import (
     rebind_items,
     snapshot,
 )
+from actorgraph.scheduler import Run, Wait
 
 import actorgraph as ag
-from scheduler import Run, Wait
 
 I32 = np.int32
 

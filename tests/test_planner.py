@@ -5,10 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from scheduler import (
+from actorgraph.scheduler import (
     Access,
     DeviceCaps,
     ItemKind,
@@ -25,6 +22,8 @@ from scheduler import (
     assign_queue,
     build_plan,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 CPU = {f"CPU:{i}": DeviceCaps(f"CPU:{i}", "CPU", is_cpu=True) for i in range(4)}
 # Devices with no copy queue, to check where copies go without one.

@@ -7,10 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+from actorgraph.devices._actor import QueueActor
 
 import actorgraph as ag
 from actorgraph._progress import progress
-from devices._actor import QueueActor
 
 N = 64
 XOR = ag.Kernel("xor", cpu=lambda out, a, b: np.bitwise_xor(a, b, out=out), outs=(0,), ins=(1, 2))

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from actorgraph.scheduler import Run, Wait
 
 import actorgraph as ag
 from actorgraph._program import Program
-from scheduler import Run, Wait
 
 XOR = ag.Kernel("xor", cpu=lambda out, a, b: np.bitwise_xor(a, b, out=out), outs=(0,), ins=(1, 2))
 INC = ag.Kernel("inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
@@ -301,7 +301,7 @@ async def test_timelines_cross_2_63() -> None:
 
 
 def ag_copy_kind():  # the copy queue's key, without importing the scheduler enum at module top
-    from scheduler import QueueKind
+    from actorgraph.scheduler import QueueKind
 
     return QueueKind.COPY
 

@@ -21,12 +21,12 @@ import pytest
 import trio
 import trio.testing
 from _paths import child_pythonpath
+from actorgraph.devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
 from hypothesis import given
 from hypothesis import strategies as st
 
 import actorgraph as ag
-import devices
-from devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
+from actorgraph import devices
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import ADD, INC, SCALE, SLEEPY, XOR

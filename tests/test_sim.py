@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from actorgraph.devices import SIMDevice
+from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
 
 import actorgraph as ag
 from benchmarks import sim_quality
-from devices import SIMDevice
-from scheduler import QueueId, QueueKind
 
 ADD = ag.Kernel("add", cpu=lambda out, a, b: np.add(a, b, out=out), outs=(0,), ins=(1, 2))
 XOR = ag.Kernel("xor", cpu=lambda out, a, b: np.bitwise_xor(a, b, out=out), outs=(0,), ins=(1, 2))
@@ -374,7 +374,7 @@ async def test_mixed_sim_and_cpu_graph(autojump_clock: trio.testing.MockClock) -
 
 
 def test_planner_puts_device_to_host_copies_on_the_device_copy_engine() -> None:
-    from scheduler import Access, DeviceCaps, ItemKind, PlanItem, assign_queue
+    from actorgraph.scheduler import Access, DeviceCaps, ItemKind, PlanItem, assign_queue
 
     caps = {
         "CPU:0": DeviceCaps("CPU:0", "CPU", is_cpu=True),
@@ -514,7 +514,7 @@ async def test_a_failing_kernel_on_sim_names_item_and_queue(
 
 
 def test_sim_is_a_device_kind() -> None:
-    from devices import DEVICE_KINDS, DeviceError, parse_device_name
+    from actorgraph.devices import DEVICE_KINDS, DeviceError, parse_device_name
 
     assert DEVICE_KINDS["SIM"] is SIMDevice
     assert parse_device_name("SIM:7") == ("SIM", 7)

@@ -6,8 +6,7 @@ import re
 
 import attrs
 import pytest
-
-from scheduler import (
+from actorgraph.scheduler import (
     Access,
     DeviceCaps,
     ItemKind,

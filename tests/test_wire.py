@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from actorgraph.devices._wire import (
+    HEADER,
+    Limits,
+    WireError,
+    decode_frame,
+    encode,
+    want_int,
+    want_list,
+)
 from hypothesis import given
 from hypothesis import strategies as st
-
-from devices._wire import HEADER, Limits, WireError, decode_frame, encode, want_int, want_list
 
 LIMITS = Limits(max_meta=1 << 12, max_tail=1 << 12)
 

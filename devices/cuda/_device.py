@@ -24,8 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 import trio
-
-from scheduler import QueueKind
+from actorgraph.scheduler import QueueKind
 
 from .._actor import Op
 from .._device import Device, DeviceError, LaunchRequest

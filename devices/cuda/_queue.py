@@ -48,8 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
-
-from devices._actor import (
+from actorgraph.devices._actor import (
     FIRST_DEVICE_OP,
     SIGNAL,
     WAIT,
@@ -58,7 +57,7 @@ from devices._actor import (
     QueueActor,
     Submission,
 )
-from devices._signal import Signal
+from actorgraph.devices._signal import Signal
 
 from . import _commands as C
 from ._driver import CudaDriver, CudaError

@@ -32,7 +32,10 @@ def real_driver() -> RealDriver:
         from cuda.bindings import driver as cu  # type: ignore[import-untyped]
         from cuda.bindings import nvrtc
     except ImportError as exc:
-        raise DriverUnavailable(f"cuda-python is not installed ({exc})") from exc
+        raise DriverUnavailable(
+            f"cuda-python is not installed ({exc}); install the cuda extra: "
+            "pip install 'actorgraph[cuda]'"
+        ) from exc
     try:
         result = cu.cuInit(0)
     except Exception as exc:  # the driver library itself is missing
