@@ -32,6 +32,7 @@ from ._errors import (
     UsageError,
 )
 from ._graph import Graph, check_var_vals
+from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._profile import Profile, ReplayRecord, build_profile
@@ -550,19 +551,25 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     remote_timeout (seconds to connect to a worker, default 10).
     """
     runtime = Runtime(devices, **options)
-    start_error: _devices.DeviceError | None = None
-    async with trio.open_nursery() as nursery:
-        try:
+    single: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
             try:
                 await runtime._start(nursery)
-            except _devices.DeviceError as exc:
-                start_error = exc  # raised below as is, not wrapped in the nursery's group
-            else:
                 _log.debug("runtime open on %s", ", ".join(runtime.devices))
                 yield runtime
+            finally:
+                runtime._close()
+                _log.debug("runtime on %s closed", ", ".join(runtime.devices))
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # One error (the block's own, or one actor's) comes out as itself; several stay a
+        # group. Raised below, outside this handler, so its context stays its own.
+        single = sole_exception(group)
+        if single is None:
+            raise
+    if single is not None:
+        try:
+            raise single
         finally:
-            runtime._close()
-            _log.debug("runtime on %s closed", ", ".join(runtime.devices))
-            nursery.cancel_scope.cancel()
-    if start_error is not None:
-        raise start_error
+            single = None  # no reference cycle through this frame

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+import trio
 from actorgraph.devices import DEVICE_KINDS
 
 import actorgraph as ag
@@ -465,3 +467,66 @@ def test_every_error_shares_one_base() -> None:
                   ag.UsageError, ag.InputError, ag.VarError, ag.BufferFreedError,
                   ag.ClosedError, ag.ItemError, ag.DeadlockError):
         assert issubclass(error, ag.ActorGraphError), error
+
+
+# -- errors leaving `async with open_runtime(...)` -------------------------------------------
+
+
+async def test_an_error_in_the_block_comes_out_as_itself() -> None:
+    # The runtime's nursery wraps what leaves it in an ExceptionGroup; one error must not be.
+    with raises(ag.UsageError, "device 'CPU:7' is not open in this runtime") as info:
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            rt.alloc("CPU:7", 4, I32)
+    assert type(info.value) is ag.UsageError
+    assert not isinstance(info.value.__context__, BaseExceptionGroup)  # no group in front
+    # Its traceback still reaches down from the block into the call that raised.
+    assert 'rt.alloc("CPU:7", 4, I32)' in "".join(traceback.format_tb(info.value.__traceback__))
+    try:
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            await rt.copyin(rt.alloc("CPU:0", 4, I32), np.zeros(5, I32))
+    except ag.UsageError as error:  # the habit the library must support
+        assert str(error).startswith("copyin: array has 5 elements but <Buffer CPU:0 4 int32")
+    else:
+        raise AssertionError("copyin of the wrong size did not raise")
+
+
+async def test_an_error_with_a_cause_keeps_it() -> None:
+    with raises(ag.ItemError, "item 0 (boom) on CPU:0/compute raised ValueError") as info:
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            boom = Boom()
+            (a, b) = bufs(rt, 2)
+            await rt.run([ag.Launch(ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,)), [b, a])])
+    assert info.value.__cause__ is boom.error
+
+
+async def test_one_failure_inside_the_runtime_comes_out_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken_monitor(self: ag.Runtime) -> None:
+        await trio.sleep(0)
+        raise RuntimeError("the monitor broke")
+
+    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    with trio.fail_after(10), raises(RuntimeError, "the monitor broke"):
+        async with ag.open_runtime(["CPU:0"]):
+            await trio.sleep_forever()  # cancelled by the failure, which alone comes out
+
+
+async def test_several_failures_stay_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken_monitor(self: ag.Runtime) -> None:
+        await trio.sleep(0)
+        raise RuntimeError("the monitor broke")
+
+    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as info:
+        async with ag.open_runtime(["CPU:0"]):
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise ag.UsageError("the block failed too")
+    kinds = sorted(type(e).__name__ for e in info.value.exceptions)
+    assert kinds == ["RuntimeError", "UsageError"]
+
+
+async def test_a_device_that_cannot_open_comes_out_as_itself() -> None:
+    with raises(ag.DeviceError, "unknown device name 'GPU:0'"):
+        async with ag.open_runtime(["GPU:0"]):
+            pass  # pragma: no cover
