@@ -15,3 +15,20 @@ async def test_graph_matches_eager_across_two_devices() -> None:
         graph.plan.verify()
         await graph([a, b])
         np.testing.assert_array_equal(await rt.copyout(d), np.arange(64, dtype=np.int32) ^ 5)
+
+
+async def test_alloc_counts_elements_starts_zeroed_and_views_count_elements(
+    autojump_clock: object,
+) -> None:
+    # What README.md's Concepts section promises about sizes, zeroing and views.
+    async with ag.open_runtime(["CPU:0", "SIM:0"]) as rt:
+        for device in rt.devices:
+            buf = rt.alloc(device, (4, 8), np.int16)
+            assert (buf.size, buf.nbytes) == (32, 64)
+            np.testing.assert_array_equal(await rt.copyout(buf), np.zeros((4, 8), np.int16))
+        base = rt.alloc("CPU:0", 16, np.int32)
+        await rt.copyin(base, np.arange(16, dtype=np.int32))
+        view = base.view(4, 3)
+        assert (view.size, view.nbytes) == (3, 12)
+        np.testing.assert_array_equal(await rt.copyout(view), [4, 5, 6])
+        np.testing.assert_array_equal(await rt.copyout(base.view(2, shape=(2, 2))), [[2, 3], [4, 5]])

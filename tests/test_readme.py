@@ -1,0 +1,239 @@
+"""Every Python block of README.md runs here, so the README cannot drift from the code.
+
+Each ```python block is one test, named by its section and line. It runs as a program of
+its own: a fresh namespace, `__name__ == "__main__"`, in a fresh temporary folder (files
+it writes land there). No block is skipped: a block that cannot run fails its test.
+
+A block may need something set up that the README shows elsewhere (a worker the user
+starts from the shell, the fake CUDA driver). An HTML comment right above the block says
+so; GitHub does not show it. The forms:
+
+    <!-- readme-test: notebook -->
+        The block is notebook cells: top-level `await` runs on an asyncio loop, as it does
+        in Jupyter (compiled with PyCF_ALLOW_TOP_LEVEL_AWAIT, as IPython does).
+    <!-- readme-test: env NAME=VALUE -->
+        Run the block with this environment variable set.
+    <!-- readme-test: worker DEVICES PORT -->
+        Do what the README's `actorgraph worker` shell block does: write the file `token`
+        in the block's folder and start a worker for DEVICES on loopback with it. The
+        worker takes a free port; PORT where the block names it becomes that port.
+    <!-- readme-test: pytest -->
+        The block is a user's test module: it is written to a fresh folder and run with
+        pytest in a new process (plugins found as installed), which must pass.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import os
+import re
+import select
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from _paths import ROOT, child_pythonpath
+
+README = ROOT / "README.md"
+GUARD = 120  # seconds: a hang guard for a block run in a child process
+TOKEN_TEXT = "some-long-random-secret\n"  # what the README's worker block writes
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[ \t]*$")
+_DIRECTIVE = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<body>.*?)\s*-->\s*$")
+_KINDS = {"notebook", "env", "worker", "pytest"}
+
+
+@attrs.frozen
+class Block:
+    """One ```python block of README.md and how the tests run it."""
+
+    line: int  # of the opening fence, 1-based
+    section: str
+    source: str
+    directives: tuple[tuple[str, tuple[str, ...]], ...]
+
+    @property
+    def name(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.section.lower()).strip("-") or "top"
+        return f"{slug}-line{self.line}"
+
+    def options(self, kind: str) -> list[tuple[str, ...]]:
+        return [args for k, args in self.directives if k == kind]
+
+
+def parse_blocks(text: str) -> list[Block]:
+    """The ```python blocks of a markdown text, with the directives above them.
+
+    Raises ValueError on an unclosed fence or a directive that is not understood, so a
+    typo cannot make a block run without the set-up it asked for.
+    """
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    section = ""
+    pending: list[tuple[str, tuple[str, ...]]] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        directive = _DIRECTIVE.match(line)
+        fence = _FENCE.match(line)
+        if directive:
+            words = directive.group("body").split()
+            if not words or words[0] not in _KINDS:
+                raise ValueError(
+                    f"README.md line {i + 1}: unknown readme-test directive {line.strip()!r}; "
+                    f"the kinds are {sorted(_KINDS)}"
+                )
+            pending.append((words[0], tuple(words[1:])))
+        elif fence:
+            indent, lang = fence.group("indent"), fence.group("lang")
+            start = i
+            body: list[str] = []
+            i += 1
+            while i < len(lines) and lines[i].strip() != "```":
+                body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i])
+                i += 1
+            if i == len(lines):
+                raise ValueError(f"README.md line {start + 1}: the ``` fence is never closed")
+            if lang in ("python", "py"):
+                blocks.append(Block(start + 1, section, "\n".join(body) + "\n", tuple(pending)))
+            elif pending:
+                raise ValueError(
+                    f"README.md line {start + 1}: a readme-test directive sits above a "
+                    f"{lang or 'plain'} block; only python blocks run"
+                )
+            pending = []
+        elif line.startswith("#"):
+            section = line.lstrip("#").strip()
+        elif line.strip() and pending:
+            raise ValueError(
+                f"README.md line {i + 1}: a readme-test directive must sit right above its "
+                f"```python block"
+            )
+        i += 1
+    return blocks
+
+
+BLOCKS = parse_blocks(README.read_text())
+
+
+# -- the parser itself --
+
+
+def test_every_python_block_is_collected() -> None:
+    # Counted a second, cruder way, so a parser slip cannot hide a block.
+    opening = re.findall(r"^[ \t]*```(?:python|py)[ \t]*$", README.read_text(), re.MULTILINE)
+    assert len(BLOCKS) == len(opening) > 0
+
+
+def test_parser_reads_directives_and_indented_blocks() -> None:
+    text = (
+        "# Top\n\n<!-- readme-test: env A=1 -->\n<!-- readme-test: notebook -->\n"
+        "```python\nx = 1\n```\n\n## Next\n\n- item\n\n  ```python\n  y = 2\n  ```\n"
+        "```bash\necho\n```\n"
+    )
+    first, second = parse_blocks(text)
+    assert first == Block(5, "Top", "x = 1\n", (("env", ("A=1",)), ("notebook", ())))
+    assert second.source == "y = 2\n" and second.section == "Next" and second.line == 13
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<!-- readme-test: notbook -->\n```python\n```\n", r"unknown readme-test directive"),
+        ("<!-- readme-test: notebook -->\n```bash\n```\n", r"only python blocks run"),
+        ("<!-- readme-test: notebook -->\ntext\n```python\n```\n", r"right above"),
+        ("```python\nx = 1\n", r"never closed"),
+    ],
+)
+def test_parser_refuses_what_it_cannot_honour(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_blocks(text)
+
+
+# -- running the blocks --
+
+
+class _Worker:
+    """`actorgraph worker` on loopback, as the README's shell block starts it."""
+
+    def __init__(self, devices: str, token_file: Path) -> None:
+        cmd = [sys.executable, "-m", "actorgraph", "worker", "--port", "0"]
+        cmd += ["--devices", devices, "--token-file", str(token_file)]
+        env = dict(os.environ, PYTHONPATH=child_pythonpath())
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], GUARD)
+        line = self.proc.stdout.readline() if ready else ""
+        match = re.search(r"listening on \S+:(\d+)", line)
+        if match is None:
+            self.stop()
+            raise RuntimeError(f"the worker did not start: {line!r}")
+        self.port = int(match.group(1))
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _run_notebook(code: str, namespace: dict[str, object]) -> None:
+    compiled = compile(code, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+    async def cells() -> None:
+        result = eval(compiled, namespace)  # a coroutine where the code awaits at top level
+        if inspect.iscoroutine(result):
+            await result
+
+    asyncio.run(cells())
+
+
+def _run_pytest(code: str, folder: Path) -> None:
+    (folder / "test_readme_example.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_readme_example.py"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GUARD,
+    )
+    assert done.returncode == 0, f"the README's test module failed:\n{done.stdout}\n{done.stderr}"
+    assert re.search(r"\d+ passed", done.stdout) and "skipped" not in done.stdout, done.stdout
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+def test_readme_block(block: Block, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code = block.source
+    for (assignment,) in block.options("env"):
+        name, _, value = assignment.partition("=")
+        monkeypatch.setenv(name, value)
+    workers = []
+    try:
+        for devices, port in block.options("worker"):
+            token = in_tmp / "token"
+            token.write_text(TOKEN_TEXT)
+            worker = _Worker(devices, token)
+            workers.append(worker)
+            code = code.replace(f"127.0.0.1:{port}", f"127.0.0.1:{worker.port}")
+        namespace: dict[str, object] = {"__name__": "__main__"}
+        padded = "\n" * block.line + code  # tracebacks give README.md's own line numbers
+        if block.options("pytest"):
+            _run_pytest(code, in_tmp)
+        elif block.options("notebook"):
+            _run_notebook(padded, namespace)
+        else:
+            exec(compile(padded, "README.md", "exec"), namespace)
+    finally:
+        for worker in workers:
+            worker.stop()
