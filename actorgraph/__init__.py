@@ -25,6 +25,7 @@ from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
 from ._errors import UsageError as UsageError
 from ._errors import VarError as VarError
+from ._foreign import ExternalTimeline as ExternalTimeline
 from ._graph import Graph as Graph
 from ._graph import Replay as Replay
 from ._inventory import Inventory as Inventory
@@ -72,6 +73,7 @@ __all__ = [
     "DeviceError",
     "EventKind",
     "Expr",
+    "ExternalTimeline",
     "Graph",
     "InputError",
     "Inventory",

@@ -27,6 +27,16 @@ class Allocation:
     memory: Any
     uid: int = attrs.field(factory=lambda: next(_alloc_ids))
     freed: bool = False
+    # Memory actorgraph did not allocate (rt.wrap): every wrapper on one device shares
+    # that device's address-space `uid`, and byte ranges are absolute addresses, so two
+    # wrappers of one region are seen to overlap. `owner` keeps the exporter alive.
+    address: int = 0
+    foreign: bool = False
+    owner: Any = None
+
+
+def new_alloc_id() -> int:
+    return next(_alloc_ids)
 
 
 def _shape_of(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -77,8 +87,23 @@ class Buffer:
 
     @property
     def byte_range(self) -> tuple[int, int]:
-        start = self.offset * self.dtype.itemsize
+        """Bytes from the start of the allocation (absolute addresses for rt.wrap memory)."""
+        start = self._alloc.address + self.offset * self.dtype.itemsize
         return start, start + self.nbytes
+
+    @property
+    def foreign(self) -> bool:
+        """True for memory actorgraph did not allocate (made by rt.wrap)."""
+        return self._alloc.foreign
+
+    @property
+    def address(self) -> int:
+        """The host address of this buffer's first byte (host-visible devices only)."""
+        memory = self._alloc.memory
+        if not isinstance(memory, np.ndarray):
+            self.check_live("address of ")
+            raise UsageError(f"{self!r} is not in host-visible memory, so it has no host address")
+        return int(memory.ctypes.data) + self.offset * self.dtype.itemsize
 
     def __repr__(self) -> str:
         dims = "x".join(map(str, self.shape))
@@ -92,9 +117,24 @@ class Buffer:
                 f"{what}{self!r} was freed; allocate a new buffer with rt.alloc(...) instead"
             )
 
-    def view(self, offset: int = 0, size: int | None = None, shape: Any = None) -> Buffer:
-        """A view of `size` elements (or `shape`) starting `offset` elements into this buffer."""
+    def view(
+        self,
+        offset: int = 0,
+        size: int | None = None,
+        shape: Any = None,
+        *,
+        dtype: Any = None,
+        byte_offset: int | None = None,
+    ) -> Buffer:
+        """A view of `size` elements (or `shape`) starting `offset` elements into this buffer.
+
+        With `dtype=` and/or `byte_offset=`, the view has its own dtype and starts
+        `byte_offset` bytes into this buffer (a multiple of the view's itemsize from the
+        start of the allocation); its size defaults to the rest of this buffer.
+        """
         self.check_live("view of ")
+        if dtype is not None or byte_offset is not None:
+            return self._view_bytes(offset, size, shape, dtype, byte_offset)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise UsageError(f"view offset must be an int >= 0, got {offset!r}")
         if shape is None:
@@ -117,14 +157,58 @@ class Buffer:
             base=self.base,
         )
 
+    def _view_bytes(
+        self, offset: int, size: int | None, shape: Any, dtype: Any, byte_offset: int | None
+    ) -> Buffer:
+        try:
+            dt = self.dtype if dtype is None else np.dtype(dtype)
+        except TypeError:
+            raise UsageError(f"view dtype {dtype!r} is not a numpy dtype") from None
+        if byte_offset is None:
+            byte_offset = offset * self.dtype.itemsize
+        elif offset:
+            raise UsageError("give a view either offset= (elements) or byte_offset=, not both")
+        if isinstance(byte_offset, bool) or not isinstance(byte_offset, int) or byte_offset < 0:
+            raise UsageError(f"view byte_offset must be an int >= 0, got {byte_offset!r}")
+        itemsize = dt.itemsize
+        start = self.offset * self.dtype.itemsize + byte_offset  # from the allocation's start
+        if start % itemsize:
+            raise UsageError(
+                f"a {dt.name} view must start at a multiple of {itemsize} bytes into the "
+                f"allocation; byte_offset={byte_offset} into {self!r} starts at byte {start}"
+            )
+        if shape is None:
+            shape = max(self.nbytes - byte_offset, 0) // itemsize if size is None else size
+        dims = _shape_of(shape)
+        count = math.prod(dims)
+        if size is not None and count != size:
+            raise UsageError(f"view size={size} does not match shape={dims}")
+        if byte_offset + count * itemsize > self.nbytes:
+            raise UsageError(
+                f"view(byte_offset={byte_offset}, {count} x {dt.name}) of {self!r} runs past "
+                f"its end ({byte_offset + count * itemsize} > {self.nbytes} bytes); shrink "
+                f"the view or its offset"
+            )
+        return Buffer(
+            device=self.device,
+            shape=dims,
+            dtype=dt,
+            offset=start // itemsize,
+            alloc=self._alloc,
+            base=self.base,
+        )
+
     def rebased(self, old_root: Buffer, new_root: Buffer) -> Buffer:
         """This buffer's region, moved from `old_root` onto `new_root` (same layout)."""
         if self is old_root:
             return new_root
-        return new_root.view(offset=self.offset - old_root.offset, shape=self.shape)
+        if self.dtype == new_root.dtype == old_root.dtype:
+            return new_root.view(offset=self.offset - old_root.offset, shape=self.shape)
+        delta = self.byte_range[0] - old_root.byte_range[0]
+        return new_root.view(byte_offset=delta, dtype=self.dtype, shape=self.shape)
 
     def overlaps(self, other: Buffer) -> bool:
-        if self._alloc is not other._alloc:
+        if self._alloc.uid != other._alloc.uid:
             return False
         a0, a1 = self.byte_range
         b0, b1 = other.byte_range
@@ -132,7 +216,7 @@ class Buffer:
 
     def within(self, other: Buffer) -> bool:
         """True if this buffer's bytes lie inside `other`'s."""
-        if self._alloc is not other._alloc:
+        if self._alloc.uid != other._alloc.uid:
             return False
         a0, a1 = self.byte_range
         b0, b1 = other.byte_range
@@ -144,8 +228,13 @@ class Buffer:
             return self._host  # type: ignore[no-any-return]
         memory = self._alloc.memory
         if not isinstance(memory, np.ndarray):
+            self.check_live()
             raise UsageError(f"{self!r} is not in host-visible memory; use rt.copyout()")
-        flat = memory[self.offset : self.offset + self.size]
+        if memory.dtype != self.dtype:  # a view with its own dtype: through the bytes
+            start = self.offset * self.dtype.itemsize
+            flat = memory.view(np.uint8)[start : start + self.nbytes].view(self.dtype)
+        else:
+            flat = memory[self.offset : self.offset + self.size]
         view = flat if len(self.shape) == 1 else flat.reshape(self.shape)
         object.__setattr__(self, "_host", view)
         return view

@@ -6,12 +6,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
 from actorgraph.scheduler import Plan
 
 from . import _jit
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, VarError
+from ._foreign import TimelinePoints, check_points
 from ._profile import Profile, ReplayRecord, build_profile, new_records
 from ._vars import Var
 
@@ -40,6 +42,31 @@ def check_var_vals(
 
 
 _BOUND_CACHE = 8
+
+
+def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
+    """Advance external timelines once `sub` is complete, failed or not."""
+
+    def advance() -> None:
+        for timeline, value in then:
+            try:
+                timeline.advance(value)
+            except Exception as error:  # the other runtime's problem: report, go on
+                from ._log import logger
+
+                logger.error("could not advance timeline %s to %d: %s", timeline.name, value, error)
+
+    if sub.done.is_set():
+        advance()
+        return
+    chained = sub.on_done
+
+    def on_done(done: Submission) -> None:
+        if chained is not None:
+            chained(done)
+        advance()
+
+    sub.on_done = on_done
 
 
 class Replay:
@@ -160,6 +187,8 @@ class Graph:
         var_vals: Mapping[Var, int] | None = None,
         *,
         profile: bool | None = None,
+        after: TimelinePoints = (),
+        then: TimelinePoints = (),
     ) -> None:
         """Replay with these inputs and var values; return when the replay is complete.
 
@@ -167,8 +196,10 @@ class Graph:
         `rt.profile()`); None follows `open_runtime(..., profile=...)`.
         Cancelling the call before the replay is submitted submits nothing; cancelling it
         after abandons only the waiting: the replay completes in order on the devices.
+        `after=[(timeline, v)]` starts the replay only once that ag.ExternalTimeline has
+        reached v; `then=[(timeline, w)]` advances it to w when the replay is complete.
         """
-        replay = await self.submit(inputs, var_vals, profile=profile)
+        replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
         await replay.wait()
 
     async def submit(
@@ -177,19 +208,60 @@ class Graph:
         var_vals: Mapping[Var, int] | None = None,
         *,
         profile: bool | None = None,
+        after: TimelinePoints = (),
+        then: TimelinePoints = (),
     ) -> Replay:
         """Submit a replay without waiting for it; blocks only while the runtime's
-        in-flight window (`max_in_flight`) is full. Replays complete in submission order."""
+        in-flight window (`max_in_flight`) is full, or (on a worker thread) until the
+        external timelines in `after` are reached. Replays complete in submission order."""
         _jit.check_graph_call()
         program, ops = self._bind(inputs, var_vals)
+        waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
+        then = check_points(then, "then")
         runtime = self._runtime
         await runtime._admit()
+        for timeline, value in waits:
+            await trio.to_thread.run_sync(timeline.wait_for, value)
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+        return self._post(program, ops, inputs, profile, then)
+
+    def submit_nowait(
+        self,
+        inputs: Sequence[Buffer] = (),
+        var_vals: Mapping[Var, int] | None = None,
+        *,
+        profile: bool | None = None,
+        after: TimelinePoints = (),
+        then: TimelinePoints = (),
+    ) -> Replay:
+        """`submit` that never blocks: raises trio.WouldBlock (submitting nothing) when the
+        in-flight window is full or a timeline in `after` is not reached yet."""
+        _jit.check_graph_call()
+        program, ops = self._bind(inputs, var_vals)
+        then = check_points(then, "then")
+        for timeline, value in check_points(after, "after"):
+            if not timeline.reached(value):
+                raise trio.WouldBlock
+        runtime = self._runtime
+        runtime.check_open()
+        if len(runtime._pending) >= runtime.max_in_flight:
+            raise trio.WouldBlock
+        if self._closed:
+            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+        return self._post(program, ops, inputs, profile, then)
+
+    def _post(
+        self, program: Program, ops: Any, inputs: Sequence[Buffer], profile: bool | None,
+        then: TimelinePoints,
+    ) -> Replay:
+        runtime = self._runtime
         if profile or (profile is None and runtime.profiling):
             sub = self._submit_profiled(program, ops, inputs)
         else:
             sub = program.submit(ops)
+        if then:
+            _advance_when_done(sub, then)
         self.replays += 1
         runtime.replays += 1
         return Replay(self, program, sub, self.replays)
@@ -299,7 +371,14 @@ class Graph:
                     f"input {i} has dtype {new.dtype} but the graph was compiled for "
                     f"{old.dtype}"
                 )
-            if new.shape != old.shape:
+            limit = self._program.max_sizes.get(i)
+            if limit is not None:
+                if new.size > limit:
+                    raise InputError(
+                        f"input {i} holds {new.size} elements but the graph was compiled "
+                        f"for at most {limit} (max_sizes); compile with a larger maximum"
+                    )
+            elif new.shape != old.shape:
                 raise InputError(
                     f"input {i} has shape {new.shape} but the graph was compiled for "
                     f"{old.shape}"

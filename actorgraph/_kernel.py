@@ -35,7 +35,9 @@ class Kernel:
 
     `outs` are the buffer slots it writes, `ins` the slots it reads (a slot may be in
     both). `cpu` is called as fn(*numpy_views, *var_values) (plus global_size= and
-    local_size= keywords when pass_dims=True); `cuda` is CUDA C source whose entry point
+    local_size= keywords when pass_dims=True); with cpu_args="addresses" it gets each
+    buffer's host address (an int) instead of a numpy view, for compiled code (a ctypes
+    function, say) that takes pointers; `cuda` is CUDA C source whose entry point
     is `name`. `cost` tells simulated devices how long a launch takes: seconds, a
     Work(flops=..., nbytes=...), or fn(buffer_nbytes, var_values) -> either.
     """
@@ -47,10 +49,16 @@ class Kernel:
     ins: tuple[int, ...] = attrs.field(default=(), converter=_ins)
     cost: Any = None
     pass_dims: bool = False
+    cpu_args: str = "arrays"
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise UsageError(f"Kernel name must be an identifier, got {self.name!r}")
+        if self.cpu_args not in ("arrays", "addresses"):
+            raise UsageError(
+                f"Kernel {self.name!r}: cpu_args is 'arrays' (numpy views) or 'addresses' "
+                f"(host addresses as ints), got {self.cpu_args!r}"
+            )
         if self.cpu is None and self.cuda is None:
             raise UsageError(
                 f"Kernel {self.name!r} has no body; give cpu=fn and/or cuda=SOURCE"

@@ -36,10 +36,14 @@ if TYPE_CHECKING:
 _new_request = tuple.__new__
 
 
-def plan_item(item: Item) -> PlanItem:
+def plan_item(item: Item, widen: Mapping[int, int] | None = None) -> PlanItem:
+    """The planner's view of an item. `widen` maps id(buffer) -> bytes for inputs that may
+    grow up to that size per call: their accesses cover it all."""
     accesses = []
     for buf, write in item.reads_writes():
         start, stop = buf.byte_range
+        if widen and id(buf) in widen:
+            stop = max(stop, start + widen[id(buf)])
         accesses.append(Access(buf.device, buf.alloc_id, start, stop, write))
     if isinstance(item, Launch):
         return PlanItem(item.label, ItemKind.EXEC, item.device, tuple(accesses))
@@ -87,6 +91,8 @@ class Program:
         self.items = tuple(items)
         self.inputs = tuple(inputs)
         self.plan = plan
+        # Inputs that may vary in size per call: input index -> most elements.
+        self.max_sizes: dict[int, int] = {}
         # The number a user knows item j by (its place in the list they gave): items
         # are reordered by compile(order="cost"), and eager items are planned one by one.
         self.item_numbers = (

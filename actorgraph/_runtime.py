@@ -31,6 +31,7 @@ from ._errors import (
     ItemError,
     UsageError,
 )
+from ._foreign import space_uid, wrap_memory
 from ._graph import Graph, check_var_vals
 from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
@@ -109,6 +110,8 @@ class Runtime:
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
+        # Per device: the address space every rt.wrap(...) buffer on it shares.
+        self._foreign_spaces: dict[str, int] = {}
 
     # -- lifecycle --
 
@@ -191,6 +194,30 @@ class Runtime:
         alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=dev.allocate(nelems, dt))
         return Buffer(device=device, shape=dims, dtype=dt, offset=0, alloc=alloc)
 
+    def wrap(
+        self,
+        device: str,
+        source: Any,
+        *,
+        nbytes: int | None = None,
+        dtype: Any = np.uint8,
+        shape: int | tuple[int, ...] | None = None,
+    ) -> Buffer:
+        """A Buffer over host memory actorgraph did not allocate, on a CPU device.
+
+        `source` is an address (with `nbytes=`), or an object exporting host memory through
+        `__dlpack__` or the buffer protocol (kept alive by the Buffer). Buffers made by
+        wrap compare by address: two wrappers of overlapping memory alias, so the planner
+        orders items that use them. `rt.free(buf)` forgets the wrapper; the memory stays
+        its owner's, who must keep it alive while work that uses it may run.
+        """
+        self.check_open()
+        dev = self.device(device)
+        uid = self._foreign_spaces.get(device)
+        if uid is None:
+            uid = self._foreign_spaces[device] = space_uid()
+        return wrap_memory(dev, uid, source, nbytes, dtype, shape)
+
     def free(self, buffer: Buffer) -> None:
         """Release a base buffer's memory; later use of it or its views is an error."""
         if not isinstance(buffer, Buffer):
@@ -201,7 +228,10 @@ class Runtime:
         alloc = buffer._alloc
         alloc.freed = True
         memory, alloc.memory = alloc.memory, None
-        self.frees += 1  # graphs re-check their buffers' liveness when this moves
+        self.frees += 1
+        if alloc.foreign:
+            alloc.owner = None  # the memory is its owner's: nothing goes back to the device
+            return  # graphs re-check their buffers' liveness when this moves
         # Work submitted before may still use the memory (no later work can): the device
         # gets it back once that work is done. Never wait for it here, on the trio thread
         # that the work itself may need.
@@ -459,6 +489,7 @@ class Runtime:
         aliasing: str = "refuse",
         order: str = "jit",
         var_vals: Mapping[Any, int] | None = None,
+        max_sizes: Sequence[int | None] | None = None,
     ) -> Graph:
         """Plan `items` once; the Graph replays them with new inputs and var values.
 
@@ -468,6 +499,10 @@ class Runtime:
         late while later work of its own is ready. Items that touch the same bytes keep
         their order, so results are the same; errors still name items by their place in
         `items`. Graphs with Vars need `var_vals=` to estimate costs.
+
+        max_sizes=[n0, None, ...] (one per input) lets input i be any buffer of its dtype
+        and device with at most n_i elements on each call (None: the captured shape only);
+        the plan orders the items that use it as if it always held n_i elements.
         """
         self.check_open()
         if order not in ("jit", "cost"):
@@ -486,22 +521,27 @@ class Runtime:
                         f"inputs {j} and {i} share memory ({other!r} and {buf!r}); the plan "
                         f"assumes distinct inputs: pass separate buffers"
                     )
-        plan = build_plan([plan_item(item) for item in checked], self.caps)
+        limits = check_max_sizes(inputs, max_sizes)
+        widen = {id(inputs[i]): n * inputs[i].dtype.itemsize for i, n in limits.items()}
+        plan = build_plan([plan_item(item, widen) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
         await self._build_kernels(checked)
         program = Program(self, checked, inputs, plan)
         if order == "cost":
-            program = self._cost_ordered(program, var_vals)
+            program = self._cost_ordered(program, var_vals, widen)
             if self.verify_plans if verify is None else verify:
                 program.plan.verify()
         _log.debug(
             "compiled %d items onto %d queues with %d cross-queue waits",
             len(checked), len(program.plan.queues), program.plan.wait_count,
         )
+        program.max_sizes = limits
         return Graph(self, program, aliasing=aliasing)
 
-    def _cost_ordered(self, program: Program, var_vals: Mapping[Any, int] | None) -> Program:
+    def _cost_ordered(
+        self, program: Program, var_vals: Mapping[Any, int] | None, widen: Mapping[int, int]
+    ) -> Program:
         values = check_var_vals(program.free_vars, var_vals, "compile(order='cost')")
         ops = program.bind(program.inputs, values)
         durations = []
@@ -510,8 +550,39 @@ class Runtime:
             durations.append(self.device(program.plan.queues[qi].device).estimate_seconds(ops[qi][pos]))
         order = list_schedule_order(program.plan, durations)
         items = [program.items[j] for j in order]
-        plan = build_plan([plan_item(item) for item in items], self.caps)
+        plan = build_plan([plan_item(item, widen) for item in items], self.caps)
         return Program(self, items, program.inputs, plan, item_numbers=order)
+
+
+def check_max_sizes(
+    inputs: Sequence[Buffer], max_sizes: Sequence[int | None] | None
+) -> dict[int, int]:
+    if max_sizes is None:
+        return {}
+    limits = list(max_sizes)
+    if len(limits) != len(inputs):
+        raise UsageError(
+            f"max_sizes has {len(limits)} entries for {len(inputs)} inputs; give one per "
+            f"input (None for an input of fixed shape)"
+        )
+    out: dict[int, int] = {}
+    for i, limit in enumerate(limits):
+        if limit is None:
+            continue
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise UsageError(f"max_sizes[{i}] must be an int >= 1 or None, got {limit!r}")
+        if inputs[i].is_view:
+            raise UsageError(
+                f"max_sizes[{i}]: input {i} {inputs[i]!r} is a view; only a base buffer may "
+                f"vary in size"
+            )
+        if inputs[i].size > limit:
+            raise UsageError(
+                f"max_sizes[{i}]={limit} but input {i} {inputs[i]!r} already holds "
+                f"{inputs[i].size} elements; declare a maximum at least that large"
+            )
+        out[i] = limit
+    return out
 
 
 def raise_failure(program: Program, sub: Submission) -> None:

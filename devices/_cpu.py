@@ -30,7 +30,10 @@ def host_launch_call(device: Device, launch: LaunchRequest) -> tuple[Any, tuple[
         )
     if kernel.pass_dims:
         fn = functools.partial(fn, global_size=global_size, local_size=local_size)
-    args = tuple([b.host_view() for b in buffers]) + tuple(var_values)
+    if getattr(kernel, "cpu_args", "arrays") == "addresses":
+        args = tuple([b.address for b in buffers]) + tuple(var_values)
+    else:
+        args = tuple([b.host_view() for b in buffers]) + tuple(var_values)
     return fn, args
 
 

@@ -1,0 +1,177 @@
+"""Memory actorgraph did not allocate, wrapped as Buffers (`rt.wrap`), and timelines of
+other runtimes that replays order against (`ExternalTimeline`)."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from ._buffer import Allocation, Buffer, _shape_of, new_alloc_id
+from ._errors import UsageError
+
+if TYPE_CHECKING:
+    from actorgraph.devices import Device
+
+
+def _host_bytes(source: Any, nbytes: int | None) -> tuple[int, int, Any]:
+    """(address, nbytes, owner) of `source`: an address, or an object exporting host
+    memory through DLPack or the buffer protocol."""
+    if isinstance(source, int) and not isinstance(source, bool):
+        if source <= 0:
+            raise UsageError(f"wrap: address must be a positive int, got {source!r}")
+        if nbytes is None or isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise UsageError(
+                f"wrap: an address needs its size in bytes: rt.wrap(device, address, "
+                f"nbytes=N) with N >= 0, got nbytes={nbytes!r}"
+            )
+        return source, nbytes, None
+    if hasattr(source, "__dlpack__"):
+        try:
+            array = np.from_dlpack(source)
+        except Exception as exc:  # e.g. GPU memory, which numpy cannot view
+            raise UsageError(
+                f"wrap: {type(source).__name__} exports DLPack memory numpy cannot view "
+                f"({exc}); wrap takes host memory"
+            ) from None
+        if not array.flags.writeable:
+            raise UsageError(f"wrap: the DLPack memory of {type(source).__name__} is read-only")
+    else:
+        try:
+            view = memoryview(source)
+        except TypeError:
+            raise UsageError(
+                f"wrap takes an address (with nbytes=), or an object with the buffer "
+                f"protocol or __dlpack__; got {type(source).__name__}"
+            ) from None
+        if view.readonly:
+            raise UsageError(
+                f"wrap: the memory of {type(source).__name__} is read-only; kernels write "
+                f"their buffers, so pass writable memory (a bytearray, a numpy array, ...)"
+            )
+        array = np.asarray(view)
+    if not array.flags.c_contiguous:
+        raise UsageError(f"wrap: the memory of {type(source).__name__} is not contiguous")
+    size = array.nbytes
+    if nbytes is not None and nbytes != size:
+        raise UsageError(f"wrap: nbytes={nbytes} but {type(source).__name__} holds {size} bytes")
+    return int(array.ctypes.data) if size else 0, size, (source, array)
+
+
+def wrap_memory(
+    device: Device,
+    space_uid: int,
+    source: Any,
+    nbytes: int | None,
+    dtype: Any,
+    shape: Any,
+) -> Buffer:
+    if not device.host_visible or device.kind != "CPU":
+        raise UsageError(
+            f"wrap: {device.name} is not a CPU device; rt.wrap(...) takes host memory, on "
+            f"a CPU device (copy it elsewhere with a Copy item)"
+        )
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise UsageError(f"wrap: {dtype!r} is not a numpy dtype") from None
+    address, size, owner = _host_bytes(source, nbytes)
+    if shape is None:
+        if size % dt.itemsize:
+            raise UsageError(
+                f"wrap: {size} bytes is not a whole number of {dt.name} ({dt.itemsize} "
+                f"bytes each); give shape= or another dtype"
+            )
+        dims: tuple[int, ...] = (size // dt.itemsize,)
+    else:
+        dims = _shape_of(shape)
+        if math.prod(dims) * dt.itemsize > size:
+            raise UsageError(
+                f"wrap: shape {dims} of {dt.name} needs {math.prod(dims) * dt.itemsize} bytes "
+                f"but the memory holds {size}"
+            )
+    if size:
+        memory = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+    else:
+        memory = np.zeros(0, np.uint8)
+    alloc = Allocation(
+        device=device,
+        nelems=size,
+        dtype=np.dtype(np.uint8),
+        memory=memory,
+        uid=space_uid,
+        address=address,
+        foreign=True,
+        owner=owner,
+    )
+    return Buffer(device=device.name, shape=dims, dtype=dt, offset=0, alloc=alloc)
+
+
+def _poll(read: Callable[[], int], value: int, timeout: float, name: str) -> None:
+    deadline = time.monotonic() + timeout
+    pause = 1e-6
+    while read() < value:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"timeline {name} did not reach {value} within {timeout} s (it is at {read()})"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+@attrs.frozen(eq=False)
+class ExternalTimeline:
+    """A monotonic counter another runtime owns (say, a tinygrad device's timeline
+    signal), that replays can wait for and advance: `graph.submit(inputs,
+    after=[(timeline, v)], then=[(timeline, w)])` starts the replay once `read() >= v`
+    and calls `write(w)` when the replay is complete (failed or not, so the other side
+    never hangs), never moving the counter backwards.
+
+    `wait(value)`, if given, blocks the calling (worker) thread until `read() >= value`;
+    by default `read()` is polled, backing off to 1 ms, for at most `timeout` seconds.
+    """
+
+    name: str
+    read: Callable[[], int]
+    write: Callable[[int], None]
+    wait: Callable[[int], None] | None = None
+    timeout: float = 60.0
+
+    def reached(self, value: int) -> bool:
+        return self.read() >= value
+
+    def wait_for(self, value: int) -> None:
+        if self.wait is not None:
+            self.wait(value)
+        else:
+            _poll(self.read, value, self.timeout, self.name)
+
+    def advance(self, value: int) -> None:
+        if self.read() < value:
+            self.write(value)
+
+
+TimelinePoints = Sequence[tuple[ExternalTimeline, int]]
+
+
+def check_points(points: Any, what: str) -> tuple[tuple[ExternalTimeline, int], ...]:
+    out = tuple(points)
+    for entry in out:
+        if (
+            not isinstance(entry, tuple)
+            or len(entry) != 2
+            or not isinstance(entry[0], ExternalTimeline)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+        ):
+            raise UsageError(f"{what}= takes (ag.ExternalTimeline, int) pairs, got {entry!r}")
+    return out
+
+
+def space_uid() -> int:
+    return new_alloc_id()

@@ -1,0 +1,199 @@
+"""Foreign memory (rt.wrap), views with their own dtype, address kernels, inputs of varying
+size, and ordering against an external timeline."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+import actorgraph as ag
+
+add_one = ag.Kernel("add_one", cpu=lambda out, a: np.add(a, 1, out=out), outs=(0,), ins=(1,))
+
+
+def _addr_double(out: int, src: int, n: int) -> None:
+    # A body that takes pointers, as compiled code would.
+    dst = np.ctypeslib.as_array((ctypes.c_int32 * n).from_address(out))
+    dst[:] = np.ctypeslib.as_array((ctypes.c_int32 * n).from_address(src)) * 2
+
+
+double_ptr = ag.Kernel("double_ptr", cpu=_addr_double, cpu_args="addresses", outs=(0,), ins=(1,))
+
+
+async def test_wrap_numpy_memory_runs_kernels_in_place() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            src = np.arange(16, dtype=np.int32)
+            dst = np.zeros(16, np.int32)
+            a, b = rt.wrap("CPU:0", src, dtype=np.int32), rt.wrap("CPU:0", dst, dtype=np.int32)
+            assert a.foreign and a.address == src.ctypes.data and a.shape == (16,)
+            await rt.run([ag.Launch(add_one, [b, a])])
+            assert (dst == src + 1).all()
+            assert (await rt.copyout(b) == src + 1).all()
+
+
+async def test_wrap_by_address_and_buffer_protocol() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            raw = bytearray(64)
+            buf = rt.wrap("CPU:0", raw, dtype=np.float32, shape=(4, 4))
+            await rt.copyin(buf, np.full((4, 4), 2.5, np.float32))
+            assert np.frombuffer(raw, np.float32).tolist() == [2.5] * 16
+            holder = np.zeros(8, np.int64)
+            by_address = rt.wrap("CPU:0", holder.ctypes.data, nbytes=64, dtype=np.int64)
+            await rt.copyin(by_address, np.arange(8, dtype=np.int64))
+            assert holder.tolist() == list(range(8))
+
+
+async def test_two_wrappers_of_one_region_alias() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            memory = np.zeros(32, np.int32)
+            whole = rt.wrap("CPU:0", memory, dtype=np.int32)
+            half = rt.wrap("CPU:0", memory[16:], dtype=np.int32)
+            other = rt.wrap("CPU:0", np.zeros(16, np.int32), dtype=np.int32)
+            assert whole.overlaps(half) and half.within(whole) and not half.overlaps(other)
+            assert not whole.overlaps(rt.alloc("CPU:0", 32, np.int32))
+            # The planner sees the alias: the copy (copy queue) writing `half` waits for
+            # the kernel (compute queue) reading `whole`; into unrelated memory it does not.
+            tmp = rt.alloc("CPU:0", 32, np.int32)
+            aliased = await rt.compile(
+                [ag.Launch(add_one, [tmp, whole]), ag.Copy(dst=half, src=other)], verify=True
+            )
+            apart = rt.wrap("CPU:0", np.zeros(16, np.int32), dtype=np.int32)
+            separate = await rt.compile(
+                [ag.Launch(add_one, [tmp, whole]), ag.Copy(dst=apart, src=other)], verify=True
+            )
+            assert aliased.plan.wait_count == 1 and separate.plan.wait_count == 0
+            with pytest.raises(ag.InputError, match="share memory"):
+                await rt.compile([ag.Launch(add_one, [tmp, whole])], inputs=[whole, half])
+
+
+async def test_wrap_refuses_bad_memory() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0", "SIM:0"]) as rt:
+            with pytest.raises(ag.UsageError, match="read-only"):
+                rt.wrap("CPU:0", b"immutable")
+            with pytest.raises(ag.UsageError, match="needs its size in bytes"):
+                rt.wrap("CPU:0", 12345)
+            with pytest.raises(ag.UsageError, match="buffer protocol or __dlpack__"):
+                rt.wrap("CPU:0", "text")
+            with pytest.raises(ag.UsageError, match="not a CPU device"):
+                rt.wrap("SIM:0", bytearray(8))
+            with pytest.raises(ag.UsageError, match="whole number of float32"):
+                rt.wrap("CPU:0", bytearray(6), dtype=np.float32)
+            with pytest.raises(ag.UsageError, match="needs 64 bytes"):
+                rt.wrap("CPU:0", bytearray(8), dtype=np.float32, shape=16)
+            wrapped = rt.wrap("CPU:0", bytearray(8))
+            rt.free(wrapped)
+            with pytest.raises(ag.BufferFreedError, match="was freed"):
+                await rt.copyout(wrapped)
+
+
+async def test_views_with_their_own_dtype_at_a_byte_offset() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            a = rt.alloc("CPU:0", 16, np.float32)
+            await rt.copyin(a, np.arange(16, dtype=np.float32))
+            bits = a.view(byte_offset=8, dtype=np.int32, shape=(2, 2))
+            assert bits.shape == (2, 2) and bits.dtype == np.int32 and bits.base is a
+            expected = np.arange(16, dtype=np.float32).view(np.int32)[2:6].reshape(2, 2)
+            assert (await rt.copyout(bits) == expected).all()
+            halves = a.view(dtype=np.float16)
+            assert halves.size == 32 and halves.overlaps(bits)
+            with pytest.raises(ag.UsageError, match="multiple of 8 bytes"):
+                a.view(byte_offset=4, dtype=np.float64)
+            with pytest.raises(ag.UsageError, match="runs past its end"):
+                a.view(byte_offset=60, dtype=np.int32, shape=2)
+            with pytest.raises(ag.UsageError, match="not both"):
+                a.view(1, byte_offset=4)
+
+
+async def test_address_kernels_and_rebased_dtype_views() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            n = ag.Var("n", 1, 64)
+            x = rt.alloc("CPU:0", 16, np.float32)
+            out = rt.alloc("CPU:0", 8, np.int32)
+            ints = x.view(byte_offset=16, dtype=np.int32, shape=8)
+            launch = ag.Launch(double_ptr, [out, ints], vars=[n])
+            graph = await rt.compile([launch], inputs=[x])
+            for seed in range(3):
+                fresh = rt.alloc("CPU:0", 16, np.float32)
+                data = np.arange(16, dtype=np.int32) + seed
+                await rt.copyin(fresh, data.view(np.float32))
+                await graph([fresh], var_vals={n: 8})
+                assert (await rt.copyout(out) == data[4:12] * 2).all()
+            with pytest.raises(ag.UsageError, match="cpu_args is 'arrays'"):
+                ag.Kernel("k", cpu=_addr_double, cpu_args="pointers", outs=(0,))
+
+
+async def test_inputs_that_vary_in_size_up_to_a_maximum() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            total = ag.Kernel(
+                "total", cpu=lambda out, a: out.__setitem__(0, a.sum()), outs=(0,), ins=(1,)
+            )
+            x = rt.alloc("CPU:0", 4, np.int64)
+            out = rt.alloc("CPU:0", 1, np.int64)
+            graph = await rt.compile([ag.Launch(total, [out, x])], inputs=[x], max_sizes=[100])
+            for size in (4, 1, 100, 37):
+                buf = rt.alloc("CPU:0", size, np.int64)
+                await rt.copyin(buf, np.arange(size, dtype=np.int64))
+                await graph([buf])
+                assert (await rt.copyout(out))[0] == size * (size - 1) // 2
+            with pytest.raises(ag.InputError, match="at most 100"):
+                await graph([rt.alloc("CPU:0", 101, np.int64)])
+            with pytest.raises(ag.InputError, match="dtype"):
+                await graph([rt.alloc("CPU:0", 10, np.int32)])
+            with pytest.raises(ag.UsageError, match="already holds 4"):
+                await rt.compile([ag.Launch(total, [out, x])], inputs=[x], max_sizes=[2])
+            with pytest.raises(ag.UsageError, match="one per input"):
+                await rt.compile([ag.Launch(total, [out, x])], inputs=[x], max_sizes=[])
+
+
+async def test_replays_order_against_an_external_timeline() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            word = [0]
+            seen: list[int] = []
+            released = threading.Event()
+
+            def wait(value: int) -> None:
+                released.wait(5)
+                word[0] = max(word[0], value)
+
+            timeline = ag.ExternalTimeline(
+                "other", lambda: word[0], lambda v: word.__setitem__(0, v), wait=wait
+            )
+            probe = ag.Kernel("probe", cpu=lambda out: seen.append(word[0]), outs=(0,))
+            buf = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(probe, [buf])])
+            with pytest.raises(trio.WouldBlock):
+                graph.submit_nowait(after=[(timeline, 1)])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: graph(after=[(timeline, 1)], then=[(timeline, 5)]))
+                await trio.testing.wait_all_tasks_blocked()
+                assert seen == []  # still waiting for the other side
+                released.set()
+            assert seen == [1] and word[0] == 5
+            replay = graph.submit_nowait(after=[(timeline, 5)], then=[(timeline, 3)])
+            await replay.wait()
+            assert seen == [1, 5] and word[0] == 5  # never moved backwards
+            with pytest.raises(ag.UsageError, match="ExternalTimeline, int"):
+                await graph(after=[(word, 1)])
+
+
+async def test_external_timeline_polls_and_times_out() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            timeline = ag.ExternalTimeline("stuck", lambda: 0, lambda v: None, timeout=0.01)
+            buf = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(add_one, [buf, rt.alloc("CPU:0", 1, np.int32)])])
+            with pytest.raises(TimeoutError, match="stuck did not reach 1"):
+                await graph(after=[(timeline, 1)])
