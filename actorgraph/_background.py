@@ -7,19 +7,26 @@ Jupyter's default asyncio loop there is no trio run at all. `start_runtime([...]
 `trio.run` on a daemon thread that holds the runtime open until `close()`, and returns a
 handle whose work methods return `Call` objects: awaitable from an asyncio loop (Jupyter's
 default), from any trio run (`%autoawait trio`, a script's `trio.run`), or, with
-`.result()`, from plain synchronous code. Nothing runs until a Call is awaited or
-`.result()` is asked for. All work, alloc and free included, runs on the runtime's thread,
-so device state (driver contexts, trio objects) stays on one thread.
+`.result()`, from plain synchronous code. Like a concurrent.futures submission, a call
+runs whether or not anyone waits for it, and calls run one after another in the order
+they were made (a free too, so work made before it still sees its buffer). A call that
+fails while nobody waits for it is logged, and its error is raised by the next call made
+on the runtime or by close(): it never vanishes. All work, alloc and free included, runs
+on the runtime's thread, so device state (driver contexts, trio objects) stays on one
+thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
+import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+import attrs
 import numpy as np
 import sniffio
 import trio
@@ -30,6 +37,7 @@ from ._buffer import Buffer
 from ._errors import ClosedError, UsageError
 from ._graph import Graph
 from ._kernel import Item, Kernel
+from ._log import logger as _log
 from ._runtime import Runtime, RuntimeStatistics, open_runtime
 from ._vars import Var
 
@@ -37,7 +45,13 @@ T = TypeVar("T")
 
 
 class Call(Generic[T]):
-    """One piece of work for a background runtime: `await call` or `call.result()`."""
+    """One piece of work for a background runtime: `await call` or `call.result()`.
+
+    Made outside the runtime's thread, a Call is submitted at once, like a
+    concurrent.futures submission: it runs, after every call made before it, whether or
+    not anyone waits for it. Made on the runtime's thread (inside a function given to
+    `call()`), it is plain async code there and runs when awaited.
+    """
 
     def __init__(
         self, owner: BackgroundRuntime, fn: Callable[..., Any], args: Sequence[Any],
@@ -48,37 +62,68 @@ class Call(Generic[T]):
         self._args = tuple(args)
         self._kwargs = dict(kwargs)
         self._what = what
-        self._future: concurrent.futures.Future[T] | None = None
+        self._entry: _Entry | None = None
+        self._lazy = owner.on_runtime_thread()  # made there: runs when awaited
+        self._awaited = False
+        if not self._lazy:
+            self._entry = owner._submit(fn, self._args, self._kwargs, what)
 
     def __repr__(self) -> str:
-        state = "not started" if self._future is None else self._future._state.lower()
+        state = "not started" if self._entry is None else self._entry.future._state.lower()
         return f"<Call {self._what} {state}>"
 
-    def _submit(self) -> concurrent.futures.Future[T]:
-        if self._future is None:
-            self._future = self._owner._spawn(self._fn, self._args, self._kwargs, self._what)
-        return self._future
+    def __del__(self) -> None:
+        if self._lazy and self._entry is None and not self._awaited:
+            warnings.warn(
+                f"{self._what} was made on the runtime's thread and never awaited, so it "
+                f"never ran; write `await {self._what}`",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def _submitted(self) -> _Entry:
+        if self._entry is None:  # made on the runtime's thread, now waited for elsewhere
+            self._awaited = True
+            self._entry = self._owner._submit(self._fn, self._args, self._kwargs, self._what)
+        self._owner._observe(self._entry)
+        return self._entry
+
+    def done(self) -> bool:
+        """Whether the work has finished (or failed)."""
+        return self._entry is not None and self._entry.future.done()
 
     def result(self, timeout: float | None = None) -> T:
-        """Run the work (if not started) and block this thread until it is done."""
+        """Block this thread until the work is done; return its result or raise its error."""
         if self._owner.on_runtime_thread():
+            self._awaited = True  # reported here; no second word from __del__
             raise UsageError(
                 f"{self._what}.result() on the runtime's own thread would wait for itself; "
                 f"use `await` there"
             )
-        return self._submit().result(timeout)
+        result: T = self._submitted().future.result(timeout)
+        return result
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._owner.on_runtime_thread():
-            # Code running on the runtime (a function passed to call()): no hop at all.
-            result: T = yield from self._fn(*self._args, **self._kwargs).__await__()
-            return result
+            if self._entry is None:
+                # Code running on the runtime (a function passed to call()): no hop at all.
+                self._awaited = True
+                result: T = yield from self._fn(*self._args, **self._kwargs).__await__()
+                return result
+            self._owner._observe(self._entry)
+            if not self._entry.future.done():
+                raise UsageError(
+                    f"await {self._what} on the runtime's thread: it was made outside and "
+                    f"runs after the call now running, so this would wait for itself; await "
+                    f"it where it was made"
+                )
+            return self._entry.future.result()  # type: ignore[no-any-return]
         try:
             library = sniffio.current_async_library()
         except sniffio.AsyncLibraryNotFoundError:
             library = ""
         if library == "asyncio":
-            return (yield from asyncio.wrap_future(self._submit()).__await__())
+            return (yield from asyncio.wrap_future(self._submitted().future).__await__())
         if library == "trio":
             return (yield from self._wait_trio().__await__())
         raise UsageError(
@@ -89,7 +134,7 @@ class Call(Generic[T]):
     async def _wait_trio(self) -> T:
         # Another trio run (e.g. one notebook cell under %autoawait trio): park on an event
         # the runtime thread sets through this run's token.
-        future = self._submit()
+        future = self._submitted().future
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
 
@@ -101,7 +146,20 @@ class Call(Generic[T]):
 
         future.add_done_callback(wake)
         await done.wait()
-        return future.result()
+        result: T = future.result()
+        return result
+
+
+@attrs.define(eq=False)
+class _Entry:
+    """A submitted call: what to run, its future, and whether anyone has asked for it."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    what: str
+    future: concurrent.futures.Future[Any] = attrs.field(factory=concurrent.futures.Future)
+    observed: bool = False
 
 
 class BackgroundGraph:
@@ -148,9 +206,16 @@ class BackgroundRuntime:
         self._clock = clock
         self._runtime: Runtime | None = None
         self._token: trio.lowlevel.TrioToken | None = None
-        self._nursery: trio.Nursery | None = None
-        self._stop: trio.Event | None = None
+        self._cancel: trio.CancelScope | None = None
         self._crash: BaseException | None = None
+        # Invariants (under _lock): _queue holds the submitted calls not yet started, in the
+        # order they were made; once _finished is set nothing is queued any more.
+        self._lock = threading.Lock()
+        self._queue: collections.deque[_Entry] = collections.deque()
+        self._wake: trio.Event | None = None
+        self._closing = False
+        self._finished = False
+        self._unobserved: list[_Entry] = []  # failed while nobody waited for them
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._main, args=(list(devices), dict(options), ready),
@@ -164,14 +229,13 @@ class BackgroundRuntime:
     ) -> None:
         async def serve() -> None:
             async with open_runtime(devices, **options) as runtime:
-                async with trio.open_nursery() as nursery:
+                with trio.CancelScope() as cancel:
                     self._runtime = runtime
-                    self._nursery = nursery
+                    self._cancel = cancel
+                    self._wake = trio.Event()
                     self._token = trio.lowlevel.current_trio_token()
-                    self._stop = trio.Event()
                     ready.set_result(None)
-                    await self._stop.wait()
-                    nursery.cancel_scope.cancel()
+                    await self._dispatch()
 
         try:
             trio.run(serve, clock=self._clock)
@@ -180,6 +244,105 @@ class BackgroundRuntime:
                 ready.set_exception(error)
             else:
                 self._crash = error
+        finally:
+            with self._lock:
+                self._finished = True
+                left = list(self._queue)
+                self._queue.clear()
+            for entry in left:
+                error = ClosedError(f"{entry.what}: the background runtime closed before it ran")
+                self._fail(entry, error, report=False)
+
+    async def _dispatch(self) -> None:
+        """Run the submitted calls one after another, in the order they were made."""
+        while True:
+            with self._lock:
+                entry = self._queue.popleft() if self._queue else None
+                closing = self._closing
+            if entry is None:
+                if closing:
+                    return
+                assert self._wake is not None
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            if not entry.future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = await entry.fn(*entry.args, **entry.kwargs)
+            except trio.Cancelled:
+                error = ClosedError(f"{entry.what}: the background runtime closed before it finished")
+                self._fail(entry, error, report=False)  # close() did it: nothing to report
+                raise
+            except BaseException as error:
+                self._fail(entry, error)
+                if not isinstance(error, Exception):
+                    raise
+            else:
+                entry.future.set_result(result)
+
+    def _fail(self, entry: _Entry, error: BaseException, report: bool = True) -> None:
+        with self._lock:
+            report = report and not entry.observed
+            if report:
+                self._unobserved.append(entry)
+        if report:
+            _log.warning(
+                "%s failed while nobody waited for it (%s: %s); the next call on the runtime "
+                "or close() raises it", entry.what, type(error).__name__, error,
+            )
+        if not entry.future.done():
+            if entry.future.running() or entry.future.set_running_or_notify_cancel():
+                entry.future.set_exception(error)
+
+    def _observe(self, entry: _Entry) -> None:
+        """Someone waits for this call: its error is theirs, not the next call's."""
+        with self._lock:
+            entry.observed = True
+            if entry in self._unobserved:
+                self._unobserved.remove(entry)
+
+    def _raise_unobserved(self, what: str) -> None:
+        """Raise the error of a call that failed while nobody waited for it (once)."""
+        with self._lock:
+            failed, self._unobserved = self._unobserved, []
+        if not failed:
+            return
+        for entry in failed:
+            entry.observed = True
+        first = failed[0]
+        error = first.future.exception()
+        assert error is not None
+        more = f" (and {len(failed) - 1} more, logged)" if len(failed) > 1 else ""
+        error.add_note(
+            f"raised by {what}: {first.what} failed earlier while nobody waited for it{more}; "
+            f"the call that raised this did not run"
+        )
+        raise error
+
+    def _submit(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], what: str
+    ) -> _Entry:
+        self._check_running(what)
+        self._raise_unobserved(what)
+        entry = _Entry(fn, tuple(args), dict(kwargs), what)
+        with self._lock:
+            if self._finished or self._closing:
+                raise ClosedError(
+                    f"{what}: this background runtime is closing; start a new one with "
+                    f"ag.start_runtime([...])"
+                )
+            self._queue.append(entry)
+        assert self._token is not None
+        try:
+            self._token.run_sync_soon(self._wake_dispatcher)
+        except trio.RunFinishedError:
+            pass  # _main's exit fails what is still queued
+        return entry
+
+    def _wake_dispatcher(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"
@@ -212,41 +375,6 @@ class BackgroundRuntime:
                 f"ag.start_runtime([...])"
             )
 
-    def _spawn(
-        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], what: str
-    ) -> concurrent.futures.Future[Any]:
-        self._check_running(what)
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        async def runner() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                result = await fn(*args, **kwargs)
-            except trio.Cancelled:
-                future.set_exception(ClosedError(f"{what}: the background runtime closed first"))
-                raise
-            except BaseException as error:
-                future.set_exception(error)
-                if not isinstance(error, Exception):
-                    raise
-            else:
-                future.set_result(result)
-
-        def start() -> None:
-            assert self._nursery is not None
-            try:
-                self._nursery.start_soon(runner, name=what)
-            except RuntimeError:  # the nursery is closing
-                future.set_exception(ClosedError(f"{what}: the background runtime is closing"))
-
-        assert self._token is not None
-        try:
-            self._token.run_sync_soon(start)
-        except trio.RunFinishedError:
-            raise ClosedError(f"{what}: this background runtime is closed") from None
-        return future
-
     def _sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a quick synchronous call on the runtime's thread and wait for it here.
 
@@ -278,10 +406,28 @@ class BackgroundRuntime:
     # -- the Runtime's surface --
 
     def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Buffer:
+        """Allocate at once (zero-filled; `shape` counts elements); returns the Buffer."""
+        if not self.on_runtime_thread():
+            self._raise_unobserved("alloc(...)")
         return self._sync(self.runtime.alloc, device, shape, dtype)
 
     def free(self, buffer: Buffer) -> None:
-        self._sync(self.runtime.free, buffer)
+        """Free `buffer` after the calls made before this one; returns at once."""
+        if self.on_runtime_thread():
+            self.runtime.free(buffer)
+            return
+        # The cheap checks here, so a plain mistake raises at once; the free itself waits
+        # its turn behind the calls made before it, which may still use the buffer.
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"free() takes a Buffer, got {buffer!r}")
+        if buffer.is_view:
+            raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
+        buffer.check_live("free: ")
+
+        async def free() -> None:
+            self.runtime.free(buffer)
+
+        self._submit(free, (), {}, f"free({buffer!r})")
 
     def statistics(self) -> RuntimeStatistics:
         return self._sync(self.runtime.statistics)
@@ -330,22 +476,42 @@ class BackgroundRuntime:
     # -- closing --
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop the runtime (work still in flight is cancelled) and join its thread."""
+        """Finish the calls already made, then stop the runtime and join its thread.
+
+        Calls still unfinished after `timeout` seconds are cancelled (they raise
+        ClosedError). Raises the error of a call that failed while nobody waited for it.
+        """
         if self.on_runtime_thread():
             raise UsageError("close() on the runtime's own thread would wait for itself")
-        if self._token is not None and self._stop is not None:
+        with self._lock:
+            self._closing = True
+        if self._token is not None:
             try:
-                self._token.run_sync_soon(self._stop.set)
+                self._token.run_sync_soon(self._wake_dispatcher)
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    _log.warning("close(): calls still running after %ss are cancelled", timeout)
+                    self._token.run_sync_soon(self._cancel_all)
             except trio.RunFinishedError:
                 pass
-        self._thread.join(timeout)
+        self._thread.join()
+        self._raise_unobserved("close()")
+
+    def _cancel_all(self) -> None:
+        if self._cancel is not None:
+            self._cancel.cancel()
 
     def __enter__(self) -> BackgroundRuntime:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the block's own error goes on; this one is logged
+            _log.warning("close() after an error in the with block also failed", exc_info=True)
 
 def start_runtime(
     devices: Sequence[str], *, clock: trio.abc.Clock | None = None, **options: Any

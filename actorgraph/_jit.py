@@ -448,13 +448,23 @@ class JitFunction:
         self._state = State.FRESH
         self._first_trace = None
 
-    async def __call__(self, *args: Any, var_vals: Mapping[Var, int] | None = None, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, var_vals: Mapping[Var, int] | None = None, **kwargs: Any) -> Any:
+        """`await f(...)`; with a background runtime among the arguments, a Call.
+
+        A background runtime's work must run on its thread, so the whole call goes there
+        as one Call: submitted at once, in order with the runtime's other calls, and
+        awaitable from asyncio or trio or waited for with `.result()` from plain code.
+        """
         from ._background import forward_target
 
         handle = forward_target(args, kwargs)
         if handle is not None:
-            # A background runtime's work must run on its thread: run the whole call there.
-            return await handle.call(self, *args, var_vals=var_vals, **kwargs)
+            return handle._call(f"{self.name}(...)", self, *args, var_vals=var_vals, **kwargs)
+        return self._call(args, kwargs, var_vals)
+
+    async def _call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], var_vals: Mapping[Var, int] | None
+    ) -> Any:
         outer = _SCOPE.get()
         if outer is not None:
             # Called from inside another jitted function: its work becomes part of that one.

@@ -4,6 +4,9 @@ or waited on synchronously; the way notebooks keep a runtime across cells."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -123,11 +126,13 @@ def test_closed_runtime_and_bad_devices_raise() -> None:
         ag.start_runtime(["GPU:0"])
     rt = ag.start_runtime(["CPU:0"])
     buf = rt.alloc("CPU:0", 4, np.int32)
+    rt.copyin(buf, np.arange(4, dtype=np.int32))
     pending = rt.copyout(buf)
-    rt.close()
+    rt.close()  # finishes the calls made before it
     assert rt.closed and "closed" in repr(rt)
+    np.testing.assert_array_equal(pending.result(), np.arange(4))
     with pytest.raises(ag.ClosedError, match=r"copyout\(\.\.\.\): this background runtime is closed; start a new one"):
-        pending.result()
+        rt.copyout(buf)
     with pytest.raises(ag.ClosedError, match=r"alloc: this background runtime is closed"):
         rt.alloc("CPU:0", 4)
     rt.close()  # closing twice is fine
@@ -147,3 +152,143 @@ def test_clock_option_and_current_time() -> None:
         graph, inputs, out = _graph(rt)
         graph(inputs, var_vals=None).result()
         assert graph.replays == 1  # Graph attributes read through the wrapper
+
+
+# -- calls nobody waits for ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def holding(rt: ag.BackgroundRuntime) -> Iterator[None]:
+    """Keep the runtime busy (its calls run one at a time) until the block has made its calls."""
+    gate = threading.Event()
+    held = rt.call(trio.to_thread.run_sync, gate.wait)
+    try:
+        yield
+    finally:
+        gate.set()
+        held.result(timeout=10)
+
+
+def test_a_call_runs_whether_or_not_anyone_waits(brt: ag.BackgroundRuntime) -> None:
+    a = brt.alloc("CPU:0", 8, np.int32)
+    b = brt.alloc("CPU:0", 8, np.int32)
+    c = brt.alloc("CPU:0", 8, np.int32)
+    # Made from plain code and dropped at once, like a concurrent.futures submission.
+    brt.copyin(a, np.arange(8, dtype=np.int32))
+    brt.copyin(b, np.full(8, 3, np.int32))
+    brt.launch(XOR, [c, a, b])
+    brt.copyin(a, np.zeros(8, np.int32))  # in order: after the launch has read a
+    np.testing.assert_array_equal(brt.copyout(c).result(timeout=10), np.arange(8) ^ 3)
+    np.testing.assert_array_equal(brt.copyout(a).result(timeout=10), np.zeros(8))
+    graph = brt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
+    graph.result(timeout=10)([a, b])  # a replay nobody waits for
+    np.testing.assert_array_equal(brt.copyout(c).result(timeout=10), np.full(8, 3))
+
+
+def test_free_waits_for_the_calls_made_before_it(brt: ag.BackgroundRuntime) -> None:
+    a = brt.alloc("CPU:0", 8, np.int32)
+    b = brt.alloc("CPU:0", 8, np.int32)
+    brt.copyin(a, np.full(8, 9, np.int32))
+    brt.copy(b, a)
+    brt.free(a)  # returns at once; the copy made before it still reads a
+    np.testing.assert_array_equal(brt.copyout(b).result(timeout=10), np.full(8, 9))
+    with pytest.raises(ag.BufferFreedError, match=r"free: <Buffer CPU:0 8 int32 freed #\d+>"):
+        brt.free(a)
+    with pytest.raises(ag.UsageError, match=r"free\(\) takes a base buffer; .* is a view"):
+        brt.free(b.view(0, 4))
+
+
+def test_a_failure_nobody_waited_for_is_logged_and_raised_by_the_next_call(
+    brt: ag.BackgroundRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = brt.alloc("CPU:0", 4, np.int32)
+    with caplog.at_level("WARNING", logger="actorgraph"):
+        with holding(brt):  # nothing runs until every call below is made
+            brt.copyin(a, np.zeros(5, np.int32))  # the wrong size; nobody waits
+            brt.copyin(a, np.ones(4, np.int32))  # runs after it, in order
+            first = brt.copyout(a)
+        np.testing.assert_array_equal(first.result(timeout=10), np.ones(4))
+        with pytest.raises(ag.UsageError, match=r"copyin: array has 5 elements") as info:
+            brt.copyout(a)  # the next call made raises it, and does not run
+    assert "raised by copyout(...): copyin(...) failed earlier while nobody waited for it" in "\n".join(
+        info.value.__notes__
+    )
+    assert "copyin(...) failed while nobody waited for it (UsageError: copyin: array has 5 elements" in caplog.text
+    # Raised once; the runtime goes on.
+    np.testing.assert_array_equal(brt.copyout(a).result(timeout=10), np.ones(4))
+
+
+def test_close_raises_a_failure_nobody_waited_for() -> None:
+    rt = ag.start_runtime(["CPU:0"])
+    rt.copyin(rt.alloc("CPU:0", 4, np.int32), np.zeros(5, np.int32))
+    with pytest.raises(ag.UsageError, match=r"copyin: array has 5 elements") as info:
+        rt.close()
+    assert rt.closed
+    assert "raised by close(): copyin(...) failed earlier" in info.value.__notes__[0]
+
+
+def test_a_failure_someone_waits_for_is_theirs_only(brt: ag.BackgroundRuntime) -> None:
+    a = brt.alloc("CPU:0", 4, np.int32)
+    failing = brt.copyin(a, np.zeros(5, np.int32))
+    with pytest.raises(ag.UsageError, match=r"copyin: array has 5 elements"):
+        failing.result(timeout=10)
+    np.testing.assert_array_equal(brt.copyout(a).result(timeout=10), np.zeros(4))
+
+
+def test_close_cancels_what_runs_past_its_timeout() -> None:
+    rt = ag.start_runtime(["CPU:0"])
+    stuck = rt.call(trio.sleep_forever)
+    after = rt.copyout(rt.alloc("CPU:0", 4, np.int32))
+    rt.close(timeout=0.01)
+    assert rt.closed
+    with pytest.raises(ag.ClosedError, match=r"call\(sleep_forever\): the background runtime closed before it finished"):
+        stuck.result()
+    with pytest.raises(ag.ClosedError, match=r"copyout\(\.\.\.\): the background runtime closed before it ran"):
+        after.result()
+
+
+def test_calls_made_on_the_runtime_thread_run_when_awaited(brt: ag.BackgroundRuntime) -> None:
+    a = brt.alloc("CPU:0", 4, np.int32)
+    outside = brt.copyout(a)
+
+    async def forgets() -> None:
+        brt.copyin(a, np.ones(4, np.int32))  # no await: plain async code, so it never runs
+
+    with pytest.warns(RuntimeWarning, match=r"copyin\(\.\.\.\) was made on the runtime's thread and never awaited"):
+        brt.call(forgets).result(timeout=10)
+        gc.collect()
+    np.testing.assert_array_equal(brt.copyout(a).result(timeout=10), np.zeros(4))
+    outside.result(timeout=10)
+
+    async def awaits_outside_call() -> None:
+        await later
+
+    with holding(brt):
+        blocker = brt.call(awaits_outside_call)
+        later = brt.copyout(a)
+    with pytest.raises(ag.UsageError, match=r"await copyout\(\.\.\.\) on the runtime's thread: it was made outside and runs after the call now running"):
+        blocker.result(timeout=10)
+    later.result(timeout=10)
+
+
+def test_jitted_function_from_synchronous_code(brt: ag.BackgroundRuntime) -> None:
+    out = brt.alloc("CPU:1", 8, np.int32)
+
+    @ag.jit
+    async def step(rt: ag.BackgroundRuntime, x: ag.Buffer, y: ag.Buffer) -> ag.Buffer:
+        tmp = rt.alloc("CPU:0", 8, np.int32)
+        await rt.launch(XOR, [tmp, x, y])
+        await rt.copy(out, tmp)
+        return out
+
+    y = brt.alloc("CPU:0", 8, np.int32)
+    brt.copyin(y, np.full(8, 5, np.int32))
+    for i in range(4):
+        x = brt.alloc("CPU:0", 8, np.int32)
+        brt.copyin(x, np.full(8, i, np.int32))
+        call = step(brt, x, y)  # a Call: submitted now, in order
+        assert isinstance(call, ag.Call) and "step(...)" in repr(call)
+        if i % 2:
+            assert call.result(timeout=10) is out
+        np.testing.assert_array_equal(brt.copyout(out).result(timeout=10), np.full(8, i ^ 5))
+    assert step.statistics().replays == 2
