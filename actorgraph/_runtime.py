@@ -191,7 +191,12 @@ class Runtime:
         except TypeError:
             raise UsageError(f"alloc: {dtype!r} is not a numpy dtype") from None
         nelems = int(np.prod(dims))
-        alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=dev.allocate(nelems, dt))
+        try:
+            memory = dev.allocate(nelems, dt)
+        except _devices.RemoteConnectionError as exc:
+            # Its worker is gone: as for every other later use of its devices, ClosedError.
+            raise ClosedError(f"alloc on {device}: {exc}") from exc
+        alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory)
         return Buffer(device=device, shape=dims, dtype=dt, offset=0, alloc=alloc)
 
     def wrap(

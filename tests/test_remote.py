@@ -444,6 +444,8 @@ async def test_worker_killed_mid_replay(token_file: Path) -> None:
                 np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 1)
                 with pytest.raises(ag.ActorGraphError, match="connection to worker"):
                     await rt.run([ag.Launch(INC, [x, x])])
+                with pytest.raises(ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"):
+                    rt.alloc(r0, 8, np.int32)
     finally:
         worker.kill()
 
