@@ -1,7 +1,7 @@
 """Profiles: when every item of a replay started and ended, on which actor, after which waits.
 
 Recording is split in two so that replays stay fast: while a replay runs, each actor only
-appends (op index, start, end) tuples to its job's record (devices._actor.JobProfile).
+appends (op index, start, end) tuples to its job's record (devices._ops.JobProfile).
 Turning those into `ProfileEvent`s, with labels, buffers and the waits that gated each
 item, happens later and only when asked for (`rt.profile()`, `graph.last_profile`).
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actorgraph.devices._actor import JobProfile
+from actorgraph.devices import JobProfile
 from actorgraph.scheduler import Run, SyncDevice, Wait, WaitKick
 
 from ._buffer import Buffer

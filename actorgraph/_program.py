@@ -10,8 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from actorgraph.devices import SIGNAL, WAIT, Device, Job, LaunchRequest, QueueActor, Submission
-from actorgraph.devices._actor import JobProfile, Op
+from actorgraph.devices import (
+    FIRST_QUEUE_SLOT,
+    KICK,
+    Device,
+    Job,
+    JobProfile,
+    LaunchRequest,
+    Op,
+    QueueActor,
+    SignalOp,
+    Submission,
+    WaitOp,
+    signal_op,
+    wait_op,
+)
 from actorgraph.scheduler import (
     Access,
     ItemKind,
@@ -118,7 +131,8 @@ class Program:
         for j, item in enumerate(self.items):
             if isinstance(item, Copy):
                 self.copy_bytes[plan.item_queue[j]] += item.dst.nbytes
-        self.kick_slot = nqueues + len(self.devices)
+        # Base slots (devices/_ops.py): KICK, BATCH, a base per queue, a ticket per device.
+        self.nbases = FIRST_QUEUE_SLOT + nqueues + len(self.devices)
 
         # Which item slots come from which input: (input index, captured root).
         self.item_inputs: list[list[tuple[int, int]]] = [[] for _ in self.items]
@@ -146,14 +160,15 @@ class Program:
                         ops.append(self.lower(msg.item, self.inputs, {}))
                 elif isinstance(msg, Wait):
                     src = plan.queues.index(msg.queue)
-                    ops.append((WAIT, self.actors[src].signal, src, msg.value))
+                    ops.append(wait_op(self.actors[src].signal, FIRST_QUEUE_SLOT + src, msg.value))
                 elif isinstance(msg, Signal):
-                    ops.append((SIGNAL, own.signal, qi, msg.value))
+                    ops.append(signal_op(own.signal, FIRST_QUEUE_SLOT + qi, msg.value))
                 elif isinstance(msg, SyncDevice):
                     di = device_index[msg.device]
-                    ops.append((WAIT, self.devices[di].timeline, nqueues + di, 0))
+                    slot = FIRST_QUEUE_SLOT + nqueues + di
+                    ops.append(wait_op(self.devices[di].timeline, slot, 0))
                 elif isinstance(msg, WaitKick):
-                    ops.append((WAIT, runtime.kick, self.kick_slot, 0))
+                    ops.append(wait_op(runtime.kick, KICK, 0))
             templates.append(ops)
         self._mark_host_signals(templates)
         self.templates = templates
@@ -172,18 +187,18 @@ class Program:
         host_waits: list[list[int]] = [[] for _ in range(nqueues)]
         for wi, ops in enumerate(templates):
             for op in ops:
-                if op is not None and op[0] == WAIT and op[2] < nqueues:
-                    src = op[2]
+                if isinstance(op, WaitOp) and 0 <= op.slot - FIRST_QUEUE_SLOT < nqueues:
+                    src = op.slot - FIRST_QUEUE_SLOT
                     if not self.actors[wi].waits_without_host(self.actors[src]):
-                        host_waits[src].append(op[3])
+                        host_waits[src].append(op.rel)
         for qi, ops in enumerate(templates):
             pending = sorted(host_waits[qi])
             for k, op in enumerate(ops):
-                if op is not None and op[0] == SIGNAL:
+                if isinstance(op, SignalOp):
                     reached = 0
-                    while reached < len(pending) and pending[reached] <= op[3]:
+                    while reached < len(pending) and pending[reached] <= op.rel:
                         reached += 1
-                    ops[k] = (*op, reached > 0)
+                    ops[k] = signal_op(op.signal, op.slot, op.rel, reached > 0)
                     del pending[:reached]
 
     def _input_of(self, buf: Buffer, index: int) -> int | None:
@@ -269,17 +284,18 @@ class Program:
         """
         actors = self.actors
         nqueues = len(actors)
-        bases = [0] * (self.kick_slot + 1)
+        bases = [0] * self.nbases
         for qi in range(nqueues):
-            bases[qi] = actors[qi].reserve(self.counts[qi])
+            bases[FIRST_QUEUE_SLOT + qi] = actors[qi].reserve(self.counts[qi])
         tickets = []
+        first_ticket = FIRST_QUEUE_SLOT + nqueues
         for di, device in enumerate(self.devices):
             prev = device.take_ticket()
-            bases[nqueues + di] = prev
+            bases[first_ticket + di] = prev
             tickets.append(prev + 1)
         runtime = self.runtime
         kick = runtime.kick.value + 1
-        bases[self.kick_slot] = kick
+        bases[KICK] = kick
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
         runtime._track(sub)
         copy_bytes = self.copy_bytes

@@ -16,14 +16,19 @@ import trio
 
 from actorgraph.devices import (
     AWAIT,
+    BATCH,
     EXEC,
-    SIGNAL,
-    WAIT,
+    FIRST_QUEUE_SLOT,
     Job,
     LaunchRequest,
+    Op,
     QueueActor,
     Signal,
+    SignalOp,
     Submission,
+    run_op,
+    signal_op,
+    wait_op,
 )
 from actorgraph.devices._wire import (
     CHUNK,
@@ -67,13 +72,23 @@ class _Program:
 
     def __init__(self) -> None:
         self.actor: QueueActor | None = None
-        self.ops: tuple[Any, ...] = ()
+        self.ops: tuple[Op, ...] = ()
         self.count = 0
         self.slot = 0
         self.max_slot = 0
         self.local_waits: list[tuple[int, str]] = []
         self.store = False
         self.error: tuple[int, str] | None = None
+
+
+def _signal_slot(entries: object) -> int:
+    """The base slot a program's signal entries name (0 if none is well formed)."""
+    if isinstance(entries, list):
+        for entry in reversed(entries):
+            if isinstance(entry, list) and len(entry) == 3 and entry[0] == "s":
+                if isinstance(entry[1], int):
+                    return entry[1]
+    return 0
 
 
 class StagingPool:
@@ -270,6 +285,8 @@ class Session:
             self._lower(program, want_str(device, "program device"), entries)
         except (Refused, WireError) as exc:
             program.error = (exc.item if isinstance(exc, Refused) else -1, str(exc))
+            # Its batch reports the refusal on the slot the program signals on.
+            program.slot = _signal_slot(entries)
 
     def _lower(self, program: _Program, device_name: str, entries: object) -> None:
         runtime = self.worker.runtime
@@ -279,7 +296,7 @@ class Session:
         actor = device.queues[QueueKind.COMPUTE]
         program.actor = actor
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
-        ops: list[Any] = []
+        ops: list[Op | None] = []
         signals: list[tuple[int, int]] = []
         for entry in entries:
             entry = want_list(entry, "program entry", 16)
@@ -293,14 +310,8 @@ class Session:
                 elif kind == "w":
                     slot = want_int(entry[2], "wait slot", 0, 1 << 16)
                     program.max_slot = max(program.max_slot, slot)
-                    ops.append(
-                        (
-                            WAIT,
-                            self.mirror(entry[1]),
-                            slot,
-                            want_int(entry[3], "wait value", 0, _REL_MAX),
-                        )
-                    )
+                    rel = want_int(entry[3], "wait value", 0, _REL_MAX)
+                    ops.append(wait_op(self.mirror(entry[1]), slot, rel))
                 elif kind == "l":
                     other = want_str(entry[1], "wait device")
                     if other not in runtime.devices:
@@ -309,7 +320,7 @@ class Session:
                     program.max_slot = max(program.max_slot, slot)
                     program.local_waits.append((slot, other))
                     signal = runtime.device(other).queues[QueueKind.COMPUTE].signal
-                    ops.append((WAIT, signal, slot, want_int(entry[3], "wait value", 0, _REL_MAX)))
+                    ops.append(wait_op(signal, slot, want_int(entry[3], "wait value", 0, _REL_MAX)))
                 elif kind == "s":
                     signals.append(
                         (
@@ -317,7 +328,7 @@ class Session:
                             want_int(entry[2], "signal value", 0, _REL_MAX),
                         )
                     )
-                    ops.append((SIGNAL, actor.signal) + signals[-1])
+                    ops.append(signal_op(actor.signal, *signals[-1]))
                     ops.append(None)  # the report of this signal, filled in below
                 else:
                     raise Refused(f"unknown program entry {kind!r}")
@@ -335,17 +346,26 @@ class Session:
             # Signals set a shared actor's timeline: they must stay inside this job's range.
             raise Refused("a program's signals must rise to its item count, on one slot")
         program.slot = slots.pop()
+        if program.slot < FIRST_QUEUE_SLOT:
+            raise Refused(
+                f"a program signals on base slot {program.slot}, which is KICK or BATCH; "
+                f"a queue's own slot is {FIRST_QUEUE_SLOT} or above"
+            )
         program.max_slot = max(program.max_slot, program.slot)
         last_report = len(ops) - 1 - ops[::-1].index(None)
+        lowered: list[Op] = []
         for i, op in enumerate(ops):
             if op is None:
                 if i == last_report:
-                    ops[i] = (AWAIT, self._job_done, (program.slot, program.count), -1)
+                    op = run_op(AWAIT, self._job_done, (program.slot, program.count), -1)
                 else:
-                    ops[i] = (AWAIT, self._report, (program.slot, ops[i - 1][3]), -1)
-        program.ops = tuple(ops)
+                    reported = ops[i - 1]
+                    assert isinstance(reported, SignalOp)  # each report follows its signal
+                    op = run_op(AWAIT, self._report, (program.slot, reported.rel), -1)
+            lowered.append(op)
+        program.ops = tuple(lowered)
 
-    def _lower_item(self, device: Any, entry: list[Any]) -> Any:
+    def _lower_item(self, device: Any, entry: list[Any]) -> Op:
         kind = entry[0]
         item = want_int(entry[1], "item index", -1, 1 << 40)
         if kind == "k":
@@ -398,12 +418,8 @@ class Session:
             sid = want_int(entry[5], "peer session")
             ref = want_list(entry[6], "peer buffer", 3, size=3)
             ticket = want_bytes(entry[7], "read ticket", 32)
-            return (
-                AWAIT,
-                self.worker.peers.pull,
-                (host, port, sid, ref, ticket, bytes_of(dst)),
-                item,
-            )
+            args = (host, port, sid, ref, ticket, bytes_of(dst))
+            return run_op(AWAIT, self.worker.peers.pull, args, item)
         if kind == "hw":
             dst = self.buffer(entry[2], "host write dst")
             chunks = []
@@ -416,17 +432,19 @@ class Session:
             total = sum(size for _, size in chunks)
             if total != dst.nbytes:
                 raise Refused(f"host write of {total} bytes into {dst.nbytes}")
-            return (EXEC, _chunks_into, (dst.host_view(), chunks, self.worker.staging), -1)
+            return run_op(EXEC, _chunks_into, (dst.host_view(), chunks, self.worker.staging), -1)
         if kind == "hr":
             src = self.buffer(entry[2], "host read src")
             read_id = want_int(entry[3], "read id")
-            return (AWAIT, self._send_read, (read_id, bytes_of(src)), -1)
+            return run_op(AWAIT, self._send_read, (read_id, bytes_of(src)), -1)
         raise Refused(f"unknown item entry {kind!r}")
 
     def _batch(self, meta: list[Any]) -> None:
         _, batch_id, bases, prog_ids, ext = want_fields(meta, 5)
         batch_id = want_int(batch_id, "batch id")
         bases = [want_int(b, "base", 0, _VALUE_MAX) for b in want_list(bases, "bases", 1 << 17)]
+        if len(bases) < FIRST_QUEUE_SLOT:
+            raise Refused(f"batch {batch_id}: {len(bases)} bases; a batch has KICK and BATCH first")
         programs: list[_Program] = []
         error: tuple[int, str] | None = None
         for pid in want_list(prog_ids, "program ids", 1 << 16):
@@ -461,7 +479,7 @@ class Session:
             for p in programs:
                 self.out.send(["done", batch_id, p.slot, [error[0], "worker", error[1]]])
             return
-        bases.append(batch_id)
+        bases[BATCH] = batch_id  # the id the worker's reports name
         sub = Submission(len(programs), [], [], [()] * len(programs), [])
         self.running.add(sub)
         sub.on_done = self.running.discard
@@ -482,14 +500,14 @@ class Session:
     # -- AWAIT ops run by the worker's actors --
 
     async def _report(self, job: Job, slot: int, rel: int) -> None:
-        self.out.send(["sig", job.bases[-1], slot, rel])
+        self.out.send(["sig", job.bases[BATCH], slot, rel])
 
     async def _job_done(self, job: Job, slot: int, count: int) -> None:
         sub = job.submission
         error = None
         if sub.error is not None:
             error = [sub.failed_item, sub.failed_actor, f"{type(sub.error).__name__}: {sub.error}"]
-        self.out.send(["done", job.bases[-1], slot, error])
+        self.out.send(["done", job.bases[BATCH], slot, error])
 
     async def _send_read(self, job: Job, read_id: int, data: memoryview) -> None:
         if job.submission.error is not None:

@@ -7,17 +7,8 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ._actor import AWAIT as AWAIT
-from ._actor import EXEC as EXEC
-from ._actor import EXEC_THREAD as EXEC_THREAD
-from ._actor import FIRST_DEVICE_OP as FIRST_DEVICE_OP
-from ._actor import SIGNAL as SIGNAL
-from ._actor import WAIT as WAIT
-from ._actor import ActorClosedError as ActorClosedError
 from ._actor import ActorStatistics as ActorStatistics
-from ._actor import Job as Job
 from ._actor import QueueActor as QueueActor
-from ._actor import Submission as Submission
 from ._connection import RemoteConnectionError as RemoteConnectionError
 from ._connection import RemoteError as RemoteError
 from ._costmodel import PRESETS as PRESETS
@@ -29,6 +20,25 @@ from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
+from ._ops import AWAIT as AWAIT
+from ._ops import BATCH as BATCH
+from ._ops import EXEC as EXEC
+from ._ops import EXEC_THREAD as EXEC_THREAD
+from ._ops import FIRST_QUEUE_SLOT as FIRST_QUEUE_SLOT
+from ._ops import KICK as KICK
+from ._ops import SIGNAL as SIGNAL
+from ._ops import WAIT as WAIT
+from ._ops import ActorClosedError as ActorClosedError
+from ._ops import Job as Job
+from ._ops import JobProfile as JobProfile
+from ._ops import Op as Op
+from ._ops import RunOp as RunOp
+from ._ops import SignalOp as SignalOp
+from ._ops import Submission as Submission
+from ._ops import WaitOp as WaitOp
+from ._ops import run_op as run_op
+from ._ops import signal_op as signal_op
+from ._ops import wait_op as wait_op
 from ._remote import RemoteDevice as RemoteDevice
 from ._remote import open_remote_devices, parse_remote_name
 from ._signal import Signal as Signal

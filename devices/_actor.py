@@ -1,26 +1,13 @@
-"""Queue actors: a trio task with an inbox that replays lowered message lists.
+"""Queue actors: a trio task with an inbox that replays lowered op lists.
 
-A *job* is one queue's part of one submission (a graph replay, an eager item, a host
-copy): a tuple of ops plus the per-submission base values its waits and signals are
-relative to. Ops are plain tuples so the replay loop stays a tight Python loop:
-
-    (WAIT, signal, base_slot, rel)     park until signal >= bases[base_slot] + rel
-    (SIGNAL, signal, base_slot, rel[, host])   set signal to bases[base_slot] + rel; `host`
-                                       False: no actor waits on it through the trio side
-                                       (a GPU queue may then skip telling the host)
-    (EXEC, fn, args, item)             fn(*args) inline, in the actor
-    (EXEC_THREAD, fn, args, item)      fn(*args) on the actor's worker thread; runs of
-                                       consecutive EXEC_THREAD ops go over in one hop
-    (AWAIT, fn, args, item)            await fn(job, *args) in the actor, for ops that do
-                                       I/O (REMOTE transfers). It runs even after the
-                                       submission failed: fn checks job.submission.error
-
-Device kinds add codes of their own (>= FIRST_DEVICE_OP) and handle them in
-`_run_device_op`.
+What a job and its ops are is written down in devices/_ops.py. `QueueActor` runs the
+codes every queue shares (HOST_OPS); device kinds run codes of their own in
+`_run_device_op` and say which they run in `op_codes`.
 
 Profiling: a job that carries a JobProfile runs in `_run_job_profiled`, a copy of the
 loop that timestamps every item with the actor's clock (`_now`); the choice is made once
-per job, so the plain loop never tests for it.
+per job, so the plain loop never tests for it. The two loops run the same codes: a test
+runs every code of every device kind through both.
 """
 
 from __future__ import annotations
@@ -29,133 +16,30 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 import outcome
 import trio
 
+from ._ops import (
+    AWAIT,
+    EXEC,
+    EXEC_THREAD,
+    HOST_OPS,
+    ITEM,
+    SIGNAL,
+    WAIT,
+    ActorClosedError,
+    Job,
+    Op,
+    Submission,
+    op_name,
+)
 from ._signal import Doorbell, Signal
 
 _VALUE_MAX = (1 << 64) - 1
-
-WAIT = 0
-SIGNAL = 1
-EXEC = 2
-EXEC_THREAD = 3
-AWAIT = 4
-FIRST_DEVICE_OP = 16
-
-Op = tuple[Any, ...]
-
-
-class ActorClosedError(RuntimeError):
-    """The actor that was to run this work has shut down (its runtime exited)."""
-
-
-class Submission:
-    """Shared state of one submission while its jobs run on several actors.
-
-    Invariants: `remaining` counts jobs not yet finished; `device_left[d]` counts the
-    unfinished jobs that touch device d; device d's timeline moves to `tickets[d]` when
-    that count reaches zero, so later submissions on d start only after this one.
-    """
-
-    __slots__ = (
-        "device_left",
-        "done",
-        "error",
-        "failed_actor",
-        "failed_item",
-        "graph",
-        "on_done",
-        "queue_devices",
-        "remaining",
-        "tickets",
-        "time_blocked",
-        "timelines",
-        "waits_parked",
-    )
-
-    def __init__(
-        self,
-        njobs: int,
-        timelines: Sequence[Signal],
-        tickets: Sequence[int],
-        queue_devices: Sequence[Sequence[int]],
-        device_jobs: Sequence[int],
-    ) -> None:
-        self.remaining = njobs
-        self.timelines = timelines
-        self.tickets = tickets
-        self.queue_devices = queue_devices
-        self.device_left = list(device_jobs)
-        self.error: BaseException | None = None
-        self.failed_item = -1
-        self.failed_actor = ""
-        self.done = trio.Event()
-        self.on_done: Callable[[Submission], None] | None = None
-        self.graph: object = None  # the Graph a replay belongs to (for statistics)
-        # Counted only where an actor really parks (the slow path), never per op.
-        self.waits_parked = 0
-        self.time_blocked = 0.0
-        if njobs == 0:
-            self.done.set()
-
-    def fail(self, item: int, actor: str, error: BaseException) -> None:
-        """Record the first failure; later ops of this submission skip their execs."""
-        if self.error is None:
-            self.error = error
-            self.failed_item = item
-            self.failed_actor = actor
-
-    def job_done(self, slot: int) -> None:
-        device_left = self.device_left
-        for d in self.queue_devices[slot]:
-            device_left[d] -= 1
-            if device_left[d] == 0:
-                self.timelines[d].set(self.tickets[d])
-        self.remaining -= 1
-        if self.remaining == 0:
-            self.done.set()
-            if self.on_done is not None:
-                self.on_done(self)
-
-
-class JobProfile:
-    """Timestamps of one profiled job, filled in by the actor that runs it.
-
-    `spans` holds (op index, start, end) for every op that runs an item and for every
-    WAIT that parked; times come from the actor's clock (`QueueActor._now`).
-    """
-
-    __slots__ = ("end", "spans", "start")
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[int, float, float]] = []
-        self.start: float | None = None  # None until the actor starts / finishes the job
-        self.end: float | None = None
-
-
-class Job:
-    __slots__ = ("bases", "copy_bytes", "ops", "profile", "slot", "submission")
-
-    def __init__(
-        self,
-        ops: Sequence[Op],
-        bases: Sequence[int],
-        submission: Submission,
-        slot: int,
-        profile: JobProfile | None = None,
-        copy_bytes: int = 0,
-    ):
-        self.ops = ops
-        self.bases = bases
-        self.submission = submission
-        self.slot = slot
-        self.profile = profile  # None: the plain replay loop, no timestamps at all
-        self.copy_bytes = copy_bytes
 
 
 @attrs.frozen
@@ -196,7 +80,7 @@ class WorkerThread:
                     try:
                         op[1](*op[2])
                     except Exception as exc:  # reported to the submission, never lost
-                        failure = (op[3], exc)
+                        failure = (op[ITEM], exc)
                         break
             try:
                 self._token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(failure))
@@ -217,7 +101,7 @@ class WorkerThread:
                 op[1](*op[2])
             except Exception as exc:
                 times.append((start, clock()))
-                return (op[3], exc)
+                return (op[ITEM], exc)
             times.append((start, clock()))
         return None
 
@@ -238,6 +122,9 @@ class WorkerThread:
 
 class QueueActor:
     """A device queue as a trio task: it owns its timeline signal and runs jobs in order."""
+
+    # The op codes this kind of queue runs (devices/_ops.py).
+    op_codes: ClassVar[frozenset[int]] = HOST_OPS
 
     def __init__(self, name: str, timeline_start: int = 0) -> None:
         self.name = name
@@ -353,12 +240,9 @@ class QueueActor:
             pending.insert(0, self._current)
             self._current = None
         for job in pending:
-            sub = job.submission
-            sub.fail(-1, self.name, ActorClosedError(f"{self.name} was shut down before it ran this work"))
-            if not sub.done.is_set():
-                sub.done.set()
-                if sub.on_done is not None:
-                    sub.on_done(sub)
+            job.submission.abandon(
+                self.name, ActorClosedError(f"{self.name} was shut down before it ran this work")
+            )
 
     def _thread(self) -> WorkerThread:
         if self._worker is None:
@@ -367,6 +251,8 @@ class QueueActor:
         return self._worker
 
     async def _run_job(self, job: Job) -> None:
+        # Ops are indexed, not named, in both loops: [1] is the signal (WAIT, SIGNAL) or
+        # the function, [2] the base slot or the args, [3] the relative value or the item.
         ops = job.ops
         bases = job.bases
         sub = job.submission
@@ -383,7 +269,7 @@ class QueueActor:
                     try:
                         op[1](*op[2])
                     except Exception as exc:
-                        sub.fail(op[3], self.name, exc)
+                        sub.fail(op[ITEM], self.name, exc)
                 ran += 1
             elif code == WAIT:
                 signal = op[1]
@@ -419,7 +305,7 @@ class QueueActor:
                 try:
                     await op[1](job, *op[2])
                 except Exception as exc:
-                    sub.fail(op[3], self.name, exc)
+                    sub.fail(op[ITEM], self.name, exc)
             else:
                 i = await self._run_device_op(op, job, i)
         self.items_run += ran
@@ -468,7 +354,7 @@ class QueueActor:
                     try:
                         op[1](*op[2])
                     except Exception as exc:
-                        sub.fail(op[3], self.name, exc)
+                        sub.fail(op[ITEM], self.name, exc)
                 spans.append((i - 1, start, now()))
                 ran += 1
             elif code == WAIT:
@@ -494,6 +380,13 @@ class QueueActor:
                     spans.extend((first + k, t0, t1) for k, (t0, t1) in enumerate(times))
                     if failure is not None:
                         sub.fail(failure[0], self.name, failure[1])
+            elif code == AWAIT:
+                start = now()
+                try:
+                    await op[1](job, *op[2])
+                except Exception as exc:
+                    sub.fail(op[ITEM], self.name, exc)
+                spans.append((i - 1, start, now()))
             else:
                 first = i - 1
                 start = now()
@@ -505,4 +398,8 @@ class QueueActor:
 
     async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
         """Handle a device-specific op; return the index of the next op to run."""
-        raise RuntimeError(f"{self.name}: unknown op code {op[0]!r}")
+        raise RuntimeError(
+            f"{self.name}: op code {op_name(op[0])} is not one a {type(self).__name__} runs "
+            f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op list was lowered "
+            f"for another kind of queue"
+        )

@@ -19,8 +19,8 @@ import numpy as np
 import trio
 from actorgraph.scheduler import QueueKind
 
-from ._actor import FIRST_DEVICE_OP, SIGNAL, WAIT, Job, Op
 from ._device import DeviceError
+from ._ops import Job, Op, SignalOp, WaitOp, WireOp, own_signal
 from ._signal import Doorbell, Signal
 from ._wire import (
     CHUNK,
@@ -38,10 +38,6 @@ from ._wire import (
 
 if TYPE_CHECKING:
     from ._remote import RemoteDevice, RemoteQueue
-
-# A remote item, lowered: (WIRE, wire entry, bulk data to send with it or None, item index).
-WIRE = FIRST_DEVICE_OP
-
 
 class RemoteError(DeviceError):
     """A worker refused a request or reported that an item failed there."""
@@ -78,9 +74,12 @@ class _Program:
         self.prog_id = prog_id
         self.ops = ops  # held, so that id(ops) stays this program's key
         self.queue = queue
-        self.slot = _own_slot(ops)
+        own = own_signal(ops)
+        if own is None:
+            raise DeviceError(f"{queue.name}: a queue's op list ends with its own signal")
+        self.slot = own.slot
+        self.final = own.rel  # where the job leaves its queue's signal
         self.mirrors: list[tuple[Signal, int, int, int]] = []  # signal, base slot, rel, id
-        self.final = 0
 
 
 class _Batch:
@@ -343,7 +342,7 @@ class Connection:
 
     def post(self, job: Job, queue: RemoteQueue) -> None:
         if self.error is not None:
-            self._fail_job(job, _final_of(job.ops), job.bases, queue, self.error)
+            self._fail_job(job, queue, self.error)
             return
         self._queue((job, queue))
 
@@ -418,30 +417,28 @@ class Connection:
         program = _Program(next(self._ids), job.ops, queue)
         entries: list[Any] = []
         for op in job.ops:
-            code = op[0]
-            if code == WAIT:
-                signal = op[1]
+            if isinstance(op, WaitOp):
+                signal = op.signal
                 known = self._signal_ids.get(id(signal))
                 local = _local_queue(signal, self)
                 if local is not None:
-                    entries.append(["l", local.device.inner, op[2], op[3]])
+                    entries.append(["l", local.device.inner, op.slot, op.rel])
                     continue
                 if known is None or known[0] is not signal:
                     known = (signal, next(self._ids))
                     self._signal_ids[id(signal)] = known
-                entries.append(["w", known[1], op[2], op[3]])
-                program.mirrors.append((signal, op[2], op[3], known[1]))
-            elif code == SIGNAL:
-                entries.append(["s", op[2], op[3]])
-                program.final = op[3]
-            elif code == WIRE:
-                entries.append(op[1])
-                if op[1][0] == "hw":
+                entries.append(["w", known[1], op.slot, op.rel])
+                program.mirrors.append((signal, op.slot, op.rel, known[1]))
+            elif isinstance(op, SignalOp):
+                entries.append(["s", op.slot, op.rel])
+            elif isinstance(op, WireOp):
+                entries.append(op.entry)
+                if op.blobs is not None:  # a host write: its data goes ahead of it
                     one_shot = True
-                    for blob_id, chunk in op[2]:
+                    for blob_id, chunk in op.blobs:
                         parts += [encode(["blob", blob_id], len(chunk)), chunk]
             else:
-                raise DeviceError(f"{queue.name}: op code {code!r} cannot run on a worker")
+                raise DeviceError(f"{queue.name}: op {op[0]!r} cannot run on a worker")
         store = store and not one_shot
         if not store and not one_shot:
             self._seen[key] = job.ops
@@ -569,7 +566,7 @@ class Connection:
         error = self.error
         for batch in list(self._batches.values()):
             for job, program in batch.jobs.values():
-                self._fail_job(job, program.final, batch.bases, program.queue, error)
+                self._fail_job(job, program.queue, error)
         self._batches.clear()
         for read in self._reads.values():
             read.error = error
@@ -579,7 +576,7 @@ class Connection:
             entry = self._pending.popleft()
             if type(entry) is tuple:
                 job, queue = entry
-                self._fail_job(job, _final_of(job.ops), job.bases, queue, error)
+                self._fail_job(job, queue, error)
             elif type(entry) is _Frame:
                 entry.error = error
                 if entry.sent is not None:
@@ -587,27 +584,13 @@ class Connection:
         self._doorbell.ring()
 
     @staticmethod
-    def _fail_job(
-        job: Job, final: int, bases: Sequence[int], queue: RemoteQueue, error: BaseException
-    ) -> None:
-        sub = job.submission
-        sub.fail(-1, queue.name, error)
-        queue.signal.set(bases[_own_slot(job.ops)] + final)
-        sub.job_done(job.slot)
-
-
-def _own_slot(ops: Sequence[Op]) -> int:
-    for op in reversed(ops):
-        if op[0] == SIGNAL:
-            return int(op[2])
-    raise DeviceError("a queue's op list ends with its own signal")
-
-
-def _final_of(ops: Sequence[Op]) -> int:
-    for op in reversed(ops):
-        if op[0] == SIGNAL:
-            return int(op[3])
-    return 0
+    def _fail_job(job: Job, queue: RemoteQueue, error: BaseException) -> None:
+        """End a job the worker will never report: its queue's signal moves to where the
+        job would have left it (so what waits on it goes on), and the submission fails."""
+        own = own_signal(job.ops)
+        if own is not None:
+            queue.signal.set(job.bases[own.slot] + own.rel)
+        job.fail(queue.name, error, item=-1)
 
 
 def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 from actorgraph.scheduler import QueueKind
 
-from ._actor import EXEC, EXEC_THREAD, Op, QueueActor
+from ._actor import QueueActor
 from ._device import Device, DeviceError, LaunchRequest
+from ._ops import EXEC, EXEC_THREAD, Op, run_op
 
 DEFAULT_THREAD_BYTES = 1 << 20
 
@@ -68,13 +69,15 @@ class CPUDevice(Device):
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         fn, args = host_launch_call(self, launch)
-        return (self._code(sum([b.nbytes for b in launch[2]])), fn, args, launch[0])
+        return run_op(self._code(sum([b.nbytes for b in launch[2]])), fn, args, launch[0])
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
-        return (self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item)
+        return run_op(
+            self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item
+        )
 
     def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
-        return (self._code(buffer.nbytes), np.copyto, copy_args(buffer.host_view(), array), -1)
+        return run_op(self._code(buffer.nbytes), np.copyto, copy_args(buffer.host_view(), array), -1)
 
     def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
-        return (self._code(buffer.nbytes), np.copyto, copy_args(out, buffer.host_view()), -1)
+        return run_op(self._code(buffer.nbytes), np.copyto, copy_args(out, buffer.host_view()), -1)

@@ -9,7 +9,8 @@ import numpy as np
 import trio
 from actorgraph.scheduler import ActorGraphError, DeviceCaps, QueueKind
 
-from ._actor import Op, QueueActor
+from ._actor import QueueActor
+from ._ops import Op
 from ._signal import Signal
 
 

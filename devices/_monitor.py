@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from ._actor import SIGNAL, WAIT, Job, QueueActor, Submission
+from ._actor import QueueActor
+from ._ops import SIGNAL, WAIT, Job, Submission
 from ._signal import Signal
 
 

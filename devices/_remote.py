@@ -59,9 +59,10 @@ import numpy as np
 import trio
 from actorgraph.scheduler import QueueKind
 
-from ._actor import AWAIT, Job, Op, QueueActor
-from ._connection import WIRE, Connection, RemoteMemory, flat_bytes
+from ._actor import QueueActor
+from ._connection import Connection, RemoteMemory, flat_bytes
 from ._device import Device, DeviceError, LaunchRequest
+from ._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, run_op, wire_op
 
 REMOTE_NAME = re.compile(r"^([A-Z]+):(\d+)@(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
 
@@ -81,6 +82,8 @@ def parse_remote_name(name: str) -> tuple[str, int, str, int] | None:
 class RemoteQueue(QueueActor):
     """A worker's queue as the plan sees it. Its jobs go to the connection actor; its
     signal mirrors the worker queue's progress, as reported back by the worker."""
+
+    op_codes = frozenset([WAIT, SIGNAL, WIRE])
 
     def __init__(self, name: str, device: RemoteDevice, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
@@ -150,7 +153,7 @@ class RemoteDevice(Device):
             list(global_size),
             list(local_size),
         ]
-        return (WIRE, entry, None, item)
+        return wire_op(entry, item)
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
         """Every copy that touches a remote buffer, wherever the planner put it."""
@@ -162,7 +165,7 @@ class RemoteDevice(Device):
         if dst_remote and src_remote:
             # Neither side has a copy queue: this runs on the destination's worker.
             if dst_dev.connection is src_dev.connection:
-                return (WIRE, ["c", item, self._ref(dst), self._ref(src)], None, item)
+                return wire_op(["c", item, self._ref(dst), self._ref(src)], item)
             source = src_dev.connection
             entry = [
                 "p",
@@ -174,28 +177,28 @@ class RemoteDevice(Device):
                 self._ref(src),
                 source.ticket(src.memory.handle),
             ]
-            return (WIRE, entry, None, item)
+            return wire_op(entry, item)
         if src_remote:
             # Runs on the client-local destination's queue: pull the bytes over.
-            return (AWAIT, src_dev.connection.pull, (dst.host_view(), self._ref(src)), item)
+            return run_op(AWAIT, src_dev.connection.pull, (dst.host_view(), self._ref(src)), item)
         if QueueKind.COPY not in src_dev.queues:
             raise DeviceError(
                 f"copy {src.device}->{dst.device}: a copy from a client-local device to a "
                 f"remote one runs on the source's copy queue, and {src.device} has none; "
                 f"copy through a device that has one (e.g. a CPU device)"
             )
-        return (AWAIT, dst_dev.connection.push, (src.host_view(), self._ref(dst)), item)
+        return run_op(AWAIT, dst_dev.connection.push, (src.host_view(), self._ref(dst)), item)
 
     def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         data = flat_bytes(array)
         step = self.connection.chunk
         chunks = [data[i : i + step] for i in range(0, len(data), step)] or [data]
         blob_ids = [self.connection.next_blob() for _ in chunks]
-        return (WIRE, ["hw", -1, self._ref(buffer), blob_ids], list(zip(blob_ids, chunks)), -1)
+        return wire_op(["hw", -1, self._ref(buffer), blob_ids], -1, list(zip(blob_ids, chunks)))
 
     def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         read_id = self.connection.expect_read(flat_bytes(out), staged=True)
-        return (WIRE, ["hr", -1, self._ref(buffer), read_id], None, -1)
+        return wire_op(["hr", -1, self._ref(buffer), read_id], -1)
 
 
 def open_remote_devices(

@@ -26,13 +26,11 @@ import numpy as np
 import trio
 from actorgraph.scheduler import DeviceCaps, QueueKind
 
-from ._actor import FIRST_DEVICE_OP, Job, Op, QueueActor
+from ._actor import QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
 from ._device import Device, LaunchRequest
-
-# (SIM_RUN, fn, args, item, seconds): run fn(*args) now, take `seconds` of simulated time.
-SIM_RUN = FIRST_DEVICE_OP
+from ._ops import HOST_OPS, KICK, SIM_RUN, Job, Op, sim_run
 
 
 @attrs.frozen
@@ -53,6 +51,8 @@ class SimRecord:
 
 class SimQueueActor(QueueActor):
     """A queue actor that takes simulated time per item and records when each ran."""
+
+    op_codes = HOST_OPS | {SIM_RUN}
 
     def __init__(self, name: str, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
@@ -82,8 +82,8 @@ class SimQueueActor(QueueActor):
             except Exception as exc:
                 sub.fail(op[3], self.name, exc)
         self.items_run += 1
-        # The kick value (the last base) numbers submissions runtime-wide.
-        self._records.append((job.bases[-1], op[3], start, end))
+        # The kick value numbers submissions runtime-wide.
+        self._records.append((job.bases[KICK], op[3], start, end))
         ops = job.ops
         # Something observable comes next (or the job is profiled, and its spans must be
         # this item's): let simulated time catch up first.
@@ -160,24 +160,19 @@ class SIMDevice(Device):
     def lower_launch(self, launch: LaunchRequest) -> Op:
         fn, args = host_launch_call(self, launch)
         seconds = self.launch_duration(launch.kernel, launch.buffers, launch.var_values)
-        return (SIM_RUN, fn, args, launch.item, seconds)
+        return sim_run(fn, args, launch.item, seconds)
 
     def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
-        return (
-            SIM_RUN,
-            np.copyto,
-            copy_args(dst.host_view(), src.host_view()),
-            item,
-            self.copy_duration(dst, src),
-        )
+        args = copy_args(dst.host_view(), src.host_view())
+        return sim_run(np.copyto, args, item, self.copy_duration(dst, src))
 
     def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
-        return (SIM_RUN, np.copyto, copy_args(buffer.host_view(), array), -1, seconds)
+        return sim_run(np.copyto, copy_args(buffer.host_view(), array), -1, seconds)
 
     def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
-        return (SIM_RUN, np.copyto, copy_args(out, buffer.host_view()), -1, seconds)
+        return sim_run(np.copyto, copy_args(out, buffer.host_view()), -1, seconds)
 
 
 def sim_op_seconds(op: Op) -> float:

@@ -20,8 +20,11 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _op_samples import OpSampler
 from _paths import child_pythonpath
+from actorgraph.devices import Op
 from actorgraph.devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
+from actorgraph.scheduler import QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -289,6 +292,46 @@ async def test_item_failure_on_worker_names_the_item(
             assert (await rt.copyout(x)).shape == (8,)
 
 
+@pytest.mark.parametrize("profiled", [False, True], ids=["plain", "profiled"])
+async def test_every_code_of_a_remote_queue_runs_in_both_loops(
+    workers: tuple[WorkerProcess, WorkerProcess], profiled: bool
+) -> None:
+    name = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([name]) as rt:
+            device = rt.device(name)
+            buf = rt.alloc(name, 4, np.int32)
+            data = np.arange(4, dtype=np.int32) + 7
+
+            def wire() -> Op:
+                return device.lower_host_write(buf, data, QueueKind.COMPUTE)
+
+            sampler = OpSampler(device.queues[QueueKind.COMPUTE])
+            for code in sorted(sampler.actor.op_codes):
+                await sampler.run(code, profiled, wire)
+            np.testing.assert_array_equal(await rt.copyout(buf), data)
+
+
+async def test_profiled_replay_copies_between_local_and_remote(
+    workers: tuple[WorkerProcess, WorkerProcess],
+) -> None:
+    # The local queue's side of such a copy is an AWAIT op, in the profiled loop too.
+    r0 = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", r0]) as rt:
+            x, z = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+            y = rt.alloc(r0, 8, np.int32)
+            await rt.copyin(x, np.arange(8, dtype=np.int32))
+            items = [ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y]), ag.Copy(dst=z, src=y)]
+            graph = await rt.compile(items)
+            await graph(profile=True)
+            np.testing.assert_array_equal(await rt.copyout(z), np.arange(8) + 1)
+            profile = graph.last_profile
+    assert profile is not None
+    copies = sorted(e.item for e in profile.events if e.actor == "CPU:0/copy")
+    assert copies == [0, 2]
+
+
 # -- the fuzzer: random graphs over local and remote devices, against a numpy model --
 
 _KERNELS = {"xor": (XOR, np.bitwise_xor), "add": (ADD, np.add)}
@@ -552,7 +595,7 @@ async def test_refuses_bad_requests_and_keeps_the_session(
                 (["alloc", 1, "CPU:0", 1 << 40, "int8"], "over the limit"),
                 (["alloc", 2, "CPU:0", 4, "object"], "is not one of"),
                 (["alloc", 3, "GPU:7", 4, "int32"], "no device 'GPU:7'"),
-                (["batch", 9, [0], [12345], []], "unknown program id 12345"),
+                (["batch", 9, [0, 0, 0], [12345], []], "unknown program id 12345"),
                 (["frobnicate", 1], "unknown request 'frobnicate'"),
                 (["free"], "has 1 fields, got 0"),
             ]
@@ -560,31 +603,44 @@ async def test_refuses_bad_requests_and_keeps_the_session(
                 await stream.send([encode(request)])
                 meta, _ = await stream.receive()
                 assert meta[0] == "error" and message in meta[-1], (request, meta)
+            # Base slots: KICK, BATCH, then the queues' own (from 2; devices/_ops.py).
+            bases = [0, 0, 0]
             # A program naming an unknown kernel is refused when a batch runs it.
             await stream.send([encode(["alloc", 5, "CPU:0", 4, "int32"])])
-            prog = [["k", 0, "nope", [[5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]], ["s", 0, 1]]
+            prog = [["k", 0, "nope", [[5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]], ["s", 2, 1]]
             await stream.send(
-                [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0], [1], []])]
+                [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, bases, [1], []])]
             )
             meta, _ = await stream.receive()
-            assert meta[:3] == ["done", 2, 0] and "unknown kernel 'nope'" in meta[3][2]
+            assert meta[:3] == ["done", 2, 2] and "unknown kernel 'nope'" in meta[3][2]
             # The session still works: a valid program runs.
-            prog = [
-                ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
-                ["s", 0, 1],
-            ]
+            inc = ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
             await stream.send(
-                [encode(["prog", 3, "CPU:0", prog, False]), encode(["batch", 4, [0], [3], []])]
+                [
+                    encode(["prog", 3, "CPU:0", [inc, ["s", 2, 1]], False]),
+                    encode(["batch", 4, bases, [3], []]),
+                ]
             )
             meta, _ = await stream.receive()
-            assert meta == ["done", 4, 0, None]
-            # A program may not signal past its own range on the shared queue.
-            prog = [["s", 0, 1000]]
-            await stream.send(
-                [encode(["prog", 5, "CPU:0", prog, False]), encode(["batch", 6, [0], [5], []])]
-            )
+            assert meta == ["done", 4, 2, None]
+            # A program may not signal past its own range on the shared queue, nor on the
+            # slots of KICK and BATCH.
+            for prog_id, prog, message in [
+                (5, [["s", 2, 1000]], "signals must rise to its item count"),
+                (7, [inc, ["s", 1, 1]], "signals on base slot 1, which is KICK or BATCH"),
+            ]:
+                await stream.send(
+                    [
+                        encode(["prog", prog_id, "CPU:0", prog, False]),
+                        encode(["batch", prog_id + 1, bases, [prog_id], []]),
+                    ]
+                )
+                meta, _ = await stream.receive()
+                assert meta[0] == "done" and message in meta[3][2], meta
+            # A batch carries the KICK and BATCH slots at least.
+            await stream.send([encode(["batch", 9, [0], [], []])])
             meta, _ = await stream.receive()
-            assert meta[0] == "done" and "signals must rise to its item count" in meta[3][2]
+            assert meta[0] == "error" and "a batch has KICK and BATCH first" in meta[-1]
             stream.sock.close()
             np.testing.assert_array_equal(await rt.copyout(theirs), np.arange(4))
 
@@ -633,10 +689,10 @@ async def test_a_client_that_leaves_mid_job_does_not_block_others(
         prog = [
             ["w", 1, 0, 5],
             ["k", 0, "inc", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
-            ["s", 0, 1],
+            ["s", 2, 1],
         ]
         await stream.send(
-            [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0], [1], []])]
+            [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0, 0, 0], [1], []])]
         )
         stream.sock.close()
         await _still_serves(worker)

@@ -26,12 +26,12 @@ import numpy as np
 import trio
 from actorgraph.scheduler import QueueKind
 
-from .._actor import Op
 from .._device import Device, DeviceError, LaunchRequest
+from .._ops import Op, cuda_item
 from .._signal import Signal
 from . import _commands as C
 from ._driver import CopyKind, CudaDriver, DriverUnavailable, open_driver
-from ._queue import CUDA_ITEM, CudaQueueActor
+from ._queue import CudaQueueActor
 
 ENV_DRIVER = "ACTORGRAPH_CUDA_DRIVER"
 _INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -364,7 +364,7 @@ class CUDADevice(Device):
                 f"{block[0] * block[1] * block[2]} threads a block, and CUDA allows at most "
                 f"{_MAX_BLOCK}; use a smaller local_size and a larger global_size"
             )
-        return (CUDA_ITEM, ((C.KERNEL, function, grid, block, pointers, ints, body),), item)
+        return cuda_item(((C.KERNEL, function, grid, block, pointers, ints, body),), item)
 
     # -- copies --
 
@@ -400,7 +400,7 @@ class CUDADevice(Device):
         cmds: tuple[C.Command, ...]
         keep: Any = None
         if nbytes == 0 and (dst_gpu or src_gpu):
-            return (CUDA_ITEM, (), item, None)  # nothing to move; the driver takes no empty copies
+            return cuda_item((), item)  # nothing to move; the driver takes no empty copies
         if dst_gpu and src_gpu:
             dst_dev, src_dev = dst_mem.device, src_mem.device
             if dst_dev is src_dev:
@@ -423,7 +423,7 @@ class CUDADevice(Device):
             cmds, keep = self._download(item, actor, dst.host_view(), src)
         else:
             raise DeviceError(f"{self.name} cannot copy between {dst!r} and {src!r}: neither is on it")
-        return (CUDA_ITEM, cmds, item, keep)
+        return cuda_item(cmds, item, keep)
 
     def _upload(self, item: int, actor: CudaQueueActor, dst: Any,
                 array: np.ndarray[Any, Any]) -> tuple[tuple[C.Command, ...], Any]:
@@ -453,11 +453,11 @@ class CUDADevice(Device):
 
     def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         cmds, keep = self._upload(-1, self._actor(queue), buffer, array)
-        return (CUDA_ITEM, cmds, -1, keep)
+        return cuda_item(cmds, -1, keep)
 
     def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         cmds, keep = self._download(-1, self._actor(queue), out, buffer)
-        return (CUDA_ITEM, cmds, -1, keep)
+        return cuda_item(cmds, -1, keep)
 
     # -- DLPack --
 

@@ -48,14 +48,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
-from actorgraph.devices._actor import (
-    FIRST_DEVICE_OP,
+from actorgraph.devices._actor import QueueActor
+from actorgraph.devices._ops import (
+    CUDA_ITEM,
+    KICK,
     SIGNAL,
     WAIT,
     ActorClosedError,
+    CudaItem,
     Job,
-    QueueActor,
+    SignalOp,
     Submission,
+    WaitOp,
+    op_name,
 )
 from actorgraph.devices._signal import Signal
 
@@ -64,8 +69,6 @@ from ._driver import CudaDriver, CudaError
 
 if TYPE_CHECKING:
     from ._device import CUDADevice
-
-CUDA_ITEM = FIRST_DEVICE_OP  # (CUDA_ITEM, commands, item index)
 
 # Jobs with at least this many items replay as a CUDA graph (see `_graph_job`).
 DEFAULT_GRAPH_MIN_ITEMS = 2
@@ -118,6 +121,8 @@ class _GraphEntry:
 
 class CudaQueueActor(QueueActor):
     """A compute or copy queue of one GPU: owns a non-blocking stream and a mapped word."""
+
+    op_codes = frozenset([WAIT, SIGNAL, CUDA_ITEM])
 
     def __init__(self, name: str, device: CUDADevice, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
@@ -233,13 +238,8 @@ class CudaQueueActor(QueueActor):
         super()._abandon()
         self._notified.clear()
         while self._in_flight:
-            sub = self._in_flight.popleft().submission
-            sub.fail(-1, self.name, ActorClosedError(
+            self._in_flight.popleft().submission.abandon(self.name, ActorClosedError(
                 f"{self.name} was shut down while the GPU still ran this work"))
-            if not sub.done.is_set():
-                sub.done.set()
-                if sub.on_done is not None:
-                    sub.on_done(sub)
 
     def waits_without_host(self, other: QueueActor) -> bool:
         # Words (both with stream memory operations) or events (both without).
@@ -323,7 +323,9 @@ class CudaQueueActor(QueueActor):
             record.spans.append((index, self._stamp_start, now))
 
     async def _stream_job(self, job: Job, profiled: bool = False) -> None:
-        """Put a job's work on the stream command by command (eager work, short jobs)."""
+        """Put a job's work on the stream command by command (eager work, short jobs).
+
+        Ops are indexed as in the actors' loops (fields in devices/_ops.py)."""
         ops, bases, sub = job.ops, job.bases, job.submission
         cmds: list[C.Command] = []
         ran = 0
@@ -362,9 +364,13 @@ class CudaQueueActor(QueueActor):
                             self._flush(cmds)
                             await self._park(signal, target, sub, index)
                 elif code == SIGNAL:
-                    self._signal_commands(cmds, bases[op[2]] + op[3], len(op) < 5 or op[4])
+                    self._signal_commands(cmds, bases[op[2]] + op[3], op[4])
                 else:
-                    raise RuntimeError(f"{self.name}: op {op[0]!r} cannot run on a CUDA queue")
+                    raise RuntimeError(
+                        f"{self.name}: op code {op_name(code)} cannot run on a CUDA queue "
+                        f"(it runs WAIT, SIGNAL and CUDA_ITEM); the op list was lowered for "
+                        f"another kind of queue"
+                    )
             if profiled:
                 cmds.append((C.HOST, functools.partial(stamp, job, -1, False)))
             cmds.append((C.HOST, self._host_job_end))
@@ -376,19 +382,17 @@ class CudaQueueActor(QueueActor):
 
     def _mirror(self, signal: Signal, slot: int, bases: Sequence[int]) -> int | None:
         """A mapped word following a trio-side signal, or None: then the host waits.
-        KICK (the last base) is set before any job runs: it never needs a word."""
-        if not self.mem_ops or slot == len(bases) - 1:
+        KICK is set before any job runs: it never needs a word."""
+        if not self.mem_ops or slot == KICK:
             return None
         return self.device.mirror(signal)
 
     def _fail_unsent(self, job: Job, exc: Exception) -> None:
         # A driver call refused: name the job's first item (which one is not known).
-        item = next((op[2] for op in job.ops if op[0] == CUDA_ITEM), -1)
         if job in self._in_flight:
             # Its end marker may not be on the stream: finish it here, after what was sent.
             self._in_flight.remove(job)
-        job.submission.fail(item, self.name, exc)
-        job.submission.job_done(job.slot)
+        job.fail(self.name, exc)
         if isinstance(exc, CudaError) and exc.sticky:
             self.device.lose(exc)
 
@@ -396,17 +400,13 @@ class CudaQueueActor(QueueActor):
         """The context is lost: no completion will come for the work on the GPU."""
         self._notified.clear()
         while self._in_flight:
-            job = self._in_flight.popleft()
-            job.submission.fail(-1, self.name, exc)
-            job.submission.job_done(job.slot)
+            self._in_flight.popleft().fail(self.name, exc, item=-1)
 
     def _refuse_lost(self, job: Job) -> bool:
         lost = self.device.lost
         if lost is None:
             return False
-        item = next((op[2] for op in job.ops if op[0] == CUDA_ITEM), -1)
-        job.submission.fail(item, self.name, lost)
-        job.submission.job_done(job.slot)
+        job.fail(self.name, lost)
         return True
 
     def _signal_commands(self, cmds: list[C.Command], value: int, host: bool = True) -> None:
@@ -482,39 +482,37 @@ class CudaQueueActor(QueueActor):
     def _plan_graph(self, job: Job) -> _GraphEntry | None:
         """Commands for a graph of this job, or None if it must run on the stream."""
         ops, bases = job.ops, job.bases
-        kick_slot = len(bases) - 1  # Program puts the KICK base last
         entry = _GraphEntry()
         cmds = entry.cmds
         entry.notify = not any(
             cmd[0] == C.HOST or (cmd[0] == C.KERNEL and cmd[6] is not None)
-            for op in ops if op[0] == CUDA_ITEM for cmd in op[1]
+            for op in ops if isinstance(op, CudaItem) for cmd in op.commands
         )
         for index, op in enumerate(ops):
-            code = op[0]
-            if code == CUDA_ITEM:
+            if isinstance(op, CudaItem):
                 entry.items += 1
-                cmds.extend(op[1])
-            elif code == WAIT:
-                signal = op[1]
+                cmds.extend(op.commands)
+            elif isinstance(op, WaitOp):
+                signal, slot, rel = op.signal, op.slot, op.rel
                 if isinstance(signal, MappedSignal) and signal.owner.mem_ops:
-                    entry.value_nodes.append((len(cmds), op[2], op[3], signal))
-                    cmds.append((C.WAIT_VALUE, signal.device_pointer, bases[op[2]] + op[3]))
-                elif op[2] == kick_slot:
+                    entry.value_nodes.append((len(cmds), slot, rel, signal))
+                    cmds.append((C.WAIT_VALUE, signal.device_pointer, bases[slot] + rel))
+                elif slot == KICK:
                     # Set when the job was posted: awaiting it first cannot deadlock.
-                    entry.host_waits.append((signal, op[2], op[3], index))
+                    entry.host_waits.append((signal, slot, rel, index))
                 else:
                     word = self.device.mirror(signal)
                     if word is None:
                         return None
-                    entry.value_nodes.append((len(cmds), op[2], op[3], signal))
-                    cmds.append((C.WAIT_VALUE, word, bases[op[2]] + op[3]))
-            elif code == SIGNAL:
-                entry.value_nodes.append((len(cmds), op[2], op[3], None))
-                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op[2]] + op[3]))
-                if len(op) >= 5 and not op[4]:
+                    entry.value_nodes.append((len(cmds), slot, rel, signal))
+                    cmds.append((C.WAIT_VALUE, word, bases[slot] + rel))
+            elif isinstance(op, SignalOp):
+                entry.value_nodes.append((len(cmds), op.slot, op.rel, None))
+                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op.slot] + op.rel))
+                if not op.host:
                     pass  # only GPU queues wait on it, on the word
                 elif entry.notify:
-                    entry.reports.append((op[2], op[3]))
+                    entry.reports.append((op.slot, op.rel))
                 else:  # a host node: it stops the stream until the callback has run
                     cmds.append((C.HOST, self._host_signal))
             else:

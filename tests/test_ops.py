@@ -1,0 +1,88 @@
+"""The op format (devices/_ops.py): one table of codes, and every queue runs all of its own.
+
+Every code a kind of queue says it runs (`op_codes`) goes through that queue's plain loop
+and its profiled loop, for every device kind: the two loops cannot drift apart again.
+(The REMOTE queue's run is in test_remote.py, beside the workers it needs.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from _op_samples import OpSampler
+from actorgraph.devices import _ops
+from actorgraph.devices._actor import QueueActor
+from actorgraph.devices._ops import (
+    AWAIT,
+    EXEC,
+    EXEC_THREAD,
+    FIRST_QUEUE_SLOT,
+    OP_NAMES,
+    OP_TYPES,
+    SIGNAL,
+    WAIT,
+    Op,
+    cuda_item,
+    run_op,
+    signal_op,
+    sim_run,
+    wait_op,
+    wire_op,
+)
+from actorgraph.devices._signal import Signal
+from actorgraph.devices.cuda._fake import FakeDriver
+from actorgraph.scheduler import QueueKind
+
+import actorgraph as ag
+
+GUARD = 30  # seconds: a hang guard only (CUDA runs on the fake driver's threads)
+
+
+def test_the_table_names_every_code_once() -> None:
+    assert set(OP_NAMES) == set(OP_TYPES)
+    assert len(set(OP_NAMES.values())) == len(OP_NAMES)  # no two codes share a name
+    for code, name in OP_NAMES.items():
+        assert getattr(_ops, name) == code
+    assert _ops.HOST_OPS <= set(OP_NAMES)
+
+
+def test_builders_make_the_shape_of_their_code() -> None:
+    signal = Signal("s")
+    built: list[Op] = [
+        wait_op(signal, FIRST_QUEUE_SLOT, 1),
+        signal_op(signal, FIRST_QUEUE_SLOT, 1),
+        run_op(EXEC, print, (), 0),
+        run_op(EXEC_THREAD, print, (), 0),
+        run_op(AWAIT, print, (), 0),
+        sim_run(print, (), 0, 1.0),
+        cuda_item((), 0),
+        wire_op(["k"], 0),
+    ]
+    assert sorted(op[0] for op in built) == sorted(OP_NAMES)
+    for op in built:
+        assert type(op) is OP_TYPES[op[0]]
+        if op[0] not in (WAIT, SIGNAL):
+            assert op[_ops.ITEM] == 0 == op.item  # type: ignore[attr-defined]
+    assert signal_op(signal, 2, 1).host is True
+
+
+def test_a_queue_given_a_code_it_does_not_run_names_it() -> None:
+    actor = QueueActor("q")
+    with pytest.raises(RuntimeError, match=r"q: op code CUDA_ITEM is not one a QueueActor runs"):
+        trio.run(actor._run_device_op, cuda_item((), 0), None, 0)
+
+
+@pytest.mark.parametrize("name", ["CPU:0", "SIM:0", "CUDA:0"])
+@pytest.mark.parametrize("profiled", [False, True], ids=["plain", "profiled"])
+async def test_every_code_of_a_local_queue_runs_in_both_loops(name: str, profiled: bool) -> None:
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime([name], cuda_driver=FakeDriver()) as rt:
+            device = rt.device(name)
+            for kind in (QueueKind.COMPUTE, QueueKind.COPY):
+                actor = device.queues.get(kind)
+                if actor is None:
+                    continue
+                sampler = OpSampler(actor)
+                for code in sorted(actor.op_codes):
+                    await sampler.run(code, profiled)
+                assert set(actor.op_codes) <= set(OP_NAMES)
