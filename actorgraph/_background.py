@@ -33,6 +33,7 @@ import trio
 
 from actorgraph.scheduler import Plan
 
+from ._await import GRAPH_NAMES, described
 from ._buffer import Buffer
 from ._errors import ClosedError, UsageError
 from ._graph import Graph
@@ -87,6 +88,33 @@ class Call(Generic[T]):
             self._entry = self._owner._submit(self._fn, self._args, self._kwargs, self._what)
         self._owner._observe(self._entry)
         return self._entry
+
+    def _forgot(self, use: str) -> UsageError:
+        return UsageError(
+            f"{use} on {self._what} itself, which is a Call, not its result: write "
+            f"`x = await {self._what}` in async code or `x = {self._what}.result()` in "
+            f"plain code, then use x"
+        )
+
+    def __aenter__(self) -> Any:
+        raise UsageError(
+            f"`async with {self._what}` needs its result, so wait for the call first: write "
+            f"`async with await {self._what} as graph:`"
+        )
+
+    def __aexit__(self, *exc: object) -> Any:  # pragma: no cover - __aenter__ always raises
+        return None
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._forgot("reading it as an array")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._forgot("calling it")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in GRAPH_NAMES:
+            raise self._forgot(f".{name}")
+        raise AttributeError(f"{self!r} has no attribute {name!r}")
 
     def done(self) -> bool:
         """Whether the work has finished (or failed)."""
@@ -195,6 +223,12 @@ class BackgroundGraph:
 
     def aclose(self) -> Call[None]:
         return Call(self._owner, self.graph.aclose, (), {}, "graph.aclose()")
+
+    async def __aenter__(self) -> BackgroundGraph:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class BackgroundRuntime:
@@ -419,7 +453,7 @@ class BackgroundRuntime:
         # The cheap checks here, so a plain mistake raises at once; the free itself waits
         # its turn behind the calls made before it, which may still use the buffer.
         if not isinstance(buffer, Buffer):
-            raise UsageError(f"free() takes a Buffer, got {buffer!r}")
+            raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
         buffer.check_live("free: ")

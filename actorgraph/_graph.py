@@ -11,6 +11,7 @@ import trio
 from actorgraph.scheduler import Plan
 
 from . import _jit
+from ._await import described
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, VarError
 from ._foreign import TimelinePoints, check_points
@@ -359,7 +360,7 @@ class Graph:
         overlap: str | None = None
         for i, (new, old) in enumerate(zip(inputs, expected)):
             if not isinstance(new, Buffer):
-                raise InputError(f"input {i} must be a Buffer, got {new!r}")
+                raise InputError(f"input {i} must be a Buffer, got {described(new)}")
             new.check_live(f"input {i}: ")
             if new.device != old.device:
                 raise InputError(

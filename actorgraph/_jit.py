@@ -460,7 +460,9 @@ class JitFunction:
         handle = forward_target(args, kwargs)
         if handle is not None:
             return handle._call(f"{self.name}(...)", self, *args, var_vals=var_vals, **kwargs)
-        return self._call(args, kwargs, var_vals)
+        coroutine = self._call(args, kwargs, var_vals)
+        coroutine.__qualname__ = self.name  # "step" in messages about a missing await
+        return coroutine
 
     async def _call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], var_vals: Mapping[Var, int] | None

@@ -9,6 +9,7 @@ import attrs
 
 from actorgraph.devices._costmodel import check_kernel_cost
 
+from ._await import described
 from ._buffer import Buffer
 from ._errors import UsageError
 from ._vars import Expr, IntLike, Var, variables_of
@@ -105,7 +106,7 @@ def _buffers(value: Sequence[Buffer]) -> tuple[Buffer, ...]:
     bufs = tuple(value)
     for i, buf in enumerate(bufs):
         if not isinstance(buf, Buffer):
-            raise UsageError(f"buffer slot {i} must be an actorgraph Buffer, got {buf!r}")
+            raise UsageError(f"buffer slot {i} must be an actorgraph Buffer, got {described(buf)}")
     return bufs
 
 
@@ -183,7 +184,9 @@ class Copy:
     def __attrs_post_init__(self) -> None:
         for name in ("dst", "src"):
             if not isinstance(getattr(self, name), Buffer):
-                raise UsageError(f"Copy {name} must be an actorgraph Buffer, got {getattr(self, name)!r}")
+                raise UsageError(
+                    f"Copy {name} must be an actorgraph Buffer, got {described(getattr(self, name))}"
+                )
         if self.dst.dtype != self.src.dtype or self.dst.size != self.src.size:
             raise UsageError(
                 f"Copy needs dst and src of the same dtype and size: dst is {self.dst!r}, "

@@ -23,6 +23,7 @@ from actorgraph.scheduler import (
 )
 
 from . import _jit
+from ._await import Pending, described
 from ._buffer import Allocation, Buffer, _shape_of
 from ._errors import (
     ClosedError,
@@ -226,7 +227,7 @@ class Runtime:
     def free(self, buffer: Buffer) -> None:
         """Release a base buffer's memory; later use of it or its views is an error."""
         if not isinstance(buffer, Buffer):
-            raise UsageError(f"free() takes a Buffer, got {buffer!r}")
+            raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
         buffer.check_live("free: ")
@@ -396,7 +397,7 @@ class Runtime:
         self.check_open()
         _jit.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
-            raise UsageError(f"copyout takes a Buffer, got {buffer!r}")
+            raise UsageError(f"copyout takes a Buffer, got {described(buffer)}")
         buffer.check_live("copyout: ")
         out = np.empty(buffer.shape, dtype=buffer.dtype)
         program = self._host_program(buffer, write=False)
@@ -413,7 +414,7 @@ class Runtime:
 
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
         if not isinstance(buffer, Buffer):
-            raise UsageError(f"copyin takes a Buffer, got {buffer!r}")
+            raise UsageError(f"copyin takes a Buffer, got {described(buffer)}")
         buffer.check_live("copyin: ")
         data = np.asarray(array)
         if data.dtype != buffer.dtype:
@@ -485,7 +486,29 @@ class Runtime:
             if slow:
                 await trio.to_thread.run_sync(device.build_kernels, slow)
 
-    async def compile(
+    def compile(
+        self,
+        items: Sequence[Item],
+        inputs: Sequence[Buffer] = (),
+        *,
+        verify: bool | None = None,
+        aliasing: str = "refuse",
+        order: str = "jit",
+        var_vals: Mapping[Any, int] | None = None,
+        max_sizes: Sequence[int | None] | None = None,
+    ) -> Pending[Graph]:
+        """`graph = await rt.compile(items, inputs)`: plan `items` once.
+
+        Returns an awaitable; any other use of it (`async with`, `.plan`, a call) raises
+        a UsageError saying to await it. See _compile for the options.
+        """
+        options = {
+            "verify": verify, "aliasing": aliasing, "order": order, "var_vals": var_vals,
+            "max_sizes": max_sizes,
+        }
+        return Pending(self._compile, (items, inputs), options, "rt.compile(...)", "graph")
+
+    async def _compile(
         self,
         items: Sequence[Item],
         inputs: Sequence[Buffer] = (),
@@ -518,7 +541,7 @@ class Runtime:
         inputs = list(inputs)
         for i, buf in enumerate(inputs):
             if not isinstance(buf, Buffer):
-                raise UsageError(f"input {i} must be a Buffer, got {buf!r}")
+                raise UsageError(f"input {i} must be a Buffer, got {described(buf)}")
             buf.check_live(f"input {i}: ")
             for j, other in enumerate(inputs[:i]):
                 if buf.overlaps(other):

@@ -13,6 +13,7 @@ from actorgraph.devices import SIMDevice, SimRecord
 from actorgraph.devices._sim import sim_op_seconds
 from actorgraph.scheduler import Bounds, list_schedule_order, lower_bounds
 
+from ._await import check_graph
 from ._buffer import Buffer
 from ._errors import UsageError
 from ._kernel import Item
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
 
 
 def _durations(
-    graph: Graph, inputs: Sequence[Buffer] | None, var_vals: Mapping[Any, int] | None
+    graph: Graph, inputs: Sequence[Buffer] | None, var_vals: Mapping[Any, int] | None, what: str
 ) -> tuple[Program, list[float]]:
+    check_graph(graph, what)
     program, ops = graph._bind(graph._program.inputs if inputs is None else inputs, var_vals)
     durations = []
     for j in range(len(program.items)):
@@ -41,14 +43,14 @@ def sim_durations(
 
     `inputs=None` means the buffers the graph was compiled with.
     """
-    return _durations(graph, inputs, var_vals)[1]
+    return _durations(graph, inputs, var_vals, "sim_durations()")[1]
 
 
 def sim_bounds(
     graph: Graph, inputs: Sequence[Buffer] | None = None, var_vals: Mapping[Any, int] | None = None
 ) -> Bounds:
     """Lower bounds on one replay's makespan: critical path, busiest queue, queue window."""
-    program, durations = _durations(graph, inputs, var_vals)
+    program, durations = _durations(graph, inputs, var_vals, "sim_bounds()")
     return lower_bounds(program.plan, durations)
 
 
@@ -61,7 +63,7 @@ def sim_reorder(
     of items that touch the same bytes keeps its order), but no queue waits behind an
     item whose data comes late while a later item of it could run.
     """
-    program, durations = _durations(graph, inputs, var_vals)
+    program, durations = _durations(graph, inputs, var_vals, "sim_reorder()")
     order = list_schedule_order(program.plan, durations)
     return [program.items[j] for j in order]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import re
 import threading
 from collections.abc import Iterator
 
@@ -292,3 +293,32 @@ def test_jitted_function_from_synchronous_code(brt: ag.BackgroundRuntime) -> Non
             assert call.result(timeout=10) is out
         np.testing.assert_array_equal(brt.copyout(out).result(timeout=10), np.full(8, i ^ 5))
     assert step.statistics().replays == 2
+
+
+def test_a_call_used_as_its_result_says_to_wait(brt: ag.BackgroundRuntime) -> None:
+    graph, (a, b), out = _graph(brt)
+    pending = brt.copyout(out)
+    hint = "on copyout(...) itself, which is a Call, not its result: write `x = await copyout(...)` in async code or `x = copyout(...).result()` in plain code"
+    with pytest.raises(ag.UsageError, match=re.escape("reading it as an array " + hint)):
+        np.asarray(pending)
+    c = brt.alloc("CPU:0", 8, np.int32)
+    compiling = brt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
+    with pytest.raises(ag.UsageError, match=re.escape(".plan on compile(...) itself, which is a Call")):
+        print(compiling.plan)
+    with pytest.raises(ag.UsageError, match=re.escape("calling it on compile(...) itself")):
+        compiling([a, b])
+
+    async def cell() -> None:
+        with pytest.raises(ag.UsageError, match=re.escape("`async with compile(...)` needs its result, so wait for the call first: write `async with await compile(...) as graph:`")):
+            async with brt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b]):  # type: ignore[attr-defined]
+                pass  # pragma: no cover
+        async with await brt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b]) as other:
+            await other([a, b])
+        with pytest.raises(ag.ClosedError, match=r"was closed with aclose\(\)"):
+            await other([a, b])
+
+    asyncio.run(cell())
+    with pytest.raises(ag.UsageError, match=re.escape("copyout takes a Buffer, got <Call copyout(...)")):
+        brt.copyout(pending).result(timeout=10)  # type: ignore[arg-type]
+    pending.result(timeout=10)
+    compiling.result(timeout=10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import traceback
 from collections.abc import AsyncIterator
@@ -530,3 +531,68 @@ async def test_a_device_that_cannot_open_comes_out_as_itself() -> None:
     with raises(ag.DeviceError, "unknown device name 'GPU:0'"):
         async with ag.open_runtime(["GPU:0"]):
             pass  # pragma: no cover
+
+
+# -- a forgotten await -------------------------------------------------------------------------
+
+
+async def test_async_with_an_unawaited_compile(rt: ag.Runtime) -> None:
+    a, b, c = bufs(rt, 3)
+    items = [ag.Launch(XOR, [c, a, b])]
+    with raises(ag.UsageError, "`async with rt.compile(...)` needs the graph, so await the call first: write `async with await rt.compile(...) as graph:`"):
+        async with rt.compile(items, inputs=[a, b]):  # type: ignore[attr-defined]
+            pass  # pragma: no cover
+    async with await rt.compile(items, inputs=[a, b]) as graph:  # the right way
+        await graph([a, b])
+
+
+async def test_an_unawaited_compile_used_as_a_graph(rt: ag.Runtime) -> None:
+    a, b, c = bufs(rt, 3)
+    pending = rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
+    assert "await it for its graph" in repr(pending)
+    hint = "on rt.compile(...) itself, which is not awaited yet: write `graph = await rt.compile(...)`, then use graph"
+    with raises(ag.UsageError, ".plan " + hint):
+        print(pending.plan)
+    with raises(ag.UsageError, "calling graph(...) " + hint):
+        await pending([a, b])
+    with raises(ag.UsageError, "sim_bounds() takes a Graph, got <awaitable rt.compile(...): await it for its graph>, an awaitable: await it for its result"):
+        ag.sim_bounds(pending)  # type: ignore[arg-type]
+    graph = await pending  # still usable, once
+    with raises(ag.UsageError, "rt.compile(...) was awaited twice; call it again for another graph"):
+        await pending
+    assert isinstance(graph, ag.Graph)
+
+
+async def test_a_compile_never_awaited_warns(rt: ag.Runtime) -> None:
+    a, b, c = bufs(rt, 3)
+    with pytest.warns(RuntimeWarning, match=re.escape("rt.compile(...) was never awaited, so it never ran; write `graph = await rt.compile(...)`")):
+        rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
+        gc.collect()
+
+
+async def test_an_unawaited_result_passed_as_a_buffer(rt: ag.Runtime) -> None:
+    a, b, c = bufs(rt, 3)
+
+    @ag.jit
+    async def step(x: ag.Buffer) -> ag.Buffer:
+        await rt.launch(XOR, [c, x, x])
+        return c
+
+    out = step(a)  # forgot await
+    hint = "a coroutine: the async call step(...) that made it was not awaited; write `await` before it"
+    with raises(ag.UsageError, f"copyout takes a Buffer, got {out!r}, {hint}"):
+        await rt.copyout(out)
+    with raises(ag.UsageError, f"buffer slot 1 must be an actorgraph Buffer, got {out!r}, {hint}"):
+        ag.Launch(XOR, [c, out, b])
+    with raises(ag.UsageError, f"Copy src must be an actorgraph Buffer, got {out!r}, {hint}"):
+        ag.Copy(dst=c, src=out)
+    out.close()  # we never ran it
+    graph, (a, b, c) = await xor_graph(rt)
+    replay = graph([a, b])
+    with raises(ag.InputError, "input 0 must be a Buffer, got <coroutine object Graph.__call__"):
+        await graph([replay, b])  # type: ignore[list-item]
+    await replay
+    with raises(ag.UsageError, "copyin takes a Buffer, got <Graph"):
+        await rt.copyin(graph, np.zeros(64, I32))  # type: ignore[arg-type]
+    with raises(ag.UsageError, "a Graph: a graph's call writes into its buffers; pass those"):
+        await rt.copyin(graph, np.zeros(64, I32))  # type: ignore[arg-type]

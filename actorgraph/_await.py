@@ -1,0 +1,116 @@
+"""Forgotten `await`s, said plainly.
+
+An async method called without `await` gives back a coroutine, and Python's own messages
+about it ("'coroutine' object has no attribute 'plan'", "does not support the asynchronous
+context manager protocol") do not say what to do. `Pending` is the awaitable our async
+calls that return something (a Graph) give back instead: awaiting it runs the call, and
+every other use of it raises a UsageError that names the call to await. `described()`
+words an awaitable (or a Graph) that reached a place expecting a Buffer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+from ._errors import UsageError
+
+T = TypeVar("T")
+
+# What a Graph offers: asking a Pending compile for one of these is a forgotten await.
+GRAPH_NAMES = frozenset(
+    {"plan", "submit", "submit_nowait", "statistics", "aclose", "replays", "last_profile", "inputs"}
+)
+
+
+class Pending(Generic[T]):
+    """`await` it for the result (`graph = await rt.compile(...)`); nothing runs until then."""
+
+    __slots__ = ("_fn", "_args", "_kwargs", "_what", "_name", "_awaited", "_said")
+
+    def __init__(
+        self, fn: Callable[..., Coroutine[Any, Any, T]], args: tuple[Any, ...],
+        kwargs: dict[str, Any], what: str, name: str,
+    ) -> None:
+        self._fn = fn
+        self._args = args
+        self._kwargs = kwargs
+        self._what = what  # the call as the user wrote it: "rt.compile(...)"
+        self._name = name  # what its result is usually called: "graph"
+        self._awaited = False
+        self._said = False  # a forgotten await was already reported: no word from __del__
+
+    def __repr__(self) -> str:
+        return f"<awaitable {self._what}: await it for its {self._name}>"
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._awaited:
+            raise UsageError(f"{self._what} was awaited twice; call it again for another {self._name}")
+        self._awaited = True
+        return (yield from self._fn(*self._args, **self._kwargs).__await__())
+
+    def _forgot(self, use: str) -> UsageError:
+        self._said = True
+        return UsageError(
+            f"{use} on {self._what} itself, which is not awaited yet: write "
+            f"`{self._name} = await {self._what}`, then use {self._name}"
+        )
+
+    def __aenter__(self) -> Any:
+        self._said = True
+        raise UsageError(
+            f"`async with {self._what}` needs the {self._name}, so await the call first: "
+            f"write `async with await {self._what} as {self._name}:`"
+        )
+
+    def __aexit__(self, *exc: object) -> Any:  # pragma: no cover - __aenter__ always raises
+        return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._forgot(f"calling {self._name}(...)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in GRAPH_NAMES:
+            raise self._forgot(f".{name}")
+        raise AttributeError(f"{self!r} has no attribute {name!r}")
+
+    def __del__(self) -> None:
+        if not self._awaited and not self._said:
+            warnings.warn(
+                f"{self._what} was never awaited, so it never ran; write "
+                f"`{self._name} = await {self._what}`",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def described(value: object) -> str:
+    """`value` for an error message about an argument that should have been a Buffer."""
+    from ._graph import Graph
+
+    if isinstance(value, Graph):
+        return (
+            f"{value!r}, a Graph: a graph's call writes into its buffers; pass those "
+            f"(`await graph(inputs)`, then use the output Buffer)"
+        )
+    if inspect.iscoroutine(value):
+        return (
+            f"{value!r}, a coroutine: the async call {value.__qualname__}(...) that made it "
+            f"was not awaited; write `await` before it"
+        )
+    if inspect.isawaitable(value):
+        return (
+            f"{value!r}, an awaitable: await it for its result (on a background runtime, "
+            f"`.result()` from plain code)"
+        )
+    return repr(value)
+
+
+def check_graph(value: object, what: str) -> None:
+    """Refuse anything but a Graph, naming a forgotten await."""
+    from ._graph import Graph
+
+    if not isinstance(value, Graph):
+        raise UsageError(f"{what} takes a Graph, got {described(value)}")
