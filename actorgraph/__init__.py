@@ -17,6 +17,7 @@ from ._errors import BufferFreedError as BufferFreedError
 from ._errors import ClosedError as ClosedError
 from ._errors import DeadlockError as DeadlockError
 from ._errors import DeviceError as DeviceError
+from ._errors import GraphvizError as GraphvizError
 from ._errors import InputError as InputError
 from ._errors import ItemError as ItemError
 from ._errors import MissingExtraError as MissingExtraError
@@ -75,6 +76,7 @@ __all__ = [
     "Expr",
     "ExternalTimeline",
     "Graph",
+    "GraphvizError",
     "InputError",
     "Inventory",
     "ItemError",

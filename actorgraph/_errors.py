@@ -25,6 +25,10 @@ class BufferFreedError(UsageError):
     """A freed buffer was used."""
 
 
+class GraphvizError(ActorGraphError, RuntimeError):
+    """Graphviz's `dot` program is missing or could not draw the plan."""
+
+
 class ClosedError(ActorGraphError, RuntimeError):
     """A graph used after aclose(), or a runtime used after its `async with` exited."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from ._await import described
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, VarError
 from ._foreign import TimelinePoints, check_points
+from ._graphviz import plan_to_svg
 from ._profile import Profile, ReplayRecord, build_profile, new_records
 from ._vars import Var
 
@@ -130,13 +132,11 @@ class Graph:
         self._bound: dict[tuple[int, ...], tuple[tuple[Buffer, ...], dict[Var, int], Any]] = {}
         self._frees_seen = runtime.frees
         self._internal: dict[int, list[Buffer]] = {}
-        input_allocs = {b.alloc_id for b in self._inputs}
         for j, item in enumerate(program.items):
             bound = {slot for slot, _ in program.item_inputs[j]}
             for slot, buf in enumerate(item.bufs):
                 if slot not in bound:
                     self._internal.setdefault(buf.alloc_id, []).append(buf)
-        del input_allocs
         # One buffer per internal allocation: checked on every call, as a buffer may be
         # freed between two calls with the same inputs.
         self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
@@ -154,6 +154,11 @@ class Graph:
     @property
     def plan(self) -> Plan:
         return self._program.plan
+
+    def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
+        """This graph's plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is
+        missing); written to `path` too when given. `graph.plan.to_dot()` is the text."""
+        return plan_to_svg(self.plan, path)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

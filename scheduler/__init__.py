@@ -3,19 +3,18 @@
 from ._bounds import Bounds as Bounds
 from ._bounds import item_dependencies as item_dependencies
 from ._bounds import lower_bounds as lower_bounds
-from ._dot import GraphvizError as GraphvizError
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
+from ._messages import Message as Message
+from ._messages import Run as Run
+from ._messages import Signal as Signal
+from ._messages import SyncDevice as SyncDevice
+from ._messages import Wait as Wait
+from ._messages import WaitKick as WaitKick
 from ._order import list_schedule_order as list_schedule_order
-from ._plan import Message as Message
 from ._plan import Plan as Plan
-from ._plan import Run as Run
-from ._plan import Signal as Signal
-from ._plan import SyncDevice as SyncDevice
-from ._plan import Wait as Wait
-from ._plan import WaitKick as WaitKick
 from ._planner import assign_queue as assign_queue
 from ._planner import build_plan as build_plan
 from ._ranges import RangeTracker as RangeTracker
@@ -32,7 +31,6 @@ __all__ = [
     "ActorGraphError",
     "Bounds",
     "DeviceCaps",
-    "GraphvizError",
     "ItemKind",
     "Message",
     "Plan",

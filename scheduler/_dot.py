@@ -1,4 +1,5 @@
-"""Plans as pictures: Graphviz DOT text (pure), and SVG through Graphviz's `dot` if installed.
+"""Plans as pictures: Graphviz DOT text. Pure: running Graphviz is actorgraph's business
+(actorgraph/_graphviz.py).
 
 One cluster per queue actor holding its items in queue order; a solid arrow for every
 cross-queue wait (from the item waited for to the item that waits), a dashed one for
@@ -7,19 +8,13 @@ same-queue order, and a note per queue for its device syncs.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from typing import TYPE_CHECKING
 
+from ._messages import Run, Signal, SyncDevice, Wait
 from ._records import ItemKind
 
 if TYPE_CHECKING:
     from ._plan import Plan
-
-
-class GraphvizError(RuntimeError):
-    """Graphviz's `dot` program is missing or could not draw the plan."""
 
 
 def _quote(text: str) -> str:
@@ -27,8 +22,6 @@ def _quote(text: str) -> str:
 
 
 def plan_to_dot(plan: Plan, name: str = "plan") -> str:
-    from ._plan import Run, Signal, SyncDevice, Wait
-
     lines = [
         f"digraph {_quote(name)} {{",
         "  rankdir=TB;",
@@ -73,22 +66,3 @@ def plan_to_dot(plan: Plan, name: str = "plan") -> str:
     lines.extend(edges)
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-def plan_to_svg(plan: Plan, path: str | os.PathLike[str] | None = None) -> str:
-    dot = shutil.which("dot")
-    if dot is None:
-        raise GraphvizError(
-            "Plan.to_svg() needs Graphviz's `dot` program on PATH and it is not there; "
-            "install Graphviz (apt install graphviz, brew install graphviz) or use "
-            "plan.to_dot() and render the text elsewhere"
-        )
-    done = subprocess.run(
-        [dot, "-Tsvg"], input=plan_to_dot(plan), capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise GraphvizError(f"Graphviz `dot -Tsvg` failed ({done.returncode}): {done.stderr.strip()}")
-    if path is not None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(done.stdout)
-    return done.stdout

@@ -2,69 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from typing import Union
-
 import attrs
 
+from ._messages import Message, Run, Wait
 from ._records import PlanItem, QueueId
 
 
 @attrs.frozen
-class WaitKick:
-    """Wait until the replay is admitted (the runtime's KICK signal reaches its value)."""
-
-    def __str__(self) -> str:
-        return "wait KICK"
-
-
-@attrs.frozen
-class SyncDevice:
-    """Wait until every earlier submission on `device` is complete (its timeline)."""
-
-    device: str
-
-    def __str__(self) -> str:
-        return f"sync {self.device}"
-
-
-@attrs.frozen
-class Wait:
-    """Wait until `queue`'s signal reaches base(queue) + value for this replay."""
-
-    queue: QueueId
-    value: int
-
-    def __str__(self) -> str:
-        return f"wait {self.queue}>={self.value}"
-
-
-@attrs.frozen
-class Run:
-    """Execute item `item` (a kernel launch or a copy)."""
-
-    item: int
-
-    def __str__(self) -> str:
-        return f"run #{self.item}"
-
-
-@attrs.frozen
-class Signal:
-    """Set this queue's own signal to base + value."""
-
-    value: int
-
-    def __str__(self) -> str:
-        return f"signal ={self.value}"
-
-
-Message = Union[WaitKick, SyncDevice, Wait, Run, Signal]
-
-
-@attrs.frozen
 class Plan:
-    """The planner's output.
+    """The planner's output (`build_plan(items, caps)` makes one).
 
     `programs[i]` is the message list of `queues[i]`. `item_queue[j]` is the queue index
     item j runs on. `device_queues` maps every device whose timeline the plan advances
@@ -78,12 +24,6 @@ class Plan:
     devices: tuple[str, ...]
     device_queues: tuple[tuple[int, ...], ...]
 
-    @classmethod
-    def from_items(cls, items: list[PlanItem] | tuple[PlanItem, ...], caps: dict[str, object]) -> Plan:
-        from ._planner import build_plan
-
-        return build_plan(items, caps)  # type: ignore[arg-type]
-
     def verify(self) -> None:
         """Raise PlanError if the plan can deadlock or lets two conflicting accesses race."""
         from ._verify import verify_plan
@@ -95,12 +35,6 @@ class Plan:
         from ._dot import plan_to_dot
 
         return plan_to_dot(self, name)
-
-    def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is missing)."""
-        from ._dot import plan_to_svg
-
-        return plan_to_svg(self, path)
 
     @property
     def wait_count(self) -> int:

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Union
 
 from ._errors import PlanError
-from ._plan import Message, Plan, Run, Signal, SyncDevice, Wait, WaitKick
+from ._messages import Message, Run, Signal, SyncDevice, Wait, WaitKick
+from ._plan import Plan
 from ._ranges import RangeTracker
 from ._records import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind
 

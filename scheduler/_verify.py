@@ -8,9 +8,14 @@ checking each conflicting pair against that order.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._errors import PlanDeadlockError, PlanRaceError
-from ._plan import Plan, Run, Signal, SyncDevice, Wait, WaitKick
+from ._messages import Run, Signal, SyncDevice, Wait, WaitKick
 from ._ranges import RangeTracker
+
+if TYPE_CHECKING:
+    from ._plan import Plan
 
 _Clock = dict[int | tuple[str, str], int]
 

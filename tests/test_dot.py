@@ -1,4 +1,5 @@
-"""Plans as pictures: DOT text names every queue and item; SVG through Graphviz when present."""
+"""Plans as pictures: DOT text names every queue and item (scheduler/_dot.py); SVG through
+Graphviz when present (actorgraph/_graphviz.py, `graph.to_svg()`)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,19 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from actorgraph.scheduler import (
     Access,
     DeviceCaps,
-    GraphvizError,
     ItemKind,
     Plan,
     PlanItem,
-    _dot,
     build_plan,
 )
+
+import actorgraph as ag
+from actorgraph import _graphviz
 
 CAPS = {
     "CPU:0": DeviceCaps("CPU:0", "CPU", is_cpu=True),
@@ -60,16 +63,28 @@ def test_text_form_stays_the_quick_view() -> None:
     text = str(_plan())
     assert "run xor#0" in text and "CPU:1/copy" in text
 
+INC = ag.Kernel("inc", cpu=lambda out, a: np.add(a, 1, out=out), outs=(0,), ins=(1,))
 
-def test_svg_needs_graphviz(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_dot.shutil, "which", lambda name: None)
-    with pytest.raises(GraphvizError, match=r"needs Graphviz's `dot` program on PATH.*to_dot\(\)"):
-        _plan().to_svg()
+
+async def _graph(rt: ag.Runtime) -> ag.Graph:
+    a, b = rt.alloc("CPU:0", 4, np.int32), rt.alloc("CPU:1", 4, np.int32)
+    return await rt.compile([ag.Launch(INC, [a, a]), ag.Copy(dst=b, src=a)])
+
+
+async def test_svg_needs_graphviz(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_graphviz.shutil, "which", lambda name: None)
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        graph = await _graph(rt)
+        with pytest.raises(
+            ag.GraphvizError, match=r"needs Graphviz's `dot` program on PATH.*to_dot\(\)"
+        ):
+            graph.to_svg()
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
-def test_svg_when_graphviz_is_installed(tmp_path: Path) -> None:
+async def test_svg_when_graphviz_is_installed(tmp_path: Path) -> None:
     path = tmp_path / "plan.svg"
-    svg = _plan().to_svg(path)
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        svg = (await _graph(rt)).to_svg(path)
     assert "<svg" in svg and path.read_text() == svg
-    assert "CPU:1/compute" in svg
+    assert "CPU:1/copy" in svg

@@ -321,11 +321,6 @@ def test_a_wait_on_a_queues_last_item_uses_its_end_signal() -> None:
     assert [m for m in program(plan, q("CPU:0")) if isinstance(m, Signal)] == [Signal(1)]
 
 
-def test_plan_from_items_is_build_plan() -> None:
-    items = [kernel("CPU:0", [(1, 0, 64)]), copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64))]
-    assert Plan.from_items(items, CAPS) == build_plan(items, CAPS)
-
-
 def test_the_plan_prints_one_column_per_queue() -> None:
     plan = planned([
         kernel("CPU:0", [(1, 0, 64)], label="mix"),
