@@ -17,6 +17,9 @@ so; GitHub does not show it. The forms:
         Do what the README's `actorgraph worker` shell block does: write the file `token`
         in the block's folder and start a worker for DEVICES on loopback with it. The
         worker takes a free port; PORT where the block names it becomes that port.
+    <!-- readme-test: requires NAME ... -->
+        The block needs these optional modules or programs (tinygrad, clang); without one
+        of them the block's test is skipped, saying which is missing.
     <!-- readme-test: pytest -->
         The block is a user's test module: it is written to a fresh folder and run with
         pytest in a new process (plugins found as installed), which must pass.
@@ -26,10 +29,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import importlib.util
 import inspect
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,7 +50,7 @@ TOKEN_TEXT = "some-long-random-secret\n"  # what the README's worker block write
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[ \t]*$")
 _DIRECTIVE = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<body>.*?)\s*-->\s*$")
-_KINDS = {"notebook", "env", "worker", "pytest"}
+_KINDS = {"notebook", "env", "worker", "pytest", "requires"}
 
 
 @attrs.frozen
@@ -215,6 +220,10 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_readme_block(block: Block, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code = block.source
+    for names in block.options("requires"):
+        missing = [n for n in names if importlib.util.find_spec(n) is None and shutil.which(n) is None]
+        if missing:
+            pytest.skip(f"this README block needs {', '.join(missing)}, which is not installed")
     for (assignment,) in block.options("env"):
         name, _, value = assignment.partition("=")
         monkeypatch.setenv(name, value)

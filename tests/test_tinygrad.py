@@ -178,6 +178,21 @@ def _run_shared(step: Any, read: Any, calls: int) -> list[bytes]:
     return out
 
 
+def test_install_defers_replays_past_a_full_window() -> None:
+    fn = _mlp()
+    calls = [(Tensor(_data(s, 4, 16)).realize(),) for s in range(12)]
+    expected = _reference(fn, calls)
+    agt.install(devices=1, max_in_flight=1)
+    try:
+        jit = TinyJit(fn)
+        outs = [jit(*args) for args in calls]  # no synchronize between calls
+        got = [out.numpy().tobytes() for out in outs[-1:]]
+        assert got == [expected[-1].tobytes()]
+        assert agt.statistics().replays == len(calls) - 2
+    finally:
+        agt.uninstall()
+
+
 def test_install_orders_jits_that_share_buffers(installed: None) -> None:
     agt.uninstall()
     step, read, _ = _shared_jits()

@@ -92,9 +92,9 @@ class _State:
         except trio.WouldBlock:
             self.deferred += 1
             self.backlog.append(job)
-            nursery = self.runtime._nursery
-            assert nursery is not None
-            nursery.start_soon(self._drain)
+            # A task that submits the backlog in order, waiting where it must (the
+            # runtime's own queue of calls: this callback cannot await).
+            self.runtime._submit(self._drain, (), {}, "actorgraph.tinygrad replays")
         except BaseException as error:  # noqa: BLE001 - reported by the runner's next call
             runner._fail(error, then)
         else:
