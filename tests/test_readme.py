@@ -208,7 +208,9 @@ def _run_pytest(code: str, folder: Path) -> None:
         timeout=GUARD,
     )
     assert done.returncode == 0, f"the README's test module failed:\n{done.stdout}\n{done.stderr}"
-    assert re.search(r"\d+ passed", done.stdout) and "skipped" not in done.stdout, done.stdout
+    tests = len(re.findall(r"^(?:async )?def test_", code, re.MULTILINE))
+    assert re.search(rf"\b{tests} passed", done.stdout), done.stdout
+    assert not re.search(r"skipped|xfail|deselected", done.stdout), done.stdout
 
 
 @pytest.fixture
