@@ -469,21 +469,22 @@ async def test_env_var_picks_the_fake_driver(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @fake_only
-async def test_kernels_without_the_needed_bodies_are_refused() -> None:
+@pytest.mark.actorgraph(devices=1)
+async def test_kernels_without_the_needed_bodies_are_refused(ag_cuda_runtime: ag.Runtime) -> None:
     cpu_only = ag.Kernel("k", cpu=lambda out: None, outs=(0,))
     cuda_only = ag.Kernel("k", cuda='extern "C" __global__ void k(int *o) {}', outs=(0,))
-    async with runtime(["CUDA:0"]) as rt:
-        buf = rt.alloc("CUDA:0", SIZE, np.int32)
-        with pytest.raises(ag.DeviceError, match="has no CUDA source"):
-            await rt.run([ag.Launch(cpu_only, [buf])])
-        with pytest.raises(ag.DeviceError, match="fake CUDA driver runs kernels with their CPU"):
-            await rt.run([ag.Launch(cuda_only, [buf])])
-        missing = ag.Kernel("nope", cpu=lambda out: None, cuda="__global__ void k() {}", outs=(0,))
-        with pytest.raises(ag.DeviceError, match="did not build for CUDA:0"):
-            await rt.run([ag.Launch(missing, [buf])])
-        big = ag.Var("big", 0, 1 << 40)
-        with pytest.raises(ag.DeviceError, match="does not fit the 32-bit int"):
-            await rt.run([ag.Launch(XOR, [buf, buf, buf], vars=[big])], var_vals={big: 1 << 33})
+    rt = ag_cuda_runtime
+    buf = rt.alloc("CUDA:0", SIZE, np.int32)
+    with pytest.raises(ag.DeviceError, match="has no CUDA source"):
+        await rt.run([ag.Launch(cpu_only, [buf])])
+    with pytest.raises(ag.DeviceError, match="fake CUDA driver runs kernels with their CPU"):
+        await rt.run([ag.Launch(cuda_only, [buf])])
+    missing = ag.Kernel("nope", cpu=lambda out: None, cuda="__global__ void k() {}", outs=(0,))
+    with pytest.raises(ag.DeviceError, match="did not build for CUDA:0"):
+        await rt.run([ag.Launch(missing, [buf])])
+    big = ag.Var("big", 0, 1 << 40)
+    with pytest.raises(ag.DeviceError, match="does not fit the 32-bit int"):
+        await rt.run([ag.Launch(XOR, [buf, buf, buf], vars=[big])], var_vals={big: 1 << 33})
 
 
 async def test_a_block_larger_than_cuda_allows_is_refused_when_lowered() -> None:

@@ -1,27 +1,25 @@
 """REMOTE devices against real worker subprocesses on loopback.
 
-Two workers serve the whole module (A: CPU:0 and CPU:1, B: CPU:0), both with a token.
-Tests that kill or restart a worker start their own. Real sockets cannot run on trio's
+Two workers serve the whole module (A: CPU:0 and CPU:1, B: CPU:0), both with a token;
+the basic tests use the pytest plugin's session worker (`ag_worker`, `ag_remote_runtime`).
+Tests that kill or restart a worker start their own (`actorgraph.testing.start_worker`). Real sockets cannot run on trio's
 mock clock, so every test guards against hangs with a generous trio.fail_after.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import select
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import trio
 import trio.testing
 from _op_samples import OpSampler
-from _paths import child_pythonpath
 from actorgraph.devices import Op
 from actorgraph.devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
 from actorgraph.scheduler import QueueKind
@@ -30,6 +28,7 @@ from hypothesis import strategies as st
 
 import actorgraph as ag
 from actorgraph import devices
+from actorgraph.testing import Worker, start_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import ADD, INC, SCALE, SLEEPY, XOR
@@ -39,55 +38,15 @@ GUARD = 30  # seconds: a hang guard only; every test finishes far sooner
 TOKEN = b"test-token-0123456789"
 
 
-class WorkerProcess:
-    def __init__(
-        self, devices: str, token_file: Path | None, port: int = 0, extra: tuple[str, ...] = ()
-    ) -> None:
-        env = dict(os.environ, PYTHONPATH=child_pythonpath())
-        cmd = [
-            sys.executable,
-            "-m",
-            "actorgraph",
-            "worker",
-            "--port",
-            str(port),
-            "--devices",
-            devices,
-            "--kernels",
-            "remote_kernels",
-        ]
-        if token_file is not None:
-            cmd += ["--token-file", str(token_file)]
-        cmd += extra
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], GUARD)
-        line = self.proc.stdout.readline() if ready else ""
-        match = re.search(r"listening on (\S+):(\d+)", line)
-        if match is None:
-            self.proc.kill()
-            raise RuntimeError(f"worker did not start: {line!r}")
-        self.port = int(match.group(2))
-
-    def name(self, device: str) -> str:
-        return f"{device}@127.0.0.1:{self.port}"
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+def start(devices: str, **options: Any) -> Worker:
+    """A worker of the test kernels, with the shared test token."""
+    return start_worker(devices.split(","), kernels=["remote_kernels"], token=TOKEN, **options)
 
 
 @pytest.fixture(scope="module")
-def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("remote") / "token"
-    path.write_bytes(TOKEN + b"\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def workers(token_file: Path) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
-    a = WorkerProcess("CPU:0,CPU:1", token_file)
-    b = WorkerProcess("CPU:0", token_file)
+def workers() -> Iterator[tuple[Worker, Worker]]:
+    a = start("CPU:0,CPU:1")
+    b = start("CPU:0")
     yield a, b
     a.kill()
     b.kill()
@@ -124,54 +83,54 @@ async def test_no_worker_is_a_clear_error() -> None:
 # -- the basics work as for local devices --
 
 
-async def test_alloc_copy_run_graph(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
-    a_worker, _ = workers
-    r0 = a_worker.name("CPU:0")
+@pytest.mark.actorgraph(devices=1)
+async def test_alloc_copy_run_graph(ag_remote_runtime: ag.Runtime) -> None:
+    # The plugin's session worker (ag_worker) serves the test kernels: see pyproject.toml.
+    rt = ag_remote_runtime
+    (r0,) = rt.devices
     with trio.fail_after(GUARD):
-        async with runtime([r0]) as rt:
-            a, b, c = (rt.alloc(r0, 64, np.int32) for _ in range(3))
-            await rt.copyin(a, np.arange(64, dtype=np.int32))
-            await rt.copyin(b, np.full(64, 5, np.int32))
-            await rt.run([ag.Launch(XOR, [c, a, b])])
-            np.testing.assert_array_equal(await rt.copyout(c), np.arange(64) ^ 5)
-            graph = await rt.compile(
-                [ag.Launch(ADD, [c, a, b]), ag.Launch(INC, [c, c])], inputs=[a]
-            )
-            a2 = rt.alloc(r0, 64, np.int32)
-            await rt.copyin(a2, np.full(64, 100, np.int32))
-            for src, want in (
-                (a, np.arange(64) + 6),
-                (a2, np.full(64, 106)),
-                (a, np.arange(64) + 6),
-            ):
-                await graph([src])
-                np.testing.assert_array_equal(await rt.copyout(c), want)
-            view = a.view(offset=8, size=4)
-            np.testing.assert_array_equal(await rt.copyout(view), [8, 9, 10, 11])
+        a, b, c = (rt.alloc(r0, 64, np.int32) for _ in range(3))
+        await rt.copyin(a, np.arange(64, dtype=np.int32))
+        await rt.copyin(b, np.full(64, 5, np.int32))
+        await rt.run([ag.Launch(XOR, [c, a, b])])
+        np.testing.assert_array_equal(await rt.copyout(c), np.arange(64) ^ 5)
+        graph = await rt.compile(
+            [ag.Launch(ADD, [c, a, b]), ag.Launch(INC, [c, c])], inputs=[a]
+        )
+        a2 = rt.alloc(r0, 64, np.int32)
+        await rt.copyin(a2, np.full(64, 100, np.int32))
+        for src, want in (
+            (a, np.arange(64) + 6),
+            (a2, np.full(64, 106)),
+            (a, np.arange(64) + 6),
+        ):
+            await graph([src])
+            np.testing.assert_array_equal(await rt.copyout(c), want)
+        view = a.view(offset=8, size=4)
+        np.testing.assert_array_equal(await rt.copyout(view), [8, 9, 10, 11])
 
 
-async def test_one_round_trip_per_replay(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
-    a_worker, _ = workers
-    r0, r1 = a_worker.name("CPU:0"), a_worker.name("CPU:1")
+async def test_one_round_trip_per_replay(ag_remote_runtime: ag.Runtime) -> None:
+    rt = ag_remote_runtime
+    r0, r1 = rt.devices
     with trio.fail_after(GUARD):
-        async with runtime([r0, r1]) as rt:
-            x = rt.alloc(r0, 16, np.int32)
-            y = rt.alloc(r1, 16, np.int32)
-            items = [ag.Launch(INC, [x, x]) for _ in range(50)] + [ag.Copy(dst=y, src=x)]
-            items += [ag.Launch(INC, [y, y]) for _ in range(49)]
-            graph = await rt.compile(items)
-            conn = rt.device(r0).connection
-            await graph()
-            await graph()
-            sent, received = conn.batches_sent, conn.frames_received
-            await graph()
-            # One batch out; back: one "done" per queue (plus the signal the copy waits on).
-            assert conn.batches_sent == sent + 1
-            assert conn.frames_received - received <= 3
-            np.testing.assert_array_equal(await rt.copyout(y), np.full(16, 3 * 50 + 49))
+        x = rt.alloc(r0, 16, np.int32)
+        y = rt.alloc(r1, 16, np.int32)
+        items = [ag.Launch(INC, [x, x]) for _ in range(50)] + [ag.Copy(dst=y, src=x)]
+        items += [ag.Launch(INC, [y, y]) for _ in range(49)]
+        graph = await rt.compile(items)
+        conn = rt.device(r0).connection
+        await graph()
+        await graph()
+        sent, received = conn.batches_sent, conn.frames_received
+        await graph()
+        # One batch out; back: one "done" per queue (plus the signal the copy waits on).
+        assert conn.batches_sent == sent + 1
+        assert conn.frames_received - received <= 3
+        np.testing.assert_array_equal(await rt.copyout(y), np.full(16, 3 * 50 + 49))
 
 
-async def test_ordering_local_remote_chain(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+async def test_ordering_local_remote_chain(workers: tuple[Worker, Worker]) -> None:
     # local -> A -> B -> local, with kernels between: every hop waits for the one before.
     a_worker, b_worker = workers
     ra, rb = a_worker.name("CPU:1"), b_worker.name("CPU:0")
@@ -202,7 +161,7 @@ async def test_ordering_local_remote_chain(workers: tuple[WorkerProcess, WorkerP
 
 
 async def test_worker_to_worker_copy_skips_the_client(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     a_worker, b_worker = workers
     ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
@@ -220,7 +179,7 @@ async def test_worker_to_worker_copy_skips_the_client(
 
 
 async def test_concurrent_replays_and_eager_work_keep_order(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     # Replays issued at once go out before their predecessors finish, so their waits on
     # device timelines cross hosts through forwarders rather than being already met.
@@ -253,7 +212,7 @@ async def test_concurrent_replays_and_eager_work_keep_order(
 
 
 async def test_vars_and_launch_dims_go_per_call(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     a_worker, _ = workers
     r0 = a_worker.name("CPU:0")
@@ -269,7 +228,7 @@ async def test_vars_and_launch_dims_go_per_call(
 
 
 async def test_item_failure_on_worker_names_the_item(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     a_worker, _ = workers
     r0 = a_worker.name("CPU:0")
@@ -294,7 +253,7 @@ async def test_item_failure_on_worker_names_the_item(
 
 @pytest.mark.parametrize("profiled", [False, True], ids=["plain", "profiled"])
 async def test_every_code_of_a_remote_queue_runs_in_both_loops(
-    workers: tuple[WorkerProcess, WorkerProcess], profiled: bool
+    workers: tuple[Worker, Worker], profiled: bool
 ) -> None:
     name = workers[0].name("CPU:0")
     with trio.fail_after(GUARD):
@@ -313,7 +272,7 @@ async def test_every_code_of_a_remote_queue_runs_in_both_loops(
 
 
 async def test_profiled_replay_copies_between_local_and_remote(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     # The local queue's side of such a copy is an AWAIT op, in the profiled loop too.
     r0 = workers[0].name("CPU:0")
@@ -372,7 +331,7 @@ def _graphs(draw: st.DrawFn) -> tuple[list[tuple[object, ...]], int]:
 
 @given(_graphs())
 def test_fuzz_graphs_match_a_numpy_model(
-    workers: tuple[WorkerProcess, WorkerProcess], case: tuple[list[tuple[object, ...]], int]
+    workers: tuple[Worker, Worker], case: tuple[list[tuple[object, ...]], int]
 ) -> None:
     spec, seed = case
     a_worker, b_worker = workers
@@ -431,9 +390,9 @@ def test_fuzz_graphs_match_a_numpy_model(
 
 
 async def test_bulk_data_goes_in_frames_the_worker_accepts(
-    workers: tuple[WorkerProcess, WorkerProcess], token_file: Path
+    workers: tuple[Worker, Worker]
 ) -> None:
-    small = WorkerProcess("CPU:0", token_file, extra=("--max-frame", "65536"))
+    small = start("CPU:0", extra_args=("--max-frame", "65536"))
     _, big = workers
     try:
         rs, rb = small.name("CPU:0"), big.name("CPU:0")
@@ -456,8 +415,8 @@ async def test_bulk_data_goes_in_frames_the_worker_accepts(
 # -- faults --
 
 
-async def test_worker_killed_mid_replay(token_file: Path) -> None:
-    worker = WorkerProcess("CPU:0", token_file)
+async def test_worker_killed_mid_replay() -> None:
+    worker = start("CPU:0")
     r0 = worker.name("CPU:0")
     try:
         with trio.fail_after(GUARD):
@@ -493,8 +452,8 @@ async def test_worker_killed_mid_replay(token_file: Path) -> None:
         worker.kill()
 
 
-async def test_reconnect_to_a_restarted_worker(token_file: Path) -> None:
-    worker = WorkerProcess("CPU:0", token_file)
+async def test_reconnect_to_a_restarted_worker() -> None:
+    worker = start("CPU:0")
     port = worker.port
     try:
         with trio.fail_after(GUARD):
@@ -502,7 +461,7 @@ async def test_reconnect_to_a_restarted_worker(token_file: Path) -> None:
                 x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
                 await rt.copyin(x, np.ones(4, np.int32))
             worker.kill()
-            worker = WorkerProcess("CPU:0", token_file, port=port)
+            worker = start("CPU:0", port=port)
             async with runtime([worker.name("CPU:0")]) as rt:
                 x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
                 await rt.copyin(x, np.full(4, 7, np.int32))
@@ -532,7 +491,7 @@ async def _session(port: int) -> FrameStream:
     return stream
 
 
-async def _still_serves(worker: WorkerProcess) -> None:
+async def _still_serves(worker: Worker) -> None:
     async with runtime([worker.name("CPU:0")]) as rt:
         x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
         await rt.copyin(x, np.arange(4, dtype=np.int32))
@@ -540,7 +499,7 @@ async def _still_serves(worker: WorkerProcess) -> None:
 
 
 async def test_refuses_missing_and_wrong_tokens(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):
@@ -558,7 +517,7 @@ async def test_refuses_missing_and_wrong_tokens(
 
 
 async def test_refuses_malformed_and_oversized_frames(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     worker, _ = workers
     bad_frames = [
@@ -579,7 +538,7 @@ async def test_refuses_malformed_and_oversized_frames(
 
 
 async def test_refuses_bad_requests_and_keeps_the_session(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):
@@ -645,7 +604,7 @@ async def test_refuses_bad_requests_and_keeps_the_session(
             np.testing.assert_array_equal(await rt.copyout(theirs), np.arange(4))
 
 
-async def test_peer_reads_need_a_valid_ticket(workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+async def test_peer_reads_need_a_valid_ticket(workers: tuple[Worker, Worker]) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):
         async with runtime([worker.name("CPU:0")]) as rt:
@@ -678,7 +637,7 @@ def test_worker_refuses_to_serve_other_hosts_without_a_token(
 
 
 async def test_a_client_that_leaves_mid_job_does_not_block_others(
-    workers: tuple[WorkerProcess, WorkerProcess],
+    workers: tuple[Worker, Worker],
 ) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):

@@ -48,21 +48,24 @@ async def _timed(graph: ag.Graph, inputs: list[ag.Buffer] | None = None) -> floa
 # -- results are real --
 
 
-async def test_graph_on_sim_matches_eager_and_numpy(autojump_clock: trio.testing.MockClock) -> None:
-    async with ag.open_runtime(["SIM:0", "SIM:1"], verify_plans=True) as rt:
-        a, b, c = (rt.alloc("SIM:0", 64, np.int32) for _ in range(3))
-        d, e = rt.alloc("SIM:1", 64, np.int32), rt.alloc("SIM:1", 64, np.int32)
-        av, bv = np.arange(64, dtype=np.int32), np.full(64, 7, np.int32)
-        await rt.copyin(a, av)
-        await rt.copyin(b, bv)
-        items = [ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c), ag.Launch(ADD, [e, d, d])]
-        await rt.run(items)
-        eager = await rt.copyout(e)
-        await rt.copyin(e, np.zeros(64, np.int32))
-        graph = await rt.compile(items, inputs=[a])
-        await graph([a])
-        np.testing.assert_array_equal(await rt.copyout(e), eager)
-        np.testing.assert_array_equal(eager, (av ^ bv) * 2)
+@pytest.mark.actorgraph(verify_plans=True)
+async def test_graph_on_sim_matches_eager_and_numpy(
+    ag_sim_runtime: ag.Runtime, autojump_clock: trio.testing.MockClock
+) -> None:
+    rt = ag_sim_runtime
+    a, b, c = (rt.alloc("SIM:0", 64, np.int32) for _ in range(3))
+    d, e = rt.alloc("SIM:1", 64, np.int32), rt.alloc("SIM:1", 64, np.int32)
+    av, bv = np.arange(64, dtype=np.int32), np.full(64, 7, np.int32)
+    await rt.copyin(a, av)
+    await rt.copyin(b, bv)
+    items = [ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c), ag.Launch(ADD, [e, d, d])]
+    await rt.run(items)
+    eager = await rt.copyout(e)
+    await rt.copyin(e, np.zeros(64, np.int32))
+    graph = await rt.compile(items, inputs=[a])
+    await graph([a])
+    np.testing.assert_array_equal(await rt.copyout(e), eager)
+    np.testing.assert_array_equal(eager, (av ^ bv) * 2)
 
 
 @st.composite
@@ -167,15 +170,16 @@ def test_fuzz_sim_and_cpu_graph_equals_eager_and_host_model(program: list[tuple[
 # -- time is simulated, and overlap is real --
 
 
+@pytest.mark.actorgraph(devices=1)
 async def test_kernel_takes_declared_cost_plus_launch_latency(
-    autojump_clock: trio.testing.MockClock,
+    ag_sim_runtime: ag.Runtime, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with ag.open_runtime(["SIM:0"]) as rt:
-        a, b = rt.alloc("SIM:0", 16, np.float32), rt.alloc("SIM:0", 16, np.float32)
-        graph = await rt.compile([ag.Launch(_sleeper(5 * MS), [b, a])])
-        latency = ag.SIM_PRESETS["nvlink8"].devices["SIM"].launch_latency
-        assert await _timed(graph) == pytest.approx(5 * MS + latency)
-        assert ag.sim_durations(graph) == [pytest.approx(5 * MS + latency)]
+    rt = ag_sim_runtime
+    a, b = rt.alloc("SIM:0", 16, np.float32), rt.alloc("SIM:0", 16, np.float32)
+    graph = await rt.compile([ag.Launch(_sleeper(5 * MS), [b, a])])
+    latency = ag.SIM_PRESETS["nvlink8"].devices["SIM"].launch_latency
+    assert await _timed(graph) == pytest.approx(5 * MS + latency)
+    assert ag.sim_durations(graph) == [pytest.approx(5 * MS + latency)]
 
 
 async def test_compute_and_copy_queues_overlap(autojump_clock: trio.testing.MockClock) -> None:
