@@ -2,7 +2,8 @@
 
 Each ```python block is one test, named by its section and line. It runs as a program of
 its own: a fresh namespace, `__name__ == "__main__"`, in a fresh temporary folder (files
-it writes land there). No block is skipped: a block that cannot run fails its test.
+it writes land there). A block that cannot run fails its test; the only skip is a
+block marked `requires` (below) on a machine without what it names, and it says so.
 
 A block may need something set up that the README shows elsewhere (a worker the user
 starts from the shell, the fake CUDA driver). An HTML comment right above the block says
