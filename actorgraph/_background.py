@@ -151,7 +151,8 @@ class Call(Generic[T]):
         except sniffio.AsyncLibraryNotFoundError:
             library = ""
         if library == "asyncio":
-            return (yield from asyncio.wrap_future(self._submitted().future).__await__())
+            got: T = yield from asyncio.wrap_future(self._submitted().future).__await__()
+            return got
         if library == "trio":
             return (yield from self._wait_trio().__await__())
         raise UsageError(
@@ -284,8 +285,8 @@ class BackgroundRuntime:
                 left = list(self._queue)
                 self._queue.clear()
             for entry in left:
-                error = ClosedError(f"{entry.what}: the background runtime closed before it ran")
-                self._fail(entry, error, report=False)
+                closed = ClosedError(f"{entry.what}: the background runtime closed before it ran")
+                self._fail(entry, closed, report=False)
 
     async def _dispatch(self) -> None:
         """Run the submitted calls one after another, in the order they were made."""

@@ -461,7 +461,9 @@ class JitFunction:
         if handle is not None:
             return handle._call(f"{self.name}(...)", self, *args, var_vals=var_vals, **kwargs)
         coroutine = self._call(args, kwargs, var_vals)
-        coroutine.__qualname__ = self.name  # "step" in messages about a missing await
+        # "step" in messages about a missing await (a coroutine object has the attribute;
+        # the Coroutine type mypy gives an async def's result does not say so).
+        coroutine.__qualname__ = self.name  # type: ignore[attr-defined]
         return coroutine
 
     async def _call(

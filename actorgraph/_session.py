@@ -19,6 +19,7 @@ from actorgraph.devices import (
     BATCH,
     EXEC,
     FIRST_QUEUE_SLOT,
+    Device,
     Job,
     LaunchRequest,
     Op,
@@ -365,7 +366,7 @@ class Session:
             lowered.append(op)
         program.ops = tuple(lowered)
 
-    def _lower_item(self, device: Any, entry: list[Any]) -> Op:
+    def _lower_item(self, device: Device, entry: list[Any]) -> Op:
         kind = entry[0]
         item = want_int(entry[1], "item index", -1, 1 << 40)
         if kind == "k":
