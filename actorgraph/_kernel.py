@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union
 
 import attrs
@@ -102,6 +102,10 @@ def _fixedvars(value: Mapping[Var, int] | Sequence[tuple[Var, int]]) -> tuple[tu
     return pairs
 
 
+def _vars(value: Iterable[Var]) -> tuple[Var, ...]:
+    return tuple(value)  # each checked to be a Var in __attrs_post_init__
+
+
 def _buffers(value: Sequence[Buffer]) -> tuple[Buffer, ...]:
     bufs = tuple(value)
     for i, buf in enumerate(bufs):
@@ -116,7 +120,7 @@ class Launch:
 
     kernel: Kernel
     bufs: tuple[Buffer, ...] = attrs.field(converter=_buffers)
-    vars: tuple[Var, ...] = attrs.field(default=(), converter=tuple)
+    vars: tuple[Var, ...] = attrs.field(default=(), converter=_vars)
     fixedvars: tuple[tuple[Var, int], ...] = attrs.field(factory=tuple, converter=_fixedvars)
     global_size: tuple[IntLike, ...] | None = attrs.field(default=None, converter=_dims)
     local_size: tuple[IntLike, ...] | None = attrs.field(default=None, converter=_dims)
