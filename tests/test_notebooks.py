@@ -52,8 +52,19 @@ def this_python_kernel(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) 
     return "python3"
 
 
+# Examples of an optional extra: skipped, saying which, where it is not installed.
+NEEDS = {"05_ray": "ray", "ray_cluster": "ray"}
+
+
+def needs(path: pathlib.Path) -> None:
+    module = NEEDS.get(path.stem)
+    if module is not None:
+        pytest.importorskip(module, reason=f"needs the {module} extra: pip install -e '.[{module}]'")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_headless(path: pathlib.Path, this_python_kernel: str) -> None:
+    needs(path)
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
         notebook, timeout=120, kernel_name=this_python_kernel,
@@ -68,6 +79,7 @@ SCRIPTS = sorted(p for p in EXAMPLES.glob("*.py") if p.name not in NOT_SCRIPTS)
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_example_script_runs(path: pathlib.Path) -> None:
+    needs(path)
     env = dict(os.environ, MPLBACKEND="Agg")
     env["PYTHONPATH"] = child_pythonpath()
     done = subprocess.run(
