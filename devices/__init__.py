@@ -18,6 +18,7 @@ from ._costmodel import LinkCost as LinkCost
 from ._costmodel import Work as Work
 from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
+from ._device import DeviceBuffer as DeviceBuffer
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
 from ._ops import AWAIT as AWAIT

@@ -597,5 +597,5 @@ def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:
     for device in connection.devices:
         queue = device.queues[QueueKind.COMPUTE]
         if queue.signal is signal:
-            return queue  # type: ignore[return-value]
+            return queue
     return None

@@ -14,7 +14,7 @@ import numpy as np
 from actorgraph.scheduler import QueueKind
 
 from ._actor import QueueActor
-from ._device import Device, DeviceError, LaunchRequest
+from ._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from ._ops import EXEC, EXEC_THREAD, Op, run_op
 
 DEFAULT_THREAD_BYTES = 1 << 20
@@ -31,6 +31,7 @@ def host_launch_call(device: Device, launch: LaunchRequest) -> tuple[Any, tuple[
         )
     if kernel.pass_dims:
         fn = functools.partial(fn, global_size=global_size, local_size=local_size)
+    args: tuple[Any, ...]
     if getattr(kernel, "cpu_args", "arrays") == "addresses":
         args = tuple([b.address for b in buffers]) + tuple(var_values)
     else:
@@ -56,7 +57,7 @@ class CPUDevice(Device):
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
         self.thread_bytes = int(options.get("cpu_thread_bytes", DEFAULT_THREAD_BYTES))
-        self.queues = {
+        self._queues = {
             QueueKind.COMPUTE: QueueActor(f"{name}/compute", timeline_start),
             QueueKind.COPY: QueueActor(f"{name}/copy", timeline_start),
         }
@@ -71,13 +72,13 @@ class CPUDevice(Device):
         fn, args = host_launch_call(self, launch)
         return run_op(self._code(sum([b.nbytes for b in launch[2]])), fn, args, launch[0])
 
-    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+    def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         return run_op(
             self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item
         )
 
-    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         return run_op(self._code(buffer.nbytes), np.copyto, copy_args(buffer.host_view(), array), -1)
 
-    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         return run_op(self._code(buffer.nbytes), np.copyto, copy_args(out, buffer.host_view()), -1)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 import trio
@@ -12,6 +12,40 @@ from actorgraph.scheduler import ActorGraphError, DeviceCaps, QueueKind
 from ._actor import QueueActor
 from ._ops import Op
 from ._signal import Signal
+
+
+class DeviceBuffer(Protocol):
+    """What a device reads of a buffer (actorgraph's `Buffer` is one).
+
+    A buffer is a typed window on one allocation: `offset` elements into the memory that
+    the device's `allocate` returned for it, `shape` of `dtype`.
+    """
+
+    @property
+    def device(self) -> str: ...  # the device's name
+
+    @property
+    def device_object(self) -> Device: ...
+
+    @property
+    def memory(self) -> Any: ...  # what `Device.allocate` returned for the allocation
+
+    @property
+    def offset(self) -> int: ...  # in elements of `dtype`
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def address(self) -> int: ...  # host address of the first element (host-visible memory)
+
+    def host_view(self) -> np.ndarray[Any, Any]: ...  # host-visible memory only
 
 
 class LaunchRequest(NamedTuple):
@@ -23,7 +57,7 @@ class LaunchRequest(NamedTuple):
 
     item: int
     kernel: Any
-    buffers: Sequence[Any]
+    buffers: Sequence[DeviceBuffer]
     var_values: Sequence[int]
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
@@ -54,11 +88,17 @@ class Device:
         self.index = index
         self.timeline = Signal(f"{name}/timeline", timeline_start)
         self.next_ticket = timeline_start
-        self.queues: dict[QueueKind, QueueActor] = {}
+        self._queues: dict[QueueKind, QueueActor] = {}
         self.options = options
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+    @property
+    def queues(self) -> Mapping[QueueKind, QueueActor]:
+        """The device's queue actors by kind, set when it opens. A kind of device whose
+        queues are of a kind of its own narrows this (read-only, so that is sound)."""
+        return self._queues
 
     @property
     def caps(self) -> DeviceCaps:
@@ -110,11 +150,11 @@ class Device:
     def lower_launch(self, launch: LaunchRequest) -> Op:
         raise NotImplementedError
 
-    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+    def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         raise NotImplementedError
 
-    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         raise NotImplementedError
 
-    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         raise NotImplementedError

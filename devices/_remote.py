@@ -52,7 +52,7 @@ items) and other devices go on working.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,7 @@ from actorgraph.scheduler import QueueKind
 
 from ._actor import QueueActor
 from ._connection import Connection, RemoteMemory, flat_bytes
-from ._device import Device, DeviceError, LaunchRequest
+from ._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from ._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, run_op, wire_op
 
 REMOTE_NAME = re.compile(r"^([A-Z]+):(\d+)@(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
@@ -116,8 +116,14 @@ class RemoteDevice(Device):
         super().__init__(name, index, timeline_start=timeline_start, **options)
         self.connection = connection
         self.inner = inner
-        self.queues = {QueueKind.COMPUTE: RemoteQueue(f"{name}/compute", self, timeline_start)}
+        self._remote_queues = {
+            QueueKind.COMPUTE: RemoteQueue(f"{name}/compute", self, timeline_start)
+        }
         connection.devices.append(self)
+
+    @property
+    def queues(self) -> Mapping[QueueKind, RemoteQueue]:
+        return self._remote_queues
 
     async def start(self, nursery: trio.Nursery) -> None:
         await self.connection.start(nursery)
@@ -136,7 +142,7 @@ class RemoteDevice(Device):
 
     # -- lowering --
 
-    def _ref(self, buffer: Any) -> list[Any]:
+    def _ref(self, buffer: DeviceBuffer) -> list[Any]:
         memory = buffer.memory
         if not isinstance(memory, RemoteMemory):
             raise DeviceError(f"{buffer!r} is not memory of a remote device")
@@ -155,14 +161,10 @@ class RemoteDevice(Device):
         ]
         return wire_op(entry, item)
 
-    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+    def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         """Every copy that touches a remote buffer, wherever the planner put it."""
         dst_dev, src_dev = dst.device_object, src.device_object
-        dst_remote, src_remote = (
-            isinstance(dst_dev, RemoteDevice),
-            isinstance(src_dev, RemoteDevice),
-        )
-        if dst_remote and src_remote:
+        if isinstance(dst_dev, RemoteDevice) and isinstance(src_dev, RemoteDevice):
             # Neither side has a copy queue: this runs on the destination's worker.
             if dst_dev.connection is src_dev.connection:
                 return wire_op(["c", item, self._ref(dst), self._ref(src)], item)
@@ -178,9 +180,14 @@ class RemoteDevice(Device):
                 source.ticket(src.memory.handle),
             ]
             return wire_op(entry, item)
-        if src_remote:
+        if isinstance(src_dev, RemoteDevice):
             # Runs on the client-local destination's queue: pull the bytes over.
             return run_op(AWAIT, src_dev.connection.pull, (dst.host_view(), self._ref(src)), item)
+        if not isinstance(dst_dev, RemoteDevice):
+            raise DeviceError(
+                f"{self.name} was asked to lower copy {src.device}->{dst.device}, and neither "
+                f"side is a remote device"
+            )
         if QueueKind.COPY not in src_dev.queues:
             raise DeviceError(
                 f"copy {src.device}->{dst.device}: a copy from a client-local device to a "
@@ -189,14 +196,14 @@ class RemoteDevice(Device):
             )
         return run_op(AWAIT, dst_dev.connection.push, (src.host_view(), self._ref(dst)), item)
 
-    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         data = flat_bytes(array)
         step = self.connection.chunk
         chunks = [data[i : i + step] for i in range(0, len(data), step)] or [data]
         blob_ids = [self.connection.next_blob() for _ in chunks]
         return wire_op(["hw", -1, self._ref(buffer), blob_ids], -1, list(zip(blob_ids, chunks)))
 
-    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         read_id = self.connection.expect_read(flat_bytes(out), staged=True)
         return wire_op(["hr", -1, self._ref(buffer), read_id], -1)
 

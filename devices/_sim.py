@@ -18,7 +18,7 @@ clock, so profile spans are the simulated start and end of each item.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -29,7 +29,7 @@ from actorgraph.scheduler import DeviceCaps, QueueKind
 from ._actor import QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
-from ._device import Device, LaunchRequest
+from ._device import Device, DeviceBuffer, LaunchRequest
 from ._ops import HOST_OPS, KICK, SIM_RUN, Job, Op, sim_run
 
 
@@ -109,10 +109,14 @@ class SIMDevice(Device):
         self.device_cost = self.cost_model.device(self.kind)
         # Every SIM device of one runtime sits in the same simulated node.
         self.peer_group = f"SIM/{self.cost_model.name}"
-        self.queues = {
+        self._sim_queues = {
             QueueKind.COMPUTE: SimQueueActor(f"{name}/compute", timeline_start),
             QueueKind.COPY: SimQueueActor(f"{name}/copy", timeline_start),
         }
+
+    @property
+    def queues(self) -> Mapping[QueueKind, SimQueueActor]:
+        return self._sim_queues
 
     @property
     def caps(self) -> DeviceCaps:
@@ -120,12 +124,11 @@ class SIMDevice(Device):
 
     def sim_records(self) -> tuple[SimRecord, ...]:
         """This device's records, compute queue first, each queue in run order."""
-        actors: list[SimQueueActor] = list(self.queues.values())  # type: ignore[arg-type]
-        return tuple(rec for actor in actors for rec in actor.sim_records())
+        return tuple(rec for actor in self.queues.values() for rec in actor.sim_records())
 
     def clear_sim_records(self) -> None:
         for actor in self.queues.values():
-            actor.clear_sim_records()  # type: ignore[attr-defined]
+            actor.clear_sim_records()
 
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
         return np.zeros(nelems, dtype=dtype)
@@ -142,13 +145,13 @@ class SIMDevice(Device):
         return model.host
 
     def launch_duration(
-        self, kernel: Any, buffers: Sequence[Any], var_values: Sequence[int]
+        self, kernel: Any, buffers: Sequence[DeviceBuffer], var_values: Sequence[int]
     ) -> float:
         return self.cost_model.kernel_duration(
             self.kind, kernel, [b.nbytes for b in buffers], var_values
         )
 
-    def copy_duration(self, dst: Any, src: Any) -> float:
+    def copy_duration(self, dst: DeviceBuffer, src: DeviceBuffer) -> float:
         far = src.device_object if dst.device_object is self else dst.device_object
         return self.link_to(far).duration(dst.nbytes)
 
@@ -162,15 +165,15 @@ class SIMDevice(Device):
         seconds = self.launch_duration(launch.kernel, launch.buffers, launch.var_values)
         return sim_run(fn, args, launch.item, seconds)
 
-    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+    def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         args = copy_args(dst.host_view(), src.host_view())
         return sim_run(np.copyto, args, item, self.copy_duration(dst, src))
 
-    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
         return sim_run(np.copyto, copy_args(buffer.host_view(), array), -1, seconds)
 
-    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
         return sim_run(np.copyto, copy_args(out, buffer.host_view()), -1, seconds)
 

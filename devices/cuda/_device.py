@@ -18,15 +18,15 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 import trio
-from actorgraph.scheduler import QueueKind
+from actorgraph.scheduler import DeviceCaps, QueueKind
 
-from .._device import Device, DeviceError, LaunchRequest
+from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from .._ops import Op, cuda_item
 from .._signal import Signal
 from . import _commands as C
@@ -128,13 +128,17 @@ class CUDADevice(Device):
         self._closed_busy = False  # closed with work still on the GPU
         self._live: dict[int, CudaMemory] = {}  # allocations not freed yet, by pointer
         self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
-        self.queues = {
+        self._cuda_queues = {
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
             QueueKind.COPY: CudaQueueActor(f"{name}/copy", self, timeline_start),
         }
 
     @property
-    def caps(self) -> Any:
+    def queues(self) -> Mapping[QueueKind, CudaQueueActor]:
+        return self._cuda_queues
+
+    @property
+    def caps(self) -> DeviceCaps:
         return attrs.evolve(super().caps, peer_group=f"cuda:{self.driver.name}")
 
     async def start(self, nursery: trio.Nursery) -> None:
@@ -145,10 +149,10 @@ class CUDADevice(Device):
         if self._closed:
             return
         self._closed = True
-        busy = any(q.gpu_busy for q in self.queues.values())  # type: ignore[attr-defined]
+        busy = any(q.gpu_busy for q in self.queues.values())
         self._closed_busy = busy
         for actor in self.queues.values():
-            actor.close()  # type: ignore[attr-defined]
+            actor.close()
         with self._reaper_lock:
             reaper, self._reaper = self._reaper, None
         if reaper is not None:
@@ -190,7 +194,7 @@ class CUDADevice(Device):
             )
             self.lost.__cause__ = error
         for actor in self.queues.values():
-            actor.fail_in_flight(self.lost)  # type: ignore[attr-defined]
+            actor.fail_in_flight(self.lost)
 
     # -- trio-side signals as words the GPU can wait on --
 
@@ -237,7 +241,7 @@ class CUDADevice(Device):
         if memory.exported:
             self._free_when_unused(memory)
             return
-        if any(q.gpu_busy for q in self.queues.values()):  # type: ignore[attr-defined]
+        if any(q.gpu_busy for q in self.queues.values()):
             self._reap(memory.pointer)
         else:
             self._free_now(memory.pointer)
@@ -331,7 +335,7 @@ class CUDADevice(Device):
                 pass  # lowering compiles it again and reports the error with its kernel
 
     def _actor(self, queue: QueueKind) -> CudaQueueActor:
-        return self.queues[queue]  # type: ignore[return-value]
+        return self.queues[queue]
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         item, kernel, buffers, var_values, global_size, local_size, queue = launch
@@ -392,7 +396,7 @@ class CUDADevice(Device):
         other._peers[self.index] = ok
         return ok
 
-    def lower_copy(self, item: int, dst: Any, src: Any, queue: QueueKind) -> Op:
+    def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         actor = self._actor(queue)
         dst_mem, src_mem = dst.memory, src.memory
         nbytes = dst.nbytes
@@ -425,7 +429,7 @@ class CUDADevice(Device):
             raise DeviceError(f"{self.name} cannot copy between {dst!r} and {src!r}: neither is on it")
         return cuda_item(cmds, item, keep)
 
-    def _upload(self, item: int, actor: CudaQueueActor, dst: Any,
+    def _upload(self, item: int, actor: CudaQueueActor, dst: DeviceBuffer,
                 array: np.ndarray[Any, Any]) -> tuple[tuple[C.Command, ...], Any]:
         nbytes = dst.nbytes
         keep = _Staging(self, nbytes)
@@ -439,7 +443,7 @@ class CUDADevice(Device):
         return cmds, (keep, fill)
 
     def _download(self, item: int, actor: CudaQueueActor, out: np.ndarray[Any, Any],
-                  src: Any) -> tuple[tuple[C.Command, ...], Any]:
+                  src: DeviceBuffer) -> tuple[tuple[C.Command, ...], Any]:
         nbytes = src.nbytes
         keep = _Staging(self, nbytes)
         staged = keep.array[:nbytes].view(src.dtype).reshape(out.shape)
@@ -451,17 +455,17 @@ class CUDADevice(Device):
         )
         return cmds, (keep, drain)
 
-    def lower_host_write(self, buffer: Any, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         cmds, keep = self._upload(-1, self._actor(queue), buffer, array)
         return cuda_item(cmds, -1, keep)
 
-    def lower_host_read(self, buffer: Any, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
         cmds, keep = self._download(-1, self._actor(queue), out, buffer)
         return cuda_item(cmds, -1, keep)
 
     # -- DLPack --
 
-    def dlpack(self, buffer: Any, stream: Any = None, max_version: Any = None) -> Any:
+    def dlpack(self, buffer: DeviceBuffer, stream: Any = None, max_version: Any = None) -> Any:
         """A DLPack capsule that views `buffer`'s device memory without a copy.
 
         On a GPU the consumer's `stream` (DLPack's convention: None or 1 the legacy
@@ -500,10 +504,10 @@ class CUDADevice(Device):
             if actor.signal.value >= target:
                 continue  # all done
             if self.mem_ops:
-                driver.stream_wait_value64(consumer, actor.signal.device_pointer, target)  # type: ignore[attr-defined]
+                driver.stream_wait_value64(consumer, actor.signal.device_pointer, target)
             elif not actor.busy:  # all of it is on the stream already
                 event = driver.event_create()
-                driver.event_record(event, actor.stream)  # type: ignore[attr-defined]
+                driver.event_record(event, actor.stream)
                 driver.stream_wait_event(consumer, event)
                 driver.event_destroy(event)  # the driver keeps it until the wait is done
             else:
@@ -522,7 +526,7 @@ class CUDADevice(Device):
         """Wait (blocking) until both streams have run everything queued on them."""
         self.driver.set_context(self.context)
         for actor in self.queues.values():
-            self.driver.stream_synchronize(actor.stream)  # type: ignore[attr-defined]
+            self.driver.stream_synchronize(actor.stream)
 
 
 _u8 = ctypes.c_uint8
@@ -534,11 +538,11 @@ def _source_key(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def _pointer(buffer: Any) -> int:
+def _pointer(buffer: DeviceBuffer) -> int:
     return int(buffer.memory.pointer) + int(buffer.offset) * int(buffer.dtype.itemsize)
 
 
-def _host_array(buffer: Any) -> np.ndarray[Any, Any]:
+def _host_array(buffer: DeviceBuffer) -> np.ndarray[Any, Any]:
     start = buffer.offset * buffer.dtype.itemsize
     raw: np.ndarray[Any, Any] = buffer.memory.host[start : start + buffer.nbytes]
     out: np.ndarray[Any, Any] = raw.view(buffer.dtype).reshape(buffer.shape)

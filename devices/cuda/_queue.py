@@ -57,6 +57,7 @@ from actorgraph.devices._ops import (
     ActorClosedError,
     CudaItem,
     Job,
+    Op,
     SignalOp,
     Submission,
     WaitOp,
@@ -101,7 +102,7 @@ class _GraphEntry:
                  "reports", "value_nodes")
 
     def __init__(self) -> None:
-        self.ops: Sequence[Any] = ()
+        self.ops: Sequence[Op] = ()
         self.graph: Any = None
         self.exec: Any = None
         self.nodes: list[Any] = []
@@ -146,7 +147,7 @@ class CudaQueueActor(QueueActor):
         self._faults: list[tuple[int, int, BaseException]] = []
         self._faults_lock = threading.Lock()
         self._graphs: collections.OrderedDict[int, _GraphEntry] = collections.OrderedDict()
-        self._refused: collections.OrderedDict[int, Sequence[Any]] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[int, Sequence[Op]] = collections.OrderedDict()
         self.graph_min_items = int(device.options.get("cuda_graph_min_items", DEFAULT_GRAPH_MIN_ITEMS))
         self.use_graphs = bool(device.options.get("cuda_graphs", True))
         self.graph_launches = 0
@@ -474,7 +475,7 @@ class CudaQueueActor(QueueActor):
             self.driver.graph_destroy(dropped.graph, dropped.exec)
         return entry
 
-    def _refuse(self, ops: Sequence[Any]) -> None:
+    def _refuse(self, ops: Sequence[Op]) -> None:
         self._refused[id(ops)] = ops  # held, so the id is not reused while cached
         while len(self._refused) > _GRAPH_CACHE:
             self._refused.popitem(last=False)
