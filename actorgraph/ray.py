@@ -132,7 +132,7 @@ class WorkerServer:
         limits: Any,
     ) -> dict[str, Any] | str:
         """Serve `devices`; the worker's place and address, or why it could not start."""
-        bind = host or ray.util.get_node_ip_address()
+        bind = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         ready: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._main,
@@ -144,11 +144,13 @@ class WorkerServer:
         try:
             bound_host, port = ready.result()
         except Exception as exc:  # noqa: BLE001 - handed to the client as text
-            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]  # the one error of the server's nurseries
-            return f"{type(exc).__name__}: {exc}"
+            error: BaseException = exc
+            while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+                error = error.exceptions[0]  # the one error of the server's nurseries
+            return f"{type(error).__name__}: {error}"
         if bound_host in ("0.0.0.0", "::"):
-            bound_host = ray.util.get_node_ip_address()  # reachable, unlike the wildcard
+            # The wildcard is no address to connect to: the node's IP is.
+            bound_host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "host": bound_host,
@@ -528,7 +530,7 @@ def _fits(node: Mapping[str, Any], bundle: Mapping[str, float]) -> int:
 
 def _count(placement: str | int, bundle: Mapping[str, float]) -> tuple[int, str]:
     """How many workers, and the placement group strategy that spreads them."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     if placement == "node":
         count = sum(1 for n in nodes if _fits(n, bundle) >= 1)
         what = "node"
@@ -579,13 +581,6 @@ def start_workers(
     address: a cluster to connect to when Ray is not initialised yet (ray.init(address)).
     timeout: seconds to wait for Ray to place and start the workers.
     """
-    if not ray.is_initialized():
-        if address is None:
-            raise UsageError(
-                "start_workers: Ray is not initialised; call ray.init() (a local cluster) or "
-                "ray.init(address=...) first, or pass address="
-            )
-        ray.init(address=address)
     if isinstance(placement, bool) or not (
         placement in _PLACEMENTS or (isinstance(placement, int) and placement >= 1)
     ):
@@ -609,6 +604,13 @@ def start_workers(
     if isinstance(kernels, str):
         raise UsageError(f"kernels is a list of module names, e.g. [{kernels!r}]; got a string")
     bundle = _bundle(placement, num_cpus, num_gpus, resources)
+    if not ray.is_initialized():
+        if address is None:
+            raise UsageError(
+                "start_workers: Ray is not initialised; call ray.init() (a local cluster) or "
+                "ray.init(address=...) first, or pass address="
+            )
+        ray.init(address=address)
     count, default_strategy = _count(placement, bundle)
     group = placement_group(
         [dict(bundle) for _ in range(count)], strategy=strategy or default_strategy
@@ -621,12 +623,12 @@ def start_workers(
             raise RayWorkerError(
                 f"Ray could not place {count} workers of {dict(bundle)} "
                 f"({strategy or default_strategy}) within {timeout:g} s; free resources: "
-                f"{ray.available_resources()}"
+                f"{ray.available_resources()}"  # type: ignore[no-untyped-call]
             ) from None
         token = secrets.token_hex(32).encode()
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         for index in range(count):
-            actor = _WorkerActor.options(  # type: ignore[attr-defined]
+            actor = _WorkerActor.options(
                 num_cpus=bundle.get("CPU", 0),
                 num_gpus=bundle.get("GPU", 0),
                 resources=custom,

@@ -299,6 +299,12 @@ def test_bad_requests_are_refused_clearly(
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ag.UsageError, match=r"Ray is not initialised; call ray.init\(\)"):
         agray.start_workers()
+    # With address=, start_workers joins that cluster itself (here: it is already joined).
+    joined: list[object] = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: joined.append(kwargs))
+    with pytest.raises(agray.RayWorkerError, match=r"no node"):
+        agray.start_workers(resources={"nowhere": 1}, num_cpus=0, address=cluster.address)
+    assert joined == [{"address": cluster.address}]
 
 
 def test_importing_actorgraph_does_not_import_ray() -> None:
