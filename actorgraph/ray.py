@@ -406,6 +406,10 @@ class RayWorkers:
         for worker in self.workers:
             for hook in hooks:
                 hook(worker, "the Ray workers were stopped (RayWorkers.stop())")
+        if not ray.is_initialized():
+            # ray.shutdown() came first: this driver's actors and groups ended with it.
+            self._watcher.join(timeout)
+            return
         refs = [actor.stop.remote() for actor in self._actors]
         try:
             ray.wait(refs, num_returns=len(refs), timeout=timeout)

@@ -248,6 +248,31 @@ async def test_killing_a_worker_mid_replay(cluster: Any) -> None:
         doomed.open_runtime()
 
 
+async def test_losing_a_node(cluster: Any) -> None:
+    # Ray starts and stops nodes from the main thread only (it installs signal handlers).
+    node = cluster.add_node(**NODE, resources={"node_c": 1})
+    doomed = await trio.to_thread.run_sync(
+        lambda: agray.start_workers(
+            placement=1, resources={"node_c": 1}, num_cpus=0, host=LOOPBACK, timeout=GUARD
+        )
+    )
+    (remote,) = doomed.devices
+    try:
+        with trio.fail_after(GUARD):
+            async with doomed.open_runtime(["CPU:0"]) as rt:
+                x = rt.alloc(remote, 8, np.int32)
+                await rt.copyin(x, np.arange(8, dtype=np.int32))
+                cluster.remove_node(node)  # its raylet and every process on it are killed
+                with pytest.raises(ag.ClosedError, match="did not complete"):
+                    with trio.fail_after(10):  # the node's processes are gone: seconds at most
+                        await rt.copyout(x)
+                local = rt.alloc("CPU:0", 8, np.int32)
+                await rt.copyin(local, np.arange(8, dtype=np.int32))
+                np.testing.assert_array_equal(await rt.copyout(local), np.arange(8))
+    finally:
+        await trio.to_thread.run_sync(doomed.stop)
+
+
 def test_start_runtime_from_synchronous_code(workers: Any) -> None:
     name = workers.devices[-1]
     with workers.start_runtime(["CPU:0"]) as rt:
