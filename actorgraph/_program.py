@@ -285,14 +285,25 @@ class Program:
         actors = self.actors
         nqueues = len(actors)
         bases = [0] * self.nbases
-        for qi in range(nqueues):
-            bases[FIRST_QUEUE_SLOT + qi] = actors[qi].reserve(self.counts[qi])
-        tickets = []
+        tickets: list[int] = []
         first_ticket = FIRST_QUEUE_SLOT + nqueues
-        for di, device in enumerate(self.devices):
-            prev = device.take_ticket()
-            bases[first_ticket + di] = prev
-            tickets.append(prev + 1)
+        reserved = 0
+        try:
+            for qi in range(nqueues):
+                bases[FIRST_QUEUE_SLOT + qi] = actors[qi].reserve(self.counts[qi])
+                reserved += 1
+            for di, device in enumerate(self.devices):
+                prev = device.take_ticket()
+                bases[first_ticket + di] = prev
+                tickets.append(prev + 1)
+        except OverflowError:
+            # A timeline would pass 2**64-1: give back what this submission took, so
+            # nothing is posted and every timeline stays where it was.
+            for qi in range(reserved):
+                actors[qi].next_value = bases[FIRST_QUEUE_SLOT + qi]
+            for di in range(len(tickets)):
+                self.devices[di].next_ticket = bases[first_ticket + di]
+            raise
         runtime = self.runtime
         kick = runtime.kick.value + 1
         bases[KICK] = kick

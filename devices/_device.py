@@ -13,6 +13,8 @@ from ._actor import QueueActor
 from ._ops import Op
 from ._signal import Signal
 
+_VALUE_MAX = (1 << 64) - 1
+
 
 class DeviceBuffer(Protocol):
     """What a device reads of a buffer (actorgraph's `Buffer` is one).
@@ -113,6 +115,11 @@ class Device:
     def take_ticket(self) -> int:
         """Give the next submission its place on this device; return the value to wait for."""
         prev = self.next_ticket
+        if prev >= _VALUE_MAX:
+            raise OverflowError(
+                f"{self.name}/timeline would pass 2**64-1; start the runtime with a lower "
+                f"timeline_start"
+            )
         self.next_ticket = prev + 1
         return prev
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 import threading
 import tracemalloc
 
@@ -312,6 +313,39 @@ async def test_timeline_overflow_is_refused_before_submitting() -> None:
         graph = await rt.compile([ag.Launch(INC, [a]), ag.Launch(INC, [a]), ag.Launch(INC, [a])])
         with pytest.raises(OverflowError, match="timeline would pass 2\\*\\*64-1"):
             await graph()
+
+
+@pytest.mark.parametrize("device", ["CPU:0", "SIM:0"])
+async def test_device_timeline_overflow_is_refused_before_submitting(device: str) -> None:
+    """Every call advances the device timeline (copyin, run, replays): the one that would
+    pass 2**64-1 is refused before anything is posted, and the runtime stays sound."""
+    other = device[:-1] + "1"
+    async with ag.open_runtime([device, other], timeline_start=(1 << 64) - 5) as rt:
+        a = rt.alloc(device, 4, np.int32)
+        graph = await rt.compile([ag.Launch(INC, [a])])
+        calls = [
+            lambda: rt.copyin(a, np.zeros(4, np.int32)),
+            lambda: rt.run([ag.Launch(INC, [a])]),
+            lambda: graph(),
+        ]
+        refused = 0
+        with trio.fail_after(10):
+            for i in range(12):
+                try:
+                    await calls[i % 3]()
+                except OverflowError as error:
+                    assert re.search(rf"{device}/timeline would pass 2\*\*64-1", str(error)), error
+                    refused += 1
+        assert refused == 8  # four submissions fit below the top, every later one is refused
+        with pytest.raises(OverflowError, match="timeline would pass"):
+            graph.submit_nowait()
+        with pytest.raises(OverflowError, match="timeline would pass"):
+            await rt.copyout(a)
+        assert rt.in_flight == 0
+        # The other device has room and keeps working.
+        b = rt.alloc(other, 4, np.int32)
+        await rt.run([ag.Launch(INC, [b])])
+        np.testing.assert_array_equal(await rt.copyout(b), np.ones(4, np.int32))
 
 
 async def test_soak_2k_replays_memory_is_flat() -> None:
