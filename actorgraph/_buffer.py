@@ -39,11 +39,38 @@ def new_alloc_id() -> int:
     return next(_alloc_ids)
 
 
+def _dim(value: Any) -> int | None:
+    """`value` as a Python int if it is an integer (numpy's too) >= 0, else None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return None
+    number = int(value)
+    return number if number >= 0 else None
+
+
 def _shape_of(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
-        raise UsageError(f"a buffer shape is an int or a tuple of ints >= 0, got {shape!r}")
-    return dims
+    bad = UsageError(f"a buffer shape is an int or a tuple of ints >= 0, got {shape!r}")
+    if isinstance(shape, (tuple, list)):
+        dims = tuple(_dim(d) for d in shape)
+    else:
+        dims = (_dim(shape),)
+    if not dims or None in dims:
+        raise bad
+    return dims  # type: ignore[return-value]
+
+
+# The most bytes one buffer may span: numpy's (and the C library's) index limit.
+MAX_BUFFER_BYTES = (1 << 63) - 1
+
+
+def check_buffer_size(what: str, dims: tuple[int, ...], dtype: np.dtype[Any]) -> int:
+    """The element count of `dims`, computed exactly; refuse more bytes than a buffer holds."""
+    count = math.prod(dims)
+    if count * dtype.itemsize > MAX_BUFFER_BYTES:
+        raise UsageError(
+            f"{what}: shape {dims} of {dtype.name} is {count * dtype.itemsize} bytes, more than "
+            f"one buffer can hold ({MAX_BUFFER_BYTES}); allocate less or split it"
+        )
+    return count
 
 
 @attrs.frozen(eq=False, repr=False)

@@ -24,7 +24,7 @@ from actorgraph.scheduler import (
 
 from . import _jit
 from ._await import Pending, described
-from ._buffer import Allocation, Buffer, _shape_of
+from ._buffer import Allocation, Buffer, _shape_of, check_buffer_size
 from ._errors import (
     ClosedError,
     DeadlockError,
@@ -191,7 +191,7 @@ class Runtime:
             dt = np.dtype(dtype)
         except TypeError:
             raise UsageError(f"alloc: {dtype!r} is not a numpy dtype") from None
-        nelems = int(np.prod(dims))
+        nelems = check_buffer_size("alloc", dims, dt)
         try:
             memory = dev.allocate(nelems, dt)
         except _devices.RemoteConnectionError as exc:

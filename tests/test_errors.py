@@ -344,6 +344,24 @@ async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
         await rt.copyout(np.zeros(3))  # type: ignore[arg-type]
 
 
+async def test_alloc_shapes_are_checked(rt: ag.Runtime) -> None:
+    for shape in (2.5, "64", (4, 2.0), (3, None), True, ()):
+        with raises(ag.UsageError, f"a buffer shape is an int or a tuple of ints >= 0, got {shape!r}"):
+            rt.alloc("CPU:0", shape, I32)  # type: ignore[arg-type]
+    # The element count is an exact int: it never wraps round to a small buffer.
+    with raises(
+        ag.UsageError,
+        "alloc: shape (4294967296, 4294967296) of int8 is 18446744073709551616 bytes, more "
+        "than one buffer can hold (9223372036854775807); allocate less or split it",
+    ):
+        rt.alloc("CPU:0", (2**32, 2**32), np.int8)
+    with raises(ag.UsageError, "alloc: shape (4611686018427387904,) of int32 is"):
+        rt.alloc("CPU:0", 2**62, I32)
+    a = rt.alloc("CPU:0", (np.int64(2), 3), I32)  # numpy ints are ints
+    assert a.shape == (2, 3) and type(a.shape[0]) is int and a.memory.size == 6
+    assert rt.alloc("CPU:0", (0, 5), I32).nbytes == 0
+
+
 async def test_bad_item_lists(rt: ag.Runtime) -> None:
     with raises(ag.UsageError, "compile() got no items; a graph needs at least one Launch or Copy"):
         await rt.compile([])
