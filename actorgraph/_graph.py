@@ -294,18 +294,22 @@ class Graph:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
         self._runtime.check_open()
         inputs = tuple(inputs)
+        runtime = self._runtime
+        if runtime.frees != self._frees_seen:
+            # Before any cache: a buffer was freed somewhere since the last call.
+            for buf in self._internal_roots:
+                if buf.freed:
+                    buf.check_live("this graph uses ")
+            # Cached input sets and replanned programs may hold a freed buffer: forget
+            # them, so the next call checks its inputs as a first call does.
+            self._bound.clear()
+            self._aliased.clear()
+            self._frees_seen = runtime.frees
         aliased = self._aliased.get(tuple(map(id, inputs)))
         if aliased is not None and all(a is b for a, b in zip(aliased[0], inputs)):
             program = aliased[1]
             checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
             return program, program.bind(inputs, checked)
-        runtime = self._runtime
-        if runtime.frees != self._frees_seen:
-            for buf in self._internal_roots:
-                if buf.freed:
-                    buf.check_live("this graph uses ")
-            self._bound.clear()  # cached input sets may hold a freed buffer
-            self._frees_seen = runtime.frees
         values = var_vals if var_vals is not None else {}
         key = tuple(map(id, inputs))
         hit = self._bound.get(key)

@@ -28,6 +28,7 @@ def _fill(out: np.ndarray, n: int) -> None:
 
 
 XOR = ag.Kernel("xor", cpu=_xor, outs=(0,), ins=(1, 2))
+INC = ag.Kernel("inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
 FILL = ag.Kernel("fill", cpu=_fill, outs=(0,))
 GPU_ONLY = ag.Kernel(
     "gpu_only", cuda='extern "C" __global__ void gpu_only(int* x) { x[0] = 1; }', outs=(0,)
@@ -229,6 +230,29 @@ async def test_freed_internal_buffer_on_replay(rt: ag.Runtime) -> None:
         await graph([a, b])  # the same inputs as the last call
     with raises(ag.BufferFreedError, message):
         await graph(bufs(rt, 2))
+
+
+@pytest.mark.parametrize("device", ["CPU:0", "SIM:0"])
+async def test_freed_buffers_through_the_replan_cache(device: str) -> None:
+    """Replanned graphs are cached per input set: a cached plan checks liveness like the
+    first call does, for its inputs and for the buffers the graph uses internally."""
+    add = ag.Kernel("add", cpu=lambda out, a, b: np.add(a, b, out=out), outs=(0,), ins=(1, 2))
+    async with ag.open_runtime([device]) as rt:
+        a, b, tmp, other = (rt.alloc(device, 8, I32) for _ in range(4))
+        items = [ag.Launch(add, [tmp, a, b]), ag.Launch(add, [b, tmp, a]), ag.Launch(INC, [other])]
+        graph = await rt.compile(items, inputs=[a, b], aliasing="replan")
+        x, y = rt.alloc(device, 8, I32), rt.alloc(device, 8, I32)
+        for inputs in ([x, x], [y, y]):
+            for _ in range(2):  # the second call comes from the cache
+                await graph(inputs)
+        rt.free(x)
+        with raises(ag.BufferFreedError, f"input 0: {x!r} was freed"):
+            await graph([x, x])
+        await graph([y, y])
+        rt.free(other)  # used by a static item: lowered once, never re-lowered
+        with raises(ag.BufferFreedError, f"this graph uses {other!r} was freed"):
+            await graph([y, y])
+        assert rt.in_flight == 0
 
 
 async def test_freed_buffer_in_copyin_copyout_view_and_free(rt: ag.Runtime) -> None:
