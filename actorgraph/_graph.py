@@ -349,7 +349,11 @@ class Graph:
                 bufs[slot] = bufs[slot].rebased(program.inputs[source], inputs[source])
             items.append(item.with_buffers(bufs))
         plan = build_plan([plan_item(item) for item in items], self._runtime.caps)
-        replanned = Program(self._runtime, items, inputs, plan)
+        if self._runtime.verify_plans:
+            plan.verify()
+        # Cached by the inputs' identity, so its items keep these very buffers: it has no
+        # inputs to rebind (which is what lets inputs be views of one region, or overlap).
+        replanned = Program(self._runtime, items, (), plan)
         if len(self._aliased) >= 8:
             self._aliased.pop(next(iter(self._aliased)))
         self._aliased[tuple(map(id, inputs))] = (inputs, replanned)
