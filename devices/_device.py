@@ -81,6 +81,7 @@ class Device:
 
     kind: ClassVar[str] = ""
     host_visible: ClassVar[bool] = True
+    host_backed: ClassVar[bool] = True  # its memory is host RAM underneath (see DeviceCaps)
     # A device whose memory the client reaches only through I/O (REMOTE) lowers every
     # copy that touches it, whichever queue the planner puts the copy on.
     lowers_foreign_copies: ClassVar[bool] = False
@@ -110,6 +111,7 @@ class Device:
             has_copy_queue=QueueKind.COPY in self.queues,
             host_visible=self.host_visible,
             is_cpu=self.kind == "CPU",
+            host_backed=self.host_backed,
         )
 
     def take_ticket(self) -> int:

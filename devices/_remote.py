@@ -101,6 +101,7 @@ class RemoteDevice(Device):
 
     kind = "REMOTE"
     host_visible = False
+    host_backed = False
     lowers_foreign_copies = True
 
     def __init__(

@@ -28,8 +28,9 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     A launch goes to its device's compute queue. A copy goes to the copy queue of its
     destination if that device has one, else of its source, else to the destination's
     compute queue: the destination is preferred so that the data lands where it is used.
-    The exception is a copy from device memory the host cannot see into the host (a
-    CPU device): the source device's copy engine does that transfer, as on a GPU.
+    The exceptions: a copy from device memory the host cannot see into the host (a CPU
+    device), and a copy from memory that is not host RAM underneath (a GPU's) into a
+    device of another kind: the source device's copy engine does those, as on a GPU.
     """
     for name in (item.device, item.src_device):
         if name is not None and name not in caps:
@@ -46,6 +47,15 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
         and not src.host_visible
         and src.has_copy_queue
     ):
+        return QueueId(src.name, QueueKind.COPY)
+    if (
+        src is not None
+        and not src.host_backed
+        and src.kind != caps[item.device].kind
+        and src.has_copy_queue
+    ):
+        # Another kind's engine cannot reach this memory (a SIM device's, say, from a
+        # CUDA GPU): the source's own engine moves the data.
         return QueueId(src.name, QueueKind.COPY)
     if caps[item.device].has_copy_queue:
         return QueueId(item.device, QueueKind.COPY)

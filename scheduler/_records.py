@@ -27,6 +27,9 @@ class DeviceCaps:
     peer_group: str = ""
     host_visible: bool = True
     is_cpu: bool = False
+    # Its memory is host RAM underneath (CPU, SIM), so another kind's copy engine can
+    # reach it through the host; a GPU's memory (CUDA) only its own kind's engines reach.
+    host_backed: bool = True
 
 
 @attrs.frozen

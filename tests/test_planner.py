@@ -105,6 +105,19 @@ def test_a_copy_without_a_destination_copy_queue_uses_the_sources() -> None:
     assert assign_queue(copy("BARE:0", (1, 0, 8), "CPU:3", (2, 0, 8)), CAPS) == q("CPU:3", COPY)
 
 
+def test_a_copy_out_of_gpu_memory_into_another_kind_uses_the_gpus_copy_queue() -> None:
+    caps = {
+        "GPU:0": DeviceCaps("GPU:0", "GPU", host_visible=False, host_backed=False),
+        "GPU:1": DeviceCaps("GPU:1", "GPU", host_visible=False, host_backed=False),
+        "SIM:0": DeviceCaps("SIM:0", "SIM", host_visible=False),
+    }
+    # The SIM engine cannot reach GPU memory; the GPU's engine reaches SIM's host RAM.
+    assert assign_queue(copy("SIM:0", (1, 0, 8), "GPU:0", (2, 0, 8)), caps) == q("GPU:0", COPY)
+    assert assign_queue(copy("GPU:0", (1, 0, 8), "SIM:0", (2, 0, 8)), caps) == q("GPU:0", COPY)
+    # Between GPUs of one kind, the destination's engine still pulls (peer copies).
+    assert assign_queue(copy("GPU:1", (1, 0, 8), "GPU:0", (2, 0, 8)), caps) == q("GPU:1", COPY)
+
+
 def test_a_copy_with_no_copy_queue_anywhere_uses_the_destinations_compute_queue() -> None:
     assert assign_queue(copy("BARE:0", (1, 0, 8), "BARE:1", (2, 0, 8)), CAPS) == q("BARE:0")
     assert assign_queue(copy("BARE:1", (1, 0, 8), "BARE:1", (2, 8, 16)), CAPS) == q("BARE:1")

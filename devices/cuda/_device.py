@@ -84,6 +84,7 @@ class _Reaper:
 class CUDADevice(Device):
     kind = "CUDA"
     host_visible = False
+    host_backed = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
