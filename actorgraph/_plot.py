@@ -7,7 +7,10 @@ only when a plot is asked for, so the default install stays lean.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
+
+import attrs
 
 from ._errors import MissingExtraError, UsageError
 from ._log import logger
@@ -37,14 +40,19 @@ def plot_timeline(
     *,
     title: str | None = None,
     critical_path: bool = True,
+    replays: Iterable[int] | None = None,
 ) -> str:
     """Draw `profile` as a Gantt chart and save it to `path` (format from its suffix).
 
     One row per actor; kernels and copies in different colours, parked waits in grey,
-    the critical path of each replay underlined in red. Returns the path written.
+    the critical path of each replay underlined in red. `replays=[9, 10]` draws only those
+    replays (by number, of every graph), so the axis spans them alone and their items can
+    be told apart. Returns the path written.
     """
     if not isinstance(profile, Profile):
         raise UsageError(f"plot_timeline takes a Profile (from rt.profile()), got {profile!r}")
+    if replays is not None:
+        profile = _only(profile, replays)
     figure_class = require_matplotlib()
     from matplotlib.patches import Patch
 
@@ -102,8 +110,27 @@ def plot_timeline(
     ax.set_xlabel(f"time since first submission ({unit})")
     ax.set_title(title or f"{len(profile.replays)} replays, {len(profile.events)} items")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(handles=legend, loc="upper right", fontsize="small")
+    # Beside the axes, never over the data.
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, bbox_inches="tight")
     logger.info("wrote a timeline of %d items to %s", len(profile.events), os.fspath(path))
     return os.fspath(path)
+
+
+def _only(profile: Profile, replays: Iterable[int]) -> Profile:
+    """The part of `profile` that belongs to these replay numbers."""
+    wanted = set(replays)
+    kept = attrs.evolve(
+        profile,
+        events=tuple(e for e in profile.events if e.replay in wanted),
+        replays=tuple(r for r in profile.replays if r.replay in wanted),
+    )
+    if not kept.replays:
+        have = sorted({r.replay for r in profile.replays})
+        shown = f"{have[0]} to {have[-1]}" if have else "none"
+        raise UsageError(
+            f"plot_timeline(replays={sorted(wanted)}): the profile has no such replay "
+            f"(its replays: {shown}); pass numbers from ReplaySpan.replay or Replay.number"
+        )
+    return kept

@@ -30,7 +30,9 @@ import itertools
 import os
 import secrets
 import sys
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -48,18 +50,53 @@ from actorgraph.devices._wire import (
     want_list,
 )
 
-from ._errors import UsageError
+from ._errors import ActorGraphError, UsageError
+from ._groups import sole_exception
 from ._kernel import Kernel
 from ._peers import Peers
 from ._runtime import Runtime, open_runtime
 from ._session import Outbox, Refused, Session, StagingPool, bytes_of
 
 
+def _import_kernel_module(name: str) -> Any:
+    """Import `name`, or raise a UsageError that says in one line why it cannot be."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            path = name.replace(".", os.sep)
+            raise UsageError(
+                f"kernel module {name!r} not found: no {path}.py (or package {path}) in the "
+                f"current folder ({os.getcwd()}) or on the Python path; start the worker in "
+                f"the module's folder, or install it"
+            ) from None
+        raise UsageError(f"kernel module {name!r} failed to import: {_where(exc)}") from exc
+    except Exception as exc:  # the module's own code raised: name it and where
+        raise UsageError(f"kernel module {name!r} failed to import: {_where(exc)}") from exc
+
+
+def _where(exc: BaseException) -> str:
+    """`Type: message (file:line)` of the innermost frame that raised `exc`."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}:{exc.lineno})"
+    if frames:
+        place = f" ({frames[-1].filename}:{frames[-1].lineno})"
+    else:
+        place = ""
+    return f"{type(exc).__name__}: {exc}{place}"
+
+
 def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
-    """The kernel registry: name -> Kernel, from each module's KERNELS."""
-    registry: dict[str, Kernel] = {}
+    """The kernel registry: name -> Kernel, from the demo's and each module's KERNELS.
+
+    The demo's kernels are always there, so `actorgraph demo` runs on any worker.
+    """
+    from ._demo import KERNELS as DEMO_KERNELS
+
+    registry: dict[str, Kernel] = {kernel.name: kernel for kernel in DEMO_KERNELS}
     for name in modules:
-        module = importlib.import_module(name)
+        module = _import_kernel_module(name)
         found = getattr(module, "KERNELS", None)
         if found is None:
             raise UsageError(
@@ -277,6 +314,11 @@ def worker_main(
         )
         return 2
 
+    # Like `python -m`: modules in the folder the worker starts in can be named.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    load_kernels(kernels)  # before serving: a bad module is one clear line, not a traceback
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(
@@ -300,4 +342,15 @@ def worker_main(
         trio.run(main)
     except KeyboardInterrupt:
         return 0
+    except BaseExceptionGroup as group:
+        single = sole_exception(group)
+        if single is None:
+            raise
+        if isinstance(single, KeyboardInterrupt):
+            return 0
+        if isinstance(single, OSError) and not isinstance(single, ActorGraphError):
+            print(f"actorgraph worker: cannot listen on {host}:{port}: {single.strerror or single}",
+                  file=sys.stderr)
+            return 2
+        raise single from single.__cause__  # as itself: the command line prints one line
     return 0

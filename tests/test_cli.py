@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
+import select
+import subprocess
+import sys
 
 import pytest
+from _paths import child_pythonpath
 
 from actorgraph import _bench
 from actorgraph._cli import build_parser, main
@@ -118,3 +123,94 @@ def test_demo_with_an_unknown_device_is_a_clear_error_not_a_traceback(
     err = capsys.readouterr().err
     assert "actorgraph demo: unknown device name 'GPU:0': expected one of CPU:N" in err
     assert "Traceback" not in err
+
+
+# -- the demo on every device kind ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "devices",
+    ["CPU:0,CPU:1", "SIM:0,SIM:1", "CUDA:0,CUDA:1", "CPU:0,CUDA:0", "CUDA:0,CPU:0,SIM:0"],
+)
+def test_demo_runs_on_every_local_device_kind(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, devices: str
+) -> None:
+    monkeypatch.setenv("ACTORGRAPH_CUDA_DRIVER", "fake")  # CUDA without a GPU
+    code, out, err = run_cli(capsys, "demo", "--devices", devices, "--replays", "2")
+    assert (code, err) == (0, "")
+    assert f"on {devices.replace(',', ', ')}:" in out
+    assert "2 replays checked against eager: OK" in out
+
+
+class Worker:
+    """`actorgraph worker` in a subprocess on loopback, started in `folder`."""
+
+    def __init__(self, folder: pathlib.Path, *args: str) -> None:
+        env = dict(os.environ, PYTHONPATH=child_pythonpath())
+        cmd = [sys.executable, "-m", "actorgraph", "worker", "--port", "0", *args]
+        self.proc = subprocess.Popen(
+            cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def address(self) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        line = self.proc.stdout.readline() if ready else ""
+        match = re.search(r"listening on (\S+):(\d+)", line)
+        assert match is not None, (line, self.stop())
+        return f"{match.group(1)}:{match.group(2)}"
+
+    def stop(self) -> str:
+        self.proc.kill()
+        _, err = self.proc.communicate(timeout=30)
+        return err
+
+
+def test_demo_runs_on_remote_devices_of_any_worker(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    worker = Worker(tmp_path, "--devices", "CPU:0,CPU:1")  # no --kernels: it knows the demo's
+    try:
+        where = worker.address()
+        devices = f"CPU:0,CPU:0@{where},CPU:1@{where}"
+        code, out, err = run_cli(capsys, "demo", "--devices", devices, "--replays", "2")
+        assert (code, err) == (0, "")
+        assert "2 replays checked against eager: OK" in out
+    finally:
+        worker.stop()
+
+
+# -- the worker's kernel modules --------------------------------------------------------------
+
+
+def test_worker_imports_kernel_modules_from_its_folder(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "mykernels.py").write_text(
+        "import numpy as np\nimport actorgraph as ag\n"
+        "KERNELS = [ag.Kernel('mine', cpu=lambda o, a: np.copyto(o, a), outs=(0,), ins=(1,))]\n"
+    )
+    worker = Worker(tmp_path, "--kernels", "mykernels")
+    try:
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", worker.address())
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "message"),
+    [
+        (None, "nosuch", "actorgraph worker: kernel module 'nosuch' not found: no nosuch.py (or package nosuch) in the current folder ({folder}) or on the Python path; start the worker in the module's folder, or install it"),
+        ("x = 1 / 0\n", "broken", "actorgraph worker: kernel module 'broken' failed to import: ZeroDivisionError: division by zero ({folder}/broken.py:1)"),
+        ("import nosuchdependency\n", "needy", "actorgraph worker: kernel module 'needy' failed to import: ModuleNotFoundError: No module named 'nosuchdependency' ({folder}/needy.py:1)"),
+        ("def f(:\n", "typo", "actorgraph worker: kernel module 'typo' failed to import: SyntaxError: invalid syntax ({folder}/typo.py:1)"),
+        ("X = 1\n", "bare", "actorgraph worker: kernel module 'bare' has no KERNELS; define KERNELS = [ag.Kernel(...), ...]"),
+    ],
+)
+def test_a_kernel_module_that_cannot_load_is_one_clear_line(
+    tmp_path: pathlib.Path, source: str | None, module: str, message: str
+) -> None:
+    if source is not None:
+        (tmp_path / f"{module}.py").write_text(source)
+    worker = Worker(tmp_path, "--kernels", module)
+    _, err = worker.proc.communicate(timeout=60)
+    assert worker.proc.returncode == 2
+    assert err.strip() == message.format(folder=tmp_path)  # one line, no traceback

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import trio
 
 import actorgraph as ag
 
@@ -63,3 +65,49 @@ async def test_plot_timeline_without_matplotlib_names_the_extra(
     with pytest.raises(ag.MissingExtraError, match=r"pip install 'actorgraph\[plot\]'"):
         ag.plot_timeline(profile, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+async def test_plot_timeline_zooms_to_chosen_replays(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    profile = await _profile()
+    path = tmp_path / "zoom.png"
+    ag.plot_timeline(profile, path, replays=[2, 3])
+    assert imread(path)[..., :3].std() > 0.05
+    with pytest.raises(ag.UsageError, match=re.escape(
+        "plot_timeline(replays=[7]): the profile has no such replay (its replays: 1 to 3); "
+        "pass numbers from ReplaySpan.replay or Replay.number"
+    )):
+        ag.plot_timeline(profile, tmp_path / "none.png", replays=[7])
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_the_zoomed_profile_keeps_only_those_replays() -> None:
+    from actorgraph._plot import _only
+
+    profile = trio.run(_profile)
+    part = _only(profile, [2])
+    assert {e.replay for e in part.events} == {2} and [r.replay for r in part.replays] == [2]
+    assert part.start >= profile.start and part.end <= profile.end
+    assert len(part.events) == len(profile.events) // 3
+
+
+def test_the_legend_sits_beside_the_axes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved: list[Figure] = []
+    real_savefig = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(self)
+        real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    ag.plot_timeline(trio.run(_profile), tmp_path / "legend.png")
+    (ax,) = saved[0].axes
+    saved[0].canvas.draw()
+    legend_box = ax.get_legend().get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert legend_box.x0 >= axes_box.x1  # right of the plotting area: never over the bars
