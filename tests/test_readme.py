@@ -10,8 +10,11 @@ starts from the shell, the fake CUDA driver). An HTML comment right above the bl
 so; GitHub does not show it. The forms:
 
     <!-- readme-test: notebook -->
-        The block is notebook cells: top-level `await` runs on an asyncio loop, as it does
-        in Jupyter (compiled with PyCF_ALLOW_TOP_LEVEL_AWAIT, as IPython does).
+        The block is notebook cells: a line whose comment says `# cell N` starts a new
+        cell. Each cell runs on its own asyncio loop (`asyncio.run`), sharing the names of
+        the cells before it, so nothing lives across cells but what a notebook keeps;
+        top-level `await` works as in Jupyter (compiled with PyCF_ALLOW_TOP_LEVEL_AWAIT,
+        as IPython does).
     <!-- readme-test: env NAME=VALUE -->
         Run the block with this environment variable set.
     <!-- readme-test: worker DEVICES PORT -->
@@ -38,6 +41,7 @@ import select
 import shutil
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,6 +151,18 @@ def test_parser_reads_directives_and_indented_blocks() -> None:
     assert second.source == "y = 2\n" and second.section == "Next" and second.line == 13
 
 
+def test_notebook_blocks_split_into_cells_at_cell_comments() -> None:
+    code = "import x\na = 1  # cell 1\nb = 2\nc = 3  # cell 2\nd = 4  # cell 3, 4, ..."
+    cells = notebook_cells(code)
+    # What comes before the first `# cell` line belongs to the first cell.
+    assert [cell.strip() for cell in cells] == [
+        "import x\na = 1  # cell 1\nb = 2",
+        "c = 3  # cell 2",
+        "d = 4  # cell 3, 4, ...",
+    ]
+    assert cells[1] == "\n\n\nc = 3  # cell 2"  # on its own line 4, as in the block
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -186,15 +202,28 @@ class _Worker:
         self.proc.wait()
 
 
+_CELL = re.compile(r"#\s*cell\b")
+
+
+def notebook_cells(code: str) -> list[str]:
+    """`code` split where a line's comment says `# cell N`; each cell keeps its lines'
+    places (blank lines stand in for the others), so tracebacks name README.md's lines."""
+    lines = code.split("\n")
+    starts = [i for i, line in enumerate(lines) if _CELL.search(line)]
+    bounds = [0, *starts[1:], len(lines)]
+    return ["\n" * start + "\n".join(lines[start:end]) for start, end in zip(bounds, bounds[1:])]
+
+
 def _run_notebook(code: str, namespace: dict[str, object]) -> None:
-    compiled = compile(code, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    for cell in notebook_cells(code):
+        compiled = compile(cell, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
-    async def cells() -> None:
-        result = eval(compiled, namespace)  # a coroutine where the code awaits at top level
-        if inspect.iscoroutine(result):
-            await result
+        async def run_cell(compiled: types.CodeType = compiled) -> None:
+            result = eval(compiled, namespace)  # a coroutine where the cell awaits at top level
+            if inspect.iscoroutine(result):
+                await result
 
-    asyncio.run(cells())
+        asyncio.run(run_cell())
 
 
 def _run_pytest(code: str, folder: Path) -> None:
@@ -224,7 +253,9 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def test_readme_block(block: Block, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code = block.source
     for names in block.options("requires"):
-        missing = [n for n in names if importlib.util.find_spec(n) is None and shutil.which(n) is None]
+        missing = [
+            n for n in names if importlib.util.find_spec(n) is None and shutil.which(n) is None
+        ]
         if missing:
             pytest.skip(f"this README block needs {', '.join(missing)}, which is not installed")
     for (assignment,) in block.options("env"):
