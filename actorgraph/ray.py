@@ -444,7 +444,7 @@ def _closer(runtime: Runtime, token: trio.lowlevel.TrioToken) -> Callable[[RayWo
         if connection is None or connection.error is not None:
             return  # already lost (its socket said so first), or not a remote device
         connection.error = RemoteConnectionError(
-            f"Ray lost the worker at {worker.address} on node {worker.node_id[:12]} ({why}); "
+            f"the Ray worker at {worker.address} on node {worker.node_id[:12]} is gone ({why}); "
             f"work on {', '.join(names)} did not complete. Nothing restarts it: start new "
             f"workers and open a new runtime"
         )

@@ -173,27 +173,28 @@ async def test_a_second_runtime_does_not_see_the_first_ones_buffers(workers: Any
 
 
 async def test_each_set_of_workers_has_its_own_token(workers: Any) -> None:
-    other = await trio.to_thread.run_sync(
-        lambda: agray.start_workers(
-            placement=1, resources={"node_a": 0.5}, num_cpus=0, host=LOOPBACK, timeout=GUARD
-        )
-    )
-    try:
+    async with agray.open_workers(
+        placement=1, resources={"node_a": 0.5}, num_cpus=0, host=LOOPBACK, timeout=GUARD
+    ) as other:
         with trio.fail_after(GUARD):
             with pytest.raises(devices.RemoteConnectionError, match="authentication failed"):
                 async with ag.open_runtime(list(other.devices), **workers.runtime_options()):
                     pass
-            async with ag.open_runtime(list(other.devices), **other.runtime_options()) as rt:
-                x = rt.alloc(other.devices[0], 4, np.int32)
-                await rt.copyin(x, np.arange(4, dtype=np.int32))
-                np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+            async with (
+                ag.open_runtime(list(other.devices), **other.runtime_options()) as plain,
+                other.open_runtime() as told,
+            ):
+                x, y = plain.alloc(other.devices[0], 4, np.int32), told.alloc(other.devices[0], 4)
+                await plain.copyin(x, np.arange(4, dtype=np.int32))
+                np.testing.assert_array_equal(await plain.copyout(x), np.arange(4))
                 # Stopping the workers closes their devices in the runtimes still open.
                 await trio.to_thread.run_sync(other.stop)
-                with pytest.raises(ag.ClosedError):
-                    await rt.copyout(x)
-    finally:
-        other.stop()
-    assert "token" not in repr(other) and other.statistics().stopped
+                with pytest.raises(ag.ClosedError, match="did not complete"):
+                    await plain.copyout(x)
+                with pytest.raises(ag.ClosedError, match="did not complete"):
+                    await told.copyout(y)
+        assert "token" not in repr(other) and other.statistics().stopped
+    # Leaving open_workers stops them again: nothing to do, no error.
 
 
 # -- lifecycle --
