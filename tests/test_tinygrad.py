@@ -258,13 +258,15 @@ async def test_devices_that_are_not_cpu_are_refused() -> None:
 
 def test_install_is_idempotent_and_uninstall_restores(installed: None) -> None:
     agt.install()  # already installed: nothing changes
-    assert agt.installed() and Device["CPU"].graph is agt.ActorGraphRunner
-    assert Device["CPU:1"].graph is agt.ActorGraphRunner  # opened later, patched too
+    assert agt.installed() and Device["CPU"].graph is agt.ActorGraph
+    assert Device["CPU:1"].graph is agt.ActorGraph  # opened later, patched too
     agt.uninstall()
-    assert not agt.installed() and Device["CPU"].graph is not agt.ActorGraphRunner
+    assert not agt.installed() and Device["CPU"].graph is not agt.ActorGraph
     assert agt.statistics() == agt.TinygradStatistics(False, 0, 0, 0, 0, ())
     with pytest.raises(ag.UsageError, match="devices=N"):
         agt.install(devices=0)
+    with pytest.raises(ag.UsageError, match="max_pending=N"):
+        agt.install(max_pending=0)
     agt.install(devices=4)
 
 

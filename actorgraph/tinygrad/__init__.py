@@ -21,7 +21,7 @@ except ImportError as _error:  # pragma: no cover - depends on the install
         "(and clang, which tinygrad's CPU devices compile with)"
     ) from _error
 
-from ._runner import ActorGraphRunner as ActorGraphRunner
+from ._runner import ActorGraph as ActorGraph
 from ._runner import TinygradStatistics as TinygradStatistics
 from ._runner import install as install
 from ._runner import installed as installed
@@ -31,7 +31,7 @@ from ._trio import JitGraph as JitGraph
 from ._trio import graph_from_jit as graph_from_jit
 
 __all__ = [
-    "ActorGraphRunner",
+    "ActorGraph",
     "JitGraph",
     "TinygradStatistics",
     "graph_from_jit",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -221,10 +222,23 @@ class Converter:
 class Timelines:
     """tinygrad's device timelines as ag.ExternalTimelines: a replay waits for the work
     tinygrad queued before it and takes its own timeline value, so tinygrad's later work
-    and its synchronize() wait for the replay, with no synchronize before it."""
+    and its synchronize() wait for the replay, with no synchronize before it.
+
+    One per runtime (`Timelines.of_runtime`): when the value a replay would wait for is
+    the one this runtime's previous replay on that device took, the runtime's own device
+    timeline already orders the two, and the replay does not wait for it.
+    """
 
     def __init__(self) -> None:
         self._timelines: dict[str, ExternalTimeline] = {}
+        self._taken: dict[str, int] = {}
+
+    @staticmethod
+    def of_runtime(runtime: Runtime) -> Timelines:
+        found = _BY_RUNTIME.get(runtime)
+        if found is None:
+            found = _BY_RUNTIME[runtime] = Timelines()
+        return found
 
     def of(self, tiny_device: str) -> ExternalTimeline:
         found = self._timelines.get(tiny_device)
@@ -249,12 +263,20 @@ class Timelines:
     ) -> tuple[list[tuple[ExternalTimeline, int]], list[tuple[ExternalTimeline, int]]]:
         """(after, then) for one replay on these devices; takes their next values."""
         after, then = [], []
+        taken = self._taken
         for name in tiny_devices:
             dev: Any = Device[name]
             timeline = self.of(name)
-            after.append((timeline, dev.timeline_value - 1))
-            then.append((timeline, dev.next_timeline()))
+            before = dev.timeline_value - 1
+            if taken.get(name) != before:
+                after.append((timeline, before))
+            value = dev.next_timeline()
+            taken[name] = value
+            then.append((timeline, value))
         return after, then
+
+
+_BY_RUNTIME: weakref.WeakKeyDictionary[Runtime, Timelines] = weakref.WeakKeyDictionary()
 
 
 def devices_of(jit_cache: Sequence[ExecItem], inputs: Sequence[TinyBuffer]) -> list[str]:

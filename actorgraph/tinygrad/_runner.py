@@ -59,24 +59,51 @@ class TinygradStatistics:
 class _State:
     """What install() owns: the background runtime, the patched devices, counters."""
 
-    def __init__(self, runtime: BackgroundRuntime, ndevices: int) -> None:
+    def __init__(self, runtime: BackgroundRuntime, ndevices: int, max_pending: int) -> None:
         self.runtime = runtime
+        # Replays posted and not complete; a caller past `max_pending` blocks (releasing
+        # the GIL) until one completes. Without this bound a caller's thread that only
+        # posts keeps the GIL while the runtime's thread waits for it after every
+        # scheduler pass (each pass releases it around epoll): replays then crawl.
+        self.pending = threading.Semaphore(max_pending)
         self.ndevices = ndevices
         self.wrapper = Wrapper(runtime.runtime)
-        self.timelines = Timelines()
+        self.timelines = Timelines.of_runtime(runtime.runtime)
         self.graphs = 0
         self.plans = 0
         self.replays = 0
         self.deferred = 0
         self.patched: dict[str, Any] = {}  # tinygrad device -> its own graph class
         self.backlog: collections.deque[tuple[Any, ...]] = collections.deque()
-        self.lock = threading.Lock()
+        # Calls posted by tinygrad's threads, not yet taken by the runtime's thread. One
+        # wake-up (run_sync_soon) per batch: while one is scheduled, calls only append.
+        # Invariant: a job in `posted` is taken by a scheduled `take_posted`, because the
+        # runtime's thread clears `scheduled` before it takes.
+        self.posted: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.scheduled = False
+
+    # -- on tinygrad's side --
+
+    def post(self, job: tuple[Any, ...]) -> None:
+        self.pending.acquire()
+        self.posted.append(job)
+        if not self.scheduled:
+            self.scheduled = True
+            token = self.runtime._token
+            assert token is not None
+            token.run_sync_soon(self.take_posted)
 
     # -- on the runtime's thread --
 
+    def take_posted(self) -> None:
+        self.scheduled = False
+        posted = self.posted
+        while posted:
+            self.submit(*posted.popleft())
+
     def submit(
         self,
-        runner: ActorGraphRunner,
+        runner: ActorGraph,
         graph: Graph,
         roots: Sequence[Buffer],
         values: dict[Var, int],
@@ -97,8 +124,25 @@ class _State:
             self.runtime._submit(self._drain, (), {}, "actorgraph.tinygrad replays")
         except BaseException as error:  # noqa: BLE001 - reported by the runner's next call
             runner._fail(error, then)
+            self.pending.release()
         else:
             runner._inflight.append(replay)
+            self._release_when_done(replay)
+
+    def _release_when_done(self, replay: Replay) -> None:
+        sub = replay._sub
+        if sub.done.is_set():
+            self.pending.release()
+            return
+        chained = sub.on_done
+        release = self.pending.release
+
+        def on_done(done: Any) -> None:
+            if chained is not None:
+                chained(done)
+            release()
+
+        sub.on_done = on_done
 
     async def _drain(self) -> None:
         while self.backlog:
@@ -107,8 +151,10 @@ class _State:
                 replay = await graph.submit(roots, values, after=after, then=then)
             except Exception as error:
                 runner._fail(error, then)
+                self.pending.release()
             else:
                 runner._inflight.append(replay)
+                self._release_when_done(replay)
             self.backlog.popleft()
 
 
@@ -128,8 +174,9 @@ def _cpu_items_only(devs: Sequence[Compiled], ei: ExecItem) -> bool:
     return False
 
 
-class ActorGraphRunner(MultiGraphRunner):
-    """tinygrad's graph runner for CPU devices, replaying through actorgraph.
+class ActorGraph(MultiGraphRunner):
+    """tinygrad's graph runner for CPU devices, replaying through actorgraph (named like
+    tinygrad's own graph classes, HCQGraph, CUDAGraph, which tools recognise by the name).
 
     Takes compiled kernels and copies between CPU devices (tinygrad's own CPU graph
     splits at copies; this one does not), on any number of CPU devices in one batch.
@@ -251,9 +298,7 @@ class ActorGraphRunner(MultiGraphRunner):
         graph = self._graph_for(roots)
         values = self._converter.var_values(var_vals, graph._program.free_vars)
         after, then = state.timelines.points(self._devices)
-        token = state.runtime._token
-        assert token is not None
-        token.run_sync_soon(state.submit, self, graph, roots, values, after, then)
+        state.post((self, graph, roots, values, after, then))
         state.replays += 1
         if not wait:
             return None
@@ -266,18 +311,20 @@ class ActorGraphRunner(MultiGraphRunner):
 def _patch(dev: Any, state: _State, name: str) -> None:
     if name not in state.patched:
         state.patched[name] = dev.graph
-    dev.graph = ActorGraphRunner
+    dev.graph = ActorGraph
 
 
 _original_init: Any = None
 
 
-def install(*, devices: int = 16, **options: Any) -> None:
+def install(*, devices: int = 16, max_pending: int = 1, **options: Any) -> None:
     """Make actorgraph the graph runner of every tinygrad CPU device, open or opened later.
 
     Starts a background runtime (`ag.start_runtime`) on CPU:0 ... CPU:devices-1 (options
     go to it); TinyJit then replays through actorgraph's planner and actors with no change
-    to the caller's code. Calling install() again while installed does nothing.
+    to the caller's code. A runner call returns once its replay is posted, but waits
+    first while `max_pending` replays are posted and not complete. Calling install()
+    again while installed does nothing.
     """
     global _state, _original_init
     with _lock:
@@ -285,8 +332,10 @@ def install(*, devices: int = 16, **options: Any) -> None:
             return
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise UsageError(f"install(devices=N) needs an int N >= 1, got {devices!r}")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise UsageError(f"install(max_pending=N) needs an int N >= 1, got {max_pending!r}")
         runtime = start_runtime([f"CPU:{i}" for i in range(devices)], **options)
-        state = _State(runtime, devices)
+        state = _State(runtime, devices, max_pending)
         for name in list(Device._opened_devices):
             dev = Device[name]
             if isinstance(dev, ops_cpu.CPUDevice):

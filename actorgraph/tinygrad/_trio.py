@@ -43,7 +43,7 @@ class JitGraph:
         self._views = list(captured.extra_view_inputs)
         self._wrapper = Wrapper(runtime)
         self._converter = Converter(self._wrapper)
-        self._timelines = Timelines()
+        self._timelines = Timelines.of_runtime(runtime)
         self._verify = verify
         self._graphs: dict[tuple[int, ...], Graph] = {}
         self._latest: Graph | None = None
