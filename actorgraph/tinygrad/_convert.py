@@ -251,10 +251,9 @@ class Timelines:
             def write(value: int, dev: Any = dev) -> None:
                 dev.timeline_signal.value = value
 
-            def wait(value: int, dev: Any = dev) -> None:
-                dev.timeline_signal.wait(value)
-
-            found = ExternalTimeline(f"tinygrad {tiny_device}", read, write, wait)
+            # Waiting polls the word: tinygrad's own signal wait joins the device's whole
+            # task queue, which may hold work that waits for this very replay.
+            found = ExternalTimeline(f"tinygrad {tiny_device}", read, write)
             self._timelines[tiny_device] = found
         return found
 
