@@ -172,9 +172,8 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(found.as_json(), indent=2) if args.json else render(found))
         return 0
     if args.command == "worker":
-        from actorgraph.devices._wire import Limits
-
-        from ._worker import worker_main
+        from actorgraph.remote._wire import Limits
+        from actorgraph.remote._worker import worker_main
 
         limits = Limits(max_tail=args.max_frame, max_session_bytes=args.max_client_bytes)
         return worker_main(

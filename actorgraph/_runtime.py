@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 import trio
 
-from actorgraph import devices as _devices
+from actorgraph import remote as _remote
 from actorgraph.devices import Device, Signal, Submission
 from actorgraph.devices._monitor import find_deadlock
 from actorgraph.scheduler import (
@@ -105,7 +105,7 @@ class Runtime:
         self.replays = 0
         self.replays_done = 0
         self._profiled: list[ReplayRecord] = []
-        self._devices: dict[str, Device] = _devices.open_devices(
+        self._devices: dict[str, Device] = _remote.open_devices(
             device_names, timeline_start=timeline_start, **options
         )
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
@@ -194,7 +194,7 @@ class Runtime:
         nelems = check_buffer_size("alloc", dims, dt)
         try:
             memory = dev.allocate(nelems, dt)
-        except _devices.RemoteConnectionError as exc:
+        except _remote.RemoteConnectionError as exc:
             # Its worker is gone: as for every other later use of its devices, ClosedError.
             raise ClosedError(f"alloc on {device}: {exc}") from exc
         alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory)

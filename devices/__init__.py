@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
 from ._actor import ActorStatistics as ActorStatistics
 from ._actor import QueueActor as QueueActor
-from ._connection import RemoteConnectionError as RemoteConnectionError
-from ._connection import RemoteError as RemoteError
 from ._costmodel import PRESETS as PRESETS
 from ._costmodel import CostModel as CostModel
 from ._costmodel import DeviceCost as DeviceCost
@@ -21,6 +18,7 @@ from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
+from ._names import parse_remote_name as parse_remote_name
 from ._ops import AWAIT as AWAIT
 from ._ops import BATCH as BATCH
 from ._ops import EXEC as EXEC
@@ -29,6 +27,7 @@ from ._ops import FIRST_QUEUE_SLOT as FIRST_QUEUE_SLOT
 from ._ops import KICK as KICK
 from ._ops import SIGNAL as SIGNAL
 from ._ops import WAIT as WAIT
+from ._ops import WIRE as WIRE
 from ._ops import ActorClosedError as ActorClosedError
 from ._ops import Job as Job
 from ._ops import JobProfile as JobProfile
@@ -37,11 +36,13 @@ from ._ops import RunOp as RunOp
 from ._ops import SignalOp as SignalOp
 from ._ops import Submission as Submission
 from ._ops import WaitOp as WaitOp
+from ._ops import WireOp as WireOp
+from ._ops import own_signal as own_signal
 from ._ops import run_op as run_op
 from ._ops import signal_op as signal_op
 from ._ops import wait_op as wait_op
-from ._remote import RemoteDevice as RemoteDevice
-from ._remote import open_remote_devices, parse_remote_name
+from ._ops import wire_op as wire_op
+from ._signal import Doorbell as Doorbell
 from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice
 from ._sim import SimQueueActor as SimQueueActor
@@ -75,14 +76,11 @@ def parse_device_name(name: str) -> tuple[str, int]:
 
 
 def open_device(name: str, **options: Any) -> Device:
+    """A device of this process by name (`KIND:N`)."""
     kind, index = parse_device_name(name)
     if kind == "REMOTE":
-        return open_remote_devices([name], **options)[name]
+        raise DeviceError(
+            f"{name!r} names a device of a worker: open it with "
+            f"actorgraph.remote.open_devices (open_runtime does), not with devices.open_device"
+        )
     return DEVICE_KINDS[kind](name, index, **options)
-
-
-def open_devices(names: Sequence[str], **options: Any) -> dict[str, Device]:
-    """Open devices by name; remote devices of one worker share one connection."""
-    remote = [n for n in names if parse_device_name(n)[0] == "REMOTE"]
-    opened = open_remote_devices(remote, **options) if remote else {}
-    return {n: opened[n] if n in opened else open_device(n, **options) for n in names}

@@ -1,8 +1,8 @@
-"""mypy --strict over actorgraph, actorgraph.devices and actorgraph.scheduler.
+"""mypy --strict over actorgraph and its subpackages (devices and scheduler among them).
 
 The folders devices/ and scheduler/ install as subpackages of actorgraph (setuptools
 package-dir), which mypy cannot follow. So this lays the installed shape out as links
-under build/typecheck/ (actorgraph/'s files, with devices/ and scheduler/ inside it),
+under build/typecheck/ (actorgraph/'s files, with those two folders inside it),
 runs mypy on the package there, and prints paths as they are in the repository.
 
     python scripts/typecheck.py            # extra arguments go to mypy
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TREE = ROOT / "build" / "typecheck"
 # Subpackages of the installed package that live at the top of the repository.
-MAPPED = {"devices": ROOT / "devices", "scheduler": ROOT / "scheduler"}
+MAPPED = {name: ROOT / name for name in ("devices", "scheduler")}
 
 
 def lay_out() -> Path:

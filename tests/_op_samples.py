@@ -29,9 +29,10 @@ from actorgraph.devices._ops import (
     sim_run,
     wait_op,
 )
-from actorgraph.devices._remote import RemoteQueue
 from actorgraph.devices._signal import Signal
 from actorgraph.devices.cuda import _commands as C
+
+from actorgraph.remote._device import RemoteQueue
 
 
 class OpSampler:

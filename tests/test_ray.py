@@ -23,7 +23,7 @@ from _paths import child_pythonpath
 from remote_kernels import ADD, INC, SLEEPY, XOR
 
 import actorgraph as ag
-from actorgraph import devices
+from actorgraph import remote
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
 cluster_utils = pytest.importorskip("ray.cluster_utils", reason="needs the ray extra")
@@ -177,7 +177,7 @@ async def test_each_set_of_workers_has_its_own_token(workers: Any) -> None:
         placement=1, resources={"node_a": 0.5}, num_cpus=0, host=LOOPBACK, timeout=GUARD
     ) as other:
         with trio.fail_after(GUARD):
-            with pytest.raises(devices.RemoteConnectionError, match="authentication failed"):
+            with pytest.raises(remote.RemoteConnectionError, match="authentication failed"):
                 async with ag.open_runtime(list(other.devices), **workers.runtime_options()):
                     pass
             async with (

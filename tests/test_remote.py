@@ -21,13 +21,13 @@ import trio
 import trio.testing
 from _op_samples import OpSampler
 from actorgraph.devices import Op
-from actorgraph.devices._wire import HEADER, FrameStream, Limits, auth_mac, encode
 from actorgraph.scheduler import QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
 
 import actorgraph as ag
-from actorgraph import devices
+from actorgraph import devices, remote
+from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode
 from actorgraph.testing import Worker, start_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -73,7 +73,7 @@ async def test_no_worker_is_a_clear_error() -> None:
     with (
         trio.fail_after(GUARD),
         pytest.raises(
-            devices.RemoteConnectionError, match=r"cannot connect to the worker at 127.0.0.1:\d+"
+            remote.RemoteConnectionError, match=r"cannot connect to the worker at 127.0.0.1:\d+"
         ),
     ):
         async with ag.open_runtime([f"CPU:0@127.0.0.1:{port}"]):
@@ -503,10 +503,10 @@ async def test_refuses_missing_and_wrong_tokens(
 ) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):
-        with pytest.raises(devices.RemoteConnectionError, match="requires a token"):
+        with pytest.raises(remote.RemoteConnectionError, match="requires a token"):
             async with ag.open_runtime([worker.name("CPU:0")]):
                 pass
-        with pytest.raises(devices.RemoteConnectionError, match="authentication failed"):
+        with pytest.raises(remote.RemoteConnectionError, match="authentication failed"):
             async with ag.open_runtime([worker.name("CPU:0")], remote_token=b"wrong"):
                 pass
         stream, _ = await _raw(worker.port)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from actorgraph.devices._wire import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actorgraph.remote._wire import (
     HEADER,
     Limits,
     WireError,
@@ -13,8 +16,6 @@ from actorgraph.devices._wire import (
     want_int,
     want_list,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 LIMITS = Limits(max_meta=1 << 12, max_tail=1 << 12)
 

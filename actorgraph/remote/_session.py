@@ -2,7 +2,7 @@
 
 A `Session` checks each request against the worker's `Limits` and the client's own ids,
 lowers the client's programs onto the worker's queue actors and posts a batch's jobs.
-The worker's design and its safety rules are described in actorgraph/_worker.py.
+The worker's design and its safety rules are described in actorgraph/remote/_worker.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import trio
 
+from actorgraph import Buffer, UsageError
 from actorgraph.devices import (
     AWAIT,
     BATCH,
@@ -31,7 +32,9 @@ from actorgraph.devices import (
     signal_op,
     wait_op,
 )
-from actorgraph.devices._wire import (
+from actorgraph.scheduler import QueueKind
+
+from ._wire import (
     CHUNK,
     DTYPES,
     FrameStream,
@@ -43,10 +46,6 @@ from actorgraph.devices._wire import (
     want_list,
     want_str,
 )
-from actorgraph.scheduler import QueueKind
-
-from ._buffer import Buffer
-from ._errors import UsageError
 
 if TYPE_CHECKING:
     from ._worker import Worker

@@ -1,7 +1,7 @@
 """`actorgraph worker`: a trio TCP server that hosts devices for REMOTE clients.
 
 The worker opens its own runtime with its devices and serves any number of clients, one
-session each. A client's programs (one per plan queue, see devices/_remote.py) are
+session each. A client's programs (one per plan queue, see actorgraph/remote/__init__.py) are
 lowered here onto the worker's own queue actors; its batches post one job per queue.
 
 Kernels are never shipped: a launch names a kernel, resolved in the registry built from
@@ -36,7 +36,12 @@ from typing import Any
 
 import trio
 
-from actorgraph.devices._wire import (
+from actorgraph import ActorGraphError, Kernel, Runtime, UsageError, open_runtime
+from actorgraph._groups import sole_exception
+
+from ._peers import Peers
+from ._session import Outbox, Refused, Session, StagingPool, bytes_of
+from ._wire import (
     CHUNK,
     ConnectionLostError,
     FrameStream,
@@ -49,13 +54,6 @@ from actorgraph.devices._wire import (
     want_int,
     want_list,
 )
-
-from ._errors import ActorGraphError, UsageError
-from ._groups import sole_exception
-from ._kernel import Kernel
-from ._peers import Peers
-from ._runtime import Runtime, open_runtime
-from ._session import Outbox, Refused, Session, StagingPool, bytes_of
 
 
 def _import_kernel_module(name: str) -> Any:
@@ -92,7 +90,7 @@ def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
 
     The demo's kernels are always there, so `actorgraph demo` runs on any worker.
     """
-    from ._demo import KERNELS as DEMO_KERNELS
+    from actorgraph._demo import KERNELS as DEMO_KERNELS
 
     registry: dict[str, Kernel] = {kernel.name: kernel for kernel in DEMO_KERNELS}
     for name in modules:

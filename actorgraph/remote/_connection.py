@@ -3,7 +3,7 @@
 `Connection` batches the jobs its worker's queues get in one submission into one frame,
 keeps the programs the worker holds, forwards the client signals the worker waits on and
 turns the worker's reports into signals and finished jobs. The design (batches, programs,
-local and mirror waits, lost connections) is described in devices/_remote.py.
+local and mirror waits, lost connections) is described in actorgraph/remote/__init__.py.
 """
 
 from __future__ import annotations
@@ -17,11 +17,20 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 import trio
+
+from actorgraph.devices import (
+    DeviceError,
+    Doorbell,
+    Job,
+    Op,
+    Signal,
+    SignalOp,
+    WaitOp,
+    WireOp,
+    own_signal,
+)
 from actorgraph.scheduler import QueueKind
 
-from ._device import DeviceError
-from ._ops import Job, Op, SignalOp, WaitOp, WireOp, own_signal
-from ._signal import Doorbell, Signal
 from ._wire import (
     CHUNK,
     DTYPES,
@@ -37,7 +46,7 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
-    from ._remote import RemoteDevice, RemoteQueue
+    from ._device import RemoteDevice, RemoteQueue
 
 class RemoteError(DeviceError):
     """A worker refused a request or reported that an item failed there."""

@@ -1,82 +1,38 @@
-"""REMOTE devices: devices of a worker process, reached through one connection actor.
+"""REMOTE devices: devices of a worker, driven through its connection actor.
 
-A remote device is named `KIND:N@HOST:PORT` (`CPU:0@127.0.0.1:7000`: device CPU:0 of the
-worker listening on 127.0.0.1:7000). All remote devices of one worker in a runtime share
-one `Connection` (devices/_connection.py): one TCP connection and one actor task that
-stands, in the plan, for every queue of that worker. This module holds the device side:
-names, `RemoteDevice` and its lowering to wire entries, `RemoteQueue`.
-
-How a replay runs
------------------
-The planner sees a remote device as an ordinary device with one compute queue (a
-`RemoteQueue`). Its message list is lowered as for any device: waits, signals and items,
-where an item is a *wire entry* (kernel by name, buffers by handle) instead of a call.
-`RemoteQueue.post` does not run the job: it hands it to the connection actor. Because a
-submission posts all of its jobs synchronously, the connection actor wakes to find every
-job of the submission for its worker side by side, and sends them as ONE batch frame:
-
-    ["batch", batch id, bases, [program ids], [[signal id, value], ...]]
-
-The worker keeps each queue's lowered program (defined by a "prog" frame the first time a
-job's op list is seen, then referred to by id), so a replay of a graph that lives on one
-worker costs one frame out and one "done" frame back per queue: one round trip. Items
-whose input buffers are rebound produce new op lists, which are sent again.
-
-How order crosses hosts
------------------------
-A plan orders queues with `Wait(queue, value)` messages on timeline signals. On the worker
-each wait becomes one of:
-
-- a *local* wait, when the signal is another queue of the same worker in the same batch:
-  the worker waits on its own actor's signal, with the base it reserved for this batch;
-- a *mirror* wait, for every other signal (a client-local queue, a queue of another
-  worker, a device timeline, the runtime's KICK): the worker waits on a mirror of that
-  signal that holds the client's absolute value. The batch carries the current value of
-  every mirror it uses; for a wait not yet satisfied, the connection starts a forwarder
-  that sends ["ext", [[id, value]]] once the client's signal gets there.
-
-The other way, the worker reports its queues' signals ("sig" frames, "done" at the end),
-and the connection sets the `RemoteQueue`'s signal on the client, so client-local queues
-and other workers wait on remote queues as on local ones. A wait between two workers thus
-goes through the client; the data does not: a copy between two workers runs on the
-destination's worker, which pulls the bytes from the source worker over a direct peer
-connection, authorised by a read ticket (an HMAC under the source session's key) that the
-client puts in the program. Copies between a client-local device and a remote one run on
-the local device's copy queue as an AWAIT op that pushes or pulls the bytes.
-
-A lost connection fails every job in flight with `RemoteConnectionError` and advances the
-remote queues' signals, so client-local queues waiting on them finish (skipping their
-items) and other devices go on working.
+Names, `RemoteDevice` and its lowering to wire entries, `RemoteQueue`. How a replay runs
+and how order crosses hosts: see the package's docstring (actorgraph/remote/__init__.py).
 """
+
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import trio
+
+from actorgraph.devices import (
+    AWAIT,
+    SIGNAL,
+    WAIT,
+    WIRE,
+    Device,
+    DeviceBuffer,
+    DeviceError,
+    Job,
+    LaunchRequest,
+    Op,
+    QueueActor,
+    open_device,
+    parse_remote_name,
+    run_op,
+    wire_op,
+)
 from actorgraph.scheduler import QueueKind
 
-from ._actor import QueueActor
 from ._connection import Connection, RemoteMemory, flat_bytes
-from ._device import Device, DeviceBuffer, DeviceError, LaunchRequest
-from ._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, run_op, wire_op
-
-REMOTE_NAME = re.compile(r"^([A-Z]+):(\d+)@(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
-
-
-def parse_remote_name(name: str) -> tuple[str, int, str, int] | None:
-    """'CPU:0@127.0.0.1:7000' -> ('CPU', 0, '127.0.0.1', 7000); None if not a remote name."""
-    match = REMOTE_NAME.match(name) if isinstance(name, str) else None
-    if match is None:
-        return None
-    host = match.group(3).strip("[]")
-    port = int(match.group(4))
-    if not 0 < port < 65536:
-        return None
-    return match.group(1), int(match.group(2)), host, port
 
 
 class RemoteQueue(QueueActor):
@@ -232,3 +188,11 @@ def open_remote_devices(
             **options,
         )
     return out
+
+
+def open_devices(names: Sequence[str], **options: Any) -> dict[str, Device]:
+    """Devices by name: `KIND:N` ones of this process (actorgraph.devices), and
+    `KIND:N@HOST:PORT` ones of workers, those of one worker sharing one connection."""
+    remote = [n for n in names if parse_remote_name(n) is not None]
+    opened = open_remote_devices(remote, **options) if remote else {}
+    return {n: opened[n] if n in opened else open_device(n, **options) for n in names}

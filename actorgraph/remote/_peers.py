@@ -2,7 +2,7 @@
 
 A copy between two workers runs on the destination's worker, which reads the source
 buffer over a "peer" connection with a read ticket the client put in the program
-(see devices/_remote.py, "How order crosses hosts").
+(see actorgraph/remote/__init__.py, "How order crosses hosts").
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import attrs
 import trio
 
 from actorgraph.devices import Job
-from actorgraph.devices._wire import (
+
+from ._wire import (
     CHUNK,
     ConnectionLostError,
     FrameStream,

@@ -1,0 +1,75 @@
+"""The remote protocol, both of its sides: REMOTE devices on a client, and the worker.
+
+A remote device is named `KIND:N@HOST:PORT` (`CPU:0@127.0.0.1:7000`: device CPU:0 of the
+worker listening on 127.0.0.1:7000). All remote devices of one worker in a runtime share
+one `Connection`: one TCP connection and one actor task that stands, in the plan, for
+every queue of that worker.
+
+The files, client side first:
+
+    _device.py      RemoteDevice and RemoteQueue: lowering items to wire entries
+    _connection.py  the connection actor: batches, programs, mirrors, reports
+    _wire.py        the frames both sides speak, their limits, the HMACs
+    _worker.py      `actorgraph worker`: the server, its handshake and routing
+    _session.py     one client's state on a worker: buffers, programs, batches
+    _peers.py       the links a worker opens to other workers (copies between workers)
+
+The client side is a kind of device: it imports only actorgraph.devices. The worker side
+is an application of the runtime: it opens one and lowers programs onto its actors.
+
+How a replay runs
+-----------------
+The planner sees a remote device as an ordinary device with one compute queue (a
+`RemoteQueue`). Its message list is lowered as for any device: waits, signals and items,
+where an item is a *wire entry* (kernel by name, buffers by handle) instead of a call.
+`RemoteQueue.post` does not run the job: it hands it to the connection actor. Because a
+submission posts all of its jobs synchronously, the connection actor wakes to find every
+job of the submission for its worker side by side, and sends them as ONE batch frame:
+
+    ["batch", batch id, bases, [program ids], [[signal id, value], ...]]
+
+The worker keeps each queue's lowered program (defined by a "prog" frame the first time a
+job's op list is seen, then referred to by id), so a replay of a graph that lives on one
+worker costs one frame out and one "done" frame back per queue: one round trip. Items
+whose input buffers are rebound produce new op lists, which are sent again.
+
+How order crosses hosts
+-----------------------
+A plan orders queues with `Wait(queue, value)` messages on timeline signals. On the worker
+each wait becomes one of:
+
+- a *local* wait, when the signal is another queue of the same worker in the same batch:
+  the worker waits on its own actor's signal, with the base it reserved for this batch;
+- a *mirror* wait, for every other signal (a client-local queue, a queue of another
+  worker, a device timeline, the runtime's KICK): the worker waits on a mirror of that
+  signal that holds the client's absolute value. The batch carries the current value of
+  every mirror it uses; for a wait not yet satisfied, the connection starts a forwarder
+  that sends ["ext", [[id, value]]] once the client's signal gets there.
+
+The other way, the worker reports its queues' signals ("sig" frames, "done" at the end),
+and the connection sets the `RemoteQueue`'s signal on the client, so client-local queues
+and other workers wait on remote queues as on local ones. A wait between two workers thus
+goes through the client; the data does not: a copy between two workers runs on the
+destination's worker, which pulls the bytes from the source worker over a direct peer
+connection, authorised by a read ticket (an HMAC under the source session's key) that the
+client puts in the program. Copies between a client-local device and a remote one run on
+the local device's copy queue as an AWAIT op that pushes or pulls the bytes.
+
+A lost connection fails every job in flight with `RemoteConnectionError` and advances the
+remote queues' signals, so client-local queues waiting on them finish (skipping their
+items) and other devices go on working.
+"""
+
+from ._connection import RemoteConnectionError as RemoteConnectionError
+from ._connection import RemoteError as RemoteError
+from ._device import RemoteDevice as RemoteDevice
+from ._device import open_devices as open_devices
+from ._device import open_remote_devices as open_remote_devices
+
+__all__ = [
+    "RemoteConnectionError",
+    "RemoteDevice",
+    "RemoteError",
+    "open_devices",
+    "open_remote_devices",
+]
