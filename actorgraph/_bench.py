@@ -118,5 +118,7 @@ def main_builtin(items: int, replays: int, out: str | None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         results.update(python=platform.python_version(), machine=platform.machine())
         path.write_text(json.dumps(results, indent=2))
-        print(f"wrote {path}")
+        print(f"figures written as JSON to {path}")
+    else:
+        print("figures not written to a file: add --out PATH to write them as JSON")
     return 0

@@ -128,7 +128,7 @@ class Buffer:
         """The host address of this buffer's first byte (host-visible devices only)."""
         memory = self._alloc.memory
         if not isinstance(memory, np.ndarray):
-            self.check_live("address of ")
+            self.check_live("address: ")
             raise UsageError(f"{self!r} is not in host-visible memory, so it has no host address")
         return int(memory.ctypes.data) + self.offset * self.dtype.itemsize
 
@@ -159,7 +159,7 @@ class Buffer:
         `byte_offset` bytes into this buffer (a multiple of the view's itemsize from the
         start of the allocation); its size defaults to the rest of this buffer.
         """
-        self.check_live("view of ")
+        self.check_live("view(): ")
         if dtype is not None or byte_offset is not None:
             return self._view_bytes(offset, size, shape, dtype, byte_offset)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -274,7 +274,7 @@ class Buffer:
         the work queued on the device (the host does not block); host memory is exported
         as it is. Await the work that writes the buffer first: work submitted later is
         not waited for."""
-        self.check_live("__dlpack__ of ")
+        self.check_live("__dlpack__(): ")
         if copy:
             raise BufferError(f"{self!r}: DLPack export never copies; use rt.copyout()")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():

@@ -83,7 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--replays", type=int, default=200, help="built-in: replays per round (default: 200)"
     )
-    bench.add_argument("--out", metavar="PATH", help="write the figures as JSON here")
+    bench.add_argument(
+        "--out", metavar="PATH",
+        help="write the figures as JSON here (default: benchmarks/core.py writes "
+        "benchmarks/results/core.json; the built-in benchmark writes a file only with --out)",
+    )
 
     devices = sub.add_parser(
         "devices",

@@ -299,7 +299,7 @@ class Graph:
             # Before any cache: a buffer was freed somewhere since the last call.
             for buf in self._internal_roots:
                 if buf.freed:
-                    buf.check_live("this graph uses ")
+                    buf.check_live("this graph's buffer ")
             # Cached input sets and replanned programs may hold a freed buffer: forget
             # them, so the next call checks its inputs as a first call does.
             self._bound.clear()

@@ -10,6 +10,9 @@ import attrs
 
 from actorgraph import devices as _devices
 
+# How a device of a worker is named (see `actorgraph worker`).
+REMOTE_NAMES = "KIND:N@HOST:PORT"
+
 
 @attrs.frozen
 class GPUInfo:
@@ -48,6 +51,7 @@ class Inventory:
             "nvrtc_note": self.nvrtc_note,
             "sim_presets": list(self.sim_presets),
             "sim_default": self.sim_default,
+            "remote_names": REMOTE_NAMES,
         }
 
 
@@ -155,6 +159,10 @@ def render(inv: Inventory) -> str:
         else:
             lines.append("SIM:N    simulated GPUs, any N")
     for kind in inv.kinds:
-        if kind not in ("CPU", "SIM", "CUDA"):
+        if kind not in ("CPU", "SIM", "CUDA", "REMOTE"):
             lines.append(f"{kind}:N")
+    lines.append(
+        f"remote   {REMOTE_NAMES}: device KIND:N of an `actorgraph worker` listening on "
+        f"HOST:PORT, e.g. CPU:0@127.0.0.1:7000 (IPv6: CPU:0@[::1]:7000)"
+    )
     return "\n".join(lines)

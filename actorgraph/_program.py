@@ -69,7 +69,7 @@ def check_item(item: object, index: int) -> Item:
             f"item {index} is {item!r}; a jit cache holds ag.Launch(...) and ag.Copy(...) items"
         )
     for buf in item.bufs:
-        buf.check_live(f"item {index} ({item.label}) uses ")
+        buf.check_live(f"item {index} ({item.label}): buffer ")
     return item
 
 

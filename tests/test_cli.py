@@ -63,8 +63,13 @@ def test_devices_lists_cpu_and_never_needs_cuda(capsys: pytest.CaptureFixture[st
     code, out, _ = run_cli(capsys, "devices")
     assert code == 0
     assert "CPU:N" in out and "CUDA" in out
+    assert (
+        "remote   KIND:N@HOST:PORT: device KIND:N of an `actorgraph worker` listening on "
+        "HOST:PORT, e.g. CPU:0@127.0.0.1:7000 (IPv6: CPU:0@[::1]:7000)"
+    ) in out
     code, out, _ = run_cli(capsys, "devices", "--json")
     data = json.loads(out)
+    assert data["remote_names"] == "KIND:N@HOST:PORT"
     assert code == 0 and "CPU" in data["kinds"] and data["cpu_cores"] >= 1
     gpus, note = probe_cuda()  # whatever this machine has, it answers without raising
     assert isinstance(note, str) and len(gpus) == len(data["cuda_gpus"])
@@ -93,8 +98,21 @@ def test_builtin_bench_prints_and_writes_json(
         capsys, "bench", "--builtin", "--items", "8", "--replays", "3", "--out", str(out_file)
     )
     assert code == 0 and "graph replay:" in out and "@ag.jit call:" in out
+    assert f"figures written as JSON to {out_file}" in out
     data = json.loads(out_file.read_text())
     assert data["items"] == 8 and data["graph_us_per_item"] > 0
+
+
+def test_builtin_bench_without_out_says_nothing_is_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(capsys, "bench", "--builtin", "--items", "4", "--replays", "2")
+    assert code == 0
+    assert "figures not written to a file: add --out PATH to write them as JSON" in out
+    assert list(tmp_path.iterdir()) == []
+    code, out, _ = run_cli(capsys, "bench", "--help")
+    assert "the built-in benchmark writes a file only with --out" in " ".join(out.split())
 
 
 def test_bench_runs_the_checkouts_core_benchmarks_when_present(

@@ -198,7 +198,7 @@ async def test_freed_buffer_in_items(rt: ag.Runtime) -> None:
     a, b, c = bufs(rt, 3)
     rt.free(b)
     items = [ag.Launch(XOR, [c, a, b])]
-    message = f"item 0 (xor) uses {b!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+    message = f"item 0 (xor): buffer {b!r} was freed; allocate a new buffer with rt.alloc(...) instead"
     with raises(ag.BufferFreedError, message):
         await rt.run(items)
     with raises(ag.BufferFreedError, message):
@@ -225,7 +225,7 @@ async def test_freed_internal_buffer_on_replay(rt: ag.Runtime) -> None:
     graph, (a, b, c) = await xor_graph(rt)
     await graph([a, b])
     rt.free(c)
-    message = f"this graph uses {c!r} was freed"
+    message = f"this graph's buffer {c!r} was freed; allocate a new buffer with rt.alloc(...) instead"
     with raises(ag.BufferFreedError, message):
         await graph([a, b])  # the same inputs as the last call
     with raises(ag.BufferFreedError, message):
@@ -250,7 +250,7 @@ async def test_freed_buffers_through_the_replan_cache(device: str) -> None:
             await graph([x, x])
         await graph([y, y])
         rt.free(other)  # used by a static item: lowered once, never re-lowered
-        with raises(ag.BufferFreedError, f"this graph uses {other!r} was freed"):
+        with raises(ag.BufferFreedError, f"this graph's buffer {other!r} was freed"):
             await graph([y, y])
         assert rt.in_flight == 0
 
@@ -263,7 +263,7 @@ async def test_freed_buffer_in_copyin_copyout_view_and_free(rt: ag.Runtime) -> N
         await rt.copyin(a, np.zeros(64, I32))
     with raises(ag.BufferFreedError, f"copyout: {view!r} was freed"):
         await rt.copyout(view)
-    with raises(ag.BufferFreedError, f"view of {a!r} was freed"):
+    with raises(ag.BufferFreedError, f"view(): {a!r} was freed"):
         a.view(offset=0, size=1)
     with raises(ag.BufferFreedError, f"free: {a!r} was freed"):
         rt.free(a)

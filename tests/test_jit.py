@@ -467,6 +467,6 @@ async def test_a_function_that_frees_its_scratch_buffer_cannot_be_captured() -> 
 
         x = await filled(rt, "CPU:0", np.arange(4))
         await step(rt, x)
-        with pytest.raises(ag.BufferFreedError, match=r"item 0 \(add\) uses <Buffer CPU:0 4 int32 freed") as info:
+        with pytest.raises(ag.BufferFreedError, match=r"item 0 \(add\): buffer <Buffer CPU:0 4 int32 freed") as info:
             await step(rt, x)
         assert "while planning the work captured from step()" in str(info.value.__notes__)

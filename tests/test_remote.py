@@ -503,12 +503,21 @@ async def test_refuses_missing_and_wrong_tokens(
 ) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):
-        with pytest.raises(remote.RemoteConnectionError, match="requires a token"):
+        with pytest.raises(remote.RemoteConnectionError, match=re.escape(
+            f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running and "
+            f"requires a token; pass open_runtime(..., remote_token_file=PATH) naming its --token-file"
+        )) as info:
             async with ag.open_runtime([worker.name("CPU:0")]):
                 pass
-        with pytest.raises(remote.RemoteConnectionError, match="authentication failed"):
+        assert "start one" not in str(info.value)  # it runs: starting another is no help
+        with pytest.raises(remote.RemoteConnectionError, match=re.escape(
+            f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running but "
+            f"refused this client's token (authentication failed: wrong or missing token); check "
+            f"that remote_token= or remote_token_file= holds the token in the worker's --token-file"
+        )) as info:
             async with ag.open_runtime([worker.name("CPU:0")], remote_token=b"wrong"):
                 pass
+        assert "start one" not in str(info.value)
         stream, _ = await _raw(worker.port)
         await stream.send([encode(["auth", "client", b"", ["CPU:0"]])])
         meta, _ = await stream.receive()

@@ -217,7 +217,18 @@ class Connection:
         try:
             with trio.fail_after(self._timeout):
                 await self._connect()
-        except (OSError, trio.TooSlowError, WireError, ConnectionLostError, RemoteError) as exc:
+        except RemoteError as exc:
+            # The worker answered, so it is running: the hint is about this client.
+            self._close_socket()
+            raise RemoteConnectionError(f"cannot connect to the worker at {self.address}: {exc}") from None
+        except (WireError, ConnectionLostError) as exc:
+            self._close_socket()
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {type(exc).__name__}: {exc}; "
+                f"what answers there does not speak this version's worker protocol: check "
+                f"the address, and that the worker runs the same actorgraph version"
+            ) from None
+        except (OSError, trio.TooSlowError) as exc:
             self._close_socket()
             raise RemoteConnectionError(
                 f"cannot connect to the worker at {self.address}: {type(exc).__name__}: "
@@ -236,21 +247,28 @@ class Connection:
         stream = self._stream
         meta, _ = await stream.receive()
         if meta[0] == "error":
-            raise RemoteError(f"worker at {self.address} refused the connection: {meta[-1]}")
+            raise RemoteError(f"the worker is running but refused the connection: {meta[-1]}")
         if meta[0] != "challenge" or len(meta) != 3:
             raise WireError(f"expected a challenge from the worker, got {meta[0]!r}")
         nonce = want_bytes(meta[1], "challenge nonce", 64)
         needs_token = meta[2] is True
         if needs_token and self._token is None:
             raise RemoteError(
-                f"worker at {self.address} requires a token; pass "
-                f"open_runtime(..., remote_token_file=PATH) with its --token-file"
+                "the worker is running and requires a token; pass "
+                "open_runtime(..., remote_token_file=PATH) naming its --token-file"
             )
         mac = auth_mac(self._token, nonce) if self._token is not None and needs_token else b""
         await stream.send([encode(["auth", "client", mac, [d.inner for d in self.devices]])])
         meta, _ = await stream.receive()
         if meta[0] == "error":
-            raise RemoteError(f"worker at {self.address} refused this client: {meta[-1]}")
+            reason = str(meta[-1])
+            if "authentication failed" in reason:
+                raise RemoteError(
+                    f"the worker is running but refused this client's token ({reason}); "
+                    f"check that remote_token= or remote_token_file= holds the token in the "
+                    f"worker's --token-file (a file's surrounding whitespace is ignored)"
+                )
+            raise RemoteError(f"the worker is running but refused this client: {reason}")
         if meta[0] != "welcome" or len(meta) != 4:
             raise WireError(f"expected a welcome from the worker, got {meta[0]!r}")
         self.session_id = want_int(meta[1], "session id")
