@@ -8,6 +8,9 @@ is held to the same suite.
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _cuda_kernels import INC_SRC, needs_gpus
+from _paths import child_pythonpath
 from actorgraph.devices.cuda import CopyKind, CudaDriver, FakeDriver
 from actorgraph.devices.cuda._driver import open_driver
 from actorgraph.devices.cuda._fake import reached
@@ -242,3 +246,30 @@ def test_fake_statistics_count_graph_work() -> None:
     stats = drv.statistics()
     assert (stats.graph_instantiations, stats.graph_launches) == (1, 1)
     drv.stream_destroy(stream)
+
+
+def test_opening_cuda_without_cuda_python_names_the_extra() -> None:
+    # cuda-python is an extra now: a CPU-only install has no `cuda.bindings` at all.
+    script = (
+        "import sys, trio\n"
+        "sys.modules['cuda'] = None\n"
+        "sys.modules['cuda.bindings'] = None\n"
+        "import actorgraph as ag\n"
+        "async def main():\n"
+        "    async with ag.open_runtime(['CUDA:0']):\n"
+        "        pass\n"
+        "try:\n"
+        "    trio.run(main)\n"
+        "except ag.DeviceError as error:\n"
+        "    print(error)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ACTORGRAPH_CUDA_DRIVER"}
+    env["PYTHONPATH"] = child_pythonpath()
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "cannot open CUDA:0: cuda-python is not installed (import of cuda.bindings halted; "
+        "None in sys.modules); install the cuda extra: pip install 'actorgraph[cuda]'."
+    ), done.stdout
