@@ -59,6 +59,7 @@ except ImportError as _missing:  # pragma: no cover - depends on what is install
     ) from None
 
 __all__ = [
+    "RayBackgroundRuntime",
     "RayWorker",
     "RayWorkerError",
     "RayWorkers",

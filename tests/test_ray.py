@@ -277,6 +277,7 @@ async def test_losing_a_node(cluster: Any) -> None:
 def test_start_runtime_from_synchronous_code(workers: Any) -> None:
     name = workers.devices[-1]
     with workers.start_runtime(["CPU:0"]) as rt:
+        assert isinstance(rt, agray.RayBackgroundRuntime) and rt.workers is workers
         x = rt.alloc(name, 32, np.int32)
         y = rt.alloc("CPU:0", 32, np.int32)
         rt.copyin(x, np.arange(32, dtype=np.int32)).result(GUARD)
