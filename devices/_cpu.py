@@ -14,7 +14,7 @@ import numpy as np
 from actorgraph.scheduler import QueueKind
 
 from ._actor import QueueActor
-from ._device import Device, DeviceBuffer, DeviceError, LaunchRequest
+from ._device import Device, DeviceBuffer, DeviceError, LaunchRequest, nothing, same_bytes
 from ._ops import EXEC, EXEC_THREAD, Op, run_op
 
 DEFAULT_THREAD_BYTES = 1 << 20
@@ -73,6 +73,9 @@ class CPUDevice(Device):
         return run_op(self._code(sum([b.nbytes for b in launch[2]])), fn, args, launch[0])
 
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
+        # np.copyto copies overlapping views as if through a temporary (memmove).
+        if same_bytes(dst, src):
+            return run_op(EXEC, nothing, (), item)
         return run_op(
             self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item
         )

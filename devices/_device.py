@@ -50,6 +50,19 @@ class DeviceBuffer(Protocol):
     def host_view(self) -> np.ndarray[Any, Any]: ...  # host-visible memory only
 
 
+def same_bytes(dst: DeviceBuffer, src: DeviceBuffer) -> bool:
+    """Whether a copy from `src` to `dst` is an exact self-copy (nothing to move)."""
+    return (
+        dst.memory is src.memory
+        and dst.offset * dst.dtype.itemsize == src.offset * src.dtype.itemsize
+        and dst.nbytes == src.nbytes
+    )
+
+
+def nothing() -> None:
+    """The body of a copy that moves nothing."""
+
+
 class LaunchRequest(NamedTuple):
     """One kernel launch, resolved for one call: what every device lowers a Launch from.
 

@@ -29,7 +29,7 @@ from actorgraph.scheduler import DeviceCaps, QueueKind
 from ._actor import QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
-from ._device import Device, DeviceBuffer, LaunchRequest
+from ._device import Device, DeviceBuffer, LaunchRequest, nothing, same_bytes
 from ._ops import HOST_OPS, KICK, SIM_RUN, Job, Op, sim_run
 
 
@@ -166,6 +166,8 @@ class SIMDevice(Device):
         return sim_run(fn, args, launch.item, seconds)
 
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
+        if same_bytes(dst, src):
+            return sim_run(nothing, (), item, 0.0)
         args = copy_args(dst.host_view(), src.host_view())
         return sim_run(np.copyto, args, item, self.copy_duration(dst, src))
 

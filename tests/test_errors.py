@@ -337,8 +337,7 @@ async def test_copy_size_or_dtype_mismatch(rt: ag.Runtime) -> None:
         ag.Copy(dst=small, src=a)
     with raises(ag.UsageError, f"Copy needs dst and src of the same dtype and size: dst is {floats!r}, src is {a!r}"):
         ag.Copy(dst=floats, src=a)
-    with raises(ag.UsageError, "Copy dst "):
-        ag.Copy(dst=a.view(offset=0, size=8), src=a.view(offset=4, size=8))
+    ag.Copy(dst=a.view(offset=0, size=8), src=a.view(offset=4, size=8))  # memmove: allowed
 
 
 async def test_view_past_end(rt: ag.Runtime) -> None:

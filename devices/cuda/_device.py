@@ -408,7 +408,19 @@ class CUDADevice(Device):
             return cuda_item((), item)  # nothing to move; the driver takes no empty copies
         if dst_gpu and src_gpu:
             dst_dev, src_dev = dst_mem.device, src_mem.device
-            if dst_dev is src_dev:
+            if dst_mem is src_mem and _pointer(dst) == _pointer(src):
+                return cuda_item((), item)  # an exact self-copy moves nothing
+            if dst_mem is src_mem and abs(_pointer(dst) - _pointer(src)) < nbytes:
+                # CUDA leaves overlapping copies undefined: through pinned host memory
+                # on this one stream, as if through a temporary (memmove).
+                keep = _Staging(self, nbytes)
+                cmds = (
+                    (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes,
+                     None, src_dev.context),
+                    (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes,
+                     dst_dev.context, None),
+                )
+            elif dst_dev is src_dev:
                 cmds = ((C.COPY, CopyKind.DTOD, _pointer(dst), _pointer(src), nbytes,
                          dst_dev.context, src_dev.context),)
             elif dst_dev.peer_ok(src_dev):

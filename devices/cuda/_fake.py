@@ -326,6 +326,7 @@ class FakeDriver:
     ) -> None:
         if kind is CopyKind.PEER and (dst_context[1], src_context[1]) not in self._peers_enabled:
             raise CudaError("CUDA_ERROR_PEER_ACCESS_NOT_ENABLED")
+        _check_no_overlap(dst, src, nbytes)
         stream.put(lambda: ctypes.memmove(dst, src, nbytes))
 
     # -- graphs --
@@ -346,6 +347,7 @@ class FakeDriver:
     def graph_add_memcpy(self, graph: Any, after: Any, context: Any, kind: CopyKind, dst: int,
                          src: int, nbytes: int) -> Any:
         _check_copy_node(nbytes)
+        _check_no_overlap(dst, src, nbytes)
         return self._add(graph, ["memcpy", dst, src, nbytes])
 
     def graph_add_wait_value64(self, graph: Any, after: Any, context: Any, pointer: int,
@@ -374,6 +376,7 @@ class FakeDriver:
     def graph_exec_memcpy_update(self, graph_exec: Any, node: Any, context: Any, kind: CopyKind,
                                  dst: int, src: int, nbytes: int) -> None:
         _check_copy_node(nbytes)
+        _check_no_overlap(dst, src, nbytes)
         self.node_updates += 1
         graph_exec.nodes[node] = ["memcpy", dst, src, nbytes]
 
@@ -395,6 +398,17 @@ class FakeDriver:
 
     def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
         pass
+
+
+def _check_no_overlap(dst: int, src: int, nbytes: int) -> None:
+    # A real GPU leaves overlapping copies undefined; the fake refuses them, so code that
+    # would rely on them fails here rather than on a GPU.
+    if abs(dst - src) < nbytes:
+        raise CudaError(
+            "CUDA_ERROR_INVALID_VALUE",
+            f"copy of {nbytes} bytes from {src:#x} to {dst:#x}: the ranges overlap, which CUDA "
+            f"leaves undefined",
+        )
 
 
 def _check_copy_node(nbytes: int) -> None:

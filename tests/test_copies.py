@@ -1,0 +1,79 @@
+"""Copies whose source and destination overlap move memory like memmove, on every device kind.
+
+An exact self-copy (the same bytes, through the same or another view) changes nothing; a
+shifted overlap copies as if through a temporary. Each case runs eagerly and as a compiled
+graph, and is checked against numpy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+import actorgraph as ag
+from actorgraph.testing import Worker, open_test_runtime
+
+GUARD = 30  # seconds: a hang guard only
+
+# (dst offset, src offset, elements): shifted both ways, by one and by most, and exact.
+CASES = [(4, 0, 16), (0, 4, 16), (1, 0, 31), (0, 1, 31), (0, 0, 32), (8, 8, 8)]
+
+
+def reference(memory: np.ndarray[Any, Any], dst: int, src: int, count: int) -> None:
+    memory[dst : dst + count] = memory[src : src + count].copy()
+
+
+async def check_overlapping_copies(rt: ag.Runtime, device: str) -> None:
+    base = rt.alloc(device, 32, np.int32)
+    start = (np.arange(32, dtype=np.int32) + 1) * 7
+    for dst, src, count in CASES:
+        await rt.copyin(base, start)
+        expected = start.copy()
+        reference(expected, dst, src, count)
+        # Distinct view objects, even for the same bytes.
+        await rt.run([ag.Copy(dst=base.view(dst, count), src=base.view(src, count))])
+        got = await rt.copyout(base)
+        np.testing.assert_array_equal(got, expected, err_msg=f"eager {(dst, src, count)}")
+    # One graph of every case, after one another, replayed twice.
+    items = [ag.Copy(dst=base.view(d, n), src=base.view(s, n)) for d, s, n in CASES]
+    items.append(ag.Copy(dst=base, src=base))
+    graph = await rt.compile(items, verify=True)
+    await rt.copyin(base, start)
+    expected = start.copy()
+    for _ in range(2):
+        for dst, src, count in CASES:
+            reference(expected, dst, src, count)
+        await graph()
+    np.testing.assert_array_equal(await rt.copyout(base), expected, err_msg="graph")
+
+
+@pytest.mark.parametrize("kind", ["CPU", "CUDA"])
+async def test_overlapping_copies(kind: str) -> None:
+    with trio.fail_after(GUARD):
+        async with open_test_runtime(kind, 1) as rt:
+            await check_overlapping_copies(rt, rt.devices[0])
+
+
+async def test_overlapping_copies_sim(autojump_clock: object) -> None:
+    with trio.fail_after(GUARD):
+        async with open_test_runtime("SIM", 1) as rt:
+            await check_overlapping_copies(rt, rt.devices[0])
+
+
+async def test_overlapping_copies_remote(ag_worker: Worker) -> None:
+    with trio.fail_after(GUARD):
+        async with open_test_runtime("REMOTE", 1, worker=ag_worker) as rt:
+            await check_overlapping_copies(rt, rt.devices[0])
+
+
+async def test_an_exact_self_copy_is_allowed_and_a_size_mismatch_is_not() -> None:
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        a = rt.alloc("CPU:0", 8, np.int32)
+        await rt.copyin(a, np.arange(8, dtype=np.int32))
+        await rt.run([ag.Copy(dst=a, src=a)])
+        np.testing.assert_array_equal(await rt.copyout(a), np.arange(8, dtype=np.int32))
+        with pytest.raises(ag.UsageError, match="Copy needs dst and src of the same dtype and size"):
+            ag.Copy(dst=a.view(0, 4), src=a.view(2, 5))
