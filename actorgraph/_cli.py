@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--max-client-bytes", type=int, default=8 << 30, help="memory one client may allocate"
     )
+    worker.add_argument(
+        "--max-pending-writes", type=int, default=1 << 30,
+        help="bytes of host-write data one client may have sent and not yet used",
+    )
 
     bench = sub.add_parser(
         "bench",
@@ -179,7 +183,11 @@ def _run(args: argparse.Namespace) -> int:
         from actorgraph.remote._wire import Limits
         from actorgraph.remote._worker import worker_main
 
-        limits = Limits(max_tail=args.max_frame, max_session_bytes=args.max_client_bytes)
+        limits = Limits(
+            max_tail=args.max_frame,
+            max_session_bytes=args.max_client_bytes,
+            max_pending_blob_bytes=args.max_pending_writes,
+        )
         return worker_main(
             args.devices, args.host, args.port, args.token_file, args.kernels, limits
         )

@@ -613,6 +613,30 @@ async def test_refuses_bad_requests_and_keeps_the_session(
             np.testing.assert_array_equal(await rt.copyout(theirs), np.arange(4))
 
 
+async def test_a_replaced_pending_write_gives_its_bytes_back() -> None:
+    """The pending host-write limit counts what is pending now: a blob sent again under
+    the same id replaces the first, whose bytes stop counting."""
+    worker = start("CPU:0", extra_args=("--max-pending-writes", "65536"))
+    try:
+        with trio.fail_after(GUARD):
+            stream = await _session(worker.port)
+            big = b"x" * 40000
+            for _ in range(6):  # 240000 bytes sent, never more than 40000 pending
+                await stream.send([encode(["blob", 1], len(big)), big])
+            await stream.send([encode(["blob", 2], 16), b"y" * 16])
+            await stream.send([encode(["frobnicate", 1])])
+            meta, _ = await stream.receive()  # the first reply: no blob was refused
+            assert meta[:2] == ["error", "frobnicate"], meta
+            # The limit still holds for bytes really pending: 40016 + 40000 > 65536.
+            await stream.send([encode(["blob", 3], len(big)), big])
+            meta, _ = await stream.receive()
+            assert meta[:2] == ["error", "blob"] and "too many bytes of pending host writes" in meta[-1]
+            stream.sock.close()
+            await _still_serves(worker)
+    finally:
+        worker.kill()
+
+
 async def test_peer_reads_need_a_valid_ticket(workers: tuple[Worker, Worker]) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):

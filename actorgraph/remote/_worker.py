@@ -201,6 +201,12 @@ class Worker:
             try:
                 if meta[0] == "blob":
                     blob_id = want_int(want_fields(meta, 2)[1], "blob id")
+                    # A blob sent again under its id replaces the pending one: its bytes
+                    # stop counting (the limit is on what is pending at once).
+                    replaced = session.blobs.pop(blob_id, None)
+                    if replaced is not None:
+                        session.blob_bytes -= replaced[1]
+                        self.staging.give(replaced[0])
                     if session.blob_bytes + tail > self.limits.max_pending_blob_bytes:
                         raise Refused("too many bytes of pending host writes")
                     data = self.staging.take(tail)
