@@ -538,6 +538,11 @@ class Runtime:
         checked = [check_item(item, i) for i, item in enumerate(items)]
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
+        for device in {buf.device_object for item in checked for buf in item.bufs}:
+            try:
+                device.check_reachable()
+            except _remote.RemoteConnectionError as exc:
+                raise ClosedError(f"compile for {device.name}: {exc}") from exc
         inputs = list(inputs)
         for i, buf in enumerate(inputs):
             if not isinstance(buf, Buffer):
@@ -621,6 +626,9 @@ def raise_failure(program: Program, sub: Submission) -> None:
         # Not an item's fault: the runtime broke (deadlock) or a device went away.
         if isinstance(error, (ClosedError, DeadlockError)):
             raise error
+        raise ClosedError(str(error)) from error
+    if isinstance(error, _remote.RemoteConnectionError):
+        # A copy between a local device and a worker that is gone: not the item's fault.
         raise ClosedError(str(error)) from error
     index = program.local_index(sub.failed_item)
     item = program.items[index] if index is not None else None

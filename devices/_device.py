@@ -145,6 +145,10 @@ class Device:
     def close(self) -> None:
         """Release what the device holds outside trio (threads, driver handles)."""
 
+    def check_reachable(self) -> None:
+        """Raise if the device can take no more work (a remote device whose worker is
+        gone raises its connection's error). Local devices always can."""
+
     def estimate_seconds(self, op: Op) -> float:
         """How long a lowered op of this device is expected to take, for cost-ordered
         plans. Devices without a cost model say 0."""

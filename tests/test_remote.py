@@ -452,6 +452,52 @@ async def test_worker_killed_mid_replay() -> None:
         worker.kill()
 
 
+async def test_every_call_on_a_dead_workers_devices_raises_closed_error() -> None:
+    """After its worker dies, every call that touches its devices raises ag.ClosedError
+    (copies to and from local devices too, and compiling for them); local devices keep
+    working, and leaving the block raises nothing."""
+    worker = start("CPU:0,CPU:1")
+    r0, r1 = worker.name("CPU:0"), worker.name("CPU:1")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0, r1]) as rt:
+                x, x1 = rt.alloc(r0, 8, np.int32), rt.alloc(r1, 8, np.int32)
+                y = rt.alloc("CPU:0", 8, np.int32)
+                pull = await rt.compile([ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x)])
+                between = await rt.compile([ag.Copy(dst=x1, src=x)])
+                await pull()
+                slow = await rt.compile([ag.Launch(SLEEPY, [x, x]), ag.Copy(dst=y, src=x)])
+                in_flight = await slow.submit()
+                await trio.testing.wait_all_tasks_blocked()
+                worker.kill()
+                with pytest.raises(ag.ClosedError, match="connection to worker"):
+                    await in_flight.wait()
+                calls = {
+                    "replay": pull,
+                    "replay between workers": between,
+                    "submit_nowait": lambda: pull.submit_nowait().wait(),
+                    "run": lambda: rt.run([ag.Launch(INC, [x, x])]),
+                    "copy to a local device": lambda: rt.run([ag.Copy(dst=y, src=x)]),
+                    "copy from a local device": lambda: rt.run([ag.Copy(dst=x, src=y)]),
+                    "copyin": lambda: rt.copyin(x, np.zeros(8, np.int32)),
+                    "copyout": lambda: rt.copyout(x),
+                    "compile": lambda: rt.compile([ag.Launch(INC, [x, x])]),
+                    "launch": lambda: rt.launch(INC, [x1, x1]),
+                }
+                for name, call in calls.items():
+                    with pytest.raises(ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"):
+                        await call()
+                        pytest.fail(f"{name} did not raise")
+                with pytest.raises(ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"):
+                    rt.alloc(r0, 8, np.int32)
+                rt.free(x1)  # its memory went with the worker: nothing to give back
+                await rt.copyin(y, np.arange(8, dtype=np.int32))
+                await rt.run([ag.Launch(INC, [y, y])])
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 1)
+    finally:
+        worker.kill()
+
+
 async def test_reconnect_to_a_restarted_worker() -> None:
     worker = start("CPU:0")
     port = worker.port

@@ -88,6 +88,10 @@ class RemoteDevice(Device):
     def close(self) -> None:
         self.connection.close()
 
+    def check_reachable(self) -> None:
+        if self.connection.error is not None:
+            raise self.connection.error
+
     # -- memory --
 
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
