@@ -43,3 +43,22 @@ def _sleepy(out, a):
 
 SLEEPY = ag.Kernel("sleepy", cpu=_sleepy, outs=(0,), ins=(1,))
 KERNELS.append(SLEEPY)
+
+
+def _gated(out, a):
+    # Runs until the file named by ACTORGRAPH_TEST_GATE exists: a remote kernel as slow as
+    # a test needs, ended by the test itself rather than by a clock.
+    import os
+    import time
+
+    path = os.environ["ACTORGRAPH_TEST_GATE"]
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} never opened")
+        time.sleep(0.005)
+    np.copyto(out, a)
+
+
+GATED = ag.Kernel("gated", cpu=_gated, outs=(0,), ins=(1,))
+KERNELS.append(GATED)

@@ -15,24 +15,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import trio
 import trio.testing
 from _op_samples import OpSampler
 from actorgraph.devices import Op
-from actorgraph.scheduler import QueueKind
+from actorgraph.scheduler import QueueKind, Run, Wait
 from hypothesis import given
 from hypothesis import strategies as st
 
 import actorgraph as ag
-from actorgraph import devices, remote
+from actorgraph import _runtime, devices, remote
+from actorgraph._program import Program
 from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode
 from actorgraph.testing import Worker, start_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
-from remote_kernels import ADD, INC, SCALE, SLEEPY, XOR
+from remote_kernels import ADD, GATED, INC, SCALE, SLEEPY, XOR
 
+LOCAL_INC = ag.Kernel("local_inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
 HERE = Path(__file__).parent
 GUARD = 30  # seconds: a hang guard only; every test finishes far sooner
 TOKEN = b"test-token-0123456789"
@@ -494,6 +497,65 @@ async def test_every_call_on_a_dead_workers_devices_raises_closed_error() -> Non
                 await rt.copyin(y, np.arange(8, dtype=np.int32))
                 await rt.run([ag.Launch(INC, [y, y])])
                 np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 1)
+    finally:
+        worker.kill()
+
+
+async def test_slow_remote_kernels_are_progress_not_a_deadlock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work in flight on a worker is progress: while remote kernels run, nothing changes on
+    the client for many deadlock checks, and the monitor must not call that a deadlock."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    checked = trio.Event()
+    checks = []
+    real = _runtime.find_deadlock
+
+    def counting(actors: Any) -> Any:
+        found = real(actors)
+        checks.append(found)
+        if len(checks) >= 5 or found:
+            checked.set()
+        return found
+
+    monkeypatch.setattr(_runtime, "find_deadlock", counting)
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0], deadlock_check=0.01) as rt:
+                x, y = rt.alloc(r0, 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+                await rt.copyin(x, np.arange(8, dtype=np.int32))
+                graph = await rt.compile([
+                    ag.Launch(GATED, [x, x]), ag.Launch(INC, [x, x]), ag.Launch(INC, [x, x]),
+                    ag.Copy(dst=y, src=x),
+                ])
+                replay = await graph.submit()
+                await checked.wait()  # the monitor looked at the stalled replay 5 times
+                assert checks == [None] * len(checks)
+                gate.touch()
+                await replay.wait()
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 2)
+                await graph()
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 4)
+                # A real deadlock through the worker is still found: a hand-edited plan
+                # where the remote queue and a local one wait on each other.
+                items = [ag.Launch(INC, [x, x]), ag.Launch(LOCAL_INC, [y])]
+                plan = (await rt.compile(items)).plan
+                queues = plan.queues
+                programs = []
+                for program, other in zip(plan.programs, (queues[1], queues[0])):
+                    out: list[Any] = []
+                    for msg in program:
+                        if isinstance(msg, Run):
+                            out.append(Wait(other, 1))
+                        out.append(msg)
+                    programs.append(tuple(out))
+                bad = attrs.evolve(plan, programs=tuple(programs))
+                stuck = ag.Graph(rt, Program(rt, items, [], bad))
+                with pytest.raises(ag.DeadlockError, match=r"CPU:0@127.0.0.1:\d+/compute waits for CPU:0/compute >= 1"):
+                    await stuck()
     finally:
         worker.kill()
 

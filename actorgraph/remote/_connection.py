@@ -545,6 +545,7 @@ class Connection:
                 RemoteError(f"on worker {self.address} ({actor}): {message}"),
             )
         queue = program.queue
+        queue.ended(job)
         queue.signal.set(batch.bases[meta[2]] + program.final)
         queue.jobs_done += 1
         queue.items_run += program.final
@@ -614,6 +615,7 @@ class Connection:
     def _fail_job(job: Job, queue: RemoteQueue, error: BaseException) -> None:
         """End a job the worker will never report: its queue's signal moves to where the
         job would have left it (so what waits on it goes on), and the submission fails."""
+        queue.ended(job)
         own = own_signal(job.ops)
         if own is not None:
             queue.signal.set(job.bases[own.slot] + own.rel)

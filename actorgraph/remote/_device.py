@@ -7,6 +7,8 @@ and how order crosses hosts: see the package's docstring (actorgraph/remote/__in
 
 from __future__ import annotations
 
+import collections
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,16 +39,44 @@ from ._connection import Connection, RemoteMemory, flat_bytes
 
 class RemoteQueue(QueueActor):
     """A worker's queue as the plan sees it. Its jobs go to the connection actor; its
-    signal mirrors the worker queue's progress, as reported back by the worker."""
+    signal mirrors the worker queue's progress, as reported back by the worker.
+
+    The jobs it posted and the worker has not reported done are its pending work, for the
+    deadlock monitor: work in flight on a worker is progress the client cannot see (a
+    slow kernel changes nothing here until it ends). The monitor runs those jobs
+    abstractly from their first op, which is sound as signals only rise: a deadlock is
+    declared only if they could not finish however long their kernels take.
+
+    Invariants: `in_flight` holds, in posting order, the jobs posted and not yet ended
+    (by a "done" report or by the connection failing them).
+    """
 
     op_codes = frozenset([WAIT, SIGNAL, WIRE])
 
     def __init__(self, name: str, device: RemoteDevice, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
         self.device = device
+        self.in_flight: collections.deque[Job] = collections.deque()
 
     def post(self, job: Job) -> None:
+        self.in_flight.append(job)
         self.device.connection.post(job, self)
+
+    def ended(self, job: Job) -> None:
+        """The worker finished `job`, or the connection failed it."""
+        in_flight = self.in_flight
+        if in_flight and in_flight[0] is job:
+            in_flight.popleft()  # jobs of one queue end in order: the usual case
+        else:
+            with contextlib.suppress(ValueError):
+                in_flight.remove(job)
+
+    def pending(self) -> list[tuple[Job, int]]:
+        return [(job, 0) for job in self.in_flight]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.in_flight)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()  # the connection actor runs this queue's jobs
