@@ -5,7 +5,7 @@ about it ("'coroutine' object has no attribute 'plan'", "does not support the as
 context manager protocol") do not say what to do. `Pending` is the awaitable our async
 calls that return something (a Graph) give back instead: awaiting it runs the call, and
 every other use of it raises a UsageError that names the call to await. `described()`
-words an awaitable (or a Graph) that reached a place expecting a Buffer.
+words an awaitable (or a `Hinted` object: a Graph) that reached a place expecting a Buffer.
 """
 
 from __future__ import annotations
@@ -86,15 +86,18 @@ class Pending(Generic[T]):
             )
 
 
+class Hinted:
+    """Something users pass by mistake where a Buffer belongs (a Graph): it says what to
+    pass instead, so `described` words it without knowing its class."""
+
+    def argument_hint(self) -> str:
+        return repr(self)
+
+
 def described(value: object) -> str:
     """`value` for an error message about an argument that should have been a Buffer."""
-    from ._graph import Graph
-
-    if isinstance(value, Graph):
-        return (
-            f"{value!r}, a Graph: a graph's call writes into its buffers; pass those "
-            f"(`await graph(inputs)`, then use the output Buffer)"
-        )
+    if isinstance(value, Hinted):
+        return value.argument_hint()
     if inspect.iscoroutine(value):
         return (
             f"{value!r}, a coroutine: the async call {value.__qualname__}(...) that made it "
@@ -107,10 +110,3 @@ def described(value: object) -> str:
         )
     return repr(value)
 
-
-def check_graph(value: object, what: str) -> None:
-    """Refuse anything but a Graph, naming a forgotten await."""
-    from ._graph import Graph
-
-    if not isinstance(value, Graph):
-        raise UsageError(f"{what} takes a Graph, got {described(value)}")

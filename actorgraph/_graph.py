@@ -11,19 +11,19 @@ import trio
 
 from actorgraph.scheduler import Plan
 
-from . import _jit
-from ._await import described
+from . import _capture
+from ._await import Hinted, described
 from ._buffer import Buffer
-from ._errors import ClosedError, InputError, VarError
+from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
 from ._profile import Profile, ReplayRecord, build_profile, new_records
+from ._program import Program, plan_item, raise_failure
 from ._vars import Var
 
 if TYPE_CHECKING:
     from actorgraph.devices import Submission
 
-    from ._program import Program
     from ._runtime import Runtime
 
 
@@ -83,7 +83,6 @@ class Replay:
         self._program = program
         self._sub = sub
         self.number = number
-        sub.graph = graph
 
     def __repr__(self) -> str:
         return f"<Replay {self.number} {'done' if self.done else 'in flight'}>"
@@ -94,8 +93,6 @@ class Replay:
 
     async def wait(self) -> None:
         await self._sub.done.wait()
-        from ._runtime import raise_failure
-
         raise_failure(self._program, self._sub)
 
 
@@ -115,8 +112,20 @@ class GraphStatistics:
     bytes_copied: int = 0
 
 
-class Graph:
+def check_graph(value: object, what: str) -> None:
+    """Refuse anything but a Graph, naming a forgotten await."""
+    if not isinstance(value, Graph):
+        raise UsageError(f"{what} takes a Graph, got {described(value)}")
+
+
+class Graph(Hinted):
     """A jit cache planned once. Replays are ordered with all other work on its devices."""
+
+    def argument_hint(self) -> str:
+        return (
+            f"{self!r}, a Graph: a graph's call writes into its buffers; pass those "
+            f"(`await graph(inputs)`, then use the output Buffer)"
+        )
 
     def __init__(self, runtime: Runtime, program: Program, *, aliasing: str = "refuse") -> None:
         if aliasing not in ("refuse", "replan"):
@@ -150,6 +159,7 @@ class Graph:
         self.number = runtime.graphs_compiled
         runtime.graphs_compiled += 1
         self._last_record: ReplayRecord | None = None
+        self._in_flight: set[Submission] = set()  # replays submitted and not done
 
     @property
     def plan(self) -> Plan:
@@ -172,7 +182,7 @@ class Graph:
             items=len(self._program.items),
             queues=len(self.plan.queues),
             replays=self.replays,
-            in_flight=sum(1 for r in self._runtime._pending if r.graph is self),
+            in_flight=len(self._in_flight),
             replays_done=self.replays_done,
             waits_parked=self.waits_parked,
             time_blocked=self.time_blocked,
@@ -220,7 +230,7 @@ class Graph:
         """Submit a replay without waiting for it; blocks only while the runtime's
         in-flight window (`max_in_flight`) is full, or (on a worker thread) until the
         external timelines in `after` are reached. Replays complete in submission order."""
-        _jit.check_graph_call()
+        _capture.check_graph_call()
         program, ops = self._bind(inputs, var_vals)
         waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
         then = check_points(then, "then")
@@ -243,7 +253,7 @@ class Graph:
     ) -> Replay:
         """`submit` that never blocks: raises trio.WouldBlock (submitting nothing) when the
         in-flight window is full or a timeline in `after` is not reached yet."""
-        _jit.check_graph_call()
+        _capture.check_graph_call()
         program, ops = self._bind(inputs, var_vals)
         then = check_points(then, "then")
         for timeline, value in check_points(after, "after"):
@@ -251,7 +261,7 @@ class Graph:
                 raise trio.WouldBlock
         runtime = self._runtime
         runtime.check_open()
-        if len(runtime._pending) >= runtime.max_in_flight:
+        if runtime.in_flight >= runtime.max_in_flight:
             raise trio.WouldBlock
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
@@ -265,7 +275,9 @@ class Graph:
         if profile or (profile is None and runtime.profiling):
             sub = self._submit_profiled(program, ops, inputs)
         else:
-            sub = program.submit(ops)
+            sub = program.submit(ops, then=self._count)
+        if not sub.done.is_set():
+            self._in_flight.add(sub)
         if then:
             _advance_when_done(sub, then)
         self.replays += 1
@@ -275,7 +287,7 @@ class Graph:
     def _submit_profiled(self, program: Program, ops: Any, inputs: Sequence[Buffer]) -> Submission:
         jobs = new_records(program)
         submitted = program.actors[0]._now()
-        sub = program.submit(ops, jobs)
+        sub = program.submit(ops, jobs, then=self._count)
         # Numbered like the Replay that submit() returns: 1, 2, ...
         record = ReplayRecord(program, self.number, self.replays + 1, tuple(inputs), jobs, submitted)
         self._last_record = record
@@ -284,6 +296,7 @@ class Graph:
 
     def _count(self, sub: Submission) -> None:
         """A replay of this graph finished (the runtime calls this once per replay)."""
+        self._in_flight.discard(sub)
         self.replays_done += 1
         self.waits_parked += sub.waits_parked
         self.time_blocked += sub.time_blocked
@@ -339,7 +352,6 @@ class Graph:
             )
         from actorgraph.scheduler import build_plan
 
-        from ._program import Program, plan_item
 
         program = self._program
         items = []
@@ -412,7 +424,7 @@ class Graph:
     async def aclose(self) -> None:
         """Refuse further calls, then wait for the replays already submitted."""
         self._closed = True
-        for sub in [s for s in self._runtime._pending if s.graph is self]:
+        for sub in list(self._in_flight):
             await sub.done.wait()
 
     async def __aenter__(self) -> Graph:

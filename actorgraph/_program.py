@@ -7,8 +7,8 @@ reuses the previous call's op lists when nothing changed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from actorgraph.devices import (
     FIRST_QUEUE_SLOT,
@@ -25,6 +25,8 @@ from actorgraph.devices import (
     signal_op,
     wait_op,
 )
+from actorgraph.devices import Signal as DeviceSignal
+from actorgraph.remote import RemoteConnectionError
 from actorgraph.scheduler import (
     Access,
     ItemKind,
@@ -38,12 +40,21 @@ from actorgraph.scheduler import (
 )
 
 from ._buffer import Buffer
-from ._errors import UsageError
+from ._errors import ClosedError, DeadlockError, ItemError, UsageError
 from ._kernel import Copy, Item, Launch
 from ._vars import Var, evaluate
 
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+
+class Host(Protocol):
+    """What a Program needs of the runtime it runs on (a `Runtime` is one): its devices,
+    its KICK signal, and to be told of each submission it posts."""
+
+    @property
+    def kick(self) -> DeviceSignal: ...
+
+    def device(self, name: str) -> Device: ...
+
+    def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None: ...
 
 
 _new_request = tuple.__new__
@@ -92,7 +103,7 @@ class Program:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Host,
         items: Sequence[Item],
         inputs: Sequence[Buffer],
         plan: Plan,
@@ -276,7 +287,10 @@ class Program:
         return tuple(tuple(o) for o in ops)  # type: ignore[arg-type]
 
     def submit(
-        self, ops: Sequence[Sequence[Op]], profiles: Sequence[JobProfile] | None = None
+        self,
+        ops: Sequence[Sequence[Op]],
+        profiles: Sequence[JobProfile] | None = None,
+        then: Callable[[Submission], None] | None = None,
     ) -> Submission:
         """Post one job per queue. Synchronous: no checkpoint between tickets and posts.
 
@@ -308,10 +322,36 @@ class Program:
         kick = runtime.kick.value + 1
         bases[KICK] = kick
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
-        runtime._track(sub)
+        runtime.track(sub, then)
         copy_bytes = self.copy_bytes
         for qi in range(nqueues):
             profile = None if profiles is None else profiles[qi]
             actors[qi].post(Job(ops[qi], bases, sub, qi, profile, copy_bytes[qi]))
         runtime.kick.set(kick)
         return sub
+
+
+def raise_failure(program: Program, sub: Submission) -> None:
+    """Raise what a finished submission of `program` failed with, as the user sees it:
+    an ItemError naming the item, or ClosedError when no item was at fault."""
+    error = sub.error
+    if error is None:
+        return
+    if sub.failed_item < 0:
+        # Not an item's fault: the runtime broke (deadlock) or a device went away.
+        if isinstance(error, (ClosedError, DeadlockError)):
+            raise error
+        raise ClosedError(str(error)) from error
+    if isinstance(error, RemoteConnectionError):
+        # A copy between a local device and a worker that is gone: not the item's fault.
+        raise ClosedError(str(error)) from error
+    index = program.local_index(sub.failed_item)
+    item = program.items[index] if index is not None else None
+    label = item.label if item is not None else "?"
+    raise ItemError(
+        f"item {sub.failed_item} ({label}) on {sub.failed_actor} raised "
+        f"{type(error).__name__}: {error}",
+        index=sub.failed_item,
+        label=label,
+        device=sub.failed_actor.split("/")[0],
+    ) from error

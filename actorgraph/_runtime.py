@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -22,14 +22,13 @@ from actorgraph.scheduler import (
     list_schedule_order,
 )
 
-from . import _jit
+from . import _capture
 from ._await import Pending, described
 from ._buffer import Allocation, Buffer, _shape_of, check_buffer_size
 from ._errors import (
     ClosedError,
     DeadlockError,
     InputError,
-    ItemError,
     UsageError,
 )
 from ._foreign import space_uid, wrap_memory
@@ -38,7 +37,7 @@ from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._profile import Profile, ReplayRecord, build_profile
-from ._program import Program, check_item, plan_item
+from ._program import Program, check_item, plan_item, raise_failure
 
 
 @attrs.frozen
@@ -96,7 +95,9 @@ class Runtime:
         self._broken: BaseException | None = None
         self.submissions = 0
         self.frees = 0
-        self._pending: set[Submission] = set()
+        # In flight: each submission with what to call once it is done (a replay's graph
+        # counting it), or None.
+        self._pending: dict[Submission, Callable[[Submission], None] | None] = {}
         # (submissions still running, device, memory): frees waiting for that work.
         self._deferred_frees: list[tuple[set[Submission], Device, Any]] = []
         self._space = trio.lowlevel.ParkingLot()
@@ -271,22 +272,23 @@ class Runtime:
             await self._space.park()
             self.check_open()
 
-    def _track(self, sub: Submission) -> None:
+    def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
+        """Count a posted submission in flight until it completes (back-pressure,
+        deferred frees, the deadlock watch)."""
         self.submissions += 1
         if sub.done.is_set():
             return  # nothing to run (an empty plan)
-        self._pending.add(sub)
+        self._pending[sub] = then
         sub.on_done = self._untrack
         if not self._activity.is_set():
             self._activity.set()
 
     def _untrack(self, sub: Submission) -> None:
-        was_pending = sub in self._pending
-        self._pending.discard(sub)
-        graph = sub.graph
-        if was_pending and graph is not None:  # a replay: count it once, when it ends
-            self.replays_done += 1
-            graph._count(sub)  # type: ignore[attr-defined]
+        if sub in self._pending:
+            then = self._pending.pop(sub)
+            if then is not None:  # a replay: counted once, when it ends
+                self.replays_done += 1
+                then(sub)
         if self._deferred_frees:
             still = []
             for waiting, device, memory in self._deferred_frees:
@@ -385,7 +387,7 @@ class Runtime:
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer` (after all earlier work on its device)."""
         self.check_open()
-        _jit.check_host_transfer("copyin")
+        _capture.check_host_transfer("copyin")
         data = self._host_array(buffer, array)
         program = self._host_program(buffer, write=True)
         queue = program.plan.queues[0]
@@ -395,7 +397,7 @@ class Runtime:
     async def copyout(self, buffer: Buffer) -> np.ndarray[Any, Any]:
         """A host copy of `buffer`'s contents (after all earlier work on its device)."""
         self.check_open()
-        _jit.check_host_transfer("copyout")
+        _capture.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
             raise UsageError(f"copyout takes a Buffer, got {described(buffer)}")
         buffer.check_live("copyout: ")
@@ -433,7 +435,7 @@ class Runtime:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
         checked = [check_item(item, i) for i, item in enumerate(items)]
-        scope = _jit.current_scope()
+        scope = _capture.current_scope()
         if scope is not None:
             # Inside an @ag.jit function: the scope records the items and supplies the
             # call's var values; it skips running them when it only traces.
@@ -616,30 +618,6 @@ def check_max_sizes(
             )
         out[i] = limit
     return out
-
-
-def raise_failure(program: Program, sub: Submission) -> None:
-    error = sub.error
-    if error is None:
-        return
-    if sub.failed_item < 0:
-        # Not an item's fault: the runtime broke (deadlock) or a device went away.
-        if isinstance(error, (ClosedError, DeadlockError)):
-            raise error
-        raise ClosedError(str(error)) from error
-    if isinstance(error, _remote.RemoteConnectionError):
-        # A copy between a local device and a worker that is gone: not the item's fault.
-        raise ClosedError(str(error)) from error
-    index = program.local_index(sub.failed_item)
-    item = program.items[index] if index is not None else None
-    label = item.label if item is not None else "?"
-    raise ItemError(
-        f"item {sub.failed_item} ({label}) on {sub.failed_actor} raised "
-        f"{type(error).__name__}: {error}",
-        index=sub.failed_item,
-        label=label,
-        device=sub.failed_actor.split("/")[0],
-    ) from error
 
 
 @contextlib.asynccontextmanager

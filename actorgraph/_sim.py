@@ -13,13 +13,12 @@ from actorgraph.devices import SIMDevice, SimRecord
 from actorgraph.devices._sim import sim_op_seconds
 from actorgraph.scheduler import Bounds, list_schedule_order, lower_bounds
 
-from ._await import check_graph
 from ._buffer import Buffer
 from ._errors import UsageError
+from ._graph import Graph, check_graph
 from ._kernel import Item
 
 if TYPE_CHECKING:
-    from ._graph import Graph
     from ._program import Program
     from ._runtime import Runtime
 

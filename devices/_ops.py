@@ -219,7 +219,6 @@ class Submission:
         "error",
         "failed_actor",
         "failed_item",
-        "graph",
         "on_done",
         "queue_devices",
         "remaining",
@@ -247,7 +246,6 @@ class Submission:
         self.failed_actor = ""
         self.done = trio.Event()
         self.on_done: Callable[[Submission], None] | None = None
-        self.graph: object = None  # the Graph a replay belongs to (for statistics)
         # Counted only where an actor really parks (the slow path), never per op.
         self.waits_parked = 0
         self.time_blocked = 0.0

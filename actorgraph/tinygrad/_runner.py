@@ -34,7 +34,7 @@ from .._buffer import Buffer
 from .._errors import ClosedError, UsageError
 from .._foreign import ExternalTimeline
 from .._graph import Graph, Replay
-from .._runtime import raise_failure
+from .._program import raise_failure
 from .._vars import Var
 from ._convert import Converter, Timelines, Wrapper, device_name, devices_of, numpy_dtype
 
