@@ -441,7 +441,7 @@ class BackgroundRuntime:
     # -- the Runtime's surface --
 
     def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Buffer:
-        """Allocate at once (zero-filled; `shape` counts elements); returns the Buffer."""
+        """A new zero-filled buffer, at once; `shape` counts elements, never bytes."""
         if not self.on_runtime_thread():
             self._raise_unobserved("alloc(...)")
         return self._sync(self.runtime.alloc, device, shape, dtype)

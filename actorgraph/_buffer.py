@@ -155,6 +155,9 @@ class Buffer:
     ) -> Buffer:
         """A view of `size` elements (or `shape`) starting `offset` elements into this buffer.
 
+        Both count elements of this buffer's dtype, never bytes: `buf.view(16, 100)` of an
+        int32 buffer covers bytes 64 to 464. The view shares this buffer's memory.
+
         With `dtype=` and/or `byte_offset=`, the view has its own dtype and starts
         `byte_offset` bytes into this buffer (a multiple of the view's itemsize from the
         start of the allocation); its size defaults to the rest of this buffer.

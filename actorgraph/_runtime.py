@@ -185,6 +185,12 @@ class Runtime:
     # -- memory --
 
     def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Buffer:
+        """A new buffer on `device`, filled with zeros.
+
+        `shape` (an int or a tuple) counts elements of `dtype`, never bytes:
+        `rt.alloc("CPU:0", 1024, np.float32)` holds 1024 floats, 4096 bytes (`buf.nbytes`).
+        Memory starts as zeros on every device kind (a CUDA device sets it with a memset).
+        """
         self.check_open()
         dev = self.device(device)
         dims = _shape_of(shape)

@@ -897,3 +897,28 @@ async def test_gpus_with_and_without_stream_memory_operations_in_one_runtime() -
     async with runtime(DEVICES, Mixed()) as rt:
         assert [rt.device(f"CUDA:{i}").mem_ops for i in range(2)] == [True, False]
         await check_against_eager(rt, layout, inputs, make, replays=4)
+
+
+class _DirtyDriver(FakeDriver):
+    """A fake GPU whose new memory holds garbage, as a real GPU's may."""
+
+    def mem_alloc(self, nbytes: int) -> int:
+        pointer = super().mem_alloc(nbytes)
+        ctypes.memset(pointer, 0xAB, nbytes)
+        return pointer
+
+
+async def test_alloc_on_a_gpu_starts_zeroed_and_counts_elements() -> None:
+    driver = _DirtyDriver(devices=1)
+    async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver=driver) as rt:
+        with trio.fail_after(30):
+            buf = rt.alloc("CUDA:0", (3, 5), np.int16)
+            assert (buf.size, buf.nbytes) == (15, 30)
+            np.testing.assert_array_equal(await rt.copyout(buf), np.zeros((3, 5), np.int16))
+            empty = rt.alloc("CUDA:0", 0, np.float32)  # nothing to zero
+            assert empty.nbytes == 0
+            view = buf.view(5, 5)  # elements, not bytes
+            await rt.copyin(view, np.arange(5, dtype=np.int16))
+            got = await rt.copyout(buf)
+            np.testing.assert_array_equal(got.reshape(-1)[5:10], np.arange(5))
+            assert not got.reshape(-1)[:5].any() and not got.reshape(-1)[10:].any()

@@ -158,6 +158,7 @@ def _calls() -> dict[str, Callable[[RealDriver], Any]]:
         "graph_exec_value_update write": lambda d: d.graph_exec_value_update(
             _EXEC, _NODE, _CTX, 0x7000_0000, 3, False),
         "graph_launch": lambda d: d.graph_launch(_EXEC, _STREAM),
+        "memset_zero": lambda d: d.memset_zero(_STREAM, 0x7000_0000, 256),
         "graph_destroy": lambda d: d.graph_destroy(_GRAPH, _EXEC),
     }
     for kind in CopyKind:

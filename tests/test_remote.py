@@ -87,6 +87,21 @@ async def test_no_worker_is_a_clear_error() -> None:
 
 
 @pytest.mark.actorgraph(devices=1)
+async def test_remote_alloc_starts_zeroed_and_counts_elements(ag_remote_runtime: ag.Runtime) -> None:
+    rt = ag_remote_runtime
+    (r0,) = rt.devices
+    with trio.fail_after(GUARD):
+        used = rt.alloc(r0, 64, np.int32)
+        await rt.copyin(used, np.full(64, 7, np.int32))
+        rt.free(used)
+        buf = rt.alloc(r0, (4, 4), np.int32)
+        assert (buf.size, buf.nbytes) == (16, 64)
+        np.testing.assert_array_equal(await rt.copyout(buf), np.zeros((4, 4), np.int32))
+        await rt.copyin(buf.view(4, 4), np.arange(4, dtype=np.int32))
+        np.testing.assert_array_equal((await rt.copyout(buf))[1], np.arange(4))
+
+
+@pytest.mark.actorgraph(devices=1)
 async def test_alloc_copy_run_graph(ag_remote_runtime: ag.Runtime) -> None:
     # The plugin's session worker (ag_worker) serves the test kernels: see pyproject.toml.
     rt = ag_remote_runtime

@@ -128,6 +128,7 @@ class CUDADevice(Device):
         self._reaper_lock = threading.Lock()
         self._closed_busy = False  # closed with work still on the GPU
         self._live: dict[int, CudaMemory] = {}  # allocations not freed yet, by pointer
+        self._zero_stream: Any = None  # zeroes new allocations (made on first use)
         self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
         self._cuda_queues = {
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
@@ -171,6 +172,9 @@ class CUDADevice(Device):
             self._staging_all.clear()
             self._staging_free.clear()
             self._mirrors.clear()
+        if self._zero_stream is not None:
+            driver.stream_destroy(self._zero_stream)  # idle: every memset was waited for
+            self._zero_stream = None
         # The buffers go with the runtime, except those viewed through DLPack (a tensor
         # may outlive the runtime): they go when their last viewer does, and the context
         # stays for them.
@@ -230,6 +234,18 @@ class CUDADevice(Device):
         nbytes = nelems * dtype.itemsize
         self.driver.set_context(self.context)
         pointer = self.driver.mem_alloc(max(nbytes, 1))
+        if nbytes:
+            # New memory reads as zeros on every device kind. The memset runs on a stream
+            # of its own that nothing else uses, so waiting for it waits for it alone;
+            # work on the queues' streams is submitted after this returns.
+            if self._zero_stream is None:
+                self._zero_stream = self.driver.stream_create()
+            try:
+                self.driver.memset_zero(self._zero_stream, pointer, nbytes)
+                self.driver.stream_synchronize(self._zero_stream)
+            except BaseException:
+                self.driver.mem_free(pointer)
+                raise
         memory = CudaMemory(self, pointer, nbytes, self.driver.host_view(pointer, nbytes))
         self._live[pointer] = memory
         return memory

@@ -134,6 +134,10 @@ class CudaDriver(Protocol):
         dst_context: Any = None, src_context: Any = None,
     ) -> None: ...
 
+    def memset_zero(self, stream: Any, pointer: int, nbytes: int) -> None:
+        """Zero `nbytes` of device memory in stream order (cuMemsetD8Async)."""
+        ...
+
     # -- graphs: nodes are added in a chain (a queue is in order) --
     def graph_create(self) -> Any: ...
     def graph_add_kernel(

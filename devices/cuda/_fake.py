@@ -329,6 +329,11 @@ class FakeDriver:
         _check_no_overlap(dst, src, nbytes)
         stream.put(lambda: ctypes.memmove(dst, src, nbytes))
 
+    def memset_zero(self, stream: Any, pointer: int, nbytes: int) -> None:
+        if not self.allocated(pointer):
+            raise CudaError("CUDA_ERROR_INVALID_VALUE", f"{pointer:#x} is not allocated")
+        stream.put(lambda: ctypes.memset(pointer, 0, nbytes))
+
     # -- graphs --
 
     def graph_create(self) -> Any:

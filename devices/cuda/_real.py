@@ -310,6 +310,9 @@ class RealDriver:
                 cu.CUdeviceptr(dst), dst_context, cu.CUdeviceptr(src), src_context, nbytes, stream,
             ))
 
+    def memset_zero(self, stream: Any, pointer: int, nbytes: int) -> None:
+        self._check(self.cu.cuMemsetD8Async(self.cu.CUdeviceptr(pointer), 0, nbytes, stream))
+
     # -- graphs --
 
     def graph_create(self) -> Any:

@@ -751,6 +751,16 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
     return copy(s, (uintptr_t)dst, 0, (uintptr_t)src, 1, n);
 }
 
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
+    NEED_CONTEXT();
+    if (!find((uintptr_t)dst, n)) die("cuMemsetD8Async: the range is not GPU memory");
+    /* In stream order: what the stream holds runs first, then the bytes are set. */
+    CUresult drained = cuStreamSynchronize(s);
+    if (drained != CUDA_SUCCESS) return drained;
+    memset((void *)(uintptr_t)dst, value, n);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     NEED_CONTEXT();
     /* Unified addressing: a copy between two devices' memory needs no peer access. */
@@ -1023,6 +1033,7 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     F(cuStreamCreate), F(cuStreamDestroy), F(cuStreamQuery), F(cuStreamSynchronize),
     F(cuStreamWaitValue64), F(cuStreamWriteValue64), F(cuLaunchHostFunc), F(cuLaunchKernel),
     F(cuMemcpyHtoDAsync), F(cuMemcpyDtoHAsync), F(cuMemcpyDtoDAsync), F(cuMemcpyPeerAsync),
+    F(cuMemsetD8Async),
     F(cuGraphCreate), F(cuGraphAddKernelNode), F(cuGraphAddMemcpyNode),
     F(cuGraphAddBatchMemOpNode), F(cuGraphAddHostNode), F(cuGraphExecKernelNodeSetParams),
     F(cuGraphExecMemcpyNodeSetParams), F(cuGraphExecBatchMemOpNodeSetParams), F(cuGraphLaunch),
