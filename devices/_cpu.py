@@ -62,6 +62,9 @@ class CPUDevice(Device):
             QueueKind.COPY: QueueActor(f"{name}/copy", timeline_start),
         }
 
+    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
+        return QueueActor(name)  # CPU ops carry their arrays: any actor runs them
+
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
         return np.zeros(nelems, dtype=dtype)
 

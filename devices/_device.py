@@ -145,6 +145,12 @@ class Device:
     def close(self) -> None:
         """Release what the device holds outside trio (threads, driver handles)."""
 
+    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
+        """Another actor that runs this device's ops of queue `kind` beside its own (a
+        worker gives each client its own, so one client's waits never hold another's
+        work), or None where ops are lowered for the device's own queues only."""
+        return None
+
     def check_reachable(self) -> None:
         """Raise if the device can take no more work (a remote device whose worker is
         gone raises its connection's error). Local devices always can."""

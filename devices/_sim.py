@@ -118,6 +118,9 @@ class SIMDevice(Device):
     def queues(self) -> Mapping[QueueKind, SimQueueActor]:
         return self._sim_queues
 
+    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
+        return SimQueueActor(name)
+
     @property
     def caps(self) -> DeviceCaps:
         return attrs.evolve(super().caps, peer_group=self.peer_group)

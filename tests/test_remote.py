@@ -760,6 +760,39 @@ async def test_a_replaced_pending_write_gives_its_bytes_back() -> None:
         worker.kill()
 
 
+async def test_one_client_cannot_stall_another_on_a_shared_device() -> None:
+    """Client A's job on the worker's CPU:0 waits on a signal A never sets; client B's
+    work on the same device still runs: sessions do not queue behind each other."""
+    worker = start("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            stream = await _session(worker.port)
+            bases = [0, 0, 0]  # KICK, BATCH, then A's queue slot
+            inc = ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
+            stuck = [["w", 77, 0, 1], inc, ["s", 2, 1]]  # mirror 77 >= 1: only A sets it
+            await stream.send([
+                encode(["alloc", 5, "CPU:0", 4, "int32"]),
+                encode(["prog", 1, "CPU:0", stuck, False]),
+                encode(["batch", 2, bases, [1], []]),
+                encode(["frobnicate", 3]),
+            ])
+            meta, _ = await stream.receive()  # the batch is posted: the request after it got its answer
+            assert meta[:2] == ["error", "frobnicate"], meta
+            with trio.fail_after(10):
+                async with runtime([worker.name("CPU:0")]) as rt:
+                    x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+                    graph = await rt.compile([ag.Launch(INC, [x, x])])
+                    for _ in range(3):
+                        await graph()
+                    np.testing.assert_array_equal(await rt.copyout(x), np.full(4, 3))
+            await stream.send([encode(["ext", [[77, 1]]])])  # A lets its own job go
+            meta, _ = await stream.receive()
+            assert meta == ["done", 2, 2, None]
+            stream.sock.close()
+    finally:
+        worker.kill()
+
+
 async def test_peer_reads_need_a_valid_ticket(workers: tuple[Worker, Worker]) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):

@@ -164,8 +164,15 @@ class Outbox:
 class Session:
     """One client's state on the worker: its buffers, programs, blobs and mirrors."""
 
-    def __init__(self, worker: Worker, sid: int, out: Outbox) -> None:
+    def __init__(
+        self, worker: Worker, sid: int, out: Outbox, nursery: trio.Nursery | None = None
+    ) -> None:
         self.worker = worker
+        # This client's own queue actor per device, where the device can make one (CPU,
+        # SIM): a job waiting on this client's mirrors never holds another client's work.
+        # The actors live in the connection's nursery and go with it.
+        self._nursery = nursery
+        self.queues: dict[str, QueueActor] = {}
         self.sid = sid
         self.key = secrets.token_bytes(32)
         self.out = out
@@ -178,10 +185,25 @@ class Session:
         self.bytes_used = 0
         self.running: set[Submission] = set()
 
+    def queue(self, device_name: str) -> QueueActor:
+        """The compute queue this client's programs on `device_name` run on."""
+        actor = self.queues.get(device_name)
+        if actor is None:
+            device = self.worker.runtime.device(device_name)
+            shared = device.queues[QueueKind.COMPUTE]
+            own = None
+            if self._nursery is not None:
+                own = device.new_queue(QueueKind.COMPUTE, f"{shared.name}#{self.sid}")
+            if own is not None:
+                self._nursery.start_soon(own.serve)  # type: ignore[union-attr]
+            actor = self.queues[device_name] = own or shared
+        return actor
+
     def abandon(self) -> None:
-        """The client is gone. Its jobs still queued on the worker's shared actors must not
-        block other clients: fail them (their items are skipped) and release every wait
-        on a signal only this client could have advanced."""
+        """The client is gone. Its jobs still queued (on its own actors, which end with its
+        connection, or on a device's shared actors) must not block anyone: fail them
+        (their items are skipped) and release every wait on a signal only this client
+        could have advanced."""
         for sub in list(self.running):
             sub.fail(-1, "worker", ConnectionError("the client went away"))
         for mirror in self.mirrors.values():
@@ -293,7 +315,7 @@ class Session:
         if device_name not in runtime.devices:
             raise Refused(f"this worker has no device {device_name!r} ({runtime.devices})")
         device = runtime.device(device_name)
-        actor = device.queues[QueueKind.COMPUTE]
+        actor = self.queue(device_name)
         program.actor = actor
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
         ops: list[Op | None] = []
@@ -319,7 +341,7 @@ class Session:
                     slot = want_int(entry[2], "wait slot", 0, 1 << 16)
                     program.max_slot = max(program.max_slot, slot)
                     program.local_waits.append((slot, other))
-                    signal = runtime.device(other).queues[QueueKind.COMPUTE].signal
+                    signal = self.queue(other).signal
                     ops.append(wait_op(signal, slot, want_int(entry[3], "wait value", 0, _REL_MAX)))
                 elif kind == "s":
                     signals.append(
@@ -468,8 +490,7 @@ class Session:
                     other = slots.get(slot)
                     if (
                         other is None
-                        or other.actor
-                        is not self.worker.runtime.device(dev).queues[QueueKind.COMPUTE]
+                        or other.actor is not self.queue(dev)
                     ):
                         error = (
                             -1,

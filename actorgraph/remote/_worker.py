@@ -150,7 +150,7 @@ class Worker:
                 try:
                     role = await self._handshake(stream, out)
                     if role == "client":
-                        session = Session(self, next(self._sids), out)
+                        session = Session(self, next(self._sids), out, nursery)
                         self.sessions[session.sid] = session
                         out.send(["welcome", session.sid, session.key, self.limits.as_wire()])
                         await self._client_loop(stream, session)
