@@ -844,3 +844,20 @@ async def test_a_client_that_leaves_mid_job_does_not_block_others(
         )
         stream.sock.close()
         await _still_serves(worker)
+
+
+async def test_a_copy_between_a_gpu_and_a_remote_device_is_refused_clearly(ag_worker: Any) -> None:
+    remote_name = ag_worker.devices[0]
+    async with ag.open_runtime(
+        ["CUDA:0", remote_name], remote_token=ag_worker.token, cuda_driver="fake"
+    ) as rt:
+        with trio.fail_after(GUARD):
+            gpu = rt.alloc("CUDA:0", 16, np.int32)
+            far = rt.alloc(remote_name, 16, np.int32)
+            for dst, src in ((far, gpu), (gpu, far)):
+                with pytest.raises(ag.DeviceError, match=re.escape(
+                    f"copy {src.device}->{dst.device}: a copy between a remote device and CUDA:0 "
+                    f"is not supported (CUDA:0's memory is not host memory, and the bytes go to "
+                    f"the worker from host memory); copy through a CPU device"
+                )):
+                    await rt.compile([ag.Copy(dst=dst, src=src)])

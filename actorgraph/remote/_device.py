@@ -155,6 +155,14 @@ class RemoteDevice(Device):
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         """Every copy that touches a remote buffer, wherever the planner put it."""
         dst_dev, src_dev = dst.device_object, src.device_object
+        for local in (dst_dev, src_dev):
+            if not isinstance(local, RemoteDevice) and not local.host_backed:
+                raise DeviceError(
+                    f"copy {src.device}->{dst.device}: a copy between a remote device and "
+                    f"{local.name} is not supported ({local.name}'s memory is not host memory, "
+                    f"and the bytes go to the worker from host memory); copy through a CPU "
+                    f"device: {local.name} -> CPU:N -> the remote device, or back"
+                )
         if isinstance(dst_dev, RemoteDevice) and isinstance(src_dev, RemoteDevice):
             # Neither side has a copy queue: this runs on the destination's worker.
             if dst_dev.connection is src_dev.connection:
