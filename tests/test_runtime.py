@@ -1,3 +1,5 @@
+"""Runtime (actorgraph/_runtime.py): a graph equals the same items run eagerly; alloc."""
+
 import numpy as np
 
 import actorgraph as ag

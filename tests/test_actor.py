@@ -1,0 +1,63 @@
+"""Queue actors (devices/_actor.py): their worker thread, and work they will never run.
+
+(Every op code through both replay loops of every kind: test_ops.py.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from actorgraph.devices import (
+    EXEC,
+    FIRST_QUEUE_SLOT,
+    ActorClosedError,
+    Job,
+    QueueActor,
+    Submission,
+    run_op,
+    signal_op,
+)
+
+import actorgraph as ag
+
+XOR = ag.Kernel("xor", cpu=lambda out, a, b: np.bitwise_xor(a, b, out=out), outs=(0,), ins=(1, 2))
+INC = ag.Kernel("inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
+
+
+async def test_fault_in_worker_thread_batch_is_reported() -> None:
+    def boom(out: np.ndarray, a: np.ndarray) -> None:
+        raise RuntimeError("thread boom")
+
+    async with ag.open_runtime(["CPU:0"], cpu_thread_bytes=0) as rt:
+        a, b = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+        graph = await rt.compile(
+            [
+                ag.Launch(XOR, [b, a, a]),
+                ag.Launch(ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,)), [a, b]),
+            ]
+        )
+        with pytest.raises(
+            ag.ItemError, match=r"item 1 \(boom\) on CPU:0/compute raised RuntimeError: thread boom"
+        ):
+            await graph()
+        await rt.run([ag.Launch(INC, [a])])
+        np.testing.assert_array_equal(await rt.copyout(a), np.ones(8, np.int32))
+
+
+async def test_an_actor_that_stops_fails_the_work_it_never_ran() -> None:
+    actor = QueueActor("q")
+    ran: list[int] = []
+    done_called: list[Submission] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        sub = Submission(1, [], [], [()], [])
+        sub.on_done = done_called.append
+        nursery.cancel_scope.cancel()  # the actor stops before it takes the job
+        ops = (run_op(EXEC, ran.append, (1,), 7), signal_op(actor.signal, FIRST_QUEUE_SLOT, 1))
+        actor.post(Job(ops, [0, 0, actor.reserve(1)], sub, 0))
+    assert sub.done.is_set() and done_called == [sub]
+    assert isinstance(sub.error, ActorClosedError) and sub.failed_actor == "q"
+    assert "q was shut down before it ran this work" in str(sub.error)
+    assert ran == []  # its item never ran
