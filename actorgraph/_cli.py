@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--token-file", default=None, help="file holding the clients' shared token")
     worker.add_argument(
         "--kernels", action="append", default=[], metavar="MODULE",
-        help="module whose KERNELS the clients may launch by name (repeatable)",
+        help="module whose KERNELS the clients may launch by name (repeatable); found on "
+        "the Python path or in the current folder; the demo's kernels are always there",
     )
     worker.add_argument(
         "--max-frame", type=int, default=256 << 20, help="largest frame data part, bytes"

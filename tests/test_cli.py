@@ -165,7 +165,8 @@ class Worker:
 
     def __init__(self, folder: pathlib.Path, *args: str) -> None:
         env = dict(os.environ, PYTHONPATH=child_pythonpath())
-        cmd = [sys.executable, "-m", "actorgraph", "worker", "--port", "0", *args]
+        # -P: no folder of its own on sys.path, as the `actorgraph` console script runs.
+        cmd = [sys.executable, "-P", "-m", "actorgraph", "worker", "--port", "0", *args]
         self.proc = subprocess.Popen(
             cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -211,6 +212,11 @@ def test_worker_imports_kernel_modules_from_its_folder(tmp_path: pathlib.Path) -
         assert re.fullmatch(r"127\.0\.0\.1:\d+", worker.address())
     finally:
         worker.stop()
+
+
+def test_worker_help_says_where_kernel_modules_are_found(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run_cli(capsys, "worker", "--help")
+    assert "found on the Python path or in the current folder" in " ".join(out.split())
 
 
 @pytest.mark.parametrize(
