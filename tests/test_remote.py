@@ -8,9 +8,11 @@ mock clock, so every test guards against hangs with a generous trio.fail_after.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,11 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _model import DTYPE, SALT, ProgramSpec, build_items, check_program, random_programs
 from _op_samples import OpSampler
 from actorgraph.devices import Op
 from actorgraph.scheduler import QueueKind, Run, Wait
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorgraph as ag
@@ -573,6 +576,82 @@ async def test_slow_remote_kernels_are_progress_not_a_deadlock(
                     await stuck()
     finally:
         worker.kill()
+
+
+@settings(max_examples=4)
+@given(
+    random_programs(max_devices=4, max_items=12),
+    random_programs(max_devices=2, max_items=8),
+    st.integers(0, 40),
+)
+def test_chaos_a_worker_killed_mid_replay(
+    spec: ProgramSpec, local_spec: ProgramSpec, checkpoints: int
+) -> None:
+    """Random graphs over two local devices and two of a worker, checked against the host
+    model; then the worker is killed after a random number of checkpoints while every
+    graph is being replayed. Nothing hangs, every call returns or raises ClosedError, and
+    the runtime goes on working on its local devices."""
+
+    async def main() -> None:
+        # A gate that never opens: the worker is surely killed while a replay runs there.
+        os.environ["ACTORGRAPH_TEST_GATE"] = str(Path(tempfile.mkdtemp()) / "never")
+        try:
+            worker = start_worker(["CPU:0", "CPU:1"], kernels=["_model", "remote_kernels"], token=TOKEN)
+        finally:
+            del os.environ["ACTORGRAPH_TEST_GATE"]
+        names = ["CPU:0", "CPU:1", worker.name("CPU:0"), worker.name("CPU:1")]
+        try:
+            with trio.fail_after(GUARD):
+                async with runtime(names) as rt:
+                    await check_program(rt, names, spec, replays=1)
+                    buffers = [rt.alloc(names[d], spec.buffer_size, DTYPE) for d in spec.buffer_devices]
+                    items = build_items(spec, buffers)
+                    graphs = [await rt.compile(items[lo:hi]) for lo, hi in spec.chunks()]
+                    held = rt.alloc(names[2], 4, np.uint32)
+                    local = rt.alloc("CPU:0", 4, np.uint32)
+                    graphs.insert(0, await rt.compile(
+                        [ag.Launch(GATED, [held, held]), ag.Copy(dst=local, src=held)]
+                    ))
+                    outcomes: list[BaseException | None] = []
+
+                    async def call(graph: ag.Graph) -> None:
+                        try:
+                            await call_raising(graph)
+                            outcomes.append(None)
+                        except ag.ClosedError as error:
+                            outcomes.append(error)
+
+                    async def kill() -> None:
+                        for _ in range(checkpoints):
+                            await trio.lowlevel.checkpoint()
+                        worker.kill()
+
+                    async with trio.open_nursery() as nursery:
+                        for graph in graphs:
+                            nursery.start_soon(call, graph)
+                        nursery.start_soon(kill)
+                    assert len(outcomes) == len(graphs)  # every call ended: none raised another error
+                    assert any(isinstance(o, ag.ClosedError) for o in outcomes)  # the gated one
+                    await check_program(rt, ["CPU:0", "CPU:1"], local_spec, replays=1)
+                    touches_worker = [
+                        g for g in graphs if any("@" in q.device for q in g.plan.queues)
+                    ]
+                    for graph in touches_worker[:1]:
+                        with pytest.raises(ag.ClosedError, match="connection to worker"):
+                            await call_raising(graph)
+                    assert rt.in_flight == 0
+        finally:
+            worker.kill()
+
+    trio.run(main)
+
+
+def _uses_salt(graph: ag.Graph) -> bool:
+    return SALT in graph._program.free_vars
+
+
+async def call_raising(graph: ag.Graph) -> None:
+    await graph(var_vals={SALT: 1} if _uses_salt(graph) else None)
 
 
 async def test_reconnect_to_a_restarted_worker() -> None:
