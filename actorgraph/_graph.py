@@ -235,7 +235,7 @@ class Graph(Hinted):
         waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
         then = check_points(then, "then")
         runtime = self._runtime
-        await runtime._admit()
+        await runtime.admit()
         for timeline, value in waits:
             await trio.to_thread.run_sync(timeline.wait_for, value)
         if self._closed:
@@ -291,7 +291,7 @@ class Graph(Hinted):
         # Numbered like the Replay that submit() returns: 1, 2, ...
         record = ReplayRecord(program, self.number, self.replays + 1, tuple(inputs), jobs, submitted)
         self._last_record = record
-        self._runtime._profiled.append(record)
+        self._runtime.keep_profile(record)
         return sub
 
     def _count(self, sub: Submission) -> None:

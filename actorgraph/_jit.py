@@ -141,8 +141,7 @@ class _Signature:
                             f"{name}(): argument {old.path} has {what} {getattr(now, what)} "
                             f"but the capture used {getattr(was, what)}"
                         )
-                own = runtime._devices.get(now.device)
-                if now.device_object is not own:
+                if not runtime.owns(now):
                     return (
                         f"{name}(): argument {old.path} {now!r} belongs to another runtime "
                         f"than the one {name}() was captured on"
@@ -274,7 +273,7 @@ class _LastCall:
             return False
         if any(kwargs.get(k, _MISSING) is not v for k, v in self.kwargs.items()):
             return False
-        if (var_vals or {}) != self.values or self.capture.runtime._closed:
+        if (var_vals or {}) != self.values or self.capture.runtime.closed:
             return False
         # Only top-level identity is known: containers may have been refilled, buffers freed.
         return not any(
@@ -441,8 +440,8 @@ class JitFunction:
 
     def _drop_closed_runtimes(self) -> None:
         # A closed runtime can never replay again: start over on whatever runtime is next.
-        if self._captures and any(c.runtime._closed for c in self._captures):
-            self._captures = [c for c in self._captures if not c.runtime._closed]
+        if self._captures and any(c.runtime.closed for c in self._captures):
+            self._captures = [c for c in self._captures if not c.runtime.closed]
             if not self._captures:
                 self.reset()
 
@@ -502,7 +501,7 @@ class JitFunction:
             )
         runtime = scope.runtime
         for leaf in signature.buffers:
-            if leaf.value.device_object is not runtime._devices.get(leaf.value.device):
+            if not runtime.owns(leaf.value):
                 raise InputError(
                     f"{self.name}(): argument {leaf.path} {leaf.value!r} belongs to another "
                     f"runtime than the one the function issued its work on"

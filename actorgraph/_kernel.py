@@ -7,7 +7,7 @@ from typing import Any, Union
 
 import attrs
 
-from actorgraph.devices._costmodel import check_kernel_cost
+from actorgraph.devices import check_kernel_cost
 
 from ._await import described
 from ._buffer import Buffer

@@ -11,8 +11,7 @@ import numpy as np
 import trio
 
 from actorgraph import remote as _remote
-from actorgraph.devices import Device, Signal, Submission
-from actorgraph.devices._monitor import find_deadlock
+from actorgraph.devices import Device, Signal, Submission, find_deadlock
 from actorgraph.scheduler import (
     Access,
     ItemKind,
@@ -144,6 +143,20 @@ class Runtime:
     def devices(self) -> tuple[str, ...]:
         return tuple(self._devices)
 
+    @property
+    def closed(self) -> bool:
+        """Whether the runtime's `async with` block has exited."""
+        return self._closed
+
+    def owns(self, buffer: Buffer) -> bool:
+        """Whether `buffer` lives on a device of this runtime (not on another runtime's
+        device of the same name)."""
+        return buffer.device_object is self._devices.get(buffer.device)
+
+    def keep_profile(self, record: ReplayRecord) -> None:
+        """Keep a profiled replay's record for `rt.profile()`."""
+        self._profiled.append(record)
+
     def device(self, name: str) -> Device:
         try:
             return self._devices[name]
@@ -270,7 +283,7 @@ class Runtime:
 
     # -- in-flight submissions: back-pressure, completion, deadlock watch --
 
-    async def _admit(self) -> None:
+    async def admit(self) -> None:
         """Wait for room in the in-flight window (submissions posted, not yet complete)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self.check_open()
@@ -417,7 +430,7 @@ class Runtime:
     async def _run_host(self, program: Program, op: Any) -> None:
         # The host op fills the one Run placeholder of a single-item host program.
         ops = [tuple(op if o is None else o for o in template) for template in program.templates]
-        await self._admit()
+        await self.admit()
         await self._await(program, program.submit(ops))
 
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
@@ -457,7 +470,7 @@ class Runtime:
             program = Program(self, (item,), (), plan, index_offset=index)
             own = {var: values[var] for var in program.free_vars}
             ops = program.bind((), own)
-            await self._admit()
+            await self.admit()
             await self._await(program, program.submit(ops))
 
     async def launch(

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from actorgraph.devices import SIMDevice, SimRecord
-from actorgraph.devices._sim import sim_op_seconds
+from actorgraph.devices import SIMDevice, SimRecord, sim_op_seconds
 from actorgraph.scheduler import Bounds, list_schedule_order, lower_bounds
 
 from ._buffer import Buffer

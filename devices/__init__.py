@@ -13,11 +13,13 @@ from ._costmodel import CostModel as CostModel
 from ._costmodel import DeviceCost as DeviceCost
 from ._costmodel import LinkCost as LinkCost
 from ._costmodel import Work as Work
+from ._costmodel import check_kernel_cost as check_kernel_cost
 from ._cpu import CPUDevice as CPUDevice
 from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
+from ._monitor import find_deadlock as find_deadlock
 from ._names import parse_remote_name as parse_remote_name
 from ._ops import AWAIT as AWAIT
 from ._ops import BATCH as BATCH
@@ -47,6 +49,7 @@ from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice
 from ._sim import SimQueueActor as SimQueueActor
 from ._sim import SimRecord as SimRecord
+from ._sim import sim_op_seconds as sim_op_seconds
 from .cuda import CUDADevice as CUDADevice
 
 # Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.

@@ -184,6 +184,11 @@ class QueueActor:
         return out
 
     @property
+    def current(self) -> Job | None:
+        """The job the actor is running now (None when idle)."""
+        return self._current
+
+    @property
     def busy(self) -> bool:
         return self._current is not None or bool(self._inbox)
 

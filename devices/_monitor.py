@@ -31,7 +31,7 @@ class BlockedWait:
 def find_deadlock(actors: Sequence[QueueActor]) -> list[BlockedWait] | None:
     """Return the blocked waits if the pending work can never finish, else None."""
     busy = [a for a in actors if a.busy]
-    if not busy or any(a.parked_on is None and a._current is not None for a in busy):
+    if not busy or any(a.parked_on is None and a.current is not None for a in busy):
         return None  # someone is running (or waiting on a thread/driver): not a deadlock
     values: dict[Signal, int] = {}
     left: dict[int, list[int]] = {}
