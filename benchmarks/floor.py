@@ -1,7 +1,8 @@
 """Replay cost against the floor: the same kernels called one after another in plain Python.
 
-The floor of a workload is its numpy calls (xor into a fresh buffer, copyto for a copy)
-run in a plain Python loop over prepared arguments, on the same buffers, in the same run.
+The floor of a workload is its numpy calls (the workload's xor kernel, which is
+np.bitwise_xor itself, into a fresh buffer; copyto for a copy) run in a plain Python loop
+over prepared arguments, on the very buffers the graph uses, in the same run.
 Each row is measured for actorgraph and for its floor in alternating rounds, so load from
 elsewhere on the machine lands on both; the figure is the median of the rounds and the
 row's verdict is the ratio of the two medians.
@@ -50,11 +51,13 @@ SYNC_TARGET_US = 15.0  # added per call
 def floor_calls(
     workload: wl.Workload, arrays: Sequence[np.ndarray[Any, Any]]
 ) -> list[tuple[Any, ...]]:
-    """The workload's items as (function, args) over `arrays`, one per buffer."""
+    """The workload's items as (function, args) over `arrays`, one per buffer: the
+    kernel's own CPU body, with the arguments a replay passes it."""
+    xor = wl.XOR.cpu
     calls: list[tuple[Any, ...]] = []
     for step in workload.steps:
         if isinstance(step, wl.Xor):
-            calls.append((np.bitwise_xor, (arrays[step.a], arrays[step.b], arrays[step.out])))
+            calls.append((xor, (arrays[step.a], arrays[step.b], arrays[step.out])))
         else:
             calls.append((np.copyto, (arrays[step.out], arrays[step.src])))
     return calls
@@ -71,6 +74,11 @@ def time_floor(calls: list[tuple[Any, ...]], repeats: int) -> float:
     for _ in range(repeats):
         run_floor(calls)
     return (time.perf_counter() - start) / repeats
+
+
+def graph_arrays(build: wl.ActorgraphBuild) -> list[np.ndarray[Any, Any]]:
+    """The host memory of the graph's own buffers (CPU devices): the floor runs on it."""
+    return [buf.host_view() for buf in build.buffers]
 
 
 def floor_arrays(workload: wl.Workload) -> list[np.ndarray[Any, Any]]:
@@ -113,10 +121,9 @@ async def measure_row(
     workload: wl.Workload, devices: Sequence[str], rounds: int, repeats: int
 ) -> dict[str, Any]:
     """Alternating rounds of actorgraph replays and floor passes of the same workload."""
-    arrays = floor_arrays(workload)
-    calls = floor_calls(workload, arrays)
     async with ag.open_runtime(list(devices)) as rt:
         graph, inputs, build = await compiled(rt, workload, devices)
+        calls = floor_calls(workload, graph_arrays(build))
         for _ in range(max(3, repeats // 10)):
             await graph(inputs)
             run_floor(calls)
@@ -156,9 +163,9 @@ async def measure_chain(steps: int, rounds: int, repeats: int) -> dict[str, Any]
     """Marginal cost of a step: the chain of 2*steps minus the chain of `steps`, per step."""
     devices = wl.cpu_devices(2)
     short, long = alternating_chain(steps), alternating_chain(2 * steps)
-    floors = [floor_calls(w, floor_arrays(w)) for w in (short, long)]
     async with ag.open_runtime(devices) as rt:
         graphs = [await compiled(rt, w, devices) for w in (short, long)]
+        floors = [floor_calls(w, graph_arrays(g[2])) for w, g in zip((short, long), graphs)]
         for (graph, inputs, build), w in zip(graphs, (short, long), strict=True):
             await graph(inputs)
             await check_equal(rt, w, build)
