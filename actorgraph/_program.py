@@ -22,6 +22,7 @@ from actorgraph.devices import (
     SignalOp,
     Submission,
     WaitOp,
+    run_inline,
     signal_op,
     wait_op,
 )
@@ -129,6 +130,8 @@ class Program:
         self.actors: list[QueueActor] = [
             runtime.device(q.device).queues[q.kind] for q in plan.queues
         ]
+        # Every queue's actor runs the plain loop: a submission may run inline (submit).
+        self._inline = all(actor.runs_inline for actor in self.actors)
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
         self.counts = [sum(isinstance(m, Run) for m in prog) for prog in plan.programs]
@@ -294,7 +297,10 @@ class Program:
     ) -> Submission:
         """Post one job per queue. Synchronous: no checkpoint between tickets and posts.
 
-        With `profiles` (one per queue), each actor timestamps its job into its record.
+        When every queue's actor is idle, the jobs run here instead, in the caller's task
+        (devices.run_inline): a replay of inline items on idle queues then costs no task
+        switch at all, and what cannot run here goes to its actor as if posted. With
+        `profiles` (one per queue), each actor timestamps its job into its record.
         """
         actors = self.actors
         nqueues = len(actors)
@@ -324,6 +330,11 @@ class Program:
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
         runtime.track(sub, then)
         copy_bytes = self.copy_bytes
+        if profiles is None and self._inline and all(actor.idle for actor in actors):
+            jobs = [Job(ops[qi], bases, sub, qi, None, copy_bytes[qi]) for qi in range(nqueues)]
+            runtime.kick.set(kick)
+            run_inline(actors, jobs)
+            return sub
         for qi in range(nqueues):
             profile = None if profiles is None else profiles[qi]
             actors[qi].post(Job(ops[qi], bases, sub, qi, profile, copy_bytes[qi]))

@@ -120,6 +120,45 @@ class WorkerThread:
         self._jobs.put(None)
 
 
+def run_inline(actors: Sequence[QueueActor], jobs: Sequence[Job]) -> None:
+    """Run one submission's jobs (jobs[q] for actors[q], every actor idle) in the
+    submitter's own task, with no task switch: each job runs until it meets a wait not
+    yet satisfied, then the next job runs, until every job is done or none can move.
+    A job that stops at an op needing a task of its own (a worker thread, I/O) or at a
+    wait this submission cannot satisfy (work elsewhere in flight) goes to its actor from
+    there, so it runs exactly as posted. Waits and signals are those the actors would
+    meet, in an order they could meet them in: the plan's order is kept."""
+    at = [0] * len(jobs)
+    left = list(range(len(jobs)))
+    while left:
+        moved = False
+        blocked = []
+        for q in left:
+            job = jobs[q]
+            start = at[q]
+            stop = actors[q]._run_ready(job, start)
+            if stop == len(job.ops):
+                moved = True
+                continue
+            if stop != start:
+                moved = True
+                at[q] = stop
+            if job.ops[stop][0] == WAIT:
+                blocked.append(q)
+            else:
+                job.ops = job.ops[stop:]
+                at[q] = 0
+                actors[q].post(job)
+        left = blocked
+        if not moved:
+            break
+    for q in left:
+        job = jobs[q]
+        if at[q]:
+            job.ops = job.ops[at[q]:]
+        actors[q].post(job)
+
+
 class QueueActor:
     """A device queue as a trio task: it owns its timeline signal and runs jobs in order."""
 
@@ -191,6 +230,53 @@ class QueueActor:
     @property
     def busy(self) -> bool:
         return self._current is not None or bool(self._inbox)
+
+    @property
+    def runs_inline(self) -> bool:
+        """Whether a submitter may run this actor's jobs in its own task while it is idle
+        (`run_inline`): only where jobs are posted, served and run as QueueActor does."""
+        cls = type(self)
+        return (cls.post, cls.serve, cls._run_job) == _PLAIN_LOOP
+
+    @property
+    def idle(self) -> bool:
+        """Serving, with no job running or queued: a new job would start at once."""
+        return self._current is None and not self._inbox and self._token is not None and not self._closed
+
+    def _run_ready(self, job: Job, start: int) -> int:
+        """Run `job`'s ops from `start` in the caller's task for as long as none needs a
+        task of its own: inline execs, signals, waits already satisfied (as `_run_job`
+        runs them). Return the index it stopped at; at the end the job is done."""
+        ops = job.ops
+        bases = job.bases
+        sub = job.submission
+        count = len(ops)
+        i = start
+        ran = 0
+        while i < count:
+            op = ops[i]
+            code = op[0]
+            if code == EXEC:
+                if sub.error is None:
+                    try:
+                        op[1](*op[2])
+                    except Exception as exc:
+                        sub.fail(op[ITEM], self.name, exc)
+                ran += 1
+            elif code == WAIT:
+                if op[1].value < bases[op[2]] + op[3]:
+                    break
+            elif code == SIGNAL:
+                op[1].set(bases[op[2]] + op[3])
+            else:
+                break
+            i += 1
+        self.items_run += ran
+        if i == count:
+            self.jobs_done += 1
+            self.bytes_copied += job.copy_bytes
+            sub.job_done(job.slot)
+        return i
 
     def statistics(self) -> ActorStatistics:
         return ActorStatistics(
@@ -408,3 +494,6 @@ class QueueActor:
             f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op list was lowered "
             f"for another kind of queue"
         )
+
+
+_PLAIN_LOOP = (QueueActor.post, QueueActor.serve, QueueActor._run_job)

@@ -1,0 +1,109 @@
+"""Submissions on idle queues run in the submitter's own task (devices.run_inline); work
+that needs a task of its own, or waits on work still in flight, goes to the actors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import trio
+
+import actorgraph as ag
+
+I32 = np.int32
+
+
+def _xor(out: np.ndarray[Any, Any], a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> None:
+    np.bitwise_xor(a, b, out=out)
+
+
+XOR = ag.Kernel("xor", cpu=_xor, outs=(0,), ins=(1, 2))
+
+
+def _tasks_kernel(seen: list[Any]) -> ag.Kernel:
+    def record(out: np.ndarray[Any, Any], a: np.ndarray[Any, Any]) -> None:
+        seen.append(trio.lowlevel.current_task())
+        np.add(a, 1, out=out)
+
+    return ag.Kernel("record", cpu=record, outs=(0,), ins=(1,))
+
+
+async def test_a_replay_on_idle_queues_runs_in_the_callers_task() -> None:
+    seen: list[Any] = []
+    inc = _tasks_kernel(seen)
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        a = rt.alloc("CPU:0", 16, I32)
+        b = rt.alloc("CPU:0", 16, I32)
+        c = rt.alloc("CPU:1", 16, I32)
+        d = rt.alloc("CPU:1", 16, I32)
+        await rt.copyin(a, np.arange(16, dtype=I32))
+        items = [ag.Launch(inc, [b, a]), ag.Copy(dst=c, src=b), ag.Launch(inc, [d, c])]
+        graph = await rt.compile(items, inputs=[a])
+        before = [s.jobs_done for s in rt.statistics().actors]
+        replay = graph.submit_nowait([a])
+        # Three queues on two devices, handing data over twice: done before any checkpoint.
+        assert replay.done
+        assert seen == [trio.lowlevel.current_task()] * 2
+        await replay.wait()
+        stats = rt.statistics()
+        assert sum(s.jobs_done for s in stats.actors) - sum(before) == 3
+        assert stats.replays_done == 1 and graph.statistics().replays_done == 1
+        assert graph.statistics().bytes_copied == 64
+        np.testing.assert_array_equal(await rt.copyout(d), np.arange(16) + 2)
+
+
+async def test_work_on_a_worker_thread_goes_to_the_actor_and_later_work_waits_for_it() -> None:
+    # Kernels touching >= 4 KiB run on the device's worker thread; smaller ones inline.
+    async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=4096) as rt:
+        big = [rt.alloc("CPU:0", 4096, I32) for _ in range(3)]
+        small = [rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:1", 8, I32), rt.alloc("CPU:1", 8, I32)]
+        key = rt.alloc("CPU:1", 8, I32)
+        await rt.copyin(big[0], np.arange(4096, dtype=I32))
+        await rt.copyin(big[1], np.full(4096, 7, I32))
+        await rt.copyin(key, np.full(8, 3, I32))
+        heavy = await rt.compile([ag.Launch(XOR, [big[2], big[0], big[1]])], inputs=[big[0]])
+        # The first items need the heavy result: they wait for the thread, and the copy
+        # and the kernel on CPU:1 wait for them.
+        light = await rt.compile(
+            [
+                ag.Copy(dst=small[0], src=big[2].view(0, 8)),
+                ag.Copy(dst=small[1], src=small[0]),
+                ag.Launch(XOR, [small[2], small[1], key]),
+            ],
+            inputs=[small[0]],
+        )
+        with trio.fail_after(30):
+            first = heavy.submit_nowait([big[0]])
+            assert not first.done  # its kernel is on the worker thread
+            second = light.submit_nowait([small[0]])
+            assert not second.done  # CPU:0's queue is busy: posted, in order behind it
+            await second.wait()
+            assert first.done
+        expect = (np.arange(8, dtype=I32) ^ 7) ^ 3
+        np.testing.assert_array_equal(await rt.copyout(small[2]), expect)
+
+
+async def test_a_replay_that_starts_inline_hands_a_thread_item_to_its_actor() -> None:
+    async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=4096) as rt:
+        x = rt.alloc("CPU:0", 8, I32)
+        y = rt.alloc("CPU:0", 8, I32)
+        wide = [rt.alloc("CPU:1", 2048, I32) for _ in range(3)]
+        out = rt.alloc("CPU:1", 8, I32)
+        await rt.copyin(x, np.arange(8, dtype=I32))
+        await rt.copyin(wide[1], np.full(2048, 5, I32))
+        items = [
+            ag.Launch(XOR, [y, x, x]),  # inline on CPU:0
+            ag.Copy(dst=wide[0].view(0, 8), src=x),  # inline copy to CPU:1
+            ag.Launch(XOR, [wide[2], wide[0], wide[1]]),  # 24 KiB: CPU:1's worker thread
+            ag.Copy(dst=out, src=wide[2].view(8, 8)),
+        ]
+        graph = await rt.compile(items)
+        with trio.fail_after(30):
+            replay = graph.submit_nowait()
+            assert not replay.done
+            await replay.wait()
+            await graph()
+        np.testing.assert_array_equal(await rt.copyout(y), np.zeros(8, I32))
+        np.testing.assert_array_equal(await rt.copyout(out), np.full(8, 5, I32))
+        got = await rt.copyout(wide[2])
+        np.testing.assert_array_equal(got[:8], np.arange(8, dtype=I32) ^ 5)
