@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-client-bytes", type=int, default=8 << 30, help="memory one client may allocate"
     )
     worker.add_argument(
+        "--thread-bytes", type=int, default=None, metavar="B",
+        help="CPU kernels touching at least B bytes run on a thread, smaller ones on the "
+        "worker's event loop (default 1 MiB); 0: every kernel on a thread, so a slow kernel "
+        "of one client never delays another's",
+    )
+    worker.add_argument(
         "--max-pending-writes", type=int, default=1 << 30,
         help="bytes of host-write data one client may have sent and not yet used",
     )
@@ -190,7 +196,8 @@ def _run(args: argparse.Namespace) -> int:
             max_pending_blob_bytes=args.max_pending_writes,
         )
         return worker_main(
-            args.devices, args.host, args.port, args.token_file, args.kernels, limits
+            args.devices, args.host, args.port, args.token_file, args.kernels, limits,
+            args.thread_bytes,
         )
     return 2  # pragma: no cover - argparse rejects unknown commands
 

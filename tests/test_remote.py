@@ -872,6 +872,31 @@ async def test_one_client_cannot_stall_another_on_a_shared_device() -> None:
         worker.kill()
 
 
+async def test_a_slow_kernel_of_one_client_does_not_freeze_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client A's kernel runs until A's test opens its gate; meanwhile client B's work on
+    the same worker device runs, when kernels run on threads (`--thread-bytes 0`)."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    worker = start("CPU:0", extra_args=("--thread-bytes", "0"))
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0]) as rt_a, runtime([r0]) as rt_b:
+                x = rt_a.alloc(r0, 8, np.int32)
+                slow = await (await rt_a.compile([ag.Launch(GATED, [x, x])])).submit()
+                y = rt_b.alloc(r0, 8, np.int32)
+                with trio.fail_after(10):
+                    await rt_b.run([ag.Launch(INC, [y, y])])
+                    np.testing.assert_array_equal(await rt_b.copyout(y), np.ones(8))
+                assert not slow.done
+                gate.touch()
+                await slow.wait()
+    finally:
+        worker.kill()
+
+
 async def test_peer_reads_need_a_valid_ticket(workers: tuple[Worker, Worker]) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):

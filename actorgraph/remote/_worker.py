@@ -274,11 +274,19 @@ async def run_worker(
     token: bytes | None = None,
     kernel_modules: Sequence[str] = (),
     limits: Limits | None = None,
+    thread_bytes: int | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `devices` on host:port until cancelled; reports the bound (host, port)."""
+    """Serve `devices` on host:port until cancelled; reports the bound (host, port).
+
+    `thread_bytes`: CPU kernels touching at least this many bytes run on their actor's
+    own thread (the runtime's cpu_thread_bytes); smaller ones run on the worker's event
+    loop, where a slow one delays every client. 0 puts every kernel on a thread: clients
+    are isolated from each other's slow kernels, at a thread hop per job.
+    """
     kernels = load_kernels(kernel_modules)
-    async with open_runtime(list(devices)) as runtime:
+    options = {} if thread_bytes is None else {"cpu_thread_bytes": thread_bytes}
+    async with open_runtime(list(devices), **options) as runtime:
         family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
         listener = trio.socket.socket(family, trio.socket.SOCK_STREAM)
         listener.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
@@ -303,6 +311,7 @@ def worker_main(
     token_file: str | None,
     kernels: Sequence[str],
     limits: Limits,
+    thread_bytes: int | None = None,
 ) -> int:
     token = None
     if token_file is not None:
@@ -333,6 +342,7 @@ def worker_main(
                     token=token,
                     kernel_modules=kernels,
                     limits=limits,
+                    thread_bytes=thread_bytes,
                     task_status=task_status,
                 )
             )
