@@ -1,6 +1,11 @@
 import os
+from collections.abc import Iterator
 
+import pytest
+from _workers import start
 from hypothesis import HealthCheck, settings
+
+from actorgraph.testing import Worker
 
 # A fixed profile for CI so runs are stable; `dev` explores more locally.
 settings.register_profile(
@@ -13,3 +18,13 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[tuple[Worker, Worker]]:
+    """Two workers for a test module: A with CPU:0 and CPU:1, B with CPU:0."""
+    a = start("CPU:0,CPU:1")
+    b = start("CPU:0")
+    yield a, b
+    a.kill()
+    b.kill()

@@ -1,0 +1,274 @@
+"""The client's connection to a worker (actorgraph/remote/_connection.py) when things go
+wrong: a worker killed mid-replay, every later call on its devices, slow kernels that are
+progress and not a deadlock, chaos, reconnecting to a restarted worker.
+
+Each test starts its own worker (or uses the module's two). Real sockets cannot run on
+trio's mock clock, so every test guards against hangs with a generous trio.fail_after.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from _model import DTYPE, SALT, ProgramSpec, build_items, check_program, random_programs
+from _workers import GUARD, TOKEN, runtime, start
+from actorgraph.scheduler import Run, Wait
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import actorgraph as ag
+from actorgraph import _runtime
+from actorgraph._program import Program
+from actorgraph.testing import start_worker
+
+sys.path.insert(0, str(Path(__file__).parent))
+from remote_kernels import GATED, INC, SLEEPY
+
+LOCAL_INC = ag.Kernel("local_inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
+
+
+async def test_worker_killed_mid_replay() -> None:
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0]) as rt:
+                x = rt.alloc(r0, 8, np.int32)
+                y = rt.alloc("CPU:0", 8, np.int32)
+                z = rt.alloc("CPU:0", 8, np.int32)
+                # The local copy waits for the remote kernel: it must not hang either.
+                graph = await rt.compile([ag.Launch(SLEEPY, [x, x]), ag.Copy(dst=y, src=x)])
+                errors = []
+
+                async def replay() -> None:
+                    try:
+                        await graph()
+                    except ag.ActorGraphError as exc:
+                        errors.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(replay)
+                    await trio.testing.wait_all_tasks_blocked()  # the batch is on the wire
+                    worker.kill()
+                assert len(errors) == 1 and isinstance(errors[0], ag.ClosedError)
+                assert re.search(r"connection to worker 127.0.0.1:\d+ lost", str(errors[0]))
+                # Local devices go on working; the remote one says what happened.
+                await rt.copyin(z, np.arange(8, dtype=np.int32))
+                await rt.run([ag.Launch(INC, [z, z]), ag.Copy(dst=y, src=z)])
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 1)
+                with pytest.raises(ag.ActorGraphError, match="connection to worker"):
+                    await rt.run([ag.Launch(INC, [x, x])])
+                with pytest.raises(ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"):
+                    rt.alloc(r0, 8, np.int32)
+    finally:
+        worker.kill()
+
+
+async def test_every_call_on_a_dead_workers_devices_raises_closed_error() -> None:
+    """After its worker dies, every call that touches its devices raises ag.ClosedError
+    (copies to and from local devices too, and compiling for them); local devices keep
+    working, and leaving the block raises nothing."""
+    worker = start("CPU:0,CPU:1")
+    r0, r1 = worker.name("CPU:0"), worker.name("CPU:1")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0, r1]) as rt:
+                x, x1 = rt.alloc(r0, 8, np.int32), rt.alloc(r1, 8, np.int32)
+                y = rt.alloc("CPU:0", 8, np.int32)
+                pull = await rt.compile([ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x)])
+                between = await rt.compile([ag.Copy(dst=x1, src=x)])
+                await pull()
+                slow = await rt.compile([ag.Launch(SLEEPY, [x, x]), ag.Copy(dst=y, src=x)])
+                in_flight = await slow.submit()
+                await trio.testing.wait_all_tasks_blocked()
+                worker.kill()
+                with pytest.raises(ag.ClosedError, match="connection to worker"):
+                    await in_flight.wait()
+                calls = {
+                    "replay": pull,
+                    "replay between workers": between,
+                    "submit_nowait": lambda: pull.submit_nowait().wait(),
+                    "run": lambda: rt.run([ag.Launch(INC, [x, x])]),
+                    "copy to a local device": lambda: rt.run([ag.Copy(dst=y, src=x)]),
+                    "copy from a local device": lambda: rt.run([ag.Copy(dst=x, src=y)]),
+                    "copyin": lambda: rt.copyin(x, np.zeros(8, np.int32)),
+                    "copyout": lambda: rt.copyout(x),
+                    "compile": lambda: rt.compile([ag.Launch(INC, [x, x])]),
+                    "launch": lambda: rt.launch(INC, [x1, x1]),
+                }
+                for name, call in calls.items():
+                    with pytest.raises(ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"):
+                        await call()
+                        pytest.fail(f"{name} did not raise")
+                with pytest.raises(ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"):
+                    rt.alloc(r0, 8, np.int32)
+                rt.free(x1)  # its memory went with the worker: nothing to give back
+                await rt.copyin(y, np.arange(8, dtype=np.int32))
+                await rt.run([ag.Launch(INC, [y, y])])
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 1)
+    finally:
+        worker.kill()
+
+
+async def test_slow_remote_kernels_are_progress_not_a_deadlock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work in flight on a worker is progress: while remote kernels run, nothing changes on
+    the client for many deadlock checks, and the monitor must not call that a deadlock."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    checked = trio.Event()
+    checks = []
+    real = _runtime.find_deadlock
+
+    def counting(actors: Any) -> Any:
+        found = real(actors)
+        checks.append(found)
+        if len(checks) >= 5 or found:
+            checked.set()
+        return found
+
+    monkeypatch.setattr(_runtime, "find_deadlock", counting)
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0], deadlock_check=0.01) as rt:
+                x, y = rt.alloc(r0, 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+                await rt.copyin(x, np.arange(8, dtype=np.int32))
+                graph = await rt.compile([
+                    ag.Launch(GATED, [x, x]), ag.Launch(INC, [x, x]), ag.Launch(INC, [x, x]),
+                    ag.Copy(dst=y, src=x),
+                ])
+                replay = await graph.submit()
+                await checked.wait()  # the monitor looked at the stalled replay 5 times
+                assert checks == [None] * len(checks)
+                gate.touch()
+                await replay.wait()
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 2)
+                await graph()
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 4)
+                # A real deadlock through the worker is still found: a hand-edited plan
+                # where the remote queue and a local one wait on each other.
+                items = [ag.Launch(INC, [x, x]), ag.Launch(LOCAL_INC, [y])]
+                plan = (await rt.compile(items)).plan
+                queues = plan.queues
+                programs = []
+                for program, other in zip(plan.programs, (queues[1], queues[0])):
+                    out: list[Any] = []
+                    for msg in program:
+                        if isinstance(msg, Run):
+                            out.append(Wait(other, 1))
+                        out.append(msg)
+                    programs.append(tuple(out))
+                bad = attrs.evolve(plan, programs=tuple(programs))
+                stuck = ag.Graph(rt, Program(rt, items, [], bad))
+                with pytest.raises(ag.DeadlockError, match=r"CPU:0@127.0.0.1:\d+/compute waits for CPU:0/compute >= 1"):
+                    await stuck()
+    finally:
+        worker.kill()
+
+
+@settings(max_examples=4)
+@given(
+    random_programs(max_devices=4, max_items=12),
+    random_programs(max_devices=2, max_items=8),
+    st.integers(0, 40),
+)
+def test_chaos_a_worker_killed_mid_replay(
+    spec: ProgramSpec, local_spec: ProgramSpec, checkpoints: int
+) -> None:
+    """Random graphs over two local devices and two of a worker, checked against the host
+    model; then the worker is killed after a random number of checkpoints while every
+    graph is being replayed. Nothing hangs, every call returns or raises ClosedError, and
+    the runtime goes on working on its local devices."""
+
+    async def main() -> None:
+        # A gate that never opens: the worker is surely killed while a replay runs there.
+        os.environ["ACTORGRAPH_TEST_GATE"] = str(Path(tempfile.mkdtemp()) / "never")
+        try:
+            worker = start_worker(["CPU:0", "CPU:1"], kernels=["_model", "remote_kernels"], token=TOKEN)
+        finally:
+            del os.environ["ACTORGRAPH_TEST_GATE"]
+        names = ["CPU:0", "CPU:1", worker.name("CPU:0"), worker.name("CPU:1")]
+        try:
+            with trio.fail_after(GUARD):
+                async with runtime(names) as rt:
+                    await check_program(rt, names, spec, replays=1)
+                    buffers = [rt.alloc(names[d], spec.buffer_size, DTYPE) for d in spec.buffer_devices]
+                    items = build_items(spec, buffers)
+                    graphs = [await rt.compile(items[lo:hi]) for lo, hi in spec.chunks()]
+                    held = rt.alloc(names[2], 4, np.uint32)
+                    local = rt.alloc("CPU:0", 4, np.uint32)
+                    graphs.insert(0, await rt.compile(
+                        [ag.Launch(GATED, [held, held]), ag.Copy(dst=local, src=held)]
+                    ))
+                    outcomes: list[BaseException | None] = []
+
+                    async def call(graph: ag.Graph) -> None:
+                        try:
+                            await call_raising(graph)
+                            outcomes.append(None)
+                        except ag.ClosedError as error:
+                            outcomes.append(error)
+
+                    async def kill() -> None:
+                        for _ in range(checkpoints):
+                            await trio.lowlevel.checkpoint()
+                        worker.kill()
+
+                    async with trio.open_nursery() as nursery:
+                        for graph in graphs:
+                            nursery.start_soon(call, graph)
+                        nursery.start_soon(kill)
+                    assert len(outcomes) == len(graphs)  # every call ended: none raised another error
+                    assert any(isinstance(o, ag.ClosedError) for o in outcomes)  # the gated one
+                    await check_program(rt, ["CPU:0", "CPU:1"], local_spec, replays=1)
+                    touches_worker = [
+                        g for g in graphs if any("@" in q.device for q in g.plan.queues)
+                    ]
+                    for graph in touches_worker[:1]:
+                        with pytest.raises(ag.ClosedError, match="connection to worker"):
+                            await call_raising(graph)
+                    assert rt.in_flight == 0
+        finally:
+            worker.kill()
+
+    trio.run(main)
+
+
+def _uses_salt(graph: ag.Graph) -> bool:
+    return SALT in graph._program.free_vars
+
+
+async def call_raising(graph: ag.Graph) -> None:
+    await graph(var_vals={SALT: 1} if _uses_salt(graph) else None)
+
+
+async def test_reconnect_to_a_restarted_worker() -> None:
+    worker = start("CPU:0")
+    port = worker.port
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([worker.name("CPU:0")]) as rt:
+                x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+                await rt.copyin(x, np.ones(4, np.int32))
+            worker.kill()
+            worker = start("CPU:0", port=port)
+            async with runtime([worker.name("CPU:0")]) as rt:
+                x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+                await rt.copyin(x, np.full(4, 7, np.int32))
+                await rt.run([ag.Launch(INC, [x, x])])
+                np.testing.assert_array_equal(await rt.copyout(x), np.full(4, 8))
+    finally:
+        worker.kill()

@@ -1,0 +1,316 @@
+"""A worker's sessions (actorgraph/remote/_session.py, _worker.py): every refusal is an
+error reply, the session and the worker go on, one client cannot stall another, and
+peers read only what a ticket names. Spoken to over the raw wire protocol.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from _workers import GUARD, TOKEN, runtime, start
+
+import actorgraph as ag
+from actorgraph import remote
+from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode
+from actorgraph.testing import Worker
+
+sys.path.insert(0, str(Path(__file__).parent))
+from remote_kernels import GATED, INC
+
+
+async def _raw(port: int, limits: Limits | None = None) -> tuple[FrameStream, bytes]:
+    sock = trio.socket.socket()
+    await sock.connect(("127.0.0.1", port))
+    stream = FrameStream(sock, limits or Limits())
+    meta, _ = await stream.receive()
+    assert meta[0] == "challenge" and meta[2] is True
+    return stream, meta[1]
+
+
+async def _session(port: int) -> FrameStream:
+    stream, nonce = await _raw(port)
+    await stream.send([encode(["auth", "client", auth_mac(TOKEN, nonce), ["CPU:0"]])])
+    meta, _ = await stream.receive()
+    assert meta[0] == "welcome"
+    return stream
+
+
+async def _still_serves(worker: Worker) -> None:
+    async with runtime([worker.name("CPU:0")]) as rt:
+        x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+        await rt.copyin(x, np.arange(4, dtype=np.int32))
+        np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+
+
+async def test_refuses_missing_and_wrong_tokens(
+    workers: tuple[Worker, Worker],
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        with pytest.raises(remote.RemoteConnectionError, match=re.escape(
+            f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running and "
+            f"requires a token; pass open_runtime(..., remote_token_file=PATH) naming its --token-file"
+        )) as info:
+            async with ag.open_runtime([worker.name("CPU:0")]):
+                pass
+        assert "start one" not in str(info.value)  # it runs: starting another is no help
+        with pytest.raises(remote.RemoteConnectionError, match=re.escape(
+            f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running but "
+            f"refused this client's token (authentication failed: wrong or missing token); check "
+            f"that remote_token= or remote_token_file= holds the token in the worker's --token-file"
+        )) as info:
+            async with ag.open_runtime([worker.name("CPU:0")], remote_token=b"wrong"):
+                pass
+        assert "start one" not in str(info.value)
+        stream, _ = await _raw(worker.port)
+        await stream.send([encode(["auth", "client", b"", ["CPU:0"]])])
+        meta, _ = await stream.receive()
+        assert meta[0] == "error" and "authentication failed" in meta[-1]
+        await _still_serves(worker)
+
+
+async def test_refuses_malformed_and_oversized_frames(
+    workers: tuple[Worker, Worker],
+) -> None:
+    worker, _ = workers
+    bad_frames = [
+        b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 16,  # not our magic
+        HEADER.pack(b"AG", 99, 4, 0) + b"\x91\xa1x\0",  # unknown version
+        HEADER.pack(b"AG", 1, 3, 0) + b"\xc1\xc1\xc1",  # not msgpack
+        HEADER.pack(b"AG", 1, 1 << 30, 0),  # meta over the limit: refused unread
+        HEADER.pack(b"AG", 1, 2, 1 << 40) + b"\x91\x00",  # tail over the limit
+    ]
+    with trio.fail_after(GUARD):
+        for frame in bad_frames:
+            stream = await _session(worker.port)
+            await stream.send([frame])
+            meta, _ = await stream.receive()
+            assert meta[0] == "error" and meta[1] == "frame", meta
+            assert await stream.sock.recv(1) == b""  # and that connection is closed
+        await _still_serves(worker)
+
+
+async def test_refuses_bad_requests_and_keeps_the_session(
+    workers: tuple[Worker, Worker],
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            # Another client's buffer: it exists on the worker, but not in our session.
+            theirs = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(theirs, np.arange(4, dtype=np.int32))
+            handle = theirs.memory.handle
+            stream = await _session(worker.port)
+            requests = [
+                (["get", 1, [handle, 0, [4]]], "unknown buffer id"),
+                (["alloc", "x", "CPU:0", 4, "int32"], "must be an int"),
+                (["alloc", 1, "CPU:0", 1 << 40, "int8"], "over the limit"),
+                (["alloc", 2, "CPU:0", 4, "object"], "is not one of"),
+                (["alloc", 3, "GPU:7", 4, "int32"], "no device 'GPU:7'"),
+                (["batch", 9, [0, 0, 0], [12345], []], "unknown program id 12345"),
+                (["frobnicate", 1], "unknown request 'frobnicate'"),
+                (["free"], "has 1 fields, got 0"),
+            ]
+            for request, message in requests:
+                await stream.send([encode(request)])
+                meta, _ = await stream.receive()
+                assert meta[0] == "error" and message in meta[-1], (request, meta)
+            # Base slots: KICK, BATCH, then the queues' own (from 2; devices/_ops.py).
+            bases = [0, 0, 0]
+            # A program naming an unknown kernel is refused when a batch runs it.
+            await stream.send([encode(["alloc", 5, "CPU:0", 4, "int32"])])
+            prog = [["k", 0, "nope", [[5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]], ["s", 2, 1]]
+            await stream.send(
+                [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, bases, [1], []])]
+            )
+            meta, _ = await stream.receive()
+            assert meta[:3] == ["done", 2, 2] and "unknown kernel 'nope'" in meta[3][2]
+            # The session still works: a valid program runs.
+            inc = ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
+            await stream.send(
+                [
+                    encode(["prog", 3, "CPU:0", [inc, ["s", 2, 1]], False]),
+                    encode(["batch", 4, bases, [3], []]),
+                ]
+            )
+            meta, _ = await stream.receive()
+            assert meta == ["done", 4, 2, None]
+            # A program may not signal past its own range on the shared queue, nor on the
+            # slots of KICK and BATCH.
+            for prog_id, prog, message in [
+                (5, [["s", 2, 1000]], "signals must rise to its item count"),
+                (7, [inc, ["s", 1, 1]], "signals on base slot 1, which is KICK or BATCH"),
+            ]:
+                await stream.send(
+                    [
+                        encode(["prog", prog_id, "CPU:0", prog, False]),
+                        encode(["batch", prog_id + 1, bases, [prog_id], []]),
+                    ]
+                )
+                meta, _ = await stream.receive()
+                assert meta[0] == "done" and message in meta[3][2], meta
+            # A batch carries the KICK and BATCH slots at least.
+            await stream.send([encode(["batch", 9, [0], [], []])])
+            meta, _ = await stream.receive()
+            assert meta[0] == "error" and "a batch has KICK and BATCH first" in meta[-1]
+            stream.sock.close()
+            np.testing.assert_array_equal(await rt.copyout(theirs), np.arange(4))
+
+
+async def test_a_replaced_pending_write_gives_its_bytes_back() -> None:
+    """The pending host-write limit counts what is pending now: a blob sent again under
+    the same id replaces the first, whose bytes stop counting."""
+    worker = start("CPU:0", extra_args=("--max-pending-writes", "65536"))
+    try:
+        with trio.fail_after(GUARD):
+            stream = await _session(worker.port)
+            big = b"x" * 40000
+            for _ in range(6):  # 240000 bytes sent, never more than 40000 pending
+                await stream.send([encode(["blob", 1], len(big)), big])
+            await stream.send([encode(["blob", 2], 16), b"y" * 16])
+            await stream.send([encode(["frobnicate", 1])])
+            meta, _ = await stream.receive()  # the first reply: no blob was refused
+            assert meta[:2] == ["error", "frobnicate"], meta
+            # The limit still holds for bytes really pending: 40016 + 40000 > 65536.
+            await stream.send([encode(["blob", 3], len(big)), big])
+            meta, _ = await stream.receive()
+            assert meta[:2] == ["error", "blob"] and "too many bytes of pending host writes" in meta[-1]
+            stream.sock.close()
+            await _still_serves(worker)
+    finally:
+        worker.kill()
+
+
+async def test_one_client_cannot_stall_another_on_a_shared_device() -> None:
+    """Client A's job on the worker's CPU:0 waits on a signal A never sets; client B's
+    work on the same device still runs: sessions do not queue behind each other."""
+    worker = start("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            stream = await _session(worker.port)
+            bases = [0, 0, 0]  # KICK, BATCH, then A's queue slot
+            inc = ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
+            stuck = [["w", 77, 0, 1], inc, ["s", 2, 1]]  # mirror 77 >= 1: only A sets it
+            await stream.send([
+                encode(["alloc", 5, "CPU:0", 4, "int32"]),
+                encode(["prog", 1, "CPU:0", stuck, False]),
+                encode(["batch", 2, bases, [1], []]),
+                encode(["frobnicate", 3]),
+            ])
+            meta, _ = await stream.receive()  # the batch is posted: the request after it got its answer
+            assert meta[:2] == ["error", "frobnicate"], meta
+            with trio.fail_after(10):
+                async with runtime([worker.name("CPU:0")]) as rt:
+                    x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+                    graph = await rt.compile([ag.Launch(INC, [x, x])])
+                    for _ in range(3):
+                        await graph()
+                    np.testing.assert_array_equal(await rt.copyout(x), np.full(4, 3))
+            await stream.send([encode(["ext", [[77, 1]]])])  # A lets its own job go
+            meta, _ = await stream.receive()
+            assert meta == ["done", 2, 2, None]
+            stream.sock.close()
+    finally:
+        worker.kill()
+
+
+async def test_a_slow_kernel_of_one_client_does_not_freeze_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client A's kernel runs until A's test opens its gate; meanwhile client B's work on
+    the same worker device runs, when kernels run on threads (`--thread-bytes 0`)."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    worker = start("CPU:0", extra_args=("--thread-bytes", "0"))
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0]) as rt_a, runtime([r0]) as rt_b:
+                x = rt_a.alloc(r0, 8, np.int32)
+                slow = await (await rt_a.compile([ag.Launch(GATED, [x, x])])).submit()
+                y = rt_b.alloc(r0, 8, np.int32)
+                with trio.fail_after(10):
+                    await rt_b.run([ag.Launch(INC, [y, y])])
+                    np.testing.assert_array_equal(await rt_b.copyout(y), np.ones(8))
+                assert not slow.done
+                gate.touch()
+                await slow.wait()
+    finally:
+        worker.kill()
+
+
+async def test_peer_reads_need_a_valid_ticket(workers: tuple[Worker, Worker]) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(worker.name("CPU:0")).connection
+            stream, _ = await _raw(worker.port)
+            await stream.send([encode(["auth", "peer", b"", []])])
+            ref = [x.memory.handle, 0, [4]]
+            for ticket in (b"0" * 16, conn.ticket(x.memory.handle + 1)):
+                await stream.send([encode(["pread", 1, conn.session_id, ref, ticket])])
+                meta, _ = await stream.receive()
+                assert meta[0] == "error" and "bad read ticket" in meta[-1]
+            await stream.send([encode(["get", 1, ref])])  # a peer may do nothing else
+            meta, _ = await stream.receive()
+            assert meta[0] == "error" and "can only read" in meta[-1]
+            await stream.send([encode(["pread", 2, conn.session_id, ref, conn.ticket(ref[0])])])
+            meta, tail = await stream.receive()
+            assert meta[:2] == ["data", 2] and tail == 16
+            stream.sock.close()
+
+
+def test_worker_refuses_to_serve_other_hosts_without_a_token(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from actorgraph._cli import main
+
+    assert main(["worker", "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "refusing to serve 0.0.0.0 without a token; pass --token-file" in capsys.readouterr().err
+
+
+async def test_a_client_that_leaves_mid_job_does_not_block_others(
+    workers: tuple[Worker, Worker],
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        stream = await _session(worker.port)
+        # A job that waits for a signal of this client, which then goes away: the job
+        # sits on the worker's shared CPU:0 queue until the worker lets it go.
+        await stream.send([encode(["alloc", 1, "CPU:0", 4, "int32"])])
+        prog = [
+            ["w", 1, 0, 5],
+            ["k", 0, "inc", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
+            ["s", 2, 1],
+        ]
+        await stream.send(
+            [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, [0, 0, 0], [1], []])]
+        )
+        stream.sock.close()
+        await _still_serves(worker)
+
+
+async def test_a_copy_between_a_gpu_and_a_remote_device_is_refused_clearly(ag_worker: Any) -> None:
+    remote_name = ag_worker.devices[0]
+    async with ag.open_runtime(
+        ["CUDA:0", remote_name], remote_token=ag_worker.token, cuda_driver="fake"
+    ) as rt:
+        with trio.fail_after(GUARD):
+            gpu = rt.alloc("CUDA:0", 16, np.int32)
+            far = rt.alloc(remote_name, 16, np.int32)
+            for dst, src in ((far, gpu), (gpu, far)):
+                with pytest.raises(ag.DeviceError, match=re.escape(
+                    f"copy {src.device}->{dst.device}: a copy between a remote device and CUDA:0 "
+                    f"is not supported (CUDA:0's memory is not host memory, and the bytes go to "
+                    f"the worker from host memory); copy through a CPU device"
+                )):
+                    await rt.compile([ag.Copy(dst=dst, src=src)])
