@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import trio
 import trio.testing
-from actorgraph.devices._actor import QueueActor
+from actorgraph.devices._actor import QueueActor, run_inline
 from actorgraph.devices._ops import (
     AWAIT,
     CUDA_ITEM,
@@ -70,7 +70,16 @@ class OpSampler:
             return wire(), 1
         raise AssertionError(f"no sample op for {OP_NAMES[code]}")
 
-    async def run(self, code: int, profiled: bool, wire: Callable[[], Op] | None = None) -> None:
+    async def run(
+        self,
+        code: int,
+        profiled: bool,
+        wire: Callable[[], Op] | None = None,
+        inline: bool = False,
+    ) -> None:
+        """Run a job of the sample op of `code` (and the queue's own SIGNAL): posted to
+        the actor (its plain or profiled loop), or with `inline` run in this task as a
+        submission on idle queues is (devices.run_inline), handing off what it cannot run."""
         actor = self.actor
         sample, count = self.op(code, wire)
         ops: list[Op] = [] if sample is None else [sample]
@@ -79,7 +88,12 @@ class OpSampler:
         bases = [0, 0, base, self.gate.value]  # KICK, BATCH, this queue, the gate
         sub = Submission(1, [], [], [()], [])
         profile = JobProfile() if profiled else None
-        actor.post(Job(tuple(ops), bases, sub, 0, profile))
+        job = Job(tuple(ops), bases, sub, 0, profile)
+        if inline:
+            assert actor.runs_inline and actor.idle
+            run_inline([actor], [job])
+        else:
+            actor.post(job)
         if code == WAIT:
             await trio.testing.wait_all_tasks_blocked()
             assert not sub.done.is_set()  # parked on the gate

@@ -1,7 +1,9 @@
 """The op format (devices/_ops.py): one table of codes, and every queue runs all of its own.
 
-Every code a kind of queue says it runs (`op_codes`) goes through that queue's plain loop
-and its profiled loop, for every device kind: the two loops cannot drift apart again.
+Every code a kind of queue says it runs (`op_codes`) goes through that queue's plain loop,
+its profiled loop and a submission run inline on idle queues (`run_inline`, which runs
+what it can in the submitter's task and hands the rest to the actor), for every device
+kind: the loops cannot drift apart again.
 (The REMOTE queue's run is in test_remote.py, beside the workers it needs.)
 """
 
@@ -73,8 +75,8 @@ def test_a_queue_given_a_code_it_does_not_run_names_it() -> None:
 
 
 @pytest.mark.parametrize("name", ["CPU:0", "SIM:0", "CUDA:0"])
-@pytest.mark.parametrize("profiled", [False, True], ids=["plain", "profiled"])
-async def test_every_code_of_a_local_queue_runs_in_both_loops(name: str, profiled: bool) -> None:
+@pytest.mark.parametrize("loop", ["plain", "profiled", "inline"])
+async def test_every_code_of_a_local_queue_runs_in_every_loop(name: str, loop: str) -> None:
     with trio.fail_after(GUARD):
         async with ag.open_runtime([name], cuda_driver=FakeDriver()) as rt:
             device = rt.device(name)
@@ -84,5 +86,7 @@ async def test_every_code_of_a_local_queue_runs_in_both_loops(name: str, profile
                     continue
                 sampler = OpSampler(actor)
                 for code in sorted(actor.op_codes):
-                    await sampler.run(code, profiled)
+                    if loop == "inline" and not actor.runs_inline:
+                        continue  # its kind runs jobs its own way: never inline
+                    await sampler.run(code, loop == "profiled", inline=loop == "inline")
                 assert set(actor.op_codes) <= set(OP_NAMES)
