@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from actorgraph.devices import Device
 
 
+_VALUE_MAX = (1 << 64) - 1  # timelines are 64-bit
+
+
 def _host_bytes(source: Any, nbytes: int | None) -> tuple[int, int, Any]:
     """(address, nbytes, owner) of `source`: an address, or an object exporting host
     memory through DLPack or the buffer protocol."""
@@ -170,6 +173,11 @@ def check_points(points: Any, what: str) -> tuple[tuple[ExternalTimeline, int], 
             or not isinstance(entry[1], int)
         ):
             raise UsageError(f"{what}= takes (ag.ExternalTimeline, int) pairs, got {entry!r}")
+        if not 0 <= entry[1] <= _VALUE_MAX:
+            raise UsageError(
+                f"{what}=({entry[0].name}, {entry[1]}): timeline values are 64-bit, 0 to "
+                f"2**64-1; give a value in that range"
+            )
     return out
 
 

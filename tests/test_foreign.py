@@ -187,6 +187,17 @@ async def test_replays_order_against_an_external_timeline() -> None:
             assert seen == [1, 5] and word[0] == 5  # never moved backwards
             with pytest.raises(ag.UsageError, match="ExternalTimeline, int"):
                 await graph(after=[(word, 1)])
+            # Timelines are 64-bit: a value past 2**64-1 (or below 0) is refused before
+            # anything is submitted, never written to the other side at completion.
+            replays = graph.replays
+            for bad in (1 << 64, -1):
+                with pytest.raises(ag.UsageError, match=r"then=\(other, "):
+                    await graph(then=[(timeline, bad)])
+                with pytest.raises(ag.UsageError, match=r"after=\(other, "):
+                    await graph(after=[(timeline, bad)])
+                with pytest.raises(ag.UsageError, match=r"\(other, -1\)|\(other, 18446744073709551616\)"):
+                    graph.submit_nowait(then=[(timeline, bad)])
+            assert graph.replays == replays and word[0] == 5
 
 
 async def test_external_timeline_polls_and_times_out() -> None:
