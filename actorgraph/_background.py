@@ -56,18 +56,19 @@ class Call(Generic[T]):
 
     def __init__(
         self, owner: BackgroundRuntime, fn: Callable[..., Any], args: Sequence[Any],
-        kwargs: Mapping[str, Any], what: str,
+        kwargs: Mapping[str, Any], what: str, start: Callable[[], Any] | None = None,
     ) -> None:
         self._owner = owner
         self._fn = fn
         self._args = tuple(args)
         self._kwargs = dict(kwargs)
         self._what = what
+        self._start = start
         self._entry: _Entry | None = None
         self._lazy = owner.on_runtime_thread()  # made there: runs when awaited
         self._awaited = False
         if not self._lazy:
-            self._entry = owner._submit(fn, self._args, self._kwargs, what)
+            self._entry = owner._submit(fn, self._args, self._kwargs, what, start)
 
     def __repr__(self) -> str:
         state = "not started" if self._entry is None else self._entry.future._state.lower()
@@ -85,7 +86,9 @@ class Call(Generic[T]):
     def _submitted(self) -> _Entry:
         if self._entry is None:  # made on the runtime's thread, now waited for elsewhere
             self._awaited = True
-            self._entry = self._owner._submit(self._fn, self._args, self._kwargs, self._what)
+            self._entry = self._owner._submit(
+                self._fn, self._args, self._kwargs, self._what, self._start
+            )
         self._owner._observe(self._entry)
         return self._entry
 
@@ -181,7 +184,11 @@ class Call(Generic[T]):
 
 @attrs.define(eq=False)
 class _Entry:
-    """A submitted call: what to run, its future, and whether anyone has asked for it."""
+    """A submitted call: what to run, its future, and whether anyone has asked for it.
+
+    `start`, where given, begins the same work synchronously and returns something with
+    `done` and `wait()` (a graph's Replay), or raises trio.WouldBlock when it cannot
+    begin without waiting; `finish` then raises the work's failure, if any."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
@@ -189,6 +196,7 @@ class _Entry:
     what: str
     future: concurrent.futures.Future[Any] = attrs.field(factory=concurrent.futures.Future)
     observed: bool = False
+    start: Callable[[], Any] | None = None
 
 
 class BackgroundGraph:
@@ -214,7 +222,12 @@ class BackgroundGraph:
     ) -> Call[None]:
         """`await graph(inputs, var_vals=...)`; options pass through to Graph.__call__."""
         kwargs = {"var_vals": var_vals, **options}
-        return Call(self._owner, self.graph, (inputs,), kwargs, "graph(...)")
+        graph = self.graph
+
+        def start() -> Any:
+            return graph.submit_nowait(inputs, **kwargs)
+
+        return Call(self._owner, graph, (inputs,), kwargs, "graph(...)", start)
 
     def __getattr__(self, name: str) -> Any:
         # Read-only facts of the Graph (last_profile, ...) straight from it.
@@ -248,6 +261,9 @@ class BackgroundRuntime:
         self._lock = threading.Lock()
         self._queue: collections.deque[_Entry] = collections.deque()
         self._wake: trio.Event | None = None
+        # Set while the dispatcher runs a call (on the runtime's thread only): no call
+        # may start beside it.
+        self._busy = False
         self._closing = False
         self._finished = False
         self._unobserved: list[_Entry] = []  # failed while nobody waited for them
@@ -303,6 +319,7 @@ class BackgroundRuntime:
                 continue
             if not entry.future.set_running_or_notify_cancel():
                 continue
+            self._busy = True
             try:
                 result = await entry.fn(*entry.args, **entry.kwargs)
             except trio.Cancelled:
@@ -315,6 +332,54 @@ class BackgroundRuntime:
                     raise
             else:
                 entry.future.set_result(result)
+            finally:
+                self._busy = False
+
+    def _start_calls(self) -> None:
+        """On the runtime's thread, once per call made: start the calls at the head of
+        the queue that can start synchronously (a graph replay), in order, while the
+        dispatcher is idle. One that completes at once (a replay on idle queues) is
+        answered here, with no task woken; one still running is left at the head for the
+        dispatcher to wait for, so calls still run one after another. The dispatcher is
+        woken only when a call is left for it."""
+        while not self._busy:
+            with self._lock:
+                entry = self._queue[0] if self._queue else None
+            if entry is None or entry.start is None:
+                break
+            try:
+                started = entry.start()
+            except trio.WouldBlock:
+                break  # it has to wait (a full window, a timeline): the dispatcher's job
+            except Exception as error:
+                self._take(entry)
+                if entry.future.set_running_or_notify_cancel():
+                    self._fail(entry, error)
+                continue
+            self._take(entry)
+            if not started.done:
+                # The dispatcher waits for it before the next call starts.
+                entry.fn, entry.args, entry.kwargs, entry.start = started.wait, (), {}, None
+                with self._lock:
+                    self._queue.appendleft(entry)
+                break
+            if not entry.future.set_running_or_notify_cancel():
+                continue
+            try:
+                started.finish()
+            except Exception as error:
+                self._fail(entry, error)
+            else:
+                entry.future.set_result(None)
+        with self._lock:
+            waiting = bool(self._queue) or self._closing
+        if waiting and self._wake is not None:
+            self._wake.set()
+
+    def _take(self, entry: _Entry) -> None:
+        with self._lock:
+            if self._queue and self._queue[0] is entry:
+                self._queue.popleft()
 
     def _fail(self, entry: _Entry, error: BaseException, report: bool = True) -> None:
         with self._lock:
@@ -356,11 +421,12 @@ class BackgroundRuntime:
         raise error
 
     def _submit(
-        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], what: str
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], what: str,
+        start: Callable[[], Any] | None = None,
     ) -> _Entry:
         self._check_running(what)
         self._raise_unobserved(what)
-        entry = _Entry(fn, tuple(args), dict(kwargs), what)
+        entry = _Entry(fn, tuple(args), dict(kwargs), what, start=start)
         with self._lock:
             if self._finished or self._closing:
                 raise ClosedError(
@@ -370,7 +436,7 @@ class BackgroundRuntime:
             self._queue.append(entry)
         assert self._token is not None
         try:
-            self._token.run_sync_soon(self._wake_dispatcher)
+            self._token.run_sync_soon(self._start_calls if start is not None else self._wake_dispatcher)
         except trio.RunFinishedError:
             pass  # _main's exit fails what is still queued
         return entry

@@ -95,6 +95,10 @@ class Replay:
         await self._sub.done.wait()
         raise_failure(self._program, self._sub)
 
+    def finish(self) -> None:
+        """Raise the failure of a replay that is done (nothing if it succeeded)."""
+        raise_failure(self._program, self._sub)
+
 
 @attrs.frozen
 class GraphStatistics:

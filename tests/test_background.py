@@ -322,3 +322,53 @@ def test_a_call_used_as_its_result_says_to_wait(brt: ag.BackgroundRuntime) -> No
         brt.copyout(pending).result(timeout=10)  # type: ignore[arg-type]
     pending.result(timeout=10)
     compiling.result(timeout=10)
+
+
+def test_graph_calls_start_on_the_runtime_thread_in_the_order_they_were_made(
+    brt: ag.BackgroundRuntime,
+) -> None:
+    graph, (a, b), out = _graph(brt)
+    with holding(brt):  # the graph calls queue behind a running call and wait their turn
+        first = graph([a, b])
+        brt.copyin(a, np.full(8, 5, np.int32))
+        second = graph([a, b])
+        middle = brt.copyout(out)
+        brt.copyin(b, np.full(8, 6, np.int32))
+        third = graph([a, b])
+    for call in (first, second, third):
+        call.result(timeout=10)
+    np.testing.assert_array_equal(middle.result(timeout=10), np.full(8, 5 ^ 3))
+    np.testing.assert_array_equal(brt.copyout(out).result(timeout=10), np.full(8, 5 ^ 6))
+    assert graph.statistics().replays_done == 3
+
+
+def test_a_replay_still_running_is_waited_for_before_the_next_call() -> None:
+    # Every kernel runs on the device's worker thread: the replay cannot finish at once.
+    with ag.start_runtime(["CPU:0"], cpu_thread_bytes=4) as rt:
+        a, b, c = (rt.alloc("CPU:0", 1024, np.int32) for _ in range(3))
+        rt.copyin(a, np.arange(1024, dtype=np.int32))
+        rt.copyin(b, np.full(1024, 3, np.int32))
+        graph = rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b]).result(timeout=10)
+        replay = graph([a, b])
+        rt.copyin(a, np.zeros(1024, np.int32))  # runs once the replay has read a
+        np.testing.assert_array_equal(rt.copyout(c).result(timeout=10), np.arange(1024) ^ 3)
+        replay.result(timeout=10)
+
+
+def test_a_kernel_failing_in_a_graph_call_comes_back_to_the_caller(
+    brt: ag.BackgroundRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom(out: np.ndarray, a: np.ndarray) -> None:
+        raise ValueError("bad block")
+
+    bad = ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,))
+    a, c = brt.alloc("CPU:0", 8, np.int32), brt.alloc("CPU:0", 8, np.int32)
+    graph = brt.compile([ag.Launch(bad, [c, a])], inputs=[a]).result(timeout=10)
+    with pytest.raises(ag.ItemError, match=r"item 0 \(boom\) on CPU:0/compute raised ValueError: bad block"):
+        graph([a]).result(timeout=10)
+    with caplog.at_level("WARNING", logger="actorgraph"):
+        graph([a])  # nobody waits: the next call raises it
+        with pytest.raises(ag.ItemError, match=r"raised ValueError: bad block"):
+            for _ in range(1000):  # until the runtime's thread has run it
+                brt.copyout(a).result(timeout=10)
+    assert "graph(...) failed while nobody waited for it" in caplog.text
