@@ -1,7 +1,7 @@
 """Random jit caches over up to 6 CPU devices, split into several graphs.
 
 A chaos run replays them with faults injected: kernels that raise at random items, calls
-cancelled at random checkpoints (and, in tests/test_remote.py, a worker killed mid-replay).
+cancelled at random checkpoints (and, in tests/test_connection.py, a worker killed mid-replay).
 
 Every plan must verify, and every round of graph calls (fresh inputs, fresh contents,
 issued concurrently) must equal eager `rt.run` and the host model (tests/_model.py).
