@@ -457,7 +457,9 @@ class Connection:
                 entries.append(["w", known[1], op.slot, op.rel])
                 program.mirrors.append((signal, op.slot, op.rel, known[1]))
             elif isinstance(op, SignalOp):
-                entries.append(["s", op.slot, op.rel])
+                # Reported back only where a queue off this worker waits on it (the job's
+                # last signal always is, with its "done").
+                entries.append(["s", op.slot, op.rel] if op.host else ["s", op.slot, op.rel, 0])
             elif isinstance(op, WireOp):
                 entries.append(op.entry)
                 if op.blobs is not None:  # a host write: its data goes ahead of it

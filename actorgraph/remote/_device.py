@@ -74,6 +74,10 @@ class RemoteQueue(QueueActor):
     def pending(self) -> list[tuple[Job, int]]:
         return [(job, 0) for job in self.in_flight]
 
+    def waits_without_host(self, other: QueueActor) -> bool:
+        # A queue of the same worker: its value is waited on there, never reported here.
+        return isinstance(other, RemoteQueue) and other.device.connection is self.device.connection
+
     @property
     def busy(self) -> bool:
         return bool(self.in_flight)

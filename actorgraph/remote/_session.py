@@ -85,7 +85,7 @@ def _signal_slot(entries: object) -> int:
     """The base slot a program's signal entries name (0 if none is well formed)."""
     if isinstance(entries, list):
         for entry in reversed(entries):
-            if isinstance(entry, list) and len(entry) == 3 and entry[0] == "s":
+            if isinstance(entry, list) and len(entry) in (3, 4) and entry[0] == "s":
                 if isinstance(entry[1], int):
                     return entry[1]
     return 0
@@ -320,6 +320,7 @@ class Session:
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
         ops: list[Op | None] = []
         signals: list[tuple[int, int]] = []
+        quiet: set[int] = set()  # where the report of a signal nobody off the worker needs goes
         for entry in entries:
             entry = want_list(entry, "program entry", 16)
             if not entry or not isinstance(entry[0], str):
@@ -351,6 +352,8 @@ class Session:
                         )
                     )
                     ops.append(signal_op(actor.signal, *signals[-1]))
+                    if len(entry) > 3 and entry[3] == 0:
+                        quiet.add(len(ops))
                     ops.append(None)  # the report of this signal, filled in below
                 else:
                     raise Refused(f"unknown program entry {kind!r}")
@@ -378,6 +381,8 @@ class Session:
         lowered: list[Op] = []
         for i, op in enumerate(ops):
             if op is None:
+                if i in quiet and i != last_report:
+                    continue
                 if i == last_report:
                     op = run_op(AWAIT, self._job_done, (program.slot, program.count), -1)
                 else:
