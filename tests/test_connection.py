@@ -37,6 +37,42 @@ from remote_kernels import GATED, INC, SLEEPY
 LOCAL_INC = ag.Kernel("local_inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
 
 
+async def test_a_worker_killed_between_hops_fails_the_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # local -> A (a kernel held at a gate) -> B -> local: B dies while its job waits for
+    # A's. The replay fails with ClosedError once A's kernel ends; nothing hangs, and the
+    # local device and A go on working.
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    a_worker, b_worker = start("CPU:0"), start("CPU:0")
+    ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", ra, rb]) as rt:
+                src, back = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+                at_a, at_b = rt.alloc(ra, 8, np.int32), rt.alloc(rb, 8, np.int32)
+                graph = await rt.compile([
+                    ag.Copy(dst=at_a, src=src),
+                    ag.Launch(GATED, [at_a, at_a]),
+                    ag.Copy(dst=at_b, src=at_a),
+                    ag.Launch(INC, [at_b, at_b]),
+                    ag.Copy(dst=back, src=at_b),
+                ])
+                replay = await graph.submit()
+                await trio.testing.wait_all_tasks_blocked()  # the batches are on the wire
+                b_worker.kill()
+                gate.touch()
+                with pytest.raises(ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"):
+                    await replay.wait()
+                await rt.copyin(src, np.arange(8, dtype=np.int32))
+                await rt.run([ag.Copy(dst=at_a, src=src), ag.Launch(INC, [at_a, at_a])])
+                np.testing.assert_array_equal(await rt.copyout(at_a), np.arange(8) + 1)
+    finally:
+        a_worker.kill()
+        b_worker.kill()
+
+
 async def test_worker_killed_mid_replay() -> None:
     worker = start("CPU:0")
     r0 = worker.name("CPU:0")

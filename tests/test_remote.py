@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -424,3 +425,43 @@ async def test_bulk_data_goes_in_frames_the_worker_accepts(
                 np.testing.assert_array_equal(await rt.copyout(y), data + 1)
     finally:
         small.kill()
+@pytest.mark.parametrize("hops", [2, 3])
+async def test_chains_across_workers_equal_numpy(
+    workers: tuple[Worker, Worker], hops: int
+) -> None:
+    # A kernel on each device, then a copy to the next, round a ring of `hops` workers and
+    # the local CPU device: every dependency crosses a host.
+    a_worker, b_worker = workers
+    extra = start("CPU:0") if hops == 3 else None
+    try:
+        names = [a_worker.name("CPU:1"), b_worker.name("CPU:0")]
+        if extra is not None:
+            names.append(extra.name("CPU:0"))
+        ring = ["CPU:0", *names]
+        with trio.fail_after(GUARD):
+            async with runtime(ring, verify_plans=True) as rt:
+                bufs = [rt.alloc(d, 64, np.int32) for d in ring]
+                keys = [rt.alloc(d, 64, np.int32) for d in ring]
+                items: list[Any] = []
+                for step in range(2 * len(ring)):
+                    i, j = step % len(ring), (step + 1) % len(ring)
+                    items += [
+                        ag.Launch(XOR, [bufs[i], bufs[i], keys[i]]),
+                        ag.Copy(dst=bufs[j], src=bufs[i]),
+                    ]
+                graph = await rt.compile(items)
+                rng = np.random.default_rng(hops)
+                key_values = [rng.integers(0, 1 << 30, 64, dtype=np.int32) for _ in ring]
+                for key, value in zip(keys, key_values):
+                    await rt.copyin(key, value)
+                start_value = rng.integers(0, 1 << 30, 64, dtype=np.int32)
+                await rt.copyin(bufs[0], start_value)
+                model = start_value.copy()
+                for _ in range(3):
+                    await graph()
+                    for step in range(2 * len(ring)):
+                        model = model ^ key_values[step % len(ring)]
+                    np.testing.assert_array_equal(await rt.copyout(bufs[0]), model)
+    finally:
+        if extra is not None:
+            extra.kill()

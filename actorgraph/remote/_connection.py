@@ -19,6 +19,7 @@ import numpy as np
 import trio
 
 from actorgraph.devices import (
+    AWAIT,
     DeviceError,
     Doorbell,
     Job,
@@ -186,6 +187,10 @@ class Connection:
         self._seen: collections.OrderedDict[int, Sequence[Op]] = collections.OrderedDict()
         self._signal_ids: dict[int, tuple[Signal, int]] = {}
         self._ext_sent: dict[int, int] = {}
+        # op list id -> (op list, {id of a push's buffer ref: the SIGNAL right after it})
+        self._signals_after: collections.OrderedDict[
+            int, tuple[Sequence[Op], dict[int, SignalOp]]
+        ] = collections.OrderedDict()
         self.allocated = 0
         self.batches_sent = 0
         self.frames_received = 0
@@ -348,11 +353,42 @@ class Connection:
         for off in range(0, len(data), self.chunk):
             chunk = data[off : off + self.chunk]
             parts += [encode(["put", ref, off], len(chunk)), chunk]
-        frame = _Frame(parts or [encode(["put", ref, 0])], sent)
+        if not parts:
+            parts = [encode(["put", ref, 0])]
+        self._announce_signal_after(job, ref, parts)
+        frame = _Frame(parts, sent)
         self._queue(frame)
         await sent.wait()
         if frame.error is not None:
             raise frame.error
+
+    def _announce_signal_after(self, job: Job, ref: list[Any], parts: list[Any]) -> None:
+        """A push followed at once by its queue's signal: send that signal's new value to
+        the worker's mirror with the bytes, instead of after them once the signal is set
+        here. The worker takes frames in order, so its mirror rises only once the bytes
+        have landed: what waits on it there runs in the same wake-up as the put."""
+        follow = self._signals_after.get(id(job.ops))
+        if follow is None or follow[0] is not job.ops:
+            found: dict[int, SignalOp] = {}
+            ops = job.ops
+            for i in range(len(ops) - 1):
+                op, after = ops[i], ops[i + 1]
+                if isinstance(after, SignalOp) and op[0] == AWAIT and op[1] == self.push:
+                    found[id(op[2][1])] = after
+            follow = self._signals_after[id(ops)] = (ops, found)
+            if len(self._signals_after) > self.PROGRAM_CACHE:
+                self._signals_after.popitem(last=False)
+        signal_op = follow[1].get(id(ref))
+        if signal_op is None:
+            return
+        known = self._signal_ids.get(id(signal_op.signal))
+        if known is None or known[0] is not signal_op.signal:
+            return  # this worker does not wait on that signal
+        ext_id = known[1]
+        value = job.bases[signal_op.slot] + signal_op.rel
+        if self._ext_sent.get(ext_id, -1) < value:
+            self._ext_sent[ext_id] = value
+            parts.append(encode(["ext", [[ext_id, value]]]))
 
     async def pull(self, job: Job, dst: np.ndarray[Any, Any], ref: list[Any]) -> None:
         if job.submission.error is not None:
