@@ -241,7 +241,9 @@ class Graph(Hinted):
         runtime = self._runtime
         await runtime.admit()
         for timeline, value in waits:
-            await trio.to_thread.run_sync(timeline.wait_for, value)
+            # Cancelling abandons the wait (nothing is submitted); the thread polls on
+            # until the timeline moves or its timeout.
+            await trio.to_thread.run_sync(timeline.wait_for, value, abandon_on_cancel=True)
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
         return self._post(program, ops, inputs, profile, then)

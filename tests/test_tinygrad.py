@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import actorgraph as ag
 
@@ -279,3 +280,36 @@ def test_a_runner_built_before_uninstall_says_so(installed: None) -> None:
     with pytest.raises(ag.ClosedError, match="was uninstalled"):
         jit(Tensor(_data(9, 4, 16)).realize())
     agt.install(devices=4)
+
+
+async def test_a_replay_between_queued_tinygrad_work_never_deadlocks() -> None:
+    # tinygrad work W is queued (held behind a blocker) before a replay R, and work Y after
+    # it: R waits for W, Y waits for R. Waiting for W must not wait for Y as well.
+    import threading
+
+    fn = _mlp()
+    jit = TinyJit(fn)
+    x = Tensor(_data(0, 4, 16)).realize()
+    want = _reference(fn, [(x,)])[0]
+    jit(x), jit(x)
+    dev: Any = Device["CPU"]
+    release = threading.Event()
+    a = Tensor(_data(1, 8)).realize()
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            jit_graph = await agt.graph_from_jit(rt, jit)
+            await jit_graph(x)
+            dev.tasks.put([lambda: release.wait(30), 0])  # holds tinygrad's queue
+            early = (a + 1).realize()  # W: queued behind the blocker
+            result: list[Tensor] = []
+            async with trio.open_nursery() as nursery:
+
+                async def replay() -> None:
+                    result.append(await jit_graph(x))
+
+                nursery.start_soon(replay)
+                await trio.testing.wait_all_tasks_blocked()
+                late = (a * 3).realize()  # Y: waits for the replay's timeline value
+                release.set()
+            assert result[0].numpy().tobytes() == want.tobytes()
+            assert (late.numpy() == a.numpy() * 3).all() and (early.numpy() == a.numpy() + 1).all()
