@@ -2,7 +2,7 @@
 
 Three jits (tinygrad 0.11.0, CPU devices):
 - small: an MLP 16 -> 32 -> 8 on a batch of 4 (3 tiny kernels): replay overhead
-- large: an MLP 1024 -> 2048 -> 1024 on a batch of 256 (milliseconds of compute per call)
+- large: an MLP 512 -> 1024 -> 512 on a batch of 64 (milliseconds of compute per call)
 - dp2:   a data-parallel MLP layer over CPU and CPU:1 (shards, kernels on both, copies)
 
 Paths, measured in alternating rounds so load from elsewhere lands on all of them:
@@ -139,14 +139,19 @@ def first_runner(jit: TinyJit[Any]) -> tuple[Any, list[Any]]:
 
 
 async def measure(
-    name: str, make: Callable[[], tuple[Any, Tensor]], calls: int, rounds: int, rt: ag.Runtime
+    name: str,
+    make: Callable[[], tuple[Any, Tensor]],
+    calls: int,
+    rounds: int,
+    rt: ag.Runtime,
+    max_pending: int = 1,
 ) -> dict[str, Any]:
     fn, x = make()
     expected = fn(x).numpy()
     own = TinyJit(fn)
     for _ in range(3):
         own(x)  # captured and graphed by tinygrad's own runner
-    agt.install(devices=2)
+    agt.install(devices=2, max_pending=max_pending)
     try:
         ours = TinyJit(fn)
         for _ in range(3):
@@ -205,24 +210,29 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs")
+    parser.add_argument("--max-pending", type=int, default=1, help="install(max_pending=N)")
+    parser.add_argument("--only", default="", help="run one jit: small, large or dp2")
     args = parser.parse_args()
     calls, rounds = (5, 2) if args.quick else (200, 9)
-    large_calls = 5 if args.quick else 20
+    large_calls = 5 if args.quick else 10
     jobs: list[tuple[str, Callable[[], tuple[Any, Tensor]], int]] = [
         ("small", lambda: mlp((16, 32, 8), 4), calls),
         (
             "large",
-            lambda: mlp((1024, 2048, 1024), 256) if not args.quick else mlp((64, 64, 64), 8),
+            lambda: mlp((512, 1024, 512), 64) if not args.quick else mlp((64, 64, 64), 8),
             large_calls,
         ),
         ("dp2", lambda: data_parallel(64, 32), calls),
     ]
 
+    if args.only:
+        jobs = [job for job in jobs if job[0] == args.only]
+
     async def run() -> list[dict[str, Any]]:
         rows = []
         async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
             for name, make, n in jobs:
-                rows.append(await measure(name, make, n, rounds, rt))
+                rows.append(await measure(name, make, n, rounds, rt, args.max_pending))
         return rows
 
     rows = trio.run(run)
@@ -238,6 +248,8 @@ def main() -> None:
             f"{r['direct']:10.1f}   {r['runner_tinygrad']:10.1f} {r['runner_install']:10.1f} "
             f"{r['graph_replay']:10.1f}"
         )
+    if args.only:
+        return
     small = next(r for r in rows if r["name"] == "small")
     large = next(r for r in rows if r["name"] == "large")
     verdicts = {
@@ -257,6 +269,7 @@ def main() -> None:
         json.dumps(
             {
                 "machine": platform.platform(),
+                "max_pending": args.max_pending,
                 "cpus": os.cpu_count(),
                 "rows": rows,
                 "ratios": verdicts,
