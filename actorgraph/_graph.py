@@ -219,8 +219,20 @@ class Graph(Hinted):
         `after=[(timeline, v)]` starts the replay only once that ag.ExternalTimeline has
         reached v; `then=[(timeline, w)]` advances it to w when the replay is complete.
         """
-        replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
-        await replay.wait()
+        if after or then:
+            replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
+            await replay.wait()
+            return
+        # submit() and Replay.wait() without the Replay: the common call, kept short.
+        _capture.check_graph_call()
+        program, ops = self._bind(inputs, var_vals)
+        await self._runtime.admit()
+        if self._closed:
+            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+        sub = self._start(program, ops, inputs, profile)
+        await sub.done.wait()
+        if sub.error is not None:
+            raise_failure(program, sub)
 
     async def submit(
         self,
@@ -277,6 +289,14 @@ class Graph(Hinted):
         self, program: Program, ops: Any, inputs: Sequence[Buffer], profile: bool | None,
         then: TimelinePoints,
     ) -> Replay:
+        sub = self._start(program, ops, inputs, profile)
+        if then:
+            _advance_when_done(sub, then)
+        return Replay(self, program, sub, self.replays)
+
+    def _start(
+        self, program: Program, ops: Any, inputs: Sequence[Buffer], profile: bool | None
+    ) -> Submission:
         runtime = self._runtime
         if profile or (profile is None and runtime.profiling):
             sub = self._submit_profiled(program, ops, inputs)
@@ -284,11 +304,9 @@ class Graph(Hinted):
             sub = program.submit(ops, then=self._count)
         if not sub.done.is_set():
             self._in_flight.add(sub)
-        if then:
-            _advance_when_done(sub, then)
         self.replays += 1
         runtime.replays += 1
-        return Replay(self, program, sub, self.replays)
+        return sub
 
     def _submit_profiled(self, program: Program, ops: Any, inputs: Sequence[Buffer]) -> Submission:
         jobs = new_records(program)
@@ -324,13 +342,14 @@ class Graph(Hinted):
             self._bound.clear()
             self._aliased.clear()
             self._frees_seen = runtime.frees
-        aliased = self._aliased.get(tuple(map(id, inputs)))
-        if aliased is not None and all(a is b for a, b in zip(aliased[0], inputs)):
-            program = aliased[1]
-            checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
-            return program, program.bind(inputs, checked)
-        values = var_vals if var_vals is not None else {}
         key = tuple(map(id, inputs))
+        if self._aliased:
+            aliased = self._aliased.get(key)
+            if aliased is not None and all(a is b for a, b in zip(aliased[0], inputs)):
+                program = aliased[1]
+                checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
+                return program, program.bind(inputs, checked)
+        values = var_vals if var_vals is not None else {}
         hit = self._bound.get(key)
         same_inputs = hit is not None and all(a is b for a, b in zip(hit[0], inputs))
         if same_inputs and hit is not None and values == hit[1]:

@@ -328,13 +328,18 @@ class Program:
         kick = runtime.kick.value + 1
         bases[KICK] = kick
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
-        runtime.track(sub, then)
         copy_bytes = self.copy_bytes
         if profiles is None and self._inline and all(actor.idle for actor in actors):
             jobs = [Job(ops[qi], bases, sub, qi, None, copy_bytes[qi]) for qi in range(nqueues)]
             runtime.kick.set(kick)
             run_inline(actors, jobs)
+            # Nothing ran in between: a submission done here was never in flight.
+            if sub.done.is_set():
+                runtime.count_done(sub, then)
+            else:
+                runtime.track(sub, then)
             return sub
+        runtime.track(sub, then)
         for qi in range(nqueues):
             profile = None if profiles is None else profiles[qi]
             actors[qi].post(Job(ops[qi], bases, sub, qi, profile, copy_bytes[qi]))

@@ -302,6 +302,14 @@ class Runtime:
         if not self._activity.is_set():
             self._activity.set()
 
+    def count_done(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
+        """Count a submission that completed where it was submitted: never in flight, so
+        nothing waited for it (no window, no frees, no deadlock watch)."""
+        self.submissions += 1
+        if then is not None:  # a replay
+            self.replays_done += 1
+            then(sub)
+
     def _untrack(self, sub: Submission) -> None:
         if sub in self._pending:
             then = self._pending.pop(sub)
