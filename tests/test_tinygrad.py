@@ -313,3 +313,27 @@ async def test_a_replay_between_queued_tinygrad_work_never_deadlocks() -> None:
                 release.set()
             assert result[0].numpy().tobytes() == want.tobytes()
             assert (late.numpy() == a.numpy() * 3).all() and (early.numpy() == a.numpy() + 1).all()
+
+
+async def test_plans_per_input_size_are_bounded() -> None:
+    from actorgraph.tinygrad._convert import PLANS_KEPT
+
+    vn = Variable("n", 1, 64)
+
+    def fn(a: Tensor) -> Tensor:
+        return (a * 2).realize().sum().realize()
+
+    def args(n: int) -> tuple[Tensor]:
+        return (Tensor(_data(n, n)).reshape(vn.bind(n)).realize(),)
+
+    sizes = range(1, PLANS_KEPT + 6)
+    expected = _reference(fn, [args(n) for n in sizes])
+    jit = TinyJit(fn)
+    jit(*args(1)), jit(*args(2))
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            jit_graph = await agt.graph_from_jit(rt, jit)
+            for n, want in zip(sizes, expected):
+                assert (await jit_graph(*args(n))).numpy().tobytes() == want.tobytes()
+            assert jit_graph.graphs == PLANS_KEPT
+            assert (await jit_graph(*args(1))).numpy().tobytes() == expected[0].tobytes()

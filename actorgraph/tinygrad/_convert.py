@@ -28,6 +28,9 @@ from .._kernel import Copy, Item, Kernel, Launch
 from .._runtime import Runtime
 from .._vars import Var
 
+# Plans kept per jit, one per set of input sizes (symbolic shapes): the latest ones.
+PLANS_KEPT = 16
+
 # On arm64 tinygrad's CPU kernels take their int args as 64-bit.
 _VAL_TYPE = ctypes.c_int64 if platform.machine() in ("arm64", "aarch64") else ctypes.c_int32
 

@@ -36,7 +36,15 @@ from .._foreign import ExternalTimeline
 from .._graph import Graph, Replay
 from .._program import raise_failure
 from .._vars import Var
-from ._convert import Converter, Timelines, Wrapper, device_name, devices_of, numpy_dtype
+from ._convert import (
+    PLANS_KEPT,
+    Converter,
+    Timelines,
+    Wrapper,
+    device_name,
+    devices_of,
+    numpy_dtype,
+)
 
 Points = list[tuple[ExternalTimeline, int]]
 
@@ -257,6 +265,8 @@ class ActorGraph(MultiGraphRunner):
         items = self._converter.convert(self.jit_cache, slot)
         background = self._state.runtime.compile(items, inputs=roots).result()
         graph = background.graph
+        if len(self._graphs) >= PLANS_KEPT:
+            self._graphs.pop(next(iter(self._graphs)))  # the oldest; planned again if needed
         self._graphs[key] = graph
         with _lock:
             self._state.plans += 1

@@ -15,7 +15,7 @@ from .._errors import InputError, UsageError
 from .._graph import Graph
 from .._runtime import Runtime
 from .._vars import Var
-from ._convert import Converter, Timelines, Wrapper, devices_of, numpy_dtype
+from ._convert import PLANS_KEPT, Converter, Timelines, Wrapper, devices_of, numpy_dtype
 
 
 class JitGraph:
@@ -112,6 +112,8 @@ class JitGraph:
         graph = self._graphs.get(key)
         if graph is None:
             graph = await self._compile(roots)
+            if len(self._graphs) >= PLANS_KEPT:
+                self._graphs.pop(next(iter(self._graphs)))  # the oldest; planned again if needed
             self._graphs[key] = graph
         self._latest = graph
         values = self._converter.var_values(tiny_vals, graph._program.free_vars)
