@@ -200,7 +200,7 @@ for n in (steps, 2 * steps):
     dag.teardown()
 print(json.dumps({"us_per_kernel": (best[2 * steps] - best[steps]) / steps,
                   f"us_per_replay_{steps}_kernels": best[steps],
-                  f"us_per_replay_{2 * steps}_kernels": best[2 * steps]}))
+                  f"us_per_replay_{2 * steps}_kernels": best[2 * steps]}), flush=True)
 """
 
 
@@ -217,9 +217,11 @@ def ray_chain(steps: int = CHAIN_STEPS) -> dict[str, float] | str:
         text=True,
         timeout=600,
     )
+    # The figures are printed before Ray shuts down (which may crash the interpreter on
+    # its way out): they count if they are there.
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return f"Ray Compiled Graphs failed: {proc.stderr.strip().splitlines()[-1:]}"
+    if not lines:
+        return f"Ray Compiled Graphs failed (exit {proc.returncode}): {proc.stderr[-500:]!r}"
     return json.loads(lines[-1])
 
 

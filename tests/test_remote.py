@@ -465,3 +465,29 @@ async def test_chains_across_workers_equal_numpy(
     finally:
         if extra is not None:
             extra.kill()
+
+
+async def test_waits_between_workers_travel_between_the_workers(
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client never forwards a signal here: each copy from worker to worker still runs
+    # as soon as its source is ready, because the source's worker sends the bytes (and
+    # with them the news) to the destination's worker directly.
+    async def no_forwarding(*args: Any) -> None:
+        pass
+
+    monkeypatch.setattr(remote._connection.Connection, "_forward", no_forwarding)
+    a_worker, b_worker = workers
+    ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([ra, rb]) as rt:
+            xs = [rt.alloc(ra, 64, np.int32), rt.alloc(rb, 64, np.int32)]
+            items: list[Any] = []
+            for i in range(6):
+                here, there = xs[i % 2], xs[(i + 1) % 2]
+                items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
+            graph = await rt.compile(items)
+            await rt.copyin(xs[0], np.arange(64, dtype=np.int32))
+            for n in range(1, 4):
+                await graph()
+                np.testing.assert_array_equal(await rt.copyout(xs[0]), np.arange(64) + 6 * n)

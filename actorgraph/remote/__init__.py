@@ -48,12 +48,27 @@ each wait becomes one of:
 
 The other way, the worker reports its queues' signals ("sig" frames, "done" at the end),
 and the connection sets the `RemoteQueue`'s signal on the client, so client-local queues
-and other workers wait on remote queues as on local ones. A wait between two workers thus
-goes through the client; the data does not: a copy between two workers runs on the
-destination's worker, which pulls the bytes from the source worker over a direct peer
-connection, authorised by a read ticket (an HMAC under the source session's key) that the
-client puts in the program. Copies between a client-local device and a remote one run on
-the local device's copy queue as an AWAIT op that pushes or pulls the bytes.
+and other workers wait on remote queues as on local ones. Only the signals something off
+the worker waits on are reported (the plan marks them: a `SignalOp` whose `host` is
+False is waited on only by queues of the same worker, see `RemoteQueue.waits_without_host`),
+so a chain between two devices of one worker sends nothing back until its jobs end.
+
+Copies between a client-local device and a remote one run on the local device's copy
+queue as an AWAIT op that pushes or pulls the bytes. A push followed at once by its
+queue's signal carries that signal's new value for the worker's mirror in the same send:
+the worker takes frames in order, so what waits there runs as the bytes land.
+
+A copy between two workers runs on the destination's worker and reads the bytes directly
+from the source worker over a peer link (opened once and kept, many reads on it), with
+a read ticket (an HMAC under the source session's key) that the client puts in the
+program. The client also names the wait on the source's queue that the copy follows, so
+the destination's worker asks for the bytes as the batch arrives (["pwhen", ..., device,
+value]): the source's worker keeps, per session and device, how far its queue has got
+in the client's values, and sends the bytes the moment it gets there. They land in
+staging memory and raise the destination's mirror of the source queue: the dependency
+costs one message from worker to worker, and none through the client. The client still
+forwards that signal too, later, which is what lets the destination go on if the source
+worker dies. Copies over 1 MiB are read when they run ("pread"), into the destination.
 
 A lost connection fails every job in flight with `RemoteConnectionError` and advances the
 remote queues' signals, so client-local queues waiting on them finish (skipping their

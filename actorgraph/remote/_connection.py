@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,10 @@ from ._wire import (
 
 if TYPE_CHECKING:
     from ._device import RemoteDevice, RemoteQueue
+
+# id(signal) -> the RemoteQueue it is the signal of: which worker queue a wait is on
+QUEUES_BY_SIGNAL: weakref.WeakValueDictionary[int, RemoteQueue] = weakref.WeakValueDictionary()
+
 
 class RemoteError(DeviceError):
     """A worker refused a request or reported that an item failed there."""
@@ -479,6 +484,7 @@ class Connection:
         one_shot = False
         program = _Program(next(self._ids), job.ops, queue)
         entries: list[Any] = []
+        mirror_waits: dict[int, tuple[int, int, int]] = {}  # id(signal) -> last wait on it
         for op in job.ops:
             if isinstance(op, WaitOp):
                 signal = op.signal
@@ -492,12 +498,13 @@ class Connection:
                     self._signal_ids[id(signal)] = known
                 entries.append(["w", known[1], op.slot, op.rel])
                 program.mirrors.append((signal, op.slot, op.rel, known[1]))
+                mirror_waits[id(signal)] = (op.slot, op.rel, known[1])
             elif isinstance(op, SignalOp):
                 # Reported back only where a queue off this worker waits on it (the job's
                 # last signal always is, with its "done").
                 entries.append(["s", op.slot, op.rel] if op.host else ["s", op.slot, op.rel, 0])
             elif isinstance(op, WireOp):
-                entries.append(op.entry)
+                entries.append(_with_source_wait(op.entry, mirror_waits))
                 if op.blobs is not None:  # a host write: its data goes ahead of it
                     one_shot = True
                     for blob_id, chunk in op.blobs:
@@ -658,6 +665,23 @@ class Connection:
         if own is not None:
             queue.signal.set(job.bases[own.slot] + own.rel)
         job.fail(queue.name, error, item=-1)
+
+
+def _with_source_wait(entry: list[Any], waits: dict[int, tuple[int, int, int]]) -> list[Any]:
+    """A copy from another worker ("p") that follows a wait on the source's queue names
+    that wait, so the worker can have the bytes sent the moment the source gets there."""
+    if entry[0] != "p":
+        return entry
+    _, _, _, host, port, sid, _, _, inner = entry
+    for signal_id, wait in reversed(waits.items()):
+        queue = QUEUES_BY_SIGNAL.get(signal_id)
+        if queue is None or id(queue.signal) != signal_id:
+            continue
+        source = queue.device
+        conn = source.connection
+        if (conn.host, conn.port, conn.session_id, source.inner) == (host, port, sid, inner):
+            return [*entry, *wait]
+    return entry
 
 
 def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:

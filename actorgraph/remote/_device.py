@@ -34,7 +34,7 @@ from actorgraph.devices import (
 )
 from actorgraph.scheduler import QueueKind
 
-from ._connection import Connection, RemoteMemory, flat_bytes
+from ._connection import QUEUES_BY_SIGNAL, Connection, RemoteMemory, flat_bytes
 
 
 class RemoteQueue(QueueActor):
@@ -52,11 +52,11 @@ class RemoteQueue(QueueActor):
     """
 
     op_codes = frozenset([WAIT, SIGNAL, WIRE])
-
     def __init__(self, name: str, device: RemoteDevice, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
         self.device = device
         self.in_flight: collections.deque[Job] = collections.deque()
+        QUEUES_BY_SIGNAL[id(self.signal)] = self
 
     def post(self, job: Job) -> None:
         self.in_flight.append(job)
@@ -181,6 +181,7 @@ class RemoteDevice(Device):
                 source.session_id,
                 self._ref(src),
                 source.ticket(src.memory.handle),
+                src_dev.inner,
             ]
             return wire_op(entry, item)
         if isinstance(src_dev, RemoteDevice):

@@ -1,19 +1,27 @@
-"""Worker-to-worker links: the connections a worker opens to pull a copy's bytes.
+"""Worker-to-worker links: the connections a worker opens to read a copy's bytes.
 
 A copy between two workers runs on the destination's worker, which reads the source
-buffer over a "peer" connection with a read ticket the client put in the program
-(see actorgraph/remote/__init__.py, "How order crosses hosts").
+buffer over a "peer" connection with a read ticket the client put in the program (see
+actorgraph/remote/__init__.py, "How order crosses hosts"). A link to a worker is opened
+once and kept; many reads share it, each answered under its own request id.
+
+Two kinds of read:
+- "pread": the bytes now (the copy runs once its waits say the source is ready);
+- "pwhen": the bytes as soon as the source's queue reaches a value, asked for when the
+  batch arrives. The source worker sends them the moment its queue gets there, so the
+  copy's dependency costs one message from worker to worker and none through the client.
+  The bytes land in staging memory (the destination may still be in use) and the
+  destination's mirror of the source queue rises as they arrive.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
-
-from actorgraph.devices import Job
 
 from ._wire import (
     CHUNK,
@@ -25,69 +33,156 @@ from ._wire import (
 )
 
 
-class _PeerLink:
-    """One connection from this worker to another, for worker-to-worker reads."""
+class PeerRead:
+    """One read over a link: where its bytes land, and when they all have."""
 
-    def __init__(self, stream: FrameStream) -> None:
-        self.stream = stream
-        self.lock = trio.Lock()
+    __slots__ = ("arrived", "done", "error", "left", "view")
+
+    def __init__(self, view: memoryview, arrived: Callable[[], None] | None = None) -> None:
+        self.view = view
+        self.left = len(view)
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+        self.arrived = arrived  # called once every byte is in, before `done` is set
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+
+class _PeerLink:
+    """One kept connection from this worker to another: requests go out under a lock,
+    a reader task hands each answer to its read."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.stream: FrameStream | None = None
+        self.opened = trio.Event()
+        self.error: BaseException | None = None
+        self.send_lock = trio.Lock()
         self.ids = itertools.count(1)
+        self.reads: dict[int, PeerRead] = {}
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self.opened.set()
+        for read in self.reads.values():
+            read.fail(self.error)
+        self.reads.clear()
+        if self.stream is not None:
+            self.stream.sock.close()
 
 
 class Peers:
-    """This worker's links to other workers, for the copies it pulls."""
+    """This worker's links to other workers, for the copies it reads."""
 
     def __init__(self, limits: Limits) -> None:
         # Data on a link we opened is what we asked for, checked against its destination
         # before it is read: accept the sender's chunks even where our --max-frame is lower.
         self.limits = attrs.evolve(limits, max_tail=max(CHUNK, limits.max_tail))
         self.links: dict[tuple[str, int], _PeerLink] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
 
     async def _link(self, host: str, port: int) -> _PeerLink:
         link = self.links.get((host, port))
         if link is None:
-            family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
-            sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
-            await sock.connect((host, port))
-            sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-            stream = FrameStream(sock, self.limits)
-            meta, _ = await stream.receive()
-            if meta[0] != "challenge":
-                raise ConnectionLostError(f"peer {host}:{port} did not send a challenge")
-            await stream.send([encode(["auth", "peer", b"", []])])
-            link = self.links[(host, port)] = _PeerLink(stream)
+            link = self.links[(host, port)] = _PeerLink(f"{host}:{port}")
+            try:
+                family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
+                sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+                await sock.connect((host, port))
+                sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+                stream = FrameStream(sock, self.limits)
+                meta, _ = await stream.receive()
+                if meta[0] != "challenge":
+                    raise ConnectionLostError(f"peer {host}:{port} did not send a challenge")
+                await stream.send([encode(["auth", "peer", b"", []])])
+                link.stream = stream
+                assert self._nursery is not None  # started with the worker
+                self._nursery.start_soon(self._read_loop, (host, port), link)
+            except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
+                self.links.pop((host, port), None)
+                link.fail(exc)
+            link.opened.set()
+        else:
+            await link.opened.wait()
+        if link.error is not None:
+            raise link.error
         return link
 
+    async def _read_loop(self, key: tuple[str, int], link: _PeerLink) -> None:
+        stream = link.stream
+        assert stream is not None
+        try:
+            while True:
+                meta, tail = await stream.receive()
+                if meta[0] == "error":
+                    read = link.reads.pop(meta[2], None) if isinstance(meta[2], int) else None
+                    if read is not None:
+                        read.fail(RuntimeError(f"peer {link.address} refused the read: {meta[-1]}"))
+                    continue
+                if meta[0] != "data" or not isinstance(meta[1], int) or meta[1] not in link.reads:
+                    raise WireError(f"peer {link.address} answered {meta[0]!r} out of turn")
+                read = link.reads[meta[1]]
+                offset = meta[2]
+                if not isinstance(offset, int) or offset < 0 or offset + tail > len(read.view):
+                    raise WireError(f"peer {link.address} sent bytes outside the read")
+                await stream.receive_into(read.view[offset : offset + tail])
+                read.left -= tail
+                if read.left <= 0:
+                    del link.reads[meta[1]]
+                    if read.arrived is not None:
+                        read.arrived()
+                    read.done.set()
+        except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
+            if self.links.get(key) is link:
+                del self.links[key]
+            link.fail(ConnectionError(f"worker-to-worker link to {link.address} failed: {exc}"))
+
+    async def _ask(self, host: str, port: int, read: PeerRead, meta: list[Any]) -> None:
+        """Send one read request (`meta` without its id) and register where it lands."""
+        try:
+            link = await self._link(host, port)
+            req = next(link.ids)
+            link.reads[req] = read
+            async with link.send_lock:
+                await link.stream.send([encode([meta[0], req, *meta[1:]])])  # type: ignore[union-attr]
+        except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
+            read.fail(ConnectionError(f"worker-to-worker read from {host}:{port} failed: {exc}"))
+
     async def pull(
+        self, host: str, port: int, sid: int, ref: list[Any], ticket: bytes, dst: memoryview
+    ) -> None:
+        """Read the source buffer now into `dst`."""
+        read = PeerRead(dst)
+        await self._ask(host, port, read, ["pread", sid, ref, ticket])
+        await read.done.wait()
+        if read.error is not None:
+            raise ConnectionError(str(read.error)) from None
+
+    def pull_when(
         self,
-        job: Job,
         host: str,
         port: int,
         sid: int,
         ref: list[Any],
         ticket: bytes,
-        dst: memoryview,
-    ) -> None:
-        if job.submission.error is not None:
-            return
-        try:
-            link = await self._link(host, port)
-            async with link.lock:
-                req = next(link.ids)
-                await link.stream.send([encode(["pread", req, sid, ref, ticket])])
-                got = 0
-                while got < len(dst) or got == 0:
-                    meta, tail = await link.stream.receive()
-                    if meta[0] == "error":
-                        raise RuntimeError(f"peer {host}:{port} refused the read: {meta[-1]}")
-                    if meta[0] != "data" or meta[1] != req or meta[2] + tail > len(dst):
-                        raise WireError(f"peer {host}:{port} answered {meta[0]!r} out of turn")
-                    await link.stream.receive_into(dst[meta[2] : meta[2] + tail])
-                    got += tail
-                    if len(dst) == 0:
-                        break
-        except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
-            self.links.pop((host, port), None)
-            raise ConnectionError(
-                f"worker-to-worker read from {host}:{port} failed: {exc}"
-            ) from None
+        device: str,
+        value: int,
+        nbytes: int,
+        arrived: Callable[[], None],
+    ) -> tuple[PeerRead, bytearray]:
+        """Ask for the source buffer's bytes once the source's queue on `device` reaches
+        `value`; they land in the staging returned with the read."""
+        staging = bytearray(nbytes)
+        read = PeerRead(memoryview(staging), arrived)
+        assert self._nursery is not None  # started with the worker
+        self._nursery.start_soon(
+            self._ask, host, port, read, ["pwhen", sid, ref, ticket, device, value]
+        )
+        return read, staging

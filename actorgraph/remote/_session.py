@@ -7,6 +7,7 @@ The worker's design and its safety rules are described in actorgraph/remote/_wor
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -48,12 +49,14 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
+    from ._peers import PeerRead
     from ._worker import Worker
 
 
 _REL_MAX = 1 << 40
 _VALUE_MAX = 1 << 62
 _ITEM_ENTRIES = frozenset(["k", "c", "p", "hw", "hr"])
+EARLY_PULL_BYTES = 1 << 20  # larger copies between workers are read when they run
 
 
 class Refused(Exception):
@@ -68,7 +71,10 @@ class Refused(Exception):
 
 
 class _Program:
-    __slots__ = ("actor", "count", "error", "local_waits", "max_slot", "ops", "slot", "store")
+    __slots__ = (
+        "actor", "count", "device", "early", "error", "local_waits", "max_slot", "ops", "slot",
+        "store",
+    )
 
     def __init__(self) -> None:
         self.actor: QueueActor | None = None
@@ -79,6 +85,11 @@ class _Program:
         self.local_waits: list[tuple[int, str]] = []
         self.store = False
         self.error: tuple[int, str] | None = None
+        self.device = ""
+        # Copies from another worker asked for when a batch arrives: (item, the "p"
+        # entry's source fields, the source device, the wait's slot and value, mirror id,
+        # bytes)
+        self.early: list[tuple[int, tuple[Any, ...], str, int, int, int, int]] = []
 
 
 def _signal_slot(entries: object) -> int:
@@ -184,6 +195,10 @@ class Session:
         self.mirrors: dict[int, Signal] = {}
         self.bytes_used = 0
         self.running: set[Submission] = set()
+        self._progress: dict[str, Signal] = {}
+        self.client_bases: dict[int, list[int]] = {}  # batch id -> the client's bases
+        self.early: dict[tuple[int, int], tuple[PeerRead, bytearray]] = {}
+        self.early_bytes = 0
 
     def queue(self, device_name: str) -> QueueActor:
         """The compute queue this client's programs on `device_name` run on."""
@@ -208,6 +223,8 @@ class Session:
             sub.fail(-1, "worker", ConnectionError("the client went away"))
         for mirror in self.mirrors.values():
             mirror.set(_VALUE_MAX + _REL_MAX)
+        for progress in self._progress.values():
+            progress.set(_VALUE_MAX + _REL_MAX)  # reads waiting on them get an error
 
     # -- lookups, each with a refusal that names the id --
 
@@ -317,6 +334,7 @@ class Session:
         device = runtime.device(device_name)
         actor = self.queue(device_name)
         program.actor = actor
+        program.device = device_name
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
         ops: list[Op | None] = []
         signals: list[tuple[int, int]] = []
@@ -329,7 +347,7 @@ class Session:
             try:
                 if kind in _ITEM_ENTRIES:
                     program.count += 1
-                    ops.append(self._lower_item(device, entry))
+                    ops.append(self._lower_item(device, entry, program))
                 elif kind == "w":
                     slot = want_int(entry[2], "wait slot", 0, 1 << 16)
                     program.max_slot = max(program.max_slot, slot)
@@ -384,15 +402,19 @@ class Session:
                 if i in quiet and i != last_report:
                     continue
                 if i == last_report:
-                    op = run_op(AWAIT, self._job_done, (program.slot, program.count), -1)
+                    op = run_op(
+                        AWAIT, self._job_done, (program.slot, program.count, device_name), -1
+                    )
                 else:
                     reported = ops[i - 1]
                     assert isinstance(reported, SignalOp)  # each report follows its signal
-                    op = run_op(AWAIT, self._report, (program.slot, reported.rel), -1)
+                    op = run_op(
+                        AWAIT, self._report, (program.slot, reported.rel, device_name), -1
+                    )
             lowered.append(op)
         program.ops = tuple(lowered)
 
-    def _lower_item(self, device: Device, entry: list[Any]) -> Op:
+    def _lower_item(self, device: Device, entry: list[Any], program: _Program) -> Op:
         kind = entry[0]
         item = want_int(entry[1], "item index", -1, 1 << 40)
         if kind == "k":
@@ -445,8 +467,23 @@ class Session:
             sid = want_int(entry[5], "peer session")
             ref = want_list(entry[6], "peer buffer", 3, size=3)
             ticket = want_bytes(entry[7], "read ticket", 32)
-            args = (host, port, sid, ref, ticket, bytes_of(dst))
-            return run_op(AWAIT, self.worker.peers.pull, args, item)
+            source = (host, port, sid, ref, ticket)
+            if len(entry) > 9 and dst.nbytes <= EARLY_PULL_BYTES:
+                # The wait on the source's queue this copy follows: ask for the bytes as
+                # the batch arrives, sent by the source the moment its queue gets there.
+                _, _, _, _, inner, slot, rel, ext_id = want_fields(["p"] + entry[5:], 8)
+                program.early.append((
+                    item,
+                    source,
+                    want_str(inner, "peer device"),
+                    want_int(slot, "wait slot", 0, 1 << 16),
+                    want_int(rel, "wait value", 0, _REL_MAX),
+                    want_int(ext_id, "signal id"),
+                    dst.nbytes,
+                ))
+                program.max_slot = max(program.max_slot, program.early[-1][3])
+                self.mirror(ext_id)  # refused here if there are too many
+            return run_op(AWAIT, self._pull, (item, bytes_of(dst), *source), item)
         if kind == "hw":
             dst = self.buffer(entry[2], "host write dst")
             chunks = []
@@ -505,10 +542,23 @@ class Session:
             for p in programs:
                 self.out.send(["done", batch_id, p.slot, [error[0], "worker", error[1]]])
             return
+        client_bases = list(bases)
+        self.client_bases[batch_id] = client_bases
+        for p in programs:
+            for item, source, inner, slot, rel, ext_id, nbytes in p.early:
+                # Staging held for reads asked ahead counts like pending host writes;
+                # past the limit a copy reads its bytes when it runs.
+                if self.early_bytes + nbytes <= self.worker.limits.max_pending_blob_bytes:
+                    self.early_bytes += nbytes
+                    value = bases[slot] + rel
+                    arrived = functools.partial(self.mirror(ext_id).set, value)
+                    self.early[(batch_id, item)] = self.worker.peers.pull_when(
+                        *source, inner, value, nbytes, arrived
+                    )
         bases[BATCH] = batch_id  # the id the worker's reports name
         sub = Submission(len(programs), [], [], [()] * len(programs), [])
         self.running.add(sub)
-        sub.on_done = self.running.discard
+        sub.on_done = functools.partial(self._batch_done, batch_id, programs)
         for p in programs:
             bases[p.slot] = p.actor.reserve(p.count)  # type: ignore[union-attr]
         for i, p in enumerate(programs):
@@ -523,12 +573,61 @@ class Session:
         "batch": _batch,
     }
 
+    def _batch_done(self, batch_id: int, programs: list[_Program], sub: Submission) -> None:
+        self.running.discard(sub)
+        self.client_bases.pop(batch_id, None)
+        for p in programs:
+            for early in p.early:
+                if self.early.pop((batch_id, early[0]), None) is not None:
+                    self.early_bytes -= early[6]
+
+    def progress(self, device: str) -> Signal:
+        """How far this client's queue on `device` has got, in the client's values (what
+        the worker reports to it): what reads from other workers wait on."""
+        signal = self._progress.get(device)
+        if signal is None:
+            if device not in self.worker.runtime.devices:
+                raise Refused(f"this worker has no device {device!r}")
+            signal = self._progress[device] = Signal(f"progress {device}", 0)
+        return signal
+
+    def _reached(self, job: Job, slot: int, rel: int, device: str) -> None:
+        client_bases = self.client_bases.get(job.bases[BATCH])
+        if client_bases is not None:
+            self.progress(device).set(client_bases[slot] + rel)
+
     # -- AWAIT ops run by the worker's actors --
 
-    async def _report(self, job: Job, slot: int, rel: int) -> None:
+    async def _report(self, job: Job, slot: int, rel: int, device: str) -> None:
+        self._reached(job, slot, rel, device)
         self.out.send(["sig", job.bases[BATCH], slot, rel])
 
-    async def _job_done(self, job: Job, slot: int, count: int) -> None:
+    async def _pull(
+        self,
+        job: Job,
+        item: int,
+        dst: memoryview,
+        host: str,
+        port: int,
+        sid: int,
+        ref: list[Any],
+        ticket: bytes,
+    ) -> None:
+        if job.submission.error is not None:
+            return
+        early = self.early.pop((job.bases[BATCH], item), None)
+        if early is None:
+            await self.worker.peers.pull(host, port, sid, ref, ticket, dst)
+            return
+        read, staging = early
+        self.early_bytes -= len(staging)
+        await read.done.wait()
+        if read.error is not None:
+            raise ConnectionError(str(read.error))
+        dst[:] = staging
+
+    async def _job_done(self, job: Job, slot: int, count: int, device: str) -> None:
+        self._reached(job, slot, count, device)
         sub = job.submission
         error = None
         if sub.error is not None:

@@ -53,6 +53,7 @@ from ._wire import (
     want_fields,
     want_int,
     want_list,
+    want_str,
 )
 
 
@@ -135,6 +136,7 @@ class Worker:
 
     async def serve(self, listener: trio.socket.SocketType) -> None:
         async with trio.open_nursery() as nursery:
+            self.peers.start(nursery)
             while True:
                 sock, _ = await listener.accept()
                 sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
@@ -155,7 +157,7 @@ class Worker:
                         out.send(["welcome", session.sid, session.key, self.limits.as_wire()])
                         await self._client_loop(stream, session)
                     else:
-                        await self._peer_loop(stream, out)
+                        await self._peer_loop(stream, out, nursery)
                 except WireError as exc:
                     # The framing itself is broken: answer, then drop this connection only.
                     await out.send(["error", "frame", 0, str(exc)]).wait()
@@ -240,30 +242,75 @@ class Worker:
                 ref_id = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
                 session.out.send(["error", meta[0], ref_id, str(exc)])
 
-    async def _peer_loop(self, stream: FrameStream, out: Outbox) -> None:
+    async def _peer_loop(self, stream: FrameStream, out: Outbox, nursery: trio.Nursery) -> None:
+        waiting = [0]  # "pwhen" reads this connection holds, waiting for their value
         while True:
             meta, tail = await stream.receive()
+            req = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
             try:
-                if meta[0] != "pread" or tail:
-                    raise Refused("a peer connection can only read ('pread')")
-                _, req, sid, ref, ticket = want_fields(meta, 5)
-                req = want_int(req, "request id")
-                session = self.sessions.get(want_int(sid, "session id"))
-                ref = want_list(ref, "buffer", 3, size=3)
-                ticket = want_bytes(ticket, "ticket", 32)
-                if session is None or not hmac.compare_digest(
-                    ticket, read_ticket(session.key, want_int(ref[0], "handle"))
-                ):
-                    raise Refused("no such session or a bad read ticket")
-                data = bytes_of(session.buffer(ref, "pread src"))
-                done = None
-                for off in range(0, len(data), CHUNK):
-                    done = out.send(["data", req, off, None], data[off : off + CHUNK])
-                if done is None:
-                    done = out.send(["data", req, 0, None])
-                await done.wait()
+                if meta[0] not in ("pread", "pwhen") or tail:
+                    raise Refused("a peer connection can only read ('pread', 'pwhen')")
+                if meta[0] == "pread":
+                    _, req, sid, ref, ticket = want_fields(meta, 5)
+                    session, ref = self._peer_read(req, sid, ref, ticket)
+                    await self._send_peer_data(out, req, session, ref)
+                    continue
+                _, req, sid, ref, ticket, device, value = want_fields(meta, 7)
+                session, ref = self._peer_read(req, sid, ref, ticket)
+                value = want_int(value, "queue value", 0, 1 << 63)
+                progress = session.progress(want_str(device, "device"))
+                if waiting[0] >= self.limits.max_signals:
+                    raise Refused(f"too many waiting reads (limit {self.limits.max_signals})")
+                waiting[0] += 1
+                nursery.start_soon(self._peer_when, out, req, session, ref, progress, value, waiting)
             except (Refused, WireError) as exc:
-                out.send(["error", "pread", 0, str(exc)])
+                out.send(["error", meta[0], req, str(exc)])
+
+    def _peer_read(
+        self, req: object, sid: object, ref: object, ticket: object
+    ) -> tuple[Session, list[Any]]:
+        want_int(req, "request id")
+        session = self.sessions.get(want_int(sid, "session id"))
+        ref = want_list(ref, "buffer", 3, size=3)
+        ticket = want_bytes(ticket, "ticket", 32)
+        if session is None or not hmac.compare_digest(
+            ticket, read_ticket(session.key, want_int(ref[0], "handle"))
+        ):
+            raise Refused("no such session or a bad read ticket")
+        session.buffer(ref, "pread src")  # refused now if it names no buffer
+        return session, ref
+
+    async def _send_peer_data(
+        self, out: Outbox, req: int, session: Session, ref: list[Any]
+    ) -> None:
+        data = bytes_of(session.buffer(ref, "pread src"))
+        done = None
+        for off in range(0, len(data), CHUNK):
+            done = out.send(["data", req, off, None], data[off : off + CHUNK])
+        if done is None:
+            done = out.send(["data", req, 0, None])
+        await done.wait()  # the tail is the buffer itself: sent before it can change
+
+    async def _peer_when(
+        self,
+        out: Outbox,
+        req: int,
+        session: Session,
+        ref: list[Any],
+        progress: Any,
+        value: int,
+        waiting: list[int],
+    ) -> None:
+        try:
+            await progress.wait_value(value)
+            if self.sessions.get(session.sid) is not session:
+                out.send(["error", "pwhen", req, "the source's client went away"])
+                return
+            await self._send_peer_data(out, req, session, ref)
+        except (Refused, WireError) as exc:
+            out.send(["error", "pwhen", req, str(exc)])
+        finally:
+            waiting[0] -= 1
 
 
 async def run_worker(
