@@ -122,40 +122,41 @@ class WorkerThread:
 
 def run_inline(actors: Sequence[QueueActor], jobs: Sequence[Job]) -> None:
     """Run one submission's jobs (jobs[q] for actors[q], every actor idle) in the
-    submitter's own task, with no task switch: each job runs until it meets a wait not
-    yet satisfied, then the next job runs, until every job is done or none can move.
-    A job that stops at an op needing a task of its own (a worker thread, I/O) or at a
-    wait this submission cannot satisfy (work elsewhere in flight) goes to its actor from
-    there, so it runs exactly as posted. Waits and signals are those the actors would
-    meet, in an order they could meet them in: the plan's order is kept."""
+    submitter's own task, with no task switch: a job runs until it meets a wait not yet
+    satisfied and parks; a parked job runs on once its wait is satisfied, until every job
+    is done or none can move. A job that stops at an op needing a task of its own (a
+    worker thread, I/O) or at a wait this submission cannot satisfy (work elsewhere in
+    flight) goes to its actor from there, so it runs exactly as posted. Waits and
+    signals are those the actors would meet, in an order they could meet them in."""
     at = [0] * len(jobs)
-    left = list(range(len(jobs)))
-    while left:
-        moved = False
-        blocked = []
-        for q in left:
-            job = jobs[q]
-            start = at[q]
-            stop = actors[q]._run_ready(job, start)
-            if stop == len(job.ops):
-                moved = True
-                continue
-            if stop != start:
-                moved = True
-                at[q] = stop
-            if job.ops[stop][0] == WAIT:
-                blocked.append(q)
-            else:
-                job.ops = job.ops[stop:]
-                at[q] = 0
-                actors[q].post(job)
-        left = blocked
-        if not moved:
-            break
-    for q in left:
+    ready = list(range(len(jobs) - 1, -1, -1))  # popped from the end: queue 0 first
+    parked: list[int] = []
+    while ready:
+        q = ready.pop()
         job = jobs[q]
-        if at[q]:
-            job.ops = job.ops[at[q]:]
+        ops = job.ops
+        stop = actors[q]._run_ready(job, at[q])
+        if stop < len(ops):
+            if ops[stop][0] == WAIT:
+                at[q] = stop
+                parked.append(q)
+            else:
+                job.ops = ops[stop:]
+                actors[q].post(job)
+        if parked:
+            # Only this job's signals moved: wake the parked jobs whose wait they reached.
+            still = []
+            for p in parked:
+                waiting = jobs[p]
+                op = waiting.ops[at[p]]
+                if op[1].value >= waiting.bases[op[2]] + op[3]:
+                    ready.append(p)
+                else:
+                    still.append(p)
+            parked = still
+    for q in parked:
+        job = jobs[q]
+        job.ops = job.ops[at[q]:]
         actors[q].post(job)
 
 
