@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import outcome
@@ -40,6 +40,7 @@ from ._ops import (
 from ._signal import Doorbell, Signal
 
 _VALUE_MAX = (1 << 64) - 1
+_RUNS_KEPT = 8  # op lists whose EXEC runs an actor keeps (QueueActor._exec_runs)
 
 
 @attrs.frozen
@@ -130,34 +131,44 @@ def run_inline(actors: Sequence[QueueActor], jobs: Sequence[Job]) -> None:
     signals are those the actors would meet, in an order they could meet them in."""
     at = [0] * len(jobs)
     ready = list(range(len(jobs) - 1, -1, -1))  # popped from the end: queue 0 first
-    parked: list[int] = []
+    # Parked jobs by the signal they wait on. A job's run moves only its own signal and,
+    # when it ends, its devices' timelines: only jobs parked on those are looked at again.
+    parked: dict[Signal, list[int]] = {}
     while ready:
         q = ready.pop()
         job = jobs[q]
         ops = job.ops
         stop = actors[q]._run_ready(job, at[q])
-        if stop < len(ops):
-            if ops[stop][0] == WAIT:
-                at[q] = stop
-                parked.append(q)
-            else:
-                job.ops = ops[stop:]
-                actors[q].post(job)
-        if parked:
-            # Only this job's signals moved: wake the parked jobs whose wait they reached.
+        moved: Sequence[Signal] = (actors[q].signal,)
+        if stop == len(ops):
+            moved = (actors[q].signal, *job.submission.timelines)
+        elif ops[stop][0] == WAIT:
+            at[q] = stop
+            parked.setdefault(ops[stop][1], []).append(q)
+        else:
+            job.ops, job.runs = ops[stop:], None
+            actors[q].post(job)
+        for signal in moved:
+            waiting = parked.pop(signal, None)
+            if waiting is None:
+                continue
+            value = signal.value
             still = []
-            for p in parked:
-                waiting = jobs[p]
-                op = waiting.ops[at[p]]
-                if op[1].value >= waiting.bases[op[2]] + op[3]:
+            for p in waiting:
+                wait = jobs[p].ops[at[p]]
+                if value >= jobs[p].bases[wait[2]] + wait[3]:
                     ready.append(p)
                 else:
                     still.append(p)
-            parked = still
-    for q in parked:
-        job = jobs[q]
-        job.ops = job.ops[at[q]:]
-        actors[q].post(job)
+            if still:
+                parked[signal] = still
+    # What is still parked waits on work outside this submission (or on a signal no
+    # job here moves): its actor runs it from there, as if posted so.
+    for waiting in parked.values():
+        for q in waiting:
+            job = jobs[q]
+            job.ops, job.runs = job.ops[at[q]:], None
+            actors[q].post(job)
 
 
 class QueueActor:
@@ -184,6 +195,8 @@ class QueueActor:
         self.items_run = 0
         self.time_blocked = 0.0
         self.bytes_copied = 0
+        # Runs of consecutive EXEC ops of recently run op lists (see `_exec_runs`).
+        self._runs: dict[int, tuple[Sequence[Op], dict[int, tuple[int, tuple[Any, ...]]]]] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -244,6 +257,32 @@ class QueueActor:
         """Serving, with no job running or queued: a new job would start at once."""
         return self._current is None and not self._inbox and self._token is not None and not self._closed
 
+    def _exec_runs(self, ops: Sequence[Op]) -> dict[int, tuple[int, tuple[Any, ...]]]:
+        """The runs of two or more consecutive EXEC ops in `ops`: first index -> (index
+        after the run, its (fn, args) calls). Kept for the few op lists run last, so a
+        graph replayed with the same bindings finds them made."""
+        key = id(ops)
+        hit = self._runs.get(key)
+        if hit is not None and hit[0] is ops:
+            return hit[1]
+        runs: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        count = len(ops)
+        i = 0
+        while i < count:
+            if ops[i][0] != EXEC:
+                i += 1
+                continue
+            end = i + 1
+            while end < count and ops[end][0] == EXEC:
+                end += 1
+            if end - i > 1:
+                runs[i] = (end, tuple([(op[1], op[2]) for op in ops[i:end]]))
+            i = end
+        if len(self._runs) >= _RUNS_KEPT:
+            self._runs.pop(next(iter(self._runs)))
+        self._runs[key] = (ops, runs)
+        return runs
+
     def _run_ready(self, job: Job, start: int) -> int:
         """Run `job`'s ops from `start` in the caller's task for as long as none needs a
         task of its own: inline execs, signals, waits already satisfied (as `_run_job`
@@ -252,12 +291,30 @@ class QueueActor:
         bases = job.bases
         sub = job.submission
         count = len(ops)
+        runs = job.runs
+        if runs is None:
+            runs = job.runs = self._exec_runs(ops)
         i = start
         ran = 0
         while i < count:
             op = ops[i]
             code = op[0]
             if code == EXEC:
+                run = runs.get(i)
+                if run is not None:
+                    # A run of execs: a plain loop over its calls, as the floor runs them.
+                    stop, calls = run
+                    if sub.error is None:
+                        k = i
+                        try:
+                            for fn, args in calls:
+                                fn(*args)
+                                k += 1
+                        except Exception as exc:
+                            sub.fail(ops[k][ITEM], self.name, exc)
+                    ran += stop - i
+                    i = stop
+                    continue
                 if sub.error is None:
                     try:
                         op[1](*op[2])

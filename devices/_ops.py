@@ -301,7 +301,7 @@ class Job:
     """One queue's part of a submission: its ops, the bases they are relative to (see
     the slots above), the submission and the job's slot in it."""
 
-    __slots__ = ("bases", "copy_bytes", "ops", "profile", "slot", "submission")
+    __slots__ = ("bases", "copy_bytes", "ops", "profile", "runs", "slot", "submission")
 
     def __init__(
         self,
@@ -318,6 +318,9 @@ class Job:
         self.slot = slot
         self.profile = profile  # None: the plain replay loop, no timestamps at all
         self.copy_bytes = copy_bytes
+        # Runs of consecutive EXEC ops, found when the job first runs inline
+        # (QueueActor._exec_runs); None until then.
+        self.runs: Any = None
 
     def fail(self, actor: str, error: BaseException, item: int | None = None) -> None:
         """Fail the submission (naming `item`, else the job's first) and end this job."""
