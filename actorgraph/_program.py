@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from actorgraph.devices import (
+    EXEC,
     FIRST_QUEUE_SLOT,
     KICK,
     Device,
@@ -22,6 +23,7 @@ from actorgraph.devices import (
     SignalOp,
     Submission,
     WaitOp,
+    run_in_order,
     run_inline,
     signal_op,
     wait_op,
@@ -186,11 +188,71 @@ class Program:
             templates.append(ops)
         self._mark_host_signals(templates)
         self.templates = templates
+        self.linear_order = self._linear_order(templates)
+        # Bound op lists -> their execs in linear_order (None: not all inline). Few kept.
+        self._linear: dict[int, tuple[Any, Any]] = {}
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
         complete = all(op is not None for t in templates for op in t)
         self.static_ops: tuple[tuple[Op, ...], ...] | None = (
             tuple(tuple(op for op in t if op is not None) for t in templates) if complete else None
         )
+
+    def _linear_order(self, templates: list[list[Op | None]]) -> tuple[tuple[int, int], ...] | None:
+        """Every item op of the plan as (queue, op index), in an order one task can run
+        them in: each queue runs until a wait on another queue of the plan is not yet
+        signalled, then the next queue runs (waits for the kick and the devices'
+        earlier work are taken as reached: the caller checks those). None if no order
+        finishes, which a verified plan never does."""
+        nqueues = len(templates)
+        signalled = [0] * nqueues
+        at = [0] * nqueues
+        order: list[tuple[int, int]] = []
+        moved = True
+        while moved:
+            moved = False
+            for q, ops in enumerate(templates):
+                i = at[q]
+                while i < len(ops):
+                    op = ops[i]
+                    if isinstance(op, WaitOp):
+                        src = op.slot - FIRST_QUEUE_SLOT
+                        if 0 <= src < nqueues and signalled[src] < op.rel:
+                            break
+                    elif isinstance(op, SignalOp):
+                        signalled[q] = max(signalled[q], op.rel)
+                    else:
+                        order.append((q, i))
+                    i += 1
+                if i != at[q]:
+                    at[q] = i
+                    moved = True
+        if any(at[q] < len(ops) for q, ops in enumerate(templates)):
+            return None
+        return tuple(order)
+
+    def linear_calls(self, ops: Sequence[Sequence[Op]]) -> tuple[Any, Any] | None:
+        """The bound `ops`' execs in linear_order: ((fn, args) calls, (item, queue) of
+        each), or None when some item does not run inline (a worker thread, I/O)."""
+        key = id(ops)
+        hit = self._linear.get(key)
+        if hit is not None and hit[0] is ops:
+            return hit[1]  # type: ignore[no-any-return]
+        found: tuple[Any, Any] | None = None
+        if self.linear_order is not None:
+            calls = []
+            where = []
+            for q, i in self.linear_order:
+                op = ops[q][i]
+                if op[0] != EXEC:
+                    break
+                calls.append((op[1], op[2]))
+                where.append((op[3], q))
+            else:
+                found = (tuple(calls), tuple(where))
+        if len(self._linear) >= 8:
+            self._linear.pop(next(iter(self._linear)))
+        self._linear[key] = (ops, found)
+        return found
 
     def _mark_host_signals(self, templates: list[list[Op | None]]) -> None:
         """Flag each SIGNAL by whether an actor waits on it through the trio side: the
@@ -332,7 +394,14 @@ class Program:
         if profiles is None and self._inline and all(actor.idle for actor in actors):
             jobs = [Job(ops[qi], bases, sub, qi, None, copy_bytes[qi]) for qi in range(nqueues)]
             runtime.kick.set(kick)
-            run_inline(actors, jobs)
+            linear = self.linear_calls(ops)
+            if linear is not None and all(
+                tl.value >= bases[first_ticket + di] for di, tl in enumerate(self.timelines)
+            ):
+                # Every item inline, every device done with earlier work: one loop.
+                run_in_order(actors, jobs, linear[0], linear[1], self.counts)
+            else:
+                run_inline(actors, jobs)
             # Nothing ran in between: a submission done here was never in flight.
             if sub.done.is_set():
                 runtime.count_done(sub, then)

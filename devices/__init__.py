@@ -8,6 +8,7 @@ from typing import Any
 
 from ._actor import ActorStatistics as ActorStatistics
 from ._actor import QueueActor as QueueActor
+from ._actor import run_in_order as run_in_order
 from ._actor import run_inline as run_inline
 from ._costmodel import PRESETS as PRESETS
 from ._costmodel import CostModel as CostModel

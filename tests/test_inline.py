@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import trio
 
 import actorgraph as ag
@@ -107,3 +108,64 @@ async def test_a_replay_that_starts_inline_hands_a_thread_item_to_its_actor() ->
         np.testing.assert_array_equal(await rt.copyout(out), np.full(8, 5, I32))
         got = await rt.copyout(wide[2])
         np.testing.assert_array_equal(got[:8], np.arange(8, dtype=I32) ^ 5)
+
+
+async def _chain_state(thread_bytes: int) -> tuple[list[int], list[int], np.ndarray[Any, Any]]:
+    """Replay a two-device chain three times; the actors' signals, the jobs they count and
+    the result. With thread_bytes=0 every kernel goes to a worker thread (the actors'
+    own loops); otherwise the replays run inline, as one loop."""
+    async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=thread_bytes) as rt:
+        bufs = [rt.alloc(f"CPU:{i % 2}", 8, I32) for i in range(6)]
+        await rt.copyin(bufs[0], np.arange(8, dtype=I32))
+        await rt.copyin(bufs[1], np.full(8, 9, I32))
+        items = [
+            ag.Launch(XOR, [bufs[2], bufs[0], bufs[0]]),
+            ag.Copy(dst=bufs[3], src=bufs[2]),
+            ag.Copy(dst=bufs[4], src=bufs[1]),
+            ag.Launch(XOR, [bufs[5], bufs[3], bufs[1]]),
+        ]
+        graph = await rt.compile(items, inputs=[bufs[0]])
+        for _ in range(3):
+            await graph([bufs[0]])
+        stats = rt.statistics().actors
+        return (
+            [s.signal_value for s in stats],
+            [s.jobs_done for s in stats],
+            await rt.copyout(bufs[5]),
+        )
+
+
+async def test_an_inline_replay_leaves_signals_and_counts_where_the_actors_would() -> None:
+    inline = await _chain_state(1 << 20)
+    actors = await _chain_state(0)
+    assert inline[0] == actors[0]
+    assert inline[1] == actors[1]
+    np.testing.assert_array_equal(inline[2], actors[2])
+    np.testing.assert_array_equal(inline[2], np.full(8, 9, I32))
+
+
+async def test_a_failing_item_in_an_inline_replay_is_named_and_stops_the_items_after_it() -> None:
+    def boom(out: np.ndarray[Any, Any], a: np.ndarray[Any, Any]) -> None:
+        raise ValueError("no good")
+
+    bad = ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,))
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        a, b = rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:0", 8, I32)
+        c, d = rt.alloc("CPU:1", 8, I32), rt.alloc("CPU:1", 8, I32)
+        await rt.copyin(a, np.full(8, 4, I32))
+        await rt.copyin(b, np.full(8, 7, I32))
+        items = [
+            ag.Copy(dst=c, src=a),
+            ag.Launch(bad, [b, a]),
+            ag.Launch(XOR, [d, c, c]),
+            ag.Copy(dst=c, src=b),
+        ]
+        graph = await rt.compile(items, inputs=[a])
+        with pytest.raises(
+            ag.ItemError, match=r"item 1 \(boom\) on CPU:0/compute raised ValueError: no good"
+        ):
+            await graph([a])
+        # The copy of b waits for the failed item, so it was skipped: c never holds b.
+        assert not np.array_equal(await rt.copyout(c), np.full(8, 7, I32))
+        await rt.run([ag.Launch(XOR, [b, a, a])])  # the runtime goes on
+        np.testing.assert_array_equal(await rt.copyout(b), np.zeros(8, I32))
