@@ -37,12 +37,14 @@ from remote_kernels import GATED, INC, SLEEPY
 LOCAL_INC = ag.Kernel("local_inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
 
 
+@pytest.mark.parametrize("killed", ["destination", "source"])
 async def test_a_worker_killed_between_hops_fails_the_replay(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, killed: str
 ) -> None:
-    # local -> A (a kernel held at a gate) -> B -> local: B dies while its job waits for
-    # A's. The replay fails with ClosedError once A's kernel ends; nothing hangs, and the
-    # local device and A go on working.
+    # local -> A (a kernel held at a gate) -> B -> local, while B's job waits for A's:
+    # B dies (the replay fails once A's kernel ends), or A dies (B's copy from it fails).
+    # Either way the replay raises ClosedError, nothing hangs, and the local device and
+    # the living worker go on working.
     gate = tmp_path / "gate"
     monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     a_worker, b_worker = start("CPU:0"), start("CPU:0")
@@ -61,13 +63,14 @@ async def test_a_worker_killed_between_hops_fails_the_replay(
                 ])
                 replay = await graph.submit()
                 await trio.testing.wait_all_tasks_blocked()  # the batches are on the wire
-                b_worker.kill()
+                (b_worker if killed == "destination" else a_worker).kill()
                 gate.touch()
                 with pytest.raises(ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"):
                     await replay.wait()
+                living = at_a if killed == "destination" else at_b
                 await rt.copyin(src, np.arange(8, dtype=np.int32))
-                await rt.run([ag.Copy(dst=at_a, src=src), ag.Launch(INC, [at_a, at_a])])
-                np.testing.assert_array_equal(await rt.copyout(at_a), np.arange(8) + 1)
+                await rt.run([ag.Copy(dst=living, src=src), ag.Launch(INC, [living, living])])
+                np.testing.assert_array_equal(await rt.copyout(living), np.arange(8) + 1)
     finally:
         a_worker.kill()
         b_worker.kill()

@@ -83,7 +83,7 @@ def flat_bytes(array: np.ndarray[Any, Any]) -> memoryview:
 class _Program:
     """One queue's op list as the worker holds it."""
 
-    __slots__ = ("final", "mirrors", "ops", "prog_id", "queue", "slot")
+    __slots__ = ("direct", "final", "mirrors", "ops", "prog_id", "queue", "slot")
 
     def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
         self.prog_id = prog_id
@@ -95,15 +95,23 @@ class _Program:
         self.slot = own.slot
         self.final = own.rel  # where the job leaves its queue's signal
         self.mirrors: list[tuple[Signal, int, int, int]] = []  # signal, base slot, rel, id
+        # The waits a copy from another worker follows: that worker tells this one
+        # directly, so the client forwards them only if it loses that worker.
+        self.direct: set[tuple[int, int, int]] = set()  # base slot, rel, id
 
 
 class _Batch:
-    __slots__ = ("bases", "jobs", "submission")
+    __slots__ = ("bases", "jobs", "submission", "watchers")
 
     def __init__(self, submission: Any, bases: Sequence[int]) -> None:
         self.submission = submission
         self.bases = bases
         self.jobs: dict[int, tuple[Job, _Program]] = {}
+        self.watchers: list[trio.Event] = []  # set when the batch's jobs have all ended
+
+    def end(self) -> None:
+        for event in self.watchers:
+            event.set()
 
 
 class _Read:
@@ -193,6 +201,7 @@ class Connection:
         self._signal_ids: dict[int, tuple[Signal, int]] = {}
         self._ext_sent: dict[int, int] = {}
         # op list id -> (op list, {id of a push's buffer ref: the SIGNAL right after it})
+        self.watchers: set[trio.Event] = set()  # set when this connection is lost
         self._signals_after: collections.OrderedDict[
             int, tuple[Sequence[Op], dict[int, SignalOp]]
         ] = collections.OrderedDict()
@@ -466,7 +475,8 @@ class Connection:
                 if value < target:
                     nursery = self._nursery
                     assert nursery is not None  # started before any job can arrive
-                    nursery.start_soon(self._forward, signal, target, ext_id)
+                    direct = batch if (slot, rel, ext_id) in program.direct else None
+                    nursery.start_soon(self._forward, signal, target, ext_id, direct)
         self._batches[batch_id] = batch
         parts.append(encode(["batch", batch_id, list(bases), prog_ids, ext]))
         self.batches_sent += 1
@@ -504,7 +514,10 @@ class Connection:
                 # last signal always is, with its "done").
                 entries.append(["s", op.slot, op.rel] if op.host else ["s", op.slot, op.rel, 0])
             elif isinstance(op, WireOp):
-                entries.append(_with_source_wait(op.entry, mirror_waits))
+                entry = _with_source_wait(op.entry, mirror_waits)
+                if entry is not op.entry:
+                    program.direct.add(tuple(entry[-3:]))  # type: ignore[arg-type]
+                entries.append(entry)
                 if op.blobs is not None:  # a host write: its data goes ahead of it
                     one_shot = True
                     for blob_id, chunk in op.blobs:
@@ -524,8 +537,26 @@ class Connection:
                 parts.append(encode(["forget", old.prog_id]))
         return program
 
-    async def _forward(self, signal: Signal, target: int, ext_id: int) -> None:
+    async def _forward(
+        self, signal: Signal, target: int, ext_id: int, direct: _Batch | None
+    ) -> None:
         await signal.wait_value(target)
+        queue = QUEUES_BY_SIGNAL.get(id(signal))
+        if direct is not None and queue is not None and id(queue.signal) == id(signal):
+            # The source's worker tells this one itself, with the bytes. Forward only if
+            # the source's worker is lost before this batch ends: it may have died before
+            # it could, and what waits here must go on (its copy then fails).
+            source = queue.device.connection
+            if source.error is None and direct.jobs:
+                event = trio.Event()
+                direct.watchers.append(event)
+                source.watchers.add(event)
+                try:
+                    await event.wait()
+                finally:
+                    source.watchers.discard(event)
+            if source.error is None:
+                return
         value = signal.value
         if self.error is not None or self._ext_sent.get(ext_id, -1) >= value:
             return
@@ -580,6 +611,7 @@ class Connection:
         job, program = batch.jobs.pop(meta[2])
         if not batch.jobs:
             del self._batches[meta[1]]
+            batch.end()
         error = meta[3]
         sub = job.submission
         if error is not None:
@@ -640,7 +672,11 @@ class Connection:
         for batch in list(self._batches.values()):
             for job, program in batch.jobs.values():
                 self._fail_job(job, program.queue, error)
+        for batch in self._batches.values():
+            batch.end()
         self._batches.clear()
+        for event in self.watchers:
+            event.set()
         for read in self._reads.values():
             read.error = error
             read.done.set()
