@@ -13,6 +13,7 @@ runs every code of every device kind through both.
 from __future__ import annotations
 
 import collections
+import operator
 import queue
 import threading
 import time
@@ -185,13 +186,12 @@ def run_in_order(
     runs meanwhile, so no one can see the signals in between: each job's signal is set
     once, to where its job leaves it, and the jobs end as the actors would end them."""
     sub = jobs[0].submission
-    k = 0
+    it = iter(calls)
     try:
-        for fn, args in calls:
+        for fn, args in it:  # no counter: the loop is the floor's own
             fn(*args)
-            k += 1
     except Exception as exc:  # the first failure; later execs are skipped, as actors do
-        item, q = where[k]
+        item, q = where[len(calls) - operator.length_hint(it) - 1]
         sub.fail(item, actors[q].name, exc)
     for q, job in enumerate(jobs):
         actor = actors[q]
