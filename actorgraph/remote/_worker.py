@@ -252,23 +252,25 @@ class Worker:
                     raise Refused("a peer connection can only read ('pread', 'pwhen')")
                 if meta[0] == "pread":
                     _, req, sid, ref, ticket = want_fields(meta, 5)
-                    session, ref = self._peer_read(req, sid, ref, ticket)
-                    await self._send_peer_data(out, req, session, ref)
+                    session, data = self._peer_read(req, sid, ref, ticket)
+                    await self._send_peer_data(out, req, data)
                     continue
                 _, req, sid, ref, ticket, device, value = want_fields(meta, 7)
-                session, ref = self._peer_read(req, sid, ref, ticket)
+                session, data = self._peer_read(req, sid, ref, ticket)
                 value = want_int(value, "queue value", 0, 1 << 63)
                 progress = session.progress(want_str(device, "device"))
                 if waiting[0] >= self.limits.max_signals:
                     raise Refused(f"too many waiting reads (limit {self.limits.max_signals})")
                 waiting[0] += 1
-                nursery.start_soon(self._peer_when, out, req, session, ref, progress, value, waiting)
+                args = (out, req, session, ref[0], data, progress, value, waiting)
+                nursery.start_soon(self._peer_when, *args)
             except (Refused, WireError) as exc:
                 out.send(["error", meta[0], req, str(exc)])
 
     def _peer_read(
         self, req: object, sid: object, ref: object, ticket: object
-    ) -> tuple[Session, list[Any]]:
+    ) -> tuple[Session, memoryview]:
+        """The session and bytes a peer's read names, checked against its ticket."""
         want_int(req, "request id")
         session = self.sessions.get(want_int(sid, "session id"))
         ref = want_list(ref, "buffer", 3, size=3)
@@ -277,13 +279,9 @@ class Worker:
             ticket, read_ticket(session.key, want_int(ref[0], "handle"))
         ):
             raise Refused("no such session or a bad read ticket")
-        session.buffer(ref, "pread src")  # refused now if it names no buffer
-        return session, ref
+        return session, bytes_of(session.buffer(ref, "pread src"))
 
-    async def _send_peer_data(
-        self, out: Outbox, req: int, session: Session, ref: list[Any]
-    ) -> None:
-        data = bytes_of(session.buffer(ref, "pread src"))
+    async def _send_peer_data(self, out: Outbox, req: int, data: memoryview) -> None:
         done = None
         for off in range(0, len(data), CHUNK):
             done = out.send(["data", req, off, None], data[off : off + CHUNK])
@@ -296,17 +294,18 @@ class Worker:
         out: Outbox,
         req: int,
         session: Session,
-        ref: list[Any],
+        handle: int,
+        data: memoryview,
         progress: Any,
         value: int,
         waiting: list[int],
     ) -> None:
         try:
             await progress.wait_value(value)
-            if self.sessions.get(session.sid) is not session:
-                out.send(["error", "pwhen", req, "the source's client went away"])
+            if self.sessions.get(session.sid) is not session or handle not in session.buffers:
+                out.send(["error", "pwhen", req, "the source's client or buffer went away"])
                 return
-            await self._send_peer_data(out, req, session, ref)
+            await self._send_peer_data(out, req, data)
         except (Refused, WireError) as exc:
             out.send(["error", "pwhen", req, str(exc)])
         finally:
