@@ -31,8 +31,12 @@ class Pending(Generic[T]):
     __slots__ = ("_fn", "_args", "_kwargs", "_what", "_name", "_awaited", "_said")
 
     def __init__(
-        self, fn: Callable[..., Coroutine[Any, Any, T]], args: tuple[Any, ...],
-        kwargs: dict[str, Any], what: str, name: str,
+        self,
+        fn: Callable[..., Coroutine[Any, Any, T]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        what: str,
+        name: str,
     ) -> None:
         self._fn = fn
         self._args = args
@@ -47,7 +51,9 @@ class Pending(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._awaited:
-            raise UsageError(f"{self._what} was awaited twice; call it again for another {self._name}")
+            raise UsageError(
+                f"{self._what} was awaited twice; call it again for another {self._name}"
+            )
         self._awaited = True
         return (yield from self._fn(*self._args, **self._kwargs).__await__())
 
@@ -109,4 +115,3 @@ def described(value: object) -> str:
             f"`.result()` from plain code)"
         )
     return repr(value)
-

@@ -55,8 +55,13 @@ class Call(Generic[T]):
     """
 
     def __init__(
-        self, owner: BackgroundRuntime, fn: Callable[..., Any], args: Sequence[Any],
-        kwargs: Mapping[str, Any], what: str, start: Callable[[], Any] | None = None,
+        self,
+        owner: BackgroundRuntime,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        what: str,
+        start: Callable[[], Any] | None = None,
     ) -> None:
         self._owner = owner
         self._fn = fn
@@ -217,7 +222,9 @@ class BackgroundGraph:
         return self.graph.statistics()
 
     def __call__(
-        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None,
+        self,
+        inputs: Sequence[Buffer] = (),
+        var_vals: Mapping[Var, int] | None = None,
         **options: Any,
     ) -> Call[None]:
         """`await graph(inputs, var_vals=...)`; options pass through to Graph.__call__."""
@@ -249,7 +256,10 @@ class BackgroundRuntime:
     """A runtime held open on its own thread until close(). Made by start_runtime()."""
 
     def __init__(
-        self, devices: Sequence[str], options: Mapping[str, Any], clock: trio.abc.Clock | None = None
+        self,
+        devices: Sequence[str],
+        options: Mapping[str, Any],
+        clock: trio.abc.Clock | None = None,
     ) -> None:
         self._clock = clock
         self._runtime: Runtime | None = None
@@ -269,8 +279,10 @@ class BackgroundRuntime:
         self._unobserved: list[_Entry] = []  # failed while nobody waited for them
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=self._main, args=(list(devices), dict(options), ready),
-            name=f"actorgraph runtime {','.join(map(str, devices))}", daemon=True,
+            target=self._main,
+            args=(list(devices), dict(options), ready),
+            name=f"actorgraph runtime {','.join(map(str, devices))}",
+            daemon=True,
         )
         self._thread.start()
         ready.result()  # raises what opening the runtime raised (bad device names, ...)
@@ -323,7 +335,9 @@ class BackgroundRuntime:
             try:
                 result = await entry.fn(*entry.args, **entry.kwargs)
             except trio.Cancelled:
-                error = ClosedError(f"{entry.what}: the background runtime closed before it finished")
+                error = ClosedError(
+                    f"{entry.what}: the background runtime closed before it finished"
+                )
                 self._fail(entry, error, report=False)  # close() did it: nothing to report
                 raise
             except BaseException as error:
@@ -389,7 +403,10 @@ class BackgroundRuntime:
         if report:
             _log.warning(
                 "%s failed while nobody waited for it (%s: %s); the next call on the runtime "
-                "or close() raises it", entry.what, type(error).__name__, error,
+                "or close() raises it",
+                entry.what,
+                type(error).__name__,
+                error,
             )
         if not entry.future.done():
             if entry.future.running() or entry.future.set_running_or_notify_cancel():
@@ -421,7 +438,11 @@ class BackgroundRuntime:
         raise error
 
     def _submit(
-        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], what: str,
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        what: str,
         start: Callable[[], Any] | None = None,
     ) -> _Entry:
         self._check_running(what)
@@ -436,7 +457,9 @@ class BackgroundRuntime:
             self._queue.append(entry)
         assert self._token is not None
         try:
-            self._token.run_sync_soon(self._start_calls if start is not None else self._wake_dispatcher)
+            self._token.run_sync_soon(
+                self._start_calls if start is not None else self._wake_dispatcher
+            )
         except trio.RunFinishedError:
             pass  # _main's exit fails what is still queued
         return entry
@@ -470,7 +493,11 @@ class BackgroundRuntime:
 
     def _check_running(self, what: str) -> None:
         if self.closed:
-            cause = f" (it stopped on {type(self._crash).__name__}: {self._crash})" if self._crash else ""
+            cause = (
+                f" (it stopped on {type(self._crash).__name__}: {self._crash})"
+                if self._crash
+                else ""
+            )
             raise ClosedError(
                 f"{what}: this background runtime is closed{cause}; start a new one with "
                 f"ag.start_runtime([...])"
@@ -613,6 +640,7 @@ class BackgroundRuntime:
             self.close()
         except Exception:  # noqa: BLE001 - the block's own error goes on; this one is logged
             _log.warning("close() after an error in the with block also failed", exc_info=True)
+
 
 def start_runtime(
     devices: Sequence[str], *, clock: trio.abc.Clock | None = None, **options: Any

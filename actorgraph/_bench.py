@@ -106,12 +106,16 @@ async def builtin(items: int, replays: int) -> dict[str, Any]:
 def main_builtin(items: int, replays: int, out: str | None) -> int:
     results = trio.run(builtin, items, replays)
     print(f"built-in replay benchmark: {items} tiny xor kernels on CPU:0")
-    print(f"  graph replay: {results['graph_us_per_item']:.2f} us/item "
-          f"({results['graph_us_per_call']:.0f} us per replay; "
-          f"{results['graph_new_inputs_us_per_call']:.0f} us with new inputs each replay)")
-    print(f"  @ag.jit call: {results['jit_us_per_call']:.0f} us per call "
-          f"({results['jit_overhead_us_per_call']:+.1f} us over the graph; "
-          f"{results['jit_new_inputs_overhead_us_per_call']:+.1f} us with new inputs each call)")
+    print(
+        f"  graph replay: {results['graph_us_per_item']:.2f} us/item "
+        f"({results['graph_us_per_call']:.0f} us per replay; "
+        f"{results['graph_new_inputs_us_per_call']:.0f} us with new inputs each replay)"
+    )
+    print(
+        f"  @ag.jit call: {results['jit_us_per_call']:.0f} us per call "
+        f"({results['jit_overhead_us_per_call']:+.1f} us over the graph; "
+        f"{results['jit_new_inputs_overhead_us_per_call']:+.1f} us with new inputs each call)"
+    )
     print(f"  eager rt.run: {results['eager_us_per_item']:.1f} us/item")
     if out:
         path = pathlib.Path(out)

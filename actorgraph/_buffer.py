@@ -271,8 +271,14 @@ class Buffer:
 
     # -- DLPack: torch.from_dlpack(buffer), numpy.from_dlpack(buffer), ... view it in place --
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
-                   dl_device: Any = None, copy: bool | None = None) -> Any:
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: bool | None = None,
+    ) -> Any:
         """Export this buffer without a copy. On a GPU the consumer's `stream` waits for
         the work queued on the device (the host does not block); host memory is exported
         as it is. Await the work that writes the buffer first: work submitted later is
@@ -287,7 +293,9 @@ class Buffer:
             )
         export = getattr(self._alloc.device, "dlpack", None)
         if export is None:
-            return self.host_view().__dlpack__(**({} if max_version is None else {"max_version": max_version}))
+            return self.host_view().__dlpack__(
+                **({} if max_version is None else {"max_version": max_version})
+            )
         return export(self, stream, max_version)
 
     def __dlpack_device__(self) -> tuple[int, int]:

@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         "fresh inputs and compare every replay with eager execution.",
     )
     demo.add_argument(
-        "--devices", type=_device_list, default=["CPU:0", "CPU:1", "CPU:2"],
+        "--devices",
+        type=_device_list,
+        default=["CPU:0", "CPU:1", "CPU:2"],
         help="comma-separated device names (default: CPU:0,CPU:1,CPU:2)",
     )
     demo.add_argument("--replays", type=int, default=10, help="replays to check (default: 10)")
@@ -38,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace", metavar="PATH", help="profile the replays, write a Chrome trace (Perfetto) here"
     )
     demo.add_argument(
-        "--plot", metavar="PATH", help="profile the replays, draw a timeline picture here (.png, .svg)"
+        "--plot",
+        metavar="PATH",
+        help="profile the replays, draw a timeline picture here (.png, .svg)",
     )
     demo.add_argument("-v", "--verbose", action="store_true", help="log what actorgraph does")
 
@@ -51,12 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     worker.add_argument("--port", type=int, default=7000, help="port (default: 7000; 0 picks one)")
     worker.add_argument(
-        "--devices", type=_device_list, default=["CPU:0"],
+        "--devices",
+        type=_device_list,
+        default=["CPU:0"],
         help="comma-separated devices to host (default: CPU:0)",
     )
     worker.add_argument("--token-file", default=None, help="file holding the clients' shared token")
     worker.add_argument(
-        "--kernels", action="append", default=[], metavar="MODULE",
+        "--kernels",
+        action="append",
+        default=[],
+        metavar="MODULE",
         help="module whose KERNELS the clients may launch by name (repeatable); found on "
         "the Python path or in the current folder; the demo's kernels are always there",
     )
@@ -67,13 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-client-bytes", type=int, default=8 << 30, help="memory one client may allocate"
     )
     worker.add_argument(
-        "--thread-bytes", type=int, default=None, metavar="B",
+        "--thread-bytes",
+        type=int,
+        default=None,
+        metavar="B",
         help="CPU kernels touching at least B bytes run on a thread, smaller ones on the "
         "worker's event loop (default 1 MiB); 0: every kernel on a thread, so a slow kernel "
         "of one client never delays another's",
     )
     worker.add_argument(
-        "--max-pending-writes", type=int, default=1 << 30,
+        "--max-pending-writes",
+        type=int,
+        default=1 << 30,
         help="bytes of host-write data one client may have sent and not yet used",
     )
 
@@ -95,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--replays", type=int, default=200, help="built-in: replays per round (default: 200)"
     )
     bench.add_argument(
-        "--out", metavar="PATH",
+        "--out",
+        metavar="PATH",
         help="write the figures as JSON here (default: benchmarks/core.py writes "
         "benchmarks/results/core.json; the built-in benchmark writes a file only with --out)",
     )
@@ -196,7 +211,12 @@ def _run(args: argparse.Namespace) -> int:
             max_pending_blob_bytes=args.max_pending_writes,
         )
         return worker_main(
-            args.devices, args.host, args.port, args.token_file, args.kernels, limits,
+            args.devices,
+            args.host,
+            args.port,
+            args.token_file,
+            args.kernels,
+            limits,
             args.thread_bytes,
         )
     return 2  # pragma: no cover - argparse rejects unknown commands

@@ -33,12 +33,18 @@ extern "C" __global__ void NAME(int *out, const int *a, const int *b, int n) {
 # compiles the source (the fake driver runs the CPU body), and every worker knows them by
 # name (its registry always holds the demo's KERNELS), so remote devices run them too.
 XOR = Kernel(
-    "demo_xor", cpu=_xor, cuda=_CUDA.replace("NAME", "demo_xor").replace("OP", "^"),
-    outs=(0,), ins=(1, 2),
+    "demo_xor",
+    cpu=_xor,
+    cuda=_CUDA.replace("NAME", "demo_xor").replace("OP", "^"),
+    outs=(0,),
+    ins=(1, 2),
 )
 ADD = Kernel(
-    "demo_add", cpu=_add, cuda=_CUDA.replace("NAME", "demo_add").replace("OP", "+"),
-    outs=(0,), ins=(1, 2),
+    "demo_add",
+    cpu=_add,
+    cuda=_CUDA.replace("NAME", "demo_add").replace("OP", "+"),
+    outs=(0,),
+    ins=(1, 2),
 )
 KERNELS = [XOR, ADD]
 N = Var("n", 1, 1 << 30)
@@ -47,7 +53,9 @@ BLOCK = 256
 
 def _launch(kernel: Kernel, bufs: list[Buffer]) -> Launch:
     n = bufs[0].size
-    return Launch(kernel, bufs, vars=[N], fixedvars={N: n}, global_size=cdiv(n, BLOCK), local_size=BLOCK)
+    return Launch(
+        kernel, bufs, vars=[N], fixedvars={N: n}, global_size=cdiv(n, BLOCK), local_size=BLOCK
+    )
 
 
 async def run_demo(
@@ -81,7 +89,8 @@ async def run_demo(
                 items += [Copy(dst=local_a, src=a), Copy(dst=local_b, src=b)]
             items.append(_launch(XOR if i % 2 == 0 else ADD, [mids[i], local_a, local_b]))
             items.append(
-                Copy(dst=moved[i], src=mids[i]) if dev != last
+                Copy(dst=moved[i], src=mids[i])
+                if dev != last
                 else _launch(XOR, [moved[i], mids[i], mids[i]])
             )
         acc = moved[0]
@@ -121,7 +130,9 @@ async def run_demo(
                 two = await graph.submit([a, b])
                 await two.wait()
                 plot_timeline(
-                    rt.profile(), plot, replays=[one.number, two.number],
+                    rt.profile(),
+                    plot,
+                    replays=[one.number, two.number],
                     title=f"demo: replays {one.number} and {two.number}, submitted back to back",
                 )
                 print(f"timeline of replays {one.number} and {two.number} written to {plot}")

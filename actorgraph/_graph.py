@@ -286,7 +286,11 @@ class Graph(Hinted):
         return self._post(program, ops, inputs, profile, then)
 
     def _post(
-        self, program: Program, ops: Any, inputs: Sequence[Buffer], profile: bool | None,
+        self,
+        program: Program,
+        ops: Any,
+        inputs: Sequence[Buffer],
+        profile: bool | None,
         then: TimelinePoints,
     ) -> Replay:
         sub = self._start(program, ops, inputs, profile)
@@ -313,7 +317,9 @@ class Graph(Hinted):
         submitted = program.actors[0]._now()
         sub = program.submit(ops, jobs, then=self._count)
         # Numbered like the Replay that submit() returns: 1, 2, ...
-        record = ReplayRecord(program, self.number, self.replays + 1, tuple(inputs), jobs, submitted)
+        record = ReplayRecord(
+            program, self.number, self.replays + 1, tuple(inputs), jobs, submitted
+        )
         self._last_record = record
         self._runtime.keep_profile(record)
         return sub
@@ -377,7 +383,6 @@ class Graph(Hinted):
             )
         from actorgraph.scheduler import build_plan
 
-
         program = self._program
         items = []
         for j, item in enumerate(program.items):
@@ -419,8 +424,7 @@ class Graph(Hinted):
                 )
             if new.dtype != old.dtype:
                 raise InputError(
-                    f"input {i} has dtype {new.dtype} but the graph was compiled for "
-                    f"{old.dtype}"
+                    f"input {i} has dtype {new.dtype} but the graph was compiled for {old.dtype}"
                 )
             limit = self._program.max_sizes.get(i)
             if limit is not None:
@@ -431,8 +435,7 @@ class Graph(Hinted):
                     )
             elif new.shape != old.shape:
                 raise InputError(
-                    f"input {i} has shape {new.shape} but the graph was compiled for "
-                    f"{old.shape}"
+                    f"input {i} has shape {new.shape} but the graph was compiled for {old.shape}"
                 )
             for j, other in by_alloc.get(new.alloc_id, ()):
                 if new.overlaps(other) and overlap is None:

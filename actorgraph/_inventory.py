@@ -42,7 +42,9 @@ class Inventory:
             "cpu_cores": self.cpu_cores,
             "cuda_gpus": [
                 {
-                    "name": f"CUDA:{g.index}", "model": g.name, "memory_bytes": g.memory_bytes,
+                    "name": f"CUDA:{g.index}",
+                    "model": g.name,
+                    "memory_bytes": g.memory_bytes,
                     "compute_capability": list(g.compute_capability),
                 }
                 for g in self.gpus

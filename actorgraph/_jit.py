@@ -192,8 +192,15 @@ def _trace(items: Sequence[Item], inputs: Sequence[Buffer]) -> tuple[Any, ...]:
         bufs = tuple(canon(b) for b in item.bufs)
         if isinstance(item, Launch):
             out.append(
-                ("launch", item.kernel.name, bufs, item.vars, item.fixedvars,
-                 item.global_size, item.local_size)
+                (
+                    "launch",
+                    item.kernel.name,
+                    bufs,
+                    item.vars,
+                    item.fixedvars,
+                    item.global_size,
+                    item.local_size,
+                )
             )
         else:
             out.append(("copy", bufs))
@@ -203,8 +210,10 @@ def _trace(items: Sequence[Item], inputs: Sequence[Buffer]) -> tuple[Any, ...]:
 def _first_difference(was: tuple[Any, ...], now: tuple[Any, ...]) -> str:
     for i, (a, b) in enumerate(zip(was, now)):
         if a != b:
-            return f"item {i} differs ({a[0]} {a[1] if a[0] == 'launch' else ''} vs {b[0]} " \
-                   f"{b[1] if b[0] == 'launch' else ''})"
+            return (
+                f"item {i} differs ({a[0]} {a[1] if a[0] == 'launch' else ''} vs {b[0]} "
+                f"{b[1] if b[0] == 'launch' else ''})"
+            )
     return f"{len(was)} items vs {len(now)}"
 
 
@@ -596,6 +605,7 @@ def jit(
     own, and each replay writes them again. check_trace=True re-runs the function's
     Python on each replay (without its work) and raises JitTraceError on a difference.
     """
+
     def wrap(f: Any) -> JitFunction:
         return JitFunction(
             f, recapture=recapture, max_captures=max_captures, check_trace=check_trace

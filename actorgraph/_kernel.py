@@ -61,9 +61,7 @@ class Kernel:
                 f"(host addresses as ints), got {self.cpu_args!r}"
             )
         if self.cpu is None and self.cuda is None:
-            raise UsageError(
-                f"Kernel {self.name!r} has no body; give cpu=fn and/or cuda=SOURCE"
-            )
+            raise UsageError(f"Kernel {self.name!r} has no body; give cpu=fn and/or cuda=SOURCE")
         if self.cpu is not None and not callable(self.cpu):
             raise UsageError(f"Kernel {self.name!r}: cpu= must be callable, got {self.cpu!r}")
         if not self.outs:

@@ -75,7 +75,9 @@ def plot_timeline(
         lane = (row - height / 2, height)
         waits = [
             span(w.start, w.end)
-            for e in mine for w in e.waits if w.start is not None and w.end is not None
+            for e in mine
+            for w in e.waits
+            if w.start is not None and w.end is not None
         ]
         if waits:
             ax.broken_barh(waits, lane, facecolors=WAIT_COLOR)
@@ -94,15 +96,23 @@ def plot_timeline(
         # A red strip under each item on the path leaves the item's own colour visible.
         strip = 0.14
         for event, (x, w) in zip(path_events, spans):
-            ax.broken_barh([(x, w)], (rows[event.actor] + height / 2, strip),
-                           facecolors=CRITICAL_COLOR)
+            ax.broken_barh(
+                [(x, w)], (rows[event.actor] + height / 2, strip), facecolors=CRITICAL_COLOR
+            )
         # Join the items of each replay's path so the chain reads as one line.
         chains: dict[tuple[int, int], list[tuple[float, int]]] = {}
         for event, (x, w) in zip(path_events, spans):
-            chains.setdefault((event.graph, event.replay), []).append((x + w / 2, rows[event.actor]))
+            chains.setdefault((event.graph, event.replay), []).append(
+                (x + w / 2, rows[event.actor])
+            )
         for chain in chains.values():
-            ax.plot([x for x, _ in chain], [y for _, y in chain],
-                    color=CRITICAL_COLOR, linewidth=0.8, alpha=0.4)
+            ax.plot(
+                [x for x, _ in chain],
+                [y for _, y in chain],
+                color=CRITICAL_COLOR,
+                linewidth=0.8,
+                alpha=0.4,
+            )
         legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
     ax.set_yticks(range(len(actors)))
     ax.set_yticklabels(actors)

@@ -228,7 +228,9 @@ def build_profile(actors: Sequence[str], records: Iterable[ReplayRecord]) -> Pro
         events.extend(layout.events(record))
         ends = [job.end for job in record.jobs if job.end is not None]
         spans.append(
-            ReplaySpan(record.graph, record.replay, record.submitted, max(ends, default=record.submitted))
+            ReplaySpan(
+                record.graph, record.replay, record.submitted, max(ends, default=record.submitted)
+            )
         )
     events.sort(key=lambda e: (e.start, e.actor))
     return Profile(actors=tuple(actors), events=tuple(events), replays=tuple(spans))
@@ -255,7 +257,9 @@ class _Layout:
                     src = plan.queues.index(msg.queue)
                     item = runs[src][msg.value - 1] if 0 < msg.value <= len(runs[src]) else None
                     meanings.append(
-                        WaitRecord(WaitKind.QUEUE, self.actor_names[src], msg.value, item, None, None)
+                        WaitRecord(
+                            WaitKind.QUEUE, self.actor_names[src], msg.value, item, None, None
+                        )
                     )
                 elif isinstance(msg, SyncDevice):
                     on = f"{msg.device}/timeline"

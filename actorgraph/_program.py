@@ -87,8 +87,9 @@ def check_item(item: object, index: int) -> Item:
     return item
 
 
-def _dims_of(dims: tuple[Any, ...] | None, values: Mapping[Var, int], index: int,
-             item: Launch, which: str) -> tuple[int, ...]:
+def _dims_of(
+    dims: tuple[Any, ...] | None, values: Mapping[Var, int], index: int, item: Launch, which: str
+) -> tuple[int, ...]:
     if dims is None:
         return (1, 1, 1)
     out = tuple(evaluate(d, values) for d in dims)
@@ -158,7 +159,9 @@ class Program:
                 if source is not None:
                     self.item_inputs[j].append((slot, source))
         self.free_vars: frozenset[Var] = frozenset().union(*(i.free_vars() for i in self.items))
-        self.dynamic = [j for j, item in enumerate(self.items) if self.item_inputs[j] or item.free_vars()]
+        self.dynamic = [
+            j for j, item in enumerate(self.items) if self.item_inputs[j] or item.free_vars()
+        ]
 
         device_index = {d: i for i, d in enumerate(plan.devices)}
         self.where: dict[int, tuple[int, int]] = {}
@@ -326,11 +329,20 @@ class Program:
                 values = {**var_vals, **dict(item.fixedvars)}
             var_values = [values[v] if v in values else v.evaluate(values) for v in item.vars]
             # tuple.__new__: half the cost of the NamedTuple constructor, on a per-call path.
-            return device.lower_launch(_new_request(LaunchRequest, (
-                index, item.kernel, bufs, var_values,
-                _dims_of(item.global_size, values, index, item, "global_size"),
-                _dims_of(item.local_size, values, index, item, "local_size"), queue.kind,
-            )))
+            return device.lower_launch(
+                _new_request(
+                    LaunchRequest,
+                    (
+                        index,
+                        item.kernel,
+                        bufs,
+                        var_values,
+                        _dims_of(item.global_size, values, index, item, "global_size"),
+                        _dims_of(item.local_size, values, index, item, "local_size"),
+                        queue.kind,
+                    ),
+                )
+            )
         for buf in bufs:
             owner = buf.device_object
             if owner is not device and owner.lowers_foreign_copies:

@@ -130,14 +130,18 @@ class Runtime:
 
     def check_open(self) -> None:
         if self._broken is not None:
-            raise ClosedError(f"this runtime is broken by an earlier fault: {self._broken}") from self._broken
+            raise ClosedError(
+                f"this runtime is broken by an earlier fault: {self._broken}"
+            ) from self._broken
         if not self._open:
             if self._closed:
                 raise ClosedError(
                     "this runtime has exited its `async with open_runtime(...)` block; "
                     "open a new runtime to run more work"
                 )
-            raise ClosedError("this runtime is not started; use `async with open_runtime(...) as rt`")
+            raise ClosedError(
+                "this runtime is not started; use `async with open_runtime(...) as rt`"
+            )
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -377,24 +381,31 @@ class Runtime:
             blocked = find_deadlock(actors)
             if blocked:
                 cycle = "; ".join(
-                    f"{b.actor} waits for {b.signal} >= {b.value} (now {b.current})" for b in blocked
+                    f"{b.actor} waits for {b.signal} >= {b.value} (now {b.current})"
+                    for b in blocked
                 )
-                self._break(DeadlockError(
-                    f"deadlock: every actor with work waits on a signal no pending work can "
-                    f"set: {cycle}. The runtime cannot continue; open a new one",
-                    blocked=tuple(blocked),
-                ))
+                self._break(
+                    DeadlockError(
+                        f"deadlock: every actor with work waits on a signal no pending work can "
+                        f"set: {cycle}. The runtime cannot continue; open a new one",
+                        blocked=tuple(blocked),
+                    )
+                )
                 continue
             if self.watchdog is not None and not reported and now - still_since >= self.watchdog:
                 reported = True
                 stall = StallReport(
-                    at=now, stalled_for=now - still_since, in_flight=len(self._pending),
+                    at=now,
+                    stalled_for=now - still_since,
+                    in_flight=len(self._pending),
                     actors=tuple(a.name for a in actors if a.busy),
                 )
                 self.stalls.append(stall)
                 _log.warning(
                     "no progress for %.3f s with %d submissions in flight (busy: %s)",
-                    stall.stalled_for, stall.in_flight, ", ".join(stall.actors),
+                    stall.stalled_for,
+                    stall.in_flight,
+                    ", ".join(stall.actors),
                 )
 
     def _host_program(self, buffer: Buffer, write: bool) -> Program:
@@ -494,8 +505,12 @@ class Runtime:
     ) -> None:
         """Launch one kernel now: `rt.run([Launch(...)])`; recorded inside an @ag.jit function."""
         item = Launch(
-            kernel, bufs, vars=vars, fixedvars=fixedvars or {},
-            global_size=global_size, local_size=local_size,
+            kernel,
+            bufs,
+            vars=vars,
+            fixedvars=fixedvars or {},
+            global_size=global_size,
+            local_size=local_size,
         )
         await self.run([item], var_vals)
 
@@ -532,7 +547,10 @@ class Runtime:
         a UsageError saying to await it. See _compile for the options.
         """
         options = {
-            "verify": verify, "aliasing": aliasing, "order": order, "var_vals": var_vals,
+            "verify": verify,
+            "aliasing": aliasing,
+            "order": order,
+            "var_vals": var_vals,
             "max_sizes": max_sizes,
         }
         return Pending(self._compile, (items, inputs), options, "rt.compile(...)", "graph")
@@ -596,7 +614,9 @@ class Runtime:
                 program.plan.verify()
         _log.debug(
             "compiled %d items onto %d queues with %d cross-queue waits",
-            len(checked), len(program.plan.queues), program.plan.wait_count,
+            len(checked),
+            len(program.plan.queues),
+            program.plan.wait_count,
         )
         program.max_sizes = limits
         return Graph(self, program, aliasing=aliasing)
@@ -609,7 +629,9 @@ class Runtime:
         durations = []
         for j in range(len(program.items)):
             qi, pos = program.where[j]
-            durations.append(self.device(program.plan.queues[qi].device).estimate_seconds(ops[qi][pos]))
+            durations.append(
+                self.device(program.plan.queues[qi].device).estimate_seconds(ops[qi][pos])
+            )
         order = list_schedule_order(program.plan, durations)
         items = [program.items[j] for j in order]
         plan = build_plan([plan_item(item, widen) for item in items], self.caps)

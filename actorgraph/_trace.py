@@ -51,22 +51,43 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
     for event in profile.events:
         pid, tid = tracks[event.actor]
         start = us(event.start)
-        trace.append({
-            "ph": "X", "cat": event.kind.value, "name": event.name, "pid": pid, "tid": tid,
-            "ts": start, "dur": max(round(us(event.end) - start, 3), 0.001),
-            "args": {
-                "item": event.item, "label": event.label, "graph": event.graph,
-                "replay": event.replay, "buffers": list(event.buffers),
-            },
-        })
+        trace.append(
+            {
+                "ph": "X",
+                "cat": event.kind.value,
+                "name": event.name,
+                "pid": pid,
+                "tid": tid,
+                "ts": start,
+                "dur": max(round(us(event.end) - start, 3), 0.001),
+                "args": {
+                    "item": event.item,
+                    "label": event.label,
+                    "graph": event.graph,
+                    "replay": event.replay,
+                    "buffers": list(event.buffers),
+                },
+            }
+        )
         for wait in event.waits:
             if wait.start is not None and wait.end is not None:
                 wait_start = us(wait.start)
-                trace.append({
-                    "ph": "X", "cat": "wait", "name": f"wait {wait.on}", "pid": pid, "tid": tid,
-                    "ts": wait_start, "dur": max(round(us(wait.end) - wait_start, 3), 0.001),
-                    "args": {"for_item": wait.item, "value": wait.value, "kind": wait.kind.value},
-                })
+                trace.append(
+                    {
+                        "ph": "X",
+                        "cat": "wait",
+                        "name": f"wait {wait.on}",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": wait_start,
+                        "dur": max(round(us(wait.end) - wait_start, 3), 0.001),
+                        "args": {
+                            "for_item": wait.item,
+                            "value": wait.value,
+                            "kind": wait.kind.value,
+                        },
+                    }
+                )
             if wait.kind is not WaitKind.QUEUE or wait.item is None:
                 continue
             source = by_item.get((event.graph, event.replay, wait.item))
@@ -77,14 +98,29 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
             # The arrow leaves from inside the source slice (its last instant) and binds to
             # the slice that encloses its end point ("bp": "e"): the waiting item.
             src_start, src_end = us(source.start), us(source.end)
-            trace.append({
-                "ph": "s", "cat": "wait", "name": "waits for", "id": flow_id,
-                "pid": src_pid, "tid": src_tid, "ts": max(src_start, round(src_end - 0.0005, 4)),
-            })
-            trace.append({
-                "ph": "f", "bp": "e", "cat": "wait", "name": "waits for", "id": flow_id,
-                "pid": pid, "tid": tid, "ts": start,
-            })
+            trace.append(
+                {
+                    "ph": "s",
+                    "cat": "wait",
+                    "name": "waits for",
+                    "id": flow_id,
+                    "pid": src_pid,
+                    "tid": src_tid,
+                    "ts": max(src_start, round(src_end - 0.0005, 4)),
+                }
+            )
+            trace.append(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "cat": "wait",
+                    "name": "waits for",
+                    "id": flow_id,
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": start,
+                }
+            )
 
     changes: list[tuple[float, int]] = []
     for span in profile.replays:
@@ -93,10 +129,15 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
     in_flight = 0
     for when, delta in sorted(changes, key=lambda c: (c[0], -c[1])):
         in_flight += delta
-        trace.append({
-            "ph": "C", "name": "replays in flight", "pid": _COUNTER_PID, "ts": us(when),
-            "args": {"replays": in_flight},
-        })
+        trace.append(
+            {
+                "ph": "C",
+                "name": "replays in flight",
+                "pid": _COUNTER_PID,
+                "ts": us(when),
+                "args": {"replays": in_flight},
+            }
+        )
     return {
         "traceEvents": trace,
         "displayTimeUnit": "ms",

@@ -51,8 +51,12 @@ async def bench_tiny(devices: list[str], copy_every: int, n_items: int = 256) ->
         graph = await rt.compile(build.items, inputs=inputs)
         per_replay = await time_replays(graph, inputs, replays=50, rounds=7)
         waits = graph.plan.wait_count
-    return {"us_per_item": per_replay / n_items * 1e6, "us_per_replay": per_replay * 1e6,
-            "items": n_items, "waits": waits}
+    return {
+        "us_per_item": per_replay / n_items * 1e6,
+        "us_per_replay": per_replay * 1e6,
+        "items": n_items,
+        "waits": waits,
+    }
 
 
 async def bench_heavy(ndev: int, total: int = 8, size: int = 4 << 20) -> float:
@@ -83,16 +87,24 @@ def bench_planning(n_items: int = 10_000) -> dict[str, float]:
     start = time.perf_counter()
     plan.verify()
     verify_s = time.perf_counter() - start
-    return {"plan_ms": statistics.median(samples) * 1e3, "verify_ms": verify_s * 1e3,
-            "items": n_items}
+    return {
+        "plan_ms": statistics.median(samples) * 1e3,
+        "verify_ms": verify_s * 1e3,
+        "items": n_items,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "core.json"))
+    parser.add_argument(
+        "--out", default=str(pathlib.Path(__file__).parent / "results" / "core.json")
+    )
     args = parser.parse_args(argv)
 
-    results: dict[str, object] = {"python": platform.python_version(), "machine": platform.machine()}
+    results: dict[str, object] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
     one = trio.run(bench_tiny, ["CPU:0"], 0)
     print(f"tiny xor, 1 device:            {one['us_per_item']:.2f} us/item  (target <= 2)")
     two = trio.run(bench_tiny, ["CPU:0", "CPU:1"], 8)
@@ -102,11 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     speedup = heavy1 / heavy2
     print(f"heavy 4M int32, 2 vs 1 device: {speedup:.2f}x  (target >= 1.9)")
     planning = bench_planning()
-    print(f"planning 10k items:            {planning['plan_ms']:.1f} ms  (target < 100); "
-          f"verify {planning['verify_ms']:.1f} ms")
-    results.update(tiny_1dev=one, tiny_2dev_copy8=two,
-                   heavy={"one_device_s": heavy1, "two_devices_s": heavy2, "speedup": speedup},
-                   planning=planning)
+    print(
+        f"planning 10k items:            {planning['plan_ms']:.1f} ms  (target < 100); "
+        f"verify {planning['verify_ms']:.1f} ms"
+    )
+    results.update(
+        tiny_1dev=one,
+        tiny_2dev_copy8=two,
+        heavy={"one_device_s": heavy1, "two_devices_s": heavy2, "speedup": speedup},
+        planning=planning,
+    )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

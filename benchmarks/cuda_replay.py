@@ -71,8 +71,14 @@ BLOCK = 256
 def _launch(kernel: ag.Kernel, buf: ag.Buffer, *extra: tuple[ag.Var, int]) -> ag.Launch:
     n = buf.size
     fixed = {N: n, **dict(extra)}
-    return ag.Launch(kernel, [buf], vars=[N, *(v for v, _ in extra)], fixedvars=fixed,
-                     global_size=ag.cdiv(n, BLOCK), local_size=BLOCK)
+    return ag.Launch(
+        kernel,
+        [buf],
+        vars=[N, *(v for v, _ in extra)],
+        fixedvars=fixed,
+        global_size=ag.cdiv(n, BLOCK),
+        local_size=BLOCK,
+    )
 
 
 async def _time(fn: Any, replays: int, warmup: int = 3) -> list[float]:
@@ -96,6 +102,7 @@ async def replay_vs_raw(rt: ag.Runtime, kernels: int, elems: int, replays: int) 
     buf = rt.alloc("CUDA:0", elems, np.int32)
     graph = await rt.compile([_launch(INC, buf) for _ in range(kernels)])
     t_ag = await _time(graph, replays)
+
     # Submitted back to back, awaited together: throughput when the host keeps ahead.
     async def pipelined() -> None:
         async with trio.open_nursery() as nursery:
@@ -113,6 +120,7 @@ async def replay_vs_raw(rt: ag.Runtime, kernels: int, elems: int, replays: int) 
 
         def body() -> None:
             _inc(view, elems)
+
     grid, block = ((elems + BLOCK - 1) // BLOCK, 1, 1), (BLOCK, 1, 1)
     stream = driver.stream_create()
     raw = driver.graph_create()
@@ -159,7 +167,9 @@ async def replay_vs_raw(rt: ag.Runtime, kernels: int, elems: int, replays: int) 
         "graph_builds": compute.graph_builds,
         "graph_launches": compute.graph_launches,
     }
-    expected = (3 + replays + 8 * (1 + max(2, replays // 8))) * kernels + (3 + replays) * kernels * 2
+    expected = (3 + replays + 8 * (1 + max(2, replays // 8))) * kernels + (
+        3 + replays
+    ) * kernels * 2
     got = int((await rt.copyout(buf))[0])
     result["result_checked"] = got == expected
     return result
@@ -198,8 +208,11 @@ async def overlap(rt: ag.Runtime, copy_mb: int, spin_elems: int, replays: int) -
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver=args.driver) as rt:
         device = rt.device("CUDA:0")
-        out: dict[str, Any] = {"driver": device.driver.name, "arch": device.arch,
-                               "mem_ops": device.mem_ops}
+        out: dict[str, Any] = {
+            "driver": device.driver.name,
+            "arch": device.arch,
+            "mem_ops": device.mem_ops,
+        }
         out["replay"] = await replay_vs_raw(rt, args.kernels, args.elems, args.replays)
         out["overlap"] = await overlap(rt, args.copy_mb, args.spin_elems, max(3, args.replays // 4))
     return out
@@ -213,24 +226,34 @@ def cli() -> None:
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--copy-mb", type=int, default=256)
     parser.add_argument("--spin-elems", type=int, default=1 << 20)
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results", "cuda.json"))
+    parser.add_argument(
+        "--json", default=os.path.join(os.path.dirname(__file__), "results", "cuda.json")
+    )
     args = parser.parse_args()
     result = trio.run(main, args)
     r, o = result["replay"], result["overlap"]
-    print(f"CUDA benchmark ({result['driver']} driver, {result['arch']}, "
-          f"64-bit stream mem ops: {result['mem_ops']})")
+    print(
+        f"CUDA benchmark ({result['driver']} driver, {result['arch']}, "
+        f"64-bit stream mem ops: {result['mem_ops']})"
+    )
     print(f"  {r['kernels']}-kernel graph, per replay (median of {r['replays']}):")
-    print(f"    actorgraph            {r['actorgraph_us']:10.1f} us   "
-          f"({r['actorgraph_over_raw_graph']:.2f}x raw graph; target <= 1.2x)")
+    print(
+        f"    actorgraph            {r['actorgraph_us']:10.1f} us   "
+        f"({r['actorgraph_over_raw_graph']:.2f}x raw graph; target <= 1.2x)"
+    )
     print(f"    actorgraph, 8 queued  {r['actorgraph_pipelined_us']:10.1f} us")
     print(f"    raw CUDA graph        {r['raw_graph_us']:10.1f} us")
     print(f"    plain launches        {r['plain_launches_us']:10.1f} us")
-    print(f"    graph builds {r['graph_builds']}, launches {r['graph_launches']}, "
-          f"result checked: {r['result_checked']}")
+    print(
+        f"    graph builds {r['graph_builds']}, launches {r['graph_launches']}, "
+        f"result checked: {r['result_checked']}"
+    )
     print(f"  copy/compute overlap ({o['copy_mb']} MiB host->device; queues {o['queues']}):")
-    print(f"    copy alone {o['copy_alone_us']:.0f} us, kernel alone {o['kernel_alone_us']:.0f} us, "
-          f"both {o['both_us']:.0f} us (sum {o['sum_us']:.0f}, max {o['max_us']:.0f}); "
-          f"overlap hid {100 * o['overlap_saved_fraction']:.0f}% of the shorter one")
+    print(
+        f"    copy alone {o['copy_alone_us']:.0f} us, kernel alone {o['kernel_alone_us']:.0f} us, "
+        f"both {o['both_us']:.0f} us (sum {o['sum_us']:.0f}, max {o['max_us']:.0f}); "
+        f"overlap hid {100 * o['overlap_saved_fraction']:.0f}% of the shorter one"
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)

@@ -74,7 +74,9 @@ async def measure(replays: int, rounds: int, off_only: bool) -> dict[str, object
                 profile = rt.profile(clear=True)
                 build = min(build, (time.perf_counter() - start) / (replays * ITEMS))
                 if len(profile.events) != replays * ITEMS:
-                    raise RuntimeError(f"profile holds {len(profile.events)} items, not {replays * ITEMS}")
+                    raise RuntimeError(
+                        f"profile holds {len(profile.events)} items, not {replays * ITEMS}"
+                    )
         stats = graph.statistics()
         result: dict[str, object] = {
             "benchmark": "profile_overhead",

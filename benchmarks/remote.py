@@ -301,12 +301,17 @@ def report(results: dict[str, Any]) -> None:
     r100, r1 = results["replay_100_items"], results["replay_1_item"]
     bw = results["bandwidth_GBps_64MiB"]
     steps = results["chain_steps"]
-    print(f"chains alternating between two devices (a kernel, then a copy), from {steps} and "
-          f"{2 * steps} steps:")
+    print(
+        f"chains alternating between two devices (a kernel, then a copy), from {steps} and "
+        f"{2 * steps} steps:"
+    )
     print("| chain between | us per step | target |")
     print("| --- | ---: | --- |")
-    targets = {"two devices of one worker": "<= 10", "a local CPU device and a worker": "<= 100",
-               "two workers": "<= 100"}
+    targets = {
+        "two devices of one worker": "<= 10",
+        "a local CPU device and a worker": "<= 100",
+        "two workers": "<= 100",
+    }
     for name, chain in results["chains"].items():
         print(f"| {name} | {chain['us_per_step']:.1f} | {targets.get(name, '')} |")
     ray = results["ray_compiled_graphs"]

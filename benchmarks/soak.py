@@ -46,12 +46,17 @@ async def soak(replays: int, checkpoints: int) -> list[dict[str, float]]:
         for k in range(checkpoints):
             for _ in range(step):
                 await graph([a])
-            row = {"replays": (k + 1) * step, "rss_mib": rss_bytes() / 2**20,
-                   "py_heap_kib": tracemalloc.get_traced_memory()[0] / 1024,
-                   "seconds": time.perf_counter() - start}
+            row = {
+                "replays": (k + 1) * step,
+                "rss_mib": rss_bytes() / 2**20,
+                "py_heap_kib": tracemalloc.get_traced_memory()[0] / 1024,
+                "seconds": time.perf_counter() - start,
+            }
             rows.append(row)
-            print(f"{row['replays']:>8} replays  rss {row['rss_mib']:.1f} MiB  "
-                  f"python heap {row['py_heap_kib']:.1f} KiB  {row['seconds']:.1f} s")
+            print(
+                f"{row['replays']:>8} replays  rss {row['rss_mib']:.1f} MiB  "
+                f"python heap {row['py_heap_kib']:.1f} KiB  {row['seconds']:.1f} s"
+            )
         tracemalloc.stop()
         expected = 1  # c = (a ^ a) + 1 after every replay
         got = int((await rt.copyout(c))[0])
@@ -71,8 +76,12 @@ async def soak_remote(replays: int, checkpoints: int) -> list[dict[str, float]]:
             c = rt.alloc(r1, 256, np.int32)
             d = rt.alloc("CPU:0", 256, np.int32)
             graph = await rt.compile(
-                [ag.Launch(XOR, [b, a, a]), ag.Copy(dst=c, src=b), ag.Launch(INC, [c]),
-                 ag.Copy(dst=d, src=c)],
+                [
+                    ag.Launch(XOR, [b, a, a]),
+                    ag.Copy(dst=c, src=b),
+                    ag.Launch(INC, [c]),
+                    ag.Copy(dst=d, src=c),
+                ],
                 inputs=[a],
             )
             step = replays // checkpoints
@@ -80,12 +89,17 @@ async def soak_remote(replays: int, checkpoints: int) -> list[dict[str, float]]:
             for k in range(checkpoints):
                 for _ in range(step):
                     await graph([a])
-                row = {"replays": (k + 1) * step, "client_rss_mib": rss_bytes() / 2**20,
-                       "worker_rss_mib": rss_bytes(worker.process.pid) / 2**20,
-                       "seconds": time.perf_counter() - start}
+                row = {
+                    "replays": (k + 1) * step,
+                    "client_rss_mib": rss_bytes() / 2**20,
+                    "worker_rss_mib": rss_bytes(worker.process.pid) / 2**20,
+                    "seconds": time.perf_counter() - start,
+                }
                 rows.append(row)
-                print(f"{row['replays']:>8} replays  client rss {row['client_rss_mib']:.1f} MiB  "
-                      f"worker rss {row['worker_rss_mib']:.1f} MiB  {row['seconds']:.1f} s")
+                print(
+                    f"{row['replays']:>8} replays  client rss {row['client_rss_mib']:.1f} MiB  "
+                    f"worker rss {row['worker_rss_mib']:.1f} MiB  {row['seconds']:.1f} s"
+                )
             got = int((await rt.copyout(d))[0])
             if got != 1:  # d = (a ^ a) + 1 after every replay
                 raise SystemExit(f"wrong result after soak: {got} != 1")
@@ -100,9 +114,11 @@ def main_remote(args: argparse.Namespace) -> int:
         for side in ("client", "worker")
     }
     span = rows[-1]["replays"] - rows[1]["replays"] if len(rows) > 1 else 0
-    print(f"RSS growth after warm-up over {span} replays: client {growth['client']:.2f} MiB, "
-          f"worker {growth['worker']:.2f} MiB; {rows[-1]['seconds'] / rows[-1]['replays'] * 1e6:.0f} "
-          f"us per replay")
+    print(
+        f"RSS growth after warm-up over {span} replays: client {growth['client']:.2f} MiB, "
+        f"worker {growth['worker']:.2f} MiB; {rows[-1]['seconds'] / rows[-1]['replays'] * 1e6:.0f} "
+        f"us per replay"
+    )
     out = pathlib.Path(args.out or pathlib.Path(__file__).parent / "results" / "soak_remote.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoints": rows, "rss_growth_mib": growth}, indent=2))
@@ -112,11 +128,18 @@ def main_remote(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replays", type=int, default=None,
-                        help="replays in all (default 100000; 10000 with --remote)")
+    parser.add_argument(
+        "--replays",
+        type=int,
+        default=None,
+        help="replays in all (default 100000; 10000 with --remote)",
+    )
     parser.add_argument("--checkpoints", type=int, default=10)
-    parser.add_argument("--remote", action="store_true",
-                        help="soak a graph on a loopback worker; RSS of client and worker")
+    parser.add_argument(
+        "--remote",
+        action="store_true",
+        help="soak a graph on a loopback worker; RSS of client and worker",
+    )
     parser.add_argument("--out", default=None, help="the JSON to write")
     args = parser.parse_args(argv)
     if args.remote:
@@ -127,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = trio.run(soak, args.replays, args.checkpoints)
     # Flat means: from the second checkpoint on (caches warm), the heap does not climb.
     growth = rows[-1]["py_heap_kib"] - rows[1]["py_heap_kib"] if len(rows) > 1 else 0.0
-    print(f"python heap growth after warm-up: {growth:.1f} KiB over "
-          f"{rows[-1]['replays'] - rows[1]['replays']} replays")
+    print(
+        f"python heap growth after warm-up: {growth:.1f} KiB over "
+        f"{rows[-1]['replays'] - rows[1]['replays']} replays"
+    )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoints": rows, "heap_growth_kib": growth}, indent=2))

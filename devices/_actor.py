@@ -169,7 +169,7 @@ def run_inline(actors: Sequence[QueueActor], jobs: Sequence[Job]) -> None:
     for waiting in parked.values():
         for q in waiting:
             job = jobs[q]
-            job.ops, job.runs = job.ops[at[q]:], None
+            job.ops, job.runs = job.ops[at[q] :], None
             actors[q].post(job)
 
 
@@ -288,7 +288,12 @@ class QueueActor:
     @property
     def idle(self) -> bool:
         """Serving, with no job running or queued: a new job would start at once."""
-        return self._current is None and not self._inbox and self._token is not None and not self._closed
+        return (
+            self._current is None
+            and not self._inbox
+            and self._token is not None
+            and not self._closed
+        )
 
     def _exec_runs(self, ops: Sequence[Op]) -> dict[int, tuple[int, tuple[Any, ...]]]:
         """The runs of two or more consecutive EXEC ops in `ops`: first index -> (index

@@ -83,8 +83,14 @@ class CPUDevice(Device):
             self._code(dst.nbytes), np.copyto, copy_args(dst.host_view(), src.host_view()), item
         )
 
-    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
-        return run_op(self._code(buffer.nbytes), np.copyto, copy_args(buffer.host_view(), array), -1)
+    def lower_host_write(
+        self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
+        return run_op(
+            self._code(buffer.nbytes), np.copyto, copy_args(buffer.host_view(), array), -1
+        )
 
-    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(
+        self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         return run_op(self._code(buffer.nbytes), np.copyto, copy_args(out, buffer.host_view()), -1)

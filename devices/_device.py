@@ -185,8 +185,12 @@ class Device:
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         raise NotImplementedError
 
-    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(
+        self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         raise NotImplementedError
 
-    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(
+        self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         raise NotImplementedError

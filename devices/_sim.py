@@ -174,11 +174,15 @@ class SIMDevice(Device):
         args = copy_args(dst.host_view(), src.host_view())
         return sim_run(np.copyto, args, item, self.copy_duration(dst, src))
 
-    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(
+        self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
         return sim_run(np.copyto, copy_args(buffer.host_view(), array), -1, seconds)
 
-    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(
+        self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         seconds = self.cost_model.host.duration(buffer.nbytes)
         return sim_run(np.copyto, copy_args(out, buffer.host_view()), -1, seconds)
 

@@ -69,8 +69,14 @@ def main() -> None:
         # A GPU the driver lists but that cannot be opened: say so and use SIM instead.
         print(f"could not open {devices}: {error}\nfalling back to SIM")
         sim = [f"SIM:{i}" for i in range(8)]
-        trio.run(run, "SIM", sim, args.micro_batches, args.replays,
-                 clock=trio.testing.MockClock(autojump_threshold=0))
+        trio.run(
+            run,
+            "SIM",
+            sim,
+            args.micro_batches,
+            args.replays,
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
 
 
 if __name__ == "__main__":

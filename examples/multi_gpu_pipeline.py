@@ -58,8 +58,16 @@ def build_pipeline(
         x = inputs[m]
         for s in range(STAGES):
             y = rt.alloc(devices[s % len(devices)], elems, np.float32)
-            items.append(ag.Launch(STAGE, [y, x], vars=[N], fixedvars={N: elems},
-                                   global_size=ag.cdiv(elems, 256), local_size=256))
+            items.append(
+                ag.Launch(
+                    STAGE,
+                    [y, x],
+                    vars=[N],
+                    fixedvars={N: elems},
+                    global_size=ag.cdiv(elems, 256),
+                    local_size=256,
+                )
+            )
             if s + 1 < STAGES:
                 x = rt.alloc(devices[(s + 1) % len(devices)], elems, np.float32)
                 items.append(ag.Copy(dst=x, src=y))
@@ -78,7 +86,9 @@ async def main(micro_batches: int, plot: str | None) -> None:
     async with ag.open_runtime(DEVICES, sim_preset="nvlink8") as rt:
         items, inputs, outputs = build_pipeline(rt, DEVICES, micro_batches)
         graph = await rt.compile(items, inputs=inputs, verify=True)
-        print(f"{len(items)} items on {len(graph.plan.queues)} queue actors of {len(DEVICES)} SIM GPUs")
+        print(
+            f"{len(items)} items on {len(graph.plan.queues)} queue actors of {len(DEVICES)} SIM GPUs"
+        )
         rng = np.random.default_rng(0)
         hosts = [rng.random(ELEMS, dtype=np.float32) for _ in inputs]
         for buf, host in zip(inputs, hosts):
@@ -88,10 +98,12 @@ async def main(micro_batches: int, plot: str | None) -> None:
         await graph(inputs, profile=plot is not None)
         makespan = trio.current_time() - start
         bounds = ag.sim_bounds(graph)
-        print(f"makespan {makespan * 1e3:.3f} ms, lower bound {bounds.best * 1e3:.3f} ms "
-              f"(critical path {bounds.critical_path * 1e3:.3f}, busiest queue "
-              f"{bounds.busiest_queue * 1e3:.3f}, queue window {bounds.queue_window * 1e3:.3f}): "
-              f"{makespan / bounds.best:.3f}x the bound")
+        print(
+            f"makespan {makespan * 1e3:.3f} ms, lower bound {bounds.best * 1e3:.3f} ms "
+            f"(critical path {bounds.critical_path * 1e3:.3f}, busiest queue "
+            f"{bounds.busiest_queue * 1e3:.3f}, queue window {bounds.queue_window * 1e3:.3f}): "
+            f"{makespan / bounds.best:.3f}x the bound"
+        )
         for out, host in zip(outputs, hosts):
             np.testing.assert_allclose(await rt.copyout(out), expected(host), rtol=1e-6)
         print("every micro-batch's output matches numpy")
@@ -105,5 +117,7 @@ if __name__ == "__main__":
     parser.add_argument("--micro-batches", type=int, default=64)
     parser.add_argument("--plot", metavar="PATH", help="draw the timeline (needs matplotlib)")
     args = parser.parse_args()
-    trio.run(main, args.micro_batches, args.plot, clock=trio.testing.MockClock(autojump_threshold=0))
+    trio.run(
+        main, args.micro_batches, args.plot, clock=trio.testing.MockClock(autojump_threshold=0)
+    )
     sys.exit(0)

@@ -37,8 +37,16 @@ class Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
         command = [
-            sys.executable, "-m", "actorgraph", "worker", "--port", "0", "--devices", devices,
-            "--kernels", "remote_kernels",
+            sys.executable,
+            "-m",
+            "actorgraph",
+            "worker",
+            "--port",
+            "0",
+            "--devices",
+            devices,
+            "--kernels",
+            "remote_kernels",
         ]
         self.process = subprocess.Popen(
             command, cwd=HERE, env=env, stdout=subprocess.PIPE, text=True
@@ -95,8 +103,10 @@ async def main(address: str, replays: int) -> None:
             await graph([x])
             elapsed += time.perf_counter() - start
             np.testing.assert_array_equal(await rt.copyout(out), host * 4)
-        print(f"{replays} replays across the worker, each checked: "
-              f"{elapsed / replays * 1e6:.0f} us per replay")
+        print(
+            f"{replays} replays across the worker, each checked: "
+            f"{elapsed / replays * 1e6:.0f} us per replay"
+        )
 
 
 if __name__ == "__main__":

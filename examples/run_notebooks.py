@@ -24,7 +24,9 @@ def execute(path: pathlib.Path, timeout: int = 300) -> nbformat.NotebookNode:
     """Run every cell of a notebook (from the examples folder); raise on the first error."""
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        notebook, timeout=timeout, kernel_name="python3",
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()

@@ -38,7 +38,7 @@ def plan_to_dot(plan: Plan, name: str = "plan") -> str:
         syncs = sorted({m.device for m in program if isinstance(m, SyncDevice)})
         head = f"q{qi}_start"
         lines.append(
-            f"    {head} [shape=plaintext, style=\"\", "
+            f'    {head} [shape=plaintext, style="", '
             f"label={_quote('start: KICK, sync ' + ', '.join(syncs))}];"
         )
         previous = head
@@ -51,7 +51,7 @@ def plan_to_dot(plan: Plan, name: str = "plan") -> str:
                 color = "#f6d0b1" if item.kind is ItemKind.COPY else "#c8d6ec"
                 label = f"#{msg.item} {item.label}"
                 lines.append(f"    i{msg.item} [label={_quote(label)}, fillcolor={_quote(color)}];")
-                edges.append(f"  {previous} -> i{msg.item} [style=dashed, color=\"#999999\"];")
+                edges.append(f'  {previous} -> i{msg.item} [style=dashed, color="#999999"];')
                 for src, value in waits:
                     source = runs[src][value - 1]
                     edges.append(

@@ -41,12 +41,7 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     if item.kind is ItemKind.EXEC:
         return QueueId(item.device, QueueKind.COMPUTE)
     src = caps[item.src_device] if item.src_device is not None else None
-    if (
-        src is not None
-        and caps[item.device].is_cpu
-        and not src.host_visible
-        and src.has_copy_queue
-    ):
+    if src is not None and caps[item.device].is_cpu and not src.host_visible and src.has_copy_queue:
         return QueueId(src.name, QueueKind.COPY)
     if (
         src is not None
@@ -135,9 +130,7 @@ def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Pla
         clock_after[j] = known[qi]
         shared[qi] = True
 
-    programs: list[list[Message]] = [
-        [WaitKick(), SyncDevice(queue.device)] for queue in queues
-    ]
+    programs: list[list[Message]] = [[WaitKick(), SyncDevice(queue.device)] for queue in queues]
     for j in range(len(items)):
         qi = item_queue[j]
         program = programs[qi]

@@ -100,7 +100,9 @@ def _describe_cycle(plan: Plan, pc: list[int], blocked: list[int]) -> str:
         seen.append(at)
         at = queue_index.get(waits[at].queue)
     chain = seen[seen.index(at) :] if at is not None and at in seen else seen
-    return ", ".join(f"{plan.queues[q]} waits for {waits[q].queue}>={waits[q].value}" for q in chain)
+    return ", ".join(
+        f"{plan.queues[q]} waits for {waits[q].queue}>={waits[q].value}" for q in chain
+    )
 
 
 def _merge(into: _Clock, other: _Clock) -> None:

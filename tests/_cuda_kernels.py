@@ -39,13 +39,16 @@ N = ag.Var("n", 1, 1 << 20)
 
 def xor(out: ag.Buffer, a: ag.Buffer, b: ag.Buffer) -> ag.Launch:
     n = out.size
-    return ag.Launch(XOR, [out, a, b], vars=[N], fixedvars={N: n},
-                     global_size=ag.cdiv(n, 64), local_size=64)
+    return ag.Launch(
+        XOR, [out, a, b], vars=[N], fixedvars={N: n}, global_size=ag.cdiv(n, 64), local_size=64
+    )
 
 
 def inc(buf: ag.Buffer) -> ag.Launch:
     n = buf.size
-    return ag.Launch(INC, [buf], vars=[N], fixedvars={N: n}, global_size=ag.cdiv(n, 64), local_size=64)
+    return ag.Launch(
+        INC, [buf], vars=[N], fixedvars={N: n}, global_size=ag.cdiv(n, 64), local_size=64
+    )
 
 
 @functools.cache

@@ -117,9 +117,7 @@ async def snapshot(rt: ag.Runtime, bases: Iterable[ag.Buffer]) -> dict[int, np.n
     return {b.alloc_id: await rt.copyout(b) for b in bases}
 
 
-def assert_same(
-    what: str, got: Mapping[int, np.ndarray], want: Mapping[int, np.ndarray]
-) -> None:
+def assert_same(what: str, got: Mapping[int, np.ndarray], want: Mapping[int, np.ndarray]) -> None:
     assert got.keys() == want.keys(), what
     for alloc_id, array in want.items():
         np.testing.assert_array_equal(
@@ -170,23 +168,38 @@ KERNELS: dict[str, ag.Kernel] = {
     k.name: k
     for k in (
         ag.Kernel(
-            "fz_xor", cpu=_xor, outs=(0,), ins=(1, 2),
+            "fz_xor",
+            cpu=_xor,
+            outs=(0,),
+            ins=(1, 2),
             cuda=_cuda("fz_xor", f"{_U} out, const {_U} a, const {_U} b", "out[i] = a[i] ^ b[i]"),
         ),
         ag.Kernel(
-            "fz_add", cpu=_add, outs=(0,), ins=(1, 2),
+            "fz_add",
+            cpu=_add,
+            outs=(0,),
+            ins=(1, 2),
             cuda=_cuda("fz_add", f"{_U} out, const {_U} a, const {_U} b", "out[i] = a[i] + b[i]"),
         ),
         ag.Kernel(
-            "fz_move", cpu=_move, outs=(0,), ins=(1,),
+            "fz_move",
+            cpu=_move,
+            outs=(0,),
+            ins=(1,),
             cuda=_cuda("fz_move", f"{_U} out, const {_U} a", "out[i] = a[i]"),
         ),
         ag.Kernel(
-            "fz_bump", cpu=_bump, outs=(0,), ins=(0,),
+            "fz_bump",
+            cpu=_bump,
+            outs=(0,),
+            ins=(0,),
             cuda=_cuda("fz_bump", f"{_U} x", "x[i] += 1u"),
         ),
         ag.Kernel(
-            "fz_salt", cpu=_salt, outs=(0,), ins=(1,),
+            "fz_salt",
+            cpu=_salt,
+            outs=(0,),
+            ins=(1,),
             cuda=_cuda("fz_salt", f"{_U} out, const {_U} a", "out[i] = a[i] + salt", ", int salt"),
         ),
     )
@@ -258,7 +271,9 @@ def _item(draw: Any, buffer_devices: tuple[int, ...], buffer_size: int) -> ItemS
     def view(choices: Sequence[int]) -> tuple[int, int]:
         return draw(st.sampled_from(choices)), draw(st.integers(0, buffer_size - size))
 
-    kernel = draw(st.sampled_from(("copy", "copy", "fz_xor", "fz_add", "fz_move", "fz_bump", "fz_salt")))
+    kernel = draw(
+        st.sampled_from(("copy", "copy", "fz_xor", "fz_add", "fz_move", "fz_bump", "fz_salt"))
+    )
     if kernel == "copy":
         # Copies may overlap their source (memmove), or be exact self-copies.
         return ItemSpec(kernel, (view(range(nbufs)), view(range(nbufs))), size)
@@ -279,11 +294,11 @@ def random_programs(
 ) -> ProgramSpec:
     """Random jit caches over `max_devices` devices, split into up to `max_graphs` graphs."""
     ndevices = draw(st.integers(1, max_devices))
-    buffer_devices = tuple(
-        d for d in range(ndevices) for _ in range(draw(st.integers(1, 3)))
-    )
+    buffer_devices = tuple(d for d in range(ndevices) for _ in range(draw(st.integers(1, 3))))
     buffer_size = 32
-    items = tuple(draw(st.lists(_item(buffer_devices, buffer_size), min_size=1, max_size=max_items)))
+    items = tuple(
+        draw(st.lists(_item(buffer_devices, buffer_size), min_size=1, max_size=max_items))
+    )
     cuts = st.lists(st.integers(1, len(items) - 1), max_size=max_graphs - 1)
     splits = tuple(sorted(set(draw(cuts)))) if len(items) > 1 else ()
     bounds = [0, *splits, len(items)]
@@ -296,7 +311,12 @@ def random_programs(
         tuple(draw(st.permutations(range(ngraphs)))) for _ in range(draw(st.integers(1, 3)))
     )
     return ProgramSpec(
-        buffer_devices, buffer_size, items, splits, tuple(graph_inputs), call_orders,
+        buffer_devices,
+        buffer_size,
+        items,
+        splits,
+        tuple(graph_inputs),
+        call_orders,
         draw(st.integers(0, 2**32 - 1)),
     )
 
@@ -312,8 +332,12 @@ def build_items(spec: ProgramSpec, buffers: Sequence[ag.Buffer]) -> list[ag.Laun
         extra = (SALT,) if item.kernel == "fz_salt" else ()
         items.append(
             ag.Launch(
-                kernel, views, vars=(SIZE, *extra), fixedvars={SIZE: item.size},
-                global_size=ag.cdiv(SIZE, 32), local_size=32,
+                kernel,
+                views,
+                vars=(SIZE, *extra),
+                fixedvars={SIZE: item.size},
+                global_size=ag.cdiv(SIZE, 32),
+                local_size=32,
             )
         )
     return items
@@ -356,9 +380,7 @@ async def check_program(
     of graph calls (fresh inputs, fresh contents, calls issued concurrently) against eager
     `rt.run` of the same work from the same state and against the host model."""
     rng = np.random.default_rng(spec.seed)
-    buffers = [
-        rt.alloc(device_names[d], spec.buffer_size, DTYPE) for d in spec.buffer_devices
-    ]
+    buffers = [rt.alloc(device_names[d], spec.buffer_size, DTYPE) for d in spec.buffer_devices]
     items = build_items(spec, buffers)
     graphs = []
     chunks = spec.chunks()

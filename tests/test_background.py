@@ -57,7 +57,9 @@ def test_awaited_from_asyncio_like_a_jupyter_cell(brt: ag.BackgroundRuntime) -> 
         np.testing.assert_array_equal(asyncio.run(cell()), np.arange(8) ^ 3)
 
 
-def test_awaited_from_separate_trio_runs_like_autoawait_trio_cells(brt: ag.BackgroundRuntime) -> None:
+def test_awaited_from_separate_trio_runs_like_autoawait_trio_cells(
+    brt: ag.BackgroundRuntime,
+) -> None:
     graph, (a, b), out = _graph(brt)
 
     async def cell(value: int) -> np.ndarray:
@@ -98,7 +100,9 @@ def test_jitted_function_runs_on_the_runtime_thread(brt: ag.BackgroundRuntime) -
 
 def test_errors_come_back_to_the_caller(brt: ag.BackgroundRuntime) -> None:
     graph, inputs, _ = _graph(brt)
-    with pytest.raises(ag.InputError, match=r"graph was compiled with 2 inputs but was called with 1"):
+    with pytest.raises(
+        ag.InputError, match=r"graph was compiled with 2 inputs but was called with 1"
+    ):
         graph(inputs[:1]).result()
     with pytest.raises(ag.UsageError, match=r"device 'CPU:7' is not open in this runtime"):
         brt.alloc("CPU:7", 4)
@@ -106,7 +110,10 @@ def test_errors_come_back_to_the_caller(brt: ag.BackgroundRuntime) -> None:
     async def on_thread() -> None:
         brt.copyout(inputs[0]).result()
 
-    with pytest.raises(ag.UsageError, match=r"copyout\(\.\.\.\)\.result\(\) on the runtime's own thread would wait for itself"):
+    with pytest.raises(
+        ag.UsageError,
+        match=r"copyout\(\.\.\.\)\.result\(\) on the runtime's own thread would wait for itself",
+    ):
         brt.call(on_thread).result()
     with pytest.raises(ag.UsageError, match=r"call\(\) takes an async function, got 3"):
         brt.call(3)  # type: ignore[arg-type]
@@ -132,7 +139,10 @@ def test_closed_runtime_and_bad_devices_raise() -> None:
     rt.close()  # finishes the calls made before it
     assert rt.closed and "closed" in repr(rt)
     np.testing.assert_array_equal(pending.result(), np.arange(4))
-    with pytest.raises(ag.ClosedError, match=r"copyout\(\.\.\.\): this background runtime is closed; start a new one"):
+    with pytest.raises(
+        ag.ClosedError,
+        match=r"copyout\(\.\.\.\): this background runtime is closed; start a new one",
+    ):
         rt.copyout(buf)
     with pytest.raises(ag.ClosedError, match=r"alloc: this background runtime is closed"):
         rt.alloc("CPU:0", 4)
@@ -211,10 +221,14 @@ def test_a_failure_nobody_waited_for_is_logged_and_raised_by_the_next_call(
         np.testing.assert_array_equal(first.result(timeout=10), np.ones(4))
         with pytest.raises(ag.UsageError, match=r"copyin: array has 5 elements") as info:
             brt.copyout(a)  # the next call made raises it, and does not run
-    assert "raised by copyout(...): copyin(...) failed earlier while nobody waited for it" in "\n".join(
-        info.value.__notes__
+    assert (
+        "raised by copyout(...): copyin(...) failed earlier while nobody waited for it"
+        in "\n".join(info.value.__notes__)
     )
-    assert "copyin(...) failed while nobody waited for it (UsageError: copyin: array has 5 elements" in caplog.text
+    assert (
+        "copyin(...) failed while nobody waited for it (UsageError: copyin: array has 5 elements"
+        in caplog.text
+    )
     # Raised once; the runtime goes on.
     np.testing.assert_array_equal(brt.copyout(a).result(timeout=10), np.ones(4))
 
@@ -242,9 +256,14 @@ def test_close_cancels_what_runs_past_its_timeout() -> None:
     after = rt.copyout(rt.alloc("CPU:0", 4, np.int32))
     rt.close(timeout=0.01)
     assert rt.closed
-    with pytest.raises(ag.ClosedError, match=r"call\(sleep_forever\): the background runtime closed before it finished"):
+    with pytest.raises(
+        ag.ClosedError,
+        match=r"call\(sleep_forever\): the background runtime closed before it finished",
+    ):
         stuck.result()
-    with pytest.raises(ag.ClosedError, match=r"copyout\(\.\.\.\): the background runtime closed before it ran"):
+    with pytest.raises(
+        ag.ClosedError, match=r"copyout\(\.\.\.\): the background runtime closed before it ran"
+    ):
         after.result()
 
 
@@ -255,7 +274,9 @@ def test_calls_made_on_the_runtime_thread_run_when_awaited(brt: ag.BackgroundRun
     async def forgets() -> None:
         brt.copyin(a, np.ones(4, np.int32))  # no await: plain async code, so it never runs
 
-    with pytest.warns(RuntimeWarning, match=r"copyin\(\.\.\.\) was made on the runtime's thread and never awaited"):
+    with pytest.warns(
+        RuntimeWarning, match=r"copyin\(\.\.\.\) was made on the runtime's thread and never awaited"
+    ):
         brt.call(forgets).result(timeout=10)
         gc.collect()
     np.testing.assert_array_equal(brt.copyout(a).result(timeout=10), np.zeros(4))
@@ -267,7 +288,10 @@ def test_calls_made_on_the_runtime_thread_run_when_awaited(brt: ag.BackgroundRun
     with holding(brt):
         blocker = brt.call(awaits_outside_call)
         later = brt.copyout(a)
-    with pytest.raises(ag.UsageError, match=r"await copyout\(\.\.\.\) on the runtime's thread: it was made outside and runs after the call now running"):
+    with pytest.raises(
+        ag.UsageError,
+        match=r"await copyout\(\.\.\.\) on the runtime's thread: it was made outside and runs after the call now running",
+    ):
         blocker.result(timeout=10)
     later.result(timeout=10)
 
@@ -303,13 +327,20 @@ def test_a_call_used_as_its_result_says_to_wait(brt: ag.BackgroundRuntime) -> No
         np.asarray(pending)
     c = brt.alloc("CPU:0", 8, np.int32)
     compiling = brt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
-    with pytest.raises(ag.UsageError, match=re.escape(".plan on compile(...) itself, which is a Call")):
+    with pytest.raises(
+        ag.UsageError, match=re.escape(".plan on compile(...) itself, which is a Call")
+    ):
         print(compiling.plan)
     with pytest.raises(ag.UsageError, match=re.escape("calling it on compile(...) itself")):
         compiling([a, b])
 
     async def cell() -> None:
-        with pytest.raises(ag.UsageError, match=re.escape("`async with compile(...)` needs its result, so wait for the call first: write `async with await compile(...) as graph:`")):
+        with pytest.raises(
+            ag.UsageError,
+            match=re.escape(
+                "`async with compile(...)` needs its result, so wait for the call first: write `async with await compile(...) as graph:`"
+            ),
+        ):
             async with brt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b]):  # type: ignore[attr-defined]
                 pass  # pragma: no cover
         async with await brt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b]) as other:
@@ -318,7 +349,9 @@ def test_a_call_used_as_its_result_says_to_wait(brt: ag.BackgroundRuntime) -> No
             await other([a, b])
 
     asyncio.run(cell())
-    with pytest.raises(ag.UsageError, match=re.escape("copyout takes a Buffer, got <Call copyout(...)")):
+    with pytest.raises(
+        ag.UsageError, match=re.escape("copyout takes a Buffer, got <Call copyout(...)")
+    ):
         brt.copyout(pending).result(timeout=10)  # type: ignore[arg-type]
     pending.result(timeout=10)
     compiling.result(timeout=10)
@@ -364,7 +397,9 @@ def test_a_kernel_failing_in_a_graph_call_comes_back_to_the_caller(
     bad = ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,))
     a, c = brt.alloc("CPU:0", 8, np.int32), brt.alloc("CPU:0", 8, np.int32)
     graph = brt.compile([ag.Launch(bad, [c, a])], inputs=[a]).result(timeout=10)
-    with pytest.raises(ag.ItemError, match=r"item 0 \(boom\) on CPU:0/compute raised ValueError: bad block"):
+    with pytest.raises(
+        ag.ItemError, match=r"item 0 \(boom\) on CPU:0/compute raised ValueError: bad block"
+    ):
         graph([a]).result(timeout=10)
     with caplog.at_level("WARNING", logger="actorgraph"):
         graph([a])  # nobody waits: the next call raises it

@@ -42,11 +42,20 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
         (("bogus",), r"argument COMMAND: invalid choice: 'bogus'"),
         (("devices", "--bogus"), r"actorgraph devices: error: unrecognized arguments: --bogus"),
         (("worker", "--bogus"), r"actorgraph worker: error: unrecognized arguments: --bogus"),
-        (("worker", "--port", "x"), r"actorgraph worker: error: argument --port: invalid int value: 'x'"),
-        (("bench", "--items", "x"), r"actorgraph bench: error: argument --items: invalid int value: 'x'"),
+        (
+            ("worker", "--port", "x"),
+            r"actorgraph worker: error: argument --port: invalid int value: 'x'",
+        ),
+        (
+            ("bench", "--items", "x"),
+            r"actorgraph bench: error: argument --items: invalid int value: 'x'",
+        ),
         (("bench", "--items", "0"), r"actorgraph bench: --items must be >= 1, got 0"),
         (("bench", "--replays", "-3"), r"actorgraph bench: --replays must be >= 1, got -3"),
-        (("bench", "--items", "5"), r"--items and --replays apply to the built-in benchmark; add --builtin"),
+        (
+            ("bench", "--items", "5"),
+            r"--items and --replays apply to the built-in benchmark; add --builtin",
+        ),
         (("demo", "--replays", "0"), r"actorgraph demo: --replays must be >= 1"),
         (("demo", "--devices", ","), r"give at least one device, e.g. CPU:0,CPU:1"),
     ],
@@ -78,9 +87,12 @@ def test_devices_lists_cpu_and_never_needs_cuda(capsys: pytest.CaptureFixture[st
 
 def test_devices_text_names_gpus_and_sim_presets() -> None:
     inv = Inventory(
-        kinds=("CPU", "SIM", "CUDA"), cpu_cores=16,
-        gpus=(GPUInfo(0, "NVIDIA H200", 141 << 30, (9, 0)),), gpu_note="driver 13.0",
-        sim_presets=("a100x8", "nvlink8"), sim_default="nvlink8",
+        kinds=("CPU", "SIM", "CUDA"),
+        cpu_cores=16,
+        gpus=(GPUInfo(0, "NVIDIA H200", 141 << 30, (9, 0)),),
+        gpu_note="driver 13.0",
+        sim_presets=("a100x8", "nvlink8"),
+        sim_default="nvlink8",
         nvrtc_note="13.0, builds sm_75 to sm_121",
     )
     text = render(inv)
@@ -214,7 +226,9 @@ def test_worker_imports_kernel_modules_from_its_folder(tmp_path: pathlib.Path) -
         worker.stop()
 
 
-def test_worker_help_says_where_kernel_modules_are_found(capsys: pytest.CaptureFixture[str]) -> None:
+def test_worker_help_says_where_kernel_modules_are_found(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     _, out, _ = run_cli(capsys, "worker", "--help")
     assert "found on the Python path or in the current folder" in " ".join(out.split())
 
@@ -222,11 +236,31 @@ def test_worker_help_says_where_kernel_modules_are_found(capsys: pytest.CaptureF
 @pytest.mark.parametrize(
     ("source", "module", "message"),
     [
-        (None, "nosuch", "actorgraph worker: kernel module 'nosuch' not found: no nosuch.py (or package nosuch) in the current folder ({folder}) or on the Python path; start the worker in the module's folder, or install it"),
-        ("x = 1 / 0\n", "broken", "actorgraph worker: kernel module 'broken' failed to import: ZeroDivisionError: division by zero ({folder}/broken.py:1)"),
-        ("import nosuchdependency\n", "needy", "actorgraph worker: kernel module 'needy' failed to import: ModuleNotFoundError: No module named 'nosuchdependency' ({folder}/needy.py:1)"),
-        ("def f(:\n", "typo", "actorgraph worker: kernel module 'typo' failed to import: SyntaxError: invalid syntax ({folder}/typo.py:1)"),
-        ("X = 1\n", "bare", "actorgraph worker: kernel module 'bare' has no KERNELS; define KERNELS = [ag.Kernel(...), ...]"),
+        (
+            None,
+            "nosuch",
+            "actorgraph worker: kernel module 'nosuch' not found: no nosuch.py (or package nosuch) in the current folder ({folder}) or on the Python path; start the worker in the module's folder, or install it",
+        ),
+        (
+            "x = 1 / 0\n",
+            "broken",
+            "actorgraph worker: kernel module 'broken' failed to import: ZeroDivisionError: division by zero ({folder}/broken.py:1)",
+        ),
+        (
+            "import nosuchdependency\n",
+            "needy",
+            "actorgraph worker: kernel module 'needy' failed to import: ModuleNotFoundError: No module named 'nosuchdependency' ({folder}/needy.py:1)",
+        ),
+        (
+            "def f(:\n",
+            "typo",
+            "actorgraph worker: kernel module 'typo' failed to import: SyntaxError: invalid syntax ({folder}/typo.py:1)",
+        ),
+        (
+            "X = 1\n",
+            "bare",
+            "actorgraph worker: kernel module 'bare' has no KERNELS; define KERNELS = [ag.Kernel(...), ...]",
+        ),
     ],
 )
 def test_a_kernel_module_that_cannot_load_is_one_clear_line(

@@ -54,18 +54,22 @@ async def test_a_worker_killed_between_hops_fails_the_replay(
             async with runtime(["CPU:0", ra, rb]) as rt:
                 src, back = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
                 at_a, at_b = rt.alloc(ra, 8, np.int32), rt.alloc(rb, 8, np.int32)
-                graph = await rt.compile([
-                    ag.Copy(dst=at_a, src=src),
-                    ag.Launch(GATED, [at_a, at_a]),
-                    ag.Copy(dst=at_b, src=at_a),
-                    ag.Launch(INC, [at_b, at_b]),
-                    ag.Copy(dst=back, src=at_b),
-                ])
+                graph = await rt.compile(
+                    [
+                        ag.Copy(dst=at_a, src=src),
+                        ag.Launch(GATED, [at_a, at_a]),
+                        ag.Copy(dst=at_b, src=at_a),
+                        ag.Launch(INC, [at_b, at_b]),
+                        ag.Copy(dst=back, src=at_b),
+                    ]
+                )
                 replay = await graph.submit()
                 await trio.testing.wait_all_tasks_blocked()  # the batches are on the wire
                 (b_worker if killed == "destination" else a_worker).kill()
                 gate.touch()
-                with pytest.raises(ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"):
+                with pytest.raises(
+                    ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"
+                ):
                     await replay.wait()
                 living = at_a if killed == "destination" else at_b
                 await rt.copyin(src, np.arange(8, dtype=np.int32))
@@ -107,7 +111,9 @@ async def test_worker_killed_mid_replay() -> None:
                 np.testing.assert_array_equal(await rt.copyout(y), np.arange(8) + 1)
                 with pytest.raises(ag.ActorGraphError, match="connection to worker"):
                     await rt.run([ag.Launch(INC, [x, x])])
-                with pytest.raises(ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"):
+                with pytest.raises(
+                    ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"
+                ):
                     rt.alloc(r0, 8, np.int32)
     finally:
         worker.kill()
@@ -146,10 +152,14 @@ async def test_every_call_on_a_dead_workers_devices_raises_closed_error() -> Non
                     "launch": lambda: rt.launch(INC, [x1, x1]),
                 }
                 for name, call in calls.items():
-                    with pytest.raises(ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"):
+                    with pytest.raises(
+                        ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"
+                    ):
                         await call()
                         pytest.fail(f"{name} did not raise")
-                with pytest.raises(ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"):
+                with pytest.raises(
+                    ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"
+                ):
                     rt.alloc(r0, 8, np.int32)
                 rt.free(x1)  # its memory went with the worker: nothing to give back
                 await rt.copyin(y, np.arange(8, dtype=np.int32))
@@ -185,10 +195,14 @@ async def test_slow_remote_kernels_are_progress_not_a_deadlock(
             async with runtime(["CPU:0", r0], deadlock_check=0.01) as rt:
                 x, y = rt.alloc(r0, 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
                 await rt.copyin(x, np.arange(8, dtype=np.int32))
-                graph = await rt.compile([
-                    ag.Launch(GATED, [x, x]), ag.Launch(INC, [x, x]), ag.Launch(INC, [x, x]),
-                    ag.Copy(dst=y, src=x),
-                ])
+                graph = await rt.compile(
+                    [
+                        ag.Launch(GATED, [x, x]),
+                        ag.Launch(INC, [x, x]),
+                        ag.Launch(INC, [x, x]),
+                        ag.Copy(dst=y, src=x),
+                    ]
+                )
                 replay = await graph.submit()
                 await checked.wait()  # the monitor looked at the stalled replay 5 times
                 assert checks == [None] * len(checks)
@@ -212,7 +226,10 @@ async def test_slow_remote_kernels_are_progress_not_a_deadlock(
                     programs.append(tuple(out))
                 bad = attrs.evolve(plan, programs=tuple(programs))
                 stuck = ag.Graph(rt, Program(rt, items, [], bad))
-                with pytest.raises(ag.DeadlockError, match=r"CPU:0@127.0.0.1:\d+/compute waits for CPU:0/compute >= 1"):
+                with pytest.raises(
+                    ag.DeadlockError,
+                    match=r"CPU:0@127.0.0.1:\d+/compute waits for CPU:0/compute >= 1",
+                ):
                     await stuck()
     finally:
         worker.kill()
@@ -236,7 +253,9 @@ def test_chaos_a_worker_killed_mid_replay(
         # A gate that never opens: the worker is surely killed while a replay runs there.
         os.environ["ACTORGRAPH_TEST_GATE"] = str(Path(tempfile.mkdtemp()) / "never")
         try:
-            worker = start_worker(["CPU:0", "CPU:1"], kernels=["_model", "remote_kernels"], token=TOKEN)
+            worker = start_worker(
+                ["CPU:0", "CPU:1"], kernels=["_model", "remote_kernels"], token=TOKEN
+            )
         finally:
             del os.environ["ACTORGRAPH_TEST_GATE"]
         names = ["CPU:0", "CPU:1", worker.name("CPU:0"), worker.name("CPU:1")]
@@ -244,14 +263,19 @@ def test_chaos_a_worker_killed_mid_replay(
             with trio.fail_after(GUARD):
                 async with runtime(names) as rt:
                     await check_program(rt, names, spec, replays=1)
-                    buffers = [rt.alloc(names[d], spec.buffer_size, DTYPE) for d in spec.buffer_devices]
+                    buffers = [
+                        rt.alloc(names[d], spec.buffer_size, DTYPE) for d in spec.buffer_devices
+                    ]
                     items = build_items(spec, buffers)
                     graphs = [await rt.compile(items[lo:hi]) for lo, hi in spec.chunks()]
                     held = rt.alloc(names[2], 4, np.uint32)
                     local = rt.alloc("CPU:0", 4, np.uint32)
-                    graphs.insert(0, await rt.compile(
-                        [ag.Launch(GATED, [held, held]), ag.Copy(dst=local, src=held)]
-                    ))
+                    graphs.insert(
+                        0,
+                        await rt.compile(
+                            [ag.Launch(GATED, [held, held]), ag.Copy(dst=local, src=held)]
+                        ),
+                    )
                     outcomes: list[BaseException | None] = []
 
                     async def call(graph: ag.Graph) -> None:
@@ -270,7 +294,9 @@ def test_chaos_a_worker_killed_mid_replay(
                         for graph in graphs:
                             nursery.start_soon(call, graph)
                         nursery.start_soon(kill)
-                    assert len(outcomes) == len(graphs)  # every call ended: none raised another error
+                    assert len(outcomes) == len(
+                        graphs
+                    )  # every call ended: none raised another error
                     assert any(isinstance(o, ag.ClosedError) for o in outcomes)  # the gated one
                     await check_program(rt, ["CPU:0", "CPU:1"], local_spec, replays=1)
                     touches_worker = [

@@ -75,5 +75,7 @@ async def test_an_exact_self_copy_is_allowed_and_a_size_mismatch_is_not() -> Non
         await rt.copyin(a, np.arange(8, dtype=np.int32))
         await rt.run([ag.Copy(dst=a, src=a)])
         np.testing.assert_array_equal(await rt.copyout(a), np.arange(8, dtype=np.int32))
-        with pytest.raises(ag.UsageError, match="Copy needs dst and src of the same dtype and size"):
+        with pytest.raises(
+            ag.UsageError, match="Copy needs dst and src of the same dtype and size"
+        ):
             ag.Copy(dst=a.view(0, 4), src=a.view(2, 5))

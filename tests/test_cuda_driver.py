@@ -53,8 +53,10 @@ def _inc_host(drv: CudaDriver, pointer: int, n: int) -> Any:
 
 
 def _arch(drv: CudaDriver) -> str:
-    return f"sm_{drv.device_attribute(0, 'COMPUTE_CAPABILITY_MAJOR')}" \
-           f"{drv.device_attribute(0, 'COMPUTE_CAPABILITY_MINOR')}"
+    return (
+        f"sm_{drv.device_attribute(0, 'COMPUTE_CAPABILITY_MAJOR')}"
+        f"{drv.device_attribute(0, 'COMPUTE_CAPABILITY_MINOR')}"
+    )
 
 
 def test_mapped_words_are_seen_by_host_and_device(driver: tuple[CudaDriver, Any]) -> None:
@@ -166,8 +168,9 @@ def test_compile_load_and_launch(driver: tuple[CudaDriver, Any]) -> None:
     host, _ = drv.host_alloc_mapped(n * 4)
     buf = drv.mem_alloc(n * 4)
     drv.memcpy(stream, CopyKind.HTOD, buf, host, n * 4)  # zeros
-    drv.launch_kernel(stream, function, (n // 64, 1, 1), (64, 1, 1), [buf], [n],
-                      _inc_host(drv, buf, n))
+    drv.launch_kernel(
+        stream, function, (n // 64, 1, 1), (64, 1, 1), [buf], [n], _inc_host(drv, buf, n)
+    )
     drv.memcpy(stream, CopyKind.DTOH, host, buf, n * 4)
     drv.stream_synchronize(stream)
     out = np.ctypeslib.as_array((ctypes.c_int32 * n).from_address(host))
@@ -182,7 +185,9 @@ def test_graph_build_update_launch(driver: tuple[CudaDriver, Any]) -> None:
     if not drv.device_attribute(0, "CAN_USE_64_BIT_STREAM_MEM_OPS"):
         pytest.skip("no 64-bit stream memory operations on this device")
     n = 256
-    function = drv.module_function(drv.module_load(drv.compile(INC_SRC, "inc_k", _arch(drv))), "inc_k")
+    function = drv.module_function(
+        drv.module_load(drv.compile(INC_SRC, "inc_k", _arch(drv))), "inc_k"
+    )
     stream = drv.stream_create()
     word_host, word = drv.host_alloc_mapped(8)
     host, _ = drv.host_alloc_mapped(n * 4)
@@ -192,8 +197,9 @@ def test_graph_build_update_launch(driver: tuple[CudaDriver, Any]) -> None:
     drv.stream_synchronize(stream)
     calls: list[int] = []
     graph = drv.graph_create()
-    node = drv.graph_add_kernel(graph, None, function, (4, 1, 1), (64, 1, 1), [a], [n],
-                                _inc_host(drv, a, n))
+    node = drv.graph_add_kernel(
+        graph, None, function, (4, 1, 1), (64, 1, 1), [a], [n], _inc_host(drv, a, n)
+    )
     wait = drv.graph_add_wait_value64(graph, node, context, word, 0)
     write = drv.graph_add_write_value64(graph, wait, context, word, 1)
     drv.graph_add_host(graph, write, lambda: calls.append(_word(word_host).value))
@@ -201,8 +207,9 @@ def test_graph_build_update_launch(driver: tuple[CudaDriver, Any]) -> None:
     drv.graph_launch(exec_, stream)
     drv.stream_synchronize(stream)
     assert calls == [1]
-    drv.graph_exec_kernel_update(exec_, node, function, (4, 1, 1), (64, 1, 1), [b], [n],
-                                 _inc_host(drv, b, n))
+    drv.graph_exec_kernel_update(
+        exec_, node, function, (4, 1, 1), (64, 1, 1), [b], [n], _inc_host(drv, b, n)
+    )
     drv.graph_exec_value_update(exec_, wait, context, word, 1, True)
     drv.graph_exec_value_update(exec_, write, context, word, 7, False)
     drv.graph_launch(exec_, stream)
@@ -223,7 +230,7 @@ def test_graph_build_update_launch(driver: tuple[CudaDriver, Any]) -> None:
 
 def test_fake_wait_is_the_drivers_cyclic_comparison() -> None:
     assert reached(5, 5) and reached(6, 5) and not reached(4, 5)
-    assert reached(2, (1 << 64) - 2)          # wrapped past 2**64: still later
+    assert reached(2, (1 << 64) - 2)  # wrapped past 2**64: still later
     assert not reached((1 << 64) - 2, 2)
 
 

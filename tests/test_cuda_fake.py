@@ -40,8 +40,12 @@ def _alloc_set(rt: ag.Runtime, layout: dict[str, str]) -> dict[str, ag.Buffer]:
 
 
 async def check_against_eager(
-    rt: ag.Runtime, layout: dict[str, str], inputs: Sequence[str], make: Make,
-    replays: int = 3, seed: int = 0,
+    rt: ag.Runtime,
+    layout: dict[str, str],
+    inputs: Sequence[str],
+    make: Make,
+    replays: int = 3,
+    seed: int = 0,
 ) -> ag.Graph:
     """Replay `make`'s items as a graph (alternating two sets of input buffers) and run
     them eagerly on a third set; after every replay all buffers must be equal."""
@@ -66,7 +70,8 @@ async def check_against_eager(
         for name in layout:
             got = chosen.get(name, graph_set[name])
             np.testing.assert_array_equal(
-                await rt.copyout(got), await rt.copyout(eager[name]),
+                await rt.copyout(got),
+                await rt.copyout(eager[name]),
                 err_msg=f"buffer {name} after replay {replay}",
             )
     return graph
@@ -89,44 +94,60 @@ def runtime(devices: Sequence[str], driver: Any = None, **options: Any) -> Any:
 
 CASES: dict[str, tuple[dict[str, str], list[str], Make]] = {
     "two writes to one buffer": (
-        {"a": "CUDA:0", "b": "CUDA:0", "c": "CUDA:0"}, ["a", "b"],
+        {"a": "CUDA:0", "b": "CUDA:0", "c": "CUDA:0"},
+        ["a", "b"],
         lambda s: [xor(s["c"], s["a"], s["b"]), xor(s["c"], s["c"], s["a"])],
     ),
     "read then write": (
-        {"a": "CUDA:0", "b": "CUDA:0", "c": "CUDA:0", "d": "CUDA:1"}, ["a"],
+        {"a": "CUDA:0", "b": "CUDA:0", "c": "CUDA:0", "d": "CUDA:1"},
+        ["a"],
         lambda s: [ag.Copy(dst=s["d"], src=s["b"]), xor(s["b"], s["a"], s["c"])],
     ),
     "write then read": (
-        {"a": "CUDA:0", "b": "CUDA:0", "c": "CUDA:0", "d": "CUDA:1"}, ["a"],
+        {"a": "CUDA:0", "b": "CUDA:0", "c": "CUDA:0", "d": "CUDA:1"},
+        ["a"],
         lambda s: [xor(s["c"], s["a"], s["b"]), ag.Copy(dst=s["d"], src=s["c"]), inc(s["d"])],
     ),
     "copy after a kernel writes its source": (
-        {"a": "CUDA:0", "b": "CUDA:0", "d": "CUDA:1"}, ["a"],
+        {"a": "CUDA:0", "b": "CUDA:0", "d": "CUDA:1"},
+        ["a"],
         lambda s: [inc(s["a"]), ag.Copy(dst=s["d"], src=s["a"]), inc(s["a"])],
     ),
     "kernel after a copy writes its input": (
-        {"a": "CUDA:1", "b": "CUDA:0", "c": "CUDA:0"}, ["a"],
+        {"a": "CUDA:1", "b": "CUDA:0", "c": "CUDA:0"},
+        ["a"],
         lambda s: [ag.Copy(dst=s["b"], src=s["a"]), xor(s["c"], s["b"], s["b"]), inc(s["b"])],
     ),
     "copies across 4 devices": (
-        {f"x{i}": f"CUDA:{i}" for i in range(4)}, ["x0"],
-        lambda s: [inc(s["x0"])] + [ag.Copy(dst=s[f"x{i + 1}"], src=s[f"x{i}"]) for i in range(3)]
-        + [inc(s["x3"]), ag.Copy(dst=s["x0"], src=s["x3"])],
+        {f"x{i}": f"CUDA:{i}" for i in range(4)},
+        ["x0"],
+        lambda s: (
+            [inc(s["x0"])]
+            + [ag.Copy(dst=s[f"x{i + 1}"], src=s[f"x{i}"]) for i in range(3)]
+            + [inc(s["x3"]), ag.Copy(dst=s["x0"], src=s["x3"])]
+        ),
     ),
     "offset views, overlapping and disjoint": (
-        {"a": "CUDA:0", "b": "CUDA:1"}, ["a"],
+        {"a": "CUDA:0", "b": "CUDA:1"},
+        ["a"],
         lambda s: [
-            inc(s["a"].view(0, 32)), inc(s["a"].view(16, 32)),
+            inc(s["a"].view(0, 32)),
+            inc(s["a"].view(16, 32)),
             ag.Copy(dst=s["b"].view(0, 16), src=s["a"].view(48, 16)),
             ag.Copy(dst=s["b"].view(16, 16), src=s["a"].view(0, 16)),
             inc(s["a"].view(32, 32)),
         ],
     ),
     "CPU and CUDA in one graph": (
-        {"h": "CPU:0", "g": "CUDA:0", "k": "CUDA:1", "h2": "CPU:0"}, ["h"],
+        {"h": "CPU:0", "g": "CUDA:0", "k": "CUDA:1", "h2": "CPU:0"},
+        ["h"],
         lambda s: [
-            inc(s["h"]), ag.Copy(dst=s["g"], src=s["h"]), inc(s["g"]),
-            ag.Copy(dst=s["k"], src=s["g"]), ag.Copy(dst=s["h2"], src=s["k"]), inc(s["h2"]),
+            inc(s["h"]),
+            ag.Copy(dst=s["g"], src=s["h"]),
+            inc(s["g"]),
+            ag.Copy(dst=s["k"], src=s["g"]),
+            ag.Copy(dst=s["h2"], src=s["k"]),
+            inc(s["h2"]),
             ag.Copy(dst=s["h"], src=s["g"]),
         ],
     ),
@@ -152,11 +173,24 @@ async def test_ordering_case_matches_eager(case: str) -> None:
         {"driver": FakeDriver, "timeline_start": (1 << 63) - 3},
         {"driver": FakeDriver, "timeline_start": (1 << 64) - 1000},
     ],
-    ids=["event fallback", "no peer access", "streams only", "mem ops off", "graphs of one item",
-         "timeline near 2**63", "timeline near 2**64"],
+    ids=[
+        "event fallback",
+        "no peer access",
+        "streams only",
+        "mem ops off",
+        "graphs of one item",
+        "timeline near 2**63",
+        "timeline near 2**64",
+    ],
 )
-@pytest.mark.parametrize("case", ["copies across 4 devices", "CPU and CUDA in one graph",
-                                  "offset views, overlapping and disjoint"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "copies across 4 devices",
+        "CPU and CUDA in one graph",
+        "offset views, overlapping and disjoint",
+    ],
+)
 async def test_ordering_variants(case: str, variant: dict[str, Any]) -> None:
     options = dict(variant)
     driver = options.pop("driver")()
@@ -184,6 +218,7 @@ async def test_several_graphs_share_buffers_and_replay_back_to_back() -> None:
 
 
 # -- the fast path --
+
 
 async def test_a_replay_is_one_graph_launch_and_updates_only_changed_nodes() -> None:
     driver = FakeDriver()
@@ -239,8 +274,9 @@ async def test_back_to_back_replays_are_queued_on_the_gpu_without_the_host() -> 
 async def test_symbolic_launch_dims_are_evaluated_per_call() -> None:
     seen: list[tuple[int, ...]] = []
 
-    def body(buf: np.ndarray, n: int, *, global_size: tuple[int, ...],
-             local_size: tuple[int, ...]) -> None:
+    def body(
+        buf: np.ndarray, n: int, *, global_size: tuple[int, ...], local_size: tuple[int, ...]
+    ) -> None:
         seen.append(global_size)
         buf[:n] += 1
 
@@ -275,6 +311,7 @@ async def test_kernels_compile_once_per_arch_and_load_once_per_device() -> None:
 
 # -- copies and DLPack --
 
+
 async def test_gpu_queues_stop_for_a_host_callback_only_where_the_host_waits() -> None:
     # A host node holds its stream until the callback has run (and has the GIL): a
     # signal only GPU queues wait on is a word write alone; one a CPU queue waits on
@@ -282,8 +319,9 @@ async def test_gpu_queues_stop_for_a_host_callback_only_where_the_host_waits() -
     async with runtime(["CUDA:0", "CUDA:1", "CPU:0"], cuda_graph_min_items=1) as rt:
         a, b = rt.alloc("CUDA:0", SIZE, np.int32), rt.alloc("CUDA:1", SIZE, np.int32)
         h = rt.alloc("CPU:0", SIZE, np.int32)
-        graph = await rt.compile([inc(a), inc(a), ag.Copy(dst=b, src=a), inc(b),
-                                  ag.Copy(dst=h, src=b), inc(h)])
+        graph = await rt.compile(
+            [inc(a), inc(a), ag.Copy(dst=b, src=a), inc(b), ag.Copy(dst=h, src=b), inc(h)]
+        )
         await rt.copyin(a, np.zeros(SIZE, np.int32))
         for _ in range(2):
             await graph()
@@ -372,7 +410,9 @@ async def test_closing_the_runtime_gives_back_its_gpu_memory_except_exported_buf
             del view, a, b, h, graph  # the consumer and the user let go: it goes too
             gc.collect()
         else:
-            with pytest.raises(BufferError, match="its runtime has closed and its GPU memory is gone"):
+            with pytest.raises(
+                BufferError, match="its runtime has closed and its GPU memory is gone"
+            ):
                 np.from_dlpack(b)
         assert driver.statistics().live_allocations == 0  # buffers, staging, words
 
@@ -441,6 +481,7 @@ async def test_dlpack_views_cpu_and_cuda_buffers_without_a_copy() -> None:
 
 # -- errors --
 
+
 def test_opening_cuda_with_the_real_driver_without_a_gpu_says_how_to_go_on() -> None:
     if gpu_count():
         pytest.skip("this machine has a GPU")
@@ -491,10 +532,14 @@ async def test_a_block_larger_than_cuda_allows_is_refused_when_lowered() -> None
     async with runtime(["CUDA:0"]) as rt:
         buf = rt.alloc("CUDA:0", SIZE, np.int32)
         n = ag.Var("n", 1, 99)
-        launch = ag.Launch(XOR, [buf, buf, buf], vars=[n], fixedvars={n: 1}, global_size=1,
-                           local_size=(64, 32))
-        with pytest.raises(ag.DeviceError, match=r"'xor_k' on CUDA:0: local_size=\(64, 32, 1\) "
-                                                 r"is 2048 threads a block, and CUDA allows at most 1024"):
+        launch = ag.Launch(
+            XOR, [buf, buf, buf], vars=[n], fixedvars={n: 1}, global_size=1, local_size=(64, 32)
+        )
+        with pytest.raises(
+            ag.DeviceError,
+            match=r"'xor_k' on CUDA:0: local_size=\(64, 32, 1\) "
+            r"is 2048 threads a block, and CUDA allows at most 1024",
+        ):
             await rt.compile([launch])
 
 
@@ -504,7 +549,11 @@ async def test_a_block_larger_than_cuda_allows_is_refused_when_lowered() -> None
 async def test_empty_buffers_copy_as_nothing_between_gpus_and_the_host(driver: str) -> None:
     # The driver takes no zero-length copies (a graph memcpy node of 0 bytes is invalid):
     # copies of empty buffers lower to nothing, in graphs, eagerly and through copyin/out.
-    devices = ["CUDA:0", "CUDA:1", "CPU:0"] if driver == "fake" or gpu_count() > 1 else ["CUDA:0", "CPU:0"]
+    devices = (
+        ["CUDA:0", "CUDA:1", "CPU:0"]
+        if driver == "fake" or gpu_count() > 1
+        else ["CUDA:0", "CPU:0"]
+    )
     async with ag.open_runtime(devices, cuda_driver=driver) as rt:
         a, b, h = (rt.alloc(d, 0, np.int32) for d in (devices[0], devices[-2], "CPU:0"))
         items = [ag.Copy(dst=b, src=a), ag.Copy(dst=h, src=b), ag.Copy(dst=a, src=h)]
@@ -557,8 +606,12 @@ def test_freeing_a_buffer_while_the_gpu_waits_on_cpu_work_neither_blocks_nor_fre
     # Run apart, with a time limit: the failure this guards against is a hang (free
     # waiting on the GPU, which waits on a CPU signal that needs the blocked trio thread).
     done = subprocess.run(
-        [sys.executable, "-c", _FREE_WHILE_GPU_WAITS], cwd=ROOT, capture_output=True,
-        text=True, timeout=120, env={**os.environ, "PYTHONPATH": child_pythonpath()},
+        [sys.executable, "-c", _FREE_WHILE_GPU_WAITS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": child_pythonpath()},
     )
     assert done.stdout.strip() == "ok", done.stdout + done.stderr
 
@@ -591,7 +644,9 @@ async def test_a_sticky_error_while_building_a_graph_fails_the_call_and_loses_th
         graph = await rt.compile([inc(g) for _ in range(4)])
         with pytest.raises(ag.ItemError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
             await graph()
-        with pytest.raises(ag.ItemError, match="CUDA:0 hit CUDA_ERROR_ILLEGAL_ADDRESS.*open a new runtime"):
+        with pytest.raises(
+            ag.ItemError, match="CUDA:0 hit CUDA_ERROR_ILLEGAL_ADDRESS.*open a new runtime"
+        ):
             await graph()
         h = rt.alloc("CPU:0", SIZE, np.int32)
         await rt.run([inc(h)])  # the CPU carries on
@@ -605,10 +660,14 @@ async def test_a_kernel_that_raises_fails_its_call_and_the_runtime_goes_on() -> 
     kernel = ag.Kernel("inc_k", cpu=boom, cuda="inc_k", outs=(0,), ins=(0,))
     async with runtime(["CUDA:0"]) as rt:
         buf = rt.alloc("CUDA:0", SIZE, np.int32)
-        launch = ag.Launch(kernel, [buf], vars=[ag.Var("n", 1, 99)], fixedvars={ag.Var("n", 1, 99): 1})
+        launch = ag.Launch(
+            kernel, [buf], vars=[ag.Var("n", 1, 99)], fixedvars={ag.Var("n", 1, 99): 1}
+        )
         graph = await rt.compile([inc(buf), launch, inc(buf)])
         for _ in range(2):  # every call fails the same way; nothing hangs
-            with pytest.raises(ag.ItemError, match=r"item 1 \(inc_k\) on CUDA:0/compute raised ValueError"):
+            with pytest.raises(
+                ag.ItemError, match=r"item 1 \(inc_k\) on CUDA:0/compute raised ValueError"
+            ):
                 await graph()
         other = rt.alloc("CUDA:0", SIZE, np.int32)
         await rt.run([inc(other)])
@@ -616,6 +675,7 @@ async def test_a_kernel_that_raises_fails_its_call_and_the_runtime_goes_on() -> 
 
 
 # -- the fuzzer --
+
 
 @st.composite
 def random_program(draw: st.DrawFn) -> tuple[list[str], list[tuple[Any, ...]], list[int]]:
@@ -642,7 +702,9 @@ def _build(ops: list[tuple[Any, ...]], bufs: dict[str, ag.Buffer]) -> list[Any]:
         if op[0] == "copy":
             _, dst, src, (start, count), src_start = op
             count = min(count, SIZE - src_start)
-            items.append(ag.Copy(dst=bufs[dst].view(start, count), src=bufs[src].view(src_start, count)))
+            items.append(
+                ag.Copy(dst=bufs[dst].view(start, count), src=bufs[src].view(src_start, count))
+            )
         elif op[0] == "xor":
             _, out, a, b, (start, count) = op
             items.append(xor(*(bufs[n].view(start, count) for n in (out, a, b))))
@@ -655,7 +717,8 @@ def _build(ops: list[tuple[Any, ...]], bufs: dict[str, ag.Buffer]) -> list[Any]:
 @settings(max_examples=30)
 @given(random_program(), st.sampled_from(["memops", "events", "nopeer"]))
 def test_fuzz_random_graphs_replay_like_eager(
-    program: tuple[list[str], list[tuple[Any, ...]], list[int]], mode: str,
+    program: tuple[list[str], list[tuple[Any, ...]], list[int]],
+    mode: str,
 ) -> None:
     devices, ops, cuts = program
     driver = FakeDriver(stream_mem_ops=mode != "events", peer=mode != "nopeer")
@@ -678,7 +741,9 @@ def test_fuzz_random_graphs_replay_like_eager(
                     await rt.run(_build(chunk, eager))
                     await graph()
             for n in names:
-                np.testing.assert_array_equal(await rt.copyout(graphed[n]), await rt.copyout(eager[n]))
+                np.testing.assert_array_equal(
+                    await rt.copyout(graphed[n]), await rt.copyout(eager[n])
+                )
 
     trio.run(main)
 
@@ -690,8 +755,10 @@ CUDA_FUZZ_DEVICES = ["CUDA:0", "CUDA:1", "CPU:0", "CUDA:2"]
 
 
 @settings(max_examples=40)
-@given(random_programs(max_devices=4, max_items=16),
-       st.sampled_from(["memops", "events", "nopeer", "streams"]))
+@given(
+    random_programs(max_devices=4, max_items=16),
+    st.sampled_from(["memops", "events", "nopeer", "streams"]),
+)
 def test_shared_fuzzer_on_the_fake_driver(spec: ProgramSpec, mode: str) -> None:
     driver = FakeDriver(stream_mem_ops=mode != "events", peer=mode != "nopeer")
 
@@ -704,13 +771,16 @@ def test_shared_fuzzer_on_the_fake_driver(spec: ProgramSpec, mode: str) -> None:
 
 # -- the same on a real GPU (skipped without one) --
 
+
 @pytest.mark.gpu
 @needs_gpus(1)
 @pytest.mark.parametrize("case", sorted(c for c in CASES if "4 devices" not in c))
 async def test_gpu_ordering_case_matches_eager(case: str) -> None:
     layout, inputs, make = CASES[case]
     count = gpu_count()
-    layout = {k: (f"CUDA:{int(v[5:]) % count}" if v.startswith("CUDA") else v) for k, v in layout.items()}
+    layout = {
+        k: (f"CUDA:{int(v[5:]) % count}" if v.startswith("CUDA") else v) for k, v in layout.items()
+    }
     devices = sorted({*layout.values()})
     async with ag.open_runtime(devices, cuda_driver="real") as rt:
         await check_against_eager(rt, layout, inputs, make, replays=4)
@@ -752,8 +822,9 @@ async def test_gpu_dlpack_export_orders_the_consumers_stream_and_never_blocks() 
     n = ag.Var("n", 1, SIZE)
     async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver="real", cpu_thread_bytes=1) as rt:
         h, g = rt.alloc("CPU:0", SIZE, np.int32), rt.alloc("CUDA:0", SIZE, np.int32)
-        graph = await rt.compile([ag.Launch(held, [h], vars=[n], fixedvars={n: SIZE}),
-                                  ag.Copy(dst=g, src=h), inc(g)])
+        graph = await rt.compile(
+            [ag.Launch(held, [h], vars=[n], fixedvars={n: SIZE}), ag.Copy(dst=g, src=h), inc(g)]
+        )
         replay = await graph.submit()
         device = rt.device("CUDA:0")
         drv = device.driver
@@ -804,8 +875,12 @@ async def test_gpu_fuzz_like_eager(seed: int) -> None:
     # A fixed handful of random programs on the real driver (hypothesis stays on the fake).
     async with ag.open_runtime(["CUDA:0", "CPU:0"], cuda_driver="real") as rt:
         await check_against_eager(
-            rt, GPU_FUZZ_LAYOUT, [f"b{seed}"],
-            lambda s: _gpu_fuzz_items(s, seed), replays=3, seed=seed,
+            rt,
+            GPU_FUZZ_LAYOUT,
+            [f"b{seed}"],
+            lambda s: _gpu_fuzz_items(s, seed),
+            replays=3,
+            seed=seed,
         )
 
 
@@ -819,13 +894,16 @@ def test_shared_fuzzer_on_the_real_driver(spec: ProgramSpec, graphs: bool) -> No
     names = [f"CUDA:{int(d[5:]) % count}" if d.startswith("CUDA") else d for d in CUDA_FUZZ_DEVICES]
 
     async def main() -> None:
-        async with ag.open_runtime(sorted(set(names)), cuda_driver="real", cuda_graphs=graphs) as rt:
+        async with ag.open_runtime(
+            sorted(set(names)), cuda_driver="real", cuda_graphs=graphs
+        ) as rt:
             await check_program(rt, names, spec)
             # Every graph the driver refused ran on the stream (still correct), but a
             # refusal means a graph was built or updated against the driver's rules.
             refusals = {
                 actor.name: actor.graph_refusals
-                for name in set(names) if name.startswith("CUDA")
+                for name in set(names)
+                if name.startswith("CUDA")
                 for actor in rt.device(name).queues.values()
             }
             assert not any(refusals.values()), refusals
@@ -834,6 +912,7 @@ def test_shared_fuzzer_on_the_real_driver(spec: ProgramSpec, graphs: bool) -> No
 
 
 # -- with the runtime's monitor and profiler --
+
 
 @fake_only
 async def test_gpu_work_in_flight_is_not_mistaken_for_a_deadlock(autojump_clock: Any) -> None:
@@ -878,7 +957,9 @@ async def test_a_sticky_cuda_error_fails_every_later_call_clearly() -> None:
         with pytest.raises(ag.ItemError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
             await graph()
         driver.fault = None  # even if the driver answered again, the context is gone
-        with pytest.raises(ag.ItemError, match="CUDA:0 hit CUDA_ERROR_ILLEGAL_ADDRESS.*open a new runtime"):
+        with pytest.raises(
+            ag.ItemError, match="CUDA:0 hit CUDA_ERROR_ILLEGAL_ADDRESS.*open a new runtime"
+        ):
             await rt.run([inc(g)])
         h = rt.alloc("CPU:0", SIZE, np.int32)
         await rt.run([inc(h)])  # other devices carry on

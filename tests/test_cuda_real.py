@@ -141,34 +141,50 @@ def _calls() -> dict[str, Callable[[RealDriver], Any]]:
         "module_load": lambda d: d.module_load(b"\x7fELF"),
         "module_function": lambda d: d.module_function(cu.CUmodule(0), "xor_k"),
         "launch_kernel": lambda d: d.launch_kernel(
-            _STREAM, _FN, _GRID, _BLOCK, [0x7000_0000, 0x7000_1000], [-(2**31), 2**31 - 1]),
+            _STREAM, _FN, _GRID, _BLOCK, [0x7000_0000, 0x7000_1000], [-(2**31), 2**31 - 1]
+        ),
         "graph_create": lambda d: d.graph_create(),
         "graph_add_kernel first": lambda d: d.graph_add_kernel(
-            _GRAPH, None, _FN, _GRID, _BLOCK, [0x7000_0000], [7]),
+            _GRAPH, None, _FN, _GRID, _BLOCK, [0x7000_0000], [7]
+        ),
         "graph_add_kernel after": lambda d: d.graph_add_kernel(
-            _GRAPH, _NODE, _FN, _GRID, _BLOCK, [0x7000_0000], [7]),
-        "graph_add_wait_value64": lambda d: d.graph_add_wait_value64(_GRAPH, _NODE, _CTX, 0x7000_0000, _TOP),
-        "graph_add_write_value64": lambda d: d.graph_add_write_value64(_GRAPH, _NODE, _CTX, 0x7000_0000, _TOP),
+            _GRAPH, _NODE, _FN, _GRID, _BLOCK, [0x7000_0000], [7]
+        ),
+        "graph_add_wait_value64": lambda d: d.graph_add_wait_value64(
+            _GRAPH, _NODE, _CTX, 0x7000_0000, _TOP
+        ),
+        "graph_add_write_value64": lambda d: d.graph_add_write_value64(
+            _GRAPH, _NODE, _CTX, 0x7000_0000, _TOP
+        ),
         "graph_add_host": lambda d: d.graph_add_host(_GRAPH, _NODE, lambda: None),
         "graph_instantiate": lambda d: d.graph_instantiate(_GRAPH),
         "graph_exec_kernel_update": lambda d: d.graph_exec_kernel_update(
-            _EXEC, _NODE, _FN, _GRID, _BLOCK, [0x7000_0000], [7]),
+            _EXEC, _NODE, _FN, _GRID, _BLOCK, [0x7000_0000], [7]
+        ),
         "graph_exec_value_update wait": lambda d: d.graph_exec_value_update(
-            _EXEC, _NODE, _CTX, 0x7000_0000, 3, True),
+            _EXEC, _NODE, _CTX, 0x7000_0000, 3, True
+        ),
         "graph_exec_value_update write": lambda d: d.graph_exec_value_update(
-            _EXEC, _NODE, _CTX, 0x7000_0000, 3, False),
+            _EXEC, _NODE, _CTX, 0x7000_0000, 3, False
+        ),
         "graph_launch": lambda d: d.graph_launch(_EXEC, _STREAM),
         "memset_zero": lambda d: d.memset_zero(_STREAM, 0x7000_0000, 256),
         "graph_destroy": lambda d: d.graph_destroy(_GRAPH, _EXEC),
     }
     for kind in CopyKind:
         calls[f"memcpy {kind.name}"] = functools.partial(
-            lambda d, k: d.memcpy(_STREAM, k, 0x7000_0000, 0x7100_0000, 256, _CTX, _CTX), k=kind)
+            lambda d, k: d.memcpy(_STREAM, k, 0x7000_0000, 0x7100_0000, 256, _CTX, _CTX), k=kind
+        )
         calls[f"graph_add_memcpy {kind.name}"] = functools.partial(
-            lambda d, k: d.graph_add_memcpy(_GRAPH, _NODE, _CTX, k, 0x7000_0000, 0x7100_0000, 256), k=kind)
+            lambda d, k: d.graph_add_memcpy(_GRAPH, _NODE, _CTX, k, 0x7000_0000, 0x7100_0000, 256),
+            k=kind,
+        )
         calls[f"graph_exec_memcpy_update {kind.name}"] = functools.partial(
-            lambda d, k: d.graph_exec_memcpy_update(_EXEC, _NODE, _CTX, k, 0x7000_0000, 0x7100_0000, 256),
-            k=kind)
+            lambda d, k: d.graph_exec_memcpy_update(
+                _EXEC, _NODE, _CTX, k, 0x7000_0000, 0x7100_0000, 256
+            ),
+            k=kind,
+        )
     return calls
 
 

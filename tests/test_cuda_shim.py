@@ -43,7 +43,10 @@ def _cuda_include() -> pathlib.Path | None:
         pass
     if os.environ.get("CUDA_HOME"):
         places.append(os.path.join(os.environ["CUDA_HOME"], "include"))
-    places += ["/usr/local/cuda/include", *sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)]
+    places += [
+        "/usr/local/cuda/include",
+        *sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True),
+    ]
     for place in places:
         if os.path.exists(os.path.join(place, "cuda.h")):
             return pathlib.Path(place)
@@ -82,9 +85,22 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     compiler = shutil.which("cc") or shutil.which("gcc")
     assert compiler is not None
     subprocess.run(
-        [compiler, "-std=gnu11", "-O1", "-Wall", "-shared", "-fPIC", "-pthread",
-         f"-I{_cuda_include()}", "-o", str(folder / "libcuda.so.1"), str(SOURCE)],
-        check=True, capture_output=True, text=True,
+        [
+            compiler,
+            "-std=gnu11",
+            "-O1",
+            "-Wall",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            f"-I{_cuda_include()}",
+            "-o",
+            str(folder / "libcuda.so.1"),
+            str(SOURCE),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return folder
 
@@ -93,7 +109,11 @@ def _run(shim: pathlib.Path, args: list[str], **env: str) -> subprocess.Complete
     paths = [str(shim), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
     full_env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(paths), **env}
     return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
         timeout=300,
     )
 
@@ -103,7 +123,10 @@ def _run(shim: pathlib.Path, args: list[str], **env: str) -> subprocess.Complete
 # (ACTORGRAPH_TEST_CUDA_DRIVER=real); with one, only the `gpu` tests fit.
 MODES: dict[str, tuple[dict[str, str], list[str]]] = {
     "four GPUs with peer access": ({"CUDASHIM_DEVICES": "4"}, []),
-    "no 64-bit stream memory operations": ({"CUDASHIM_DEVICES": "4", "CUDASHIM_NO_MEMOPS": "1"}, []),
+    "no 64-bit stream memory operations": (
+        {"CUDASHIM_DEVICES": "4", "CUDASHIM_NO_MEMOPS": "1"},
+        [],
+    ),
     "no peer access": ({"CUDASHIM_DEVICES": "4", "CUDASHIM_NO_PEER": "1"}, []),
     # Every stream operation starts after a pause of up to 50 us: other interleavings.
     "four GPUs, streams at uneven speeds": ({"CUDASHIM_DEVICES": "4", "CUDASHIM_JITTER": "7"}, []),
@@ -116,8 +139,12 @@ def test_the_cuda_tests_pass_on_the_real_driver_over_the_test_libcuda(
     shim: pathlib.Path, mode: str
 ) -> None:
     env, selection = MODES[mode]
-    done = _run(shim, ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *selection,
-                       *GPU_TESTS], ACTORGRAPH_TEST_CUDA_DRIVER="real", **env)
+    done = _run(
+        shim,
+        ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *selection, *GPU_TESTS],
+        ACTORGRAPH_TEST_CUDA_DRIVER="real",
+        **env,
+    )
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-6000:]
     assert "needs 1 real CUDA GPU" not in report  # the real-driver tests ran, none skipped
@@ -154,14 +181,31 @@ def test_the_cuda_benchmark_runs_on_the_real_driver_over_the_test_libcuda(
     # the driver directly, so this is their only run without a GPU. Its timings here
     # measure threads, not a GPU, and are not looked at.
     out = tmp_path / "cuda.json"
-    done = _run(shim, ["benchmarks/cuda_replay.py", "--kernels", "20", "--elems", "256",
-                       "--replays", "4", "--copy-mb", "1", "--spin-elems", "1024",
-                       "--json", str(out)])
+    done = _run(
+        shim,
+        [
+            "benchmarks/cuda_replay.py",
+            "--kernels",
+            "20",
+            "--elems",
+            "256",
+            "--replays",
+            "4",
+            "--copy-mb",
+            "1",
+            "--spin-elems",
+            "1024",
+            "--json",
+            str(out),
+        ],
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     result = json.loads(out.read_text())
     assert result["driver"] == "real" and result["replay"]["result_checked"] is True
     assert result["replay"]["graph_builds"] == 1 and result["overlap"]["queues"] == [
-        "CUDA:0/compute", "CUDA:0/copy"]
+        "CUDA:0/compute",
+        "CUDA:0/copy",
+    ]
 
 
 def test_the_cuda_example_runs_on_the_real_driver_over_the_test_libcuda(shim: pathlib.Path) -> None:

@@ -34,11 +34,21 @@ def _acc(device: str, alloc: int, write: bool) -> Access:
 def _plan() -> Plan:
     items = [
         PlanItem("xor", ItemKind.EXEC, "CPU:0", (_acc("CPU:0", 3, True), _acc("CPU:0", 1, False))),
-        PlanItem("copy CPU:0->CPU:1", ItemKind.COPY, "CPU:1",
-                 (_acc("CPU:1", 4, True), _acc("CPU:0", 3, False)), "CPU:0"),
+        PlanItem(
+            "copy CPU:0->CPU:1",
+            ItemKind.COPY,
+            "CPU:1",
+            (_acc("CPU:1", 4, True), _acc("CPU:0", 3, False)),
+            "CPU:0",
+        ),
         PlanItem("add", ItemKind.EXEC, "CPU:1", (_acc("CPU:1", 5, True), _acc("CPU:1", 4, False))),
-        PlanItem("copy \"back\"", ItemKind.COPY, "CPU:0",
-                 (_acc("CPU:0", 1, True), _acc("CPU:1", 5, False)), "CPU:1"),
+        PlanItem(
+            'copy "back"',
+            ItemKind.COPY,
+            "CPU:0",
+            (_acc("CPU:0", 1, True), _acc("CPU:1", 5, False)),
+            "CPU:1",
+        ),
     ]
     return build_plan(items, CAPS)
 
@@ -62,6 +72,7 @@ def test_dot_names_every_actor_and_item() -> None:
 def test_text_form_stays_the_quick_view() -> None:
     text = str(_plan())
     assert "run xor#0" in text and "CPU:1/copy" in text
+
 
 INC = ag.Kernel("inc", cpu=lambda out, a: np.add(a, 1, out=out), outs=(0,), ins=(1,))
 

@@ -60,7 +60,10 @@ async def xor_graph(rt: ag.Runtime) -> tuple[ag.Graph, list[ag.Buffer]]:
 
 async def test_wrong_input_count(rt: ag.Runtime) -> None:
     graph, (a, _, _) = await xor_graph(rt)
-    with raises(ag.InputError, "graph was compiled with 2 inputs but was called with 1; pass one buffer per input"):
+    with raises(
+        ag.InputError,
+        "graph was compiled with 2 inputs but was called with 1; pass one buffer per input",
+    ):
         await graph([a])
 
 
@@ -78,7 +81,10 @@ async def test_wrong_input_dtype(rt: ag.Runtime) -> None:
 
 async def test_wrong_input_device(rt: ag.Runtime) -> None:
     graph, (a, _, _) = await xor_graph(rt)
-    with raises(ag.InputError, "input 1 is on CPU:1 but the graph was compiled for one on CPU:0; copy it to CPU:0 first"):
+    with raises(
+        ag.InputError,
+        "input 1 is on CPU:1 but the graph was compiled for one on CPU:0; copy it to CPU:0 first",
+    ):
         await graph([a, rt.alloc("CPU:1", 64, I32)])
 
 
@@ -94,7 +100,10 @@ async def test_inputs_aliasing_each_other(rt: ag.Runtime) -> None:
     graph, _ = await xor_graph(rt)
     big = rt.alloc("CPU:0", 128, I32)
     first, second = big.view(offset=0, size=64), big.view(offset=36, size=64)
-    with raises(ag.InputError, f"inputs 0 and 1 share memory ({first!r} and {second!r}); the plan assumes distinct memory: pass separate buffers, or compile with aliasing='replan' to plan again for aliased inputs"):
+    with raises(
+        ag.InputError,
+        f"inputs 0 and 1 share memory ({first!r} and {second!r}); the plan assumes distinct memory: pass separate buffers, or compile with aliasing='replan' to plan again for aliased inputs",
+    ):
         await graph([first, second])
     x = rt.alloc("CPU:0", 64, I32)
     with raises(ag.InputError, "inputs 0 and 1 share memory"):
@@ -111,7 +120,10 @@ async def test_compile_refuses_inputs_aliasing_each_other(rt: ag.Runtime) -> Non
 
 async def test_input_aliasing_an_internal_buffer(rt: ag.Runtime) -> None:
     graph, (_, b, c) = await xor_graph(rt)
-    with raises(ag.InputError, f"input 0 {c!r} shares memory with {c!r}, which the graph uses internally; the plan assumes distinct memory: pass separate buffers, or compile with aliasing='replan' to plan again for aliased inputs"):
+    with raises(
+        ag.InputError,
+        f"input 0 {c!r} shares memory with {c!r}, which the graph uses internally; the plan assumes distinct memory: pass separate buffers, or compile with aliasing='replan' to plan again for aliased inputs",
+    ):
         await graph([c, b])
     with raises(ag.InputError, "input 1 <Buffer CPU:0 64 int32 view@0"):
         await graph([b, c.view(offset=0, size=64)])
@@ -122,7 +134,10 @@ async def test_an_item_buffer_overlapping_an_input_without_being_it(rt: ag.Runti
     window = a.view(offset=8, size=32)
     part = window.view(offset=0, size=8)
     items = [ag.Launch(XOR, [c.view(offset=0, size=8), part, b.view(offset=0, size=8)])]
-    with raises(ag.UsageError, f"item 0 (xor) uses {part!r}, which overlaps input 0 {window!r} without being it; pass the base buffer as the input"):
+    with raises(
+        ag.UsageError,
+        f"item 0 (xor) uses {part!r}, which overlaps input 0 {window!r} without being it; pass the base buffer as the input",
+    ):
         await rt.compile(items, inputs=[window])
 
 
@@ -174,8 +189,11 @@ async def test_unknown_var(rt: ag.Runtime) -> None:
 async def test_launch_dims_that_evaluate_below_one(rt: ag.Runtime) -> None:
     (out,) = bufs(rt, 1)
     graph = await rt.compile([ag.Launch(FILL, [out], vars=[N], global_size=N - 5)])
-    with raises(ag.UsageError, "item 0 (fill): global_size is (-2,) for these var values; "
-                               "launch dims must all be >= 1 (leave out a launch that has no work)"):
+    with raises(
+        ag.UsageError,
+        "item 0 (fill): global_size is (-2,) for these var values; "
+        "launch dims must all be >= 1 (leave out a launch that has no work)",
+    ):
         await graph(var_vals={N: 3})
     await graph(var_vals={N: 6})
 
@@ -198,7 +216,9 @@ async def test_freed_buffer_in_items(rt: ag.Runtime) -> None:
     a, b, c = bufs(rt, 3)
     rt.free(b)
     items = [ag.Launch(XOR, [c, a, b])]
-    message = f"item 0 (xor): buffer {b!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+    message = (
+        f"item 0 (xor): buffer {b!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+    )
     with raises(ag.BufferFreedError, message):
         await rt.run(items)
     with raises(ag.BufferFreedError, message):
@@ -225,7 +245,9 @@ async def test_freed_internal_buffer_on_replay(rt: ag.Runtime) -> None:
     graph, (a, b, c) = await xor_graph(rt)
     await graph([a, b])
     rt.free(c)
-    message = f"this graph's buffer {c!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+    message = (
+        f"this graph's buffer {c!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+    )
     with raises(ag.BufferFreedError, message):
         await graph([a, b])  # the same inputs as the last call
     with raises(ag.BufferFreedError, message):
@@ -306,17 +328,26 @@ def test_bad_kernels() -> None:
 async def test_launch_mixing_devices(rt: ag.Runtime) -> None:
     a, c = bufs(rt, 2)
     (b,) = bufs(rt, 1, "CPU:1")
-    with raises(ag.UsageError, "Launch of 'xor' mixes buffers of ['CPU:0', 'CPU:1']; a kernel runs on one device: add a Copy to bring the data over first"):
+    with raises(
+        ag.UsageError,
+        "Launch of 'xor' mixes buffers of ['CPU:0', 'CPU:1']; a kernel runs on one device: add a Copy to bring the data over first",
+    ):
         ag.Launch(XOR, [c, a, b])
 
 
 async def test_slot_in_neither_outs_nor_ins(rt: ag.Runtime) -> None:
-    with raises(ag.UsageError, "buffer slot 1 of Kernel 'fill' is in neither outs nor ins; say whether the kernel reads or writes it"):
+    with raises(
+        ag.UsageError,
+        "buffer slot 1 of Kernel 'fill' is in neither outs nor ins; say whether the kernel reads or writes it",
+    ):
         ag.Launch(FILL, bufs(rt, 2))
 
 
 async def test_slot_out_of_range(rt: ag.Runtime) -> None:
-    with raises(ag.UsageError, "Kernel 'xor' uses buffer slot 2 but the Launch passes 2 buffers; pass one buffer per slot"):
+    with raises(
+        ag.UsageError,
+        "Kernel 'xor' uses buffer slot 2 but the Launch passes 2 buffers; pass one buffer per slot",
+    ):
         ag.Launch(XOR, bufs(rt, 2))
 
 
@@ -333,16 +364,25 @@ async def test_copy_size_or_dtype_mismatch(rt: ag.Runtime) -> None:
     (a,) = bufs(rt, 1)
     small = rt.alloc("CPU:1", 32, I32)
     floats = rt.alloc("CPU:1", 64, np.float32)
-    with raises(ag.UsageError, f"Copy needs dst and src of the same dtype and size: dst is {small!r}, src is {a!r}; use views of matching size"):
+    with raises(
+        ag.UsageError,
+        f"Copy needs dst and src of the same dtype and size: dst is {small!r}, src is {a!r}; use views of matching size",
+    ):
         ag.Copy(dst=small, src=a)
-    with raises(ag.UsageError, f"Copy needs dst and src of the same dtype and size: dst is {floats!r}, src is {a!r}"):
+    with raises(
+        ag.UsageError,
+        f"Copy needs dst and src of the same dtype and size: dst is {floats!r}, src is {a!r}",
+    ):
         ag.Copy(dst=floats, src=a)
     ag.Copy(dst=a.view(offset=0, size=8), src=a.view(offset=4, size=8))  # memmove: allowed
 
 
 async def test_view_past_end(rt: ag.Runtime) -> None:
     (a,) = bufs(rt, 1)
-    with raises(ag.UsageError, f"view(offset=60, size=8) of {a!r} runs past its end (68 > 64); shrink the view or its offset"):
+    with raises(
+        ag.UsageError,
+        f"view(offset=60, size=8) of {a!r} runs past its end (68 > 64); shrink the view or its offset",
+    ):
         a.view(offset=60, size=8)
     part = a.view(offset=32, size=16)
     with raises(ag.UsageError, "view(offset=10, size=8) of"):
@@ -359,7 +399,10 @@ async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
     with raises(ag.UsageError, "alloc: 'no such type' is not a numpy dtype"):
         rt.alloc("CPU:0", 4, "no such type")
     (a,) = bufs(rt, 1)
-    with raises(ag.UsageError, f"copyin: array dtype float64 does not match {a!r}; convert with array.astype(np.int32)"):
+    with raises(
+        ag.UsageError,
+        f"copyin: array dtype float64 does not match {a!r}; convert with array.astype(np.int32)",
+    ):
         await rt.copyin(a, np.zeros(64))
     with raises(ag.UsageError, f"copyin: array has 63 elements but {a!r} holds 64"):
         await rt.copyin(a, np.zeros(63, I32))
@@ -369,7 +412,9 @@ async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
 
 async def test_alloc_shapes_are_checked(rt: ag.Runtime) -> None:
     for shape in (2.5, "64", (4, 2.0), (3, None), True, ()):
-        with raises(ag.UsageError, f"a buffer shape is an int or a tuple of ints >= 0, got {shape!r}"):
+        with raises(
+            ag.UsageError, f"a buffer shape is an int or a tuple of ints >= 0, got {shape!r}"
+        ):
             rt.alloc("CPU:0", shape, I32)  # type: ignore[arg-type]
     # The element count is an exact int: it never wraps round to a small buffer.
     with raises(
@@ -388,7 +433,9 @@ async def test_alloc_shapes_are_checked(rt: ag.Runtime) -> None:
 async def test_bad_item_lists(rt: ag.Runtime) -> None:
     with raises(ag.UsageError, "compile() got no items; a graph needs at least one Launch or Copy"):
         await rt.compile([])
-    with raises(ag.UsageError, "item 0 is 'xor'; a jit cache holds ag.Launch(...) and ag.Copy(...) items"):
+    with raises(
+        ag.UsageError, "item 0 is 'xor'; a jit cache holds ag.Launch(...) and ag.Copy(...) items"
+    ):
         await rt.run(["xor"])  # type: ignore[list-item]
 
 
@@ -398,13 +445,18 @@ async def test_bad_item_lists(rt: ag.Runtime) -> None:
 async def test_unknown_device_name() -> None:
     for name in ("GPU:0", "cpu:0", "CPU0", "CPU:-1"):
         kinds = ", ".join(f"{k}:N" for k in DEVICE_KINDS)
-        with raises(ag.DeviceError, f"unknown device name {name!r}: expected one of {kinds} (e.g. 'CPU:0')"):
+        with raises(
+            ag.DeviceError, f"unknown device name {name!r}: expected one of {kinds} (e.g. 'CPU:0')"
+        ):
             async with ag.open_runtime([name]):
                 pass  # pragma: no cover
 
 
 async def test_bad_device_lists() -> None:
-    with raises(ag.UsageError, "open_runtime needs a list of device names like ['CPU:0', 'CPU:1'], got 'CPU:0'"):
+    with raises(
+        ag.UsageError,
+        "open_runtime needs a list of device names like ['CPU:0', 'CPU:1'], got 'CPU:0'",
+    ):
         async with ag.open_runtime("CPU:0"):
             pass  # pragma: no cover
     with raises(ag.UsageError, "device 'CPU:0' is listed twice in open_runtime(...)"):
@@ -413,14 +465,20 @@ async def test_bad_device_lists() -> None:
 
 
 async def test_device_not_opened_in_the_runtime(rt: ag.Runtime) -> None:
-    with raises(ag.UsageError, "device 'CPU:3' is not open in this runtime (open: ['CPU:0', 'CPU:1']); add it to open_runtime([...])"):
+    with raises(
+        ag.UsageError,
+        "device 'CPU:3' is not open in this runtime (open: ['CPU:0', 'CPU:1']); add it to open_runtime([...])",
+    ):
         rt.alloc("CPU:3", 4, I32)
     # A buffer from another runtime, on a device this one did not open.
     async with ag.open_runtime(["CPU:5"]) as other:
         stranger = other.alloc("CPU:5", 64, I32)
         (mine,) = bufs(rt, 1)
         items = [ag.Copy(dst=mine, src=stranger)]
-        with raises(ag.PlanError, "uses device 'CPU:5', which this runtime did not open; open it with open_runtime([... 'CPU:5' ...])"):
+        with raises(
+            ag.PlanError,
+            "uses device 'CPU:5', which this runtime did not open; open it with open_runtime([... 'CPU:5' ...])",
+        ):
             await rt.compile(items)
         with raises(ag.PlanError, "which this runtime did not open"):
             await rt.run(items)
@@ -505,9 +563,19 @@ async def test_a_kernel_that_raises(thread_bytes: int) -> None:
 
 
 def test_every_error_shares_one_base() -> None:
-    for error in (ag.DeviceError, ag.PlanError, ag.PlanDeadlockError, ag.PlanRaceError,
-                  ag.UsageError, ag.InputError, ag.VarError, ag.BufferFreedError,
-                  ag.ClosedError, ag.ItemError, ag.DeadlockError):
+    for error in (
+        ag.DeviceError,
+        ag.PlanError,
+        ag.PlanDeadlockError,
+        ag.PlanRaceError,
+        ag.UsageError,
+        ag.InputError,
+        ag.VarError,
+        ag.BufferFreedError,
+        ag.ClosedError,
+        ag.ItemError,
+        ag.DeadlockError,
+    ):
         assert issubclass(error, ag.ActorGraphError), error
 
 
@@ -541,7 +609,9 @@ async def test_an_error_with_a_cause_keeps_it() -> None:
     assert info.value.__cause__ is boom.error
 
 
-async def test_one_failure_inside_the_runtime_comes_out_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_one_failure_inside_the_runtime_comes_out_as_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     async def broken_monitor(self: ag.Runtime) -> None:
         await trio.sleep(0)
         raise RuntimeError("the monitor broke")
@@ -580,7 +650,10 @@ async def test_a_device_that_cannot_open_comes_out_as_itself() -> None:
 async def test_async_with_an_unawaited_compile(rt: ag.Runtime) -> None:
     a, b, c = bufs(rt, 3)
     items = [ag.Launch(XOR, [c, a, b])]
-    with raises(ag.UsageError, "`async with rt.compile(...)` needs the graph, so await the call first: write `async with await rt.compile(...) as graph:`"):
+    with raises(
+        ag.UsageError,
+        "`async with rt.compile(...)` needs the graph, so await the call first: write `async with await rt.compile(...) as graph:`",
+    ):
         async with rt.compile(items, inputs=[a, b]):  # type: ignore[attr-defined]
             pass  # pragma: no cover
     async with await rt.compile(items, inputs=[a, b]) as graph:  # the right way
@@ -596,17 +669,27 @@ async def test_an_unawaited_compile_used_as_a_graph(rt: ag.Runtime) -> None:
         print(pending.plan)
     with raises(ag.UsageError, "calling graph(...) " + hint):
         await pending([a, b])
-    with raises(ag.UsageError, "sim_bounds() takes a Graph, got <awaitable rt.compile(...): await it for its graph>, an awaitable: await it for its result"):
+    with raises(
+        ag.UsageError,
+        "sim_bounds() takes a Graph, got <awaitable rt.compile(...): await it for its graph>, an awaitable: await it for its result",
+    ):
         ag.sim_bounds(pending)  # type: ignore[arg-type]
     graph = await pending  # still usable, once
-    with raises(ag.UsageError, "rt.compile(...) was awaited twice; call it again for another graph"):
+    with raises(
+        ag.UsageError, "rt.compile(...) was awaited twice; call it again for another graph"
+    ):
         await pending
     assert isinstance(graph, ag.Graph)
 
 
 async def test_a_compile_never_awaited_warns(rt: ag.Runtime) -> None:
     a, b, c = bufs(rt, 3)
-    with pytest.warns(RuntimeWarning, match=re.escape("rt.compile(...) was never awaited, so it never ran; write `graph = await rt.compile(...)`")):
+    with pytest.warns(
+        RuntimeWarning,
+        match=re.escape(
+            "rt.compile(...) was never awaited, so it never ran; write `graph = await rt.compile(...)`"
+        ),
+    ):
         rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
         gc.collect()
 

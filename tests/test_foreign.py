@@ -195,7 +195,9 @@ async def test_replays_order_against_an_external_timeline() -> None:
                     await graph(then=[(timeline, bad)])
                 with pytest.raises(ag.UsageError, match=r"after=\(other, "):
                     await graph(after=[(timeline, bad)])
-                with pytest.raises(ag.UsageError, match=r"\(other, -1\)|\(other, 18446744073709551616\)"):
+                with pytest.raises(
+                    ag.UsageError, match=r"\(other, -1\)|\(other, 18446744073709551616\)"
+                ):
                     graph.submit_nowait(then=[(timeline, bad)])
             assert graph.replays == replays and word[0] == 5
 

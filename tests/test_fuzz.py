@@ -158,12 +158,20 @@ async def chaos_program(
 
 def _chaos_kernel_item(item: ag.Launch, index: int, armed: set[int]) -> ag.Launch:
     return ag.Launch(
-        _chaos_kernel(item.kernel, index, armed), item.bufs, vars=item.vars,
-        fixedvars=item.fixedvars, global_size=item.global_size, local_size=item.local_size,
+        _chaos_kernel(item.kernel, index, armed),
+        item.bufs,
+        vars=item.vars,
+        fixedvars=item.fixedvars,
+        global_size=item.global_size,
+        local_size=item.local_size,
     )
 
 
-@given(random_programs(max_devices=4, max_items=12), st.integers(0, 2**32 - 1), st.sampled_from((0, 1 << 20)))
+@given(
+    random_programs(max_devices=4, max_items=12),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from((0, 1 << 20)),
+)
 def test_chaos_faults_and_cancellations(spec: ProgramSpec, seed: int, thread_bytes: int) -> None:
     async def main() -> None:
         with trio.fail_after(60):  # a hang fails instead of stalling

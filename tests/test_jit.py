@@ -15,7 +15,9 @@ XOR = ag.Kernel("xor", cpu=lambda o, a, b: np.bitwise_xor(a, b, out=o), outs=(0,
 N = ag.Var("n", 1, 64)
 
 
-def _double_first(out: np.ndarray, a: np.ndarray, n: int, *, global_size: Any, local_size: Any) -> None:
+def _double_first(
+    out: np.ndarray, a: np.ndarray, n: int, *, global_size: Any, local_size: Any
+) -> None:
     # The launch covers global_size[0] blocks of 4 elements, clipped to n.
     count = min(n, global_size[0] * 4)
     out[:count] = a[:count] * 2
@@ -78,7 +80,9 @@ async def test_symbolic_sizes_follow_each_calls_var_values() -> None:
 
         with pytest.raises(ag.VarError, match=r"Var 'n' = 65 is outside its bounds \[1, 64\]"):
             await head(rt, a, out, var_vals={N: 65})
-        with pytest.raises(ag.InputError, match=r"captured with values for Vars \['n'\] but got values for \[\]"):
+        with pytest.raises(
+            ag.InputError, match=r"captured with values for Vars \['n'\] but got values for \[\]"
+        ):
             await head(rt, a, out)
 
 
@@ -90,7 +94,10 @@ async def test_missing_var_value_on_eager_call_names_the_var() -> None:
         async def head(rt: ag.Runtime, a: ag.Buffer, out: ag.Buffer) -> None:
             await rt.launch(DOUBLE, [out, a], vars=[N], global_size=ag.cdiv(N, 4))
 
-        with pytest.raises(ag.VarError, match=r"head\(\) issued double, which uses Vars \['n'\].*var_vals=\{n: \.\.\.\}"):
+        with pytest.raises(
+            ag.VarError,
+            match=r"head\(\) issued double, which uses Vars \['n'\].*var_vals=\{n: \.\.\.\}",
+        ):
             await head(rt, a, out)
 
 
@@ -242,7 +249,10 @@ async def test_host_transfers_inside_a_capture_raise_but_the_first_call_may_do_s
 
         x = rt.alloc("CPU:0", 4, np.int32)
         await peek(rt, x)
-        with pytest.raises(ag.UsageError, match=r"rt.copyout\(\) inside @ag.jit function peek\(\) while it is being captured"):
+        with pytest.raises(
+            ag.UsageError,
+            match=r"rt.copyout\(\) inside @ag.jit function peek\(\) while it is being captured",
+        ):
             await peek(rt, x)
 
 
@@ -256,14 +266,18 @@ async def test_graph_calls_and_explicit_var_vals_inside_a_capture_raise() -> Non
             await graph([x])
 
         await uses_graph(rt, x)
-        with pytest.raises(ag.UsageError, match=r"await graph\(\.\.\.\) inside @ag.jit function uses_graph\(\)"):
+        with pytest.raises(
+            ag.UsageError, match=r"await graph\(\.\.\.\) inside @ag.jit function uses_graph\(\)"
+        ):
             await uses_graph(rt, x)
 
         @ag.jit
         async def own_vars(rt: ag.Runtime, x: ag.Buffer) -> None:
             await rt.launch(DOUBLE, [out, x], vars=[N], global_size=1, var_vals={N: 4})
 
-        with pytest.raises(ag.UsageError, match=r"inside a jitted function var values come from the call"):
+        with pytest.raises(
+            ag.UsageError, match=r"inside a jitted function var values come from the call"
+        ):
             await own_vars(rt, x)
 
 
@@ -280,7 +294,10 @@ async def test_control_flow_that_differs_between_first_and_capture_call_warns() 
 
         x = rt.alloc("CPU:0", 8, np.int32)
         await moody(rt, x)
-        with pytest.warns(ag.JitWarning, match=r"moody\(\): the capture call issued different work than the first call \(item 0 differs"):
+        with pytest.warns(
+            ag.JitWarning,
+            match=r"moody\(\): the capture call issued different work than the first call \(item 0 differs",
+        ):
             await moody(rt, x)
 
 
@@ -298,7 +315,10 @@ async def test_check_trace_catches_control_flow_on_unchecked_state() -> None:
             await step(rt, x)
         np.testing.assert_array_equal(await rt.copyout(out), np.arange(8) * 2)
         mode["kernel"] = XOR
-        with pytest.raises(ag.JitTraceError, match=r"step\(\) issued different work than its capture \(item 0 differs \(launch add vs launch xor"):
+        with pytest.raises(
+            ag.JitTraceError,
+            match=r"step\(\) issued different work than its capture \(item 0 differs \(launch add vs launch xor",
+        ):
             await step(rt, x)
         step.reset()
         for _ in range(3):
@@ -363,9 +383,13 @@ async def test_a_closed_runtime_makes_the_next_call_start_over() -> None:
 
 
 async def test_bad_uses_raise_clear_errors() -> None:
-    with pytest.raises(ag.UsageError, match=r"@ag.jit decorates async functions \(async def \.\.\.\)"):
+    with pytest.raises(
+        ag.UsageError, match=r"@ag.jit decorates async functions \(async def \.\.\.\)"
+    ):
         ag.jit(lambda rt: None)
-    with pytest.raises(ag.UsageError, match=r"jit\(max_captures=\.\.\.\) must be an int >= 1, got 0"):
+    with pytest.raises(
+        ag.UsageError, match=r"jit\(max_captures=\.\.\.\) must be an int >= 1, got 0"
+    ):
         ag.jit(recapture=True, max_captures=0)(test_bad_uses_raise_clear_errors)
 
     async with ag.open_runtime(["CPU:0"]) as rt, ag.open_runtime(["CPU:0"]) as rt2:
@@ -382,7 +406,9 @@ async def test_bad_uses_raise_clear_errors() -> None:
         @ag.jit
         async def two(rt: ag.Runtime, rt2: ag.Runtime) -> None:
             await rt.launch(ADD, [rt.alloc("CPU:0", 2), rt.alloc("CPU:0", 2), rt.alloc("CPU:0", 2)])
-            await rt2.launch(ADD, [rt2.alloc("CPU:0", 2), rt2.alloc("CPU:0", 2), rt2.alloc("CPU:0", 2)])
+            await rt2.launch(
+                ADD, [rt2.alloc("CPU:0", 2), rt2.alloc("CPU:0", 2), rt2.alloc("CPU:0", 2)]
+            )
 
         with pytest.raises(ag.UsageError, match=r"two\(\) issued work on two runtimes"):
             await two(rt, rt2)
@@ -391,16 +417,23 @@ async def test_bad_uses_raise_clear_errors() -> None:
         async def step(rt: ag.Runtime, x: ag.Buffer) -> None:
             await rt.launch(ADD, [x, x, x])
 
-        with pytest.raises(ag.VarError, match=r"step\(\): var_vals keys must be ag.Var objects, got 'n'"):
+        with pytest.raises(
+            ag.VarError, match=r"step\(\): var_vals keys must be ag.Var objects, got 'n'"
+        ):
             await step(rt, x, var_vals={"n": 3})  # type: ignore[dict-item]
         freed = rt.alloc("CPU:0", 4, np.int32)
         rt.free(freed)
-        with pytest.raises(ag.BufferFreedError, match=r"step\(\): argument x <Buffer CPU:0 4 int32 freed"):
+        with pytest.raises(
+            ag.BufferFreedError, match=r"step\(\): argument x <Buffer CPU:0 4 int32 freed"
+        ):
             await step(rt, freed)
         await step(rt, x)
         await step(rt, x)
         other = rt2.alloc("CPU:0", 4, np.int32)
-        with pytest.raises(ag.InputError, match=r"argument x <Buffer CPU:0 4 int32 #\d+> belongs to another runtime"):
+        with pytest.raises(
+            ag.InputError,
+            match=r"argument x <Buffer CPU:0 4 int32 #\d+> belongs to another runtime",
+        ):
             await step(rt, other)
         y = rt.alloc("CPU:0", 8, np.int32)
 
@@ -467,6 +500,8 @@ async def test_a_function_that_frees_its_scratch_buffer_cannot_be_captured() -> 
 
         x = await filled(rt, "CPU:0", np.arange(4))
         await step(rt, x)
-        with pytest.raises(ag.BufferFreedError, match=r"item 0 \(add\): buffer <Buffer CPU:0 4 int32 freed") as info:
+        with pytest.raises(
+            ag.BufferFreedError, match=r"item 0 \(add\): buffer <Buffer CPU:0 4 int32 freed"
+        ) as info:
             await step(rt, x)
         assert "while planning the work captured from step()" in str(info.value.__notes__)

@@ -59,7 +59,9 @@ NEEDS = {"05_ray": "ray", "ray_cluster": "ray"}
 def needs(path: pathlib.Path) -> None:
     module = NEEDS.get(path.stem)
     if module is not None:
-        pytest.importorskip(module, reason=f"needs the {module} extra: pip install -e '.[{module}]'")
+        pytest.importorskip(
+            module, reason=f"needs the {module} extra: pip install -e '.[{module}]'"
+        )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -67,7 +69,9 @@ def test_notebook_runs_headless(path: pathlib.Path, this_python_kernel: str) -> 
     needs(path)
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
-        notebook, timeout=120, kernel_name=this_python_kernel,
+        notebook,
+        timeout=120,
+        kernel_name=this_python_kernel,
         resources={"metadata": {"path": str(EXAMPLES)}},
     )
     client.execute()  # raises CellExecutionError on the first failing cell
@@ -83,7 +87,13 @@ def test_example_script_runs(path: pathlib.Path) -> None:
     env = dict(os.environ, MPLBACKEND="Agg")
     env["PYTHONPATH"] = child_pythonpath()
     done = subprocess.run(
-        [sys.executable, str(path)], cwd=EXAMPLES, env=env, capture_output=True, text=True,
+        [sys.executable, str(path)],
+        cwd=EXAMPLES,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
-    assert done.returncode == 0, f"{path.name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, (
+        f"{path.name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )

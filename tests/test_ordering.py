@@ -293,9 +293,7 @@ async def _shared_graphs(rt: ag.Runtime) -> tuple[list[Compiled], list[ag.Buffer
         rt, [ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c)], [a, b], ref1
     )
     second = await compile_checked(rt, [ag.Launch(INC, [d]), ag.Copy(dst=c, src=d)], [], ref2)
-    third = await compile_checked(
-        rt, [ag.Launch(TIMES3, [e, c]), ag.Copy(dst=g, src=e)], [g], ref3
-    )
+    third = await compile_checked(rt, [ag.Launch(TIMES3, [e, c]), ag.Copy(dst=g, src=e)], [g], ref3)
     return [first, second, third], [a, b, g]
 
 
@@ -563,13 +561,21 @@ async def test_symbolic_dims_and_vars_are_bound_per_call(
     items = [
         # m fixed here: its launch takes n from the call and 7 for m.
         ag.Launch(
-            DIMS, [first], vars=(N, M), fixedvars={M: 7},
-            global_size=(ag.cdiv(N, 4), N * 2, 3), local_size=(4, (N + 1) // 2),
+            DIMS,
+            [first],
+            vars=(N, M),
+            fixedvars={M: 7},
+            global_size=(ag.cdiv(N, 4), N * 2, 3),
+            local_size=(4, (N + 1) // 2),
         ),
         # n fixed here: its launch takes m from the call; dims mix a fixed and a free var.
         ag.Launch(
-            DIMS, [second], vars=(N, M), fixedvars={N: 3},
-            global_size=(M + N, 1), local_size=N - 2,
+            DIMS,
+            [second],
+            vars=(N, M),
+            fixedvars={N: 3},
+            global_size=(M + N, 1),
+            local_size=N - 2,
         ),
         ag.Copy(dst=moved, src=first),
     ]
@@ -589,7 +595,12 @@ async def test_symbolic_dims_and_vars_are_bound_per_call(
         h[moved][:] = h[first]
 
     await check_replays(
-        rt, items, [second], reference, rng, replays=len(values),
+        rt,
+        items,
+        [second],
+        reference,
+        rng,
+        replays=len(values),
         var_vals=lambda r: {N: values[r][0], M: values[r][1]},
     )
 
@@ -615,7 +626,11 @@ async def test_input_given_as_a_view(rt: ag.Runtime, rng: np.random.Generator) -
     window = big.view(offset=10, size=32)
     other = rt.alloc("CPU:0", 32, I32)
     out = rt.alloc("CPU:1", 32, I32)
-    items = [ag.Launch(INC, [window]), ag.Launch(XOR, [other, window, other]), ag.Copy(dst=out, src=window)]
+    items = [
+        ag.Launch(INC, [window]),
+        ag.Launch(XOR, [other, window, other]),
+        ag.Copy(dst=out, src=window),
+    ]
 
     def reference(h: HostArrays, _: object) -> None:
         h[window][:] += 1
@@ -634,7 +649,11 @@ async def test_views_derived_from_a_base_input_follow_it(
     rt: ag.Runtime, rng: np.random.Generator
 ) -> None:
     a = rt.alloc("CPU:0", 64, I32)
-    low, high, inner = a.view(offset=0, size=32), a.view(offset=32, size=32), a.view(offset=16, size=32)
+    low, high, inner = (
+        a.view(offset=0, size=32),
+        a.view(offset=32, size=32),
+        a.view(offset=16, size=32),
+    )
     d = rt.alloc("CPU:1", 32, I32)
     e = rt.alloc("CPU:1", 64, I32)
     items = [

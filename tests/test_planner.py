@@ -53,10 +53,15 @@ def kernel(
     return PlanItem(label, ItemKind.EXEC, device, tuple(accesses))
 
 
-def copy(dst: str, dst_range: tuple[int, int, int], src: str, src_range: tuple[int, int, int]) -> PlanItem:
+def copy(
+    dst: str, dst_range: tuple[int, int, int], src: str, src_range: tuple[int, int, int]
+) -> PlanItem:
     return PlanItem(
-        f"copy {src}->{dst}", ItemKind.COPY, dst,
-        (access(dst, *dst_range, write=True), access(src, *src_range)), src,
+        f"copy {src}->{dst}",
+        ItemKind.COPY,
+        dst,
+        (access(dst, *dst_range, write=True), access(src, *src_range)),
+        src,
     )
 
 
@@ -124,16 +129,20 @@ def test_a_copy_with_no_copy_queue_anywhere_uses_the_destinations_compute_queue(
 
 
 def test_an_item_on_a_device_not_in_caps_is_refused() -> None:
-    with pytest.raises(PlanError, match=re.escape("uses device 'CPU:9', which this runtime did not open")):
+    with pytest.raises(
+        PlanError, match=re.escape("uses device 'CPU:9', which this runtime did not open")
+    ):
         build_plan([copy("CPU:0", (1, 0, 8), "CPU:9", (2, 0, 8))], CAPS)
 
 
 def test_queues_are_ordered_by_device_then_compute_before_copy() -> None:
-    plan = planned([
-        copy("CPU:1", (1, 0, 8), "CPU:0", (2, 0, 8)),
-        kernel("CPU:1", [(3, 0, 8)]),
-        kernel("CPU:0", [(4, 0, 8)]),
-    ])
+    plan = planned(
+        [
+            copy("CPU:1", (1, 0, 8), "CPU:0", (2, 0, 8)),
+            kernel("CPU:1", [(3, 0, 8)]),
+            kernel("CPU:0", [(4, 0, 8)]),
+        ]
+    )
     assert plan.queues == (q("CPU:0"), q("CPU:1"), q("CPU:1", COPY))
     assert plan.item_queue == (2, 1, 0)
 
@@ -142,65 +151,80 @@ def test_queues_are_ordered_by_device_then_compute_before_copy() -> None:
 
 
 def test_wait_values_are_positions_in_the_other_queue() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        kernel("CPU:0", [(2, 0, 64)]),
-        kernel("CPU:0", [(3, 0, 64)]),
-        copy("CPU:1", (4, 0, 64), "CPU:0", (2, 0, 64)),  # reads item 1's output: 2nd of its queue
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            kernel("CPU:0", [(2, 0, 64)]),
+            kernel("CPU:0", [(3, 0, 64)]),
+            copy(
+                "CPU:1", (4, 0, 64), "CPU:0", (2, 0, 64)
+            ),  # reads item 1's output: 2nd of its queue
+        ]
+    )
     assert waits_before(plan, 3) == [Wait(q("CPU:0"), 2)]
 
 
 def test_same_queue_order_needs_no_wait() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        kernel("CPU:0", [(2, 0, 64)], [(1, 0, 64)]),
-        kernel("CPU:0", [(1, 0, 64)], [(2, 0, 64)]),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            kernel("CPU:0", [(2, 0, 64)], [(1, 0, 64)]),
+            kernel("CPU:0", [(1, 0, 64)], [(2, 0, 64)]),
+        ]
+    )
     assert plan.wait_count == 0
 
 
 def test_a_read_waits_for_the_last_writer_only() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        copy("CPU:0", (1, 0, 64), "CPU:1", (2, 0, 64)),  # CPU:0/copy overwrites alloc 1
-        copy("CPU:2", (3, 0, 64), "CPU:0", (1, 0, 64)),  # reads alloc 1: after the copy
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            copy("CPU:0", (1, 0, 64), "CPU:1", (2, 0, 64)),  # CPU:0/copy overwrites alloc 1
+            copy("CPU:2", (3, 0, 64), "CPU:0", (1, 0, 64)),  # reads alloc 1: after the copy
+        ]
+    )
     assert waits_before(plan, 1) == [Wait(q("CPU:0"), 1)]
     assert waits_before(plan, 2) == [Wait(q("CPU:0", COPY), 1)]
 
 
 def test_readers_do_not_wait_for_each_other_and_a_writer_waits_for_all_of_them() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
-        copy("CPU:2", (3, 0, 64), "CPU:0", (1, 0, 64)),
-        kernel("CPU:0", [(1, 0, 64)]),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
+            copy("CPU:2", (3, 0, 64), "CPU:0", (1, 0, 64)),
+            kernel("CPU:0", [(1, 0, 64)]),
+        ]
+    )
     assert waits_before(plan, 1) == [Wait(q("CPU:0"), 1)]
     assert waits_before(plan, 2) == [Wait(q("CPU:0"), 1)]
     assert sorted(waits_before(plan, 3), key=str) == [
-        Wait(q("CPU:1", COPY), 1), Wait(q("CPU:2", COPY), 1),
+        Wait(q("CPU:1", COPY), 1),
+        Wait(q("CPU:2", COPY), 1),
     ]
 
 
 def test_disjoint_ranges_of_one_allocation_do_not_serialize() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        copy("CPU:0", (1, 64, 128), "CPU:0", (2, 0, 64)),  # the next bytes: no overlap
-        copy("CPU:1", (3, 0, 64), "CPU:0", (1, 64, 128)),  # reads only the copy's bytes
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            copy("CPU:0", (1, 64, 128), "CPU:0", (2, 0, 64)),  # the next bytes: no overlap
+            copy("CPU:1", (3, 0, 64), "CPU:0", (1, 64, 128)),  # reads only the copy's bytes
+        ]
+    )
     assert waits_before(plan, 1) == []
     assert waits_before(plan, 2) == [Wait(q("CPU:0", COPY), 1)]
 
 
 def test_overlapping_ranges_of_one_allocation_serialize() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        copy("CPU:0", (1, 63, 127), "CPU:0", (2, 0, 64)),  # one byte in common
-        copy("CPU:1", (3, 0, 8), "CPU:0", (1, 0, 8)),  # only item 0's bytes
-        copy("CPU:2", (4, 0, 64), "CPU:0", (1, 32, 96)),  # both writers' bytes
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            copy("CPU:0", (1, 63, 127), "CPU:0", (2, 0, 64)),  # one byte in common
+            copy("CPU:1", (3, 0, 8), "CPU:0", (1, 0, 8)),  # only item 0's bytes
+            copy("CPU:2", (4, 0, 64), "CPU:0", (1, 32, 96)),  # both writers' bytes
+        ]
+    )
     assert waits_before(plan, 1) == [Wait(q("CPU:0"), 1)]
     assert waits_before(plan, 2) == [Wait(q("CPU:0"), 1)]
     # The copy's clock already covers item 0 (it waited for it): one wait suffices.
@@ -208,10 +232,12 @@ def test_overlapping_ranges_of_one_allocation_serialize() -> None:
 
 
 def test_an_item_that_reads_and_writes_one_range_waits_once() -> None:
-    plan = planned([
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),  # reads alloc 1
-        kernel("CPU:0", [(1, 0, 64)], [(1, 0, 64)]),  # reads and writes it: after the read
-    ])
+    plan = planned(
+        [
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),  # reads alloc 1
+            kernel("CPU:0", [(1, 0, 64)], [(1, 0, 64)]),  # reads and writes it: after the read
+        ]
+    )
     assert waits_before(plan, 1) == [Wait(q("CPU:1", COPY), 1)]
 
 
@@ -219,46 +245,54 @@ def test_an_item_that_reads_and_writes_one_range_waits_once() -> None:
 
 
 def test_a_wait_already_covered_by_an_earlier_wait_is_dropped() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        kernel("CPU:0", [(2, 0, 64)]),
-        copy("CPU:1", (3, 0, 64), "CPU:0", (2, 0, 64)),  # waits CPU:0 >= 2 ...
-        copy("CPU:1", (4, 0, 64), "CPU:0", (1, 0, 64)),  # ... which covers >= 1
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            kernel("CPU:0", [(2, 0, 64)]),
+            copy("CPU:1", (3, 0, 64), "CPU:0", (2, 0, 64)),  # waits CPU:0 >= 2 ...
+            copy("CPU:1", (4, 0, 64), "CPU:0", (1, 0, 64)),  # ... which covers >= 1
+        ]
+    )
     assert waits(plan, q("CPU:1", COPY)) == [Wait(q("CPU:0"), 2)]
 
 
 def test_a_lower_wait_first_then_a_higher_one_both_stay() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        kernel("CPU:0", [(2, 0, 64)]),
-        copy("CPU:1", (3, 0, 64), "CPU:0", (1, 0, 64)),
-        copy("CPU:1", (4, 0, 64), "CPU:0", (2, 0, 64)),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            kernel("CPU:0", [(2, 0, 64)]),
+            copy("CPU:1", (3, 0, 64), "CPU:0", (1, 0, 64)),
+            copy("CPU:1", (4, 0, 64), "CPU:0", (2, 0, 64)),
+        ]
+    )
     assert waits(plan, q("CPU:1", COPY)) == [Wait(q("CPU:0"), 1), Wait(q("CPU:0"), 2)]
 
 
 def test_waits_are_pruned_transitively() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),  # writes x
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),  # CPU:1/copy: x -> z, waits for item 0
-        # CPU:0/copy overwrites x from z: after item 1 (reads z, and read x) and after item
-        # 0 (wrote x); waiting for item 1 already implies item 0.
-        copy("CPU:0", (1, 0, 64), "CPU:1", (2, 0, 64)),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),  # writes x
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),  # CPU:1/copy: x -> z, waits for item 0
+            # CPU:0/copy overwrites x from z: after item 1 (reads z, and read x) and after item
+            # 0 (wrote x); waiting for item 1 already implies item 0.
+            copy("CPU:0", (1, 0, 64), "CPU:1", (2, 0, 64)),
+        ]
+    )
     assert waits_before(plan, 2) == [Wait(q("CPU:1", COPY), 1)]
 
 
 def test_transitive_knowledge_passes_through_a_chain_of_queues() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
-        copy("CPU:2", (3, 0, 64), "CPU:1", (2, 0, 64)),
-        copy("CPU:3", (4, 0, 64), "CPU:2", (3, 0, 64)),
-        kernel("CPU:3", [(5, 0, 64)], [(4, 0, 64)]),
-        # CPU:3/copy reads x (item 0's): its earlier wait on CPU:2/copy covers it.
-        copy("CPU:3", (6, 0, 64), "CPU:0", (1, 0, 64)),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
+            copy("CPU:2", (3, 0, 64), "CPU:1", (2, 0, 64)),
+            copy("CPU:3", (4, 0, 64), "CPU:2", (3, 0, 64)),
+            kernel("CPU:3", [(5, 0, 64)], [(4, 0, 64)]),
+            # CPU:3/copy reads x (item 0's): its earlier wait on CPU:2/copy covers it.
+            copy("CPU:3", (6, 0, 64), "CPU:0", (1, 0, 64)),
+        ]
+    )
     assert waits(plan, q("CPU:3", COPY)) == [Wait(q("CPU:2", COPY), 1)]
     assert waits_before(plan, 4) == [Wait(q("CPU:3", COPY), 1)]
 
@@ -273,13 +307,15 @@ def test_every_queue_starts_with_the_kick_and_its_own_device() -> None:
 
 
 def test_a_foreign_device_is_synced_once_per_queue_before_first_touching_it() -> None:
-    plan = planned([
-        kernel("CPU:1", [(9, 0, 64)]),
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
-        copy("CPU:1", (3, 0, 64), "CPU:0", (1, 64, 128)),
-        copy("CPU:1", (4, 0, 64), "CPU:2", (5, 0, 64)),
-        copy("CPU:1", (6, 0, 64), "CPU:0", (1, 0, 64)),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:1", [(9, 0, 64)]),
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
+            copy("CPU:1", (3, 0, 64), "CPU:0", (1, 64, 128)),
+            copy("CPU:1", (4, 0, 64), "CPU:2", (5, 0, 64)),
+            copy("CPU:1", (6, 0, 64), "CPU:0", (1, 0, 64)),
+        ]
+    )
     prog = program(plan, q("CPU:1", COPY))
     syncs = [m for m in prog if isinstance(m, SyncDevice)]
     assert syncs == [SyncDevice("CPU:1"), SyncDevice("CPU:0"), SyncDevice("CPU:2")]
@@ -293,20 +329,24 @@ def test_a_foreign_device_is_synced_once_per_queue_before_first_touching_it() ->
 
 def test_a_wait_on_a_queue_that_synced_a_device_stands_for_that_sync() -> None:
     # The producer's queue synced with CPU:0 before it ran; waiting for it implies that.
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
+        ]
+    )
     prog = program(plan, q("CPU:1", COPY))
     assert SyncDevice("CPU:0") not in prog
     assert Wait(q("CPU:0"), 1) in prog
 
 
 def test_the_plan_advances_every_device_it_touches_after_the_queues_that_touch_it() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
+        ]
+    )
     assert plan.devices == ("CPU:0", "CPU:1")
     by_device = dict(zip(plan.devices, plan.device_queues))
     assert {plan.queues[i] for i in by_device["CPU:0"]} == {q("CPU:0"), q("CPU:1", COPY)}
@@ -314,13 +354,15 @@ def test_the_plan_advances_every_device_it_touches_after_the_queues_that_touch_i
 
 
 def test_signals_only_where_waited_on_and_at_the_end() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)]),
-        kernel("CPU:0", [(2, 0, 64)]),
-        kernel("CPU:0", [(3, 0, 64)]),
-        kernel("CPU:0", [(4, 0, 64)]),
-        copy("CPU:1", (5, 0, 64), "CPU:0", (2, 0, 64)),  # waits for position 2
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)]),
+            kernel("CPU:0", [(2, 0, 64)]),
+            kernel("CPU:0", [(3, 0, 64)]),
+            kernel("CPU:0", [(4, 0, 64)]),
+            copy("CPU:1", (5, 0, 64), "CPU:0", (2, 0, 64)),  # waits for position 2
+        ]
+    )
     compute = program(plan, q("CPU:0"))
     assert [m for m in compute if isinstance(m, Signal)] == [Signal(2), Signal(4)]
     assert compute.index(Signal(2)) == compute.index(Run(1)) + 1
@@ -335,13 +377,18 @@ def test_a_wait_on_a_queues_last_item_uses_its_end_signal() -> None:
 
 
 def test_the_plan_prints_one_column_per_queue() -> None:
-    plan = planned([
-        kernel("CPU:0", [(1, 0, 64)], label="mix"),
-        copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
-    ])
+    plan = planned(
+        [
+            kernel("CPU:0", [(1, 0, 64)], label="mix"),
+            copy("CPU:1", (2, 0, 64), "CPU:0", (1, 0, 64)),
+        ]
+    )
     header, rule, *_ = str(plan).splitlines()
     assert [h.strip() for h in header.split("|")] == ["CPU:0/compute", "CPU:1/copy"]
-    assert set(rule.replace("|", "").split()) == {"-" * len("CPU:0/compute"), "-" * len("CPU:1/copy")}
+    assert set(rule.replace("|", "").split()) == {
+        "-" * len("CPU:0/compute"),
+        "-" * len("CPU:1/copy"),
+    }
     text = str(plan)
     for needle in ("wait KICK", "sync CPU:0", "run mix#0", "wait CPU:0/compute>=1", "signal =1"):
         assert needle in text
@@ -357,11 +404,13 @@ def random_items(draw: st.DrawFn) -> list[PlanItem]:
     items = []
     for _ in range(draw(st.integers(1, 30))):
         dst = draw(st.sampled_from(DEVICES))
+
         # Allocation ids 0..2 live on each device (id = device index * 3 + k).
         def rng(device: str) -> tuple[int, int, int]:
             alloc = DEVICES.index(device) * 3 + draw(st.integers(0, 2))
             start = draw(st.integers(0, 7)) * 8
             return alloc, start, start + draw(st.integers(1, 4)) * 8
+
         if draw(st.booleans()):
             writes = [rng(dst) for _ in range(draw(st.integers(1, 2)))]
             reads = [rng(dst) for _ in range(draw(st.integers(0, 2)))]
@@ -378,7 +427,9 @@ def test_every_plan_of_random_items_verifies(items: list[PlanItem]) -> None:
     plan = build_plan(items, CAPS)
     plan.verify()
     # Each item runs exactly once, on the queue the plan says.
-    runs = [(qi, m.item) for qi, prog in enumerate(plan.programs) for m in prog if isinstance(m, Run)]
+    runs = [
+        (qi, m.item) for qi, prog in enumerate(plan.programs) for m in prog if isinstance(m, Run)
+    ]
     assert sorted(item for _, item in runs) == list(range(len(items)))
     assert all(plan.item_queue[item] == qi for qi, item in runs)
     # Every queue ends with its end signal; no queue waits on itself.

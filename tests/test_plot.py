@@ -20,7 +20,9 @@ async def _profile() -> ag.Profile:
     async with ag.open_runtime(["CPU:0", "CPU:1"], profile=True) as rt:
         a, b, c = (rt.alloc("CPU:0", N, np.int32) for _ in range(3))
         d, e = (rt.alloc("CPU:1", N, np.int32) for _ in range(2))
-        graph = await rt.compile([ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c), ag.Launch(XOR, [e, d, d])])
+        graph = await rt.compile(
+            [ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c), ag.Launch(XOR, [e, d, d])]
+        )
         for _ in range(3):
             await graph()
         return rt.profile()
@@ -52,7 +54,9 @@ async def test_plot_timeline_draws_svg_and_empty_profiles(tmp_path: Path) -> Non
 
 
 async def test_plot_timeline_takes_a_profile(tmp_path: Path) -> None:
-    with pytest.raises(ag.UsageError, match=r"plot_timeline takes a Profile \(from rt.profile\(\)\)"):
+    with pytest.raises(
+        ag.UsageError, match=r"plot_timeline takes a Profile \(from rt.profile\(\)\)"
+    ):
         ag.plot_timeline("trace.json", tmp_path / "x.png")  # type: ignore[arg-type]
 
 
@@ -75,10 +79,13 @@ async def test_plot_timeline_zooms_to_chosen_replays(tmp_path: Path) -> None:
     path = tmp_path / "zoom.png"
     ag.plot_timeline(profile, path, replays=[2, 3])
     assert imread(path)[..., :3].std() > 0.05
-    with pytest.raises(ag.UsageError, match=re.escape(
-        "plot_timeline(replays=[7]): the profile has no such replay (its replays: 1 to 3); "
-        "pass numbers from ReplaySpan.replay or Replay.number"
-    )):
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "plot_timeline(replays=[7]): the profile has no such replay (its replays: 1 to 3); "
+            "pass numbers from ReplaySpan.replay or Replay.number"
+        ),
+    ):
         ag.plot_timeline(profile, tmp_path / "none.png", replays=[7])
     assert not (tmp_path / "none.png").exists()
 

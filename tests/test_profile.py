@@ -54,7 +54,9 @@ async def test_runtime_profile_has_every_item_of_every_replay() -> None:
         assert all(e.start <= e.end for e in events)
         span = profile.replays[replay - 1]
         assert span.submitted <= events[0].start and events[2].end <= span.done
-        queue_waits = [(w.on, w.item) for e in events for w in e.waits if w.kind is ag.WaitKind.QUEUE]
+        queue_waits = [
+            (w.on, w.item) for e in events for w in e.waits if w.kind is ag.WaitKind.QUEUE
+        ]
         assert queue_waits == [("CPU:0/compute", 0), ("CPU:1/copy", 1)]
     first = sorted(profile.events_of(graph.number, 1), key=lambda e: e.item)
     assert first[0].buffers[0] == first[1].buffers[1]  # the copy reads what xor wrote
@@ -90,11 +92,15 @@ async def test_profile_names_the_buffers_each_call_passed() -> None:
     async with ag.open_runtime(["CPU:0"], profile=True) as rt:
         a, b, c, a2 = (rt.alloc("CPU:0", N, np.int32) for _ in range(4))
         out = c.view(0, 16)
-        graph = await rt.compile([ag.Launch(XOR, [out, a.view(8, 16), b.view(0, 16)])], inputs=[a, b])
+        graph = await rt.compile(
+            [ag.Launch(XOR, [out, a.view(8, 16), b.view(0, 16)])], inputs=[a, b]
+        )
         await graph([a2, b])
         (event,) = graph.last_profile.events  # type: ignore[union-attr]
         assert event.buffers == (
-            f"#{c.alloc_id}[0:16]", f"#{a2.alloc_id}[8:24]", f"#{b.alloc_id}[0:16]"
+            f"#{c.alloc_id}[0:16]",
+            f"#{a2.alloc_id}[8:24]",
+            f"#{b.alloc_id}[0:16]",
         )
         assert event.writes == (True, False, False)
 
@@ -118,7 +124,9 @@ async def test_failed_profiled_replay_still_raises_and_keeps_what_ran() -> None:
     async with ag.open_runtime(["CPU:0"], profile=True) as rt:
         a, b, c, d = (rt.alloc("CPU:0", N, np.int32) for _ in range(4))
         graph = await rt.compile([ag.Launch(XOR, [c, a, b]), ag.Launch(BOOM, [d, c, b])])
-        with pytest.raises(ag.ItemError, match=r"item 1 \(boom\) on CPU:0/compute raised ValueError"):
+        with pytest.raises(
+            ag.ItemError, match=r"item 1 \(boom\) on CPU:0/compute raised ValueError"
+        ):
             await graph()
         assert [e.item for e in rt.profile().events] == [0, 1]
 
@@ -201,6 +209,15 @@ def test_progress_passes_items_through_with_or_without_tqdm(
 
 
 def test_profiling_names_are_public() -> None:
-    for name in ("Profile", "ProfileEvent", "ReplaySpan", "WaitRecord", "EventKind", "WaitKind",
-                 "MissingExtraError", "plot_timeline", "write_trace"):
+    for name in (
+        "Profile",
+        "ProfileEvent",
+        "ReplaySpan",
+        "WaitRecord",
+        "EventKind",
+        "WaitKind",
+        "MissingExtraError",
+        "plot_timeline",
+        "write_trace",
+    ):
         assert name in ag.__all__ and hasattr(ag, name)

@@ -26,7 +26,9 @@ def test_public_names_are_exactly_all(module: types.ModuleType) -> None:
     # test helpers (actorgraph.testing) appear once imported; they are reached by their
     # dotted names, not re-exported.
     subpackages = {n for n in public if isinstance(getattr(module, n), types.ModuleType)}
-    assert subpackages <= {"devices", "remote", "scheduler", "tinygrad", "ray", "testing"}, subpackages
+    assert subpackages <= {"devices", "remote", "scheduler", "tinygrad", "ray", "testing"}, (
+        subpackages
+    )
     assert public - subpackages == set(module.__all__)
     assert len(module.__all__) == len(set(module.__all__)), "duplicate names in __all__"
     assert list(module.__all__) == sorted(module.__all__)
@@ -59,7 +61,12 @@ def test_the_api_of_the_design() -> None:
     assert callable(ag.Buffer.view)
     launch = inspect.signature(ag.Launch)
     assert list(launch.parameters) == [
-        "kernel", "bufs", "vars", "fixedvars", "global_size", "local_size",
+        "kernel",
+        "bufs",
+        "vars",
+        "fixedvars",
+        "global_size",
+        "local_size",
     ]
     assert launch.parameters["global_size"].default is None
     assert launch.parameters["local_size"].default is None
@@ -91,7 +98,9 @@ def test_error_hierarchy() -> None:
     for error in (ag.InputError, ag.VarError, ag.BufferFreedError):
         assert issubclass(error, ag.UsageError)
     assert issubclass(ag.UsageError, ag.ActorGraphError) and issubclass(ag.UsageError, ValueError)
-    assert issubclass(ag.ClosedError, ag.ActorGraphError) and issubclass(ag.ClosedError, RuntimeError)
+    assert issubclass(ag.ClosedError, ag.ActorGraphError) and issubclass(
+        ag.ClosedError, RuntimeError
+    )
     assert issubclass(ag.ItemError, ag.ActorGraphError)
     for error in (ag.PlanRaceError, ag.PlanDeadlockError):
         assert issubclass(error, ag.PlanError)
@@ -119,7 +128,13 @@ def test_buffer_reports_its_layout() -> None:
         async with ag.open_runtime(["CPU:0"]) as rt:
             a = rt.alloc("CPU:0", (4, 8), np.int32)
             v = a.view(offset=8, size=16)
-            assert (a.device, a.shape, a.dtype, a.size, a.nbytes) == ("CPU:0", (4, 8), np.int32, 32, 128)
+            assert (a.device, a.shape, a.dtype, a.size, a.nbytes) == (
+                "CPU:0",
+                (4, 8),
+                np.int32,
+                32,
+                128,
+            )
             assert (v.offset, v.shape, v.base is a, v.is_view) == (8, (16,), True, True)
 
     trio.run(main)

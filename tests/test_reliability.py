@@ -59,13 +59,17 @@ async def test_kernel_fault_names_item_and_runtime_stays_usable() -> None:
         items = [
             ag.Launch(XOR, [b, a, a]),
             ag.Copy(dst=c, src=b),
-            ag.Launch(flaky_k, [d, c]),      # item 2 fails on CPU:1
-            ag.Copy(dst=b, src=d),           # waits for the failed item: must not hang
+            ag.Launch(flaky_k, [d, c]),  # item 2 fails on CPU:1
+            ag.Copy(dst=b, src=d),  # waits for the failed item: must not hang
         ]
         graph = await rt.compile(items, inputs=[a])
-        with pytest.raises(ag.ItemError, match=r"item 2 \(flaky\) on CPU:1/compute raised ValueError: bad value") as info:
+        with pytest.raises(
+            ag.ItemError, match=r"item 2 \(flaky\) on CPU:1/compute raised ValueError: bad value"
+        ) as info:
             await graph([a])
-        assert info.value.index == 2 and info.value.label == "flaky" and info.value.device == "CPU:1"
+        assert (
+            info.value.index == 2 and info.value.label == "flaky" and info.value.device == "CPU:1"
+        )
         assert isinstance(info.value.__cause__, ValueError)
         fail["on"] = False
         await graph([a])
@@ -93,7 +97,9 @@ async def test_cancel_before_kickoff_submits_nothing() -> None:
 
 
 @pytest.mark.parametrize("where", ["kernel", "copy"])
-async def test_cancel_mid_replay_keeps_timelines_consistent(autojump_clock: object, where: str) -> None:
+async def test_cancel_mid_replay_keeps_timelines_consistent(
+    autojump_clock: object, where: str
+) -> None:
     gate = threading.Event()
     gated = gated_kernel(gate)
     async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=0) as rt:
@@ -101,10 +107,19 @@ async def test_cancel_mid_replay_keeps_timelines_consistent(autojump_clock: obje
         c, d = rt.alloc("CPU:1", 32, np.int32), rt.alloc("CPU:1", 32, np.int32)
         await fill(rt, a, 7)
         if where == "kernel":
-            items = [ag.Launch(gated, [b, a]), ag.Copy(dst=c, src=b), ag.Launch(XOR, [d, c, c]), ag.Launch(INC, [d])]
+            items = [
+                ag.Launch(gated, [b, a]),
+                ag.Copy(dst=c, src=b),
+                ag.Launch(XOR, [d, c, c]),
+                ag.Launch(INC, [d]),
+            ]
         else:
-            items = [ag.Launch(XOR, [b, a, a]), ag.Copy(dst=c, src=a),
-                     ag.Launch(gated, [d, c]), ag.Launch(INC, [d])]
+            items = [
+                ag.Launch(XOR, [b, a, a]),
+                ag.Copy(dst=c, src=a),
+                ag.Launch(gated, [d, c]),
+                ag.Launch(INC, [d]),
+            ]
         graph = await rt.compile(items, inputs=[a])
         with trio.move_on_after(5) as scope:
             await graph([a])
@@ -156,7 +171,9 @@ async def test_deadlock_is_diagnosed_not_hung(autojump_clock: object) -> None:
         graph, bad = await deadlocked_graph(rt)
         with pytest.raises(ag.PlanDeadlockError, match="CPU:0/compute waits for CPU:1/compute>=1"):
             bad.verify()
-        with pytest.raises(ag.DeadlockError, match=r"CPU:0/compute waits for CPU:1/compute >= 1 \(now 0\)") as info:
+        with pytest.raises(
+            ag.DeadlockError, match=r"CPU:0/compute waits for CPU:1/compute >= 1 \(now 0\)"
+        ) as info:
             await graph()
         assert {b.actor for b in info.value.blocked} == {"CPU:0/compute", "CPU:1/compute"}
         # A sticky fault: later calls fail with the same clear error.
@@ -164,7 +181,9 @@ async def test_deadlock_is_diagnosed_not_hung(autojump_clock: object) -> None:
             await rt.copyout(rt.alloc("CPU:0", 4, np.int32))
 
 
-async def test_watchdog_reports_a_stalled_replay(autojump_clock: object, caplog: pytest.LogCaptureFixture) -> None:
+async def test_watchdog_reports_a_stalled_replay(
+    autojump_clock: object, caplog: pytest.LogCaptureFixture
+) -> None:
     gate = threading.Event()
     caplog.set_level(logging.WARNING, logger="actorgraph")
     async with ag.open_runtime(["CPU:0"], cpu_thread_bytes=0, watchdog=2.0) as rt:
@@ -234,9 +253,16 @@ async def test_many_graphs_many_tasks_on_shared_devices() -> None:
             src = rt.alloc(d, 16, np.int64)
             nxt = devs[(i + 1) % len(devs)]
             stage = rt.alloc(nxt, 16, np.int64)
-            graphs.append(await rt.compile(
-                [ag.Launch(INC, [acc[d]]), ag.Launch(XOR, [src, src, src]),
-                 ag.Copy(dst=stage, src=src), ag.Launch(INC, [acc[nxt]])]))
+            graphs.append(
+                await rt.compile(
+                    [
+                        ag.Launch(INC, [acc[d]]),
+                        ag.Launch(XOR, [src, src, src]),
+                        ag.Copy(dst=stage, src=src),
+                        ag.Launch(INC, [acc[nxt]]),
+                    ]
+                )
+            )
 
         async def hammer(graph: ag.Graph, times: int) -> None:
             for _ in range(times):
@@ -316,7 +342,9 @@ async def test_soak_2k_replays_memory_is_flat() -> None:
     async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
         a, b = rt.alloc("CPU:0", 64, np.int32), rt.alloc("CPU:0", 64, np.int32)
         c = rt.alloc("CPU:1", 64, np.int32)
-        graph = await rt.compile([ag.Launch(XOR, [b, a, a]), ag.Copy(dst=c, src=b), ag.Launch(INC, [c])], inputs=[a])
+        graph = await rt.compile(
+            [ag.Launch(XOR, [b, a, a]), ag.Copy(dst=c, src=b), ag.Launch(INC, [c])], inputs=[a]
+        )
         tracemalloc.start()
         try:
             # Warm up under tracing: trio and CPython fill bounded caches of their own over

@@ -60,7 +60,9 @@ async def test_no_worker_is_a_clear_error() -> None:
 
 
 @pytest.mark.actorgraph(devices=1)
-async def test_remote_alloc_starts_zeroed_and_counts_elements(ag_remote_runtime: ag.Runtime) -> None:
+async def test_remote_alloc_starts_zeroed_and_counts_elements(
+    ag_remote_runtime: ag.Runtime,
+) -> None:
     rt = ag_remote_runtime
     (r0,) = rt.devices
     with trio.fail_after(GUARD):
@@ -85,9 +87,7 @@ async def test_alloc_copy_run_graph(ag_remote_runtime: ag.Runtime) -> None:
         await rt.copyin(b, np.full(64, 5, np.int32))
         await rt.run([ag.Launch(XOR, [c, a, b])])
         np.testing.assert_array_equal(await rt.copyout(c), np.arange(64) ^ 5)
-        graph = await rt.compile(
-            [ag.Launch(ADD, [c, a, b]), ag.Launch(INC, [c, c])], inputs=[a]
-        )
+        graph = await rt.compile([ag.Launch(ADD, [c, a, b]), ag.Launch(INC, [c, c])], inputs=[a])
         a2 = rt.alloc(r0, 64, np.int32)
         await rt.copyin(a2, np.full(64, 100, np.int32))
         for src, want in (
@@ -404,9 +404,7 @@ def test_fuzz_graphs_match_a_numpy_model(
     trio.run(main)
 
 
-async def test_bulk_data_goes_in_frames_the_worker_accepts(
-    workers: tuple[Worker, Worker]
-) -> None:
+async def test_bulk_data_goes_in_frames_the_worker_accepts(workers: tuple[Worker, Worker]) -> None:
     small = start("CPU:0", extra_args=("--max-frame", "65536"))
     _, big = workers
     try:
@@ -425,10 +423,10 @@ async def test_bulk_data_goes_in_frames_the_worker_accepts(
                 np.testing.assert_array_equal(await rt.copyout(y), data + 1)
     finally:
         small.kill()
+
+
 @pytest.mark.parametrize("hops", [2, 3])
-async def test_chains_across_workers_equal_numpy(
-    workers: tuple[Worker, Worker], hops: int
-) -> None:
+async def test_chains_across_workers_equal_numpy(workers: tuple[Worker, Worker], hops: int) -> None:
     # A kernel on each device, then a copy to the next, round a ring of `hops` workers and
     # the local CPU device: every dependency crosses a host.
     a_worker, b_worker = workers

@@ -33,4 +33,6 @@ async def test_alloc_counts_elements_starts_zeroed_and_views_count_elements(
         view = base.view(4, 3)
         assert (view.size, view.nbytes) == (3, 12)
         np.testing.assert_array_equal(await rt.copyout(view), [4, 5, 6])
-        np.testing.assert_array_equal(await rt.copyout(base.view(2, shape=(2, 2))), [[2, 3], [4, 5]])
+        np.testing.assert_array_equal(
+            await rt.copyout(base.view(2, shape=(2, 2))), [[2, 3], [4, 5]]
+        )

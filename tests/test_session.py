@@ -54,18 +54,24 @@ async def test_refuses_missing_and_wrong_tokens(
 ) -> None:
     worker, _ = workers
     with trio.fail_after(GUARD):
-        with pytest.raises(remote.RemoteConnectionError, match=re.escape(
-            f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running and "
-            f"requires a token; pass open_runtime(..., remote_token_file=PATH) naming its --token-file"
-        )) as info:
+        with pytest.raises(
+            remote.RemoteConnectionError,
+            match=re.escape(
+                f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running and "
+                f"requires a token; pass open_runtime(..., remote_token_file=PATH) naming its --token-file"
+            ),
+        ) as info:
             async with ag.open_runtime([worker.name("CPU:0")]):
                 pass
         assert "start one" not in str(info.value)  # it runs: starting another is no help
-        with pytest.raises(remote.RemoteConnectionError, match=re.escape(
-            f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running but "
-            f"refused this client's token (authentication failed: wrong or missing token); check "
-            f"that remote_token= or remote_token_file= holds the token in the worker's --token-file"
-        )) as info:
+        with pytest.raises(
+            remote.RemoteConnectionError,
+            match=re.escape(
+                f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running but "
+                f"refused this client's token (authentication failed: wrong or missing token); check "
+                f"that remote_token= or remote_token_file= holds the token in the worker's --token-file"
+            ),
+        ) as info:
             async with ag.open_runtime([worker.name("CPU:0")], remote_token=b"wrong"):
                 pass
         assert "start one" not in str(info.value)
@@ -181,7 +187,10 @@ async def test_a_replaced_pending_write_gives_its_bytes_back() -> None:
             # The limit still holds for bytes really pending: 40016 + 40000 > 65536.
             await stream.send([encode(["blob", 3], len(big)), big])
             meta, _ = await stream.receive()
-            assert meta[:2] == ["error", "blob"] and "too many bytes of pending host writes" in meta[-1]
+            assert (
+                meta[:2] == ["error", "blob"]
+                and "too many bytes of pending host writes" in meta[-1]
+            )
             stream.sock.close()
             await _still_serves(worker)
     finally:
@@ -198,13 +207,18 @@ async def test_one_client_cannot_stall_another_on_a_shared_device() -> None:
             bases = [0, 0, 0]  # KICK, BATCH, then A's queue slot
             inc = ["k", 0, "inc", [[5, 0, [4]], [5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
             stuck = [["w", 77, 0, 1], inc, ["s", 2, 1]]  # mirror 77 >= 1: only A sets it
-            await stream.send([
-                encode(["alloc", 5, "CPU:0", 4, "int32"]),
-                encode(["prog", 1, "CPU:0", stuck, False]),
-                encode(["batch", 2, bases, [1], []]),
-                encode(["frobnicate", 3]),
-            ])
-            meta, _ = await stream.receive()  # the batch is posted: the request after it got its answer
+            await stream.send(
+                [
+                    encode(["alloc", 5, "CPU:0", 4, "int32"]),
+                    encode(["prog", 1, "CPU:0", stuck, False]),
+                    encode(["batch", 2, bases, [1], []]),
+                    encode(["frobnicate", 3]),
+                ]
+            )
+            (
+                meta,
+                _,
+            ) = await stream.receive()  # the batch is posted: the request after it got its answer
             assert meta[:2] == ["error", "frobnicate"], meta
             with trio.fail_after(10):
                 async with runtime([worker.name("CPU:0")]) as rt:
@@ -308,9 +322,12 @@ async def test_a_copy_between_a_gpu_and_a_remote_device_is_refused_clearly(ag_wo
             gpu = rt.alloc("CUDA:0", 16, np.int32)
             far = rt.alloc(remote_name, 16, np.int32)
             for dst, src in ((far, gpu), (gpu, far)):
-                with pytest.raises(ag.DeviceError, match=re.escape(
-                    f"copy {src.device}->{dst.device}: a copy between a remote device and CUDA:0 "
-                    f"is not supported (CUDA:0's memory is not host memory, and the bytes go to "
-                    f"the worker from host memory); copy through a CPU device"
-                )):
+                with pytest.raises(
+                    ag.DeviceError,
+                    match=re.escape(
+                        f"copy {src.device}->{dst.device}: a copy between a remote device and CUDA:0 "
+                        f"is not supported (CUDA:0's memory is not host memory, and the bytes go to "
+                        f"the worker from host memory); copy through a CPU device"
+                    ),
+                ):
                     await rt.compile([ag.Copy(dst=dst, src=src)])

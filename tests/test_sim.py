@@ -544,8 +544,12 @@ async def test_profile_of_a_sim_replay_is_in_simulated_time(
 
 
 async def test_cost_order_runs_ready_work_first_and_keeps_results(autojump_clock: object) -> None:
-    slow = ag.Kernel("slow", cpu=lambda out, a: np.add(a, 1, out=out), outs=(0,), ins=(1,), cost=5e-3)
-    fast = ag.Kernel("fast", cpu=lambda out, a: np.multiply(a, 3, out=out), outs=(0,), ins=(1,), cost=4e-3)
+    slow = ag.Kernel(
+        "slow", cpu=lambda out, a: np.add(a, 1, out=out), outs=(0,), ins=(1,), cost=5e-3
+    )
+    fast = ag.Kernel(
+        "fast", cpu=lambda out, a: np.multiply(a, 3, out=out), outs=(0,), ins=(1,), cost=4e-3
+    )
     boom_on = {"on": False}
 
     def maybe_boom(out: np.ndarray, a: np.ndarray) -> None:
@@ -562,8 +566,12 @@ async def test_cost_order_runs_ready_work_first_and_keeps_results(autojump_clock
         await rt.copyin(v0, np.full(64, 2, np.float32))
         # In jit order SIM:0's compute queue waits for SIM:1's slow kernel before it runs
         # the independent `fast` kernel queued behind `late`.
-        items = [ag.Launch(slow, [y1, x1]), ag.Copy(dst=y0, src=y1),
-                 ag.Launch(late, [z0, y0]), ag.Launch(fast, [w0, v0])]
+        items = [
+            ag.Launch(slow, [y1, x1]),
+            ag.Copy(dst=y0, src=y1),
+            ag.Launch(late, [z0, y0]),
+            ag.Launch(fast, [w0, v0]),
+        ]
         jit = await rt.compile(items, inputs=[x1])
         cost = await rt.compile(items, inputs=[x1], order="cost", verify=True)
         times = {}
@@ -576,7 +584,11 @@ async def test_cost_order_runs_ready_work_first_and_keeps_results(autojump_clock
         assert times["cost"] < times["jit"]
         # Errors still name the item by its place in the list the user gave.
         boom_on["on"] = True
-        with pytest.raises(ag.ItemError, match=r"item 2 \(late\) on SIM:0/compute raised ValueError: boom"):
+        with pytest.raises(
+            ag.ItemError, match=r"item 2 \(late\) on SIM:0/compute raised ValueError: boom"
+        ):
             await cost([x1])
-        with pytest.raises(ag.UsageError, match="compile\\(order=...\\) is 'jit' or 'cost', got 'fast'"):
+        with pytest.raises(
+            ag.UsageError, match="compile\\(order=...\\) is 'jit' or 'cost', got 'fast'"
+        ):
             await rt.compile(items, order="fast")

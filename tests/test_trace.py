@@ -21,7 +21,9 @@ async def _profiled(rt: ag.Runtime) -> tuple[ag.Graph, ag.Profile]:
     a, b, c = (rt.alloc("CPU:0", N, np.int32) for _ in range(3))
     d, e = (rt.alloc("CPU:1", N, np.int32) for _ in range(2))
     items = [
-        ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c), ag.Launch(XOR, [e, d, d]),
+        ag.Launch(XOR, [c, a, b]),
+        ag.Copy(dst=d, src=c),
+        ag.Launch(XOR, [e, d, d]),
         ag.Launch(XOR, [a, c, b]),
     ]
     graph = await rt.compile(items, inputs=[])
@@ -45,7 +47,9 @@ async def test_trace_loads_with_a_track_per_actor_and_a_slice_per_item_per_repla
     threads = [e for e in events if e["ph"] == "M" and e["name"] == "thread_name"]
     assert sorted(t["args"]["name"] for t in threads) == sorted(actors)
     assert len({(t["pid"], t["tid"]) for t in threads}) == len(actors)
-    processes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    processes = {
+        e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"
+    }
     assert {"CPU:0", "CPU:1"} <= processes
 
     slices = [e for e in events if e["ph"] == "X" and e["cat"] in ("kernel", "copy")]
@@ -86,7 +90,11 @@ async def test_parked_waits_show_as_wait_slices() -> None:
     async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=0) as rt:
         _, profile = await _profiled(rt)
     parked = [w for e in profile.events for w in e.waits if w.parked]
-    waits = [e for e in profile.to_chrome_trace()["traceEvents"] if e.get("cat") == "wait" and e["ph"] == "X"]
+    waits = [
+        e
+        for e in profile.to_chrome_trace()["traceEvents"]
+        if e.get("cat") == "wait" and e["ph"] == "X"
+    ]
     assert len(waits) == len(parked) > 0
     assert all(w["name"].startswith("wait ") for w in waits)
 
@@ -100,8 +108,19 @@ async def test_an_empty_profile_is_an_empty_trace() -> None:
 def test_cli_demo_writes_trace_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     trace, plot = tmp_path / "out.json", tmp_path / "out.png"
-    code = cli_main(["demo", "--devices", "CPU:0,CPU:1", "--replays", "2",
-                     "--trace", str(trace), "--plot", str(plot)])
+    code = cli_main(
+        [
+            "demo",
+            "--devices",
+            "CPU:0,CPU:1",
+            "--replays",
+            "2",
+            "--trace",
+            str(trace),
+            "--plot",
+            str(plot),
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "2 replays checked against eager: OK" in out

@@ -35,8 +35,11 @@ def write(device: str, alloc: int, label: str) -> PlanItem:
 
 def read_into(device: str, dst: int, src_device: str, src: int) -> PlanItem:
     return PlanItem(
-        "pull", ItemKind.COPY, device,
-        (Access(device, dst, 0, 64, True), Access(src_device, src, 0, 64, False)), src_device,
+        "pull",
+        ItemKind.COPY,
+        device,
+        (Access(device, dst, 0, 64, True), Access(src_device, src, 0, 64, False)),
+        src_device,
     )
 
 
@@ -76,7 +79,11 @@ def test_a_missing_wait_is_a_race_naming_both_items() -> None:
 
 def test_a_wait_for_too_low_a_value_is_a_race() -> None:
     plan = build_plan(
-        [write("CPU:0", 3, "first"), write("CPU:0", 1, "second"), read_into("CPU:1", 2, "CPU:0", 1)],
+        [
+            write("CPU:0", 3, "first"),
+            write("CPU:0", 1, "second"),
+            read_into("CPU:1", 2, "CPU:0", 1),
+        ],
         CAPS,
     )
     copy_queue = QueueId("CPU:1", QueueKind.COPY)
@@ -128,7 +135,9 @@ def test_a_wait_for_a_value_never_signalled_is_a_deadlock() -> None:
         [WaitKick(), SyncDevice("CPU:0"), Run(0), Signal(1)],
         [WaitKick(), SyncDevice("CPU:1"), Wait(A, 2), Run(1), Signal(1)],
     )
-    with pytest.raises(PlanDeadlockError, match=re.escape("CPU:1/compute waits for CPU:0/compute>=2")):
+    with pytest.raises(
+        PlanDeadlockError, match=re.escape("CPU:1/compute waits for CPU:0/compute>=2")
+    ):
         plan.verify()
 
 
@@ -138,7 +147,9 @@ def test_a_wait_on_a_queue_without_a_program_is_a_deadlock() -> None:
         [WaitKick(), SyncDevice("CPU:0"), Wait(ghost, 1), Run(0), Signal(1)],
         [WaitKick(), SyncDevice("CPU:1"), Run(1), Signal(1)],
     )
-    with pytest.raises(PlanDeadlockError, match=re.escape("waits for CPU:2/copy, which has no program")):
+    with pytest.raises(
+        PlanDeadlockError, match=re.escape("waits for CPU:2/copy, which has no program")
+    ):
         plan.verify()
 
 
@@ -182,7 +193,9 @@ def test_touching_a_device_before_syncing_with_it_is_refused() -> None:
     copy_queue = QueueId("CPU:1", QueueKind.COPY)
     prog = [m for m in plan.programs[plan.queues.index(copy_queue)] if m != SyncDevice("CPU:0")]
     assert len(prog) == len(plan.programs[plan.queues.index(copy_queue)]) - 1
-    with pytest.raises(PlanRaceError, match=re.escape("#1 pull touches CPU:0 before its queue synchronised")):
+    with pytest.raises(
+        PlanRaceError, match=re.escape("#1 pull touches CPU:0 before its queue synchronised")
+    ):
         replace_program(plan, copy_queue, prog).verify()
 
 

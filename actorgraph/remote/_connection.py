@@ -239,7 +239,9 @@ class Connection:
         except RemoteError as exc:
             # The worker answered, so it is running: the hint is about this client.
             self._close_socket()
-            raise RemoteConnectionError(f"cannot connect to the worker at {self.address}: {exc}") from None
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {exc}"
+            ) from None
         except (WireError, ConnectionLostError) as exc:
             self._close_socket()
             raise RemoteConnectionError(

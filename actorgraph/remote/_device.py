@@ -4,7 +4,6 @@ Names, `RemoteDevice` and its lowering to wire entries, `RemoteQueue`. How a rep
 and how order crosses hosts: see the package's docstring (actorgraph/remote/__init__.py).
 """
 
-
 from __future__ import annotations
 
 import collections
@@ -52,6 +51,7 @@ class RemoteQueue(QueueActor):
     """
 
     op_codes = frozenset([WAIT, SIGNAL, WIRE])
+
     def __init__(self, name: str, device: RemoteDevice, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
         self.device = device
@@ -200,14 +200,18 @@ class RemoteDevice(Device):
             )
         return run_op(AWAIT, dst_dev.connection.push, (src.host_view(), self._ref(dst)), item)
 
-    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(
+        self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         data = flat_bytes(array)
         step = self.connection.chunk
         chunks = [data[i : i + step] for i in range(0, len(data), step)] or [data]
         blob_ids = [self.connection.next_blob() for _ in chunks]
         return wire_op(["hw", -1, self._ref(buffer), blob_ids], -1, list(zip(blob_ids, chunks)))
 
-    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(
+        self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         read_id = self.connection.expect_read(flat_bytes(out), staged=True)
         return wire_op(["hr", -1, self._ref(buffer), read_id], -1)
 

@@ -72,7 +72,15 @@ class Refused(Exception):
 
 class _Program:
     __slots__ = (
-        "actor", "count", "device", "early", "error", "local_waits", "max_slot", "ops", "slot",
+        "actor",
+        "count",
+        "device",
+        "early",
+        "error",
+        "local_waits",
+        "max_slot",
+        "ops",
+        "slot",
         "store",
     )
 
@@ -408,9 +416,7 @@ class Session:
                 else:
                     reported = ops[i - 1]
                     assert isinstance(reported, SignalOp)  # each report follows its signal
-                    op = run_op(
-                        AWAIT, self._report, (program.slot, reported.rel, device_name), -1
-                    )
+                    op = run_op(AWAIT, self._report, (program.slot, reported.rel, device_name), -1)
             lowered.append(op)
         program.ops = tuple(lowered)
 
@@ -450,7 +456,9 @@ class Session:
             ]
             try:
                 return device.lower_launch(
-                    LaunchRequest(item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE)
+                    LaunchRequest(
+                        item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE
+                    )
                 )
             except Exception as exc:
                 raise Refused(f"kernel {name!r}: {exc}") from None
@@ -472,15 +480,17 @@ class Session:
                 # The wait on the source's queue this copy follows: ask for the bytes as
                 # the batch arrives, sent by the source the moment its queue gets there.
                 _, _, _, _, inner, slot, rel, ext_id = want_fields(["p"] + entry[5:], 8)
-                program.early.append((
-                    item,
-                    source,
-                    want_str(inner, "peer device"),
-                    want_int(slot, "wait slot", 0, 1 << 16),
-                    want_int(rel, "wait value", 0, _REL_MAX),
-                    want_int(ext_id, "signal id"),
-                    dst.nbytes,
-                ))
+                program.early.append(
+                    (
+                        item,
+                        source,
+                        want_str(inner, "peer device"),
+                        want_int(slot, "wait slot", 0, 1 << 16),
+                        want_int(rel, "wait value", 0, _REL_MAX),
+                        want_int(ext_id, "signal id"),
+                        dst.nbytes,
+                    )
+                )
                 program.max_slot = max(program.max_slot, program.early[-1][3])
                 self.mirror(ext_id)  # refused here if there are too many
             return run_op(AWAIT, self._pull, (item, bytes_of(dst), *source), item)
@@ -530,10 +540,7 @@ class Session:
                     error = (-1, f"a program uses base slot {p.max_slot} of {len(bases)}")
                 for slot, dev in p.local_waits:
                     other = slots.get(slot)
-                    if (
-                        other is None
-                        or other.actor is not self.queue(dev)
-                    ):
+                    if other is None or other.actor is not self.queue(dev):
                         error = (
                             -1,
                             f"a local wait on slot {slot} names no queue of this batch on {dev}",

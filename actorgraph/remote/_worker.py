@@ -409,8 +409,10 @@ def worker_main(
         if isinstance(single, KeyboardInterrupt):
             return 0
         if isinstance(single, OSError) and not isinstance(single, ActorGraphError):
-            print(f"actorgraph worker: cannot listen on {host}:{port}: {single.strerror or single}",
-                  file=sys.stderr)
+            print(
+                f"actorgraph worker: cannot listen on {host}:{port}: {single.strerror or single}",
+                file=sys.stderr,
+            )
             return 2
         raise single from single.__cause__  # as itself: the command line prints one line
     return 0

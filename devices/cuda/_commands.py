@@ -72,8 +72,9 @@ def shape_of(cmd: Command) -> Any:
     return (code, cmd[1])  # a mem-op node's value may change in place, its address not
 
 
-def update_node(driver: CudaDriver, graph_exec: Any, node: Any, context: Any,
-                old: Command, new: Command) -> bool:
+def update_node(
+    driver: CudaDriver, graph_exec: Any, node: Any, context: Any, old: Command, new: Command
+) -> bool:
     """Bring `node` from `old` to `new` (same shape); return True if anything changed."""
     code = new[0]
     if code == KERNEL:
@@ -87,8 +88,9 @@ def update_node(driver: CudaDriver, graph_exec: Any, node: Any, context: Any,
     elif code in (WAIT_VALUE, WRITE_VALUE):
         if old == new:
             return False
-        driver.graph_exec_value_update(graph_exec, node, context, new[1], new[2],
-                                       code == WAIT_VALUE)
+        driver.graph_exec_value_update(
+            graph_exec, node, context, new[1], new[2], code == WAIT_VALUE
+        )
     else:
         return False
     return True

@@ -113,8 +113,9 @@ class CUDADevice(Device):
         major = driver.device_attribute(index, "COMPUTE_CAPABILITY_MAJOR")
         minor = driver.device_attribute(index, "COMPUTE_CAPABILITY_MINOR")
         self.arch = f"sm_{major}{minor}"
-        self.mem_ops = bool(driver.device_attribute(index, "CAN_USE_64_BIT_STREAM_MEM_OPS")) and \
-            bool(options.get("cuda_mem_ops", True))
+        self.mem_ops = bool(
+            driver.device_attribute(index, "CAN_USE_64_BIT_STREAM_MEM_OPS")
+        ) and bool(options.get("cuda_mem_ops", True))
         self._functions: dict[tuple[str, str], Any] = {}
         self._peers: dict[int, bool] = {}
         self._staging_lock = threading.Lock()
@@ -215,7 +216,9 @@ class CUDADevice(Device):
         host, device = self.driver.host_alloc_mapped(8)
         self.driver.host_write64(host, signal.value)
         self._mirrors[id(signal)] = (signal, host, device)
-        self._nursery.start_soon(self._follow, signal, host, name=f"{self.name} mirror {signal.name}")
+        self._nursery.start_soon(
+            self._follow, signal, host, name=f"{self.name} mirror {signal.name}"
+        )
         return device
 
     async def _follow(self, signal: Signal, host: int) -> None:
@@ -316,7 +319,7 @@ class CUDADevice(Device):
         if source is None:
             raise DeviceError(
                 f"kernel {kernel.name!r} has no CUDA source, so it cannot run on {self.name}; "
-                f"give Kernel(..., cuda=SOURCE) with an extern \"C\" __global__ {kernel.name}(...)"
+                f'give Kernel(..., cuda=SOURCE) with an extern "C" __global__ {kernel.name}(...)'
             )
         key = (_source_key(source), kernel.name)
         function = self._functions.get(key)
@@ -340,7 +343,8 @@ class CUDADevice(Device):
         if self.driver.name == "fake":
             return []
         return [
-            k for k in kernels
+            k
+            for k in kernels
             if k.cuda is not None and (_source_key(k.cuda), k.name) not in self._functions
         ]
 
@@ -431,64 +435,132 @@ class CUDADevice(Device):
                 # on this one stream, as if through a temporary (memmove).
                 keep = _Staging(self, nbytes)
                 cmds = (
-                    (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes,
-                     None, src_dev.context),
-                    (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes,
-                     dst_dev.context, None),
+                    (
+                        C.COPY,
+                        CopyKind.DTOH,
+                        keep.host_pointer,
+                        _pointer(src),
+                        nbytes,
+                        None,
+                        src_dev.context,
+                    ),
+                    (
+                        C.COPY,
+                        CopyKind.HTOD,
+                        _pointer(dst),
+                        keep.host_pointer,
+                        nbytes,
+                        dst_dev.context,
+                        None,
+                    ),
                 )
             elif dst_dev is src_dev:
-                cmds = ((C.COPY, CopyKind.DTOD, _pointer(dst), _pointer(src), nbytes,
-                         dst_dev.context, src_dev.context),)
+                cmds = (
+                    (
+                        C.COPY,
+                        CopyKind.DTOD,
+                        _pointer(dst),
+                        _pointer(src),
+                        nbytes,
+                        dst_dev.context,
+                        src_dev.context,
+                    ),
+                )
             elif dst_dev.peer_ok(src_dev):
-                cmds = ((C.COPY, CopyKind.PEER, _pointer(dst), _pointer(src), nbytes,
-                         dst_dev.context, src_dev.context),)
+                cmds = (
+                    (
+                        C.COPY,
+                        CopyKind.PEER,
+                        _pointer(dst),
+                        _pointer(src),
+                        nbytes,
+                        dst_dev.context,
+                        src_dev.context,
+                    ),
+                )
             else:  # no peer access: through pinned host memory, on this one stream
                 keep = _Staging(self, nbytes)
                 cmds = (
-                    (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes,
-                     None, src_dev.context),
-                    (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes,
-                     dst_dev.context, None),
+                    (
+                        C.COPY,
+                        CopyKind.DTOH,
+                        keep.host_pointer,
+                        _pointer(src),
+                        nbytes,
+                        None,
+                        src_dev.context,
+                    ),
+                    (
+                        C.COPY,
+                        CopyKind.HTOD,
+                        _pointer(dst),
+                        keep.host_pointer,
+                        nbytes,
+                        dst_dev.context,
+                        None,
+                    ),
                 )
         elif dst_gpu:
             cmds, keep = self._upload(item, actor, dst, src.host_view())
         elif src_gpu:
             cmds, keep = self._download(item, actor, dst.host_view(), src)
         else:
-            raise DeviceError(f"{self.name} cannot copy between {dst!r} and {src!r}: neither is on it")
+            raise DeviceError(
+                f"{self.name} cannot copy between {dst!r} and {src!r}: neither is on it"
+            )
         return cuda_item(cmds, item, keep)
 
-    def _upload(self, item: int, actor: CudaQueueActor, dst: DeviceBuffer,
-                array: np.ndarray[Any, Any]) -> tuple[tuple[C.Command, ...], Any]:
+    def _upload(
+        self, item: int, actor: CudaQueueActor, dst: DeviceBuffer, array: np.ndarray[Any, Any]
+    ) -> tuple[tuple[C.Command, ...], Any]:
         nbytes = dst.nbytes
         keep = _Staging(self, nbytes)
         staged = keep.array[:nbytes].view(dst.dtype).reshape(dst.shape)
         fill = functools.partial(actor.copy_on_host, item, staged, array.reshape(dst.shape))
         cmds = (
             (C.HOST, fill),
-            (C.COPY, CopyKind.HTOD, _pointer(dst), keep.host_pointer, nbytes,
-             dst.memory.device.context, None),
+            (
+                C.COPY,
+                CopyKind.HTOD,
+                _pointer(dst),
+                keep.host_pointer,
+                nbytes,
+                dst.memory.device.context,
+                None,
+            ),
         )
         return cmds, (keep, fill)
 
-    def _download(self, item: int, actor: CudaQueueActor, out: np.ndarray[Any, Any],
-                  src: DeviceBuffer) -> tuple[tuple[C.Command, ...], Any]:
+    def _download(
+        self, item: int, actor: CudaQueueActor, out: np.ndarray[Any, Any], src: DeviceBuffer
+    ) -> tuple[tuple[C.Command, ...], Any]:
         nbytes = src.nbytes
         keep = _Staging(self, nbytes)
         staged = keep.array[:nbytes].view(src.dtype).reshape(out.shape)
         drain = functools.partial(actor.copy_on_host, item, out, staged)
         cmds = (
-            (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes,
-             None, src.memory.device.context),
+            (
+                C.COPY,
+                CopyKind.DTOH,
+                keep.host_pointer,
+                _pointer(src),
+                nbytes,
+                None,
+                src.memory.device.context,
+            ),
             (C.HOST, drain),
         )
         return cmds, (keep, drain)
 
-    def lower_host_write(self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_write(
+        self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         cmds, keep = self._upload(-1, self._actor(queue), buffer, array)
         return cuda_item(cmds, -1, keep)
 
-    def lower_host_read(self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind) -> Op:
+    def lower_host_read(
+        self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind
+    ) -> Op:
         cmds, keep = self._download(-1, self._actor(queue), out, buffer)
         return cuda_item(cmds, -1, keep)
 
@@ -515,8 +587,12 @@ class CUDADevice(Device):
         elif stream != -1:
             self._order_before(1 if stream is None else int(stream))
         return make_capsule(
-            _pointer(buffer), buffer.shape, buffer.dtype, self.dlpack_device(),
-            owner=buffer.memory, max_version=max_version,
+            _pointer(buffer),
+            buffer.shape,
+            buffer.dtype,
+            self.dlpack_device(),
+            owner=buffer.memory,
+            max_version=max_version,
         )
 
     def _order_before(self, handle: int) -> None:

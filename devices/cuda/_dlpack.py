@@ -40,7 +40,11 @@ class _Managed(ctypes.Structure):
 
 
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_Managed._fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+_Managed._fields_ = [
+    ("dl_tensor", _Tensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", _DELETER),
+]
 
 
 class _Version(ctypes.Structure):
@@ -117,7 +121,11 @@ _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_capsule_gone)
 
 
 def make_capsule(
-    pointer: int, shape: Sequence[int], dtype: np.dtype[Any], device: tuple[int, int], owner: Any,
+    pointer: int,
+    shape: Sequence[int],
+    dtype: np.dtype[Any],
+    device: tuple[int, int],
+    owner: Any,
     max_version: tuple[int, int] | None = None,
 ) -> Any:
     """A capsule over `pointer` (C-contiguous `shape` of `dtype` on `device`): DLPack 1.0

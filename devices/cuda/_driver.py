@@ -20,10 +20,10 @@ import numpy as np
 
 
 class CopyKind(enum.Enum):
-    HTOD = "htod"      # pinned host -> device
-    DTOH = "dtoh"      # device -> pinned host
-    DTOD = "dtod"      # same device, or across devices through unified addressing
-    PEER = "peer"      # across devices with peer access (cuMemcpyPeerAsync)
+    HTOD = "htod"  # pinned host -> device
+    DTOH = "dtoh"  # device -> pinned host
+    DTOD = "dtod"  # same device, or across devices through unified addressing
+    PEER = "peer"  # across devices with peer access (cuMemcpyPeerAsync)
 
 
 class DriverUnavailable(Exception):
@@ -31,12 +31,20 @@ class DriverUnavailable(Exception):
 
 
 # Errors after which the CUDA context is unusable: every later call fails the same way.
-STICKY_ERRORS = frozenset({
-    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
-    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT",
-    "CUDA_ERROR_ECC_UNCORRECTABLE",
-})
+STICKY_ERRORS = frozenset(
+    {
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+    }
+)
 
 
 class CudaError(RuntimeError):
@@ -60,15 +68,17 @@ class CudaDriver(Protocol):
     def init(self) -> None: ...
     def device_count(self) -> int: ...
     def open_context(self, ordinal: int) -> Any: ...
-    def set_context(self, context: Any) -> None: ...                   # cuCtxSetCurrent
-    def close_context(self, ordinal: int) -> None: ...                 # cuDevicePrimaryCtxRelease
+    def set_context(self, context: Any) -> None: ...  # cuCtxSetCurrent
+    def close_context(self, ordinal: int) -> None: ...  # cuDevicePrimaryCtxRelease
 
     def device_attribute(self, ordinal: int, attribute: str) -> int:
         """cuDeviceGetAttribute, `attribute` without its CU_DEVICE_ATTRIBUTE_ prefix."""
         ...
 
-    def can_access_peer(self, ordinal: int, peer: int) -> bool: ...    # cuDeviceCanAccessPeer
-    def enable_peer_access(self, context: Any, peer_context: Any) -> None: ...  # cuCtxEnablePeerAccess
+    def can_access_peer(self, ordinal: int, peer: int) -> bool: ...  # cuDeviceCanAccessPeer
+    def enable_peer_access(
+        self, context: Any, peer_context: Any
+    ) -> None: ...  # cuCtxEnablePeerAccess
 
     # -- memory: cuMemAlloc/cuMemFree, cuMemHostAlloc(DEVICEMAP)/cuMemHostGetDevicePointer --
     def mem_alloc(self, nbytes: int) -> int: ...
@@ -79,7 +89,7 @@ class CudaDriver(Protocol):
         not write-combined: the host reads it back). Returns (host pointer, device pointer)."""
         ...
 
-    def host_free(self, host_pointer: int) -> None: ...                # cuMemFreeHost
+    def host_free(self, host_pointer: int) -> None: ...  # cuMemFreeHost
 
     def host_write64(self, host_pointer: int, value: int) -> None:
         """The host stores a 64-bit word in mapped memory (for streams waiting on it)."""
@@ -91,7 +101,7 @@ class CudaDriver(Protocol):
         ...
 
     # -- streams and stream memory operations --
-    def stream_create(self) -> Any: ...                                # cuStreamCreate(NON_BLOCKING)
+    def stream_create(self) -> Any: ...  # cuStreamCreate(NON_BLOCKING)
     def stream_destroy(self, stream: Any) -> None: ...
     def stream_synchronize(self, stream: Any) -> None: ...
     def stream_wait_value64(self, stream: Any, pointer: int, value: int) -> None: ...  # GEQ
@@ -99,7 +109,7 @@ class CudaDriver(Protocol):
     def launch_host_func(self, stream: Any, fn: Callable[[], None]) -> None: ...  # cuLaunchHostFunc
 
     # -- events: the fallback where 64-bit stream memory operations are missing --
-    def event_create(self) -> Any: ...                                 # cuEventCreate(DISABLE_TIMING)
+    def event_create(self) -> Any: ...  # cuEventCreate(DISABLE_TIMING)
     def event_destroy(self, event: Any) -> None: ...
     def event_record(self, event: Any, stream: Any) -> None: ...
     def stream_wait_event(self, stream: Any, event: Any) -> None: ...
@@ -130,8 +140,14 @@ class CudaDriver(Protocol):
 
     # -- copies: cuMemcpyHtoDAsync / DtoHAsync / DtoDAsync / PeerAsync --
     def memcpy(
-        self, stream: Any, kind: CopyKind, dst: int, src: int, nbytes: int,
-        dst_context: Any = None, src_context: Any = None,
+        self,
+        stream: Any,
+        kind: CopyKind,
+        dst: int,
+        src: int,
+        nbytes: int,
+        dst_context: Any = None,
+        src_context: Any = None,
     ) -> None: ...
 
     def memset_zero(self, stream: Any, pointer: int, nbytes: int) -> None:
@@ -141,32 +157,68 @@ class CudaDriver(Protocol):
     # -- graphs: nodes are added in a chain (a queue is in order) --
     def graph_create(self) -> Any: ...
     def graph_add_kernel(
-        self, graph: Any, after: Any, function: Any, grid: tuple[int, int, int],
-        block: tuple[int, int, int], pointers: Sequence[int], ints: Sequence[int],
+        self,
+        graph: Any,
+        after: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
         host_body: Callable[[], None] | None = None,
     ) -> Any: ...
     def graph_add_memcpy(
-        self, graph: Any, after: Any, context: Any, kind: CopyKind, dst: int, src: int,
+        self,
+        graph: Any,
+        after: Any,
+        context: Any,
+        kind: CopyKind,
+        dst: int,
+        src: int,
         nbytes: int,
     ) -> Any: ...
-    def graph_add_wait_value64(self, graph: Any, after: Any, context: Any, pointer: int, value: int) -> Any: ...
-    def graph_add_write_value64(self, graph: Any, after: Any, context: Any, pointer: int, value: int) -> Any: ...
+    def graph_add_wait_value64(
+        self, graph: Any, after: Any, context: Any, pointer: int, value: int
+    ) -> Any: ...
+    def graph_add_write_value64(
+        self, graph: Any, after: Any, context: Any, pointer: int, value: int
+    ) -> Any: ...
     def graph_add_host(self, graph: Any, after: Any, fn: Callable[[], None]) -> Any: ...
     def graph_instantiate(self, graph: Any) -> Any: ...
     def graph_exec_kernel_update(
-        self, graph_exec: Any, node: Any, function: Any, grid: tuple[int, int, int],
-        block: tuple[int, int, int], pointers: Sequence[int], ints: Sequence[int],
+        self,
+        graph_exec: Any,
+        node: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
         host_body: Callable[[], None] | None = None,
-    ) -> None: ...                                      # cuGraphExecKernelNodeSetParams
+    ) -> None: ...  # cuGraphExecKernelNodeSetParams
     def graph_exec_memcpy_update(
-        self, graph_exec: Any, node: Any, context: Any, kind: CopyKind, dst: int, src: int,
+        self,
+        graph_exec: Any,
+        node: Any,
+        context: Any,
+        kind: CopyKind,
+        dst: int,
+        src: int,
         nbytes: int,
-    ) -> None: ...                                      # cuGraphExecMemcpyNodeSetParams
+    ) -> None: ...  # cuGraphExecMemcpyNodeSetParams
     def graph_exec_value_update(
-        self, graph_exec: Any, node: Any, context: Any, pointer: int, value: int, wait: bool,
-    ) -> None: ...                                      # cuGraphExecBatchMemOpNodeSetParams
+        self,
+        graph_exec: Any,
+        node: Any,
+        context: Any,
+        pointer: int,
+        value: int,
+        wait: bool,
+    ) -> None: ...  # cuGraphExecBatchMemOpNodeSetParams
     def graph_launch(self, graph_exec: Any, stream: Any) -> None: ...
-    def graph_destroy(self, graph: Any, graph_exec: Any) -> None: ...  # graph_exec None: not instantiated
+    def graph_destroy(
+        self, graph: Any, graph_exec: Any
+    ) -> None: ...  # graph_exec None: not instantiated
 
 
 DRIVER_NAMES = ("real", "fake")

@@ -120,8 +120,14 @@ class FakeDriver:
 
     name = "fake"
 
-    def __init__(self, devices: int = 8, *, stream_mem_ops: bool = True, peer: bool = True,
-                 arch: tuple[int, int] = (9, 0)) -> None:
+    def __init__(
+        self,
+        devices: int = 8,
+        *,
+        stream_mem_ops: bool = True,
+        peer: bool = True,
+        arch: tuple[int, int] = (9, 0),
+    ) -> None:
         self.devices = devices
         self.stream_mem_ops = stream_mem_ops
         self.peer = peer
@@ -152,10 +158,14 @@ class FakeDriver:
 
     def statistics(self) -> FakeStatistics:
         return FakeStatistics(
-            live_allocations=len(self._memory), compiles=self.compiles,
-            kernel_launches=self.kernel_launches, graph_launches=self.graph_launches,
-            graph_instantiations=self.graph_instantiations, node_updates=self.node_updates,
-            waits=self.waits, event_waits=self.event_waits,
+            live_allocations=len(self._memory),
+            compiles=self.compiles,
+            kernel_launches=self.kernel_launches,
+            graph_launches=self.graph_launches,
+            graph_instantiations=self.graph_instantiations,
+            node_updates=self.node_updates,
+            waits=self.waits,
+            event_waits=self.event_waits,
         )
 
     # -- set-up --
@@ -309,8 +319,13 @@ class FakeDriver:
         return ("function", name, module[1])
 
     def launch_kernel(
-        self, stream: Any, function: Any, grid: tuple[int, int, int],
-        block: tuple[int, int, int], pointers: Sequence[int], ints: Sequence[int],
+        self,
+        stream: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
         host_body: Callable[[], None] | None = None,
     ) -> None:
         self._check_fault()
@@ -321,8 +336,14 @@ class FakeDriver:
     # -- copies --
 
     def memcpy(
-        self, stream: Any, kind: CopyKind, dst: int, src: int, nbytes: int,
-        dst_context: Any = None, src_context: Any = None,
+        self,
+        stream: Any,
+        kind: CopyKind,
+        dst: int,
+        src: int,
+        nbytes: int,
+        dst_context: Any = None,
+        src_context: Any = None,
     ) -> None:
         if kind is CopyKind.PEER and (dst_context[1], src_context[1]) not in self._peers_enabled:
             raise CudaError("CUDA_ERROR_PEER_ACCESS_NOT_ENABLED")
@@ -343,24 +364,35 @@ class FakeDriver:
         graph.nodes.append(node)
         return len(graph.nodes) - 1
 
-    def graph_add_kernel(self, graph: Any, after: Any, function: Any, grid: tuple[int, int, int],
-                         block: tuple[int, int, int], pointers: Sequence[int],
-                         ints: Sequence[int], host_body: Callable[[], None] | None = None) -> Any:
+    def graph_add_kernel(
+        self,
+        graph: Any,
+        after: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
+        host_body: Callable[[], None] | None = None,
+    ) -> Any:
         _check_launch(function, grid, block, host_body)
         return self._add(graph, ["kernel", host_body])
 
-    def graph_add_memcpy(self, graph: Any, after: Any, context: Any, kind: CopyKind, dst: int,
-                         src: int, nbytes: int) -> Any:
+    def graph_add_memcpy(
+        self, graph: Any, after: Any, context: Any, kind: CopyKind, dst: int, src: int, nbytes: int
+    ) -> Any:
         _check_copy_node(nbytes)
         _check_no_overlap(dst, src, nbytes)
         return self._add(graph, ["memcpy", dst, src, nbytes])
 
-    def graph_add_wait_value64(self, graph: Any, after: Any, context: Any, pointer: int,
-                               value: int) -> Any:
+    def graph_add_wait_value64(
+        self, graph: Any, after: Any, context: Any, pointer: int, value: int
+    ) -> Any:
         return self._add(graph, ["wait", pointer, value])
 
-    def graph_add_write_value64(self, graph: Any, after: Any, context: Any, pointer: int,
-                                value: int) -> Any:
+    def graph_add_write_value64(
+        self, graph: Any, after: Any, context: Any, pointer: int, value: int
+    ) -> Any:
         return self._add(graph, ["write", pointer, value])
 
     def graph_add_host(self, graph: Any, after: Any, fn: Callable[[], None]) -> Any:
@@ -370,23 +402,39 @@ class FakeDriver:
         self.graph_instantiations += 1
         return _GraphExec([list(node) for node in graph.nodes])
 
-    def graph_exec_kernel_update(self, graph_exec: Any, node: Any, function: Any,
-                                 grid: tuple[int, int, int], block: tuple[int, int, int],
-                                 pointers: Sequence[int], ints: Sequence[int],
-                                 host_body: Callable[[], None] | None = None) -> None:
+    def graph_exec_kernel_update(
+        self,
+        graph_exec: Any,
+        node: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
+        host_body: Callable[[], None] | None = None,
+    ) -> None:
         _check_launch(function, grid, block, host_body)
         self.node_updates += 1
         graph_exec.nodes[node] = ["kernel", host_body]
 
-    def graph_exec_memcpy_update(self, graph_exec: Any, node: Any, context: Any, kind: CopyKind,
-                                 dst: int, src: int, nbytes: int) -> None:
+    def graph_exec_memcpy_update(
+        self,
+        graph_exec: Any,
+        node: Any,
+        context: Any,
+        kind: CopyKind,
+        dst: int,
+        src: int,
+        nbytes: int,
+    ) -> None:
         _check_copy_node(nbytes)
         _check_no_overlap(dst, src, nbytes)
         self.node_updates += 1
         graph_exec.nodes[node] = ["memcpy", dst, src, nbytes]
 
-    def graph_exec_value_update(self, graph_exec: Any, node: Any, context: Any, pointer: int,
-                                value: int, wait: bool) -> None:
+    def graph_exec_value_update(
+        self, graph_exec: Any, node: Any, context: Any, pointer: int, value: int, wait: bool
+    ) -> None:
         self.node_updates += 1
         graph_exec.nodes[node] = ["wait" if wait else "write", pointer, value]
 
@@ -421,8 +469,12 @@ def _check_copy_node(nbytes: int) -> None:
         raise CudaError("CUDA_ERROR_INVALID_VALUE", "a memcpy node copies at least one byte")
 
 
-def _check_launch(function: Any, grid: tuple[int, ...], block: tuple[int, ...],
-                  host_body: Callable[[], None] | None) -> None:
+def _check_launch(
+    function: Any,
+    grid: tuple[int, ...],
+    block: tuple[int, ...],
+    host_body: Callable[[], None] | None,
+) -> None:
     if host_body is None:
         raise RuntimeError(
             f"the fake CUDA driver runs kernels with their CPU bodies, and {function[1]!r} "

@@ -83,8 +83,14 @@ class MappedSignal(Signal):
 
     __slots__ = ("device_pointer", "owner", "word")
 
-    def __init__(self, name: str, value: int, word: np.ndarray[Any, Any], device_pointer: int,
-                 owner: CudaQueueActor) -> None:
+    def __init__(
+        self,
+        name: str,
+        value: int,
+        word: np.ndarray[Any, Any],
+        device_pointer: int,
+        owner: CudaQueueActor,
+    ) -> None:
         super().__init__(name, value)
         self.word = word
         self.device_pointer = device_pointer
@@ -98,8 +104,18 @@ class MappedSignal(Signal):
 class _GraphEntry:
     """One job shape of this queue, built into a CUDA graph and instantiated once."""
 
-    __slots__ = ("cmds", "exec", "graph", "host_waits", "items", "nodes", "notify", "ops",
-                 "reports", "value_nodes")
+    __slots__ = (
+        "cmds",
+        "exec",
+        "graph",
+        "host_waits",
+        "items",
+        "nodes",
+        "notify",
+        "ops",
+        "reports",
+        "value_nodes",
+    )
 
     def __init__(self) -> None:
         self.ops: Sequence[Op] = ()
@@ -142,13 +158,15 @@ class CudaQueueActor(QueueActor):
         self._events: list[Any] = []
         self._event_pool: list[Any] = []
         self._in_flight: collections.deque[Job] = collections.deque()
-        self._gpu_jobs_done = 0   # counted on the stream's thread
+        self._gpu_jobs_done = 0  # counted on the stream's thread
         self._host_jobs_done = 0  # counted on the trio thread
         self._faults: list[tuple[int, int, BaseException]] = []
         self._faults_lock = threading.Lock()
         self._graphs: collections.OrderedDict[int, _GraphEntry] = collections.OrderedDict()
         self._refused: collections.OrderedDict[int, Sequence[Op]] = collections.OrderedDict()
-        self.graph_min_items = int(device.options.get("cuda_graph_min_items", DEFAULT_GRAPH_MIN_ITEMS))
+        self.graph_min_items = int(
+            device.options.get("cuda_graph_min_items", DEFAULT_GRAPH_MIN_ITEMS)
+        )
         self.use_graphs = bool(device.options.get("cuda_graphs", True))
         self.graph_launches = 0
         self.graph_builds = 0
@@ -239,8 +257,10 @@ class CudaQueueActor(QueueActor):
         super()._abandon()
         self._notified.clear()
         while self._in_flight:
-            self._in_flight.popleft().submission.abandon(self.name, ActorClosedError(
-                f"{self.name} was shut down while the GPU still ran this work"))
+            self._in_flight.popleft().submission.abandon(
+                self.name,
+                ActorClosedError(f"{self.name} was shut down while the GPU still ran this work"),
+            )
 
     def waits_without_host(self, other: QueueActor) -> bool:
         # Words (both with stream memory operations) or events (both without).
@@ -421,8 +441,9 @@ class CudaQueueActor(QueueActor):
             cmds.append((C.HOST, _host_word_writer(self, value)))
         cmds.append((C.HOST, self._host_signal))
 
-    async def _wait_event(self, cmds: list[C.Command], signal: MappedSignal, target: int,
-                          sub: Submission, index: int) -> None:
+    async def _wait_event(
+        self, cmds: list[C.Command], signal: MappedSignal, target: int, sub: Submission, index: int
+    ) -> None:
         owner = signal.owner
         if owner.enqueued.value < target:
             self._flush(cmds)
@@ -487,7 +508,9 @@ class CudaQueueActor(QueueActor):
         cmds = entry.cmds
         entry.notify = not any(
             cmd[0] == C.HOST or (cmd[0] == C.KERNEL and cmd[6] is not None)
-            for op in ops if isinstance(op, CudaItem) for cmd in op.commands
+            for op in ops
+            if isinstance(op, CudaItem)
+            for cmd in op.commands
         )
         for index, op in enumerate(ops):
             if isinstance(op, CudaItem):
@@ -641,6 +664,4 @@ def _host_word_writer(actor: CudaQueueActor, value: int) -> Callable[[], None]:
 
 
 def _same_shape(old: list[C.Command], new: list[C.Command]) -> bool:
-    return len(old) == len(new) and all(
-        C.shape_of(a) == C.shape_of(b) for a, b in zip(old, new)
-    )
+    return len(old) == len(new) and all(C.shape_of(a) == C.shape_of(b) for a, b in zip(old, new))

@@ -122,7 +122,9 @@ class RealDriver:
         return int(self._check(self.cu.cuDeviceGetAttribute(attr, self._device(ordinal))))
 
     def can_access_peer(self, ordinal: int, peer: int) -> bool:
-        return bool(self._check(self.cu.cuDeviceCanAccessPeer(self._device(ordinal), self._device(peer))))
+        return bool(
+            self._check(self.cu.cuDeviceCanAccessPeer(self._device(ordinal), self._device(peer)))
+        )
 
     def enable_peer_access(self, context: Any, peer_context: Any) -> None:
         err = self.cu.cuCtxEnablePeerAccess(peer_context, 0)
@@ -182,11 +184,15 @@ class RealDriver:
     def stream_wait_value64(self, stream: Any, pointer: int, value: int) -> None:
         cu = self.cu
         geq = int(cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value)
-        self._check(cu.cuStreamWaitValue64(stream, cu.CUdeviceptr(pointer), cu.cuuint64_t(value), geq))
+        self._check(
+            cu.cuStreamWaitValue64(stream, cu.CUdeviceptr(pointer), cu.cuuint64_t(value), geq)
+        )
 
     def stream_write_value64(self, stream: Any, pointer: int, value: int) -> None:
         cu = self.cu
-        self._check(cu.cuStreamWriteValue64(stream, cu.CUdeviceptr(pointer), cu.cuuint64_t(value), 0))
+        self._check(
+            cu.cuStreamWriteValue64(stream, cu.CUdeviceptr(pointer), cu.cuuint64_t(value), 0)
+        )
 
     def launch_host_func(self, stream: Any, fn: Callable[[], None]) -> None:
         self._check(self.cu.cuLaunchHostFunc(stream, self._host_fn, self._token(fn, once=True)))
@@ -282,21 +288,40 @@ class RealDriver:
         return self._check(self.cu.cuModuleGetFunction(module, name.encode()))
 
     def launch_kernel(
-        self, stream: Any, function: Any, grid: tuple[int, int, int],
-        block: tuple[int, int, int], pointers: Sequence[int], ints: Sequence[int],
+        self,
+        stream: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
         host_body: Callable[[], None] | None = None,
     ) -> None:
         keep, address = _kernel_params(pointers, ints)
-        self._check(self.cu.cuLaunchKernel(
-            function, *grid, *block, 0, stream, address, 0,
-        ))
+        self._check(
+            self.cu.cuLaunchKernel(
+                function,
+                *grid,
+                *block,
+                0,
+                stream,
+                address,
+                0,
+            )
+        )
         del keep  # the driver copied the parameters at launch
 
     # -- copies --
 
     def memcpy(
-        self, stream: Any, kind: CopyKind, dst: int, src: int, nbytes: int,
-        dst_context: Any = None, src_context: Any = None,
+        self,
+        stream: Any,
+        kind: CopyKind,
+        dst: int,
+        src: int,
+        nbytes: int,
+        dst_context: Any = None,
+        src_context: Any = None,
     ) -> None:
         cu = self.cu
         if kind is CopyKind.HTOD:
@@ -304,11 +329,20 @@ class RealDriver:
         elif kind is CopyKind.DTOH:
             self._check(cu.cuMemcpyDtoHAsync(dst, cu.CUdeviceptr(src), nbytes, stream))
         elif kind is CopyKind.DTOD:
-            self._check(cu.cuMemcpyDtoDAsync(cu.CUdeviceptr(dst), cu.CUdeviceptr(src), nbytes, stream))
+            self._check(
+                cu.cuMemcpyDtoDAsync(cu.CUdeviceptr(dst), cu.CUdeviceptr(src), nbytes, stream)
+            )
         else:
-            self._check(cu.cuMemcpyPeerAsync(
-                cu.CUdeviceptr(dst), dst_context, cu.CUdeviceptr(src), src_context, nbytes, stream,
-            ))
+            self._check(
+                cu.cuMemcpyPeerAsync(
+                    cu.CUdeviceptr(dst),
+                    dst_context,
+                    cu.CUdeviceptr(src),
+                    src_context,
+                    nbytes,
+                    stream,
+                )
+            )
 
     def memset_zero(self, stream: Any, pointer: int, nbytes: int) -> None:
         self._check(self.cu.cuMemsetD8Async(self.cu.CUdeviceptr(pointer), 0, nbytes, stream))
@@ -322,8 +356,9 @@ class RealDriver:
     def _deps(after: Any) -> list[Any]:
         return [] if after is None else [after]
 
-    def _kernel_node(self, function: Any, grid: tuple[int, int, int],
-                     block: tuple[int, int, int], address: int) -> Any:
+    def _kernel_node(
+        self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], address: int
+    ) -> Any:
         params = self.cu.CUDA_KERNEL_NODE_PARAMS()
         params.func = function
         params.gridDimX, params.gridDimY, params.gridDimZ = grid
@@ -332,13 +367,24 @@ class RealDriver:
         params.kernelParams = address
         return params
 
-    def graph_add_kernel(self, graph: Any, after: Any, function: Any, grid: tuple[int, int, int],
-                         block: tuple[int, int, int], pointers: Sequence[int],
-                         ints: Sequence[int], host_body: Callable[[], None] | None = None) -> Any:
+    def graph_add_kernel(
+        self,
+        graph: Any,
+        after: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
+        host_body: Callable[[], None] | None = None,
+    ) -> Any:
         keep, address = _kernel_params(pointers, ints)
         deps = self._deps(after)
-        node = self._check(self.cu.cuGraphAddKernelNode(
-            graph, deps, len(deps), self._kernel_node(function, grid, block, address)))
+        node = self._check(
+            self.cu.cuGraphAddKernelNode(
+                graph, deps, len(deps), self._kernel_node(function, grid, block, address)
+            )
+        )
         del keep
         return node
 
@@ -360,8 +406,9 @@ class RealDriver:
         params.Depth = 1
         return params
 
-    def graph_add_memcpy(self, graph: Any, after: Any, context: Any, kind: CopyKind, dst: int,
-                         src: int, nbytes: int) -> Any:
+    def graph_add_memcpy(
+        self, graph: Any, after: Any, context: Any, kind: CopyKind, dst: int, src: int, nbytes: int
+    ) -> Any:
         deps = self._deps(after)
         params = self._memcpy_params(kind, dst, src, nbytes)
         return self._check(self.cu.cuGraphAddMemcpyNode(graph, deps, len(deps), params, context))
@@ -386,14 +433,16 @@ class RealDriver:
         params.flags = 0
         return params
 
-    def graph_add_wait_value64(self, graph: Any, after: Any, context: Any, pointer: int,
-                               value: int) -> Any:
+    def graph_add_wait_value64(
+        self, graph: Any, after: Any, context: Any, pointer: int, value: int
+    ) -> Any:
         deps = self._deps(after)
         params = self._value_params(context, pointer, value, wait=True)
         return self._check(self.cu.cuGraphAddBatchMemOpNode(graph, deps, len(deps), params))
 
-    def graph_add_write_value64(self, graph: Any, after: Any, context: Any, pointer: int,
-                                value: int) -> Any:
+    def graph_add_write_value64(
+        self, graph: Any, after: Any, context: Any, pointer: int, value: int
+    ) -> Any:
         deps = self._deps(after)
         params = self._value_params(context, pointer, value, wait=False)
         return self._check(self.cu.cuGraphAddBatchMemOpNode(graph, deps, len(deps), params))
@@ -408,22 +457,41 @@ class RealDriver:
     def graph_instantiate(self, graph: Any) -> Any:
         return self._check(self.cu.cuGraphInstantiate(graph, 0))
 
-    def graph_exec_kernel_update(self, graph_exec: Any, node: Any, function: Any,
-                                 grid: tuple[int, int, int], block: tuple[int, int, int],
-                                 pointers: Sequence[int], ints: Sequence[int],
-                                 host_body: Callable[[], None] | None = None) -> None:
+    def graph_exec_kernel_update(
+        self,
+        graph_exec: Any,
+        node: Any,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        pointers: Sequence[int],
+        ints: Sequence[int],
+        host_body: Callable[[], None] | None = None,
+    ) -> None:
         keep, address = _kernel_params(pointers, ints)
-        self._check(self.cu.cuGraphExecKernelNodeSetParams(
-            graph_exec, node, self._kernel_node(function, grid, block, address)))
+        self._check(
+            self.cu.cuGraphExecKernelNodeSetParams(
+                graph_exec, node, self._kernel_node(function, grid, block, address)
+            )
+        )
         del keep
 
-    def graph_exec_memcpy_update(self, graph_exec: Any, node: Any, context: Any, kind: CopyKind,
-                                 dst: int, src: int, nbytes: int) -> None:
+    def graph_exec_memcpy_update(
+        self,
+        graph_exec: Any,
+        node: Any,
+        context: Any,
+        kind: CopyKind,
+        dst: int,
+        src: int,
+        nbytes: int,
+    ) -> None:
         params = self._memcpy_params(kind, dst, src, nbytes)
         self._check(self.cu.cuGraphExecMemcpyNodeSetParams(graph_exec, node, params, context))
 
-    def graph_exec_value_update(self, graph_exec: Any, node: Any, context: Any, pointer: int,
-                                value: int, wait: bool) -> None:
+    def graph_exec_value_update(
+        self, graph_exec: Any, node: Any, context: Any, pointer: int, value: int, wait: bool
+    ) -> None:
         params = self._value_params(context, pointer, value, wait)
         self._check(self.cu.cuGraphExecBatchMemOpNodeSetParams(graph_exec, node, params))
 
