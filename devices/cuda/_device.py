@@ -430,9 +430,11 @@ class CUDADevice(Device):
             dst_dev, src_dev = dst_mem.device, src_mem.device
             if dst_mem is src_mem and _pointer(dst) == _pointer(src):
                 return cuda_item((), item)  # an exact self-copy moves nothing
-            if dst_mem is src_mem and abs(_pointer(dst) - _pointer(src)) < nbytes:
-                # CUDA leaves overlapping copies undefined: through pinned host memory
-                # on this one stream, as if through a temporary (memmove).
+            overlapping = dst_mem is src_mem and abs(_pointer(dst) - _pointer(src)) < nbytes
+            if overlapping or not (dst_dev is src_dev or dst_dev.peer_ok(src_dev)):
+                # Through pinned host memory, on this one stream: CUDA leaves overlapping
+                # copies undefined (staged, they copy as if through a temporary, like
+                # memmove), and GPUs without peer access cannot reach each other.
                 keep = _Staging(self, nbytes)
                 cmds = (
                     (
@@ -454,50 +456,17 @@ class CUDADevice(Device):
                         None,
                     ),
                 )
-            elif dst_dev is src_dev:
+            else:
+                kind = CopyKind.DTOD if dst_dev is src_dev else CopyKind.PEER
                 cmds = (
                     (
                         C.COPY,
-                        CopyKind.DTOD,
+                        kind,
                         _pointer(dst),
                         _pointer(src),
                         nbytes,
                         dst_dev.context,
                         src_dev.context,
-                    ),
-                )
-            elif dst_dev.peer_ok(src_dev):
-                cmds = (
-                    (
-                        C.COPY,
-                        CopyKind.PEER,
-                        _pointer(dst),
-                        _pointer(src),
-                        nbytes,
-                        dst_dev.context,
-                        src_dev.context,
-                    ),
-                )
-            else:  # no peer access: through pinned host memory, on this one stream
-                keep = _Staging(self, nbytes)
-                cmds = (
-                    (
-                        C.COPY,
-                        CopyKind.DTOH,
-                        keep.host_pointer,
-                        _pointer(src),
-                        nbytes,
-                        None,
-                        src_dev.context,
-                    ),
-                    (
-                        C.COPY,
-                        CopyKind.HTOD,
-                        _pointer(dst),
-                        keep.host_pointer,
-                        nbytes,
-                        dst_dev.context,
-                        None,
                     ),
                 )
         elif dst_gpu:
