@@ -15,10 +15,14 @@ import pytest
 import trio
 import trio.testing
 from _workers import GUARD, TOKEN, runtime, start
+from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
 from actorgraph import remote
+from actorgraph.remote._session import Session
 from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode
+from actorgraph.remote._worker import Worker as WorkerServer
+from actorgraph.remote._worker import load_kernels
 from actorgraph.testing import Worker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -331,3 +335,57 @@ async def test_a_copy_between_a_gpu_and_a_remote_device_is_refused_clearly(ag_wo
                     ),
                 ):
                     await rt.compile([ag.Copy(dst=dst, src=src)])
+
+
+class _Replies:
+    """What a session sends its client, kept in a list (an in-process session's outbox)."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+        self.changed = trio.Event()
+
+    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
+        self.sent.append(meta)
+        self.changed.set()
+        self.changed = trio.Event()
+        done = trio.Event()
+        done.set()
+        return done
+
+    async def wait_for(self, count: int) -> list[list[Any]]:
+        while len(self.sent) < count:
+            await self.changed.wait()
+        return self.sent
+
+
+def _incs(handle: int, count: int, slot: int) -> list[Any]:
+    """A program of `count` inc kernels on buffer `handle`, signalling on `slot`."""
+    inc = ["k", 0, "inc", [[handle, 0, [4]], [handle, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
+    return [inc] * count + [["s", slot, count]]
+
+
+async def test_a_batch_refused_for_overflow_leaves_the_timelines_as_they_were() -> None:
+    """One program of a batch would take its actor's timeline past 2**64-1: every program
+    of the batch is refused, and the timelines the others had reserved are given back."""
+    top = (1 << 64) - 1
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0", "CPU:1"], timeline_start=top - 3) as rt:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies)  # type: ignore[arg-type]
+            queues = [rt.device(name).queues[QueueKind.COMPUTE] for name in ("CPU:0", "CPU:1")]
+            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            session.handle(["alloc", 2, "CPU:1", 4, "int32"])
+            session.handle(["prog", 1, "CPU:0", _incs(1, 2, 2), True])  # fits: 2 values left
+            session.handle(["prog", 2, "CPU:1", _incs(2, 5, 3), False])  # does not
+            session.handle(["batch", 7, [0, 0, 0, 0], [1, 2], []])
+            done = await replies.wait_for(2)
+            for slot, meta in zip((2, 3), done):
+                assert meta[:3] == ["done", 7, slot]
+                assert "CPU:1/compute: timeline would pass 2**64-1" in meta[3][2]
+            assert [q.next_value for q in queues] == [top - 3, top - 3]
+            # The values the refused batch would have taken are there for the next one.
+            session.handle(["batch", 8, [0, 0, 0], [1], []])
+            assert (await replies.wait_for(3))[2] == ["done", 8, 2, None]
+            assert queues[0].next_value == top - 1
+            np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 2))

@@ -545,11 +545,13 @@ class Session:
                             -1,
                             f"a local wait on slot {slot} names no queue of this batch on {dev}",
                         )
+        client_bases = list(bases)
+        if error is None:
+            error = self._reserve(programs, bases)
         if error is not None:
             for p in programs:
                 self.out.send(["done", batch_id, p.slot, [error[0], "worker", error[1]]])
             return
-        client_bases = list(bases)
         self.client_bases[batch_id] = client_bases
         for p in programs:
             for item, source, inner, slot, rel, ext_id, nbytes in p.early:
@@ -557,7 +559,7 @@ class Session:
                 # past the limit a copy reads its bytes when it runs.
                 if self.early_bytes + nbytes <= self.worker.limits.max_pending_blob_bytes:
                     self.early_bytes += nbytes
-                    value = bases[slot] + rel
+                    value = client_bases[slot] + rel
                     arrived = functools.partial(self.mirror(ext_id).set, value)
                     self.early[(batch_id, item)] = self.worker.peers.pull_when(
                         *source, inner, value, nbytes, arrived
@@ -566,10 +568,26 @@ class Session:
         sub = Submission(len(programs), [], [], [()] * len(programs), [])
         self.running.add(sub)
         sub.on_done = functools.partial(self._batch_done, batch_id, programs)
-        for p in programs:
-            bases[p.slot] = p.actor.reserve(p.count)  # type: ignore[union-attr]
         for i, p in enumerate(programs):
             p.actor.post(Job(p.ops, bases, sub, i))  # type: ignore[union-attr]
+
+    @staticmethod
+    def _reserve(programs: list[_Program], bases: list[int]) -> tuple[int, str] | None:
+        """Take each program's timeline values on its actor (its base goes in `bases`), all
+        or none: a batch refused because one would pass 2**64-1 leaves every timeline as
+        it was, so later batches number their values as if it had never come."""
+        taken: list[tuple[QueueActor, int]] = []
+        try:
+            for p in programs:
+                actor = p.actor
+                assert actor is not None  # lowered without error: it has its actor
+                bases[p.slot] = actor.reserve(p.count)
+                taken.append((actor, bases[p.slot]))
+        except OverflowError as exc:
+            for actor, base in reversed(taken):
+                actor.next_value = base  # nothing was posted: give the values back
+            return (-1, str(exc))
+        return None
 
     _handlers: ClassVar[dict[str, Callable[[Session, list[Any]], None]]] = {
         "alloc": _alloc,
