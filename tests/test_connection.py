@@ -29,7 +29,10 @@ from hypothesis import strategies as st
 import actorgraph as ag
 from actorgraph import _runtime
 from actorgraph._program import Program
-from actorgraph.testing import start_worker
+from actorgraph.remote._peers import PeerRefusedError, Peers
+from actorgraph.remote._wire import Limits
+from actorgraph.remote._worker import run_worker
+from actorgraph.testing import Worker, start_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import GATED, INC, SLEEPY
@@ -337,3 +340,77 @@ async def test_reconnect_to_a_restarted_worker() -> None:
                 np.testing.assert_array_equal(await rt.copyout(x), np.full(4, 8))
     finally:
         worker.kill()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "graph"])
+async def test_a_peer_link_refused_for_its_token_fails_the_replay(
+    workers: tuple[Worker, Worker], compiled: bool
+) -> None:
+    # B serves loopback without a token, so this client may use it; A holds the runtime's
+    # token. B's link to A, for the copy A -> B, is refused (B cannot answer A's challenge):
+    # the replay fails with an error that says why and what to do, and nothing hangs
+    # (in a graph, B asks for the bytes as the batch arrives, and its queue waits on them).
+    a_worker, _ = workers
+    ra = a_worker.name("CPU:0")
+    serving = trio.CancelScope()
+
+    async def serve_b(task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        with serving:
+            await run_worker(["CPU:0"], kernel_modules=["remote_kernels"], task_status=task_status)
+
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(serve_b)
+            rb = f"CPU:0@{host}:{port}"
+            async with runtime([ra, rb]) as rt:
+                x, y = rt.alloc(ra, 8, np.int32), rt.alloc(rb, 8, np.int32)
+                await rt.copyin(x, np.arange(8, dtype=np.int32))
+                items = [ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y])]
+                with pytest.raises(
+                    ag.ItemError,
+                    match=rf"worker-to-worker link to 127.0.0.1:{a_worker.port} refused: that "
+                    r"worker requires a token and this one was started without --token-file; "
+                    r"start every worker of a runtime with the same --token-file",
+                ):
+                    if compiled:
+                        await (await rt.compile(items))()
+                    else:
+                        await rt.run(items)
+                # Both workers go on: the other way round needs no token, B has none.
+                await rt.run([ag.Copy(dst=x, src=y), ag.Launch(INC, [x, x])])
+                assert (await rt.copyout(x)).shape == (8,)
+                # B stops before this client leaves: its tasks end cancelled, not as a
+                # disconnect racing the cancellation.
+                serving.cancel()
+
+
+async def test_a_worker_answers_a_peer_with_its_own_token(workers: tuple[Worker, Worker]) -> None:
+    # The dialing side of a link: a worker whose token is not its peer's gets the peer's
+    # refusal as the read's error, and the next read tries a new link.
+    a_worker, _ = workers
+    ra = a_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([ra]) as rt, trio.open_nursery() as nursery:
+            x = rt.alloc(ra, 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(ra).connection
+            ref = [x.memory.handle, 0, [4]]
+            out = bytearray(16)
+            for token, fine in ((b"wrong-token", False), (TOKEN, True)):
+                peers = Peers(Limits(), token)
+                peers.start(nursery)
+                args = ("127.0.0.1", a_worker.port, conn.session_id, ref, conn.ticket(ref[0]))
+                if fine:
+                    await peers.pull(*args, memoryview(out))
+                    np.testing.assert_array_equal(np.frombuffer(out, np.int32), np.arange(4))
+                    continue
+                for _ in range(2):
+                    with pytest.raises(
+                        PeerRefusedError,
+                        match=rf"worker-to-worker link to 127.0.0.1:{a_worker.port} refused: "
+                        r"authentication failed: a worker-to-worker link needs this worker's "
+                        r"token; start every worker of a runtime with the same --token-file",
+                    ):
+                        await peers.pull(*args, memoryview(out))
+                    assert not peers.links
+            nursery.cancel_scope.cancel()

@@ -46,6 +46,15 @@ async def _session(port: int) -> FrameStream:
     return stream
 
 
+async def _peer(port: int, token: bytes = TOKEN) -> FrameStream:
+    """A worker-to-worker link, as a worker holding `token` opens it."""
+    stream, nonce = await _raw(port)
+    await stream.send([encode(["auth", "peer", auth_mac(token, nonce), []])])
+    meta, _ = await stream.receive()
+    assert meta[0] == "welcome", meta
+    return stream
+
+
 async def _still_serves(worker: Worker) -> None:
     async with runtime([worker.name("CPU:0")]) as rt:
         x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
@@ -271,8 +280,7 @@ async def test_peer_reads_need_a_valid_ticket(workers: tuple[Worker, Worker]) ->
             x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
             await rt.copyin(x, np.arange(4, dtype=np.int32))
             conn = rt.device(worker.name("CPU:0")).connection
-            stream, _ = await _raw(worker.port)
-            await stream.send([encode(["auth", "peer", b"", []])])
+            stream = await _peer(worker.port)
             ref = [x.memory.handle, 0, [4]]
             for ticket in (b"0" * 16, conn.ticket(x.memory.handle + 1)):
                 await stream.send([encode(["pread", 1, conn.session_id, ref, ticket])])
@@ -389,3 +397,98 @@ async def test_a_batch_refused_for_overflow_leaves_the_timelines_as_they_were() 
             assert (await replies.wait_for(3))[2] == ["done", 8, 2, None]
             assert queues[0].next_value == top - 1
             np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 2))
+
+
+async def test_a_peer_link_needs_the_token(workers: tuple[Worker, Worker]) -> None:
+    # A stranger cannot open a worker-to-worker link: not without a token, not with a
+    # wrong one; and a link that did authenticate still only reads, with tickets.
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        for mac in (b"", auth_mac(b"wrong-token", b"any nonce"), None):
+            stream, nonce = await _raw(worker.port)
+            answer = auth_mac(b"wrong-token", nonce) if mac is None else mac
+            await stream.send([encode(["auth", "peer", answer, []])])
+            meta, _ = await stream.receive()
+            assert meta[0] == "error"
+            assert re.search(
+                r"authentication failed: a worker-to-worker link needs this worker's token; "
+                r"start every worker of a runtime with the same --token-file",
+                meta[-1],
+            )
+            with pytest.raises(ConnectionError):
+                await stream.receive()  # and the connection is closed
+        await _still_serves(worker)
+
+
+async def test_forged_frames_on_a_peer_link_are_refused(workers: tuple[Worker, Worker]) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(worker.name("CPU:0")).connection
+            ref = [x.memory.handle, 0, [4]]
+            stream = await _peer(worker.port)
+            # What only a client may send: writes (with data), allocations, batches, signals.
+            forged: list[tuple[list[Any], bytes]] = [
+                (["put", ref, 0], b"\xff" * 16),
+                (["alloc", 99, "CPU:0", 4, "int32"], b""),
+                (["batch", 1, [0, 0, 0], [], []], b""),
+                (["ext", [[1, 5]]], b""),
+                (["data", 1, 0, None], b"\xff" * 16),
+            ]
+            for meta_out, tail in forged:
+                await stream.send([encode(meta_out, len(tail)), tail])
+                meta, _ = await stream.receive()
+                assert meta[0] == "error", meta
+                assert re.search(
+                    rf"'{meta_out[0]}' on a worker-to-worker link: a peer connection can only "
+                    r"read \('pread', 'pwhen'\); other requests come from the client",
+                    meta[-1],
+                )
+            # The stream stayed in step (the refused data was skipped) and nothing changed.
+            await stream.send([encode(["pread", 7, conn.session_id, ref, conn.ticket(ref[0])])])
+            meta, tail = await stream.receive()
+            assert meta[:3] == ["data", 7, 0] and tail == 16
+            data = bytearray(tail)
+            await stream.receive_into(memoryview(data))
+            np.testing.assert_array_equal(np.frombuffer(data, np.int32), np.arange(4))
+            # A frame that breaks the framing closes this link only.
+            await stream.send([b"XX" + bytes(HEADER.size - 2)])
+            meta, _ = await stream.receive()
+            assert meta[0] == "error" and "not an actorgraph frame" in meta[-1]
+            with pytest.raises(ConnectionError):
+                await stream.receive()
+            np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+
+
+async def test_a_peer_cannot_read_another_sessions_buffer(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # Two clients of one worker, each with a buffer under the same handle. A ticket names
+    # one session's buffer: used with the other session's id, it reads nothing.
+    worker, _ = workers
+    name = worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([name]) as rt_a, runtime([name]) as rt_b:
+            x_a, x_b = rt_a.alloc(name, 4, np.int32), rt_b.alloc(name, 4, np.int32)
+            assert x_a.memory.handle == x_b.memory.handle
+            await rt_b.copyin(x_b, np.full(4, 42, np.int32))
+            conn_a, conn_b = rt_a.device(name).connection, rt_b.device(name).connection
+            handle = x_a.memory.handle
+            ref = [handle, 0, [4]]
+            stream = await _peer(worker.port)
+            await stream.send([encode(["pread", 1, conn_b.session_id, ref, conn_a.ticket(handle)])])
+            meta, tail = await stream.receive()
+            assert (meta[0], tail) == ("error", 0)
+            assert re.search(
+                rf"read of buffer {handle} of session {conn_b.session_id} refused: no such "
+                r"session or a bad read ticket \(a read needs the ticket the buffer's own "
+                r"client made for it",
+                meta[-1],
+            )
+            # With B's own ticket the same read is served: the refusal was the ticket's.
+            await stream.send([encode(["pread", 2, conn_b.session_id, ref, conn_b.ticket(handle)])])
+            meta, tail = await stream.receive()
+            assert meta[:2] == ["data", 2] and tail == 16
+            stream.sock.close()

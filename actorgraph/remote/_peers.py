@@ -3,7 +3,9 @@
 A copy between two workers runs on the destination's worker, which reads the source
 buffer over a "peer" connection with a read ticket the client put in the program (see
 actorgraph/remote/__init__.py, "How order crosses hosts"). A link to a worker is opened
-once and kept; many reads share it, each answered under its own request id.
+once and kept; many reads share it, each answered under its own request id. A link is
+authenticated as a client is: the worker answers its peer's challenge with its own token
+(`PeerRefusedError` names the fix when they differ), and each read carries the ticket.
 
 Two kinds of read:
 - "pread": the bytes now (the copy runs once its waits say the source is ready);
@@ -29,8 +31,13 @@ from ._wire import (
     FrameStream,
     Limits,
     WireError,
+    auth_mac,
     encode,
 )
+
+
+class PeerRefusedError(ConnectionError):
+    """A worker refused a link from this one (its token is not this one's), or a read."""
 
 
 class PeerRead:
@@ -48,6 +55,12 @@ class PeerRead:
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
             self.error = error
+            # A refusal (of the link's token, or of the read) is for good: what waits for
+            # the bytes goes on to the copy, which fails with it; the mirror would never
+            # rise otherwise. A lost link is left to the client, which loses the source
+            # worker too and then forwards the wait itself (the replay fails as closed).
+            if self.arrived is not None and isinstance(error, PeerRefusedError):
+                self.arrived()
             self.done.set()
 
 
@@ -78,10 +91,11 @@ class _PeerLink:
 class Peers:
     """This worker's links to other workers, for the copies it reads."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, token: bytes | None = None) -> None:
         # Data on a link we opened is what we asked for, checked against its destination
         # before it is read: accept the sender's chunks even where our --max-frame is lower.
         self.limits = attrs.evolve(limits, max_tail=max(CHUNK, limits.max_tail))
+        self.token = token  # this worker's: it answers its peers' challenges with it
         self.links: dict[tuple[str, int], _PeerLink] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -98,11 +112,11 @@ class Peers:
                 await sock.connect((host, port))
                 sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
                 stream = FrameStream(sock, self.limits)
-                meta, _ = await stream.receive()
-                if meta[0] != "challenge":
-                    raise ConnectionLostError(f"peer {host}:{port} did not send a challenge")
-                await stream.send([encode(["auth", "peer", b"", []])])
                 link.stream = stream
+                with trio.move_on_after(30) as handshake:
+                    await self._authenticate(stream, host, port)
+                if handshake.cancelled_caught:
+                    raise ConnectionLostError(f"{host}:{port} did not finish the handshake in 30 s")
                 assert self._nursery is not None  # started with the worker
                 self._nursery.start_soon(self._read_loop, (host, port), link)
             except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
@@ -115,6 +129,27 @@ class Peers:
             raise link.error
         return link
 
+    async def _authenticate(self, stream: FrameStream, host: str, port: int) -> None:
+        """Answer the peer's challenge as a client does, with this worker's token."""
+        where = f"worker-to-worker link to {host}:{port}"
+        meta, _ = await stream.receive()
+        if meta[0] != "challenge" or len(meta) != 3 or not isinstance(meta[1], bytes):
+            raise WireError(f"{where}: expected a challenge, got {meta[0]!r}")
+        needs_token = meta[2] is True
+        if needs_token and self.token is None:
+            raise PeerRefusedError(
+                f"{where} refused: that worker requires a token and this one was started "
+                f"without --token-file; start every worker of a runtime with the same "
+                f"--token-file"
+            )
+        mac = auth_mac(self.token, meta[1]) if needs_token and self.token is not None else b""
+        await stream.send([encode(["auth", "peer", mac, []])])
+        meta, _ = await stream.receive()
+        if meta[0] == "error":
+            raise PeerRefusedError(f"{where} refused: {meta[-1]}")
+        if meta[0] != "welcome":
+            raise WireError(f"{where}: expected a welcome, got {meta[0]!r}")
+
     async def _read_loop(self, key: tuple[str, int], link: _PeerLink) -> None:
         stream = link.stream
         assert stream is not None
@@ -124,7 +159,9 @@ class Peers:
                 if meta[0] == "error":
                     read = link.reads.pop(meta[2], None) if isinstance(meta[2], int) else None
                     if read is not None:
-                        read.fail(RuntimeError(f"peer {link.address} refused the read: {meta[-1]}"))
+                        read.fail(
+                            PeerRefusedError(f"peer {link.address} refused the read: {meta[-1]}")
+                        )
                     continue
                 if meta[0] != "data" or not isinstance(meta[1], int) or meta[1] not in link.reads:
                     raise WireError(f"peer {link.address} answered {meta[0]!r} out of turn")
@@ -152,6 +189,8 @@ class Peers:
             link.reads[req] = read
             async with link.send_lock:
                 await link.stream.send([encode([meta[0], req, *meta[1:]])])  # type: ignore[union-attr]
+        except PeerRefusedError as exc:
+            read.fail(exc)
         except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
             read.fail(ConnectionError(f"worker-to-worker read from {host}:{port} failed: {exc}"))
 
@@ -162,6 +201,8 @@ class Peers:
         read = PeerRead(dst)
         await self._ask(host, port, read, ["pread", sid, ref, ticket])
         await read.done.wait()
+        if isinstance(read.error, PeerRefusedError):
+            raise read.error
         if read.error is not None:
             raise ConnectionError(str(read.error)) from None
 

@@ -14,8 +14,10 @@ client's own session, so another client's buffer ids are simply unknown; a bad r
 gets an ["error", what, id, message] reply and the session goes on; a frame that breaks
 the framing (bad magic or version, oversized, not msgpack) gets an error reply and its
 connection is closed, since the stream cannot be trusted after it. Other sessions never
-notice. Worker-to-worker reads come in over "peer" connections, which need no token but
-can only read allocations named by a ticket (an HMAC under the owning session's key).
+notice. Worker-to-worker reads come in over "peer" connections, which answer the same
+challenge with the same token (the workers of a runtime share it; a worker without one
+serves loopback only, as for clients) and can then only read allocations named by a
+ticket (an HMAC under the owning session's key, which only that client knows).
 
 This module accepts connections, runs the handshake and routes frames; one client's state
 and requests are a `Session` (_session.py), and the links this worker opens to other
@@ -130,7 +132,7 @@ class Worker:
         self.token = token
         self.limits = limits
         self.sessions: dict[int, Session] = {}
-        self.peers = Peers(limits)
+        self.peers = Peers(limits, token)
         self.staging = StagingPool()
         self._sids = itertools.count(1)
 
@@ -182,14 +184,26 @@ class Worker:
         if meta[0] != "auth" or len(meta) != 4 or tail:
             raise WireError("the first message must be ['auth', role, mac, devices]")
         role = meta[1]
-        if role == "peer":
-            return "peer"
-        if role != "client":
-            raise WireError(f"unknown role {role!r}")
+        if role not in ("client", "peer"):
+            raise WireError(f"unknown role {role!r}: a connection is a 'client' or a 'peer'")
         if self.token is not None:
+            # Workers answer like clients: a link from another worker is trusted only if
+            # that worker holds this one's token (the workers of a runtime share it).
             mac = meta[2] if isinstance(meta[2], bytes) else b""
             if not hmac.compare_digest(mac, auth_mac(self.token, nonce)):
+                if role == "peer":
+                    raise WireError(
+                        "authentication failed: a worker-to-worker link needs this worker's "
+                        "token; start every worker of a runtime with the same --token-file"
+                    )
                 raise WireError("authentication failed: wrong or missing token")
+        if role == "peer":
+            if meta[3] != []:
+                raise WireError(
+                    "a peer names no devices: its first message is ['auth', 'peer', mac, []]"
+                )
+            out.send(["welcome", 0, b"", self.limits.as_wire()])
+            return "peer"
         for name in want_list(meta[3], "devices", 1024):
             if name not in self.runtime.devices:
                 raise WireError(
@@ -249,7 +263,12 @@ class Worker:
             req = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
             try:
                 if meta[0] not in ("pread", "pwhen") or tail:
-                    raise Refused("a peer connection can only read ('pread', 'pwhen')")
+                    if tail:
+                        await stream.skip(tail)  # the stream stays in step: only this is refused
+                    raise Refused(
+                        f"{meta[0]!r} on a worker-to-worker link: a peer connection can only "
+                        f"read ('pread', 'pwhen'); other requests come from the client"
+                    )
                 if meta[0] == "pread":
                     _, req, sid, ref, ticket = want_fields(meta, 5)
                     session, data = self._peer_read(req, sid, ref, ticket)
@@ -275,10 +294,14 @@ class Worker:
         session = self.sessions.get(want_int(sid, "session id"))
         ref = want_list(ref, "buffer", 3, size=3)
         ticket = want_bytes(ticket, "ticket", 32)
-        if session is None or not hmac.compare_digest(
-            ticket, read_ticket(session.key, want_int(ref[0], "handle"))
-        ):
-            raise Refused("no such session or a bad read ticket")
+        handle = want_int(ref[0], "handle")
+        if session is None or not hmac.compare_digest(ticket, read_ticket(session.key, handle)):
+            # The same answer either way: a peer learns nothing of other sessions.
+            raise Refused(
+                f"read of buffer {handle} of session {sid} refused: no such session or a bad "
+                f"read ticket (a read needs the ticket the buffer's own client made for it, "
+                f"which it puts in the copy it plans)"
+            )
         return session, bytes_of(session.buffer(ref, "pread src"))
 
     async def _send_peer_data(self, out: Outbox, req: int, data: memoryview) -> None:
