@@ -80,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="B",
-        help="CPU kernels touching at least B bytes run on a thread, smaller ones on the "
-        "worker's event loop (default 1 MiB); 0: every kernel on a thread, so a slow kernel "
-        "of one client never delays another's",
+        help="CPU kernels touching at least B bytes (default 1 MiB) run on their client's "
+        "thread; smaller ones run there until one run took under 100 us, then on the "
+        "worker's event loop until a run takes longer; 0: every kernel on a thread",
     )
     worker.add_argument(
         "--max-pending-writes",

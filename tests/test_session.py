@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
 from actorgraph import remote
-from actorgraph.remote._session import Session
+from actorgraph.remote._session import Session, _chunks_into
 from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode
 from actorgraph.remote._worker import Worker as WorkerServer
 from actorgraph.remote._worker import load_kernels
@@ -248,14 +249,16 @@ async def test_one_client_cannot_stall_another_on_a_shared_device() -> None:
         worker.kill()
 
 
+@pytest.mark.parametrize("options", [(), ("--thread-bytes", "0")], ids=["default", "threads"])
 async def test_a_slow_kernel_of_one_client_does_not_freeze_the_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: tuple[str, ...]
 ) -> None:
-    """Client A's kernel runs until A's test opens its gate; meanwhile client B's work on
-    the same worker device runs, when kernels run on threads (`--thread-bytes 0`)."""
+    """Client A's small kernel runs until A's test opens its gate; meanwhile client B's
+    work on the same worker device runs: a kernel the worker has not yet seen to be quick
+    runs on its client's thread (and with `--thread-bytes 0` every kernel does)."""
     gate = tmp_path / "gate"
     monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
-    worker = start("CPU:0", extra_args=("--thread-bytes", "0"))
+    worker = start("CPU:0", extra_args=options)
     r0 = worker.name("CPU:0")
     try:
         with trio.fail_after(GUARD):
@@ -492,3 +495,82 @@ async def test_a_peer_cannot_read_another_sessions_buffer(
             meta, tail = await stream.receive()
             assert meta[:2] == ["data", 2] and tail == 16
             stream.sock.close()
+
+
+async def test_a_worker_runs_a_kernel_on_its_loop_only_once_seen_to_be_quick() -> None:
+    """Where a worker runs a small CPU kernel, on a clock the kernel itself moves: on the
+    client's thread until one run was quick; then on the event loop until a run is slow
+    (on other data, say); then on the thread again until a streak of quick runs."""
+    from actorgraph.remote._placement import INLINE_BOUND_S, KernelTimes
+
+    now = [0.0]
+    cost = [1e-6]
+    on_loop: list[bool] = []
+
+    def tick(out: np.ndarray, a: np.ndarray) -> None:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        now[0] += cost[0]
+        np.add(a, 1, out=out)
+
+    kernels = {"tick": ag.Kernel("tick", cpu=tick, outs=(0,), ins=(1,))}
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, kernels, None, Limits())
+            server.times = KernelTimes(clock=lambda: now[0])
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            session.handle(["alloc", 2, "CPU:0", 8, "int32"])
+            tick_1 = ["k", 0, "tick", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
+            tick_2 = ["k", 0, "tick", [[2, 0, [8]], [2, 0, [8]]], [], [1, 1, 1], [1, 1, 1]]
+            session.handle(["prog", 1, "CPU:0", [tick_1, ["s", 2, 1]], True])
+            session.handle(["prog", 2, "CPU:0", [tick_2, ["s", 2, 1]], True])
+
+            async def replay(program: int, cost_s: float) -> bool:
+                cost[0] = cost_s
+                batch = len(replies.sent) + 10
+                session.handle(["batch", batch, [0, 0, 0], [program], []])
+                assert (await replies.wait_for(batch - 9))[-1] == ["done", batch, 2, None]
+                return on_loop[-1]
+
+            quick, slow = INLINE_BOUND_S / 10, INLINE_BOUND_S * 10
+            assert [await replay(1, quick) for _ in range(3)] == [False, True, True]
+            assert await replay(1, slow)  # coded for the loop: it runs there, and is seen
+            # Back on the thread until 8 quick runs there (a slow run may have been the
+            # OS's doing, not the kernel's).
+            assert [await replay(1, quick) for _ in range(9)] == [False] * 8 + [True]
+            # Another shape of the same kernel is measured on its own, and slow from the
+            # first run: it never comes to the loop.
+            assert [await replay(2, slow)] + [await replay(2, quick)] == [False, False]
+            np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 13))
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
+    """A host write of --thread-bytes or more is copied into its buffer on the client's
+    thread, not on the event loop every client shares; a small one stays inline."""
+    from actorgraph.devices import EXEC, EXEC_THREAD
+
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"], cpu_thread_bytes=64) as rt:
+            async with trio.open_nursery() as nursery:
+                server = WorkerServer(rt, {}, None, Limits())
+                replies = _Replies()
+                session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+                codes = []
+                for handle, count in ((1, 16), (2, 8)):  # 64 bytes, then 32
+                    data = np.arange(count, dtype=np.int32)
+                    session.handle(["alloc", handle, "CPU:0", count, "int32"])
+                    staged = bytearray(data.tobytes())
+                    session.blobs[handle] = (staged, len(staged))
+                    session.blob_bytes += len(staged)
+                    write = ["hw", -1, [handle, 0, [count]], [handle]]
+                    session.handle(["prog", handle, "CPU:0", [write, ["s", 2, 1]], False])
+                    codes.append(
+                        [op[0] for op in session.programs[handle].ops if op[1] is _chunks_into]
+                    )
+                    session.handle(["batch", handle, [0, 0, 0], [handle], []])
+                    assert (await replies.wait_for(handle))[-1] == ["done", handle, 2, None]
+                    np.testing.assert_array_equal(session.buffers[handle].host_view(), data)
+                assert codes == [[EXEC_THREAD], [EXEC]]
+                nursery.cancel_scope.cancel()

@@ -20,6 +20,7 @@ from actorgraph.devices import (
     AWAIT,
     BATCH,
     EXEC,
+    EXEC_THREAD,
     FIRST_QUEUE_SLOT,
     Device,
     Job,
@@ -35,6 +36,7 @@ from actorgraph.devices import (
 )
 from actorgraph.scheduler import QueueKind
 
+from ._placement import AdaptiveKernel
 from ._wire import (
     CHUNK,
     DTYPES,
@@ -82,6 +84,8 @@ class _Program:
         "ops",
         "slot",
         "store",
+        "template",
+        "version",
     )
 
     def __init__(self) -> None:
@@ -94,6 +98,10 @@ class _Program:
         self.store = False
         self.error: tuple[int, str] | None = None
         self.device = ""
+        # With kernels placed by their times (_placement.py): the lowered ops they are
+        # coded from, and the KernelTimes.version they were coded at.
+        self.template: list[Op | AdaptiveKernel] | None = None
+        self.version = 0
         # Copies from another worker asked for when a batch arrives: (item, the "p"
         # entry's source fields, the source device, the wait's slot and value, mirror id,
         # bytes)
@@ -344,7 +352,7 @@ class Session:
         program.actor = actor
         program.device = device_name
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
-        ops: list[Op | None] = []
+        ops: list[Op | AdaptiveKernel | None] = []
         signals: list[tuple[int, int]] = []
         quiet: set[int] = set()  # where the report of a signal nobody off the worker needs goes
         for entry in entries:
@@ -404,7 +412,7 @@ class Session:
             )
         program.max_slot = max(program.max_slot, program.slot)
         last_report = len(ops) - 1 - ops[::-1].index(None)
-        lowered: list[Op] = []
+        lowered: list[Op | AdaptiveKernel] = []
         for i, op in enumerate(ops):
             if op is None:
                 if i in quiet and i != last_report:
@@ -418,9 +426,17 @@ class Session:
                     assert isinstance(reported, SignalOp)  # each report follows its signal
                     op = run_op(AWAIT, self._report, (program.slot, reported.rel, device_name), -1)
             lowered.append(op)
-        program.ops = tuple(lowered)
+        if any(isinstance(op, AdaptiveKernel) for op in lowered):
+            times = self.worker.times
+            program.template = lowered
+            program.version = times.version
+            program.ops = times.code(lowered)
+        else:
+            program.ops = tuple(lowered)  # type: ignore[arg-type]
 
-    def _lower_item(self, device: Device, entry: list[Any], program: _Program) -> Op:
+    def _lower_item(
+        self, device: Device, entry: list[Any], program: _Program
+    ) -> Op | AdaptiveKernel:
         kind = entry[0]
         item = want_int(entry[1], "item index", -1, 1 << 40)
         if kind == "k":
@@ -455,13 +471,18 @@ class Session:
                 for e in entry[5:7]
             ]
             try:
-                return device.lower_launch(
+                op = device.lower_launch(
                     LaunchRequest(
                         item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE
                     )
                 )
             except Exception as exc:
                 raise Refused(f"kernel {name!r}: {exc}") from None
+            if op[0] == EXEC and device.kind == "CPU":
+                # Under --thread-bytes: on the event loop only once seen to be quick.
+                shape = (name, tuple([b.nbytes for b in bufs]), tuple(var_values), *dims)
+                return AdaptiveKernel(self.worker.times, shape, op)
+            return op
         if kind == "c":
             dst = self.buffer(entry[2], "copy dst")
             src = self.buffer(entry[3], "copy src")
@@ -506,7 +527,9 @@ class Session:
             total = sum(size for _, size in chunks)
             if total != dst.nbytes:
                 raise Refused(f"host write of {total} bytes into {dst.nbytes}")
-            return run_op(EXEC, _chunks_into, (dst.host_view(), chunks, self.worker.staging), -1)
+            # A large write would hold the event loop (every client) for its memcpy.
+            code = EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
+            return run_op(code, _chunks_into, (dst.host_view(), chunks, self.worker.staging), -1)
         if kind == "hr":
             src = self.buffer(entry[2], "host read src")
             read_id = want_int(entry[3], "read id")
@@ -568,7 +591,11 @@ class Session:
         sub = Submission(len(programs), [], [], [()] * len(programs), [])
         self.running.add(sub)
         sub.on_done = functools.partial(self._batch_done, batch_id, programs)
+        version = self.worker.times.version
         for i, p in enumerate(programs):
+            if p.template is not None and p.version != version:
+                p.ops = self.worker.times.code(p.template)  # a kernel changed sides
+                p.version = version
             p.actor.post(Job(p.ops, bases, sub, i))  # type: ignore[union-attr]
 
     @staticmethod

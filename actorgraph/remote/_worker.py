@@ -42,6 +42,7 @@ from actorgraph import ActorGraphError, Kernel, Runtime, UsageError, open_runtim
 from actorgraph._groups import sole_exception
 
 from ._peers import Peers
+from ._placement import KernelTimes
 from ._session import Outbox, Refused, Session, StagingPool, bytes_of
 from ._wire import (
     CHUNK,
@@ -134,6 +135,7 @@ class Worker:
         self.sessions: dict[int, Session] = {}
         self.peers = Peers(limits, token)
         self.staging = StagingPool()
+        self.times = KernelTimes()
         self._sids = itertools.count(1)
 
     async def serve(self, listener: trio.socket.SocketType) -> None:
@@ -348,10 +350,11 @@ async def run_worker(
 ) -> None:
     """Serve `devices` on host:port until cancelled; reports the bound (host, port).
 
-    `thread_bytes`: CPU kernels touching at least this many bytes run on their actor's
-    own thread (the runtime's cpu_thread_bytes); smaller ones run on the worker's event
-    loop, where a slow one delays every client. 0 puts every kernel on a thread: clients
-    are isolated from each other's slow kernels, at a thread hop per job.
+    `thread_bytes`: CPU kernels touching at least this many bytes run on their client's
+    actor thread (the runtime's cpu_thread_bytes); a smaller one runs on the worker's
+    event loop only while every run of it seen so far took under 100 us (_placement.py),
+    so one client's slow kernel delays the others at most once. 0 puts every kernel on
+    a thread, at a thread hop per run of kernels.
     """
     kernels = load_kernels(kernel_modules)
     options = {} if thread_bytes is None else {"cpu_thread_bytes": thread_bytes}
