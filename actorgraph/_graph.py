@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from actorgraph.devices import NOT_RUN
 from actorgraph.scheduler import Plan
 
 from . import _capture
@@ -18,11 +19,11 @@ from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
 from ._profile import Profile, ReplayRecord, build_profile, new_records
-from ._program import Program, plan_item, raise_failure
+from ._program import Program, plan_item, raise_failure, raise_item_failure
 from ._vars import Var
 
 if TYPE_CHECKING:
-    from actorgraph.devices import Submission
+    from actorgraph.devices import LinearRun, Submission
 
     from ._runtime import Runtime
 
@@ -45,6 +46,9 @@ def check_var_vals(
 
 
 _BOUND_CACHE = 8
+
+# What Graph.run_here returns when the replay cannot run where it was called.
+NOT_HERE: Any = object()
 
 
 def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
@@ -141,8 +145,11 @@ class Graph(Hinted):
         self._inputs = program.inputs
         self._closed = False
         # Op lists bound for recently seen input sets (double buffering, rotating
-        # inputs): id tuple -> (inputs, var values, ops). Cleared when anything is freed.
-        self._bound: dict[tuple[int, ...], tuple[tuple[Buffer, ...], dict[Var, int], Any]] = {}
+        # inputs): id tuple -> (inputs, var values, ops, their LinearRun or None).
+        # Cleared when anything is freed.
+        self._bound: dict[
+            tuple[int, ...], tuple[tuple[Buffer, ...], dict[Var, int], Any, LinearRun | None]
+        ] = {}
         self._frees_seen = runtime.frees
         self._internal: dict[int, list[Buffer]] = {}
         for j, item in enumerate(program.items):
@@ -150,6 +157,12 @@ class Graph(Hinted):
             for slot, buf in enumerate(item.bufs):
                 if slot not in bound:
                     self._internal.setdefault(buf.alloc_id, []).append(buf)
+        # Whether a call may run off the runtime's thread (a background runtime's caller,
+        # see replay_off_thread): every queue runs the plain loop, on CPU devices, whose
+        # items are numpy-level calls with no state bound to a thread.
+        self.runs_off_thread = program.runs_inline and all(
+            device.kind == "CPU" for device in program.devices
+        )
         # One buffer per internal allocation: checked on every call, as a buffer may be
         # freed between two calls with the same inputs.
         self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
@@ -225,7 +238,23 @@ class Graph(Hinted):
             return
         # submit() and Replay.wait() without the Replay: the common call, kept short.
         _capture.check_graph_call()
-        program, ops = self._bind(inputs, var_vals)
+        # The call's cancel point comes first (cancelled there, it submits nothing), and
+        # the submission before any yield, so calls submit in the order they are made.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        failure = self._replay_cached(inputs, var_vals, profile)
+        if failure is NOT_HERE:
+            program, ops = self._bind(inputs, var_vals)
+            failure = self.run_here(program, ops, profile)
+        else:
+            program = self._program
+        if failure is not NOT_HERE:
+            # Done already (one loop on idle queues). The call's schedule point comes
+            # after the work and is shielded, as with trio's own operations that
+            # complete: a replay that ran is reported, never lost to a cancellation.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if failure is not None:
+                raise_item_failure(program, failure)
+            return
         await self._runtime.admit()
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
@@ -298,6 +327,73 @@ class Graph(Hinted):
             _advance_when_done(sub, then)
         return Replay(self, program, sub, self.replays)
 
+    def _replay_cached(
+        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None, profile: bool | None
+    ) -> Any:
+        """`run_here` for the call a replay loop makes: inputs and var values bound
+        before (the cache entry holds their LinearRun), nothing freed since, runtime
+        usable, no profile. NOT_HERE, having done nothing, for anything else: the full
+        path then binds (and raises what is wrong) as a first call does."""
+        runtime = self._runtime
+        if self._closed or not runtime.usable or runtime.frees != self._frees_seen:
+            return NOT_HERE
+        if profile or (profile is None and runtime.profiling) or self._aliased:
+            return NOT_HERE
+        hit = self._bound.get(tuple(map(id, tuple(inputs))))
+        if hit is None or hit[3] is None or (var_vals if var_vals is not None else {}) != hit[1]:
+            return NOT_HERE
+        failure = hit[3].run(runtime.kick)
+        if failure is NOT_RUN:
+            return NOT_HERE
+        # Counted as a submission that completed where it was made (Runtime.count_done).
+        self.replays += 1
+        self.replays_done += 1
+        self.bytes_copied += self._copy_bytes
+        runtime.replays += 1
+        runtime.submissions += 1
+        runtime.replays_done += 1
+        return failure
+
+    def replay_off_thread(
+        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
+    ) -> Any:
+        """A call run by a thread other than the runtime's, while the runtime's trio
+        run is stopped (a background runtime's caller holding its loop lock): bind,
+        then `run_here` if the replay moves no signal a task waits on (waking one is
+        for the run's own thread). Return (program, failure) with the failure or None,
+        or NOT_HERE, having run nothing. Raises what binding raises."""
+        program, ops = self._bind(inputs, var_vals)
+        failure = self.run_here(program, ops, None, quiet=True)
+        return NOT_HERE if failure is NOT_HERE else (program, failure)
+
+    def run_here(
+        self, program: Program, ops: Any, profile: bool | None, *, quiet: bool = False
+    ) -> Any:
+        """Run a bound replay here and now as one loop (devices.LinearRun), when its
+        items all run inline, its queues are idle, its devices done with earlier work
+        and nothing asks for a profile. Return its
+        failure, None if it succeeded, or NOT_HERE (having done nothing) when it cannot
+        run so: then it is submitted as usual. `quiet`: only if it moves no signal that
+        a task waits on. It takes no room in the in-flight window
+        (it is never in flight), so a full window does not hold it back."""
+        runtime = self._runtime
+        if profile or (profile is None and runtime.profiling):
+            return NOT_HERE
+        linear = program.linear_run(ops)
+        if linear is None or (quiet and not linear.quiet(runtime.kick)):
+            return NOT_HERE
+        failure = linear.run(runtime.kick)
+        if failure is NOT_RUN:
+            return NOT_HERE
+        # Counted as a submission that completed where it was made (Runtime.count_done).
+        self.replays += 1
+        self.replays_done += 1
+        self.bytes_copied += self._copy_bytes
+        runtime.replays += 1
+        runtime.submissions += 1
+        runtime.replays_done += 1
+        return failure
+
     def _start(
         self, program: Program, ops: Any, inputs: Sequence[Buffer], profile: bool | None
     ) -> Submission:
@@ -348,19 +444,20 @@ class Graph(Hinted):
             self._bound.clear()
             self._aliased.clear()
             self._frees_seen = runtime.frees
+        # Both caches hold the input sets they are keyed by, so their buffers stay alive
+        # and equal ids mean the very same buffers.
         key = tuple(map(id, inputs))
         if self._aliased:
             aliased = self._aliased.get(key)
-            if aliased is not None and all(a is b for a, b in zip(aliased[0], inputs)):
+            if aliased is not None:
                 program = aliased[1]
                 checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
                 return program, program.bind(inputs, checked)
         values = var_vals if var_vals is not None else {}
         hit = self._bound.get(key)
-        same_inputs = hit is not None and all(a is b for a, b in zip(hit[0], inputs))
-        if same_inputs and hit is not None and values == hit[1]:
+        if hit is not None and values == hit[1]:
             return self._program, hit[2]
-        if not same_inputs:
+        if hit is None:
             overlap = self._check_inputs(inputs)
             if overlap is not None:
                 return self._replan(inputs, overlap, var_vals)
@@ -368,7 +465,7 @@ class Graph(Hinted):
         ops = self._program.bind(inputs, checked)
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
-        self._bound[key] = (inputs, dict(values), ops)
+        self._bound[key] = (inputs, dict(values), ops, self._program.linear_run(ops))
         return self._program, ops
 
     def _replan(

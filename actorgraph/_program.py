@@ -11,19 +11,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from actorgraph.devices import (
-    EXEC,
     FIRST_QUEUE_SLOT,
     KICK,
+    NOT_RUN,
     Device,
     Job,
     JobProfile,
     LaunchRequest,
+    LinearRun,
     Op,
     QueueActor,
     SignalOp,
     Submission,
     WaitOp,
-    run_in_order,
     run_inline,
     signal_op,
     wait_op,
@@ -134,7 +134,7 @@ class Program:
             runtime.device(q.device).queues[q.kind] for q in plan.queues
         ]
         # Every queue's actor runs the plain loop: a submission may run inline (submit).
-        self._inline = all(actor.runs_inline for actor in self.actors)
+        self.runs_inline = all(actor.runs_inline for actor in self.actors)
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
         self.counts = [sum(isinstance(m, Run) for m in prog) for prog in plan.programs]
@@ -192,7 +192,7 @@ class Program:
         self._mark_host_signals(templates)
         self.templates = templates
         self.linear_order = self._linear_order(templates)
-        # Bound op lists -> their execs in linear_order (None: not all inline). Few kept.
+        # Bound op lists -> their LinearRun (None: not all inline). Few kept.
         self._linear: dict[int, tuple[Any, Any]] = {}
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
         complete = all(op is not None for t in templates for op in t)
@@ -233,25 +233,18 @@ class Program:
             return None
         return tuple(order)
 
-    def linear_calls(self, ops: Sequence[Sequence[Op]]) -> tuple[Any, Any] | None:
-        """The bound `ops`' execs in linear_order: ((fn, args) calls, (item, queue) of
-        each), or None when some item does not run inline (a worker thread, I/O)."""
+    def linear_run(self, ops: Sequence[Sequence[Op]]) -> LinearRun | None:
+        """The bound `ops` as one loop over their calls in linear_order (a LinearRun,
+        made once per op list), or None when some item does not run inline (a worker
+        thread, I/O) or a queue's actor does not run the plain loop."""
         key = id(ops)
         hit = self._linear.get(key)
         if hit is not None and hit[0] is ops:
             return hit[1]  # type: ignore[no-any-return]
-        found: tuple[Any, Any] | None = None
-        if self.linear_order is not None:
-            calls = []
-            where = []
-            for q, i in self.linear_order:
-                op = ops[q][i]
-                if op[0] != EXEC:
-                    break
-                calls.append((op[1], op[2]))
-                where.append((op[3], q))
-            else:
-                found = (tuple(calls), tuple(where))
+        found: LinearRun | None = None
+        order = self.linear_order
+        if self.runs_inline and order is not None and LinearRun.inline(ops, order):
+            found = LinearRun(self.actors, self.devices, ops, order, self.counts, self.copy_bytes)
         if len(self._linear) >= 8:
             self._linear.pop(next(iter(self._linear)))
         self._linear[key] = (ops, found)
@@ -372,10 +365,21 @@ class Program:
         """Post one job per queue. Synchronous: no checkpoint between tickets and posts.
 
         When every queue's actor is idle, the jobs run here instead, in the caller's task
-        (devices.run_inline): a replay of inline items on idle queues then costs no task
-        switch at all, and what cannot run here goes to its actor as if posted. With
-        `profiles` (one per queue), each actor timestamps its job into its record.
+        (as one loop when every item is inline and the devices are done with earlier
+        work: a LinearRun; else devices.run_inline): a replay of inline items on idle
+        queues then costs no task switch at all, and what cannot run here goes to its
+        actor as if posted. With `profiles` (one per queue), each actor timestamps its
+        job into its record.
         """
+        runtime = self.runtime
+        if profiles is None:
+            linear = self.linear_run(ops)
+            failure = NOT_RUN if linear is None else linear.run(runtime.kick)
+            if failure is not NOT_RUN:
+                # Nothing ran in between: a submission done here was never in flight.
+                sub = self.done_submission(failure)
+                runtime.count_done(sub, then)
+                return sub
         actors = self.actors
         nqueues = len(actors)
         bases = [0] * self.nbases
@@ -398,22 +402,14 @@ class Program:
             for di in range(len(tickets)):
                 self.devices[di].next_ticket = bases[first_ticket + di]
             raise
-        runtime = self.runtime
         kick = runtime.kick.value + 1
         bases[KICK] = kick
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
         copy_bytes = self.copy_bytes
-        if profiles is None and self._inline and all(actor.idle for actor in actors):
+        if profiles is None and self.runs_inline and all(actor.idle for actor in actors):
             jobs = [Job(ops[qi], bases, sub, qi, None, copy_bytes[qi]) for qi in range(nqueues)]
             runtime.kick.set(kick)
-            linear = self.linear_calls(ops)
-            if linear is not None and all(
-                tl.value >= bases[first_ticket + di] for di, tl in enumerate(self.timelines)
-            ):
-                # Every item inline, every device done with earlier work: one loop.
-                run_in_order(actors, jobs, linear[0], linear[1], self.counts)
-            else:
-                run_inline(actors, jobs)
+            run_inline(actors, jobs)
             # Nothing ran in between: a submission done here was never in flight.
             if sub.done.is_set():
                 runtime.count_done(sub, then)
@@ -427,14 +423,27 @@ class Program:
         runtime.kick.set(kick)
         return sub
 
+    def done_submission(self, failure: tuple[int, str, BaseException] | None) -> Submission:
+        """A finished Submission standing for a LinearRun (for callers that hold one:
+        Replay objects, the runtime's count), failed with `failure` if given."""
+        sub = Submission(0, self.timelines, (), self.queue_devices, self.device_jobs)
+        if failure is not None:
+            sub.fail(*failure)
+        return sub
+
 
 def raise_failure(program: Program, sub: Submission) -> None:
     """Raise what a finished submission of `program` failed with, as the user sees it:
     an ItemError naming the item, or ClosedError when no item was at fault."""
-    error = sub.error
-    if error is None:
-        return
-    if sub.failed_item < 0:
+    if sub.error is not None:
+        raise_item_failure(program, (sub.failed_item, sub.failed_actor, sub.error))
+
+
+def raise_item_failure(program: Program, failure: tuple[int, str, BaseException]) -> None:
+    """Raise `failure` ((item, actor name, error) of a run of `program`) as the user sees
+    it: an ItemError naming the item, or ClosedError when no item was at fault."""
+    failed_item, failed_actor, error = failure
+    if failed_item < 0:
         # Not an item's fault: the runtime broke (deadlock) or a device went away.
         if isinstance(error, (ClosedError, DeadlockError)):
             raise error
@@ -442,13 +451,12 @@ def raise_failure(program: Program, sub: Submission) -> None:
     if isinstance(error, RemoteConnectionError):
         # A copy between a local device and a worker that is gone: not the item's fault.
         raise ClosedError(str(error)) from error
-    index = program.local_index(sub.failed_item)
+    index = program.local_index(failed_item)
     item = program.items[index] if index is not None else None
     label = item.label if item is not None else "?"
     raise ItemError(
-        f"item {sub.failed_item} ({label}) on {sub.failed_actor} raised "
-        f"{type(error).__name__}: {error}",
-        index=sub.failed_item,
+        f"item {failed_item} ({label}) on {failed_actor} raised {type(error).__name__}: {error}",
+        index=failed_item,
         label=label,
-        device=sub.failed_actor.split("/")[0],
+        device=failed_actor.split("/")[0],
     ) from error

@@ -92,6 +92,9 @@ class Runtime:
         self._open = False
         self._closed = False
         self._broken: BaseException | None = None
+        # Invariant: usable == (open and not broken), so a hot path tests one attribute
+        # and calls check_open() for the error only when it is False.
+        self.usable = False
         self.submissions = 0
         self.frees = 0
         # In flight: each submission with what to call once it is done (a replay's graph
@@ -121,9 +124,11 @@ class Runtime:
             await device.start(nursery)
         nursery.start_soon(self._monitor)
         self._open = True
+        self.usable = self._broken is None
 
     def _close(self) -> None:
         self._open = False
+        self.usable = False
         self._closed = True
         for device in self._devices.values():
             device.close()
@@ -344,6 +349,7 @@ class Runtime:
         """A sticky fault: fail everything in flight and every later call with `error`."""
         if self._broken is None:
             self._broken = error
+            self.usable = False
             _log.error("runtime broken: %s", error)
         for sub in list(self._pending):
             sub.fail(-1, "", error)

@@ -8,7 +8,6 @@ from typing import Any
 
 from ._actor import ActorStatistics as ActorStatistics
 from ._actor import QueueActor as QueueActor
-from ._actor import run_in_order as run_in_order
 from ._actor import run_inline as run_inline
 from ._costmodel import PRESETS as PRESETS
 from ._costmodel import CostModel as CostModel
@@ -21,6 +20,8 @@ from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
+from ._linear import NOT_RUN as NOT_RUN
+from ._linear import LinearRun as LinearRun
 from ._monitor import find_deadlock as find_deadlock
 from ._names import parse_remote_name as parse_remote_name
 from ._ops import AWAIT as AWAIT

@@ -13,7 +13,6 @@ runs every code of every device kind through both.
 from __future__ import annotations
 
 import collections
-import operator
 import queue
 import threading
 import time
@@ -37,7 +36,6 @@ from ._ops import (
     Op,
     Submission,
     op_name,
-    own_signal,
 )
 from ._signal import Doorbell, Signal
 
@@ -171,37 +169,6 @@ def run_inline(actors: Sequence[QueueActor], jobs: Sequence[Job]) -> None:
             job = jobs[q]
             job.ops, job.runs = job.ops[at[q] :], None
             actors[q].post(job)
-
-
-def run_in_order(
-    actors: Sequence[QueueActor],
-    jobs: Sequence[Job],
-    calls: Sequence[tuple[Any, Any]],
-    where: Sequence[tuple[int, int]],
-    counts: Sequence[int],
-) -> None:
-    """Run one submission whose jobs hold only inline execs, waits and signals, on idle
-    actors, as one loop over `calls`: every exec of every job in an order its waits allow
-    (worked out from the plan once, `where[k]` = (item, job) of calls[k]). Nothing else
-    runs meanwhile, so no one can see the signals in between: each job's signal is set
-    once, to where its job leaves it, and the jobs end as the actors would end them."""
-    sub = jobs[0].submission
-    it = iter(calls)
-    try:
-        for fn, args in it:  # no counter: the loop is the floor's own
-            fn(*args)
-    except Exception as exc:  # the first failure; later execs are skipped, as actors do
-        item, q = where[len(calls) - operator.length_hint(it) - 1]
-        sub.fail(item, actors[q].name, exc)
-    for q, job in enumerate(jobs):
-        actor = actors[q]
-        last = own_signal(job.ops)
-        if last is not None:
-            actor.signal.set(job.bases[last[2]] + last[3])
-        actor.items_run += counts[q]
-        actor.jobs_done += 1
-        actor.bytes_copied += job.copy_bytes
-        sub.job_done(job.slot)
 
 
 class QueueActor:

@@ -40,6 +40,12 @@ class Signal:
     def __repr__(self) -> str:
         return f"<Signal {self.name}={self.value}>"
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a task waits on this signal (setting it may wake someone)."""
+        waiters = self._waiters
+        return bool(waiters) and any(entry[2] is not None for entry in waiters)
+
     def set(self, value: int) -> None:
         if value <= self.value:
             return

@@ -169,3 +169,86 @@ async def test_a_failing_item_in_an_inline_replay_is_named_and_stops_the_items_a
         assert not np.array_equal(await rt.copyout(c), np.full(8, 7, I32))
         await rt.run([ag.Launch(XOR, [b, a, a])])  # the runtime goes on
         np.testing.assert_array_equal(await rt.copyout(b), np.zeros(8, I32))
+
+
+async def test_a_replay_run_as_one_loop_is_still_a_schedule_point() -> None:
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        a, b = rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:0", 8, I32)
+        graph = await rt.compile([ag.Launch(XOR, [b, a, a])], inputs=[a])
+        await graph([a])  # bound once: the next calls take the cached path
+        steps = 0
+
+        async def other() -> None:
+            nonlocal steps
+            while True:
+                steps += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            for _ in range(10):
+                await graph([a])
+            # Each call let the scheduler run a batch, which holds the other task too
+            # (the batch order is random, so its first step may come after the call).
+            assert steps >= 9
+            nursery.cancel_scope.cancel()
+        assert graph.statistics().replays_done == 11
+
+
+async def test_a_replay_after_work_posted_to_its_queue_waits_for_that_work() -> None:
+    # `small` runs as one loop; `big` (4 KiB and more: a worker thread) is posted to the
+    # same queue. A loop found ready before must not run while `big` is queued there.
+    async with ag.open_runtime(["CPU:0"], cpu_thread_bytes=4096) as rt:
+        x, y = rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:0", 8, I32)
+        src, dst, zeros = (rt.alloc("CPU:0", 1024, I32) for _ in range(3))
+        await rt.copyin(src, np.full(1024, 6, I32))
+        small = await rt.compile([ag.Launch(XOR, [y, x, dst.view(0, 8)])])
+        big = await rt.compile([ag.Launch(XOR, [dst, src, zeros])])  # dst = src
+        await small()
+        with trio.fail_after(30):
+            first = big.submit_nowait()
+            assert not first.done
+            second = small.submit_nowait()  # y = dst's head: after first, before third
+            assert not second.done
+            await rt.copyin(src, np.full(1024, 5, I32))  # after them, on the same device
+            third = big.submit_nowait()
+            for replay in (first, second, third):
+                await replay.wait()
+        np.testing.assert_array_equal(await rt.copyout(y), np.full(8, 6, I32))
+        np.testing.assert_array_equal(await rt.copyout(dst), np.full(1024, 5, I32))
+        assert small.statistics().replays_done == 2
+
+
+class Interrupted(BaseException):
+    """Stands for a KeyboardInterrupt raised inside a kernel's call."""
+
+
+async def test_an_interrupted_one_loop_replay_leaves_every_timeline_consistent() -> None:
+    interrupt = {"on": False}
+
+    def maybe_interrupt(out: np.ndarray[Any, Any], a: np.ndarray[Any, Any]) -> None:
+        if interrupt["on"]:
+            raise Interrupted
+        np.add(a, 1, out=out)
+
+    inc = ag.Kernel("inc", cpu=maybe_interrupt, outs=(0,), ins=(1,))
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        a, b = rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:0", 8, I32)
+        c, d = rt.alloc("CPU:1", 8, I32), rt.alloc("CPU:1", 8, I32)
+        graph = await rt.compile(
+            [ag.Launch(inc, [b, a]), ag.Copy(dst=c, src=b), ag.Launch(inc, [d, c])]
+        )
+        await graph()
+        before = rt.statistics()
+        interrupt["on"] = True
+        with pytest.raises(Interrupted):
+            await graph()
+        # Nothing of it was booked: no timeline value reserved, no device ticket taken.
+        after = rt.statistics()
+        assert [s.signal_value for s in after.actors] == [s.signal_value for s in before.actors]
+        assert after.submissions == before.submissions
+        interrupt["on"] = False
+        with trio.fail_after(30):
+            await graph()  # would wait forever on a ticket taken and never reached
+            await rt.run([ag.Launch(inc, [d, c])])  # eager work on the same devices too
+        np.testing.assert_array_equal(await rt.copyout(d), np.full(8, 2, I32))
