@@ -13,7 +13,9 @@ they were made (a free too, so work made before it still sees its buffer). A cal
 fails while nobody waits for it is logged, and its error is raised by the next call made
 on the runtime or by close(): it never vanishes. All work, alloc and free included, runs
 on the runtime's thread, so device state (driver contexts, trio objects) stays on one
-thread.
+thread; the one exception is a graph call that runs as one loop of numpy-level calls on
+idle CPU queues, which the calling thread runs itself while the runtime's loop is stopped
+(`BackgroundRuntime._replay_here`).
 """
 
 from __future__ import annotations
@@ -36,13 +38,41 @@ from actorgraph.scheduler import Plan
 from ._await import GRAPH_NAMES, described
 from ._buffer import Buffer
 from ._errors import ClosedError, UsageError
-from ._graph import Graph
+from ._graph import NOT_HERE, Graph
 from ._kernel import Item, Kernel
 from ._log import logger as _log
+from ._program import raise_item_failure
 from ._runtime import Runtime, RuntimeStatistics, open_runtime
 from ._vars import Var
 
 T = TypeVar("T")
+
+
+class _LoopLock(trio.abc.Instrument):
+    """Held by the runtime's thread whenever its trio run runs anything of ours.
+
+    The run lets go of `lock` only while it blocks waiting for I/O (trio's
+    before_io_wait .. after_io_wait hooks, around its epoll wait): every task step,
+    deadline, cancellation and run_sync_soon callback runs with the lock held.
+    Invariant: a thread that holds `lock` sees the run stopped between two task steps,
+    with every task parked or waiting to run; it may then read and change what a task
+    step of the run could, like one more task step, except trio's own run state (it
+    wakes no task: reschedule() works only on the run's thread). `wanted` is set while
+    the run waits for the lock, so callers stand back and the run gets it next.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wanted = False
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.lock.release()
+
+    def after_io_wait(self, timeout: float) -> None:
+        if not self.lock.acquire(blocking=False):
+            self.wanted = True
+            self.lock.acquire()
+            self.wanted = False
 
 
 class Call(Generic[T]):
@@ -74,6 +104,16 @@ class Call(Generic[T]):
         self._awaited = False
         if not self._lazy:
             self._entry = owner._submit(fn, self._args, self._kwargs, what, start)
+
+    @classmethod
+    def finished(cls, owner: BackgroundRuntime, entry: _Entry) -> Call[Any]:
+        """A Call for work that already ran where it was made (`entry.future` is done)."""
+        call: Call[Any] = cls.__new__(cls)
+        call._owner = owner
+        call._fn, call._args, call._kwargs = entry.fn, entry.args, entry.kwargs
+        call._what, call._start, call._entry = entry.what, None, entry
+        call._lazy = call._awaited = False
+        return call
 
     def __repr__(self) -> str:
         state = "not started" if self._entry is None else self._entry.future._state.lower()
@@ -228,8 +268,12 @@ class BackgroundGraph:
         **options: Any,
     ) -> Call[None]:
         """`await graph(inputs, var_vals=...)`; options pass through to Graph.__call__."""
-        kwargs = {"var_vals": var_vals, **options}
         graph = self.graph
+        if not options:
+            done = self._owner._replay_here(graph, inputs, var_vals)
+            if done is not None:
+                return done
+        kwargs = {"var_vals": var_vals, **options}
 
         def start() -> Any:
             return graph.submit_nowait(inputs, **kwargs)
@@ -277,6 +321,7 @@ class BackgroundRuntime:
         self._closing = False
         self._finished = False
         self._unobserved: list[_Entry] = []  # failed while nobody waited for them
+        self._loop = _LoopLock()
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._main,
@@ -297,6 +342,10 @@ class BackgroundRuntime:
                     self._cancel = cancel
                     self._wake = trio.Event()
                     self._token = trio.lowlevel.current_trio_token()
+                    # From here to the end of the run this thread holds the loop lock
+                    # whenever it runs anything (see _LoopLock).
+                    self._loop.lock.acquire()
+                    trio.lowlevel.add_instrument(self._loop)
                     ready.set_result(None)
                     await self._dispatch()
 
@@ -401,16 +450,20 @@ class BackgroundRuntime:
             if report:
                 self._unobserved.append(entry)
         if report:
-            _log.warning(
-                "%s failed while nobody waited for it (%s: %s); the next call on the runtime "
-                "or close() raises it",
-                entry.what,
-                type(error).__name__,
-                error,
-            )
+            self._warn_unobserved(entry, error)
         if not entry.future.done():
             if entry.future.running() or entry.future.set_running_or_notify_cancel():
                 entry.future.set_exception(error)
+
+    @staticmethod
+    def _warn_unobserved(entry: _Entry, error: BaseException) -> None:
+        _log.warning(
+            "%s failed while nobody waited for it (%s: %s); the next call on the runtime "
+            "or close() raises it",
+            entry.what,
+            type(error).__name__,
+            error,
+        )
 
     def _observe(self, entry: _Entry) -> None:
         """Someone waits for this call: its error is theirs, not the next call's."""
@@ -463,6 +516,59 @@ class BackgroundRuntime:
         except trio.RunFinishedError:
             pass  # _main's exit fails what is still queued
         return entry
+
+    def _replay_here(
+        self, graph: Graph, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
+    ) -> Call[None] | None:
+        """A graph call from outside the runtime's thread, run right here, in the
+        caller's thread, when that is the same as running it on the runtime's thread
+        now; None (having done nothing) when it is not: the call then goes there.
+
+        It is the same when, with the loop lock held (the run stopped between task
+        steps, see _LoopLock): no call made before it is queued or running (so calls
+        still run in the order they were made), and the replay runs as one loop on
+        idle CPU queues (Graph.run_here) moving no signal that a task waits on (so it
+        wakes no task, which only the runtime's thread may do). Such a replay calls
+        only numpy-level kernel bodies and changes plain Python state; the runtime's
+        thread, when it next runs, finds it done as if a task step of its own had
+        done it. Binding new inputs (lowering CPU items) is plain Python too. The
+        caller is never blocked: if the run holds the lock or wants it, the call goes
+        to the runtime's thread as usual."""
+        loop = self._loop
+        if not loop.lock.acquire(blocking=False):
+            return None
+        try:
+            if loop.wanted or not graph.runs_off_thread:
+                return None  # (a graph on other devices than CPU ones never does)
+            with self._lock:
+                if self._queue or self._busy or self._closing or self._finished:
+                    return None
+                if self._unobserved:
+                    return None  # the call goes on, so that _submit raises their error
+                entry = _Entry(graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
+                try:
+                    done = graph.replay_off_thread(inputs, var_vals)
+                    if done is NOT_HERE:
+                        return None
+                    program, failure = done
+                    if failure is not None:
+                        raise_item_failure(program, failure)
+                except Exception as error:
+                    # As a call that fails on the runtime's thread: nobody waits for it
+                    # yet, so it is the next call's error unless someone asks for it.
+                    failed: BaseException | None = error
+                    entry.future.set_running_or_notify_cancel()
+                    entry.future.set_exception(error)
+                    self._unobserved.append(entry)
+                else:
+                    failed = None
+                    entry.future.set_running_or_notify_cancel()
+                    entry.future.set_result(None)
+        finally:
+            loop.lock.release()
+        if failed is not None:
+            self._warn_unobserved(entry, failed)
+        return Call.finished(self, entry)
 
     def _wake_dispatcher(self) -> None:
         if self._wake is not None:

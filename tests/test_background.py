@@ -8,6 +8,7 @@ import contextlib
 import gc
 import re
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -407,3 +408,102 @@ def test_a_kernel_failing_in_a_graph_call_comes_back_to_the_caller(
             for _ in range(1000):  # until the runtime's thread has run it
                 brt.copyout(a).result(timeout=10)
     assert "graph(...) failed while nobody waited for it" in caplog.text
+
+
+def _thread_recording_graph(
+    rt: ag.BackgroundRuntime, seen: list[int]
+) -> tuple[ag.BackgroundGraph, list[ag.Buffer]]:
+    def xor(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        seen.append(threading.get_ident())
+        np.bitwise_xor(a, b, out=out)
+
+    kernel = ag.Kernel("xor", cpu=xor, outs=(0,), ins=(1, 2))
+    a, b, c = (rt.alloc("CPU:0", 8, np.int32) for _ in range(3))
+    d = rt.alloc("CPU:1", 8, np.int32)
+    items = [ag.Launch(kernel, [c, a, b]), ag.Copy(dst=d, src=c), ag.Launch(kernel, [d, d, d])]
+    return rt.compile(items, inputs=[a, b]).result(timeout=10), [a, b, c, d]
+
+
+def test_a_graph_call_on_idle_cpu_queues_runs_in_the_callers_thread(
+    brt: ag.BackgroundRuntime,
+) -> None:
+    seen: list[int] = []
+    graph, (a, b, c, d) = _thread_recording_graph(brt, seen)
+    here = threading.get_ident()
+    brt.copyin(a, np.full(8, 5, np.int32))
+    calls = 0
+    for _ in range(1000):  # until a call finds the runtime's loop idle
+        seen.clear()
+        call = graph([a, b])
+        calls += 1
+        call.result(timeout=10)
+        if seen == [here, here]:
+            break
+    else:
+        raise AssertionError("no graph call ran in the caller's thread")
+    # It ran before the call returned, and was counted as the runtime's thread would.
+    assert call.done()
+    assert graph.statistics().replays_done == calls
+    assert brt.statistics().replays_done == calls
+    np.testing.assert_array_equal(brt.copyout(c).result(timeout=10), np.full(8, 5))
+    np.testing.assert_array_equal(brt.copyout(d).result(timeout=10), np.zeros(8))
+    # Later calls, made by the runtime's thread or here, still run in the order made.
+    brt.copyin(a, np.full(8, 7, np.int32))
+    graph([a, b])
+    np.testing.assert_array_equal(brt.copyout(c).result(timeout=10), np.full(8, 7))
+
+
+def test_graph_calls_behind_a_running_call_go_to_the_runtime_thread_in_order(
+    brt: ag.BackgroundRuntime,
+) -> None:
+    seen: list[int] = []
+    graph, (a, b, c, _) = _thread_recording_graph(brt, seen)
+    with holding(brt):
+        first = graph([a, b])
+        brt.copyin(a, np.full(8, 9, np.int32))
+        second = graph([a, b])
+        middle = brt.copyout(c)
+    first.result(timeout=10)
+    second.result(timeout=10)
+    np.testing.assert_array_equal(middle.result(timeout=10), np.full(8, 9))
+    assert seen and threading.get_ident() not in seen
+
+
+def test_the_loop_lock_is_free_only_while_the_run_waits_for_io() -> None:
+    from actorgraph._background import _LoopLock
+
+    loop = _LoopLock()
+    entered, go_on, parked = threading.Event(), threading.Event(), threading.Event()
+    token: list[trio.lowlevel.TrioToken] = []
+    scope = trio.CancelScope()
+
+    async def main() -> None:
+        token.append(trio.lowlevel.current_trio_token())
+        loop.lock.acquire()
+        trio.lowlevel.add_instrument(loop)
+        entered.set()
+        go_on.wait(10)  # a task step that blocks its thread: the lock stays held
+        parked.set()
+        with scope:
+            await trio.sleep_forever()
+
+    thread = threading.Thread(target=lambda: trio.run(main), daemon=True)
+    thread.start()
+    assert entered.wait(10)
+    assert not loop.lock.acquire(blocking=False)
+    go_on.set()
+    assert parked.wait(10)
+    assert loop.lock.acquire(timeout=10)  # the run parks in its I/O wait and lets go
+    try:
+        ran = threading.Event()
+        token[0].run_sync_soon(ran.set)  # wakes the run: it waits for the lock
+        deadline = time.monotonic() + 10
+        while not loop.wanted:  # the run wants the lock back: a caller stands back now
+            assert time.monotonic() < deadline
+        assert not ran.is_set()
+    finally:
+        loop.lock.release()
+    assert ran.wait(10)
+    token[0].run_sync_soon(scope.cancel)
+    thread.join(10)
+    assert not thread.is_alive()
