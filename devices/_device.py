@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -150,6 +151,15 @@ class Device:
         worker gives each client its own, so one client's waits never hold another's
         work), or None where ops are lowered for the device's own queues only."""
         return None
+
+    def drop_queue(self, actor: QueueActor) -> None:
+        """`actor`, made by `new_queue`, has stopped serving: give back what it holds
+        (a stream, ...). Queues of host work hold nothing."""
+
+    def lowering_for(self, actor: QueueActor) -> contextlib.AbstractContextManager[None]:
+        """While in this context, ops are lowered to run on `actor`, a queue made by
+        `new_queue` (where lowering binds a queue's own host work, as CUDA's does)."""
+        return contextlib.nullcontext()
 
     def check_reachable(self) -> None:
         """Raise if the device can take no more work (a remote device whose worker is

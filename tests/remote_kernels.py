@@ -62,3 +62,17 @@ def _gated(out, a):
 
 GATED = ag.Kernel("gated", cpu=_gated, outs=(0,), ins=(1,))
 KERNELS.append(GATED)
+
+
+INC_GPU_SRC = r"""
+extern "C" __global__ void inc_gpu(int *out, const int *a) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = a[i] + 1;
+}
+"""
+# For a worker's CUDA devices (the tests run them on the fake driver, with the CPU body).
+INC_GPU = ag.Kernel("inc_gpu", cpu=_inc, cuda=INC_GPU_SRC, outs=(0,), ins=(1,))
+KERNELS.append(INC_GPU)
+BOOM_GPU_SRC = INC_GPU_SRC.replace("inc_gpu", "boom_gpu")  # a GPU cannot raise: its CPU body does
+BOOM_GPU = ag.Kernel("boom_gpu", cpu=_boom, cuda=BOOM_GPU_SRC, outs=(0,), ins=(1,))
+KERNELS.append(BOOM_GPU)

@@ -27,7 +27,7 @@ from actorgraph.remote._worker import load_kernels
 from actorgraph.testing import Worker
 
 sys.path.insert(0, str(Path(__file__).parent))
-from remote_kernels import GATED, INC
+from remote_kernels import GATED, INC, INC_GPU
 
 
 async def _raw(port: int, limits: Limits | None = None) -> tuple[FrameStream, bytes]:
@@ -39,9 +39,9 @@ async def _raw(port: int, limits: Limits | None = None) -> tuple[FrameStream, by
     return stream, meta[1]
 
 
-async def _session(port: int) -> FrameStream:
+async def _session(port: int, devices: tuple[str, ...] = ("CPU:0",)) -> FrameStream:
     stream, nonce = await _raw(port)
-    await stream.send([encode(["auth", "client", auth_mac(TOKEN, nonce), ["CPU:0"]])])
+    await stream.send([encode(["auth", "client", auth_mac(TOKEN, nonce), list(devices)])])
     meta, _ = await stream.receive()
     assert meta[0] == "welcome"
     return stream
@@ -247,6 +247,56 @@ async def test_one_client_cannot_stall_another_on_a_shared_device() -> None:
             stream.sock.close()
     finally:
         worker.kill()
+
+
+async def test_one_client_cannot_stall_another_on_a_workers_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As on a CPU device: client A's job on the worker's CUDA:0 waits on a signal A never
+    sets, and client B's graph on CUDA:0 still runs, on a stream of its own (the worker
+    runs the fake CUDA driver)."""
+    monkeypatch.setenv("ACTORGRAPH_CUDA_DRIVER", "fake")
+    worker = start("CUDA:0")
+    gpu = worker.name("CUDA:0")
+    try:
+        with trio.fail_after(GUARD):
+            stream = await _session(worker.port, ("CUDA:0",))
+            inc = ["k", 0, "inc_gpu", [[5, 0, [4]], [5, 0, [4]]], [], [4, 1, 1], [1, 1, 1]]
+            stuck = [["w", 77, 0, 1], inc, ["s", 2, 1]]  # mirror 77 >= 1: only A sets it
+            await stream.send(
+                [
+                    encode(["alloc", 5, "CUDA:0", 4, "int32"]),
+                    encode(["prog", 1, "CUDA:0", stuck, False]),
+                    encode(["batch", 2, [0, 0, 0], [1], []]),
+                    encode(["frobnicate", 3]),
+                ]
+            )
+            meta, _ = await stream.receive()  # the batch is posted
+            assert meta[:2] == ["error", "frobnicate"], meta
+            with trio.fail_after(10):
+                async with runtime([gpu]) as rt:
+                    x = rt.alloc(gpu, 4, np.int32)
+                    await rt.copyin(x, np.arange(4, dtype=np.int32))
+                    graph = await rt.compile([ag.Launch(INC_GPU, [x, x], global_size=4)])
+                    for _ in range(3):
+                        await graph()
+                    np.testing.assert_array_equal(await rt.copyout(x), np.arange(4) + 3)
+            await stream.send([encode(["ext", [[77, 1]]])])  # A lets its own job go
+            meta, _ = await stream.receive()
+            assert meta == ["done", 2, 2, None]
+            stream.sock.close()
+            await _still_serves_gpu(worker)
+    finally:
+        worker.kill()
+
+
+async def _still_serves_gpu(worker: Worker) -> None:
+    gpu = worker.name("CUDA:0")
+    async with runtime([gpu]) as rt:
+        x = rt.alloc(gpu, 4, np.int32)
+        await rt.copyin(x, np.arange(4, dtype=np.int32))
+        await rt.run([ag.Launch(INC_GPU, [x, x], global_size=4)])
+        np.testing.assert_array_equal(await rt.copyout(x), np.arange(4) + 1)
 
 
 @pytest.mark.parametrize("options", [(), ("--thread-bytes", "0")], ids=["default", "threads"])
@@ -574,3 +624,82 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                     np.testing.assert_array_equal(session.buffers[handle].host_view(), data)
                 assert codes == [[EXEC_THREAD], [EXEC]]
                 nursery.cancel_scope.cancel()
+
+
+def _on(kernel: str, handle: int) -> list[Any]:
+    return ["k", 0, kernel, [[handle, 0, [4]], [handle, 0, [4]]], [], [4, 1, 1], [1, 1, 1]]
+
+
+async def test_a_clients_gpu_queue_reports_its_own_faults_and_goes_with_it() -> None:
+    """A client's work on a worker's CUDA device runs on a stream of the client's own,
+    made on first use: a kernel that fails there fails that client's job (and no later
+    one), and when the client leaves, its stream is destroyed."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CUDA:0"], cuda_driver="fake") as rt:
+            device = rt.device("CUDA:0")
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            async with trio.open_nursery() as nursery:
+                session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+                session.handle(["alloc", 1, "CUDA:0", 4, "int32"])
+                assert len(device.all_queues()) == 2  # nothing made before it is used
+                session.handle(["prog", 1, "CUDA:0", [_on("boom_gpu", 1), ["s", 2, 1]], False])
+                session.handle(["batch", 3, [0, 0, 0], [1], []])
+                failed = (await replies.wait_for(1))[0]
+                assert failed[:3] == ["done", 3, 2]
+                assert "ZeroDivisionError: boom on purpose" in failed[3][2]
+                session.handle(["prog", 2, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
+                session.handle(["batch", 4, [0, 0, 0], [2], []])
+                assert (await replies.wait_for(2))[1] == ["done", 4, 2, None]
+                own = session.queues["CUDA:0"]
+                assert own in device.all_queues()
+                assert own.stream is not device.queues[QueueKind.COMPUTE].stream
+                nursery.cancel_scope.cancel()
+            session.abandon()
+            assert len(device.all_queues()) == 2
+            assert own.stream.closed  # the fake driver's stream, destroyed
+
+
+async def test_copies_with_a_workers_gpu_run_on_it_or_are_refused_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's CUDA device copies from a CPU device of its own worker; its memory is
+    not host memory, so a copy between it and a device off its worker is refused before
+    anything runs, naming the way through a CPU device of that worker."""
+    monkeypatch.setenv("ACTORGRAPH_CUDA_DRIVER", "fake")
+    worker = start("CUDA:0,CPU:0")
+    gpu, cpu = worker.name("CUDA:0"), worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", gpu, cpu]) as rt:
+                far = rt.alloc(gpu, 16, np.int32)
+                here = rt.alloc("CPU:0", 16, np.int32)
+                near = rt.alloc(cpu, 16, np.int32)
+                for dst, src in ((far, here), (here, far)):
+                    with pytest.raises(
+                        ag.DeviceError,
+                        match=re.escape(
+                            f"copy {src.device}->{dst.device}: a copy between {gpu} and a "
+                            f"device off its worker is not supported (its memory is GPU "
+                            f"memory, and the bytes go over the network from host memory); "
+                            f"copy through a CPU device of that worker: CUDA:0 <-> "
+                            f"CPU:N@127.0.0.1:{worker.port}"
+                        ),
+                    ):
+                        await rt.compile([ag.Copy(dst=dst, src=src)])
+                # On the worker, a copy runs on its destination's queue: a CPU device's
+                # cannot reach GPU memory, and says so.
+                with pytest.raises(
+                    ag.ItemError,
+                    match=re.escape(
+                        "a copy CUDA:0->CPU:0 on this worker runs on CPU:0's queue, which "
+                        "cannot reach CUDA:0's memory; copy it to the client instead (copyout)"
+                    ),
+                ):
+                    await rt.run([ag.Copy(dst=near, src=far)])
+                await rt.copyin(near, np.arange(16, dtype=np.int32))
+                await rt.run([ag.Copy(dst=far, src=near)])
+                await rt.run([ag.Launch(INC_GPU, [far, far], global_size=16)])
+                np.testing.assert_array_equal(await rt.copyout(far), np.arange(16) + 1)
+    finally:
+        worker.kill()

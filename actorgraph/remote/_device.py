@@ -171,6 +171,15 @@ class RemoteDevice(Device):
             # Neither side has a copy queue: this runs on the destination's worker.
             if dst_dev.connection is src_dev.connection:
                 return wire_op(["c", item, self._ref(dst), self._ref(src)], item)
+        for far in (dst_dev, src_dev):
+            if isinstance(far, RemoteDevice) and far.inner.startswith("CUDA:"):
+                raise DeviceError(
+                    f"copy {src.device}->{dst.device}: a copy between {far.name} and a device "
+                    f"off its worker is not supported (its memory is GPU memory, and the "
+                    f"bytes go over the network from host memory); copy through a CPU "
+                    f"device of that worker: {far.inner} <-> CPU:N@{far.connection.address}"
+                )
+        if isinstance(dst_dev, RemoteDevice) and isinstance(src_dev, RemoteDevice):
             source = src_dev.connection
             entry = [
                 "p",

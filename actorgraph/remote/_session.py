@@ -195,9 +195,10 @@ class Session:
         self, worker: Worker, sid: int, out: Outbox, nursery: trio.Nursery | None = None
     ) -> None:
         self.worker = worker
-        # This client's own queue actor per device, where the device can make one (CPU,
-        # SIM): a job waiting on this client's mirrors never holds another client's work.
-        # The actors live in the connection's nursery and go with it.
+        # This client's own queue actor per device, made on first use (CPU, SIM, and CUDA
+        # with a stream of its own): a job waiting on this client's mirrors never holds
+        # another client's work. The actors live in the connection's nursery and go with
+        # it; `abandon` gives back their streams.
         self._nursery = nursery
         self.queues: dict[str, QueueActor] = {}
         self.sid = sid
@@ -241,6 +242,11 @@ class Session:
             mirror.set(_VALUE_MAX + _REL_MAX)
         for progress in self._progress.values():
             progress.set(_VALUE_MAX + _REL_MAX)  # reads waiting on them get an error
+        for name, actor in self.queues.items():
+            device = self.worker.runtime.device(name)
+            if actor is not device.queues[QueueKind.COMPUTE]:
+                device.drop_queue(actor)  # its stream, on a CUDA device
+        self.queues.clear()
 
     # -- lookups, each with a refusal that names the id --
 
@@ -342,6 +348,10 @@ class Session:
             program.error = (exc.item if isinstance(exc, Refused) else -1, str(exc))
             # Its batch reports the refusal on the slot the program signals on.
             program.slot = _signal_slot(entries)
+        except Exception as exc:  # a device refused to lower an item: the same, never a
+            # program half lowered that a batch would then post
+            program.error = (-1, f"{type(exc).__name__}: {exc}")
+            program.slot = _signal_slot(entries)
 
     def _lower(self, program: _Program, device_name: str, entries: object) -> None:
         runtime = self.worker.runtime
@@ -352,6 +362,13 @@ class Session:
         program.actor = actor
         program.device = device_name
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
+        with device.lowering_for(actor):  # a CUDA item's host work reports to this actor
+            self._lower_entries(program, device, actor, entries)
+
+    def _lower_entries(
+        self, program: _Program, device: Device, actor: QueueActor, entries: list[Any]
+    ) -> None:
+        runtime = self.worker.runtime
         ops: list[Op | AdaptiveKernel | None] = []
         signals: list[tuple[int, int]] = []
         quiet: set[int] = set()  # where the report of a signal nobody off the worker needs goes
@@ -363,7 +380,11 @@ class Session:
             try:
                 if kind in _ITEM_ENTRIES:
                     program.count += 1
-                    ops.append(self._lower_item(device, entry, program))
+                    lowered_item = self._lower_item(device, entry, program)
+                    if isinstance(lowered_item, list):  # a host step and a CUDA item
+                        ops.extend(lowered_item)
+                    else:
+                        ops.append(lowered_item)
                 elif kind == "w":
                     slot = want_int(entry[2], "wait slot", 0, 1 << 16)
                     program.max_slot = max(program.max_slot, slot)
@@ -419,12 +440,12 @@ class Session:
                     continue
                 if i == last_report:
                     op = run_op(
-                        AWAIT, self._job_done, (program.slot, program.count, device_name), -1
+                        AWAIT, self._job_done, (program.slot, program.count, device.name), -1
                     )
                 else:
                     reported = ops[i - 1]
                     assert isinstance(reported, SignalOp)  # each report follows its signal
-                    op = run_op(AWAIT, self._report, (program.slot, reported.rel, device_name), -1)
+                    op = run_op(AWAIT, self._report, (program.slot, reported.rel, device.name), -1)
             lowered.append(op)
         if any(isinstance(op, AdaptiveKernel) for op in lowered):
             times = self.worker.times
@@ -436,7 +457,7 @@ class Session:
 
     def _lower_item(
         self, device: Device, entry: list[Any], program: _Program
-    ) -> Op | AdaptiveKernel:
+    ) -> Op | AdaptiveKernel | list[Op]:
         kind = entry[0]
         item = want_int(entry[1], "item index", -1, 1 << 40)
         if kind == "k":
@@ -488,9 +509,21 @@ class Session:
             src = self.buffer(entry[3], "copy src")
             if dst.nbytes != src.nbytes or dst.dtype != src.dtype:
                 raise Refused(f"copy between {dst!r} and {src!r}: sizes or dtypes differ")
+            for end in (dst, src):
+                if device.host_visible and not self.worker.runtime.device(end.device).host_visible:
+                    raise Refused(
+                        f"a copy {src.device}->{dst.device} on this worker runs on {device.name}'s "
+                        f"queue, which cannot reach {end.device}'s memory; copy it to the "
+                        f"client instead (copyout)"
+                    )
             return device.lower_copy(item, dst, src, QueueKind.COMPUTE)
         if kind == "p":
             dst = self.buffer(entry[2], "pull dst")
+            if not device.host_visible:
+                raise Refused(
+                    f"a copy from another worker into {device.name} is not supported (its "
+                    f"memory is not host memory); copy into a CPU device of this worker"
+                )
             host = want_str(entry[3], "peer host")
             port = want_int(entry[4], "peer port", 1, 65535)
             sid = want_int(entry[5], "peer session")
@@ -529,11 +562,26 @@ class Session:
                 raise Refused(f"host write of {total} bytes into {dst.nbytes}")
             # A large write would hold the event loop (every client) for its memcpy.
             code = EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
-            return run_op(code, _chunks_into, (dst.host_view(), chunks, self.worker.staging), -1)
+            if device.host_visible:
+                args = (dst.host_view(), chunks, self.worker.staging)
+                return run_op(code, _chunks_into, args, -1)
+            # GPU memory: gather the chunks in host memory, then upload them in order.
+            staged = np.empty(dst.shape, dst.dtype)
+            return [
+                run_op(code, _chunks_into, (staged, chunks, self.worker.staging), -1),
+                device.lower_host_write(dst, staged, QueueKind.COMPUTE),
+            ]
         if kind == "hr":
             src = self.buffer(entry[2], "host read src")
             read_id = want_int(entry[3], "read id")
-            return run_op(AWAIT, self._send_read, (read_id, bytes_of(src)), -1)
+            if device.host_visible:
+                return run_op(AWAIT, self._send_read, (read_id, bytes_of(src)), -1)
+            # GPU memory: download it, then send it once the stream got there.
+            out = np.empty(src.shape, src.dtype)
+            return [
+                device.lower_host_read(src, out, QueueKind.COMPUTE),
+                run_op(AWAIT, self._send_read, (read_id, out.reshape(-1).view(np.uint8).data), -1),
+            ]
         raise Refused(f"unknown item entry {kind!r}")
 
     def _batch(self, meta: list[Any]) -> None:

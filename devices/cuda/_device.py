@@ -10,6 +10,7 @@ graph; cuda_mem_ops=False forces the event fallback.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -18,7 +19,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -26,6 +27,7 @@ import numpy as np
 import trio
 from actorgraph.scheduler import DeviceCaps, QueueKind
 
+from .._actor import QueueActor
 from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from .._ops import Op, cuda_item
 from .._signal import Signal
@@ -135,6 +137,11 @@ class CUDADevice(Device):
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
             QueueKind.COPY: CudaQueueActor(f"{name}/copy", self, timeline_start),
         }
+        # Queues made by new_queue (a worker's, one per client), each with its own stream,
+        # until dropped; and the queue lowering binds host work to while it is not a
+        # device queue (`lowering_for`).
+        self._more_queues: set[CudaQueueActor] = set()
+        self._lowering: CudaQueueActor | None = None
 
     @property
     def queues(self) -> Mapping[QueueKind, CudaQueueActor]:
@@ -144,6 +151,34 @@ class CUDADevice(Device):
     def caps(self) -> DeviceCaps:
         return attrs.evolve(super().caps, peer_group=f"cuda:{self.driver.name}")
 
+    def all_queues(self) -> list[CudaQueueActor]:
+        """The device's two queues and every queue made by new_queue and not dropped."""
+        return [*self.queues.values(), *self._more_queues]
+
+    def new_queue(self, kind: QueueKind, name: str) -> CudaQueueActor | None:
+        """A queue with a stream of its own beside the device's two: work on it waits for
+        nothing queued on theirs (or on another such queue's)."""
+        if self._closed:
+            return None
+        actor = CudaQueueActor(name, self)
+        self._more_queues.add(actor)
+        return actor
+
+    def drop_queue(self, actor: QueueActor) -> None:
+        if isinstance(actor, CudaQueueActor) and actor in self._more_queues:
+            self._more_queues.discard(actor)
+            if not self._closed:
+                actor.close()
+
+    @contextlib.contextmanager
+    def lowering_for(self, actor: QueueActor) -> Iterator[None]:
+        was = self._lowering
+        self._lowering = actor if isinstance(actor, CudaQueueActor) else None
+        try:
+            yield
+        finally:
+            self._lowering = was
+
     async def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         await super().start(nursery)
@@ -152,10 +187,11 @@ class CUDADevice(Device):
         if self._closed:
             return
         self._closed = True
-        busy = any(q.gpu_busy for q in self.queues.values())
+        busy = any(q.gpu_busy for q in self.all_queues())
         self._closed_busy = busy
-        for actor in self.queues.values():
+        for actor in self.all_queues():
             actor.close()
+        self._more_queues.clear()
         with self._reaper_lock:
             reaper, self._reaper = self._reaper, None
         if reaper is not None:
@@ -199,7 +235,7 @@ class CUDADevice(Device):
                 f"call on it fails: open a new runtime"
             )
             self.lost.__cause__ = error
-        for actor in self.queues.values():
+        for actor in self.all_queues():
             actor.fail_in_flight(self.lost)
 
     # -- trio-side signals as words the GPU can wait on --
@@ -261,7 +297,7 @@ class CUDADevice(Device):
         if memory.exported:
             self._free_when_unused(memory)
             return
-        if any(q.gpu_busy for q in self.queues.values()):
+        if any(q.gpu_busy for q in self.all_queues()):
             self._reap(memory.pointer)
         else:
             self._free_now(memory.pointer)
@@ -356,7 +392,7 @@ class CUDADevice(Device):
                 pass  # lowering compiles it again and reports the error with its kernel
 
     def _actor(self, queue: QueueKind) -> CudaQueueActor:
-        return self.queues[queue]
+        return self._lowering or self.queues[queue]
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         item, kernel, buffers, var_values, global_size, local_size, queue = launch

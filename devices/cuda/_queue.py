@@ -50,7 +50,11 @@ import numpy as np
 import trio
 from actorgraph.devices._actor import QueueActor
 from actorgraph.devices._ops import (
+    AWAIT,
     CUDA_ITEM,
+    EXEC,
+    EXEC_THREAD,
+    ITEM,
     KICK,
     SIGNAL,
     WAIT,
@@ -76,6 +80,7 @@ DEFAULT_GRAPH_MIN_ITEMS = 2
 _GRAPH_CACHE = 8
 _u64 = ctypes.c_uint64
 _RECORD = -1  # (_RECORD, event, value): event fallback, handled in `_flush`
+_HOST_STEPS = frozenset([EXEC, EXEC_THREAD, AWAIT])
 
 
 class MappedSignal(Signal):
@@ -139,7 +144,9 @@ class _GraphEntry:
 class CudaQueueActor(QueueActor):
     """A compute or copy queue of one GPU: owns a non-blocking stream and a mapped word."""
 
-    op_codes = frozenset([WAIT, SIGNAL, CUDA_ITEM])
+    # EXEC, EXEC_THREAD and AWAIT are host steps: they run once the stream has run all
+    # that comes before them (a worker's programs report to their client this way).
+    op_codes = frozenset([WAIT, SIGNAL, CUDA_ITEM, EXEC, EXEC_THREAD, AWAIT])
 
     def __init__(self, name: str, device: CUDADevice, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
@@ -181,6 +188,10 @@ class CudaQueueActor(QueueActor):
         self._notified: collections.deque[tuple[Job, Any]] = collections.deque()
         self._end_events: list[Any] = []
         self._stamp_start = 0.0  # profiling: when the stream reached the current item
+        # A host step waits for the stream to get to it (`_drain`): the stream is busy
+        # meanwhile, though no job of this queue is in flight on it.
+        self._draining = False
+        self._left_busy = False  # abandoned with work still on the stream
 
     # -- host functions: these run on the stream's (driver's) thread --
 
@@ -254,6 +265,7 @@ class CudaQueueActor(QueueActor):
         job.submission.job_done(job.slot)
 
     def _abandon(self) -> None:
+        self._left_busy = self.gpu_busy
         super()._abandon()
         self._notified.clear()
         while self._in_flight:
@@ -274,7 +286,7 @@ class CudaQueueActor(QueueActor):
 
     @property
     def gpu_busy(self) -> bool:
-        return bool(self._in_flight)
+        return bool(self._in_flight) or self._draining
 
     def pending(self) -> list[tuple[Job, int]]:
         # From op 0: replaying an enqueued part again in the monitor's abstract run is
@@ -386,11 +398,19 @@ class CudaQueueActor(QueueActor):
                             await self._park(signal, target, sub, index)
                 elif code == SIGNAL:
                     self._signal_commands(cmds, bases[op[2]] + op[3], op[4])
+                elif code in _HOST_STEPS:
+                    self._flush(cmds)
+                    await self._drain(job, index)
+                    start = self._now()
+                    await self._host_step(op, job)
+                    ran += code != AWAIT
+                    if profiled and job.profile is not None:
+                        job.profile.spans.append((index, start, self._now()))
                 else:
                     raise RuntimeError(
                         f"{self.name}: op code {op_name(code)} cannot run on a CUDA queue "
-                        f"(it runs WAIT, SIGNAL and CUDA_ITEM); the op list was lowered for "
-                        f"another kind of queue"
+                        f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op "
+                        f"list was lowered for another kind of queue"
                     )
             if profiled:
                 cmds.append((C.HOST, functools.partial(stamp, job, -1, False)))
@@ -400,6 +420,49 @@ class CudaQueueActor(QueueActor):
         except Exception as exc:  # a driver call refused: fail the job, never hang
             self._fail_unsent(job, exc)
         self.items_run += ran
+
+    async def _drain(self, job: Job, index: int) -> None:
+        """Wait until the stream has run everything put on it so far; then hand the faults
+        its host work recorded for `job` to the submission, so a host step sees them."""
+        reached = trio.Event()
+        self._draining = True
+        self.driver.set_context(self.context)
+        self.driver.launch_host_func(self.stream, functools.partial(self._to_trio, reached.set))
+        self.parked_on = None
+        start = self._now()
+        await reached.wait()  # cancelled: `_abandon` sees the stream still busy
+        blocked = self._now() - start
+        self.time_blocked += blocked
+        job.submission.time_blocked += blocked
+        self._draining = False
+        # The jobs before this one have ended (their ends came first): its faults carry
+        # the count of jobs the stream has ended.
+        if self._faults:
+            with self._faults_lock:
+                mine = [f for f in self._faults if f[0] == self._gpu_jobs_done]
+                self._faults = [f for f in self._faults if f[0] != self._gpu_jobs_done]
+            for _, item, exc in mine:
+                job.submission.fail(item, self.name, exc)
+
+    async def _host_step(self, op: Op, job: Job) -> None:
+        """An EXEC, EXEC_THREAD or AWAIT op, run as the host actors' loop runs it."""
+        sub = job.submission
+        code = op[0]
+        if code == AWAIT:
+            try:
+                await op[1](job, *op[2])
+            except Exception as exc:
+                sub.fail(op[ITEM], self.name, exc)
+        elif sub.error is None:
+            if code == EXEC_THREAD:
+                failure = await self._thread().run([op])
+                if failure is not None:
+                    sub.fail(failure[0], self.name, failure[1])
+                return
+            try:
+                op[1](*op[2])
+            except Exception as exc:
+                sub.fail(op[ITEM], self.name, exc)
 
     def _mirror(self, signal: Signal, slot: int, bases: Sequence[int]) -> int | None:
         """A mapped word following a trio-side signal, or None: then the host waits.
@@ -636,7 +699,7 @@ class CudaQueueActor(QueueActor):
     def close(self) -> None:
         driver = self.driver
         streams = [self.stream] + ([self._notify] if self._notify is not None else [])
-        if self._in_flight:
+        if self._in_flight or self._draining or self._left_busy:
             # The GPU may still wait on words nobody will write: leave its resources be.
             for stream in streams:
                 driver.stream_destroy(stream)
