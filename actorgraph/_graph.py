@@ -166,11 +166,14 @@ class Graph(Hinted):
         # One buffer per internal allocation: checked on every call, as a buffer may be
         # freed between two calls with the same inputs.
         self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
-        self.replays = 0
-        self.replays_done = 0
+        # Replays submitted / finished / bytes their copies moved, less those run here
+        # as one loop (`_runs_here`), which add to all three at once (see the properties).
+        self._replays = 0
+        self._replays_done = 0
+        self._bytes_copied = 0
+        self._runs_here = 0
         self.waits_parked = 0
         self.time_blocked = 0.0
-        self.bytes_copied = 0
         self._copy_bytes = sum(program.copy_bytes)
         # Numbers this graph in its runtime's profiles.
         self.number = runtime.graphs_compiled
@@ -181,6 +184,21 @@ class Graph(Hinted):
     @property
     def plan(self) -> Plan:
         return self._program.plan
+
+    @property
+    def replays(self) -> int:
+        """Replays submitted."""
+        return self._replays + self._runs_here
+
+    @property
+    def replays_done(self) -> int:
+        """Replays finished."""
+        return self._replays_done + self._runs_here
+
+    @property
+    def bytes_copied(self) -> int:
+        """Bytes the Copy items of finished replays moved."""
+        return self._bytes_copied + self._runs_here * self._copy_bytes
 
     def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
         """This graph's plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is
@@ -340,18 +358,17 @@ class Graph(Hinted):
         if profile or (profile is None and runtime.profiling) or self._aliased:
             return NOT_HERE
         hit = self._bound.get(tuple(map(id, tuple(inputs))))
-        if hit is None or hit[3] is None or (var_vals if var_vals is not None else {}) != hit[1]:
+        if hit is None or hit[3] is None:
+            return NOT_HERE
+        bound_vals = hit[1]
+        if bound_vals if var_vals is None else var_vals != bound_vals:
             return NOT_HERE
         failure = hit[3].run(runtime.kick)
         if failure is NOT_RUN:
             return NOT_HERE
-        # Counted as a submission that completed where it was made (Runtime.count_done).
-        self.replays += 1
-        self.replays_done += 1
-        self.bytes_copied += self._copy_bytes
-        runtime.replays += 1
-        runtime.submissions += 1
-        runtime.replays_done += 1
+        # A replay submitted and done where it was made (see the counts' properties).
+        self._runs_here += 1
+        runtime.runs_here += 1
         return failure
 
     def replay_off_thread(
@@ -385,13 +402,9 @@ class Graph(Hinted):
         failure = linear.run(runtime.kick)
         if failure is NOT_RUN:
             return NOT_HERE
-        # Counted as a submission that completed where it was made (Runtime.count_done).
-        self.replays += 1
-        self.replays_done += 1
-        self.bytes_copied += self._copy_bytes
-        runtime.replays += 1
-        runtime.submissions += 1
-        runtime.replays_done += 1
+        # A replay submitted and done where it was made (see the counts' properties).
+        self._runs_here += 1
+        runtime.runs_here += 1
         return failure
 
     def _start(
@@ -404,8 +417,8 @@ class Graph(Hinted):
             sub = program.submit(ops, then=self._count)
         if not sub.done.is_set():
             self._in_flight.add(sub)
-        self.replays += 1
-        runtime.replays += 1
+        self._replays += 1
+        runtime.count_replay()
         return sub
 
     def _submit_profiled(self, program: Program, ops: Any, inputs: Sequence[Buffer]) -> Submission:
@@ -423,10 +436,10 @@ class Graph(Hinted):
     def _count(self, sub: Submission) -> None:
         """A replay of this graph finished (the runtime calls this once per replay)."""
         self._in_flight.discard(sub)
-        self.replays_done += 1
+        self._replays_done += 1
         self.waits_parked += sub.waits_parked
         self.time_blocked += sub.time_blocked
-        self.bytes_copied += self._copy_bytes
+        self._bytes_copied += self._copy_bytes
 
     def _bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Any:
         if self._closed:

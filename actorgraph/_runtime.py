@@ -95,7 +95,10 @@ class Runtime:
         # Invariant: usable == (open and not broken), so a hot path tests one attribute
         # and calls check_open() for the error only when it is False.
         self.usable = False
-        self.submissions = 0
+        # Submissions / replays made and finished, less the replays run where they were
+        # made as one loop (`runs_here`), which count in all three (see the properties).
+        self._submissions = 0
+        self.runs_here = 0
         self.frees = 0
         # In flight: each submission with what to call once it is done (a replay's graph
         # counting it), or None.
@@ -105,8 +108,8 @@ class Runtime:
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
         self.graphs_compiled = 0
-        self.replays = 0
-        self.replays_done = 0
+        self._replays = 0
+        self._replays_done = 0
         self._profiled: list[ReplayRecord] = []
         self._devices: dict[str, Device] = _remote.open_devices(
             device_names, timeline_start=timeline_start, **options
@@ -151,6 +154,25 @@ class Runtime:
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(self._devices)
+
+    @property
+    def submissions(self) -> int:
+        """Submissions made (replays, eager items, host copies)."""
+        return self._submissions + self.runs_here
+
+    @property
+    def replays(self) -> int:
+        """Graph replays submitted."""
+        return self._replays + self.runs_here
+
+    @property
+    def replays_done(self) -> int:
+        """Graph replays finished."""
+        return self._replays_done + self.runs_here
+
+    def count_replay(self) -> None:
+        """A graph replay was submitted (it is counted done when it finishes)."""
+        self._replays += 1
 
     @property
     def closed(self) -> bool:
@@ -303,7 +325,7 @@ class Runtime:
     def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
         """Count a posted submission in flight until it completes (back-pressure,
         deferred frees, the deadlock watch)."""
-        self.submissions += 1
+        self._submissions += 1
         if sub.done.is_set():
             return  # nothing to run (an empty plan)
         self._pending[sub] = then
@@ -314,16 +336,16 @@ class Runtime:
     def count_done(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
         """Count a submission that completed where it was submitted: never in flight, so
         nothing waited for it (no window, no frees, no deadlock watch)."""
-        self.submissions += 1
+        self._submissions += 1
         if then is not None:  # a replay
-            self.replays_done += 1
+            self._replays_done += 1
             then(sub)
 
     def _untrack(self, sub: Submission) -> None:
         if sub in self._pending:
             then = self._pending.pop(sub)
             if then is not None:  # a replay: counted once, when it ends
-                self.replays_done += 1
+                self._replays_done += 1
                 then(sub)
         if self._deferred_frees:
             still = []

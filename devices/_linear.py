@@ -47,7 +47,16 @@ class LinearRun:
     running or unfinished, so `run()` may stand for posting the jobs.
     """
 
-    __slots__ = ("_actors", "_calls", "_devices", "_queues", "_ready_at", "_where", "copy_bytes")
+    __slots__ = (
+        "_actors",
+        "_calls",
+        "_devices",
+        "_kick_limit",
+        "_queues",
+        "_ready_at",
+        "_where",
+        "copy_bytes",
+    )
 
     def __init__(
         self,
@@ -81,6 +90,7 @@ class LinearRun:
         # (see run), else -1: every submission moves the kick, and only a submission
         # posts jobs, takes tickets or parks a task on a timeline value.
         self._ready_at = -1
+        self._kick_limit = -1  # the kick value at which the values near 2**64-1
 
     @staticmethod
     def inline(ops: Sequence[Sequence[Op]], order: Sequence[tuple[int, int]]) -> bool:
@@ -111,12 +121,24 @@ class LinearRun:
                 return False
         return not any(timeline.waiting for _, timeline in self._devices)
 
+    def _runs_clear(self) -> int:
+        """How many runs in a row, from now, keep every value below 2**64-1."""
+        left = _VALUE_MAX
+        for actor, count, _, _ in self._queues:
+            if count:
+                left = min(left, (_VALUE_MAX - actor.next_value) // count)
+        for device, _ in self._devices:
+            left = min(left, _VALUE_MAX - 1 - device.next_ticket)
+        return left
+
     def run(self, kick: Signal) -> Any:
         """If `ready()`, run every call, then do the actors' bookkeeping, and return
         the first failure (later calls are skipped, as the actors skip the execs after
         one) or None. If not, do nothing and return NOT_RUN."""
-        if kick.value != self._ready_at and not self.ready():
-            return NOT_RUN
+        if kick.value != self._ready_at:
+            if not self.ready():
+                return NOT_RUN
+            self._kick_limit = kick.value + self._runs_clear()
         calls = self._calls
         it = iter(calls)
         failure: Failure | None = None
@@ -134,11 +156,9 @@ class LinearRun:
             kick.set(kicked)
         else:
             kick.value = kicked
-        again = True  # whether the next run is clear of 2**64-1 too
         for actor, count, last, copied in self._queues:
             base = actor.next_value
-            actor.next_value = reserved = base + count
-            again = again and reserved + count <= _VALUE_MAX
+            actor.next_value = base + count
             if last >= 0:
                 signal = actor.signal
                 if signal._waiters:
@@ -147,7 +167,8 @@ class LinearRun:
                     signal.value = base + last
             actor.items_run += count
             actor.jobs_done += 1
-            actor.bytes_copied += copied
+            if copied:
+                actor.bytes_copied += copied
         for device, timeline in self._devices:
             ticket = device.next_ticket + 1
             if timeline._waiters:
@@ -155,8 +176,8 @@ class LinearRun:
             elif ticket > timeline.value:
                 timeline.value = ticket
             device.next_ticket = ticket
-            again = again and ticket < _VALUE_MAX
-        # What ready() would find now holds until the next submission, which moves the
-        # kick: until then no job is posted, no ticket taken, no timeline moved.
-        self._ready_at = kicked if again else -1
+        # What ready() found still holds until the next submission, which moves the
+        # kick: until then no job is posted, no ticket taken, no timeline moved. The
+        # values stay clear of 2**64-1 for the runs counted when it was checked.
+        self._ready_at = kicked if kicked < self._kick_limit else -1
         return failure
