@@ -252,3 +252,32 @@ async def test_an_interrupted_one_loop_replay_leaves_every_timeline_consistent()
             await graph()  # would wait forever on a ticket taken and never reached
             await rt.run([ag.Launch(inc, [d, c])])  # eager work on the same devices too
         np.testing.assert_array_equal(await rt.copyout(d), np.full(8, 2, I32))
+
+
+async def _replays_below_the_top(thread_bytes: int) -> tuple[int, list[int]]:
+    """Replays back to back from just below 2**64-1 until one is refused: how many ran,
+    and the timeline values they left."""
+    top = (1 << 64) - 1
+    async with ag.open_runtime(
+        ["CPU:0"], timeline_start=top - 7, cpu_thread_bytes=thread_bytes
+    ) as rt:
+        a, b = rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:0", 8, I32)
+        graph = await rt.compile([ag.Launch(XOR, [b, a, a]), ag.Launch(XOR, [a, b, b])])
+        ran = 0
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await graph()
+                except OverflowError as error:
+                    assert "would pass 2**64-1" in str(error)
+                    break
+                ran += 1
+        values = [s.signal_value for s in rt.statistics().actors]
+        return ran, values + [rt.device("CPU:0").timeline.value]
+
+
+async def test_replays_as_one_loop_stop_below_2_64_where_posted_ones_do() -> None:
+    inline = await _replays_below_the_top(1 << 20)
+    posted = await _replays_below_the_top(0)  # every kernel on the worker thread
+    assert inline == posted
+    assert inline[0] == 3  # two values a replay on the compute queue: 7 // 2
