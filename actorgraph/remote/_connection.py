@@ -42,6 +42,8 @@ from ._wire import (
     WireError,
     auth_mac,
     encode,
+    no_delay,
+    plain_socket,
     read_ticket,
     want_bytes,
     want_int,
@@ -261,11 +263,9 @@ class Connection:
 
     async def _connect(self) -> None:
         family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
-        sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
-        self._stream = FrameStream(sock, self.limits)
-        await sock.connect((self.host, self.port))
-        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        stream = self._stream
+        stream = self._stream = FrameStream(plain_socket(family), self.limits)
+        await stream.sock.connect((self.host, self.port))
+        no_delay(stream.sock)
         meta, _ = await stream.receive()
         if meta[0] == "error":
             raise RemoteError(f"the worker is running but refused the connection: {meta[-1]}")

@@ -30,6 +30,7 @@ from actorgraph.devices import (
     Signal,
     SignalOp,
     Submission,
+    run_inline,
     run_op,
     signal_op,
     wait_op,
@@ -154,7 +155,18 @@ def bytes_of(buf: Buffer) -> memoryview:
 
 
 class Outbox:
-    """Frames a session sends, in order, by one writer task."""
+    """Frames a session sends, in order.
+
+    A frame goes out at once, from the task that sends it, when nothing is ahead of it
+    and the socket takes it whole; the rest (bulk data, a full socket) goes by one
+    writer task. While the connection's reader handles a frame it `hold`s the outbox:
+    what that frame makes (a batch's reports) leaves in one syscall at `release`.
+
+    Invariants: `parts` is empty unless the writer has been woken or the outbox is held;
+    frames leave in the order `send` was called.
+    """
+
+    _NOW = 1 << 16  # frames this small (and no bigger bytes ahead) may go out at once
 
     def __init__(self, stream: FrameStream) -> None:
         self.stream = stream
@@ -162,30 +174,96 @@ class Outbox:
         self.waiters: list[trio.Event] = []
         self.wake = trio.Event()
         self.closed = False
+        self.held = 0
+        self._writing = False
+        self._big = False  # a part in `parts` is too big to join: the writer sends them
+        self._sent = trio.Event()  # returned for frames that left at once
+        self._sent.set()
 
     def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
-        self.parts.append(encode(meta, len(tail) if tail is not None else 0))
-        if tail is not None:
-            self.parts.append(tail)
-        self.wake.set()
+        head = encode(meta, len(tail) if tail is not None else 0)
+        if tail is None:
+            self.parts.append(head)
+        elif len(tail) < self._NOW:
+            self.parts.append(head + bytes(tail))  # small: copied, so sent as it is now
+        else:
+            self.parts += [head, tail]
+            self._big = True
+            self.wake.set()
+            done = trio.Event()
+            self.waiters.append(done)
+            return done
+        if self.held or self._flush_now():
+            return self._sent
         done = trio.Event()
         self.waiters.append(done)
         return done
+
+    def hold(self) -> None:
+        self.held += 1
+
+    def release(self) -> None:
+        self.held -= 1
+        if not self.held and self.parts:
+            self._flush_now()
+
+    def _flush_now(self) -> bool:
+        """Send `parts` from this task if the writer is idle and all are small: whether
+        they left. Otherwise wake the writer for them."""
+        if self._writing or self._big or self.closed or self.stream.raw is None:
+            self.wake.set()
+            return False
+        parts = self.parts
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        try:
+            sent = self.stream.send_nowait(data)
+        except OSError:
+            sent = 0  # the writer meets the error and closes the connection
+        if sent == len(data):
+            parts.clear()
+            return True
+        self.parts = [memoryview(data)[sent:]]
+        self.wake.set()
+        return False
 
     async def run(self) -> None:
         try:
             while True:
                 await self.wake.wait()
                 self.wake = trio.Event()
+                if not self.parts:
+                    continue
                 parts, self.parts = self.parts, []
                 waiters, self.waiters = self.waiters, []
-                await self.stream.send(parts)
+                self._big = False
+                self._writing = True
+                try:
+                    await self.stream.send(parts)
+                finally:
+                    self._writing = False
                 for w in waiters:
                     w.set()
         finally:
             self.closed = True
             for w in self.waiters:
                 w.set()
+
+
+class _BatchSubmission(Submission):
+    """The submission of one batch: each job's end is reported to the client as it ends,
+    wherever it ran (inline in the reader's task, or on its actor)."""
+
+    __slots__ = ("batch_id", "programs", "session")
+
+    def __init__(self, session: Session, batch_id: int, programs: list[_Program]) -> None:
+        super().__init__(len(programs), [], [], [()] * len(programs), [])
+        self.session = session
+        self.batch_id = batch_id
+        self.programs = programs
+
+    def job_done(self, slot: int) -> None:
+        self.session._job_done(self.batch_id, self.programs[slot], self)
+        super().job_done(slot)
 
 
 class Session:
@@ -432,20 +510,17 @@ class Session:
                 f"a queue's own slot is {FIRST_QUEUE_SLOT} or above"
             )
         program.max_slot = max(program.max_slot, program.slot)
+        # The job's end is reported where it ends (_BatchSubmission.job_done), so a job
+        # with no other report runs inline, whole (see _batch).
         last_report = len(ops) - 1 - ops[::-1].index(None)
         lowered: list[Op | AdaptiveKernel] = []
         for i, op in enumerate(ops):
             if op is None:
-                if i in quiet and i != last_report:
+                if i in quiet or i == last_report:
                     continue
-                if i == last_report:
-                    op = run_op(
-                        AWAIT, self._job_done, (program.slot, program.count, device.name), -1
-                    )
-                else:
-                    reported = ops[i - 1]
-                    assert isinstance(reported, SignalOp)  # each report follows its signal
-                    op = run_op(AWAIT, self._report, (program.slot, reported.rel, device.name), -1)
+                reported = ops[i - 1]
+                assert isinstance(reported, SignalOp)  # each report follows its signal
+                op = run_op(AWAIT, self._report, (program.slot, reported.rel, device.name), -1)
             lowered.append(op)
         if any(isinstance(op, AdaptiveKernel) for op in lowered):
             times = self.worker.times
@@ -636,15 +711,24 @@ class Session:
                         *source, inner, value, nbytes, arrived
                     )
         bases[BATCH] = batch_id  # the id the worker's reports name
-        sub = Submission(len(programs), [], [], [()] * len(programs), [])
+        sub = _BatchSubmission(self, batch_id, programs)
         self.running.add(sub)
         sub.on_done = functools.partial(self._batch_done, batch_id, programs)
         version = self.worker.times.version
-        for i, p in enumerate(programs):
+        for p in programs:
             if p.template is not None and p.version != version:
                 p.ops = self.worker.times.code(p.template)  # a kernel changed sides
                 p.version = version
-            p.actor.post(Job(p.ops, bases, sub, i))  # type: ignore[union-attr]
+        actors: list[QueueActor] = [p.actor for p in programs]  # type: ignore[misc]
+        jobs = [Job(p.ops, bases, sub, i) for i, p in enumerate(programs)]
+        if all(a.idle and a.runs_inline for a in actors) and len(set(actors)) == len(actors):
+            # Every queue of the batch is idle: run it here, in the reader's task, as the
+            # client runs a replay on idle queues; what waits on a mirror, or needs a task
+            # (a report, a pull), goes on to its actor from there.
+            run_inline(actors, jobs)
+        else:
+            for actor, job in zip(actors, jobs):
+                actor.post(job)
 
     @staticmethod
     def _reserve(programs: list[_Program], bases: list[int]) -> tuple[int, str] | None:
@@ -726,13 +810,16 @@ class Session:
             raise ConnectionError(str(read.error))
         dst[:] = staging
 
-    async def _job_done(self, job: Job, slot: int, count: int, device: str) -> None:
-        self._reached(job, slot, count, device)
-        sub = job.submission
+    def _job_done(self, batch_id: int, program: _Program, sub: Submission) -> None:
+        """A job of a batch ended (ran to its end, or skipped its items after a failure):
+        tell the client, with the submission's failure if there is one."""
+        client_bases = self.client_bases.get(batch_id)
+        if client_bases is not None:
+            self.progress(program.device).set(client_bases[program.slot] + program.count)
         error = None
         if sub.error is not None:
             error = [sub.failed_item, sub.failed_actor, f"{type(sub.error).__name__}: {sub.error}"]
-        self.out.send(["done", job.bases[BATCH], slot, error])
+        self.out.send(["done", batch_id, program.slot, error])
 
     async def _send_read(self, job: Job, read_id: int, data: memoryview) -> None:
         if job.submission.error is not None:

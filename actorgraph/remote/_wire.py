@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import socket
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -188,20 +189,61 @@ def read_ticket(session_key: bytes, handle: int) -> bytes:
 
 
 class FrameStream:
-    """Frames over one connected trio socket. One reader task and one writer at a time."""
+    """Frames over one connected socket. One reader task and one writer at a time.
 
-    def __init__(self, sock: trio.socket.SocketType, limits: Limits) -> None:
-        self.sock = sock
+    Given a plain (stdlib) socket, it reads and writes it directly, non-blocking, and
+    waits on trio only when the socket has nothing to read or no room to write: a frame
+    that is already there costs no trip through trio's scheduler, and `send_nowait` lets
+    a task send a small frame at once, without a writer task. A trio socket (tests that
+    speak the raw protocol) goes through trio's own socket methods.
+    """
+
+    def __init__(self, sock: trio.socket.SocketType | socket.socket, limits: Limits) -> None:
+        if isinstance(sock, socket.socket):
+            self.raw: socket.socket | None = sock
+            sock = trio.socket.from_stdlib_socket(sock)
+        else:
+            self.raw = None
+        self.sock: trio.socket.SocketType = sock
         self.limits = limits
         self._buf = bytearray()
         self._pos = 0
+        self._eager = 0  # reads in a row that found data waiting: see _recv
+
+    async def _recv(self, n: int) -> bytes:
+        raw = self.raw
+        if raw is None:
+            return await self.sock.recv(n)
+        while True:
+            try:
+                chunk = raw.recv(n)
+            except BlockingIOError:
+                self._eager = 0
+                await trio.lowlevel.wait_readable(raw)
+                continue
+            self._eager += 1
+            if self._eager >= 64:
+                # Data kept coming without a wait: let other tasks (and cancellation) in.
+                self._eager = 0
+                await trio.lowlevel.checkpoint()
+            return chunk
+
+    async def _recv_into(self, view: memoryview) -> int:
+        raw = self.raw
+        if raw is None:
+            return await self.sock.recv_into(view, len(view))
+        while True:
+            try:
+                return raw.recv_into(view, len(view))
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(raw)
 
     async def _fill(self, need: int) -> None:
         while len(self._buf) - self._pos < need:
             if self._pos:
                 del self._buf[: self._pos]
                 self._pos = 0
-            chunk = await self.sock.recv(max(1 << 16, need))
+            chunk = await self._recv(max(1 << 16, need))
             if not chunk:
                 raise ConnectionLostError("the connection was closed by the other side")
             self._buf += chunk
@@ -210,6 +252,11 @@ class FrameStream:
         out = bytes(self._buf[self._pos : self._pos + n])
         self._pos += n
         return out
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken: another frame may be waiting in them."""
+        return len(self._buf) - self._pos
 
     async def receive(self) -> tuple[list[Any], int]:
         """The next message, and the length of its tail (read it with receive_into/skip)."""
@@ -227,7 +274,7 @@ class FrameStream:
             view[:have] = self._buf[self._pos : self._pos + have]
             self._pos += have
         while have < n:
-            got = await self.sock.recv_into(view[have:], n - have)
+            got = await self._recv_into(view[have:])
             if not got:
                 raise ConnectionLostError("the connection was closed by the other side")
             have += got
@@ -238,6 +285,16 @@ class FrameStream:
             step = min(n, len(scratch))
             await self.receive_into(scratch[:step])
             n -= step
+
+    def send_nowait(self, data: bytes | memoryview) -> int:
+        """Send what the socket takes of `data` now, without waiting: the count sent (0
+        when it has no room). Only on a plain socket, and only while no send is under way
+        (the caller keeps frames in order). A broken connection raises OSError."""
+        assert self.raw is not None  # callers check `raw`
+        try:
+            return self.raw.send(data)
+        except BlockingIOError:
+            return 0
 
     async def send(self, parts: Sequence[bytes | memoryview]) -> None:
         """Send frames (headers, metas and tails, in order): small parts go in one syscall."""
@@ -255,6 +312,26 @@ class FrameStream:
 
     async def _send_all(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
+        raw = self.raw
         while view:
-            sent = await self.sock.send(view)
+            if raw is None:
+                sent = await self.sock.send(view)
+            else:
+                try:
+                    sent = raw.send(view)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(raw)
+                    continue
             view = view[sent:]
+
+
+def plain_socket(family: int = socket.AF_INET) -> socket.socket:
+    """A non-blocking TCP socket for a FrameStream."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+def no_delay(sock: socket.socket | trio.socket.SocketType) -> None:
+    """Small frames go out at once (no Nagle): every frame here is a whole message."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -31,6 +31,7 @@ import importlib
 import itertools
 import os
 import secrets
+import socket
 import sys
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
@@ -51,6 +52,7 @@ from ._wire import (
     Limits,
     WireError,
     auth_mac,
+    no_delay,
     read_ticket,
     want_bytes,
     want_fields,
@@ -142,11 +144,14 @@ class Worker:
         async with trio.open_nursery() as nursery:
             self.peers.start(nursery)
             while True:
-                sock, _ = await listener.accept()
-                sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+                accepted, _ = await listener.accept()
+                no_delay(accepted)
+                # The stream reads and writes the plain socket itself (see FrameStream).
+                sock = socket.socket(fileno=accepted.detach())
+                sock.setblocking(False)
                 nursery.start_soon(self._connection, sock)
 
-    async def _connection(self, sock: trio.socket.SocketType) -> None:
+    async def _connection(self, sock: socket.socket) -> None:
         stream = FrameStream(sock, self.limits)
         session: Session | None = None
         try:
@@ -176,7 +181,7 @@ class Worker:
                 for buf in session.buffers.values():
                     self.runtime.free(buf)
                 session.buffers.clear()
-            sock.close()
+            stream.sock.close()
 
     async def _handshake(self, stream: FrameStream, out: Outbox) -> str:
         nonce = secrets.token_bytes(32)
@@ -251,7 +256,13 @@ class Worker:
                 else:
                     if tail:
                         raise Refused(f"request {meta[0]!r} carries no data")
-                    session.handle(meta)
+                    # What the request makes (a batch run inline: its reports) leaves in
+                    # one send, after it is handled.
+                    session.out.hold()
+                    try:
+                        session.handle(meta)
+                    finally:
+                        session.out.release()
             except (Refused, WireError, ValueError, TypeError, KeyError, IndexError) as exc:
                 if tail:
                     await stream.skip(tail)
