@@ -135,6 +135,8 @@ class Program:
         ]
         # Every queue's actor runs the plain loop: a submission may run inline (submit).
         self.runs_inline = all(actor.runs_inline for actor in self.actors)
+        # Actors that hold what is posted until told the submission is whole (REMOTE).
+        self._flushes = [a.flush for a in self.actors if type(a).flush is not QueueActor.flush]
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
         self.counts = [sum(isinstance(m, Run) for m in prog) for prog in plan.programs]
@@ -421,6 +423,8 @@ class Program:
             profile = None if profiles is None else profiles[qi]
             actors[qi].post(Job(ops[qi], bases, sub, qi, profile, copy_bytes[qi]))
         runtime.kick.set(kick)
+        for flush in self._flushes:
+            flush()
         return sub
 
     def done_submission(self, failure: tuple[int, str, BaseException] | None) -> Submission:

@@ -224,6 +224,11 @@ class QueueActor:
         self._inbox.append(job)
         self._doorbell.ring()
 
+    def flush(self) -> None:
+        """Called once a submission has posted all its jobs. A plain actor has nothing
+        to do here (a posted job starts at once); a REMOTE queue's connection sends the
+        jobs it was posted as one batch, from the submitter's task."""
+
     def pending(self) -> list[tuple[Job, int]]:
         """The work this actor has not finished: (job, first op index not yet done).
 

@@ -94,6 +94,7 @@ class OpSampler:
             run_inline([actor], [job])
         else:
             actor.post(job)
+            actor.flush()  # a submission's posts end so (a REMOTE queue sends them here)
         if code == WAIT:
             await trio.testing.wait_all_tasks_blocked()
             assert not sub.done.is_set()  # parked on the gate

@@ -52,6 +52,8 @@ from ._wire import (
 if TYPE_CHECKING:
     from ._device import RemoteDevice, RemoteQueue
 
+_SEND_NOW = 1 << 16  # frames up to this many bytes may be sent by the task that makes them
+
 # id(signal) -> the RemoteQueue it is the signal of: which worker queue a wait is on
 QUEUES_BY_SIGNAL: weakref.WeakValueDictionary[int, RemoteQueue] = weakref.WeakValueDictionary()
 
@@ -212,6 +214,9 @@ class Connection:
         self.frames_received = 0
         self.bytes_received = 0  # buffer data that came to the client
         self._staging = bytearray()
+        self._writing = False  # the writer task is sending
+        # What flush() could not send whole: the writer sends it before anything else.
+        self._unsent: tuple[list[bytes | memoryview], list[_Frame]] | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}>"
@@ -319,6 +324,11 @@ class Connection:
         self._pending.append(entry)
         self._doorbell.ring()
 
+    def _queue_now(self, entry: Any) -> None:
+        """Queue `entry` and send it (with what is ahead of it) from this task if it can."""
+        self._pending.append(entry)
+        self.flush()
+
     def _check(self) -> None:
         if self.error is not None:
             raise self.error
@@ -373,7 +383,7 @@ class Connection:
             parts = [encode(["put", ref, 0])]
         self._announce_signal_after(job, ref, parts)
         frame = _Frame(parts, sent)
-        self._queue(frame)
+        self._queue_now(frame)
         await sent.wait()
         if frame.error is not None:
             raise frame.error
@@ -412,7 +422,7 @@ class Connection:
         self._check()
         read_id = self.expect_read(flat_bytes(dst))
         read = self._reads[read_id]
-        self._queue(_Frame([encode(["get", read_id, ref])]))
+        self._queue_now(_Frame([encode(["get", read_id, ref])]))
         await read.done.wait()
         if read.error is not None:
             raise read.error
@@ -423,7 +433,65 @@ class Connection:
         if self.error is not None:
             self._fail_job(job, queue, self.error)
             return
-        self._queue((job, queue))
+        # Held until the submission is whole (flush): its jobs for this worker go as one
+        # batch, from the submitter's task.
+        self._pending.append((job, queue))
+
+    def flush(self) -> None:
+        """Send what is queued now, from this task, when the writer is idle and it is
+        small; else leave it to the writer. A submission's last post is followed by this."""
+        stream = self._stream
+        if (
+            not self._pending
+            or self._writing
+            or self.error is not None
+            or stream is None
+            or stream.raw is None
+        ):
+            self._doorbell.ring()
+            return
+        parts, frames = self._take_pending()
+        if sum(map(len, parts)) > _SEND_NOW:
+            self._unsent = (parts, frames)
+            self._doorbell.ring()
+            return
+        data = b"".join(parts)
+        try:
+            sent = stream.send_nowait(data)
+        except OSError as exc:
+            self._lose(exc)
+            sent = len(data)
+        if sent < len(data):
+            self._unsent = ([memoryview(data)[sent:]], frames)
+            self._doorbell.ring()
+            return
+        self._frames_sent(frames)
+
+    def _frames_sent(self, frames: list[_Frame]) -> None:
+        for frame in frames:
+            frame.error = self.error
+            if frame.sent is not None:
+                frame.sent.set()
+
+    def _take_pending(self) -> tuple[list[bytes | memoryview], list[_Frame]]:
+        """Encode what is queued, in order: each submission's jobs as one batch."""
+        pending = self._pending
+        parts: list[bytes | memoryview] = []
+        frames: list[_Frame] = []
+        while pending:
+            entry = pending.popleft()
+            if type(entry) is tuple:
+                group = [entry]
+                sub = entry[0].submission
+                while pending and type(pending[0]) is tuple and pending[0][0].submission is sub:
+                    group.append(pending.popleft())
+                self._encode_batch(group, parts)
+            elif type(entry) is _Ext:
+                parts.append(encode(["ext", [[k, v] for k, v in entry.values.items()]]))
+            else:
+                parts += entry.parts
+                frames.append(entry)
+        return parts, frames
 
     async def _serve(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -431,32 +499,24 @@ class Connection:
         task_status.started()
         pending = self._pending
         while self.error is None:
-            if not pending:
+            if not pending and self._unsent is None:
                 await self._doorbell.wait()
                 continue
             parts: list[bytes | memoryview] = []
             frames: list[_Frame] = []
-            while pending:
-                entry = pending.popleft()
-                if type(entry) is tuple:
-                    group = [entry]
-                    sub = entry[0].submission
-                    while pending and type(pending[0]) is tuple and pending[0][0].submission is sub:
-                        group.append(pending.popleft())
-                    self._encode_batch(group, parts)
-                elif type(entry) is _Ext:
-                    parts.append(encode(["ext", [[k, v] for k, v in entry.values.items()]]))
-                else:
-                    parts += entry.parts
-                    frames.append(entry)
+            if self._unsent is not None:
+                (parts, frames), self._unsent = self._unsent, None
+            more, more_frames = self._take_pending()
+            parts += more
+            frames += more_frames
+            self._writing = True
             try:
                 await self._stream.send(parts)  # type: ignore[union-attr]
             except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
                 self._lose(exc)
-            for frame in frames:
-                frame.error = self.error
-                if frame.sent is not None:
-                    frame.sent.set()
+            finally:
+                self._writing = False
+            self._frames_sent(frames)
 
     def _encode_batch(self, group: list[tuple[Job, RemoteQueue]], parts: list[Any]) -> None:
         bases = group[0][0].bases
@@ -569,7 +629,7 @@ class Connection:
         else:
             ext = _Ext()
             ext.values[ext_id] = value
-            self._queue(ext)
+            self._queue_now(ext)
 
     # -- reports from the worker --
 
@@ -692,6 +752,9 @@ class Connection:
                 entry.error = error
                 if entry.sent is not None:
                     entry.sent.set()
+        if self._unsent is not None:
+            self._frames_sent(self._unsent[1])
+            self._unsent = None
         self._doorbell.ring()
 
     @staticmethod

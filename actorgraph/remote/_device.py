@@ -62,6 +62,10 @@ class RemoteQueue(QueueActor):
         self.in_flight.append(job)
         self.device.connection.post(job, self)
 
+    def flush(self) -> None:
+        # The submission is whole: its jobs for this worker go as one batch.
+        self.device.connection.flush()
+
     def ended(self, job: Job) -> None:
         """The worker finished `job`, or the connection failed it."""
         in_flight = self.in_flight
