@@ -262,12 +262,13 @@ async def test_one_client_cannot_stall_another_on_a_workers_gpu(
         with trio.fail_after(GUARD):
             stream = await _session(worker.port, ("CUDA:0",))
             inc = ["k", 0, "inc_gpu", [[5, 0, [4]], [5, 0, [4]]], [], [4, 1, 1], [1, 1, 1]]
-            stuck = [["w", 77, 0, 1], inc, ["s", 2, 1]]  # mirror 77 >= 1: only A sets it
+            # Mirror 77 >= 1, which only A sets, on base slot 3: the stream waits on it.
+            stuck = [["w", 77, 3, 1], inc, ["s", 2, 1]]
             await stream.send(
                 [
                     encode(["alloc", 5, "CUDA:0", 4, "int32"]),
                     encode(["prog", 1, "CUDA:0", stuck, False]),
-                    encode(["batch", 2, [0, 0, 0], [1], []]),
+                    encode(["batch", 2, [0, 0, 0, 0], [1], []]),
                     encode(["frobnicate", 3]),
                 ]
             )
@@ -703,3 +704,30 @@ async def test_copies_with_a_workers_gpu_run_on_it_or_are_refused_clearly(
                 np.testing.assert_array_equal(await rt.copyout(far), np.arange(16) + 1)
     finally:
         worker.kill()
+
+
+async def test_a_client_leaving_with_gpu_work_stuck_lets_its_memory_go_safely() -> None:
+    """A client leaves while its job on a worker's GPU waits on a signal only it could set:
+    the worker releases the wait, destroys the client's stream, and frees the client's
+    memory on the helper thread (cuMemFree may wait for that stream's work, which needs
+    the event loop to write the released word: on the loop it could wait for good)."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CUDA:0"], cuda_driver="fake") as rt:
+            device = rt.device("CUDA:0")
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            async with trio.open_nursery() as nursery:
+                session = Session(server, 1, _Replies(), nursery)  # type: ignore[arg-type]
+                session.handle(["alloc", 1, "CUDA:0", 4, "int32"])
+                # Base slot 3 (not KICK's): the stream itself waits, on the mirror's word.
+                stuck = [["w", 77, 3, 1], _on("inc_gpu", 1), ["s", 2, 1]]
+                session.handle(["prog", 1, "CUDA:0", stuck, False])
+                session.handle(["batch", 3, [0, 0, 0, 0], [1], []])
+                await trio.testing.wait_all_tasks_blocked()
+                own = session.queues["CUDA:0"]
+                assert own.gpu_busy  # on the stream, waiting on mirror 77's word
+                nursery.cancel_scope.cancel()
+            session.abandon()
+            assert own.stream.closed and own not in device.all_queues()
+            assert device._reaper is None
+            rt.free(session.buffers.pop(1))
+            assert device._reaper is not None  # the free went to the helper thread

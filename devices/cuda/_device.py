@@ -142,6 +142,7 @@ class CUDADevice(Device):
         # device queue (`lowering_for`).
         self._more_queues: set[CudaQueueActor] = set()
         self._lowering: CudaQueueActor | None = None
+        self._dropped_busy = False  # a queue was dropped with work on its stream
 
     @property
     def queues(self) -> Mapping[QueueKind, CudaQueueActor]:
@@ -167,6 +168,10 @@ class CUDADevice(Device):
     def drop_queue(self, actor: QueueActor) -> None:
         if isinstance(actor, CudaQueueActor) and actor in self._more_queues:
             self._more_queues.discard(actor)
+            if actor.gpu_busy:
+                # Its stream may still run (waiting on a word about to be written): from
+                # now on, frees go through the reaper, whose cuMemFree may wait for it.
+                self._dropped_busy = True
             if not self._closed:
                 actor.close()
 
@@ -187,7 +192,7 @@ class CUDADevice(Device):
         if self._closed:
             return
         self._closed = True
-        busy = any(q.gpu_busy for q in self.all_queues())
+        busy = self._dropped_busy or any(q.gpu_busy for q in self.all_queues())
         self._closed_busy = busy
         for actor in self.all_queues():
             actor.close()
@@ -297,7 +302,7 @@ class CUDADevice(Device):
         if memory.exported:
             self._free_when_unused(memory)
             return
-        if any(q.gpu_busy for q in self.all_queues()):
+        if self._dropped_busy or any(q.gpu_busy for q in self.all_queues()):
             self._reap(memory.pointer)
         else:
             self._free_now(memory.pointer)

@@ -286,7 +286,7 @@ class CudaQueueActor(QueueActor):
 
     @property
     def gpu_busy(self) -> bool:
-        return bool(self._in_flight) or self._draining
+        return bool(self._in_flight) or self._draining or self._left_busy
 
     def pending(self) -> list[tuple[Job, int]]:
         # From op 0: replaying an enqueued part again in the monitor's abstract run is
