@@ -152,9 +152,16 @@ class Device:
         work), or None where ops are lowered for the device's own queues only."""
         return None
 
-    def drop_queue(self, actor: QueueActor) -> None:
+    def drop_queue(self, actor: QueueActor) -> bool:
         """`actor`, made by `new_queue`, has stopped serving: give back what it holds
-        (a stream, ...). Queues of host work hold nothing."""
+        (a stream, ...). Return whether work it started may still be running there (on a
+        GPU). Queues of host work hold nothing."""
+        return False
+
+    def forget_signals(self, signals: Iterable[Signal], idle: bool) -> None:
+        """`signals` (trio-side) will not move again and no new work will wait on them:
+        give back what follows them for this device's queues (a GPU's mapped words). With
+        `idle` False, work of a dropped queue may still be waiting on them."""
 
     def lowering_for(self, actor: QueueActor) -> contextlib.AbstractContextManager[None]:
         """While in this context, ops are lowered to run on `actor`, a queue made by

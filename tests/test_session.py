@@ -731,3 +731,32 @@ async def test_a_client_leaving_with_gpu_work_stuck_lets_its_memory_go_safely() 
             assert device._reaper is None
             rt.free(session.buffers.pop(1))
             assert device._reaper is not None  # the free went to the helper thread
+
+
+async def test_clients_coming_and_going_leave_no_gpu_words_or_tasks_behind() -> None:
+    """The mapped words (and the tasks that keep them equal to the signals) a client's
+    waits on a worker's GPU use are given back when it leaves, and the next client's
+    reuse them: a worker's pinned memory does not grow with every client it has served."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CUDA:0"], cuda_driver="fake") as rt:
+            device = rt.device("CUDA:0")
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            live = []
+            for sid in range(1, 4):
+                replies = _Replies()
+                async with trio.open_nursery() as nursery:
+                    session = Session(server, sid, replies, nursery)  # type: ignore[arg-type]
+                    session.handle(["alloc", 1, "CUDA:0", 4, "int32"])
+                    waits = [["w", 10 + k, 3 + k, 1] for k in range(3)]  # on the stream
+                    program = [*waits, _on("inc_gpu", 1), ["s", 2, 1]]
+                    session.handle(["prog", 1, "CUDA:0", program, False])
+                    session.handle(["batch", 3, [0, 0, 0, 0, 0, 0], [1], []])
+                    session.handle(["ext", [[10, 1], [11, 1], [12, 1]]])
+                    assert (await replies.wait_for(1))[0] == ["done", 3, 2, None]
+                    assert len(device._mirrors) == 3
+                    nursery.cancel_scope.cancel()
+                session.abandon()
+                rt.free(session.buffers.pop(1))
+                assert device._mirrors == {}
+                live.append(device.driver.statistics().live_allocations)
+            assert live[0] == live[1] == live[2]

@@ -322,8 +322,10 @@ class Session:
             progress.set(_VALUE_MAX + _REL_MAX)  # reads waiting on them get an error
         for name, actor in self.queues.items():
             device = self.worker.runtime.device(name)
-            if actor is not device.queues[QueueKind.COMPUTE]:
-                device.drop_queue(actor)  # its stream, on a CUDA device
+            busy = actor is not device.queues[QueueKind.COMPUTE] and device.drop_queue(actor)
+            # The mirrors' words on a GPU, for reuse unless this client's stream was
+            # dropped while it may still wait on one of them.
+            device.forget_signals(self.mirrors.values(), idle=not busy)
         self.queues.clear()
 
     # -- lookups, each with a refusal that names the id --

@@ -124,7 +124,12 @@ class CUDADevice(Device):
         self._staging_free: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
         self._staging_all: list[int] = []
         # Mapped words that follow trio-side signals, so streams can wait on them.
-        self._mirrors: dict[int, tuple[Signal, int, int]] = {}
+        self._mirrors: dict[int, tuple[Signal, int, int, trio.CancelScope]] = {}
+        # Mapped words no longer following a signal: (host, device) pointers no stream
+        # waits on any more, for the next mirror; and host pointers of words a stream may
+        # still read, kept until the device closes.
+        self._spare_words: list[tuple[int, int]] = []
+        self._kept_words: list[int] = []
         self._nursery: trio.Nursery | None = None
         self._closed = False
         self._reaper: _Reaper | None = None
@@ -165,15 +170,18 @@ class CUDADevice(Device):
         self._more_queues.add(actor)
         return actor
 
-    def drop_queue(self, actor: QueueActor) -> None:
-        if isinstance(actor, CudaQueueActor) and actor in self._more_queues:
-            self._more_queues.discard(actor)
-            if actor.gpu_busy:
-                # Its stream may still run (waiting on a word about to be written): from
-                # now on, frees go through the reaper, whose cuMemFree may wait for it.
-                self._dropped_busy = True
-            if not self._closed:
-                actor.close()
+    def drop_queue(self, actor: QueueActor) -> bool:
+        if not isinstance(actor, CudaQueueActor) or actor not in self._more_queues:
+            return False
+        self._more_queues.discard(actor)
+        busy = actor.gpu_busy
+        if busy:
+            # Its stream may still run (waiting on a word about to be written): from now
+            # on, frees go through the reaper, whose cuMemFree may wait for it.
+            self._dropped_busy = True
+        if not self._closed:
+            actor.close()
+        return busy
 
     @contextlib.contextmanager
     def lowering_for(self, actor: QueueActor) -> Iterator[None]:
@@ -208,7 +216,10 @@ class CUDADevice(Device):
         driver = self.driver
         driver.set_context(self.context)
         with self._staging_lock:
-            pointers = self._staging_all + [host for _, host, _ in self._mirrors.values()]
+            pointers = self._staging_all + [entry[1] for entry in self._mirrors.values()]
+            pointers += [host for host, _ in self._spare_words] + self._kept_words
+            self._spare_words.clear()
+            self._kept_words.clear()
             for pointer in pointers:
                 driver.host_free(pointer)
             self._staging_all.clear()
@@ -254,23 +265,46 @@ class CUDADevice(Device):
             return entry[2]
         if self._nursery is None:
             return None
-        host, device = self.driver.host_alloc_mapped(8)
+        if self._spare_words:
+            host, device = self._spare_words.pop()
+        else:
+            host, device = self.driver.host_alloc_mapped(8)
         self.driver.host_write64(host, signal.value)
-        self._mirrors[id(signal)] = (signal, host, device)
+        scope = trio.CancelScope()
+        self._mirrors[id(signal)] = (signal, host, device, scope)
         self._nursery.start_soon(
-            self._follow, signal, host, name=f"{self.name} mirror {signal.name}"
+            self._follow, signal, host, scope, name=f"{self.name} mirror {signal.name}"
         )
         return device
 
-    async def _follow(self, signal: Signal, host: int) -> None:
+    async def _follow(self, signal: Signal, host: int, scope: trio.CancelScope) -> None:
         # Wakes once per advance of the signal (not per waiter): copy it into the word.
         write = self.driver.host_write64
-        while not self._closed:  # closed: the word may be freed already
-            seen = signal.value
-            write(host, seen)
-            if seen >= _U64_MAX:
-                return
-            await signal.wait_value(seen + 1)
+        with scope:
+            while not self._closed:  # closed: the word may be freed already
+                seen = signal.value
+                write(host, seen)
+                if seen >= _U64_MAX:
+                    return
+                await signal.wait_value(seen + 1)
+
+    def forget_signals(self, signals: Iterable[Signal], idle: bool) -> None:
+        """`signals` will not move again, and no new work will wait on them (a worker's
+        client has gone): stop following them, with their last values in their words.
+        The words go back for reuse if no stream can still be waiting on them (`idle`),
+        else they stay until the device closes."""
+        for signal in signals:
+            entry = self._mirrors.get(id(signal))
+            if entry is None or entry[0] is not signal:
+                continue
+            del self._mirrors[id(signal)]
+            _, host, device, scope = entry
+            scope.cancel()
+            self.driver.host_write64(host, signal.value)  # what a waiting stream needs
+            if idle:
+                self._spare_words.append((host, device))
+            else:
+                self._kept_words.append(host)
 
     # -- memory --
 
