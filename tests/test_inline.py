@@ -110,10 +110,11 @@ async def test_a_replay_that_starts_inline_hands_a_thread_item_to_its_actor() ->
         np.testing.assert_array_equal(got[:8], np.arange(8, dtype=I32) ^ 5)
 
 
-async def _chain_state(thread_bytes: int) -> tuple[list[int], list[int], np.ndarray[Any, Any]]:
-    """Replay a two-device chain three times; the actors' signals, the jobs they count and
-    the result. With thread_bytes=0 every kernel goes to a worker thread (the actors'
-    own loops); otherwise the replays run inline, as one loop."""
+async def _chain_state(thread_bytes: int) -> tuple[Any, ...]:
+    """Replay a two-device chain three times; every count and timeline value the runtime,
+    its actors, its devices and the graph show, and the result. With thread_bytes=0 every
+    kernel goes to a worker thread (the actors' own loops); otherwise the replays run
+    inline, as one loop."""
     async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=thread_bytes) as rt:
         bufs = [rt.alloc(f"CPU:{i % 2}", 8, I32) for i in range(6)]
         await rt.copyin(bufs[0], np.arange(8, dtype=I32))
@@ -127,10 +128,21 @@ async def _chain_state(thread_bytes: int) -> tuple[list[int], list[int], np.ndar
         graph = await rt.compile(items, inputs=[bufs[0]])
         for _ in range(3):
             await graph([bufs[0]])
-        stats = rt.statistics().actors
+        graph.submit_nowait([bufs[0]])  # a Replay object of its own
+        await graph([bufs[0]])
+        stats = rt.statistics()
+        devices = [rt.device(name) for name in rt.devices]
+        g = graph.statistics()
+        # Not compared: waits parked and time blocked, which only the actors' loops have.
         return (
-            [s.signal_value for s in stats],
-            [s.jobs_done for s in stats],
+            [
+                (a.name, a.jobs_done, a.items_run, a.signal_value, a.bytes_copied)
+                for a in stats.actors
+            ],
+            (stats.submissions, stats.replays, stats.replays_done, stats.bytes_copied),
+            [(d.timeline.value, d.next_ticket) for d in devices],
+            rt.kick.value,
+            (g.replays, g.replays_done, g.in_flight, g.bytes_copied),
             await rt.copyout(bufs[5]),
         )
 
@@ -138,10 +150,11 @@ async def _chain_state(thread_bytes: int) -> tuple[list[int], list[int], np.ndar
 async def test_an_inline_replay_leaves_signals_and_counts_where_the_actors_would() -> None:
     inline = await _chain_state(1 << 20)
     actors = await _chain_state(0)
-    assert inline[0] == actors[0]
-    assert inline[1] == actors[1]
-    np.testing.assert_array_equal(inline[2], actors[2])
-    np.testing.assert_array_equal(inline[2], np.full(8, 9, I32))
+    assert inline[:-1] == actors[:-1]
+    # 2 copyins and 5 replays; bytes: the copyins (32 each) and 2 copies of 32 per replay.
+    assert inline[1] == (7, 5, 5, 2 * 32 + 5 * 64)
+    np.testing.assert_array_equal(inline[-1], actors[-1])
+    np.testing.assert_array_equal(inline[-1], np.full(8, 9, I32))
 
 
 async def test_a_failing_item_in_an_inline_replay_is_named_and_stops_the_items_after_it() -> None:
