@@ -50,7 +50,8 @@ from ._vars import Var, evaluate
 
 class Host(Protocol):
     """What a Program needs of the runtime it runs on (a `Runtime` is one): its devices,
-    its KICK signal, and to be told of each submission it posts."""
+    its KICK signal, and to be told of each submission it posts (or ran where it was
+    made)."""
 
     @property
     def kick(self) -> DeviceSignal: ...
@@ -58,6 +59,10 @@ class Host(Protocol):
     def device(self, name: str) -> Device: ...
 
     def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None: ...
+
+    def count_done(
+        self, sub: Submission, then: Callable[[Submission], None] | None = None
+    ) -> None: ...
 
 
 _new_request = tuple.__new__
