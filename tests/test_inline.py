@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import actorgraph as ag
 
@@ -294,3 +295,20 @@ async def test_replays_as_one_loop_stop_below_2_64_where_posted_ones_do() -> Non
     posted = await _replays_below_the_top(0)  # every kernel on the worker thread
     assert inline == posted
     assert inline[0] == 3  # two values a replay on the compute queue: 7 // 2
+
+
+async def test_a_one_loop_run_is_quiet_only_while_no_task_waits_on_what_it_moves() -> None:
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        a, b = rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:1", 8, I32)
+        graph = await rt.compile([ag.Launch(XOR, [a, a, a]), ag.Copy(dst=b, src=a)])
+        program, ops = graph._bind((), None)
+        linear = program.linear_run(ops)
+        assert linear is not None and linear.quiet(rt.kick)
+        for signal in (rt.device("CPU:1").timeline, rt.kick):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(signal.wait_value, 1 << 40)
+                await trio.testing.wait_all_tasks_blocked()
+                # Moving it could wake that task: only the runtime's thread may do that.
+                assert not linear.quiet(rt.kick)
+                nursery.cancel_scope.cancel()
+            assert linear.quiet(rt.kick)  # a cancelled wait leaves nobody waiting
