@@ -99,6 +99,7 @@ class Device:
     # A device whose memory the client reaches only through I/O (REMOTE) lowers every
     # copy that touches it, whichever queue the planner puts the copy on.
     lowers_foreign_copies: ClassVar[bool] = False
+    host_io: ClassVar[bool] = False  # its memory is reached through I/O (see DeviceCaps)
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         self.name = name
@@ -126,6 +127,7 @@ class Device:
             host_visible=self.host_visible,
             is_cpu=self.kind == "CPU",
             host_backed=self.host_backed,
+            host_io=self.host_io,
         )
 
     def take_ticket(self) -> int:

@@ -30,7 +30,10 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     compute queue: the destination is preferred so that the data lands where it is used.
     The exceptions: a copy from device memory the host cannot see into the host (a CPU
     device), and a copy from memory that is not host RAM underneath (a GPU's) into a
-    device of another kind: the source device's copy engine does those, as on a GPU.
+    device of another kind: the source device's copy engine does those, as on a GPU. And
+    first of all a copy between a device reached by I/O (`host_io`: a worker's) and one
+    that is not runs on the latter's queue, copy queue if it has one: the host moves those
+    bytes, from or into its own memory.
     """
     for name in (item.device, item.src_device):
         if name is not None and name not in caps:
@@ -41,6 +44,9 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
     if item.kind is ItemKind.EXEC:
         return QueueId(item.device, QueueKind.COMPUTE)
     src = caps[item.src_device] if item.src_device is not None else None
+    if src is not None and src.host_io != caps[item.device].host_io:
+        host = caps[item.device] if src.host_io else src
+        return QueueId(host.name, QueueKind.COPY if host.has_copy_queue else QueueKind.COMPUTE)
     if src is not None and caps[item.device].is_cpu and not src.host_visible and src.has_copy_queue:
         return QueueId(src.name, QueueKind.COPY)
     if (

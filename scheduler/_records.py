@@ -30,6 +30,10 @@ class DeviceCaps:
     # Its memory is host RAM underneath (CPU, SIM), so another kind's copy engine can
     # reach it through the host; a GPU's memory (CUDA) only its own kind's engines reach.
     host_backed: bool = True
+    # Its memory is reached only through I/O that the host runs (REMOTE: a worker's), so a
+    # copy between it and host memory is moved by the host-backed side's copy queue; its
+    # own copy queue moves data between such devices (one worker, or worker to worker).
+    host_io: bool = False
 
 
 @attrs.frozen

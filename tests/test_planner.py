@@ -123,6 +123,45 @@ def test_a_copy_out_of_gpu_memory_into_another_kind_uses_the_gpus_copy_queue() -
     assert assign_queue(copy("GPU:1", (1, 0, 8), "GPU:0", (2, 0, 8)), caps) == q("GPU:1", COPY)
 
 
+def test_a_copy_touching_a_device_reached_by_io_runs_where_the_host_moves_it() -> None:
+    # REMOTE devices: memory of a worker. Copies between them (one worker, or two) run on
+    # the destination's copy queue, there; copies between one and the client's memory on
+    # the client-side device's queue (its copy queue if it has one), which moves the bytes.
+    remote = {
+        f"R:{i}": DeviceCaps(
+            f"R:{i}", "REMOTE", host_visible=False, host_backed=False, host_io=True
+        )
+        for i in range(2)
+    }
+    caps = {**CAPS, **remote}
+    for dst, src, where in [
+        ("R:1", "R:0", q("R:1", COPY)),
+        ("R:0", "R:0", q("R:0", COPY)),
+        ("R:0", "CPU:1", q("CPU:1", COPY)),
+        ("CPU:1", "R:0", q("CPU:1", COPY)),
+        ("BARE:0", "R:1", q("BARE:0")),
+        ("R:1", "BARE:1", q("BARE:1")),
+    ]:
+        assert assign_queue(copy(dst, (1, 0, 8), src, (2, 8, 16)), caps) == where, (dst, src)
+    # A chain through all of them: the plan verifies, with both queues of a remote device.
+    items = [
+        copy("R:0", (1, 0, 8), "CPU:0", (2, 0, 8)),
+        kernel("R:0", [(1, 0, 8)]),
+        copy("R:1", (3, 0, 8), "R:0", (1, 0, 8)),
+        kernel("R:1", [(3, 0, 8)]),
+        copy("CPU:0", (2, 0, 8), "R:1", (3, 0, 8)),
+    ]
+    plan = build_plan(items, caps)
+    plan.verify()
+    assert [plan.queues[i] for i in plan.item_queue] == [
+        q("CPU:0", COPY),
+        q("R:0"),
+        q("R:1", COPY),
+        q("R:1"),
+        q("CPU:0", COPY),
+    ]
+
+
 def test_a_copy_with_no_copy_queue_anywhere_uses_the_destinations_compute_queue() -> None:
     assert assign_queue(copy("BARE:0", (1, 0, 8), "BARE:1", (2, 0, 8)), CAPS) == q("BARE:0")
     assert assign_queue(copy("BARE:1", (1, 0, 8), "BARE:1", (2, 8, 16)), CAPS) == q("BARE:1")

@@ -21,7 +21,7 @@ import trio.testing
 from _op_samples import OpSampler
 from _workers import GUARD, runtime, start
 from actorgraph.devices import Op
-from actorgraph.scheduler import QueueKind
+from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,7 +30,7 @@ from actorgraph import devices, remote
 from actorgraph.testing import Worker
 
 sys.path.insert(0, str(Path(__file__).parent))
-from remote_kernels import ADD, INC, SCALE, XOR
+from remote_kernels import ADD, GATED, INC, SCALE, XOR
 
 # -- names --
 
@@ -115,18 +115,23 @@ async def test_one_round_trip_per_replay(ag_remote_runtime: ag.Runtime) -> None:
         await graph()
         sent, received = conn.batches_sent, conn.frames_received
         await graph()
-        # One batch out; back: one "done" per queue. The copy waits on r0 there, on the
-        # worker: that signal is never reported here.
+        # One batch out; back: one "done" per queue (r0's compute, r1's copy and compute).
+        # The copy waits on r0 there, on the worker: that signal is never reported here.
+        assert [str(q) for q in graph.plan.queues] == [
+            f"{r0}/compute",
+            f"{r1}/compute",
+            f"{r1}/copy",
+        ]
         assert conn.batches_sent == sent + 1
-        assert conn.frames_received - received == 2
+        assert conn.frames_received - received == 3
         np.testing.assert_array_equal(await rt.copyout(y), np.full(16, 3 * 50 + 49))
 
 
 async def test_a_chain_inside_one_worker_reports_only_its_ends(
     ag_remote_runtime: ag.Runtime,
 ) -> None:
-    # Kernel, copy to the other device, kernel, copy back...: every step waits on the
-    # other queue, on the worker; the client hears of each queue once, at its end.
+    # Kernel, copy to the other device, kernel, copy back...: every step waits on another
+    # queue, on the worker; the client hears of each queue once, at its end.
     rt = ag_remote_runtime
     r0, r1 = rt.devices
     with trio.fail_after(GUARD):
@@ -141,7 +146,8 @@ async def test_a_chain_inside_one_worker_reports_only_its_ends(
         await graph()
         received = conn.frames_received
         await graph()
-        assert conn.frames_received - received == 2
+        assert len(graph.plan.queues) == 4  # the compute and the copy queue of each device
+        assert conn.frames_received - received == 4
         np.testing.assert_array_equal(await rt.copyout(xs[0]), np.arange(16) + 40)
 
 
@@ -425,14 +431,19 @@ async def test_bulk_data_goes_in_frames_the_worker_accepts(workers: tuple[Worker
         small.kill()
 
 
+@pytest.mark.parametrize("profiled", [False, True], ids=["plain", "profiled"])
 @pytest.mark.parametrize("hops", [2, 3])
-async def test_chains_across_workers_equal_numpy(workers: tuple[Worker, Worker], hops: int) -> None:
+async def test_chains_across_workers_equal_numpy(
+    workers: tuple[Worker, Worker], hops: int, profiled: bool
+) -> None:
     # A kernel on each device, then a copy to the next, round a ring of `hops` workers and
-    # the local CPU device: every dependency crosses a host.
+    # the local CPU device: every dependency but one (between two devices of one worker)
+    # crosses a host. Copies between a worker's devices or two workers run on the
+    # destination's copy queue, those to or from the local device on its copy queue.
     a_worker, b_worker = workers
     extra = start("CPU:0") if hops == 3 else None
     try:
-        names = [a_worker.name("CPU:1"), b_worker.name("CPU:0")]
+        names = [a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")]
         if extra is not None:
             names.append(extra.name("CPU:0"))
         ring = ["CPU:0", *names]
@@ -448,6 +459,16 @@ async def test_chains_across_workers_equal_numpy(workers: tuple[Worker, Worker],
                         ag.Copy(dst=bufs[j], src=bufs[i]),
                     ]
                 graph = await rt.compile(items)
+                plan = graph.plan
+                for j, item in enumerate(items):
+                    queue = plan.queues[plan.item_queue[j]]
+                    if isinstance(item, ag.Launch):
+                        assert queue == QueueId(item.bufs[0].device, QueueKind.COMPUTE)
+                    else:
+                        local = "CPU:0" in (item.src.device, item.dst.device)
+                        assert queue == QueueId(
+                            "CPU:0" if local else item.dst.device, QueueKind.COPY
+                        )
                 rng = np.random.default_rng(hops)
                 key_values = [rng.integers(0, 1 << 30, 64, dtype=np.int32) for _ in ring]
                 for key, value in zip(keys, key_values):
@@ -456,10 +477,17 @@ async def test_chains_across_workers_equal_numpy(workers: tuple[Worker, Worker],
                 await rt.copyin(bufs[0], start_value)
                 model = start_value.copy()
                 for _ in range(3):
-                    await graph()
+                    await graph(profile=profiled)
                     for step in range(2 * len(ring)):
                         model = model ^ key_values[step % len(ring)]
                     np.testing.assert_array_equal(await rt.copyout(bufs[0]), model)
+                if profiled:
+                    profile = graph.last_profile
+                    assert profile is not None
+                    # The client times what its own actors run: the local copy queue's
+                    # pushes and pulls (a worker's queues run their items there).
+                    copies = {e.actor for e in profile.events if e.kind is ag.EventKind.COPY}
+                    assert copies == {"CPU:0/copy"}
     finally:
         if extra is not None:
             extra.kill()
@@ -489,3 +517,50 @@ async def test_waits_between_workers_travel_between_the_workers(
             for n in range(1, 4):
                 await graph()
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), np.arange(64) + 6 * n)
+
+
+async def test_copies_on_a_worker_overlap_its_compute(
+    workers: tuple[Worker, Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kernel on A's CPU:0 runs until the test opens its gate; meanwhile copies into that
+    # device, from A's other device and from worker B, run on its copy queue (this
+    # client's copy actor on A) and end. Were they on the compute queue, behind the
+    # kernel, the wait for them would never return and the guard would fail the test.
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    # Kernels on their actor's thread: the gated one holds only its own queue.
+    a_worker = start("CPU:0,CPU:1", extra_args=("--thread-bytes", "0"))
+    _, b_worker = workers
+    ra, ra1, rb = a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", ra, ra1, rb], verify_plans=True) as rt:
+                held, near, far = (rt.alloc(ra, 16, np.int32) for _ in range(3))
+                from_a1, from_b = rt.alloc(ra1, 16, np.int32), rt.alloc(rb, 16, np.int32)
+                await rt.copyin(held, np.arange(16, dtype=np.int32))
+                await rt.copyin(from_a1, np.full(16, 5, np.int32))
+                await rt.copyin(from_b, np.full(16, 9, np.int32))
+                graph = await rt.compile(
+                    [
+                        ag.Launch(GATED, [held, held]),
+                        ag.Copy(dst=near, src=from_a1),
+                        ag.Copy(dst=far, src=from_b),
+                        ag.Launch(INC, [held, held]),
+                    ]
+                )
+                copy_queue = rt.device(ra).queues[QueueKind.COPY]
+                assert graph.plan.item_queue[1] == graph.plan.item_queue[2]
+                assert graph.plan.queues[graph.plan.item_queue[1]] == QueueId(ra, QueueKind.COPY)
+                replay = await graph.submit()
+                assert copy_queue.busy
+                while copy_queue.busy:  # its job ends with its "done", the kernel still held
+                    await copy_queue.signal.wait_value(copy_queue.signal.value + 1)
+                assert not replay.done and rt.device(ra).queues[QueueKind.COMPUTE].busy
+                assert not gate.exists()
+                gate.touch()
+                await replay.wait()
+                np.testing.assert_array_equal(await rt.copyout(near), np.full(16, 5))
+                np.testing.assert_array_equal(await rt.copyout(far), np.full(16, 9))
+                np.testing.assert_array_equal(await rt.copyout(held), np.arange(16) + 1)
+    finally:
+        a_worker.kill()

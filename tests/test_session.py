@@ -652,7 +652,7 @@ async def test_a_clients_gpu_queue_reports_its_own_faults_and_goes_with_it() -> 
                 session.handle(["prog", 2, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
                 session.handle(["batch", 4, [0, 0, 0], [2], []])
                 assert (await replies.wait_for(2))[1] == ["done", 4, 2, None]
-                own = session.queues["CUDA:0"]
+                own = session.queues[("CUDA:0", QueueKind.COMPUTE)]
                 assert own in device.all_queues()
                 assert own.stream is not device.queues[QueueKind.COMPUTE].stream
                 nursery.cancel_scope.cancel()
@@ -723,7 +723,7 @@ async def test_a_client_leaving_with_gpu_work_stuck_lets_its_memory_go_safely() 
                 session.handle(["prog", 1, "CUDA:0", stuck, False])
                 session.handle(["batch", 3, [0, 0, 0, 0], [1], []])
                 await trio.testing.wait_all_tasks_blocked()
-                own = session.queues["CUDA:0"]
+                own = session.queues[("CUDA:0", QueueKind.COMPUTE)]
                 assert own.gpu_busy  # on the stream, waiting on mirror 77's word
                 nursery.cancel_scope.cancel()
             session.abandon()
@@ -760,3 +760,85 @@ async def test_clients_coming_and_going_leave_no_gpu_words_or_tasks_behind() -> 
                 assert device._mirrors == {}
                 live.append(device.driver.statistics().live_allocations)
             assert live[0] == live[1] == live[2]
+
+
+async def test_programs_run_on_a_devices_copy_queue(workers: tuple[Worker, Worker]) -> None:
+    # A program names its queue: a copy on the device's copy queue, a kernel on its compute
+    # queue that waits there for the copy; a wrong kind or a local wait on a queue the
+    # batch does not run is refused, and the session goes on.
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        stream = await _session(worker.port)
+        for handle in (1, 2):
+            await stream.send([encode(["alloc", handle, "CPU:0", 4, "int32"])])
+        data = np.arange(4, dtype=np.int32) + 40
+        await stream.send([encode(["put", [2, 0, [4]], 0], data.nbytes), data.tobytes()])
+        bases = [0, 0, 0, 0]
+        copy = [["c", 0, [1, 0, [4]], [2, 0, [4]]], ["s", 2, 1]]
+        inc = [
+            ["l", "CPU:0", 2, 1, "copy"],
+            ["k", 1, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3],
+        ]
+        await stream.send(
+            [
+                encode(["prog", 1, "CPU:0", copy, False, "copy"]),
+                encode(["prog", 2, "CPU:0", [*inc, ["s", 3, 1]], False, "compute"]),
+                encode(["batch", 3, bases, [1, 2], []]),
+            ]
+        )
+        done = [(await stream.receive())[0] for _ in range(2)]
+        assert sorted(meta[2] for meta in done) == [2, 3], done
+        assert all(meta[:2] == ["done", 3] and meta[3] is None for meta in done), done
+        await stream.send([encode(["get", 9, [1, 0, [4]]])])
+        meta, tail = await stream.receive()
+        assert meta[:2] == ["data", 9] and tail == 16
+        got = bytearray(16)
+        await stream.receive_into(memoryview(got))
+        np.testing.assert_array_equal(np.frombuffer(got, np.int32), data + 1)
+        # A kind that is neither; a local wait on the copy queue when slot 2 is compute's.
+        refusals = [
+            (
+                [encode(["prog", 4, "CPU:0", copy, False, "dma"])],
+                [4],
+                r"queue kind 'dma' is not 'compute' or 'copy': a program runs on its device's "
+                r"compute or copy queue; name one of the two",
+            ),
+            (
+                [
+                    encode(
+                        [
+                            "prog",
+                            5,
+                            "CPU:0",
+                            [["c", 0, [1, 0, [4]], [2, 0, [4]]], ["s", 2, 1]],
+                            False,
+                        ]
+                    ),
+                    encode(["prog", 6, "CPU:0", [*inc, ["s", 3, 1]], False, "copy"]),
+                ],
+                [5, 6],
+                r"a local wait on slot 2 names no copy queue of this batch on CPU:0",
+            ),
+        ]
+        for batch_id, (progs, ids, message) in enumerate(refusals, start=10):
+            await stream.send([*progs, encode(["batch", batch_id, bases, ids, []])])
+            for _ in ids:
+                meta, _ = await stream.receive()
+                assert meta[:2] == ["done", batch_id] and re.search(message, meta[3][2]), meta
+        stream.sock.close()
+        # A peer asks to read after a queue the worker does not have.
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(worker.name("CPU:0")).connection
+            peer = await _peer(worker.port)
+            ref = [x.memory.handle, 0, [4]]
+            read = ["pwhen", 1, conn.session_id, ref, conn.ticket(ref[0]), "CPU:0/dma", 1]
+            await peer.send([encode(read)])
+            meta, _ = await peer.receive()
+            assert meta[0] == "error" and re.search(
+                r"this worker has no queue 'CPU:0/dma': name a device's compute queue as DEVICE "
+                r"and its copy queue as DEVICE/copy",
+                meta[-1],
+            )
+            peer.sock.close()

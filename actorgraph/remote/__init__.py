@@ -19,8 +19,11 @@ is an application of the runtime: it opens one and lowers programs onto its acto
 
 How a replay runs
 -----------------
-The planner sees a remote device as an ordinary device with one compute queue (a
-`RemoteQueue`). Its message list is lowered as for any device: waits, signals and items,
+The planner sees a remote device as an ordinary device with a compute and a copy queue
+(each a `RemoteQueue`; on the worker, each runs on a queue actor of the client's own).
+Kernels go to the compute queue; copies within a worker or from another worker, and host
+writes and reads, to the copy queue; a copy between a remote and a client-local device
+goes to the local device's copy queue (`DeviceCaps.host_io`). Each message list is lowered as for any device: waits, signals and items,
 where an item is a *wire entry* (kernel by name, buffers by handle) instead of a call.
 `RemoteQueue.post` does not run the job: it hands it to the connection actor. Because a
 submission posts all of its jobs synchronously, the connection actor wakes to find every
@@ -38,7 +41,8 @@ How order crosses hosts
 A plan orders queues with `Wait(queue, value)` messages on timeline signals. On the worker
 each wait becomes one of:
 
-- a *local* wait, when the signal is another queue of the same worker in the same batch:
+- a *local* wait, when the signal is another queue of the same worker in the same batch
+  (named by device and queue kind):
   the worker waits on its own actor's signal, with the base it reserved for this batch;
 - a *mirror* wait, for every other signal (a client-local queue, a queue of another
   worker, a device timeline, the runtime's KICK): the worker waits on a mirror of that

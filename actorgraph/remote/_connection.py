@@ -31,7 +31,6 @@ from actorgraph.devices import (
     WireOp,
     own_signal,
 )
-from actorgraph.scheduler import QueueKind
 
 from ._wire import (
     CHUNK,
@@ -563,7 +562,7 @@ class Connection:
                 known = self._signal_ids.get(id(signal))
                 local = _local_queue(signal, self)
                 if local is not None:
-                    entries.append(["l", local.device.inner, op.slot, op.rel])
+                    entries.append(["l", local.device.inner, op.slot, op.rel, local.kind.value])
                     continue
                 if known is None or known[0] is not signal:
                     known = (signal, next(self._ids))
@@ -591,7 +590,8 @@ class Connection:
             self._seen[key] = job.ops
             if len(self._seen) > self.PROGRAM_CACHE:
                 self._seen.popitem(last=False)
-        parts.append(encode(["prog", program.prog_id, queue.device.inner, entries, store]))
+        device = queue.device.inner
+        parts.append(encode(["prog", program.prog_id, device, entries, store, queue.kind.value]))
         if store:
             self._programs[key] = program
             if len(self._programs) > self.PROGRAM_CACHE:
@@ -770,7 +770,8 @@ class Connection:
 
 def _with_source_wait(entry: list[Any], waits: dict[int, tuple[int, int, int]]) -> list[Any]:
     """A copy from another worker ("p") that follows a wait on the source's queue names
-    that wait, so the worker can have the bytes sent the moment the source gets there."""
+    that wait, and that queue in place of the source device, so the worker can have the
+    bytes sent the moment the source gets there."""
     if entry[0] != "p":
         return entry
     _, _, _, host, port, sid, _, _, inner = entry
@@ -781,13 +782,13 @@ def _with_source_wait(entry: list[Any], waits: dict[int, tuple[int, int, int]]) 
         source = queue.device
         conn = source.connection
         if (conn.host, conn.port, conn.session_id, source.inner) == (host, port, sid, inner):
-            return [*entry, *wait]
+            return [*entry[:8], queue.key, *wait]
     return entry
 
 
 def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:
     for device in connection.devices:
-        queue = device.queues[QueueKind.COMPUTE]
-        if queue.signal is signal:
-            return queue
+        for queue in device.queues.values():
+            if queue.signal is signal:
+                return queue
     return None

@@ -52,9 +52,14 @@ class RemoteQueue(QueueActor):
 
     op_codes = frozenset([WAIT, SIGNAL, WIRE])
 
-    def __init__(self, name: str, device: RemoteDevice, timeline_start: int = 0) -> None:
-        super().__init__(name, timeline_start)
+    def __init__(
+        self, device: RemoteDevice, kind: QueueKind = QueueKind.COMPUTE, timeline_start: int = 0
+    ) -> None:
+        super().__init__(f"{device.name}/{kind.value}", timeline_start)
         self.device = device
+        self.kind = kind
+        # The worker's name of this queue: what its reports of progress are keyed by.
+        self.key = device.inner if kind is QueueKind.COMPUTE else f"{device.inner}/{kind.value}"
         self.in_flight: collections.deque[Job] = collections.deque()
         QUEUES_BY_SIGNAL[id(self.signal)] = self
 
@@ -91,12 +96,20 @@ class RemoteQueue(QueueActor):
 
 
 class RemoteDevice(Device):
-    """`KIND:N@HOST:PORT`: device KIND:N of a worker, driven over its connection."""
+    """`KIND:N@HOST:PORT`: device KIND:N of a worker, driven over its connection.
+
+    It has a compute and a copy queue, as a local device has: kernels run on the first,
+    copies within its worker and from other workers, `copyin` and `copyout` on the second,
+    each on its own queue actor of this client's session on the worker, so copies overlap
+    compute there. A copy between it and a client-local device runs on the local device's
+    copy queue (`host_io`), which moves the bytes over the connection.
+    """
 
     kind = "REMOTE"
     host_visible = False
     host_backed = False
     lowers_foreign_copies = True
+    host_io = True
 
     def __init__(
         self,
@@ -112,7 +125,8 @@ class RemoteDevice(Device):
         self.connection = connection
         self.inner = inner
         self._remote_queues = {
-            QueueKind.COMPUTE: RemoteQueue(f"{name}/compute", self, timeline_start)
+            kind: RemoteQueue(self, kind, timeline_start)
+            for kind in (QueueKind.COMPUTE, QueueKind.COPY)
         }
         connection.devices.append(self)
 
@@ -172,7 +186,7 @@ class RemoteDevice(Device):
                     f"device: {local.name} -> CPU:N -> the remote device, or back"
                 )
         if isinstance(dst_dev, RemoteDevice) and isinstance(src_dev, RemoteDevice):
-            # Neither side has a copy queue: this runs on the destination's worker.
+            # On a queue of the destination (its copy queue), run by the destination's worker.
             if dst_dev.connection is src_dev.connection:
                 return wire_op(["c", item, self._ref(dst), self._ref(src)], item)
         for far in (dst_dev, src_dev):

@@ -80,6 +80,7 @@ class _Program:
         "device",
         "early",
         "error",
+        "kind",
         "local_waits",
         "max_slot",
         "ops",
@@ -95,10 +96,11 @@ class _Program:
         self.count = 0
         self.slot = 0
         self.max_slot = 0
-        self.local_waits: list[tuple[int, str]] = []
+        self.local_waits: list[tuple[int, str, QueueKind]] = []
         self.store = False
         self.error: tuple[int, str] | None = None
-        self.device = ""
+        self.device = ""  # the queue's name in reports: DEVICE or DEVICE/copy
+        self.kind = QueueKind.COMPUTE
         # With kernels placed by their times (_placement.py): the lowered ops they are
         # coded from, and the KernelTimes.version they were coded at.
         self.template: list[Op | AdaptiveKernel] | None = None
@@ -107,6 +109,21 @@ class _Program:
         # entry's source fields, the source device, the wait's slot and value, mirror id,
         # bytes)
         self.early: list[tuple[int, tuple[Any, ...], str, int, int, int, int]] = []
+
+
+def _queue_kind(value: object) -> QueueKind:
+    if value == "compute":
+        return QueueKind.COMPUTE
+    if value == "copy":
+        return QueueKind.COPY
+    raise Refused(
+        f"queue kind {value!r} is not 'compute' or 'copy': a program runs on its device's "
+        f"compute or copy queue; name one of the two"
+    )
+
+
+def _queue_key(device: str, kind: QueueKind) -> str:
+    return device if kind is QueueKind.COMPUTE else f"{device}/{kind.value}"
 
 
 def _signal_slot(entries: object) -> int:
@@ -278,7 +295,7 @@ class Session:
         # another client's work. The actors live in the connection's nursery and go with
         # it; `abandon` gives back their streams.
         self._nursery = nursery
-        self.queues: dict[str, QueueActor] = {}
+        self.queues: dict[tuple[str, QueueKind], QueueActor] = {}
         self.sid = sid
         self.key = secrets.token_bytes(32)
         self.out = out
@@ -295,18 +312,23 @@ class Session:
         self.early: dict[tuple[int, int], tuple[PeerRead, bytearray]] = {}
         self.early_bytes = 0
 
-    def queue(self, device_name: str) -> QueueActor:
-        """The compute queue this client's programs on `device_name` run on."""
-        actor = self.queues.get(device_name)
+    def queue(self, device_name: str, kind: QueueKind = QueueKind.COMPUTE) -> QueueActor:
+        """The queue of `kind` this client's programs on `device_name` run on."""
+        actor = self.queues.get((device_name, kind))
         if actor is None:
             device = self.worker.runtime.device(device_name)
-            shared = device.queues[QueueKind.COMPUTE]
+            shared = device.queues.get(kind)
+            if shared is None:
+                raise Refused(
+                    f"device {device_name} of this worker has no {kind.value} queue (it has "
+                    f"{', '.join(k.value for k in device.queues)}); send its programs there"
+                )
             own = None
             if self._nursery is not None:
-                own = device.new_queue(QueueKind.COMPUTE, f"{shared.name}#{self.sid}")
+                own = device.new_queue(kind, f"{shared.name}#{self.sid}")
             if own is not None:
                 self._nursery.start_soon(own.serve)  # type: ignore[union-attr]
-            actor = self.queues[device_name] = own or shared
+            actor = self.queues[(device_name, kind)] = own or shared
         return actor
 
     def abandon(self) -> None:
@@ -320,12 +342,16 @@ class Session:
             mirror.set(_VALUE_MAX + _REL_MAX)
         for progress in self._progress.values():
             progress.set(_VALUE_MAX + _REL_MAX)  # reads waiting on them get an error
-        for name, actor in self.queues.items():
+        busy: dict[str, bool] = {}  # device -> whether a dropped queue of it may still wait
+        for (name, kind), actor in self.queues.items():
             device = self.worker.runtime.device(name)
-            busy = actor is not device.queues[QueueKind.COMPUTE] and device.drop_queue(actor)
-            # The mirrors' words on a GPU, for reuse unless this client's stream was
-            # dropped while it may still wait on one of them.
-            device.forget_signals(self.mirrors.values(), idle=not busy)
+            dropped = actor is not device.queues[kind] and device.drop_queue(actor)
+            busy[name] = busy.get(name, False) or bool(dropped)
+        for name, stuck in busy.items():
+            # The mirrors' words on a GPU, for reuse unless one of this client's streams
+            # there was dropped while it may still wait on one of them. Once per device:
+            # its first call takes them.
+            self.worker.runtime.device(name).forget_signals(self.mirrors.values(), idle=not stuck)
         self.queues.clear()
 
     # -- lookups, each with a refusal that names the id --
@@ -413,7 +439,9 @@ class Session:
             self.mirror(pair[0]).set(want_int(pair[1], "ext value", 0, _VALUE_MAX))
 
     def _prog(self, meta: list[Any]) -> None:
-        _, prog_id, device, entries, store = want_fields(meta, 5)
+        if len(meta) == 5:  # ["prog", id, device, entries, store(, queue kind)]
+            meta = [*meta, "compute"]
+        _, prog_id, device, entries, store, kind = want_fields(meta, 6)
         prog_id = want_int(prog_id, "program id")
         if len(self.programs) >= self.worker.limits.max_programs:
             raise Refused(
@@ -423,7 +451,7 @@ class Session:
         program.store = store is True
         self.programs[prog_id] = program
         try:
-            self._lower(program, want_str(device, "program device"), entries)
+            self._lower(program, want_str(device, "program device"), entries, _queue_kind(kind))
         except (Refused, WireError) as exc:
             program.error = (exc.item if isinstance(exc, Refused) else -1, str(exc))
             # Its batch reports the refusal on the slot the program signals on.
@@ -433,14 +461,18 @@ class Session:
             program.error = (-1, f"{type(exc).__name__}: {exc}")
             program.slot = _signal_slot(entries)
 
-    def _lower(self, program: _Program, device_name: str, entries: object) -> None:
+    def _lower(self, program: _Program, device_name: str, entries: object, kind: QueueKind) -> None:
         runtime = self.worker.runtime
         if device_name not in runtime.devices:
             raise Refused(f"this worker has no device {device_name!r} ({runtime.devices})")
         device = runtime.device(device_name)
-        actor = self.queue(device_name)
+        actor = self.queue(device_name, kind)
         program.actor = actor
-        program.device = device_name
+        program.kind = kind
+        # The queue's name in reports of progress (what "pwhen" reads name): DEVICE for a
+        # compute queue, DEVICE/copy for a copy queue.
+        queue_key = _queue_key(device_name, kind)
+        program.device = queue_key
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
         with device.lowering_for(actor):  # a CUDA item's host work reports to this actor
             self._lower_entries(program, device, actor, entries)
@@ -476,8 +508,9 @@ class Session:
                         raise Refused(f"wait on unknown device {other!r}")
                     slot = want_int(entry[2], "wait slot", 0, 1 << 16)
                     program.max_slot = max(program.max_slot, slot)
-                    program.local_waits.append((slot, other))
-                    signal = self.queue(other).signal
+                    other_kind = _queue_kind(entry[4] if len(entry) > 4 else "compute")
+                    program.local_waits.append((slot, other, other_kind))
+                    signal = self.queue(other, other_kind).signal
                     ops.append(wait_op(signal, slot, want_int(entry[3], "wait value", 0, _REL_MAX)))
                 elif kind == "s":
                     signals.append(
@@ -522,7 +555,7 @@ class Session:
                     continue
                 reported = ops[i - 1]
                 assert isinstance(reported, SignalOp)  # each report follows its signal
-                op = run_op(AWAIT, self._report, (program.slot, reported.rel, device.name), -1)
+                op = run_op(AWAIT, self._report, (program.slot, reported.rel, program.device), -1)
             lowered.append(op)
         if any(isinstance(op, AdaptiveKernel) for op in lowered):
             times = self.worker.times
@@ -570,9 +603,7 @@ class Session:
             ]
             try:
                 op = device.lower_launch(
-                    LaunchRequest(
-                        item, kernel, bufs, var_values, dims[0], dims[1], QueueKind.COMPUTE
-                    )
+                    LaunchRequest(item, kernel, bufs, var_values, dims[0], dims[1], program.kind)
                 )
             except Exception as exc:
                 raise Refused(f"kernel {name!r}: {exc}") from None
@@ -593,7 +624,7 @@ class Session:
                         f"queue, which cannot reach {end.device}'s memory; copy it to the "
                         f"client instead (copyout)"
                     )
-            return device.lower_copy(item, dst, src, QueueKind.COMPUTE)
+            return device.lower_copy(item, dst, src, program.kind)
         if kind == "p":
             dst = self.buffer(entry[2], "pull dst")
             if not device.host_visible:
@@ -686,12 +717,13 @@ class Session:
             for p in programs:
                 if p.max_slot >= len(bases):
                     error = (-1, f"a program uses base slot {p.max_slot} of {len(bases)}")
-                for slot, dev in p.local_waits:
+                for slot, dev, kind in p.local_waits:
                     other = slots.get(slot)
-                    if other is None or other.actor is not self.queue(dev):
+                    if other is None or other.actor is not self.queue(dev, kind):
                         error = (
                             -1,
-                            f"a local wait on slot {slot} names no queue of this batch on {dev}",
+                            f"a local wait on slot {slot} names no {kind.value} queue of this "
+                            f"batch on {dev}",
                         )
         client_bases = list(bases)
         if error is None:
@@ -767,14 +799,19 @@ class Session:
                 if self.early.pop((batch_id, early[0]), None) is not None:
                     self.early_bytes -= early[6]
 
-    def progress(self, device: str) -> Signal:
-        """How far this client's queue on `device` has got, in the client's values (what
-        the worker reports to it): what reads from other workers wait on."""
-        signal = self._progress.get(device)
+    def progress(self, queue: str) -> Signal:
+        """How far this client's queue `queue` (DEVICE: its compute queue, DEVICE/copy: its
+        copy queue) has got, in the client's values (what the worker reports to it): what
+        reads from other workers wait on."""
+        signal = self._progress.get(queue)
         if signal is None:
-            if device not in self.worker.runtime.devices:
-                raise Refused(f"this worker has no device {device!r}")
-            signal = self._progress[device] = Signal(f"progress {device}", 0)
+            device, _, kind = queue.partition("/")
+            if device not in self.worker.runtime.devices or kind not in ("", "copy"):
+                raise Refused(
+                    f"this worker has no queue {queue!r}: name a device's compute queue as "
+                    f"DEVICE and its copy queue as DEVICE/copy ({self.worker.runtime.devices})"
+                )
+            signal = self._progress[queue] = Signal(f"progress {queue}", 0)
         return signal
 
     def _reached(self, job: Job, slot: int, rel: int, device: str) -> None:
