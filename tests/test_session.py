@@ -21,7 +21,7 @@ from actorgraph.scheduler import QueueKind
 import actorgraph as ag
 from actorgraph import remote
 from actorgraph.remote._session import Session, _chunks_into
-from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode
+from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode, read_ticket
 from actorgraph.remote._worker import Worker as WorkerServer
 from actorgraph.remote._worker import load_kernels
 from actorgraph.testing import Worker
@@ -842,3 +842,37 @@ async def test_programs_run_on_a_devices_copy_queue(workers: tuple[Worker, Worke
                 meta[-1],
             )
             peer.sock.close()
+
+
+async def test_a_read_asked_before_its_buffer_is_allocated_waits_for_it(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # A destination asks for the bytes as its batch arrives, which may be before the
+    # source's client's "alloc" reached the source worker (it travels on another
+    # connection). The ticket is good: the read waits for the queue, then finds the buffer.
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        client, nonce = await _raw(worker.port)
+        await client.send([encode(["auth", "client", auth_mac(TOKEN, nonce), ["CPU:0"]])])
+        welcome, _ = await client.receive()
+        sid, key = welcome[1], welcome[2]
+        peer = await _peer(worker.port)
+        ref = [1, 0, [4]]
+        await peer.send([encode(["pwhen", 5, sid, ref, read_ticket(key, 1), "CPU:0", 1])])
+        inc = ["k", 0, "inc", [ref, ref], [], [1, 1, 1], [1, 1, 1]]
+        await client.send(
+            [
+                encode(["alloc", 1, "CPU:0", 4, "int32"]),
+                encode(["prog", 1, "CPU:0", [inc, ["s", 2, 1]], False]),
+                encode(["batch", 2, [0, 0, 0], [1], []]),
+            ]
+        )
+        meta, tail = await peer.receive()
+        assert meta[:3] == ["data", 5, 0] and tail == 16, meta
+        got = bytearray(16)
+        await peer.receive_into(memoryview(got))
+        np.testing.assert_array_equal(np.frombuffer(got, np.int32), np.ones(4))
+        meta, _ = await client.receive()
+        assert meta == ["done", 2, 2, None]
+        peer.sock.close()
+        client.sock.close()

@@ -117,6 +117,14 @@ def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
     return registry
 
 
+class UnknownBuffer(Refused):
+    """A peer's read names, with a good ticket, a buffer its session does not hold now."""
+
+    def __init__(self, session: Session, message: str) -> None:
+        super().__init__(message)
+        self.session = session
+
+
 _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -288,13 +296,20 @@ class Worker:
                     await self._send_peer_data(out, req, data)
                     continue
                 _, req, sid, ref, ticket, device, value = want_fields(meta, 7)
-                session, data = self._peer_read(req, sid, ref, ticket)
+                try:
+                    session, data = self._peer_read(req, sid, ref, ticket)
+                except UnknownBuffer as exc:
+                    # The read can come before the source's client's "alloc" has been taken
+                    # here (it travels on the other connection): the ticket is good, so the
+                    # buffer is looked up again once the queue gets there, which is after
+                    # every frame the client sent before the batch that gets it there.
+                    session, data = exc.session, None
                 value = want_int(value, "queue value", 0, 1 << 63)
                 progress = session.progress(want_str(device, "device"))
                 if waiting[0] >= self.limits.max_signals:
                     raise Refused(f"too many waiting reads (limit {self.limits.max_signals})")
                 waiting[0] += 1
-                args = (out, req, session, ref[0], data, progress, value, waiting)
+                args = (out, req, session, ref, data, progress, value, waiting)
                 nursery.start_soon(self._peer_when, *args)
             except (Refused, WireError) as exc:
                 out.send(["error", meta[0], req, str(exc)])
@@ -302,7 +317,8 @@ class Worker:
     def _peer_read(
         self, req: object, sid: object, ref: object, ticket: object
     ) -> tuple[Session, memoryview]:
-        """The session and bytes a peer's read names, checked against its ticket."""
+        """The session and bytes a peer's read names, checked against its ticket.
+        UnknownBuffer if the ticket is good but the session holds no such buffer now."""
         want_int(req, "request id")
         session = self.sessions.get(want_int(sid, "session id"))
         ref = want_list(ref, "buffer", 3, size=3)
@@ -314,6 +330,10 @@ class Worker:
                 f"read of buffer {handle} of session {sid} refused: no such session or a bad "
                 f"read ticket (a read needs the ticket the buffer's own client made for it, "
                 f"which it puts in the copy it plans)"
+            )
+        if handle not in session.buffers and handle not in session.refused:
+            raise UnknownBuffer(
+                session, f"pread src: unknown buffer id {handle} (not allocated by this client)"
             )
         return session, bytes_of(session.buffer(ref, "pread src"))
 
@@ -330,16 +350,21 @@ class Worker:
         out: Outbox,
         req: int,
         session: Session,
-        handle: int,
-        data: memoryview,
+        ref: list[Any],
+        data: memoryview | None,
         progress: Any,
         value: int,
         waiting: list[int],
     ) -> None:
         try:
             await progress.wait_value(value)
-            if self.sessions.get(session.sid) is not session or handle not in session.buffers:
-                out.send(["error", "pwhen", req, "the source's client or buffer went away"])
+            if self.sessions.get(session.sid) is not session:
+                out.send(["error", "pwhen", req, "the source's client went away"])
+                return
+            if data is None:
+                data = bytes_of(session.buffer(ref, "pread src"))
+            elif ref[0] not in session.buffers:
+                out.send(["error", "pwhen", req, f"the source's buffer {ref[0]} was freed"])
                 return
             await self._send_peer_data(out, req, data)
         except (Refused, WireError) as exc:
