@@ -733,6 +733,36 @@ async def test_a_client_leaving_with_gpu_work_stuck_lets_its_memory_go_safely() 
             assert device._reaper is not None  # the free went to the helper thread
 
 
+async def test_a_client_leaving_keeps_the_gpu_words_any_of_its_streams_waits_on() -> None:
+    """A client's compute stream on a worker's GPU is idle, its copy stream waits on a
+    mirror's word when it leaves: the word stays out of reuse (a stream of the device may
+    still read it), whichever of the client's queues comes first."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CUDA:0"], cuda_driver="fake") as rt:
+            device = rt.device("CUDA:0")
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            async with trio.open_nursery() as nursery:
+                session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+                for handle in (1, 2):
+                    session.handle(["alloc", handle, "CUDA:0", 4, "int32"])
+                session.handle(["prog", 1, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
+                session.handle(["batch", 3, [0, 0, 0], [1], []])
+                assert (await replies.wait_for(1))[0] == ["done", 3, 2, None]
+                stuck = [["w", 77, 3, 1], ["c", 0, [2, 0, [4]], [1, 0, [4]]], ["s", 2, 1]]
+                session.handle(["prog", 2, "CUDA:0", stuck, False, "copy"])
+                session.handle(["batch", 4, [0, 0, 0, 0], [2], []])
+                await trio.testing.wait_all_tasks_blocked()
+                compute = session.queues[("CUDA:0", QueueKind.COMPUTE)]
+                copy = session.queues[("CUDA:0", QueueKind.COPY)]
+                assert copy is not compute and copy.gpu_busy and not compute.gpu_busy
+                nursery.cancel_scope.cancel()
+            spare = len(device._spare_words)
+            session.abandon()
+            assert compute.stream.closed and copy.stream.closed
+            assert len(device._spare_words) == spare and len(device._kept_words) == 1
+
+
 async def test_clients_coming_and_going_leave_no_gpu_words_or_tasks_behind() -> None:
     """The mapped words (and the tasks that keep them equal to the signals) a client's
     waits on a worker's GPU use are given back when it leaves, and the next client's

@@ -471,8 +471,7 @@ class Session:
         program.kind = kind
         # The queue's name in reports of progress (what "pwhen" reads name): DEVICE for a
         # compute queue, DEVICE/copy for a copy queue.
-        queue_key = _queue_key(device_name, kind)
-        program.device = queue_key
+        program.device = _queue_key(device_name, kind)
         entries = want_list(entries, "program", self.worker.limits.max_program_ops)
         with device.lowering_for(actor):  # a CUDA item's host work reports to this actor
             self._lower_entries(program, device, actor, entries)
