@@ -49,6 +49,11 @@ def check_host_transfer(what: str) -> None:
         )
 
 
+def capturing() -> bool:
+    """Whether the calling task is inside an @ag.jit function (cheap: one lookup)."""
+    return _SCOPE.get() is not None
+
+
 def check_graph_call() -> None:
     scope = _SCOPE.get()
     if scope is not None and scope.mode is not Mode.EAGER:

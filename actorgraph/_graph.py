@@ -255,11 +255,32 @@ class Graph(Hinted):
             await replay.wait()
             return
         # submit() and Replay.wait() without the Replay: the common call, kept short.
-        _capture.check_graph_call()
+        if _capture.capturing():
+            _capture.check_graph_call()
         # The call's cancel point comes first (cancelled there, it submits nothing), and
         # the submission before any yield, so calls submit in the order they are made.
         await trio.lowlevel.checkpoint_if_cancelled()
-        failure = self._replay_cached(inputs, var_vals, profile)
+        # The call a replay loop makes, run here (`run_here` for inputs and var values
+        # bound before: the cache entry holds their LinearRun), while nothing was freed
+        # since, the runtime is usable and nobody asks for a profile.
+        runtime = self._runtime
+        failure = NOT_HERE
+        if (
+            profile is None
+            and runtime.usable
+            and runtime.frees == self._frees_seen
+            and not (runtime.profiling or self._closed or self._aliased)
+        ):
+            hit = self._bound.get(tuple(map(id, tuple(inputs))))
+            if hit is not None and hit[3] is not None:
+                if not (hit[1] if var_vals is None else var_vals != hit[1]):
+                    failure = hit[3].run()
+                    if failure is NOT_RUN:
+                        failure = NOT_HERE
+                    else:
+                        # Submitted and done where it was made (see the counts' properties).
+                        self._runs_here += 1
+                        runtime.runs_here += 1
         if failure is NOT_HERE:
             program, ops = self._bind(inputs, var_vals)
             failure = self.run_here(program, ops, profile)
@@ -345,32 +366,6 @@ class Graph(Hinted):
             _advance_when_done(sub, then)
         return Replay(self, program, sub, self.replays)
 
-    def _replay_cached(
-        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None, profile: bool | None
-    ) -> Any:
-        """`run_here` for the call a replay loop makes: inputs and var values bound
-        before (the cache entry holds their LinearRun), nothing freed since, runtime
-        usable, no profile. NOT_HERE, having done nothing, for anything else: the full
-        path then binds (and raises what is wrong) as a first call does."""
-        runtime = self._runtime
-        if self._closed or not runtime.usable or runtime.frees != self._frees_seen:
-            return NOT_HERE
-        if profile or (profile is None and runtime.profiling) or self._aliased:
-            return NOT_HERE
-        hit = self._bound.get(tuple(map(id, tuple(inputs))))
-        if hit is None or hit[3] is None:
-            return NOT_HERE
-        bound_vals = hit[1]
-        if bound_vals if var_vals is None else var_vals != bound_vals:
-            return NOT_HERE
-        failure = hit[3].run(runtime.kick)
-        if failure is NOT_RUN:
-            return NOT_HERE
-        # A replay submitted and done where it was made (see the counts' properties).
-        self._runs_here += 1
-        runtime.runs_here += 1
-        return failure
-
     def replay_off_thread(
         self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
     ) -> Any:
@@ -397,9 +392,9 @@ class Graph(Hinted):
         if profile or (profile is None and runtime.profiling):
             return NOT_HERE
         linear = program.linear_run(ops)
-        if linear is None or (quiet and not linear.quiet(runtime.kick)):
+        if linear is None or (quiet and not linear.quiet()):
             return NOT_HERE
-        failure = linear.run(runtime.kick)
+        failure = linear.run()
         if failure is NOT_RUN:
             return NOT_HERE
         # A replay submitted and done where it was made (see the counts' properties).

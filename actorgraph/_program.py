@@ -251,7 +251,15 @@ class Program:
         found: LinearRun | None = None
         order = self.linear_order
         if self.runs_inline and order is not None and LinearRun.inline(ops, order):
-            found = LinearRun(self.actors, self.devices, ops, order, self.counts, self.copy_bytes)
+            found = LinearRun(
+                self.runtime.kick,
+                self.actors,
+                self.devices,
+                ops,
+                order,
+                self.counts,
+                self.copy_bytes,
+            )
         if len(self._linear) >= 8:
             self._linear.pop(next(iter(self._linear)))
         self._linear[key] = (ops, found)
@@ -381,7 +389,7 @@ class Program:
         runtime = self.runtime
         if profiles is None:
             linear = self.linear_run(ops)
-            failure = NOT_RUN if linear is None else linear.run(runtime.kick)
+            failure = NOT_RUN if linear is None else linear.run()
             if failure is not NOT_RUN:
                 # Nothing ran in between: a submission done here was never in flight.
                 sub = self.done_submission(failure)

@@ -51,6 +51,7 @@ class LinearRun:
         "_actors",
         "_calls",
         "_devices",
+        "_kick",
         "_kick_limit",
         "_queues",
         "_ready_at",
@@ -60,6 +61,7 @@ class LinearRun:
 
     def __init__(
         self,
+        kick: Signal,
         actors: Sequence[QueueActor],
         devices: Sequence[Device],
         ops: Sequence[Sequence[Op]],
@@ -75,6 +77,7 @@ class LinearRun:
                 raise ValueError(f"op {i} of queue {q} is not inline; no LinearRun for it")
             calls.append((op[1], op[2]))
             where.append((op[ITEM], q))
+        self._kick = kick
         self._calls = tuple(calls)
         self._where = tuple(where)
         self._actors = tuple(actors)
@@ -110,11 +113,11 @@ class LinearRun:
                 return False
         return True
 
-    def quiet(self, kick: Signal) -> bool:
+    def quiet(self) -> bool:
         """Whether no task waits on a signal the run moves: then moving them wakes
         nobody, and the run may happen off the trio thread (a background runtime's
         caller, while its loop is stopped)."""
-        if kick.waiting:
+        if self._kick.waiting:
             return False
         for actor, _, _, _ in self._queues:
             if actor.signal.waiting:
@@ -131,10 +134,11 @@ class LinearRun:
             left = min(left, _VALUE_MAX - 1 - device.next_ticket)
         return left
 
-    def run(self, kick: Signal) -> Any:
+    def run(self) -> Any:
         """If `ready()`, run every call, then do the actors' bookkeeping, and return
         the first failure (later calls are skipped, as the actors skip the execs after
         one) or None. If not, do nothing and return NOT_RUN."""
+        kick = self._kick
         if kick.value != self._ready_at:
             if not self.ready():
                 return NOT_RUN

@@ -303,12 +303,12 @@ async def test_a_one_loop_run_is_quiet_only_while_no_task_waits_on_what_it_moves
         graph = await rt.compile([ag.Launch(XOR, [a, a, a]), ag.Copy(dst=b, src=a)])
         program, ops = graph._bind((), None)
         linear = program.linear_run(ops)
-        assert linear is not None and linear.quiet(rt.kick)
+        assert linear is not None and linear.quiet()
         for signal in (rt.device("CPU:1").timeline, rt.kick):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(signal.wait_value, 1 << 40)
                 await trio.testing.wait_all_tasks_blocked()
                 # Moving it could wake that task: only the runtime's thread may do that.
-                assert not linear.quiet(rt.kick)
+                assert not linear.quiet()
                 nursery.cancel_scope.cancel()
-            assert linear.quiet(rt.kick)  # a cancelled wait leaves nobody waiting
+            assert linear.quiet()  # a cancelled wait leaves nobody waiting
