@@ -602,12 +602,12 @@ class Connection:
     async def _forward(
         self, signal: Signal, target: int, ext_id: int, direct: _Batch | None
     ) -> None:
-        await signal.wait_value(target)
         queue = QUEUES_BY_SIGNAL.get(id(signal))
         if direct is not None and queue is not None and id(queue.signal) == id(signal):
             # The source's worker tells this one itself, with the bytes. Forward only if
             # the source's worker is lost before this batch ends: it may have died before
-            # it could, and what waits here must go on (its copy then fails).
+            # it could, and what waits here must go on (its copy then fails). Nothing
+            # here wakes as the source's queue moves.
             source = queue.device.connection
             if source.error is None and direct.jobs:
                 event = trio.Event()
@@ -619,6 +619,7 @@ class Connection:
                     source.watchers.discard(event)
             if source.error is None:
                 return
+        await signal.wait_value(target)
         value = signal.value
         if self.error is not None or self._ext_sent.get(ext_id, -1) >= value:
             return

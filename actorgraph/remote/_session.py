@@ -8,6 +8,8 @@ The worker's design and its safety rules are described in actorgraph/remote/_wor
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -266,6 +268,38 @@ class Outbox:
                 w.set()
 
 
+class Progress:
+    """How far a client's queue on one device of this worker has got, in the client's
+    values (what the worker reports to it), and what is to run when it gets further:
+    the bytes or signals other workers asked for, sent from the task that moves it, the
+    moment it moves, ahead of the report to the client.
+
+    Invariants: every entry of `_due` waits for a value above `value`.
+    """
+
+    __slots__ = ("_due", "_seq", "value")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._due: list[tuple[int, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def set(self, value: int) -> None:
+        if value <= self.value:
+            return
+        self.value = value
+        due = self._due
+        while due and due[0][0] <= value:
+            heapq.heappop(due)[2]()
+
+    def when(self, value: int, fn: Callable[[], None]) -> None:
+        """Call `fn()` once the value reaches `value` (now, if it has)."""
+        if self.value >= value:
+            fn()
+        else:
+            heapq.heappush(self._due, (value, next(self._seq), fn))
+
+
 class _BatchSubmission(Submission):
     """The submission of one batch: each job's end is reported to the client as it ends,
     wherever it ran (inline in the reader's task, or on its actor)."""
@@ -307,7 +341,7 @@ class Session:
         self.mirrors: dict[int, Signal] = {}
         self.bytes_used = 0
         self.running: set[Submission] = set()
-        self._progress: dict[str, Signal] = {}
+        self._progress: dict[str, Progress] = {}
         self.client_bases: dict[int, list[int]] = {}  # batch id -> the client's bases
         self.early: dict[tuple[int, int], tuple[PeerRead, bytearray]] = {}
         self.early_bytes = 0
@@ -798,20 +832,20 @@ class Session:
                 if self.early.pop((batch_id, early[0]), None) is not None:
                     self.early_bytes -= early[6]
 
-    def progress(self, queue: str) -> Signal:
+    def progress(self, queue: str) -> Progress:
         """How far this client's queue `queue` (DEVICE: its compute queue, DEVICE/copy: its
         copy queue) has got, in the client's values (what the worker reports to it): what
         reads from other workers wait on."""
-        signal = self._progress.get(queue)
-        if signal is None:
+        progress = self._progress.get(queue)
+        if progress is None:
             device, _, kind = queue.partition("/")
             if device not in self.worker.runtime.devices or kind not in ("", "copy"):
                 raise Refused(
                     f"this worker has no queue {queue!r}: name a device's compute queue as "
                     f"DEVICE and its copy queue as DEVICE/copy ({self.worker.runtime.devices})"
                 )
-            signal = self._progress[queue] = Signal(f"progress {queue}", 0)
-        return signal
+            progress = self._progress[queue] = Progress()
+        return progress
 
     def _reached(self, job: Job, slot: int, rel: int, device: str) -> None:
         client_bases = self.client_bases.get(job.bases[BATCH])

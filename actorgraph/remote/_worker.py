@@ -26,6 +26,7 @@ workers are `Peers` (_peers.py).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import importlib
 import itertools
@@ -309,8 +310,9 @@ class Worker:
                 if waiting[0] >= self.limits.max_signals:
                     raise Refused(f"too many waiting reads (limit {self.limits.max_signals})")
                 waiting[0] += 1
-                args = (out, req, session, ref, data, progress, value, waiting)
-                nursery.start_soon(self._peer_when, *args)
+                # Sent from the task that moves the source's queue there, at once.
+                due = functools.partial(self._peer_due, out, req, session, ref, data, waiting)
+                progress.when(value, due)
             except (Refused, WireError) as exc:
                 out.send(["error", meta[0], req, str(exc)])
 
@@ -337,27 +339,32 @@ class Worker:
             )
         return session, bytes_of(session.buffer(ref, "pread src"))
 
-    async def _send_peer_data(self, out: Outbox, req: int, data: memoryview) -> None:
+    @staticmethod
+    def _queue_peer_data(out: Outbox, req: int, data: memoryview) -> trio.Event:
+        # The tail is the buffer itself (when large): the reader's copy, which waits for
+        # it, is what later writes to the buffer wait for, so it cannot change meanwhile.
         done = None
         for off in range(0, len(data), CHUNK):
             done = out.send(["data", req, off, None], data[off : off + CHUNK])
         if done is None:
             done = out.send(["data", req, 0, None])
-        await done.wait()  # the tail is the buffer itself: sent before it can change
+        return done
 
-    async def _peer_when(
+    async def _send_peer_data(self, out: Outbox, req: int, data: memoryview) -> None:
+        await self._queue_peer_data(out, req, data).wait()
+
+    def _peer_due(
         self,
         out: Outbox,
         req: int,
         session: Session,
         ref: list[Any],
         data: memoryview | None,
-        progress: Any,
-        value: int,
         waiting: list[int],
     ) -> None:
+        """A "pwhen" read's value is reached (or its session ended): send the bytes."""
+        waiting[0] -= 1
         try:
-            await progress.wait_value(value)
             if self.sessions.get(session.sid) is not session:
                 out.send(["error", "pwhen", req, "the source's client went away"])
                 return
@@ -366,11 +373,10 @@ class Worker:
             elif ref[0] not in session.buffers:
                 out.send(["error", "pwhen", req, f"the source's buffer {ref[0]} was freed"])
                 return
-            await self._send_peer_data(out, req, data)
         except (Refused, WireError) as exc:
             out.send(["error", "pwhen", req, str(exc)])
-        finally:
-            waiting[0] -= 1
+            return
+        self._queue_peer_data(out, req, data)
 
 
 async def run_worker(
