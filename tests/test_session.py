@@ -20,7 +20,8 @@ from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
 from actorgraph import remote
-from actorgraph.remote._session import Session, _chunks_into
+from actorgraph.remote._session import Session
+from actorgraph.remote._staging import chunks_into
 from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode, read_ticket
 from actorgraph.remote._worker import Worker as WorkerServer
 from actorgraph.remote._worker import load_kernels
@@ -618,7 +619,7 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                     write = ["hw", -1, [handle, 0, [count]], [handle]]
                     session.handle(["prog", handle, "CPU:0", [write, ["s", 2, 1]], False])
                     codes.append(
-                        [op[0] for op in session.programs[handle].ops if op[1] is _chunks_into]
+                        [op[0] for op in session.programs[handle].ops if op[1] is chunks_into]
                     )
                     session.handle(["batch", handle, [0, 0, 0], [handle], []])
                     assert (await replies.wait_for(handle))[-1] == ["done", handle, 2, None]

@@ -12,6 +12,9 @@ The files, client side first:
     _wire.py        the frames both sides speak, their limits, the HMACs
     _worker.py      `actorgraph worker`: the server, its handshake and routing
     _session.py     one client's state on a worker: buffers, programs, batches
+    _lowered.py     a client's program as a worker lowered it; refusals
+    _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
+    _staging.py     host memory a worker's host writes land in
     _peers.py       the links a worker opens to other workers (copies between workers)
 
 The client side is a kind of device: it imports only actorgraph.devices. The worker side

@@ -11,7 +11,7 @@ import functools
 import heapq
 import itertools
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -39,7 +39,11 @@ from actorgraph.devices import (
 )
 from actorgraph.scheduler import QueueKind
 
+from ._lowered import Program, Refused, signal_slot
+from ._lowered import queue_key as _queue_key
+from ._lowered import queue_kind as _queue_kind
 from ._placement import AdaptiveKernel
+from ._staging import bytes_of, chunks_into
 from ._wire import (
     CHUNK,
     DTYPES,
@@ -62,115 +66,6 @@ _REL_MAX = 1 << 40
 _VALUE_MAX = 1 << 62
 _ITEM_ENTRIES = frozenset(["k", "c", "p", "hw", "hr"])
 EARLY_PULL_BYTES = 1 << 20  # larger copies between workers are read when they run
-
-
-class Refused(Exception):
-    """A request broke a rule; it is answered with an error and the session goes on.
-
-    `item` is the client's item index when the refusal is about one item of a program.
-    """
-
-    def __init__(self, message: str, item: int = -1) -> None:
-        super().__init__(message)
-        self.item = item
-
-
-class _Program:
-    __slots__ = (
-        "actor",
-        "count",
-        "device",
-        "early",
-        "error",
-        "kind",
-        "local_waits",
-        "max_slot",
-        "ops",
-        "slot",
-        "store",
-        "template",
-        "version",
-    )
-
-    def __init__(self) -> None:
-        self.actor: QueueActor | None = None
-        self.ops: tuple[Op, ...] = ()
-        self.count = 0
-        self.slot = 0
-        self.max_slot = 0
-        self.local_waits: list[tuple[int, str, QueueKind]] = []
-        self.store = False
-        self.error: tuple[int, str] | None = None
-        self.device = ""  # the queue's name in reports: DEVICE or DEVICE/copy
-        self.kind = QueueKind.COMPUTE
-        # With kernels placed by their times (_placement.py): the lowered ops they are
-        # coded from, and the KernelTimes.version they were coded at.
-        self.template: list[Op | AdaptiveKernel] | None = None
-        self.version = 0
-        # Copies from another worker asked for when a batch arrives: (item, the "p"
-        # entry's source fields, the source device, the wait's slot and value, mirror id,
-        # bytes)
-        self.early: list[tuple[int, tuple[Any, ...], str, int, int, int, int]] = []
-
-
-def _queue_kind(value: object) -> QueueKind:
-    if value == "compute":
-        return QueueKind.COMPUTE
-    if value == "copy":
-        return QueueKind.COPY
-    raise Refused(
-        f"queue kind {value!r} is not 'compute' or 'copy': a program runs on its device's "
-        f"compute or copy queue; name one of the two"
-    )
-
-
-def _queue_key(device: str, kind: QueueKind) -> str:
-    return device if kind is QueueKind.COMPUTE else f"{device}/{kind.value}"
-
-
-def _signal_slot(entries: object) -> int:
-    """The base slot a program's signal entries name (0 if none is well formed)."""
-    if isinstance(entries, list):
-        for entry in reversed(entries):
-            if isinstance(entry, list) and len(entry) in (3, 4) and entry[0] == "s":
-                if isinstance(entry[1], int):
-                    return entry[1]
-    return 0
-
-
-class StagingPool:
-    """Reused landing space for host writes. Fresh pages are slow to fault in while the
-    kernel copies into them, so bulk data lands in memory that was used before."""
-
-    def __init__(self, keep: int = 4) -> None:
-        self.keep = keep
-        self.free: list[bytearray] = []
-
-    def take(self, nbytes: int) -> bytearray:
-        for i, buf in enumerate(self.free):
-            if len(buf) >= nbytes:
-                return self.free.pop(i)
-        return bytearray(nbytes)
-
-    def give(self, buf: bytearray) -> None:
-        # Called from a device's worker thread too: list operations are atomic.
-        if len(self.free) < self.keep:
-            self.free.append(buf)
-
-
-def _chunks_into(
-    dst: np.ndarray[Any, Any], chunks: Sequence[tuple[bytearray, int]], pool: StagingPool
-) -> None:
-    flat = dst.reshape(-1).view(np.uint8)
-    pos = 0
-    for buf, size in chunks:
-        flat[pos : pos + size] = np.frombuffer(buf, np.uint8, size)
-        pos += size
-        pool.give(buf)
-
-
-def bytes_of(buf: Buffer) -> memoryview:
-    return buf.host_view().reshape(-1).view(np.uint8).data
 
 
 class Outbox:
@@ -306,7 +201,7 @@ class _BatchSubmission(Submission):
 
     __slots__ = ("batch_id", "programs", "session")
 
-    def __init__(self, session: Session, batch_id: int, programs: list[_Program]) -> None:
+    def __init__(self, session: Session, batch_id: int, programs: list[Program]) -> None:
         super().__init__(len(programs), [], [], [()] * len(programs), [])
         self.session = session
         self.batch_id = batch_id
@@ -335,7 +230,7 @@ class Session:
         self.out = out
         self.buffers: dict[int, Buffer] = {}
         self.refused: dict[int, str] = {}
-        self.programs: dict[int, _Program] = {}
+        self.programs: dict[int, Program] = {}
         self.blobs: dict[int, tuple[bytearray, int]] = {}  # id -> (landing space, size)
         self.blob_bytes = 0
         self.mirrors: dict[int, Signal] = {}
@@ -481,7 +376,7 @@ class Session:
             raise Refused(
                 f"too many programs (limit {self.worker.limits.max_programs}); forget some"
             )
-        program = _Program()
+        program = Program()
         program.store = store is True
         self.programs[prog_id] = program
         try:
@@ -489,13 +384,13 @@ class Session:
         except (Refused, WireError) as exc:
             program.error = (exc.item if isinstance(exc, Refused) else -1, str(exc))
             # Its batch reports the refusal on the slot the program signals on.
-            program.slot = _signal_slot(entries)
+            program.slot = signal_slot(entries)
         except Exception as exc:  # a device refused to lower an item: the same, never a
             # program half lowered that a batch would then post
             program.error = (-1, f"{type(exc).__name__}: {exc}")
-            program.slot = _signal_slot(entries)
+            program.slot = signal_slot(entries)
 
-    def _lower(self, program: _Program, device_name: str, entries: object, kind: QueueKind) -> None:
+    def _lower(self, program: Program, device_name: str, entries: object, kind: QueueKind) -> None:
         runtime = self.worker.runtime
         if device_name not in runtime.devices:
             raise Refused(f"this worker has no device {device_name!r} ({runtime.devices})")
@@ -511,7 +406,7 @@ class Session:
             self._lower_entries(program, device, actor, entries)
 
     def _lower_entries(
-        self, program: _Program, device: Device, actor: QueueActor, entries: list[Any]
+        self, program: Program, device: Device, actor: QueueActor, entries: list[Any]
     ) -> None:
         runtime = self.worker.runtime
         ops: list[Op | AdaptiveKernel | None] = []
@@ -599,7 +494,7 @@ class Session:
             program.ops = tuple(lowered)  # type: ignore[arg-type]
 
     def _lower_item(
-        self, device: Device, entry: list[Any], program: _Program
+        self, device: Device, entry: list[Any], program: Program
     ) -> Op | AdaptiveKernel | list[Op]:
         kind = entry[0]
         item = want_int(entry[1], "item index", -1, 1 << 40)
@@ -705,11 +600,11 @@ class Session:
             code = EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
             if device.host_visible:
                 args = (dst.host_view(), chunks, self.worker.staging)
-                return run_op(code, _chunks_into, args, -1)
+                return run_op(code, chunks_into, args, -1)
             # GPU memory: gather the chunks in host memory, then upload them in order.
             staged = np.empty(dst.shape, dst.dtype)
             return [
-                run_op(code, _chunks_into, (staged, chunks, self.worker.staging), -1),
+                run_op(code, chunks_into, (staged, chunks, self.worker.staging), -1),
                 device.lower_host_write(dst, staged, QueueKind.COMPUTE),
             ]
         if kind == "hr":
@@ -731,7 +626,7 @@ class Session:
         bases = [want_int(b, "base", 0, _VALUE_MAX) for b in want_list(bases, "bases", 1 << 17)]
         if len(bases) < FIRST_QUEUE_SLOT:
             raise Refused(f"batch {batch_id}: {len(bases)} bases; a batch has KICK and BATCH first")
-        programs: list[_Program] = []
+        programs: list[Program] = []
         error: tuple[int, str] | None = None
         for pid in want_list(prog_ids, "program ids", 1 << 16):
             pid = want_int(pid, "program id")
@@ -798,7 +693,7 @@ class Session:
                 actor.post(job)
 
     @staticmethod
-    def _reserve(programs: list[_Program], bases: list[int]) -> tuple[int, str] | None:
+    def _reserve(programs: list[Program], bases: list[int]) -> tuple[int, str] | None:
         """Take each program's timeline values on its actor (its base goes in `bases`), all
         or none: a batch refused because one would pass 2**64-1 leaves every timeline as
         it was, so later batches number their values as if it had never come."""
@@ -824,7 +719,7 @@ class Session:
         "batch": _batch,
     }
 
-    def _batch_done(self, batch_id: int, programs: list[_Program], sub: Submission) -> None:
+    def _batch_done(self, batch_id: int, programs: list[Program], sub: Submission) -> None:
         self.running.discard(sub)
         self.client_bases.pop(batch_id, None)
         for p in programs:
@@ -882,7 +777,7 @@ class Session:
             raise ConnectionError(str(read.error))
         dst[:] = staging
 
-    def _job_done(self, batch_id: int, program: _Program, sub: Submission) -> None:
+    def _job_done(self, batch_id: int, program: Program, sub: Submission) -> None:
         """A job of a batch ended (ran to its end, or skipped its items after a failure):
         tell the client, with the submission's failure if there is one."""
         client_bases = self.client_bases.get(batch_id)

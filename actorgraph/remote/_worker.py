@@ -43,9 +43,11 @@ import trio
 from actorgraph import ActorGraphError, Kernel, Runtime, UsageError, open_runtime
 from actorgraph._groups import sole_exception
 
+from ._lowered import Refused
 from ._peers import Peers
 from ._placement import KernelTimes
-from ._session import Outbox, Refused, Session, StagingPool, bytes_of
+from ._session import Outbox, Session
+from ._staging import StagingPool, bytes_of
 from ._wire import (
     CHUNK,
     ConnectionLostError,
