@@ -60,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=["CPU:0"],
         help="comma-separated devices to host (default: CPU:0)",
     )
-    worker.add_argument("--token-file", default=None, help="file holding the clients' shared token")
+    worker.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding the token shared by clients and the other workers of a runtime",
+    )
     worker.add_argument(
         "--kernels",
         action="append",
