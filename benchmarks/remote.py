@@ -12,7 +12,11 @@ Starts two workers on loopback (`actorgraph worker --port 0`, devices CPU:0,CPU:
   to a bare TCP round trip between two trio tasks;
 - copy bandwidth client <-> worker (copyin/copyout, and graph Copy items between a local
   CPU device and a remote one) and worker -> worker (a graph Copy between two workers,
-  the bytes going directly), 64 MiB (target >= 2 GB/s).
+  the bytes going directly), 64 MiB (target >= 2 GB/s);
+- isolation: a client's 1-item replays on a worker device while another client's small
+  kernel on that device runs until the benchmark ends it (default worker options): how
+  many of them finish, and their median time (a worker that runs the slow kernel on its
+  event loop finishes none until it returns; the row cuts them off after 5 s).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from remote_kernels import INC  # noqa: E402
+from remote_kernels import GATED, INC  # noqa: E402
 
 import actorgraph as ag  # noqa: E402
 
@@ -260,6 +265,42 @@ async def bandwidth(rt: ag.Runtime, a: str, b: str, nbytes: int, reps: int = 8) 
     return {k: nbytes / min(v) / 1e9 for k, v in timings.items()}
 
 
+# Set before the workers start: they read it when the gated kernel runs.
+GATE = Path(
+    os.environ.setdefault(
+        "ACTORGRAPH_BENCH_GATE", str(Path(tempfile.gettempdir()) / f"actorgraph-gate-{os.getpid()}")
+    )
+)
+
+
+async def replay_beside_a_slow_kernel(device: str, n: int = 200) -> dict[str, Any]:
+    """Client B's 1-item replays on `device` while client A's small kernel there runs
+    until the gate opens: how many finish in 5 s (all `n`, if A's kernel holds nobody)."""
+    GATE.unlink(missing_ok=True)
+    samples: list[float] = []
+    async with ag.open_runtime([device]) as rt_a, ag.open_runtime([device]) as rt_b:
+        xa = rt_a.alloc(device, 8, np.int32)
+        xb = rt_b.alloc(device, 256, np.int32)
+        graph = await rt_b.compile([ag.Launch(INC, [xb, xb])])
+        for _ in range(20):
+            await graph()
+        slow = await (await rt_a.compile([ag.Launch(GATED, [xa, xa])])).submit()
+        with trio.move_on_after(5) as cut:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await graph()
+                samples.append((time.perf_counter() - t0) * 1e6)
+        GATE.touch()
+        await slow.wait()
+    GATE.unlink(missing_ok=True)
+    return {
+        "replays_done": len(samples),
+        "replays_asked": n,
+        "cut_off_after_5s": cut.cancelled_caught,
+        "us_per_replay_median": statistics.median(samples) if samples else None,
+    }
+
+
 async def main() -> dict[str, Any]:
     wa, port_a = start_worker("CPU:0,CPU:1")
     wb, port_b = start_worker("CPU:0,CPU:1")
@@ -277,6 +318,7 @@ async def main() -> dict[str, Any]:
             r100 = await per_replay(rt, a, 100, 400)
             r1 = await per_replay(rt, a, 1, 400)
             bw = await bandwidth(rt, a, b, 64 << 20)
+        isolation = await replay_beside_a_slow_kernel(a)
     finally:
         wa.kill()
         wb.kill()
@@ -288,6 +330,7 @@ async def main() -> dict[str, Any]:
         "replay_100_items": r100,
         "replay_1_item": r1,
         "bandwidth_GBps_64MiB": bw,
+        "replay_beside_a_slow_kernel": isolation,
         "targets": {
             "step_one_worker_us": 10,
             "step_between_hosts_us": 100,
@@ -329,6 +372,14 @@ def report(results: dict[str, Any]) -> None:
     )
     for key, value in bw.items():
         print(f"copy {key.replace('_', ' '):36s} {value:6.2f} GB/s (64 MiB; target >= 2 GB/s)")
+    iso = results["replay_beside_a_slow_kernel"]
+    median = iso["us_per_replay_median"]
+    print(
+        f"1-item replays while another client's small kernel runs on that device: "
+        f"{iso['replays_done']} of {iso['replays_asked']} done"
+        + (f", median {median:.1f} us" if median is not None else "")
+        + (" (cut off after 5 s)" if iso["cut_off_after_5s"] else "")
+    )
 
 
 if __name__ == "__main__":
