@@ -282,6 +282,7 @@ class Worker:
 
     async def _peer_loop(self, stream: FrameStream, out: Outbox, nursery: trio.Nursery) -> None:
         waiting = [0]  # "pwhen" reads this connection holds, waiting for their value
+        data: memoryview | None  # a "pwhen" read's bytes, or None: looked up when they go
         while True:
             meta, tail = await stream.receive()
             req = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
@@ -295,8 +296,8 @@ class Worker:
                     )
                 if meta[0] == "pread":
                     _, req, sid, ref, ticket = want_fields(meta, 5)
-                    session, data = self._peer_read(req, sid, ref, ticket)
-                    await self._send_peer_data(out, req, data)
+                    session, now = self._peer_read(req, sid, ref, ticket)
+                    await self._send_peer_data(out, req, now)
                     continue
                 _, req, sid, ref, ticket, device, value = want_fields(meta, 7)
                 try:
