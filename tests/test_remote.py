@@ -519,6 +519,47 @@ async def test_waits_between_workers_travel_between_the_workers(
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), np.arange(64) + 6 * n)
 
 
+async def test_a_copy_between_workers_after_a_copy_waits_on_the_source_copy_queue(
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A -> A' -> B -> A' -> A, copies only: each copy between workers follows a copy on
+    # the source's copy queue, and B's worker hears of it from A's, by that queue's name
+    # (DEVICE/copy), with the client forwarding nothing.
+    async def no_forwarding(*args: Any) -> None:
+        pass
+
+    monkeypatch.setattr(remote._connection.Connection, "_forward", no_forwarding)
+    a_worker, b_worker = workers
+    ra, ra1, rb = a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([ra, ra1, rb], verify_plans=True) as rt:
+            x, y, z = (
+                rt.alloc(ra, 64, np.int32),
+                rt.alloc(ra1, 64, np.int32),
+                rt.alloc(rb, 64, np.int32),
+            )
+            items = [
+                ag.Copy(dst=y, src=x),
+                ag.Copy(dst=z, src=y),
+                ag.Launch(INC, [z, z]),
+                ag.Copy(dst=y, src=z),
+                ag.Copy(dst=x, src=y),
+            ]
+            graph = await rt.compile(items)
+            plan = graph.plan
+            assert [str(plan.queues[q]) for q in plan.item_queue] == [
+                f"{ra1}/copy",
+                f"{rb}/copy",
+                f"{rb}/compute",
+                f"{ra1}/copy",
+                f"{ra}/copy",
+            ]
+            await rt.copyin(x, np.arange(64, dtype=np.int32))
+            for n in range(1, 4):
+                await graph()
+                np.testing.assert_array_equal(await rt.copyout(x), np.arange(64) + n)
+
+
 async def test_copies_on_a_worker_overlap_its_compute(
     workers: tuple[Worker, Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
