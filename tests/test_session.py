@@ -415,6 +415,12 @@ class _Replies:
         done.set()
         return done
 
+    def hold(self) -> None:
+        pass  # frames are kept as they are sent: nothing to join
+
+    def release(self) -> None:
+        pass
+
     async def wait_for(self, count: int) -> list[list[Any]]:
         while len(self.sent) < count:
             await self.changed.wait()

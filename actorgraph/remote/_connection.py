@@ -51,6 +51,8 @@ from ._wire import (
 if TYPE_CHECKING:
     from ._device import RemoteDevice, RemoteQueue
 
+EARLY_PULL_BYTES = 1 << 20  # larger copies from a worker are asked for when they run
+EARLY_BYTES = 64 << 20  # staging a connection holds at most for copies asked for ahead
 _SEND_NOW = 1 << 16  # frames up to this many bytes may be sent by the task that makes them
 
 # id(signal) -> the RemoteQueue it is the signal of: which worker queue a wait is on
@@ -214,6 +216,14 @@ class Connection:
         self.bytes_received = 0  # buffer data that came to the client
         self._staging = bytearray()
         self._writing = False  # the writer task is sending
+        # Copies from the worker asked for ahead (_arm): op list id -> (ops, the copies);
+        # (id(job), id(ref)) -> (read, staging); id(job) -> [job, copies not yet run].
+        self._pulls: collections.OrderedDict[int, tuple[Sequence[Op], list[Any]]] = (
+            collections.OrderedDict()
+        )
+        self._early: dict[tuple[int, int], tuple[Job, _Read, bytearray]] = {}
+        self._armed: dict[int, list[Any]] = {}
+        self._early_bytes = 0
         # What flush() could not send whole: the writer sends it before anything else.
         self._unsent: tuple[list[bytes | memoryview], list[_Frame]] | None = None
 
@@ -369,6 +379,7 @@ class Connection:
     # -- AWAIT ops of client-local queues: transfers between the client and the worker --
 
     async def push(self, job: Job, src: np.ndarray[Any, Any], ref: list[Any]) -> None:
+        self._arm(job)
         if job.submission.error is not None:
             return
         self._check()
@@ -386,6 +397,65 @@ class Connection:
         await sent.wait()
         if frame.error is not None:
             raise frame.error
+
+    def _arm(self, job: Job) -> None:
+        """At a client-local job's first transfer with this worker: ask the worker for the
+        bytes of each later copy from it that follows a wait on its queue ("getwhen"),
+        so it sends them with the report of that signal instead of when asked after it.
+        A copy from a worker then costs one message, not a report and a round trip."""
+        pulls = self._pulls_after_waits(job.ops)
+        if not pulls:
+            return
+        armed = self._armed.get(id(job))
+        if armed is not None and armed[0] is job:
+            return
+        if self.error is not None or self._stream is None:
+            return
+        parts: list[bytes | memoryview] = []
+        count = 0
+        for ref, nbytes, slot, rel, queue in pulls:
+            if self._early_bytes + nbytes > EARLY_BYTES:
+                break  # the rest are read when they run
+            staging = bytearray(nbytes)
+            read_id = next(self._ids)
+            read = self._reads[read_id] = _Read(memoryview(staging), False)
+            self._early[(id(job), id(ref))] = (job, read, staging)
+            self._early_bytes += nbytes
+            parts.append(encode(["getwhen", read_id, ref, queue, job.bases[slot] + rel]))
+            count += 1
+        if count:
+            self._armed[id(job)] = [job, count]
+            self._queue_now(_Frame(parts))
+
+    def _consumed(self, job: Job) -> None:
+        armed = self._armed.get(id(job))
+        if armed is not None and armed[0] is job:
+            armed[1] -= 1
+            if not armed[1]:
+                del self._armed[id(job)]
+
+    def _pulls_after_waits(self, ops: Sequence[Op]) -> list[tuple[list[Any], int, int, int, str]]:
+        """The copies from this worker in `ops` that follow a wait on one of its queues:
+        (buffer ref, bytes, the wait's slot and value, the queue's name), kept per op list."""
+        hit = self._pulls.get(id(ops))
+        if hit is not None and hit[0] is ops:
+            return hit[1]
+        found = []
+        for i in range(1, len(ops)):
+            op, wait = ops[i], ops[i - 1]
+            if op[0] != AWAIT or op[1] != self.pull or not isinstance(wait, WaitOp):
+                continue
+            queue = QUEUES_BY_SIGNAL.get(id(wait.signal))
+            if queue is None or queue.signal is not wait.signal:
+                continue
+            dst, ref = op[2]
+            nbytes = int(dst.nbytes)
+            if queue.device.connection is self and nbytes <= EARLY_PULL_BYTES:
+                found.append((ref, nbytes, wait.slot, wait.rel, queue.key))
+        self._pulls[id(ops)] = (ops, found)
+        if len(self._pulls) > self.PROGRAM_CACHE:
+            self._pulls.popitem(last=False)
+        return found
 
     def _announce_signal_after(self, job: Job, ref: list[Any], parts: list[Any]) -> None:
         """A push followed at once by its queue's signal: send that signal's new value to
@@ -416,9 +486,26 @@ class Connection:
             parts.append(encode(["ext", [[ext_id, value]]]))
 
     async def pull(self, job: Job, dst: np.ndarray[Any, Any], ref: list[Any]) -> None:
+        self._arm(job)
+        early = self._early.pop((id(job), id(ref)), None)
+        if early is not None:
+            self._early_bytes -= len(early[2])
+            if early[0] is not job:  # left by a job that never got here (its actor closed)
+                early = None
+            else:
+                self._consumed(job)
         if job.submission.error is not None:
             return
         self._check()
+        if early is not None:
+            # Asked for when the job began: sent by the worker with the signal this copy
+            # waited for, into staging (the destination may have been in use till now).
+            _, read, staging = early
+            await read.done.wait()
+            if read.error is not None:
+                raise read.error
+            flat_bytes(dst)[:] = staging
+            return
         read_id = self.expect_read(flat_bytes(dst))
         read = self._reads[read_id]
         self._queue_now(_Frame([encode(["get", read_id, ref])]))
@@ -652,7 +739,12 @@ class Connection:
                 elif kind == "data":
                     await self._data(meta, tail)
                 elif kind == "error":
-                    pass  # refusals of requests without an answer show up where they are used
+                    # Refusals of requests without an answer show up where they are used;
+                    # a refused read ahead fails the copy waiting for it.
+                    read = self._reads.pop(meta[2], None) if meta[1] == "getwhen" else None
+                    if read is not None:
+                        read.error = RemoteError(f"worker {self.address} refused a read: {meta[3]}")
+                        read.done.set()
                 else:
                     raise WireError(f"unexpected message {kind!r} from the worker")
         except (
@@ -744,6 +836,9 @@ class Connection:
             read.error = error
             read.done.set()
         self._reads.clear()
+        self._early.clear()
+        self._armed.clear()
+        self._early_bytes = 0
         while self._pending:
             entry = self._pending.popleft()
             if type(entry) is tuple:

@@ -240,6 +240,7 @@ class Session:
         self.client_bases: dict[int, list[int]] = {}  # batch id -> the client's bases
         self.early: dict[tuple[int, int], tuple[PeerRead, bytearray]] = {}
         self.early_bytes = 0
+        self.reads_waiting = 0  # "getwhen" reads not yet due
 
     def queue(self, device_name: str, kind: QueueKind = QueueKind.COMPUTE) -> QueueActor:
         """The queue of `kind` this client's programs on `device_name` run on."""
@@ -710,6 +711,32 @@ class Session:
             return (-1, str(exc))
         return None
 
+    def _getwhen(self, meta: list[Any]) -> None:
+        """Send a buffer's bytes once this client's queue `queue` reaches `value` (in the
+        client's values): from the task that gets it there, ahead of that signal's report,
+        so a copy to the client that waits for it costs one message."""
+        _, read_id, ref, queue, value = want_fields(meta, 5)
+        read_id = want_int(read_id, "read id")
+        data = bytes_of(self.buffer(ref, "getwhen src"))
+        value = want_int(value, "queue value", 0, _VALUE_MAX + _REL_MAX)
+        progress = self.progress(want_str(queue, "queue"))
+        if self.reads_waiting >= self.worker.limits.max_signals:
+            raise Refused(f"too many waiting reads (limit {self.worker.limits.max_signals})")
+        self.reads_waiting += 1
+        progress.when(value, functools.partial(self._send_when, read_id, ref[0], data))
+
+    def _send_when(self, read_id: int, handle: int, data: memoryview) -> None:
+        self.reads_waiting -= 1
+        if handle not in self.buffers:
+            self.out.send(["data", read_id, 0, "the buffer was freed, or its client left"])
+            return
+        # The tail is the buffer itself (when large): the client's copy, which waits for
+        # it, is what later writes to the buffer wait for, so it cannot change meanwhile.
+        for off in range(0, len(data), CHUNK):
+            self.out.send(["data", read_id, off, None], data[off : off + CHUNK])
+        if not len(data):
+            self.out.send(["data", read_id, 0, None])
+
     _handlers: ClassVar[dict[str, Callable[[Session, list[Any]], None]]] = {
         "alloc": _alloc,
         "free": _free,
@@ -717,6 +744,7 @@ class Session:
         "ext": _ext,
         "prog": _prog,
         "batch": _batch,
+        "getwhen": _getwhen,
     }
 
     def _batch_done(self, batch_id: int, programs: list[Program], sub: Submission) -> None:
@@ -750,8 +778,14 @@ class Session:
     # -- AWAIT ops run by the worker's actors --
 
     async def _report(self, job: Job, slot: int, rel: int, device: str) -> None:
-        self._reached(job, slot, rel, device)
-        self.out.send(["sig", job.bases[BATCH], slot, rel])
+        # What the new value makes due for this client (the bytes of copies it asked for
+        # ahead) leaves in one send with the report.
+        self.out.hold()
+        try:
+            self._reached(job, slot, rel, device)
+            self.out.send(["sig", job.bases[BATCH], slot, rel])
+        finally:
+            self.out.release()
 
     async def _pull(
         self,
@@ -780,13 +814,21 @@ class Session:
     def _job_done(self, batch_id: int, program: Program, sub: Submission) -> None:
         """A job of a batch ended (ran to its end, or skipped its items after a failure):
         tell the client, with the submission's failure if there is one."""
-        client_bases = self.client_bases.get(batch_id)
-        if client_bases is not None:
-            self.progress(program.device).set(client_bases[program.slot] + program.count)
-        error = None
-        if sub.error is not None:
-            error = [sub.failed_item, sub.failed_actor, f"{type(sub.error).__name__}: {sub.error}"]
-        self.out.send(["done", batch_id, program.slot, error])
+        self.out.hold()  # what the job's end makes due leaves with its report, in one send
+        try:
+            client_bases = self.client_bases.get(batch_id)
+            if client_bases is not None:
+                self.progress(program.device).set(client_bases[program.slot] + program.count)
+            error = None
+            if sub.error is not None:
+                error = [
+                    sub.failed_item,
+                    sub.failed_actor,
+                    f"{type(sub.error).__name__}: {sub.error}",
+                ]
+            self.out.send(["done", batch_id, program.slot, error])
+        finally:
+            self.out.release()
 
     async def _send_read(self, job: Job, read_id: int, data: memoryview) -> None:
         if job.submission.error is not None:
