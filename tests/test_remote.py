@@ -605,3 +605,36 @@ async def test_copies_on_a_worker_overlap_its_compute(
                 np.testing.assert_array_equal(await rt.copyout(held), np.arange(16) + 1)
     finally:
         a_worker.kill()
+
+
+async def test_copies_from_a_worker_are_asked_for_ahead(
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A chain between the local device and a worker: each copy back from the worker
+    # follows a wait on the worker's queue, so the client asks for its bytes when the job
+    # begins and reads none when the copy runs; the results still equal numpy.
+    name = workers[0].name("CPU:0")
+    reads_on_demand: list[int] = []
+    expect_read = remote._connection.Connection.expect_read
+
+    def counted(self: Any, view: memoryview, staged: bool = False) -> int:
+        reads_on_demand.append(len(view))
+        return expect_read(self, view, staged)
+
+    monkeypatch.setattr(remote._connection.Connection, "expect_read", counted)
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", name], verify_plans=True) as rt:
+            xs = [rt.alloc("CPU:0", 32, np.int32), rt.alloc(name, 32, np.int32)]
+            items: list[Any] = []
+            for i in range(8):
+                here, there = xs[i % 2], xs[(i + 1) % 2]
+                items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
+            graph = await rt.compile(items)
+            rng = np.random.default_rng(5)
+            for _ in range(3):
+                start_value = rng.integers(0, 1 << 30, 32, dtype=np.int32)
+                await rt.copyin(xs[0], start_value)
+                del reads_on_demand[:]
+                await graph()
+                assert reads_on_demand == []
+                np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 8)

@@ -913,3 +913,54 @@ async def test_a_read_asked_before_its_buffer_is_allocated_waits_for_it(
         assert meta == ["done", 2, 2, None]
         peer.sock.close()
         client.sock.close()
+
+
+async def test_a_read_asked_ahead_comes_with_the_report_of_its_value(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # "getwhen": the bytes leave once the client's queue reaches the value, as they are
+    # then, ahead of that signal's report in one send; a read of a buffer or a queue the
+    # session does not have is refused with an error naming the read, and it goes on.
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        stream = await _session(worker.port)
+        data = np.arange(4, dtype=np.int32)
+        await stream.send(
+            [
+                encode(["alloc", 1, "CPU:0", 4, "int32"]),
+                encode(["put", [1, 0, [4]], 0], data.nbytes),
+                data.tobytes(),
+                # Due at value 5 of the client's CPU:0 compute queue: its base 4, plus 1.
+                encode(["getwhen", 7, [1, 0, [4]], "CPU:0", 5]),
+            ]
+        )
+        inc = ["k", 0, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
+        program = [inc, ["s", 2, 1], inc, ["s", 2, 2]]  # the first signal is reported
+        await stream.send(
+            [
+                encode(["prog", 1, "CPU:0", program, False]),
+                encode(["batch", 3, [0, 0, 4], [1], []]),
+            ]
+        )
+        meta, tail = await stream.receive()
+        assert meta == ["data", 7, 0, None] and tail == data.nbytes
+        got = bytearray(tail)
+        await stream.receive_into(memoryview(got))
+        np.testing.assert_array_equal(np.frombuffer(got, np.int32), data + 1)  # one inc
+        assert (await stream.receive())[0] == ["sig", 3, 2, 1]
+        assert (await stream.receive())[0] == ["done", 3, 2, None]
+        refusals = [
+            (["getwhen", 8, [9, 0, [4]], "CPU:0", 1], r"getwhen src: unknown buffer id 9"),
+            (["getwhen", 9, [1, 0, [4]], "CPU:7", 1], r"this worker has no queue 'CPU:7'"),
+        ]
+        for request, message in refusals:
+            await stream.send([encode(request)])
+            meta, _ = await stream.receive()
+            assert meta[:3] == ["error", "getwhen", request[1]] and re.search(message, meta[3])
+        # Asked for a value already reached: the bytes come at once.
+        await stream.send([encode(["getwhen", 10, [1, 0, [4]], "CPU:0", 6])])
+        meta, tail = await stream.receive()
+        assert meta == ["data", 10, 0, None] and tail == data.nbytes
+        await stream.receive_into(memoryview(got))
+        np.testing.assert_array_equal(np.frombuffer(got, np.int32), data + 2)
+        stream.sock.close()

@@ -63,7 +63,17 @@ so a chain between two devices of one worker sends nothing back until its jobs e
 Copies between a client-local device and a remote one run on the local device's copy
 queue as an AWAIT op that pushes or pulls the bytes. A push followed at once by its
 queue's signal carries that signal's new value for the worker's mirror in the same send:
-the worker takes frames in order, so what waits there runs as the bytes land.
+the worker takes frames in order, so what waits there runs as the bytes land. A pull that
+follows a wait on a queue of the worker is asked for when the local job makes its first
+transfer with that worker (["getwhen", read id, buffer, queue, value]): the worker sends
+the bytes from the task that gets its queue to the value, in the same send as that
+signal's report, and the pull copies them from where they landed. Either way a step
+between a client-local device and a worker is one message.
+
+Frames leave from the task that makes them when the socket takes them at once (a
+submission's batch from the submitter, a report from the worker's actor), and a batch
+whose queues are idle runs in the worker's reader task, as a replay on idle local queues
+runs in its caller's: a replay on one worker costs neither side a task switch.
 
 A copy between two workers runs on the destination's worker and reads the bytes directly
 from the source worker over a peer link (opened once and kept, many reads on it), with
