@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 from _workers import GUARD, TOKEN, runtime, start
+from actorgraph.devices import Job, QueueActor, Submission
 from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
@@ -964,3 +965,37 @@ async def test_a_read_asked_ahead_comes_with_the_report_of_its_value(
         await stream.receive_into(memoryview(got))
         np.testing.assert_array_equal(np.frombuffer(got, np.int32), data + 2)
         stream.sock.close()
+
+
+async def test_a_long_run_of_quick_kernels_lets_other_clients_in_between() -> None:
+    """Kernels each quick enough for the event loop, but many in a row: the worker cuts
+    the run where it would hold the loop past RUN_BUDGET_S by their known times, with a
+    checkpoint there, and still runs every kernel in order."""
+    from actorgraph.devices import AWAIT, EXEC, run_op
+
+    from actorgraph.remote._placement import RUN_BUDGET_S, AdaptiveKernel, KernelTimes
+
+    ran: list[int] = []
+    note = ran.append
+    times = KernelTimes(clock=lambda: 0.0)
+    per_call = RUN_BUDGET_S / 11.5  # 11 fit in the budget, the 12th does not
+    times.record("quick", per_call)
+    assert times.inline("quick")
+    template = [AdaptiveKernel(times, "quick", run_op(EXEC, note, (i,), i)) for i in range(23)]
+    ops = times.code(template)
+    kernels_between: list[list[int]] = [[]]  # kernels of each run, cut at the checkpoints
+    for op in ops:
+        if op[0] == AWAIT:
+            kernels_between.append([])
+        elif op[1] is note:
+            kernels_between[-1].append(op[2][0])
+    assert [len(run) for run in kernels_between] == [11, 11, 1]
+    actor = QueueActor("q")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        sub = Submission(1, [], [], [()], [])
+        actor.post(Job(ops, [0, 0, 0], sub, 0))
+        with trio.fail_after(GUARD):
+            await sub.done.wait()
+        nursery.cancel_scope.cancel()
+    assert sub.error is None and ran == list(range(23))

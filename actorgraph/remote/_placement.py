@@ -14,6 +14,10 @@ kernel name, bytes of each buffer, var values.
   `KernelTimes`): a kernel slow from the start never delays another client, and one
   that turns slow (on other data) delays them once, then rarely.
 
+A run of inline kernels expected to take more than `RUN_BUDGET_S` in all is cut in
+runs that do not, with a trio checkpoint between them: however many quick kernels a
+program has, the event loop is never held for much longer than that.
+
 Inline calls are not timed one by one (two clock reads per call would cost the small
 replays this is for); each run of consecutive inline kernels is timed as a whole, and a
 run that takes more than the bound longer than its kernels' quick times add up to
@@ -34,10 +38,18 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from actorgraph.devices import EXEC, EXEC_THREAD, Op, run_op
+import trio
 
-INLINE_BOUND_S = 100e-6  # a kernel seen to take longer leaves the event loop for good
+from actorgraph.devices import AWAIT, EXEC, EXEC_THREAD, Op, run_op
+
+INLINE_BOUND_S = 100e-6  # a kernel seen to take longer leaves the event loop
+RUN_BUDGET_S = 1e-3  # inline kernels expected to take longer in all yield between them
 SHAPES_KEPT = 4096  # shapes a worker remembers; a forgotten one is measured again
+
+
+async def _yield(job: Any) -> None:
+    """Let the worker's other tasks (other clients) run, between long runs of kernels."""
+    await trio.lowlevel.checkpoint()
 
 
 class AdaptiveKernel:
@@ -138,6 +150,12 @@ class KernelTimes:
 
         for entry in template:
             if isinstance(entry, AdaptiveKernel) and self.inline(entry.key):
+                if run and expected + self.quick_time(entry.key) > RUN_BUDGET_S:
+                    # Many quick kernels in a row would hold the loop for long: let the
+                    # other clients' work in between.
+                    close()
+                    run = []
+                    ops.append(run_op(AWAIT, _yield, (), -1))
                 if not run:
                     cell = [0.0]
                     expected = 0.0
