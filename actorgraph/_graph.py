@@ -145,10 +145,13 @@ class Graph(Hinted):
         self._inputs = program.inputs
         self._closed = False
         # Op lists bound for recently seen input sets (double buffering, rotating
-        # inputs): id tuple -> (inputs, var values, ops, their LinearRun or None).
-        # Cleared when anything is freed.
+        # inputs): inputs -> (inputs, var values, ops, their LinearRun or None). Keyed
+        # by the Buffers themselves, which hash and compare by identity, so a hit means
+        # the very same buffers; only checked inputs (Buffers) are stored. Cleared when
+        # anything is freed.
         self._bound: dict[
-            tuple[int, ...], tuple[tuple[Buffer, ...], dict[Var, int], Any, LinearRun | None]
+            tuple[Buffer, ...],
+            tuple[tuple[Buffer, ...], dict[Var, int], Any, LinearRun | None],
         ] = {}
         self._frees_seen = runtime.frees
         self._internal: dict[int, list[Buffer]] = {}
@@ -271,7 +274,10 @@ class Graph(Hinted):
             and runtime.frees == self._frees_seen
             and not (runtime.profiling or self._closed or self._aliased)
         ):
-            hit = self._bound.get(tuple(map(id, tuple(inputs))))
+            try:
+                hit = self._bound.get(tuple(inputs))
+            except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
+                hit = None
             if hit is not None and hit[3] is not None:
                 if not (hit[1] if var_vals is None else var_vals != hit[1]):
                     failure = hit[3].run()
@@ -452,17 +458,19 @@ class Graph(Hinted):
             self._bound.clear()
             self._aliased.clear()
             self._frees_seen = runtime.frees
-        # Both caches hold the input sets they are keyed by, so their buffers stay alive
-        # and equal ids mean the very same buffers.
-        key = tuple(map(id, inputs))
         if self._aliased:
-            aliased = self._aliased.get(key)
+            # It holds the input sets it is keyed by, so their buffers stay alive and
+            # equal ids mean the very same buffers.
+            aliased = self._aliased.get(tuple(map(id, inputs)))
             if aliased is not None:
                 program = aliased[1]
                 checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
                 return program, program.bind(inputs, checked)
         values = var_vals if var_vals is not None else {}
-        hit = self._bound.get(key)
+        try:
+            hit = self._bound.get(inputs)
+        except TypeError:  # an input that cannot be hashed is no Buffer: checked below
+            hit = None
         if hit is not None and values == hit[1]:
             return self._program, hit[2]
         if hit is None:
@@ -473,7 +481,7 @@ class Graph(Hinted):
         ops = self._program.bind(inputs, checked)
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
-        self._bound[key] = (inputs, dict(values), ops, self._program.linear_run(ops))
+        self._bound[inputs] = (inputs, dict(values), ops, self._program.linear_run(ops))
         return self._program, ops
 
     def _replan(

@@ -92,6 +92,13 @@ async def test_input_that_is_not_a_buffer(rt: ag.Runtime) -> None:
     graph, (a, _, _) = await xor_graph(rt)
     with raises(ag.InputError, "input 1 must be a Buffer, got array("):
         await graph([a, np.zeros(64, I32)])  # type: ignore[list-item]
+    b = rt.alloc("CPU:0", 64, I32)
+    await graph([a, b])  # bound: the next calls look their inputs up first
+    with raises(ag.InputError, "input 1 must be a Buffer, got array("):
+        await graph([a, np.zeros(64, I32)])  # type: ignore[list-item]
+    with raises(ag.InputError, "input 1 must be a Buffer, got 7"):
+        await graph([a, 7])  # type: ignore[list-item]
+    await graph([a, b])
     with raises(ag.UsageError, "input 0 must be a Buffer, got 'a'"):
         await rt.compile([ag.Launch(XOR, bufs(rt, 3))], inputs=["a"])  # type: ignore[list-item]
 
