@@ -560,6 +560,62 @@ async def test_a_copy_between_workers_after_a_copy_waits_on_the_source_copy_queu
                 np.testing.assert_array_equal(await rt.copyout(x), np.arange(64) + n)
 
 
+async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: tuple[Worker, Worker]
+) -> None:
+    # B copies A0's x twice: first before a gated kernel rewrites x, then after; the
+    # second copy's need for that kernel is known through A1 (it follows a copy from A1
+    # that waited on it), so the plan gives it no wait of its own on A0. The bytes of
+    # the second copy must not be asked for on the first copy's wait, which A0 passes
+    # before the kernel: that read would send x as it was.
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    ahead: list[list[Any]] = []
+    with_source_wait = remote._connection._with_source_wait
+
+    def spy(entry: list[Any], waits: Any) -> list[Any]:
+        out = with_source_wait(entry, waits)
+        if out is not entry:
+            ahead.append(out)
+        return out
+
+    monkeypatch.setattr(remote._connection, "_with_source_wait", spy)
+    a_worker = start("CPU:0,CPU:1", extra_args=("--thread-bytes", "0"))
+    _, b_worker = workers
+    ra, ra1, rb = a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([ra, ra1, rb], verify_plans=True) as rt:
+                x0, x, y = (rt.alloc(ra, 16, np.int32) for _ in range(3))
+                z = rt.alloc(ra1, 16, np.int32)
+                u, w, v = (rt.alloc(rb, 16, np.int32) for _ in range(3))
+                await rt.copyin(x, np.full(16, 1, np.int32))
+                await rt.copyin(y, np.full(16, 7, np.int32))
+                graph = await rt.compile(
+                    [
+                        ag.Launch(INC, [x0, x0]),
+                        ag.Copy(dst=u, src=x0),
+                        ag.Launch(GATED, [x, y]),
+                        ag.Copy(dst=z, src=x),
+                        ag.Copy(dst=w, src=z),
+                        ag.Copy(dst=v, src=x),
+                    ]
+                )
+                replay = await graph.submit()
+                # The copies into B asked for ahead: the first, and the one from A1.
+                assert [entry[1] for entry in ahead] == [1, 4]
+                compute = rt.device(ra).queues[QueueKind.COMPUTE]
+                await compute.signal.wait_value(compute.signal.value + 1)  # INC is done
+                await trio.testing.wait_all_tasks_blocked()
+                gate.touch()
+                await replay.wait()
+                np.testing.assert_array_equal(await rt.copyout(v), np.full(16, 7))
+                np.testing.assert_array_equal(await rt.copyout(w), np.full(16, 7))
+                np.testing.assert_array_equal(await rt.copyout(u), np.ones(16))
+    finally:
+        a_worker.kill()
+
+
 async def test_copies_on_a_worker_overlap_its_compute(
     workers: tuple[Worker, Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

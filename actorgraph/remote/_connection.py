@@ -642,7 +642,9 @@ class Connection:
         one_shot = False
         program = _Program(next(self._ids), job.ops, queue)
         entries: list[Any] = []
-        mirror_waits: dict[int, tuple[int, int, int]] = {}  # id(signal) -> last wait on it
+        # The waits of the item about to come (since the previous item or signal):
+        # id(signal) -> (base slot, value, mirror id)
+        own_waits: dict[int, tuple[int, int, int]] = {}
         for op in job.ops:
             if isinstance(op, WaitOp):
                 signal = op.signal
@@ -656,13 +658,15 @@ class Connection:
                     self._signal_ids[id(signal)] = known
                 entries.append(["w", known[1], op.slot, op.rel])
                 program.mirrors.append((signal, op.slot, op.rel, known[1]))
-                mirror_waits[id(signal)] = (op.slot, op.rel, known[1])
+                own_waits[id(signal)] = (op.slot, op.rel, known[1])
             elif isinstance(op, SignalOp):
+                own_waits = {}
                 # Reported back only where a queue off this worker waits on it (the job's
                 # last signal always is, with its "done").
                 entries.append(["s", op.slot, op.rel] if op.host else ["s", op.slot, op.rel, 0])
             elif isinstance(op, WireOp):
-                entry = _with_source_wait(op.entry, mirror_waits)
+                entry = _with_source_wait(op.entry, own_waits)
+                own_waits = {}
                 if entry is not op.entry:
                     program.direct.add(tuple(entry[-3:]))  # type: ignore[arg-type]
                 entries.append(entry)
@@ -865,21 +869,33 @@ class Connection:
 
 
 def _with_source_wait(entry: list[Any], waits: dict[int, tuple[int, int, int]]) -> list[Any]:
-    """A copy from another worker ("p") that follows a wait on the source's queue names
-    that wait, and that queue in place of the source device, so the worker can have the
-    bytes sent the moment the source gets there."""
+    """A copy from another worker ("p") whose own waits (`waits`: those just before it)
+    include one on a queue of the source device names that wait, and that queue in place
+    of the source device, so the worker can have the bytes sent the moment the source
+    gets there.
+
+    Only the copy's own wait says its source is ready: a wait of an earlier item may be
+    for a lower value (the copy's own need was known through another queue, so the plan
+    has no wait for it). And with waits on both queues of the source device (it was
+    written by both), one alone does not: the copy then reads when it runs. Not seen
+    here: a need on the source device's other queue that the plan leaves out because it
+    is known met through a third queue; a wait on one queue does not imply it."""
     if entry[0] != "p":
         return entry
     _, _, _, host, port, sid, _, _, inner = entry
-    for signal_id, wait in reversed(waits.items()):
+    found: list[tuple[RemoteQueue, tuple[int, int, int]]] = []
+    for signal_id, wait in waits.items():
         queue = QUEUES_BY_SIGNAL.get(signal_id)
         if queue is None or id(queue.signal) != signal_id:
             continue
         source = queue.device
         conn = source.connection
         if (conn.host, conn.port, conn.session_id, source.inner) == (host, port, sid, inner):
-            return [*entry[:8], queue.key, *wait]
-    return entry
+            found.append((queue, wait))
+    if len(found) != 1:
+        return entry
+    queue, wait = found[0]
+    return [*entry[:8], queue.key, *wait]
 
 
 def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:
