@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 import actorgraph as ag
 from actorgraph.testing import Worker, start_worker
 
@@ -19,3 +21,30 @@ def start(devices: str, **options: Any) -> Worker:
 
 def runtime(names: list[str], **options: object) -> object:
     return ag.open_runtime(names, remote_token=TOKEN, **options)
+
+
+class Replies:
+    """What a session sends its client, kept in a list (an in-process session's outbox)."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+        self.changed = trio.Event()
+
+    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
+        self.sent.append(meta)
+        self.changed.set()
+        self.changed = trio.Event()
+        done = trio.Event()
+        done.set()
+        return done
+
+    def hold(self) -> None:
+        pass  # frames are kept as they are sent: nothing to join
+
+    def release(self) -> None:
+        pass
+
+    async def wait_for(self, count: int) -> list[list[Any]]:
+        while len(self.sent) < count:
+            await self.changed.wait()
+        return self.sent

@@ -1003,3 +1003,48 @@ async def test_alloc_on_a_gpu_starts_zeroed_and_counts_elements() -> None:
             got = await rt.copyout(buf)
             np.testing.assert_array_equal(got.reshape(-1)[5:10], np.arange(5))
             assert not got.reshape(-1)[:5].any() and not got.reshape(-1)[10:].any()
+
+
+async def test_each_client_of_a_worker_gets_a_stream_of_its_own() -> None:
+    """Two clients of a worker on one GPU (in process, with the worker's sessions): A's
+    job waits for a signal A has not set (on its stream, with stream memory operations);
+    B's job on the same GPU runs and reports meanwhile. When they leave, their streams go, and the words A's wait used
+    are reused by the next client. On the real driver too (test_cuda_shim.py)."""
+    from _cuda_kernels import INC
+    from _workers import Replies
+
+    from actorgraph.remote._session import Session
+    from actorgraph.remote._wire import Limits
+    from actorgraph.remote._worker import Worker as WorkerServer
+
+    inc_all = ["k", 0, "inc_k", [[1, 0, [SIZE]]], [SIZE], [1, 1, 1], [SIZE, 1, 1]]
+    with trio.fail_after(30):
+        async with runtime(["CUDA:0"]) as rt:
+            device = rt.device("CUDA:0")
+            server = WorkerServer(rt, {"inc_k": INC}, None, Limits())
+            replies = [Replies(), Replies()]
+            async with trio.open_nursery() as nursery:
+                a, b = (Session(server, i + 1, replies[i], nursery) for i in range(2))  # type: ignore[arg-type]
+                for session in (a, b):
+                    session.handle(["alloc", 1, "CUDA:0", SIZE, "int32"])
+                # A waits for its mirror 7 on base slot 3: on the stream, on a mapped word.
+                a.handle(["prog", 1, "CUDA:0", [["w", 7, 3, 1], inc_all, ["s", 2, 1]], False])
+                a.handle(["batch", 5, [0, 0, 0, 0], [1], []])
+                for batch in (5, 6):
+                    b.handle(["prog", 1, "CUDA:0", [inc_all, ["s", 2, 1]], False])
+                    b.handle(["batch", batch, [0, 0, 0], [1], []])
+                    assert (await replies[1].wait_for(batch - 4))[-1] == ["done", batch, 2, None]
+                assert replies[0].sent == []  # A's job still waits
+                a.handle(["ext", [[7, 1]]])
+                assert (await replies[0].wait_for(1)) == [["done", 5, 2, None]]
+                streams = [s.queues[("CUDA:0", QueueKind.COMPUTE)].stream for s in (a, b)]
+                assert len(set(map(id, streams))) == 2 and len(device.all_queues()) == 4
+                nursery.cancel_scope.cancel()
+            words = len(device._mirrors)
+            for session in (a, b):
+                session.abandon()
+                rt.free(session.buffers.pop(1))
+            assert len(device.all_queues()) == 2
+            # With stream memory operations the wait was on a word; without, on the host.
+            assert device._mirrors == {} and len(device._spare_words) == words
+            assert words == (1 if device.mem_ops else 0)

@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 from _workers import GUARD, TOKEN, runtime, start
+from _workers import Replies as _Replies
 from actorgraph.devices import Job, QueueActor, Submission
 from actorgraph.scheduler import QueueKind
 
@@ -399,33 +400,6 @@ async def test_a_copy_between_a_gpu_and_a_remote_device_is_refused_clearly(ag_wo
                     ),
                 ):
                     await rt.compile([ag.Copy(dst=dst, src=src)])
-
-
-class _Replies:
-    """What a session sends its client, kept in a list (an in-process session's outbox)."""
-
-    def __init__(self) -> None:
-        self.sent: list[list[Any]] = []
-        self.changed = trio.Event()
-
-    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
-        self.sent.append(meta)
-        self.changed.set()
-        self.changed = trio.Event()
-        done = trio.Event()
-        done.set()
-        return done
-
-    def hold(self) -> None:
-        pass  # frames are kept as they are sent: nothing to join
-
-    def release(self) -> None:
-        pass
-
-    async def wait_for(self, count: int) -> list[list[Any]]:
-        while len(self.sent) < count:
-            await self.changed.wait()
-        return self.sent
 
 
 def _incs(handle: int, count: int, slot: int) -> list[Any]:
