@@ -616,6 +616,48 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
         a_worker.kill()
 
 
+async def test_a_copy_from_a_worker_written_by_both_its_queues_is_read_when_it_runs(
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # x on A0 is written half by a kernel (A0's compute queue), half by a copy from A1
+    # (A0's copy queue); the copy of x to the local device waits on both, and neither
+    # alone says x is ready: it is not asked for ahead on one of them. y, written by the
+    # kernel only, is.
+    ahead: list[int] = []
+    pulls_after_waits = remote._connection.Connection._pulls_after_waits
+
+    def spy(self: Any, ops: Any) -> Any:
+        found = pulls_after_waits(self, ops)
+        ahead.extend(int(ref[0]) for ref, *_ in found)
+        return found
+
+    monkeypatch.setattr(remote._connection.Connection, "_pulls_after_waits", spy)
+    a_worker, _ = workers
+    ra, ra1 = a_worker.name("CPU:0"), a_worker.name("CPU:1")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", ra, ra1], verify_plans=True) as rt:
+            x, y = rt.alloc(ra, 16, np.int32), rt.alloc(ra, 16, np.int32)
+            z = rt.alloc(ra1, 8, np.int32)
+            out_x, out_y = rt.alloc("CPU:0", 16, np.int32), rt.alloc("CPU:0", 16, np.int32)
+            await rt.copyin(x, np.arange(16, dtype=np.int32))
+            await rt.copyin(z, np.full(8, 50, np.int32))
+            graph = await rt.compile(
+                [
+                    ag.Launch(INC, [x.view(offset=0, size=8), x.view(offset=0, size=8)]),
+                    ag.Copy(dst=x.view(offset=8, size=8), src=z),
+                    ag.Launch(INC, [y, y]),
+                    ag.Copy(dst=out_x, src=x),
+                    ag.Copy(dst=out_y, src=y),
+                ]
+            )
+            for n in range(1, 3):
+                await graph()
+                want_x = np.concatenate([np.arange(8) + n, np.full(8, 50)])
+                np.testing.assert_array_equal(await rt.copyout(out_x), want_x)
+                np.testing.assert_array_equal(await rt.copyout(out_y), np.full(16, n))
+            assert ahead and set(ahead) == {y.memory.handle}
+
+
 async def test_copies_on_a_worker_overlap_its_compute(
     workers: tuple[Worker, Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

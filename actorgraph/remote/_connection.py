@@ -442,15 +442,28 @@ class Connection:
             return hit[1]
         found = []
         for i in range(1, len(ops)):
-            op, wait = ops[i], ops[i - 1]
-            if op[0] != AWAIT or op[1] != self.pull or not isinstance(wait, WaitOp):
+            op = ops[i]
+            if op[0] != AWAIT or op[1] != self.pull:
                 continue
-            queue = QUEUES_BY_SIGNAL.get(id(wait.signal))
-            if queue is None or queue.signal is not wait.signal:
+            # The copy's own waits (those just before it) on this worker's queues: they
+            # are on the source device's, for what wrote the source. With one, its value
+            # says the bytes are ready; with two (both of its queues wrote them), neither
+            # alone does, and the copy reads when it runs.
+            mine: list[tuple[WaitOp, RemoteQueue]] = []
+            j = i - 1
+            while j >= 0 and isinstance(ops[j], WaitOp):
+                wait = ops[j]
+                queue = QUEUES_BY_SIGNAL.get(id(wait.signal))
+                if queue is not None and queue.signal is wait.signal:
+                    if queue.device.connection is self:
+                        mine.append((wait, queue))
+                j -= 1
+            if len(mine) != 1:
                 continue
+            wait, queue = mine[0]
             dst, ref = op[2]
             nbytes = int(dst.nbytes)
-            if queue.device.connection is self and nbytes <= EARLY_PULL_BYTES:
+            if nbytes <= EARLY_PULL_BYTES:
                 found.append((ref, nbytes, wait.slot, wait.rel, queue.key))
         self._pulls[id(ops)] = (ops, found)
         if len(self._pulls) > self.PROGRAM_CACHE:
