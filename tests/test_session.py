@@ -479,7 +479,7 @@ async def test_forged_frames_on_a_peer_link_are_refused(workers: tuple[Worker, W
                 assert meta[0] == "error", meta
                 assert re.search(
                     rf"'{meta_out[0]}' on a worker-to-worker link: a peer connection can only "
-                    r"read \('pread', 'pwhen'\); other requests come from the client",
+                    r"read \('pread', 'pwhen', 'pwatch'\); other requests come from the client",
                     meta[-1],
                 )
             # The stream stayed in step (the refused data was skipped) and nothing changed.

@@ -46,6 +46,7 @@ from ._wire import (
     read_ticket,
     want_bytes,
     want_int,
+    watch_ticket,
 )
 
 if TYPE_CHECKING:
@@ -326,6 +327,9 @@ class Connection:
 
     def ticket(self, handle: int) -> bytes:
         return read_ticket(self._key, handle)
+
+    def watch_ticket(self, queue: str) -> bytes:
+        return watch_ticket(self._key, queue)
 
     # -- requests that need no answer (queued in order with the batches) --
 
@@ -669,7 +673,18 @@ class Connection:
                 if known is None or known[0] is not signal:
                     known = (signal, next(self._ids))
                     self._signal_ids[id(signal)] = known
-                entries.append(["w", known[1], op.slot, op.rel])
+                source = QUEUES_BY_SIGNAL.get(id(signal))
+                if source is not None and source.signal is signal and source.tells_peers:
+                    # A queue of another worker, which tells this one itself: the client
+                    # forwards this signal only if it loses that worker.
+                    conn = source.device.connection
+                    watch = [conn.host, conn.port, conn.session_id, source.key]
+                    entries.append(
+                        ["w", known[1], op.slot, op.rel, [*watch, conn.watch_ticket(source.key)]]
+                    )
+                    program.direct.add((op.slot, op.rel, known[1]))
+                else:
+                    entries.append(["w", known[1], op.slot, op.rel])
                 program.mirrors.append((signal, op.slot, op.rel, known[1]))
                 own_waits[id(signal)] = (op.slot, op.rel, known[1])
             elif isinstance(op, SignalOp):

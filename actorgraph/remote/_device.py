@@ -85,7 +85,18 @@ class RemoteQueue(QueueActor):
 
     def waits_without_host(self, other: QueueActor) -> bool:
         # A queue of the same worker: its value is waited on there, never reported here.
-        return isinstance(other, RemoteQueue) and other.device.connection is self.device.connection
+        # A queue of another worker that tells peers itself: that worker tells this one.
+        return isinstance(other, RemoteQueue) and (
+            other.device.connection is self.device.connection or other.tells_peers
+        )
+
+    @property
+    def tells_peers(self) -> bool:
+        """Whether its worker tells other workers how far it has got, at any signal (not
+        only those reported to the client): a CPU device's queue, whose actor on the
+        worker is the client's own (see _session.py, _TrackedSignal). A wait on it from
+        another worker then travels between the two workers."""
+        return self.device.inner.startswith("CPU:")
 
     @property
     def busy(self) -> bool:

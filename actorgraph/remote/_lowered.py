@@ -42,6 +42,7 @@ class Program:
         "store",
         "template",
         "version",
+        "watches",
     )
 
     def __init__(self) -> None:
@@ -63,6 +64,9 @@ class Program:
         # entry's source fields, the source device, the wait's slot and value, mirror id,
         # bytes)
         self.early: list[tuple[int, tuple[Any, ...], str, int, int, int, int]] = []
+        # Waits on a queue of another worker, which tells this one when it gets there:
+        # (slot, value, mirror id, (host, port, session, queue, ticket))
+        self.watches: list[tuple[int, int, int, tuple[str, int, int, str, bytes]]] = []
 
 
 def queue_kind(value: object) -> QueueKind:

@@ -206,6 +206,23 @@ class Peers:
         if read.error is not None:
             raise ConnectionError(str(read.error)) from None
 
+    def watch(
+        self,
+        host: str,
+        port: int,
+        sid: int,
+        queue: str,
+        ticket: bytes,
+        value: int,
+        arrived: Callable[[], None],
+    ) -> PeerRead:
+        """Ask to be told once the source session's queue `queue` reaches `value` (a read
+        of no bytes: its answer is the signal); `arrived` is called then."""
+        read = PeerRead(memoryview(bytearray(0)), arrived)
+        assert self._nursery is not None  # started with the worker
+        self._nursery.start_soon(self._ask, host, port, read, ["pwatch", sid, queue, value, ticket])
+        return read
+
     def pull_when(
         self,
         host: str,

@@ -7,6 +7,7 @@ The worker's design and its safety rules are described in actorgraph/remote/_wor
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import itertools
@@ -195,6 +196,39 @@ class Progress:
             heapq.heappush(self._due, (value, next(self._seq), fn))
 
 
+class _TrackedSignal(Signal):
+    """The signal of a client's own queue actor on this worker, which also moves the
+    client's `Progress` of that queue: `jobs` holds, per job posted and not yet passed,
+    (its first worker value, its last, the client's value at its first), so each worker
+    value maps to the client's. Reads and waits other workers asked for then go out from
+    whichever signal gets there, whether the client hears of that signal or not.
+
+    Invariants: `jobs` is in posting order, which is the order the actor runs them.
+    """
+
+    __slots__ = ("jobs", "progress")
+
+    def __init__(self, name: str, value: int, progress: Progress) -> None:
+        super().__init__(name, value)
+        self.jobs: collections.deque[tuple[int, int, int]] = collections.deque()
+        self.progress = progress
+
+    def set(self, value: int) -> None:
+        if value <= self.value:
+            return
+        super().set(value)
+        jobs = self.jobs
+        while jobs:
+            first, last, client = jobs[0]
+            if value <= first:
+                return
+            if value < last:
+                self.progress.set(client + value - first)
+                return
+            jobs.popleft()
+            self.progress.set(client + last - first)
+
+
 class _BatchSubmission(Submission):
     """The submission of one batch: each job's end is reported to the client as it ends,
     wherever it ran (inline in the reader's task, or on its actor)."""
@@ -257,6 +291,14 @@ class Session:
             if self._nursery is not None:
                 own = device.new_queue(kind, f"{shared.name}#{self.sid}")
             if own is not None:
+                if type(own) is QueueActor and type(own.signal) is Signal:
+                    # Its signal tells this client's progress as it moves, so a worker
+                    # waiting on this queue hears of it at any signal, reported or not.
+                    own.signal = _TrackedSignal(
+                        own.signal.name,
+                        own.signal.value,
+                        self.progress(_queue_key(device_name, kind)),
+                    )
                 self._nursery.start_soon(own.serve)  # type: ignore[union-attr]
             actor = self.queues[(device_name, kind)] = own or shared
         return actor
@@ -431,6 +473,17 @@ class Session:
                     program.max_slot = max(program.max_slot, slot)
                     rel = want_int(entry[3], "wait value", 0, _REL_MAX)
                     ops.append(wait_op(self.mirror(entry[1]), slot, rel))
+                    if len(entry) > 4:
+                        # A queue of another worker, which tells this one as it gets there.
+                        host, port, sid, queue, ticket = want_list(entry[4], "wait source", 5, 5)
+                        source = (
+                            want_str(host, "peer host"),
+                            want_int(port, "peer port", 1, 65535),
+                            want_int(sid, "peer session"),
+                            want_str(queue, "peer queue"),
+                            want_bytes(ticket, "watch ticket", 32),
+                        )
+                        program.watches.append((slot, rel, want_int(entry[1], "signal id"), source))
                 elif kind == "l":
                     other = want_str(entry[1], "wait device")
                     if other not in runtime.devices:
@@ -673,6 +726,18 @@ class Session:
                     self.early[(batch_id, item)] = self.worker.peers.pull_when(
                         *source, inner, value, nbytes, arrived
                     )
+        for p in programs:
+            pulled = {(slot, rel, ext_id) for _, _, _, slot, rel, ext_id, _ in p.early}
+            for slot, rel, ext_id, (host, port, sid, queue, ticket) in p.watches:
+                value = client_bases[slot] + rel
+                mirror = self.mirror(ext_id)
+                if mirror.value < value and (slot, rel, ext_id) not in pulled:
+                    arrived = functools.partial(mirror.set, value)
+                    self.worker.peers.watch(host, port, sid, queue, ticket, value, arrived)
+            tracked = p.actor.signal  # type: ignore[union-attr]
+            if type(tracked) is _TrackedSignal:
+                base = bases[p.slot]
+                tracked.jobs.append((base, base + p.count, client_bases[p.slot]))
         bases[BATCH] = batch_id  # the id the worker's reports name
         sub = _BatchSubmission(self, batch_id, programs)
         self.running.add(sub)

@@ -180,6 +180,12 @@ def auth_mac(token: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, b"actorgraph-auth\0" + nonce, hashlib.sha256).digest()
 
 
+def watch_ticket(session_key: bytes, queue: str) -> bytes:
+    """A capability to be told how far one queue of one session has got (for waits
+    between workers)."""
+    return hmac.new(session_key, b"watch\0" + queue.encode(), hashlib.sha256).digest()[:16]
+
+
 def read_ticket(session_key: bytes, handle: int) -> bytes:
     """A capability to read one allocation of one session (for worker-to-worker copies)."""
     return hmac.new(session_key, b"read\0%d" % handle, hashlib.sha256).digest()[:16]

@@ -62,6 +62,7 @@ from ._wire import (
     want_int,
     want_list,
     want_str,
+    watch_ticket,
 )
 
 
@@ -287,13 +288,16 @@ class Worker:
             meta, tail = await stream.receive()
             req = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
             try:
-                if meta[0] not in ("pread", "pwhen") or tail:
+                if meta[0] not in ("pread", "pwhen", "pwatch") or tail:
                     if tail:
                         await stream.skip(tail)  # the stream stays in step: only this is refused
                     raise Refused(
                         f"{meta[0]!r} on a worker-to-worker link: a peer connection can only "
-                        f"read ('pread', 'pwhen'); other requests come from the client"
+                        f"read ('pread', 'pwhen', 'pwatch'); other requests come from the client"
                     )
+                if meta[0] == "pwatch":
+                    self._peer_watch(out, meta, waiting)
+                    continue
                 if meta[0] == "pread":
                     _, req, sid, ref, ticket = want_fields(meta, 5)
                     session, now = self._peer_read(req, sid, ref, ticket)
@@ -318,6 +322,35 @@ class Worker:
                 progress.when(value, due)
             except (Refused, WireError) as exc:
                 out.send(["error", meta[0], req, str(exc)])
+
+    def _peer_watch(self, out: Outbox, meta: list[Any], waiting: list[int]) -> None:
+        """["pwatch", req, session, queue, value, ticket]: answer (a "data" frame of no
+        bytes) once that session's queue reaches `value`, in its client's values, from
+        the task that moves it there: a wait between two workers costs one message."""
+        _, req, sid, queue, value, ticket = want_fields(meta, 6)
+        want_int(req, "request id")
+        queue = want_str(queue, "queue")
+        session = self.sessions.get(want_int(sid, "session id"))
+        ticket = want_bytes(ticket, "ticket", 32)
+        if session is None or not hmac.compare_digest(ticket, watch_ticket(session.key, queue)):
+            raise Refused(
+                f"watch of queue {queue!r} of session {sid} refused: no such session or a bad "
+                f"watch ticket (a watch needs the ticket the queue's own client made for it)"
+            )
+        value = want_int(value, "queue value", 0, 1 << 63)
+        progress = session.progress(queue)
+        if waiting[0] >= self.limits.max_signals:
+            raise Refused(f"too many waiting reads (limit {self.limits.max_signals})")
+        waiting[0] += 1
+
+        def due() -> None:
+            waiting[0] -= 1
+            if self.sessions.get(session.sid) is not session:
+                out.send(["error", "pwatch", req, "the source's client went away"])
+            else:
+                out.send(["data", req, 0, None])
+
+        progress.when(value, due)
 
     def _peer_read(
         self, req: object, sid: object, ref: object, ticket: object
