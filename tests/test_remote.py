@@ -736,3 +736,30 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
                 await graph()
                 assert reads_on_demand == []
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 8)
+
+
+async def test_a_chain_between_two_workers_reports_only_its_ends(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # Kernel on A, copy to B, kernel on B, copy back...: each copy waits for the other
+    # worker's kernel, and each kernel for the other worker's copy to have read its
+    # buffer (a wait with no bytes). The workers tell each other; the client hears of
+    # each queue once, at its end, and forwards nothing.
+    a, b = workers[0].name("CPU:0"), workers[1].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([a, b], verify_plans=True) as rt:
+            xs = [rt.alloc(a, 16, np.int32), rt.alloc(b, 16, np.int32)]
+            items: list[Any] = []
+            for i in range(12):
+                here, there = xs[i % 2], xs[(i + 1) % 2]
+                items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
+            graph = await rt.compile(items)
+            conns = [rt.device(a).connection, rt.device(b).connection]
+            start_value = np.arange(16, dtype=np.int32)
+            for replay in range(3):
+                await rt.copyin(xs[0], start_value + replay)
+                received = [c.frames_received for c in conns]
+                await graph()
+                # The compute and the copy queue of each worker: one "done" each.
+                assert [c.frames_received - r for c, r in zip(conns, received)] == [2, 2]
+                np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + replay + 12)

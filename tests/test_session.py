@@ -973,3 +973,31 @@ async def test_a_long_run_of_quick_kernels_lets_other_clients_in_between() -> No
             await sub.done.wait()
         nursery.cancel_scope.cancel()
     assert sub.error is None and ran == list(range(23))
+
+
+async def test_a_peer_is_told_how_far_a_queue_got_only_with_its_ticket(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # "pwatch" on a link: the answer (a "data" frame of no bytes) comes once the client's
+    # queue reaches the value; a wrong ticket, or one for another queue, is refused.
+    worker, _ = workers
+    name = worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([name]) as rt:
+            conn = rt.device(name).connection
+            sid = conn.session_id
+            x = rt.alloc(name, 4, np.int32)
+            await rt.run([ag.Launch(INC, [x, x])])  # the client's CPU:0 queue moves
+            peer = await _peer(worker.port)
+            for req, ticket in [(1, b"\0" * 16), (2, conn.watch_ticket("CPU:0/copy"))]:
+                await peer.send([encode(["pwatch", req, sid, "CPU:0", 1, ticket])])
+                meta, _ = await peer.receive()
+                assert meta[:3] == ["error", "pwatch", req] and re.search(
+                    rf"watch of queue 'CPU:0' of session {sid} refused: no such session or "
+                    r"a bad watch ticket",
+                    meta[3],
+                ), meta
+            await peer.send([encode(["pwatch", 3, sid, "CPU:0", 1, conn.watch_ticket("CPU:0")])])
+            meta, tail = await peer.receive()
+            assert meta == ["data", 3, 0, None] and tail == 0
+            peer.sock.close()

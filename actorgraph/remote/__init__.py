@@ -52,13 +52,22 @@ each wait becomes one of:
   signal that holds the client's absolute value. The batch carries the current value of
   every mirror it uses; for a wait not yet satisfied, the connection starts a forwarder
   that sends ["ext", [[id, value]]] once the client's signal gets there.
+- a *watched* mirror wait, when the signal is a queue of a CPU device of another worker:
+  the program names that queue (address, session, queue, and a watch ticket: an HMAC
+  under the source session's key), and the worker asks the source's worker as the batch
+  arrives (["pwatch", ..., queue, value] on a kept link, or the copy's own "pwhen" read
+  when a copy from that worker follows the wait). The source's worker answers from the
+  task that moves its queue there: its client's own actor there has a signal that maps
+  each of its values to the client's (`_TrackedSignal`), so any signal, reported or not,
+  can answer. The client forwards such a signal only if it loses the source's worker,
+  which is what lets the destination go on then.
 
 The other way, the worker reports its queues' signals ("sig" frames, "done" at the end),
 and the connection sets the `RemoteQueue`'s signal on the client, so client-local queues
-and other workers wait on remote queues as on local ones. Only the signals something off
-the worker waits on are reported (the plan marks them: a `SignalOp` whose `host` is
-False is waited on only by queues of the same worker, see `RemoteQueue.waits_without_host`),
-so a chain between two devices of one worker sends nothing back until its jobs end.
+wait on remote queues as on local ones. Only the signals a client-local queue waits on
+are reported (the plan marks them: a `SignalOp` whose `host` is False is waited on only
+by queues of workers, see `RemoteQueue.waits_without_host`), so a chain between two
+devices of one worker, or between two workers, sends nothing back until its jobs end.
 
 Copies between a client-local device and a remote one run on the local device's copy
 queue as an AWAIT op that pushes or pulls the bytes. A push followed at once by its
