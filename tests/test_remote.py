@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio.testing
 from _op_samples import OpSampler
-from _workers import GUARD, runtime, start
+from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import Op
 from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import actorgraph as ag
 from actorgraph import devices, remote
+from actorgraph.remote._wire import FrameStream, Limits, auth_mac, encode
 from actorgraph.testing import Worker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -560,6 +561,22 @@ async def test_a_copy_between_workers_after_a_copy_waits_on_the_source_copy_queu
                 np.testing.assert_array_equal(await rt.copyout(x), np.arange(64) + n)
 
 
+async def _told_when(port: int, conn: Any, queue: str, value: int) -> None:
+    """Return once the worker at `port` says `conn`'s queue `queue` reached `value`: over
+    a worker-to-worker link, as a worker waiting on that queue asks."""
+    sock = trio.socket.socket()
+    await sock.connect(("127.0.0.1", port))
+    stream = FrameStream(sock, Limits())
+    meta, _ = await stream.receive()
+    await stream.send([encode(["auth", "peer", auth_mac(TOKEN, meta[1]), []])])
+    assert (await stream.receive())[0][0] == "welcome"
+    await stream.send(
+        [encode(["pwatch", 1, conn.session_id, queue, value, conn.watch_ticket(queue)])]
+    )
+    assert await stream.receive() == (["data", 1, 0, None], 0)
+    stream.sock.close()
+
+
 async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: tuple[Worker, Worker]
 ) -> None:
@@ -601,11 +618,14 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
                         ag.Copy(dst=v, src=x),
                     ]
                 )
+                compute = rt.device(ra).queues[QueueKind.COMPUTE]
+                inc_done = compute.next_value + 1
                 replay = await graph.submit()
                 # The copies into B asked for ahead: the first, and the one from A1.
                 assert [entry[1] for entry in ahead] == [1, 4]
-                compute = rt.device(ra).queues[QueueKind.COMPUTE]
-                await compute.signal.wait_value(compute.signal.value + 1)  # INC is done
+                # Only B waits on A0's queue: A0's worker tells B, not the client. Ask it
+                # as B does, to know that INC is done.
+                await _told_when(a_worker.port, rt.device(ra).connection, "CPU:0", inc_done)
                 await trio.testing.wait_all_tasks_blocked()
                 gate.touch()
                 await replay.wait()
