@@ -1048,3 +1048,19 @@ async def test_each_client_of_a_worker_gets_a_stream_of_its_own() -> None:
             # With stream memory operations the wait was on a word; without, on the host.
             assert device._mirrors == {} and len(device._spare_words) == words
             assert words == (1 if device.mem_ops else 0)
+
+
+async def test_a_gpu_buffer_is_read_into_host_memory_from_a_trio_task() -> None:
+    """`CUDADevice.read_into`, what a worker's CPU queue copies from its GPU with: the
+    bytes land in the host array, the event loop free meanwhile (views included)."""
+    with trio.fail_after(30):
+        async with runtime(["CUDA:0"]) as rt:
+            x = rt.alloc("CUDA:0", SIZE, np.int32)
+            await rt.copyin(x, np.arange(SIZE, dtype=np.int32))
+            device = rt.device("CUDA:0")
+            out = np.zeros(SIZE, np.int32)
+            await device.read_into(out, x)
+            np.testing.assert_array_equal(out, np.arange(SIZE))
+            part = np.zeros(8, np.int32)
+            await device.read_into(part, x.view(offset=5, size=8))
+            np.testing.assert_array_equal(part, np.arange(5, 13))

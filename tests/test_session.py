@@ -646,9 +646,9 @@ async def test_a_clients_gpu_queue_reports_its_own_faults_and_goes_with_it() -> 
 async def test_copies_with_a_workers_gpu_run_on_it_or_are_refused_clearly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A worker's CUDA device copies from a CPU device of its own worker; its memory is
-    not host memory, so a copy between it and a device off its worker is refused before
-    anything runs, naming the way through a CPU device of that worker."""
+    """A worker's CUDA device copies to and from a CPU device of its own worker; its
+    memory is not host memory, so a copy between it and a device off its worker is
+    refused before anything runs, naming the way through a CPU device of that worker."""
     monkeypatch.setenv("ACTORGRAPH_CUDA_DRIVER", "fake")
     worker = start("CUDA:0,CPU:0")
     gpu, cpu = worker.name("CUDA:0"), worker.name("CPU:0")
@@ -670,20 +670,17 @@ async def test_copies_with_a_workers_gpu_run_on_it_or_are_refused_clearly(
                         ),
                     ):
                         await rt.compile([ag.Copy(dst=dst, src=src)])
-                # On the worker, a copy runs on its destination's queue: a CPU device's
-                # cannot reach GPU memory, and says so.
-                with pytest.raises(
-                    ag.ItemError,
-                    match=re.escape(
-                        "a copy CUDA:0->CPU:0 on this worker runs on CPU:0's queue, which "
-                        "cannot reach CUDA:0's memory; copy it to the client instead (copyout)"
-                    ),
-                ):
-                    await rt.run([ag.Copy(dst=near, src=far)])
                 await rt.copyin(near, np.arange(16, dtype=np.int32))
                 await rt.run([ag.Copy(dst=far, src=near)])
-                await rt.run([ag.Launch(INC_GPU, [far, far], global_size=16)])
-                np.testing.assert_array_equal(await rt.copyout(far), np.arange(16) + 1)
+                # Back to the worker's CPU device: it runs on that device's queue, which
+                # has the GPU copy it out once the kernel is done.
+                graph = await rt.compile(
+                    [ag.Launch(INC_GPU, [far, far], global_size=16), ag.Copy(dst=near, src=far)]
+                )
+                for _ in range(2):
+                    await graph()
+                np.testing.assert_array_equal(await rt.copyout(near), np.arange(16) + 2)
+                np.testing.assert_array_equal(await rt.copyout(far), np.arange(16) + 2)
     finally:
         worker.kill()
 

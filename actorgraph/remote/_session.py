@@ -69,6 +69,13 @@ _ITEM_ENTRIES = frozenset(["k", "c", "p", "hw", "hr"])
 EARLY_PULL_BYTES = 1 << 20  # larger copies between workers are read when they run
 
 
+async def _read_from_gpu(job: Job, device: Any, out: np.ndarray[Any, Any], src: Buffer) -> None:
+    """A copy from a worker's GPU into host memory, run by a host queue (`device` is the
+    GPU's CUDADevice: its `read_into`)."""
+    if job.submission.error is None:
+        await device.read_into(out, src)
+
+
 class Outbox:
     """Frames a session sends, in order.
 
@@ -599,6 +606,12 @@ class Session:
             src = self.buffer(entry[3], "copy src")
             if dst.nbytes != src.nbytes or dst.dtype != src.dtype:
                 raise Refused(f"copy between {dst!r} and {src!r}: sizes or dtypes differ")
+            src_device = self.worker.runtime.device(src.device)
+            if device.host_visible and dst.device == device.name and not src_device.host_visible:
+                # From this worker's GPU into host memory, on a host queue: the GPU device
+                # copies it out when the queue gets here (after its wait on the GPU queue).
+                args = (src_device, dst.host_view(), src)
+                return run_op(AWAIT, _read_from_gpu, args, item)
             for end in (dst, src):
                 if device.host_visible and not self.worker.runtime.device(end.device).host_visible:
                     raise Refused(

@@ -137,6 +137,8 @@ class CUDADevice(Device):
         self._closed_busy = False  # closed with work still on the GPU
         self._live: dict[int, CudaMemory] = {}  # allocations not freed yet, by pointer
         self._zero_stream: Any = None  # zeroes new allocations (made on first use)
+        self._read_stream: Any = None  # `read_into`'s copies (made on first use)
+        self._reads = 0  # `read_into` copies under way
         self.lost: DeviceError | None = None  # set by a sticky CUDA error: the context is gone
         self._cuda_queues = {
             QueueKind.COMPUTE: CudaQueueActor(f"{name}/compute", self, timeline_start),
@@ -228,6 +230,9 @@ class CUDADevice(Device):
         if self._zero_stream is not None:
             driver.stream_destroy(self._zero_stream)  # idle: every memset was waited for
             self._zero_stream = None
+        if self._read_stream is not None and not self._reads:
+            driver.stream_destroy(self._read_stream)
+            self._read_stream = None
         # The buffers go with the runtime, except those viewed through DLPack (a tensor
         # may outlive the runtime): they go when their last viewer does, and the context
         # stays for them.
@@ -305,6 +310,40 @@ class CUDADevice(Device):
                 self._spare_words.append((host, device))
             else:
                 self._kept_words.append(host)
+
+    async def read_into(self, out: np.ndarray[Any, Any], src: DeviceBuffer) -> None:
+        """Copy `src`, in this GPU's memory, into the host array `out` now, for a host
+        queue (a worker's CPU device copying from its GPU): through pinned staging on a
+        stream of its own, awaited without blocking the event loop. The caller orders
+        it after the work that writes `src` (the plan's wait on the GPU queue)."""
+        if self.lost is not None:
+            raise self.lost
+        if self._closed:
+            raise DeviceError(f"{self.name} is closed")
+        nbytes = src.nbytes
+        if not nbytes:
+            return
+        keep = _Staging(self, nbytes)
+        driver = self.driver
+        driver.set_context(self.context)
+        if self._read_stream is None:
+            self._read_stream = driver.stream_create()
+        token = trio.lowlevel.current_trio_token()
+        landed = trio.Event()
+        src_context = src.memory.device.context
+        copy = (C.COPY, CopyKind.DTOH, keep.host_pointer, _pointer(src), nbytes, None, src_context)
+        self._reads += 1
+        try:
+            C.enqueue(driver, self._read_stream, copy)
+            driver.launch_host_func(
+                self._read_stream, functools.partial(token.run_sync_soon, landed.set)
+            )
+            with trio.CancelScope(shield=True):  # the staging must outlive the copy
+                await landed.wait()
+        finally:
+            self._reads -= 1
+        staged = keep.array[:nbytes].view(src.dtype).reshape(out.shape)
+        np.copyto(out, staged, casting="no")
 
     # -- memory --
 
