@@ -109,8 +109,16 @@ def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Pla
         # range's earlier readers only through its write.
         if len(accesses) > 1:
             accesses = tuple(sorted(accesses, key=lambda a: a.write))
+        # A copy from a device reached by I/O (a worker's) may have its bytes sent ahead,
+        # on the wait that says they are ready: the waits on what wrote them are kept
+        # even where known complete through another queue, so that its own waits say it.
+        from_io = item.src_device is not None and caps[item.src_device].host_io
+        source_deps: set[int] = set()
         for access in accesses:
-            deps |= tracker.access(access.alloc, access.start, access.stop, access.write, j)
+            found = tracker.access(access.alloc, access.start, access.stop, access.write, j)
+            deps |= found
+            if from_io and not access.write and access.device == item.src_device:
+                source_deps |= found
         # Latest dependency first: its clock often covers the earlier ones (pruning).
         for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
             dq = item_queue[dep]
@@ -118,7 +126,11 @@ def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Pla
                 continue  # queues run in order
             value = position[dep] + 1
             if known[qi].get(dq, 0) >= value:
-                continue  # already known complete, directly or through another wait
+                # Already known complete, directly or through another wait.
+                if dep in source_deps and not any(q == dq and v >= value for q, v in item_waits[j]):
+                    item_waits[j].append((dq, value))
+                    waited_on.add((dq, value))
+                continue
             item_waits[j].append((dq, value))
             waited_on.add((dq, value))
             clock = writable(qi)

@@ -162,6 +162,33 @@ def test_a_copy_touching_a_device_reached_by_io_runs_where_the_host_moves_it() -
     ]
 
 
+def test_a_copy_from_a_device_reached_by_io_keeps_its_waits_on_what_wrote_its_source() -> None:
+    # D2 learns that D0's kernel is done through D1's copy queue. A copy from D0 into D2
+    # needs no wait of its own for it, unless D0 is reached by I/O (a worker's): then its
+    # bytes may be sent ahead on its own waits, which must say they are ready.
+    def plan_for(kind: str, host_io: bool) -> Plan:
+        names = [f"{kind}:{i}" for i in range(3)]
+        caps = {n: DeviceCaps(n, kind, host_visible=False, host_io=host_io) for n in names}
+        d0, d1, d2 = names
+        items = [
+            kernel(d0, [(1, 0, 8)]),
+            copy(d1, (2, 0, 8), d0, (1, 0, 8)),
+            copy(d2, (3, 0, 8), d1, (2, 0, 8)),
+            copy(d2, (4, 0, 8), d0, (1, 0, 8)),
+        ]
+        plan = build_plan(items, caps)
+        plan.verify()
+        return plan
+
+    for kind, host_io, waits in [
+        ("SIM", False, [Wait(q("SIM:1", COPY), 1)]),
+        ("REMOTE", True, [Wait(q("REMOTE:1", COPY), 1), Wait(q("REMOTE:0"), 1)]),
+    ]:
+        plan = plan_for(kind, host_io)
+        d2_copy = plan.programs[plan.queues.index(q(f"{kind}:2", COPY))]
+        assert [m for m in d2_copy if isinstance(m, Wait)] == waits, kind
+
+
 def test_a_copy_with_no_copy_queue_anywhere_uses_the_destinations_compute_queue() -> None:
     assert assign_queue(copy("BARE:0", (1, 0, 8), "BARE:1", (2, 0, 8)), CAPS) == q("BARE:0")
     assert assign_queue(copy("BARE:1", (1, 0, 8), "BARE:1", (2, 8, 16)), CAPS) == q("BARE:1")

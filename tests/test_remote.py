@@ -580,11 +580,11 @@ async def _told_when(port: int, conn: Any, queue: str, value: int) -> None:
 async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: tuple[Worker, Worker]
 ) -> None:
-    # B copies A0's x twice: first before a gated kernel rewrites x, then after; the
+    # B copies A0's x twice: first before a gated kernel rewrites x, then after. The
     # second copy's need for that kernel is known through A1 (it follows a copy from A1
-    # that waited on it), so the plan gives it no wait of its own on A0. The bytes of
-    # the second copy must not be asked for on the first copy's wait, which A0 passes
-    # before the kernel: that read would send x as it was.
+    # that waited on it), yet the plan keeps its own wait on it, since the copy's bytes
+    # are asked for ahead on its own wait: on the kernel's, not on the first copy's,
+    # which A0 passes before the kernel runs (that read would send x as it was).
     gate = tmp_path / "gate"
     monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     ahead: list[list[Any]] = []
@@ -621,8 +621,10 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
                 compute = rt.device(ra).queues[QueueKind.COMPUTE]
                 inc_done = compute.next_value + 1
                 replay = await graph.submit()
-                # The copies into B asked for ahead: the first, and the one from A1.
-                assert [entry[1] for entry in ahead] == [1, 4]
+                # Each copy into B is asked for ahead, the second from A0 after the kernel:
+                # on A0's compute queue reaching 2 (the base slot, the value, the mirror).
+                assert [entry[1] for entry in ahead] == [1, 4, 5]
+                assert [entry[-2] for entry in ahead] == [1, 1, 2]
                 # Only B waits on A0's queue: A0's worker tells B, not the client. Ask it
                 # as B does, to know that INC is done.
                 await _told_when(a_worker.port, rt.device(ra).connection, "CPU:0", inc_done)

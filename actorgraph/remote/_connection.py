@@ -902,12 +902,11 @@ def _with_source_wait(entry: list[Any], waits: dict[int, tuple[int, int, int]]) 
     of the source device, so the worker can have the bytes sent the moment the source
     gets there.
 
-    Only the copy's own wait says its source is ready: a wait of an earlier item may be
-    for a lower value (the copy's own need was known through another queue, so the plan
-    has no wait for it). And with waits on both queues of the source device (it was
-    written by both), one alone does not: the copy then reads when it runs. Not seen
-    here: a need on the source device's other queue that the plan leaves out because it
-    is known met through a third queue; a wait on one queue does not imply it."""
+    Only the copy's own waits say its source is ready: the plan keeps, for a copy from a
+    device reached by I/O, its waits on what wrote the source even where they are known
+    met through another queue (a wait of an earlier item may be for a lower value). With
+    waits on both queues of the source device (both wrote it, or one it must not
+    overtake), one alone does not say it: the copy then reads when it runs."""
     if entry[0] != "p":
         return entry
     _, _, _, host, port, sid, _, _, inner = entry
