@@ -549,7 +549,8 @@ async def test_a_worker_runs_a_kernel_on_its_loop_only_once_seen_to_be_quick() -
     with trio.fail_after(GUARD):
         async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
             server = WorkerServer(rt, kernels, None, Limits())
-            server.times = KernelTimes(clock=lambda: now[0])
+            # The kernel's cost is CPU time: it moves both clocks.
+            server.times = KernelTimes(clock=lambda: now[0], cpu_clock=lambda: now[0])
             replies = _Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
             session.handle(["alloc", 1, "CPU:0", 4, "int32"])
@@ -953,7 +954,7 @@ async def test_a_long_run_of_quick_kernels_lets_other_clients_in_between() -> No
     times.record("quick", per_call)
     assert times.inline("quick")
     template = [AdaptiveKernel(times, "quick", run_op(EXEC, note, (i,), i)) for i in range(23)]
-    ops = times.code(template)
+    ops, _ = times.code(template)
     kernels_between: list[list[int]] = [[]]  # kernels of each run, cut at the checkpoints
     for op in ops:
         if op[0] == AWAIT:
@@ -970,6 +971,87 @@ async def test_a_long_run_of_quick_kernels_lets_other_clients_in_between() -> No
             await sub.done.wait()
         nursery.cancel_scope.cancel()
     assert sub.error is None and ran == list(range(23))
+
+
+def test_a_run_slow_only_on_the_wall_is_held_against_a_kernel_only_when_it_repeats() -> None:
+    """Wall time also counts the moments the OS ran another process: runs slow on the
+    wall but quick on the CPU leave a kernel where it was, unless SUSPECTS_SLOW come in
+    a row (a kernel that sleeps or blocks is slow on the wall every time)."""
+    from actorgraph.remote._placement import INLINE_BOUND_S, SUSPECTS_SLOW, KernelTimes
+
+    times = KernelTimes(clock=lambda: 0.0, cpu_clock=lambda: 0.0)
+    quick, slow = INLINE_BOUND_S / 10, INLINE_BOUND_S * 10
+    times.record("k", quick, quick)
+    assert times.inline("k")
+    for _ in range(3):
+        for _ in range(SUSPECTS_SLOW - 1):
+            times.record("k", slow, quick)  # preempted
+        times.record("k", quick, quick)
+        assert times.inline("k")
+    for _ in range(SUSPECTS_SLOW):
+        times.record("k", slow, quick)  # so many in a row: it blocks
+    assert not times.inline("k")
+    # A kernel that blocks from its first run never comes to the loop.
+    for _ in range(2 * SUSPECTS_SLOW):
+        times.record("sleeper", slow, quick)
+        assert not times.inline("sleeper")
+    # Slow on the CPU too is judged at once.
+    times.record("spinner", quick, quick)
+    times.record("spinner", slow, slow)
+    assert not times.inline("spinner")
+
+
+def test_a_kernels_typical_time_ignores_its_cold_first_run_and_spikes() -> None:
+    """The time runs of inline kernels are cut by: not the first run (cold), nor the
+    longest: later runs move it by an eighth of the difference (a spike as twice it), so
+    a program of 100 tiny kernels stays on the loop in one piece."""
+    from actorgraph.devices import AWAIT, EXEC, run_op
+
+    from actorgraph.remote._placement import RUN_BUDGET_S, AdaptiveKernel, KernelTimes
+
+    times = KernelTimes(clock=lambda: 0.0, cpu_clock=lambda: 0.0)
+    times.record("k", 85e-6)  # the cold first run, on the thread
+    assert times.quick_time("k") == pytest.approx(85e-6)
+    times.record("k", 2e-6)
+    assert times.quick_time("k") == pytest.approx(2e-6)
+    times.record("k", 90e-6)  # a spike, still under the bound: counted as 2x at most
+    assert times.quick_time("k") == pytest.approx(2e-6 + 2e-6 / 8)
+    times.record("k", 1e-6)
+    assert times.quick_time("k") == pytest.approx(2.25e-6 - 1.25e-6 / 8)
+    template = [AdaptiveKernel(times, "k", run_op(EXEC, print, (i,), i)) for i in range(100)]
+    assert not [op for op in times.code(template)[0] if op[0] == AWAIT]
+    # Still cut where the typical times add up past the budget.
+    count = int(RUN_BUDGET_S / times.quick_time("k")) + 2
+    many = [AdaptiveKernel(times, "k", run_op(EXEC, print, (i,), i)) for i in range(count)]
+    assert len([op for op in times.code(many)[0] if op[0] == AWAIT]) == 1
+
+
+def test_a_run_of_inline_kernels_faster_than_expected_recodes_its_programs() -> None:
+    """Kernels only ever timed cold on the thread: a run of them on the loop, timed as a
+    whole, brings their typical times down to what the run took, and programs whose
+    runs were cut recode, so their runs are no longer cut where they need not be."""
+    from actorgraph.devices import AWAIT, EXEC, run_op
+
+    from actorgraph.remote._placement import AdaptiveKernel, KernelTimes
+
+    now = [0.0]
+    times = KernelTimes(clock=lambda: now[0], cpu_clock=lambda: now[0])
+    times.record("a", 80e-6)
+    times.record("b", 40e-6)
+    template = [AdaptiveKernel(times, key, run_op(EXEC, print, (), 0)) for key in "ab" * 20]
+    _, cut = times.code(template)  # 40 kernels, 2.4 ms by their cold times: cut
+    _, small = times.code(template[:2])  # 2 kernels: far from the budget
+    assert not times.stale(cut) and not times.stale(small)
+    cell = [0.0, 0.0]
+    times.start_run(cell)
+    now[0] += 12e-6  # 4 kernels expected to take 240 us took 12
+    times.check_run(cell, {"a": 80e-6, "b": 40e-6}, 240e-6)
+    assert times.quick_time("a") == pytest.approx(4e-6)
+    assert times.quick_time("b") == pytest.approx(2e-6)
+    assert times.stale(cut) and not times.stale(small)
+    assert times.inline("a") and times.inline("b")
+    ops, cut = times.code(template)
+    assert not [op for op in ops if op[0] == AWAIT] and not times.stale(cut)
 
 
 async def test_a_peer_is_told_how_far_a_queue_got_only_with_its_ticket(

@@ -57,9 +57,9 @@ class Program:
         self.device = ""  # the queue's name in reports: DEVICE or DEVICE/copy
         self.kind = QueueKind.COMPUTE
         # With kernels placed by their times (_placement.py): the lowered ops they are
-        # coded from, and the KernelTimes.version they were coded at.
+        # coded from, and the stamp they were coded at (KernelTimes.code).
         self.template: list[Op | AdaptiveKernel] | None = None
-        self.version = 0
+        self.version: tuple[int, int | None] = (0, None)
         # Copies from another worker asked for when a batch arrives: (item, the "p"
         # entry's source fields, the source device, the wait's slot and value, mirror id,
         # bytes)

@@ -549,8 +549,7 @@ class Session:
         if any(isinstance(op, AdaptiveKernel) for op in lowered):
             times = self.worker.times
             program.template = lowered
-            program.version = times.version
-            program.ops = times.code(lowered)
+            program.ops, program.version = times.code(lowered)
         else:
             program.ops = tuple(lowered)  # type: ignore[arg-type]
 
@@ -755,11 +754,10 @@ class Session:
         sub = _BatchSubmission(self, batch_id, programs)
         self.running.add(sub)
         sub.on_done = functools.partial(self._batch_done, batch_id, programs)
-        version = self.worker.times.version
+        times = self.worker.times
         for p in programs:
-            if p.template is not None and p.version != version:
-                p.ops = self.worker.times.code(p.template)  # a kernel changed sides
-                p.version = version
+            if p.template is not None and times.stale(p.version):
+                p.ops, p.version = times.code(p.template)  # a kernel changed sides
         actors: list[QueueActor] = [p.actor for p in programs]  # type: ignore[misc]
         jobs = [Job(p.ops, bases, sub, i) for i, p in enumerate(programs)]
         if all(a.idle and a.runs_inline for a in actors) and len(set(actors)) == len(actors):
