@@ -49,6 +49,10 @@ def check_host_transfer(what: str) -> None:
         )
 
 
+# current_scope() without the Python call around it, for the hot path of graph calls.
+scope_get = _SCOPE.get
+
+
 def capturing() -> bool:
     """Whether the calling task is inside an @ag.jit function (cheap: one lookup)."""
     return _SCOPE.get() is not None

@@ -50,6 +50,11 @@ _BOUND_CACHE = 8
 # What Graph.run_here returns when the replay cannot run where it was called.
 NOT_HERE: Any = object()
 
+# Looked up once: Graph.__call__ is the path every replay loop takes.
+_scope = _capture.scope_get
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
+
 
 def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
     """Advance external timelines once `sub` is complete, failed or not."""
@@ -154,6 +159,10 @@ class Graph(Hinted):
             tuple[tuple[Buffer, ...], dict[Var, int], Any, LinearRun | None],
         ] = {}
         self._frees_seen = runtime.frees
+        # The last call run here without var values: (its inputs' ids, their LinearRun,
+        # runtime.frees then, the inputs, which keep the ids theirs), or None. A call
+        # with the very same inputs while nothing was freed runs it with no more checks.
+        self._here: tuple[tuple[int, ...], LinearRun, int, tuple[Buffer, ...]] | None = None
         self._internal: dict[int, list[Buffer]] = {}
         for j, item in enumerate(program.items):
             bound = {slot for slot, _ in program.item_inputs[j]}
@@ -258,35 +267,75 @@ class Graph(Hinted):
             await replay.wait()
             return
         # submit() and Replay.wait() without the Replay: the common call, kept short.
-        if _capture.capturing():
+        if _scope() is not None:
             _capture.check_graph_call()
         # The call's cancel point comes first (cancelled there, it submits nothing), and
         # the submission before any yield, so calls submit in the order they are made.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        # The call a replay loop makes, run here (`run_here` for inputs and var values
-        # bound before: the cache entry holds their LinearRun), while nothing was freed
-        # since, the runtime is usable and nobody asks for a profile.
+        await _checkpoint_if_cancelled()
         runtime = self._runtime
         failure = NOT_HERE
-        if (
-            profile is None
-            and runtime.usable
-            and runtime.frees == self._frees_seen
-            and not (runtime.profiling or self._closed or self._aliased)
-        ):
-            try:
-                hit = self._bound.get(tuple(inputs))
-            except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
-                hit = None
-            if hit is not None and hit[3] is not None:
-                if not (hit[1] if var_vals is None else var_vals != hit[1]):
+        if profile is None and var_vals is None:
+            # The call a replay loop makes: the very inputs of the last call run here
+            # (`_here`: their ids, its LinearRun, the runtime's frees then), nothing freed
+            # since (so every buffer it uses is still live), the runtime usable, no
+            # profile asked for. Holding the inputs keeps their ids theirs.
+            here = self._here
+            if (
+                here is not None
+                and runtime.frees == here[2]
+                and runtime.usable
+                and not runtime.profiling
+                and tuple(map(id, inputs)) == here[0]
+            ):
+                failure = here[1].run()
+                if failure is NOT_RUN:
+                    failure = NOT_HERE
+                else:
+                    # Submitted and done where it was made (see the counts' properties).
+                    self._runs_here += 1
+                    runtime.runs_here += 1
+                    await _cancel_shielded_checkpoint()
+                    if failure is not None:
+                        raise_item_failure(self._program, failure)
+                    return
+            if (
+                failure is NOT_HERE
+                and runtime.usable
+                and runtime.frees == self._frees_seen
+                and not (runtime.profiling or self._closed or self._aliased)
+            ):
+                # Inputs bound before (the cache entry holds their LinearRun).
+                try:
+                    key = tuple(inputs)
+                    hit = self._bound.get(key)
+                except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
+                    hit = None
+                if hit is not None and hit[3] is not None and not hit[1]:
                     failure = hit[3].run()
                     if failure is NOT_RUN:
                         failure = NOT_HERE
                     else:
-                        # Submitted and done where it was made (see the counts' properties).
                         self._runs_here += 1
                         runtime.runs_here += 1
+                        self._here = (tuple(map(id, key)), hit[3], runtime.frees, key)
+        elif (
+            runtime.usable
+            and runtime.frees == self._frees_seen
+            and not (runtime.profiling or self._closed or self._aliased)
+            and profile is None
+        ):
+            # Inputs and var values bound before (the cache entry holds their LinearRun).
+            try:
+                hit = self._bound.get(tuple(inputs))
+            except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
+                hit = None
+            if hit is not None and hit[3] is not None and var_vals == hit[1]:
+                failure = hit[3].run()
+                if failure is NOT_RUN:
+                    failure = NOT_HERE
+                else:
+                    self._runs_here += 1
+                    runtime.runs_here += 1
         if failure is NOT_HERE:
             program, ops = self._bind(inputs, var_vals)
             failure = self.run_here(program, ops, profile)
@@ -296,7 +345,7 @@ class Graph(Hinted):
             # Done already (one loop on idle queues). The call's schedule point comes
             # after the work and is shielded, as with trio's own operations that
             # complete: a replay that ran is reported, never lost to a cancellation.
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await _cancel_shielded_checkpoint()
             if failure is not None:
                 raise_item_failure(program, failure)
             return
@@ -512,6 +561,7 @@ class Graph(Hinted):
         if len(self._aliased) >= 8:
             self._aliased.pop(next(iter(self._aliased)))
         self._aliased[tuple(map(id, inputs))] = (inputs, replanned)
+        self._here = None
         checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
         return replanned, replanned.bind(inputs, checked)
 
@@ -565,6 +615,7 @@ class Graph(Hinted):
     async def aclose(self) -> None:
         """Refuse further calls, then wait for the replays already submitted."""
         self._closed = True
+        self._here = None
         for sub in list(self._in_flight):
             await sub.done.wait()
 

@@ -241,8 +241,10 @@ async def test_freed_buffer_as_input(rt: ag.Runtime) -> None:
         await graph([a, gone])
     with raises(ag.BufferFreedError, f"input 0: {gone!r} was freed"):
         await rt.compile([ag.Launch(XOR, bufs(rt, 3))], inputs=[gone])
-    # An input used by the previous call and freed since.
-    await graph([a, b])
+    # An input used by the previous calls (a replay loop, whose calls after the second
+    # take the shortest path) and freed since.
+    for _ in range(3):
+        await graph([a, b])
     rt.free(b)
     with raises(ag.BufferFreedError, f"input 1: {b!r} was freed"):
         await graph([a, b])
@@ -250,7 +252,8 @@ async def test_freed_buffer_as_input(rt: ag.Runtime) -> None:
 
 async def test_freed_internal_buffer_on_replay(rt: ag.Runtime) -> None:
     graph, (a, b, c) = await xor_graph(rt)
-    await graph([a, b])
+    for _ in range(3):
+        await graph([a, b])
     rt.free(c)
     message = (
         f"this graph's buffer {c!r} was freed; allocate a new buffer with rt.alloc(...) instead"
@@ -494,7 +497,8 @@ async def test_device_not_opened_in_the_runtime(rt: ag.Runtime) -> None:
 async def test_graph_after_aclose(rt: ag.Runtime) -> None:
     graph, (a, b, _) = await xor_graph(rt)
     async with graph:
-        await graph([a, b])
+        for _ in range(3):  # a replay loop: the later calls take the shortest path
+            await graph([a, b])
     with raises(ag.ClosedError, "was closed with aclose(); compile a new graph"):
         await graph([a, b])
     await graph.aclose()  # closing twice is fine
