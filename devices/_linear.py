@@ -55,6 +55,7 @@ class LinearRun:
         "_kick_limit",
         "_queues",
         "_ready_at",
+        "_single",
         "_where",
         "copy_bytes",
     )
@@ -88,6 +89,12 @@ class LinearRun:
             queues.append((actor, counts[q], -1 if last is None else last[3], copy_bytes[q]))
         self._queues = tuple(queues)
         self._devices = tuple((device, device.timeline) for device in devices)
+        # One queue on one device (most graphs): its bookkeeping as straight-line code.
+        self._single = (
+            (*self._queues[0], *self._devices[0])
+            if len(self._queues) == 1 and len(self._devices) == 1
+            else None
+        )
         self.copy_bytes = sum(copy_bytes)
         # The kick's value right after this run last ran, while ready() is known to hold
         # (see run), else -1: every submission moves the kick, and only a submission
@@ -160,7 +167,10 @@ class LinearRun:
             kick.set(kicked)
         else:
             kick.value = kicked
-        for actor, count, last, copied in self._queues:
+        single = self._single
+        if single is not None:
+            # The loops below for one queue and one device, in the same order.
+            actor, count, last, copied, device, timeline = single
             base = actor.next_value
             actor.next_value = base + count
             if last >= 0:
@@ -173,13 +183,33 @@ class LinearRun:
             actor.jobs_done += 1
             if copied:
                 actor.bytes_copied += copied
-        for device, timeline in self._devices:
             ticket = device.next_ticket + 1
             if timeline._waiters:
                 timeline.set(ticket)
             elif ticket > timeline.value:
                 timeline.value = ticket
             device.next_ticket = ticket
+        else:
+            for actor, count, last, copied in self._queues:
+                base = actor.next_value
+                actor.next_value = base + count
+                if last >= 0:
+                    signal = actor.signal
+                    if signal._waiters:
+                        signal.set(base + last)
+                    elif base + last > signal.value:
+                        signal.value = base + last
+                actor.items_run += count
+                actor.jobs_done += 1
+                if copied:
+                    actor.bytes_copied += copied
+            for device, timeline in self._devices:
+                ticket = device.next_ticket + 1
+                if timeline._waiters:
+                    timeline.set(ticket)
+                elif ticket > timeline.value:
+                    timeline.value = ticket
+                device.next_ticket = ticket
         # What ready() found still holds until the next submission, which moves the
         # kick: until then no job is posted, no ticket taken, no timeline moved. The
         # values stay clear of 2**64-1 for the runs counted when it was checked.
