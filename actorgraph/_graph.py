@@ -159,10 +159,10 @@ class Graph(Hinted):
             tuple[tuple[Buffer, ...], dict[Var, int], Any, LinearRun | None],
         ] = {}
         self._frees_seen = runtime.frees
-        # The last call run here without var values: (its inputs' ids, their LinearRun,
-        # runtime.frees then, the inputs, which keep the ids theirs), or None. A call
-        # with the very same inputs while nothing was freed runs it with no more checks.
-        self._here: tuple[tuple[int, ...], LinearRun, int, tuple[Buffer, ...]] | None = None
+        # The inputs of the last call run here without var values -> (their LinearRun,
+        # runtime.frees then); one entry at most, keyed like _bound. A call with the very
+        # same inputs while nothing was freed runs it with no more checks.
+        self._here: dict[tuple[Buffer, ...], tuple[LinearRun, int]] = {}
         self._internal: dict[int, list[Buffer]] = {}
         for j, item in enumerate(program.items):
             bound = {slot for slot, _ in program.item_inputs[j]}
@@ -276,18 +276,19 @@ class Graph(Hinted):
         failure = NOT_HERE
         if profile is None and var_vals is None:
             # The call a replay loop makes: the very inputs of the last call run here
-            # (`_here`: their ids, its LinearRun, the runtime's frees then), nothing freed
-            # since (so every buffer it uses is still live), the runtime usable, no
-            # profile asked for. Holding the inputs keeps their ids theirs.
-            here = self._here
+            # (`_here`), nothing freed since (so every buffer it uses is still live),
+            # the runtime usable, no profile asked for.
+            try:
+                here = self._here.get(tuple(inputs))
+            except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
+                here = None
             if (
                 here is not None
-                and runtime.frees == here[2]
+                and runtime.frees == here[1]
                 and runtime.usable
                 and not runtime.profiling
-                and tuple(map(id, inputs)) == here[0]
             ):
-                failure = here[1].run()
+                failure = here[0].run()
                 if failure is NOT_RUN:
                     failure = NOT_HERE
                 else:
@@ -317,7 +318,7 @@ class Graph(Hinted):
                     else:
                         self._runs_here += 1
                         runtime.runs_here += 1
-                        self._here = (tuple(map(id, key)), hit[3], runtime.frees, key)
+                        self._here = {key: (hit[3], runtime.frees)}
         elif (
             runtime.usable
             and runtime.frees == self._frees_seen
@@ -561,7 +562,7 @@ class Graph(Hinted):
         if len(self._aliased) >= 8:
             self._aliased.pop(next(iter(self._aliased)))
         self._aliased[tuple(map(id, inputs))] = (inputs, replanned)
-        self._here = None
+        self._here = {}
         checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
         return replanned, replanned.bind(inputs, checked)
 
@@ -615,7 +616,7 @@ class Graph(Hinted):
     async def aclose(self) -> None:
         """Refuse further calls, then wait for the replays already submitted."""
         self._closed = True
-        self._here = None
+        self._here = {}
         for sub in list(self._in_flight):
             await sub.done.wait()
 
