@@ -37,5 +37,6 @@ def test_quick_run_writes_every_row(tmp_path: pathlib.Path) -> None:
     result = json.loads(out.read_text())
     for row in ("tiny", "copies", "small"):
         assert result[row]["ratio"] > 0 and result[row]["target_ratio"] == floor.TARGETS[row]
+        assert result[row]["trio_pass_us"] > 0
     assert result["chain"]["steps"] == [4, 8]
     assert result["sync"]["items"] == 16
