@@ -1001,6 +1001,32 @@ def test_a_run_slow_only_on_the_wall_is_held_against_a_kernel_only_when_it_repea
     assert not times.inline("spinner")
 
 
+def test_a_strike_is_forgotten_after_a_long_streak_of_quick_runs() -> None:
+    """A slow run that was a fluke (the machine's doing) is forgotten after FORGIVEN_AFTER
+    times the streak it asked for, so strikes over a long life do not pile up into ever
+    longer stays on the thread; a kernel slow again before then keeps its strikes."""
+    from actorgraph.remote._placement import FORGIVEN_AFTER, INLINE_BOUND_S, KernelTimes
+
+    times = KernelTimes(clock=lambda: 0.0, cpu_clock=lambda: 0.0)
+    quick, slow = INLINE_BOUND_S / 10, INLINE_BOUND_S * 10
+    times.record("k", quick)
+    times.record("k", slow)
+    times.record("k", quick)
+    times.record("k", slow)  # back on the thread after 1 quick run: 2 strikes
+    for _ in range(64):
+        times.record("k", quick)
+    assert times.inline("k") and times.shapes["k"].strikes == 2
+    times.record("k", slow)  # slow again before it is forgiven: 3 strikes
+    for _ in range(512 * FORGIVEN_AFTER - 1):
+        times.record("k", quick)
+    assert times.shapes["k"].strikes == 3
+    times.record("k", quick)
+    assert times.shapes["k"].strikes == 2 and times.inline("k")
+    for _ in range(64 * FORGIVEN_AFTER):
+        times.record("k", quick)
+    assert times.shapes["k"].strikes == 1
+
+
 def test_a_kernels_typical_time_ignores_its_cold_first_run_and_spikes() -> None:
     """The time runs of inline kernels are cut by: not the first run (cold), nor the
     longest: later runs move it by an eighth of the difference (a spike as twice it), so

@@ -48,6 +48,7 @@ from actorgraph.devices import AWAIT, EXEC, EXEC_THREAD, Op, run_op
 
 INLINE_BOUND_S = 100e-6  # a kernel seen to take longer leaves the event loop
 RUN_BUDGET_S = 1e-3  # inline kernels expected to take longer in all yield between them
+FORGIVEN_AFTER = 64  # a strike is forgotten after this many times the streak it needed
 SUSPECTS_SLOW = 3  # runs in a row slow on the wall only that count as a slow run
 SHAPES_KEPT = 4096  # shapes a worker remembers; a forgotten one is measured again
 
@@ -107,7 +108,8 @@ class KernelTimes:
     row (a kernel that blocks, sleeping or waiting on I/O, is slow on the wall every
     time; preemption seldom hits one shape that often in a row). A kernel that really
     is slow at times delays the others once (a few times if it blocks), then once per
-    8x longer streak (a handful in all).
+    8x longer streak (a handful in all); a strike is forgotten after FORGIVEN_AFTER
+    times the streak it asked for (inline runs count), so flukes do not pile up.
 
     `typical` ignores the first run (cold caches, first-call costs) and follows others
     by an eighth of the difference (counted as at most twice it: a spike barely moves
@@ -159,8 +161,7 @@ class KernelTimes:
                 seen = self.shapes[key] = _Seen()
             was_inline = seen.streak >= self._needed(seen.strikes)
             if seconds < self.bound:
-                seen.streak += 1
-                seen.suspects = 0
+                self._quick(seen)
                 seen.follow(seconds)
             elif (cpu_seconds if cpu_seconds is not None else seconds) >= self.bound:
                 self._strike(seen)
@@ -177,6 +178,15 @@ class KernelTimes:
         if not seen.coded / 2 <= seen.typical <= seen.coded * 2:
             self.tempo += 1
             seen.coded = seen.typical
+
+    def _quick(self, seen: _Seen) -> None:
+        seen.streak += 1
+        seen.suspects = 0
+        if seen.strikes and seen.streak >= FORGIVEN_AFTER * self._needed(seen.strikes):
+            # Quick for that long since: the strike was a fluke (the machine's doing), not
+            # the kernel's; forgetting it keeps strikes from piling up over a long life.
+            seen.strikes -= 1
+            seen.streak = self._needed(seen.strikes)  # inline still; the next one waits
 
     @staticmethod
     def _strike(seen: _Seen) -> None:
@@ -219,7 +229,7 @@ class KernelTimes:
                 for key, typical in coded.items():
                     seen = self.shapes.get(key)
                     if seen is not None:
-                        seen.suspects = 0
+                        self._quick(seen)
                         seen.follow(typical * scale)
                         self._moved(seen)
 
