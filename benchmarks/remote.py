@@ -9,7 +9,8 @@ Starts two workers on loopback (`actorgraph worker --port 0`, devices CPU:0,CPU:
   (targets: <= 10 us on one worker, <= 100 us between hosts); the same chain of tiny
   kernels over two actors through Ray Compiled Graphs when Ray is installed;
 - replay of a 1-item and a 100-item graph living on one worker (target <= 120 us), next
-  to a bare TCP round trip between two trio tasks;
+  to a bare TCP round trip between two trio tasks, with the CPU time per replay on the
+  client and (where /proc tells) on the worker;
 - copy bandwidth client <-> worker (copyin/copyout, and graph Copy items between a local
   CPU device and a remote one) and worker -> worker (a graph Copy between two workers,
   the bytes going directly), 64 MiB (target >= 2 GB/s);
@@ -99,7 +100,21 @@ async def tcp_round_trip(n: int = 2000) -> float:
     return elapsed / n * 1e6
 
 
-async def per_replay(rt: ag.Runtime, device: str, nitems: int, n: int) -> dict[str, float]:
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process `pid` used so far, where /proc tells."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def per_replay(
+    rt: ag.Runtime, device: str, nitems: int, n: int, worker_pid: int | None = None
+) -> dict[str, float | None]:
+    """us per replay (best and median of 5 rounds of `n`), and CPU us per replay on the
+    client and, where /proc tells, on the worker (`worker_pid`)."""
     x = rt.alloc(device, 256, np.int32)
     graph = await rt.compile([ag.Launch(INC, [x, x]) for _ in range(nitems)])
     conn = rt.device(device).connection
@@ -107,17 +122,24 @@ async def per_replay(rt: ag.Runtime, device: str, nitems: int, n: int) -> dict[s
         await graph()
     samples = []
     sent0, recv0 = conn.batches_sent, conn.frames_received
+    cpu0 = time.process_time()
+    worker0 = None if worker_pid is None else process_cpu_s(worker_pid)
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(n):
             await graph()
         samples.append((time.perf_counter() - t0) / n * 1e6)
     replays = 5 * n
+    worker1 = None if worker_pid is None else process_cpu_s(worker_pid)
     return {
         "us_per_replay": min(samples),
         "us_per_replay_median": statistics.median(samples),
         "batches_per_replay": (conn.batches_sent - sent0) / replays,
         "frames_back_per_replay": (conn.frames_received - recv0) / replays,
+        "client_cpu_us_per_replay": (time.process_time() - cpu0) / replays * 1e6,
+        "worker_cpu_us_per_replay": (
+            None if worker0 is None or worker1 is None else (worker1 - worker0) / replays * 1e6
+        ),
     }
 
 
@@ -315,8 +337,8 @@ async def main() -> dict[str, Any]:
                 "a local CPU device and a worker": await chain_step(rt, "CPU:0", a),
                 "two workers": await chain_step(rt, a, b),
             }
-            r100 = await per_replay(rt, a, 100, 400)
-            r1 = await per_replay(rt, a, 1, 400)
+            r100 = await per_replay(rt, a, 100, 400, wa.pid)
+            r1 = await per_replay(rt, a, 1, 400, wa.pid)
             bw = await bandwidth(rt, a, b, 64 << 20)
         isolation = await replay_beside_a_slow_kernel(a)
     finally:
@@ -370,6 +392,12 @@ def report(results: dict[str, Any]) -> None:
         f"(median {r100['us_per_replay_median']:.1f}; {r100['batches_per_replay']:.0f} batch "
         f"out, {r100['frames_back_per_replay']:.0f} frame back per replay; target <= 120 us)"
     )
+    for name, r in (("1-item", r1), ("100-item", r100)):
+        worker = r["worker_cpu_us_per_replay"]
+        print(
+            f"  CPU per {name} replay: client {r['client_cpu_us_per_replay']:.1f} us, worker "
+            + ("(not known)" if worker is None else f"{worker:.1f} us")
+        )
     for key, value in bw.items():
         print(f"copy {key.replace('_', ' '):36s} {value:6.2f} GB/s (64 MiB; target >= 2 GB/s)")
     iso = results["replay_beside_a_slow_kernel"]
