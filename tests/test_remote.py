@@ -588,7 +588,7 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
     gate = tmp_path / "gate"
     monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     ahead: list[list[Any]] = []
-    with_source_wait = remote._connection._with_source_wait
+    with_source_wait = remote._oplists._with_source_wait
 
     def spy(entry: list[Any], waits: Any) -> list[Any]:
         out = with_source_wait(entry, waits)
@@ -596,7 +596,7 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
             ahead.append(out)
         return out
 
-    monkeypatch.setattr(remote._connection, "_with_source_wait", spy)
+    monkeypatch.setattr(remote._oplists, "_with_source_wait", spy)
     a_worker = start("CPU:0,CPU:1", extra_args=("--thread-bytes", "0"))
     _, b_worker = workers
     ra, ra1, rb = a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")
@@ -646,14 +646,14 @@ async def test_a_copy_from_a_worker_written_by_both_its_queues_is_read_when_it_r
     # alone says x is ready: it is not asked for ahead on one of them. y, written by the
     # kernel only, is.
     ahead: list[int] = []
-    pulls_after_waits = remote._connection.Connection._pulls_after_waits
+    pulls_after_waits = remote._oplists.pulls_after_waits
 
-    def spy(self: Any, ops: Any) -> Any:
-        found = pulls_after_waits(self, ops)
+    def spy(conn: Any, ops: Any) -> Any:
+        found = pulls_after_waits(conn, ops)
         ahead.extend(int(ref[0]) for ref, *_ in found)
         return found
 
-    monkeypatch.setattr(remote._connection.Connection, "_pulls_after_waits", spy)
+    monkeypatch.setattr(remote._oplists, "pulls_after_waits", spy)
     a_worker, _ = workers
     ra, ra1 = a_worker.name("CPU:0"), a_worker.name("CPU:1")
     with trio.fail_after(GUARD):

@@ -8,10 +8,12 @@ every queue of that worker.
 The files, client side first:
 
     _device.py      RemoteDevice and RemoteQueue: lowering items to wire entries
-    _connection.py  the connection actor: batches, programs, mirrors, reports
+    _connection.py  the connection actor: batches, mirrors, reports
+    _oplists.py     op lists as programs a worker keeps; copies asked for ahead
     _wire.py        the frames both sides speak, their limits, the HMACs
     _worker.py      `actorgraph worker`: the server, its handshake and routing
     _session.py     one client's state on a worker: buffers, programs, batches
+    _lowering.py    a program's entries checked and lowered onto a queue actor
     _lowered.py     a client's program as a worker lowered it; refusals
     _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
     _staging.py     host memory a worker's host writes land in

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,15 +26,15 @@ from actorgraph.devices import (
     Op,
     Signal,
     SignalOp,
-    WaitOp,
-    WireOp,
     own_signal,
 )
 
+from ._oplists import QUEUES_BY_SIGNAL, KeptProgram, Read, arm, consumed, program_of
 from ._wire import (
     CHUNK,
     DTYPES,
     ConnectionLostError,
+    Frame,
     FrameStream,
     Limits,
     WireError,
@@ -52,12 +51,7 @@ from ._wire import (
 if TYPE_CHECKING:
     from ._device import RemoteDevice, RemoteQueue
 
-EARLY_PULL_BYTES = 1 << 20  # larger copies from a worker are asked for when they run
-EARLY_BYTES = 64 << 20  # staging a connection holds at most for copies asked for ahead
 _SEND_NOW = 1 << 16  # frames up to this many bytes may be sent by the task that makes them
-
-# id(signal) -> the RemoteQueue it is the signal of: which worker queue a wait is on
-QUEUES_BY_SIGNAL: weakref.WeakValueDictionary[int, RemoteQueue] = weakref.WeakValueDictionary()
 
 
 class RemoteError(DeviceError):
@@ -86,58 +80,18 @@ def flat_bytes(array: np.ndarray[Any, Any]) -> memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
-class _Program:
-    """One queue's op list as the worker holds it."""
-
-    __slots__ = ("direct", "final", "mirrors", "ops", "prog_id", "queue", "slot")
-
-    def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
-        self.prog_id = prog_id
-        self.ops = ops  # held, so that id(ops) stays this program's key
-        self.queue = queue
-        own = own_signal(ops)
-        if own is None:
-            raise DeviceError(f"{queue.name}: a queue's op list ends with its own signal")
-        self.slot = own.slot
-        self.final = own.rel  # where the job leaves its queue's signal
-        self.mirrors: list[tuple[Signal, int, int, int]] = []  # signal, base slot, rel, id
-        # The waits a copy from another worker follows: that worker tells this one
-        # directly, so the client forwards them only if it loses that worker.
-        self.direct: set[tuple[int, int, int]] = set()  # base slot, rel, id
-
-
 class _Batch:
     __slots__ = ("bases", "jobs", "submission", "watchers")
 
     def __init__(self, submission: Any, bases: Sequence[int]) -> None:
         self.submission = submission
         self.bases = bases
-        self.jobs: dict[int, tuple[Job, _Program]] = {}
+        self.jobs: dict[int, tuple[Job, KeptProgram]] = {}
         self.watchers: list[trio.Event] = []  # set when the batch's jobs have all ended
 
     def end(self) -> None:
         for event in self.watchers:
             event.set()
-
-
-class _Read:
-    __slots__ = ("done", "error", "left", "staged", "view")
-
-    def __init__(self, view: memoryview, staged: bool) -> None:
-        self.view = view
-        self.staged = staged  # a fresh host array: land the bytes in warm memory first
-        self.left = len(view)
-        self.done = trio.Event()
-        self.error: BaseException | None = None
-
-
-class _Frame:
-    __slots__ = ("error", "parts", "sent")
-
-    def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
-        self.parts = parts
-        self.sent = sent
-        self.error: BaseException | None = None
 
 
 class _Ext:
@@ -201,8 +155,8 @@ class Connection:
         self._doorbell = Doorbell()
         self._ids = itertools.count(1)
         self._batches: dict[int, _Batch] = {}
-        self._reads: dict[int, _Read] = {}
-        self._programs: collections.OrderedDict[int, _Program] = collections.OrderedDict()
+        self._reads: dict[int, Read] = {}
+        self._programs: collections.OrderedDict[int, KeptProgram] = collections.OrderedDict()
         self._seen: collections.OrderedDict[int, Sequence[Op]] = collections.OrderedDict()
         self._signal_ids: dict[int, tuple[Signal, int]] = {}
         self._ext_sent: dict[int, int] = {}
@@ -217,16 +171,16 @@ class Connection:
         self.bytes_received = 0  # buffer data that came to the client
         self._staging = bytearray()
         self._writing = False  # the writer task is sending
-        # Copies from the worker asked for ahead (_arm): op list id -> (ops, the copies);
+        # Copies from the worker asked for ahead (arm): op list id -> (ops, the copies);
         # (id(job), id(ref)) -> (read, staging); id(job) -> [job, copies not yet run].
         self._pulls: collections.OrderedDict[int, tuple[Sequence[Op], list[Any]]] = (
             collections.OrderedDict()
         )
-        self._early: dict[tuple[int, int], tuple[Job, _Read, bytearray]] = {}
+        self._early: dict[tuple[int, int], tuple[Job, Read, bytearray]] = {}
         self._armed: dict[int, list[Any]] = {}
         self._early_bytes = 0
         # What flush() could not send whole: the writer sends it before anything else.
-        self._unsent: tuple[list[bytes | memoryview], list[_Frame]] | None = None
+        self._unsent: tuple[list[bytes | memoryview], list[Frame]] | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}>"
@@ -364,26 +318,26 @@ class Connection:
             )
         handle = next(self._ids)
         self.allocated += nbytes
-        self._queue(_Frame([encode(["alloc", handle, device.inner, nelems, dtype.name])]))
+        self._queue(Frame([encode(["alloc", handle, device.inner, nelems, dtype.name])]))
         return RemoteMemory(handle, nbytes, self)
 
     def free(self, memory: RemoteMemory) -> None:
         self.allocated -= memory.nbytes
         if self.error is None:
-            self._queue(_Frame([encode(["free", memory.handle])]))
+            self._queue(Frame([encode(["free", memory.handle])]))
 
     def next_blob(self) -> int:
         return next(self._ids)
 
     def expect_read(self, view: memoryview, staged: bool = False) -> int:
         read_id = next(self._ids)
-        self._reads[read_id] = _Read(view, staged)
+        self._reads[read_id] = Read(view, staged)
         return read_id
 
     # -- AWAIT ops of client-local queues: transfers between the client and the worker --
 
     async def push(self, job: Job, src: np.ndarray[Any, Any], ref: list[Any]) -> None:
-        self._arm(job)
+        arm(self, job)
         if job.submission.error is not None:
             return
         self._check()
@@ -396,83 +350,11 @@ class Connection:
         if not parts:
             parts = [encode(["put", ref, 0])]
         self._announce_signal_after(job, ref, parts)
-        frame = _Frame(parts, sent)
+        frame = Frame(parts, sent)
         self._queue_now(frame)
         await sent.wait()
         if frame.error is not None:
             raise frame.error
-
-    def _arm(self, job: Job) -> None:
-        """At a client-local job's first transfer with this worker: ask the worker for the
-        bytes of each later copy from it that follows a wait on its queue ("getwhen"),
-        so it sends them with the report of that signal instead of when asked after it.
-        A copy from a worker then costs one message, not a report and a round trip."""
-        pulls = self._pulls_after_waits(job.ops)
-        if not pulls:
-            return
-        armed = self._armed.get(id(job))
-        if armed is not None and armed[0] is job:
-            return
-        if self.error is not None or self._stream is None:
-            return
-        parts: list[bytes | memoryview] = []
-        count = 0
-        for ref, nbytes, slot, rel, queue in pulls:
-            if self._early_bytes + nbytes > EARLY_BYTES:
-                break  # the rest are read when they run
-            staging = bytearray(nbytes)
-            read_id = next(self._ids)
-            read = self._reads[read_id] = _Read(memoryview(staging), False)
-            self._early[(id(job), id(ref))] = (job, read, staging)
-            self._early_bytes += nbytes
-            parts.append(encode(["getwhen", read_id, ref, queue, job.bases[slot] + rel]))
-            count += 1
-        if count:
-            self._armed[id(job)] = [job, count]
-            self._queue_now(_Frame(parts))
-
-    def _consumed(self, job: Job) -> None:
-        armed = self._armed.get(id(job))
-        if armed is not None and armed[0] is job:
-            armed[1] -= 1
-            if not armed[1]:
-                del self._armed[id(job)]
-
-    def _pulls_after_waits(self, ops: Sequence[Op]) -> list[tuple[list[Any], int, int, int, str]]:
-        """The copies from this worker in `ops` that follow a wait on one of its queues:
-        (buffer ref, bytes, the wait's slot and value, the queue's name), kept per op list."""
-        hit = self._pulls.get(id(ops))
-        if hit is not None and hit[0] is ops:
-            return hit[1]
-        found = []
-        for i in range(1, len(ops)):
-            op = ops[i]
-            if op[0] != AWAIT or op[1] != self.pull:
-                continue
-            # The copy's own waits (those just before it) on this worker's queues: they
-            # are on the source device's, for what wrote the source. With one, its value
-            # says the bytes are ready; with two (both of its queues wrote them), neither
-            # alone does, and the copy reads when it runs.
-            mine: list[tuple[WaitOp, RemoteQueue]] = []
-            j = i - 1
-            while j >= 0 and isinstance(ops[j], WaitOp):
-                wait = ops[j]
-                queue = QUEUES_BY_SIGNAL.get(id(wait.signal))
-                if queue is not None and queue.signal is wait.signal:
-                    if queue.device.connection is self:
-                        mine.append((wait, queue))
-                j -= 1
-            if len(mine) != 1:
-                continue
-            wait, queue = mine[0]
-            dst, ref = op[2]
-            nbytes = int(dst.nbytes)
-            if nbytes <= EARLY_PULL_BYTES:
-                found.append((ref, nbytes, wait.slot, wait.rel, queue.key))
-        self._pulls[id(ops)] = (ops, found)
-        if len(self._pulls) > self.PROGRAM_CACHE:
-            self._pulls.popitem(last=False)
-        return found
 
     def _announce_signal_after(self, job: Job, ref: list[Any], parts: list[Any]) -> None:
         """A push followed at once by its queue's signal: send that signal's new value to
@@ -503,14 +385,14 @@ class Connection:
             parts.append(encode(["ext", [[ext_id, value]]]))
 
     async def pull(self, job: Job, dst: np.ndarray[Any, Any], ref: list[Any]) -> None:
-        self._arm(job)
+        arm(self, job)
         early = self._early.pop((id(job), id(ref)), None)
         if early is not None:
             self._early_bytes -= len(early[2])
             if early[0] is not job:  # left by a job that never got here (its actor closed)
                 early = None
             else:
-                self._consumed(job)
+                consumed(self, job)
         if job.submission.error is not None:
             return
         self._check()
@@ -525,7 +407,7 @@ class Connection:
             return
         read_id = self.expect_read(flat_bytes(dst))
         read = self._reads[read_id]
-        self._queue_now(_Frame([encode(["get", read_id, ref])]))
+        self._queue_now(Frame([encode(["get", read_id, ref])]))
         await read.done.wait()
         if read.error is not None:
             raise read.error
@@ -570,17 +452,17 @@ class Connection:
             return
         self._frames_sent(frames)
 
-    def _frames_sent(self, frames: list[_Frame]) -> None:
+    def _frames_sent(self, frames: list[Frame]) -> None:
         for frame in frames:
             frame.error = self.error
             if frame.sent is not None:
                 frame.sent.set()
 
-    def _take_pending(self) -> tuple[list[bytes | memoryview], list[_Frame]]:
+    def _take_pending(self) -> tuple[list[bytes | memoryview], list[Frame]]:
         """Encode what is queued, in order: each submission's jobs as one batch."""
         pending = self._pending
         parts: list[bytes | memoryview] = []
-        frames: list[_Frame] = []
+        frames: list[Frame] = []
         while pending:
             entry = pending.popleft()
             if type(entry) is tuple:
@@ -606,7 +488,7 @@ class Connection:
                 await self._doorbell.wait()
                 continue
             parts: list[bytes | memoryview] = []
-            frames: list[_Frame] = []
+            frames: list[Frame] = []
             if self._unsent is not None:
                 (parts, frames), self._unsent = self._unsent, None
             more, more_frames = self._take_pending()
@@ -628,7 +510,7 @@ class Connection:
         prog_ids = []
         ext: list[list[int]] = []
         for job, queue in group:
-            program = self._program_of(job, queue, parts)
+            program = program_of(self, job, queue, parts)
             batch.jobs[program.slot] = (job, program)
             prog_ids.append(program.prog_id)
             for signal, slot, rel, ext_id in program.mirrors:
@@ -645,78 +527,6 @@ class Connection:
         self._batches[batch_id] = batch
         parts.append(encode(["batch", batch_id, list(bases), prog_ids, ext]))
         self.batches_sent += 1
-
-    def _program_of(self, job: Job, queue: RemoteQueue, parts: list[Any]) -> _Program:
-        key = id(job.ops)
-        program = self._programs.get(key)
-        if program is not None and program.ops is job.ops:
-            self._programs.move_to_end(key)
-            return program
-        # An op list seen for the second time is a graph's: the worker keeps it. One seen
-        # once (eager items, host copies) is lowered for its batch and dropped there.
-        # Host writes carry their data: never kept, never remembered.
-        store = self._seen.pop(key, None) is job.ops
-        one_shot = False
-        program = _Program(next(self._ids), job.ops, queue)
-        entries: list[Any] = []
-        # The waits of the item about to come (since the previous item or signal):
-        # id(signal) -> (base slot, value, mirror id)
-        own_waits: dict[int, tuple[int, int, int]] = {}
-        for op in job.ops:
-            if isinstance(op, WaitOp):
-                signal = op.signal
-                known = self._signal_ids.get(id(signal))
-                local = _local_queue(signal, self)
-                if local is not None:
-                    entries.append(["l", local.device.inner, op.slot, op.rel, local.kind.value])
-                    continue
-                if known is None or known[0] is not signal:
-                    known = (signal, next(self._ids))
-                    self._signal_ids[id(signal)] = known
-                source = QUEUES_BY_SIGNAL.get(id(signal))
-                if source is not None and source.signal is signal and source.tells_peers:
-                    # A queue of another worker, which tells this one itself: the client
-                    # forwards this signal only if it loses that worker.
-                    conn = source.device.connection
-                    watch = [conn.host, conn.port, conn.session_id, source.key]
-                    entries.append(
-                        ["w", known[1], op.slot, op.rel, [*watch, conn.watch_ticket(source.key)]]
-                    )
-                    program.direct.add((op.slot, op.rel, known[1]))
-                else:
-                    entries.append(["w", known[1], op.slot, op.rel])
-                program.mirrors.append((signal, op.slot, op.rel, known[1]))
-                own_waits[id(signal)] = (op.slot, op.rel, known[1])
-            elif isinstance(op, SignalOp):
-                own_waits = {}
-                # Reported back only where a queue off this worker waits on it (the job's
-                # last signal always is, with its "done").
-                entries.append(["s", op.slot, op.rel] if op.host else ["s", op.slot, op.rel, 0])
-            elif isinstance(op, WireOp):
-                entry = _with_source_wait(op.entry, own_waits)
-                own_waits = {}
-                if entry is not op.entry:
-                    program.direct.add(tuple(entry[-3:]))  # type: ignore[arg-type]
-                entries.append(entry)
-                if op.blobs is not None:  # a host write: its data goes ahead of it
-                    one_shot = True
-                    for blob_id, chunk in op.blobs:
-                        parts += [encode(["blob", blob_id], len(chunk)), chunk]
-            else:
-                raise DeviceError(f"{queue.name}: op {op[0]!r} cannot run on a worker")
-        store = store and not one_shot
-        if not store and not one_shot:
-            self._seen[key] = job.ops
-            if len(self._seen) > self.PROGRAM_CACHE:
-                self._seen.popitem(last=False)
-        device = queue.device.inner
-        parts.append(encode(["prog", program.prog_id, device, entries, store, queue.kind.value]))
-        if store:
-            self._programs[key] = program
-            if len(self._programs) > self.PROGRAM_CACHE:
-                _, old = self._programs.popitem(last=False)
-                parts.append(encode(["forget", old.prog_id]))
-        return program
 
     async def _forward(
         self, signal: Signal, target: int, ext_id: int, direct: _Batch | None
@@ -876,7 +686,7 @@ class Connection:
             if type(entry) is tuple:
                 job, queue = entry
                 self._fail_job(job, queue, error)
-            elif type(entry) is _Frame:
+            elif type(entry) is Frame:
                 entry.error = error
                 if entry.sent is not None:
                     entry.sent.set()
@@ -894,40 +704,3 @@ class Connection:
         if own is not None:
             queue.signal.set(job.bases[own.slot] + own.rel)
         job.fail(queue.name, error, item=-1)
-
-
-def _with_source_wait(entry: list[Any], waits: dict[int, tuple[int, int, int]]) -> list[Any]:
-    """A copy from another worker ("p") whose own waits (`waits`: those just before it)
-    include one on a queue of the source device names that wait, and that queue in place
-    of the source device, so the worker can have the bytes sent the moment the source
-    gets there.
-
-    Only the copy's own waits say its source is ready: the plan keeps, for a copy from a
-    device reached by I/O, its waits on what wrote the source even where they are known
-    met through another queue (a wait of an earlier item may be for a lower value). With
-    waits on both queues of the source device (both wrote it, or one it must not
-    overtake), one alone does not say it: the copy then reads when it runs."""
-    if entry[0] != "p":
-        return entry
-    _, _, _, host, port, sid, _, _, inner = entry
-    found: list[tuple[RemoteQueue, tuple[int, int, int]]] = []
-    for signal_id, wait in waits.items():
-        queue = QUEUES_BY_SIGNAL.get(signal_id)
-        if queue is None or id(queue.signal) != signal_id:
-            continue
-        source = queue.device
-        conn = source.connection
-        if (conn.host, conn.port, conn.session_id, source.inner) == (host, port, sid, inner):
-            found.append((queue, wait))
-    if len(found) != 1:
-        return entry
-    queue, wait = found[0]
-    return [*entry[:8], queue.key, *wait]
-
-
-def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:
-    for device in connection.devices:
-        for queue in device.queues.values():
-            if queue.signal is signal:
-                return queue
-    return None

@@ -33,7 +33,8 @@ from actorgraph.devices import (
 )
 from actorgraph.scheduler import QueueKind
 
-from ._connection import QUEUES_BY_SIGNAL, Connection, RemoteMemory, flat_bytes
+from ._connection import Connection, RemoteMemory, flat_bytes
+from ._oplists import QUEUES_BY_SIGNAL
 
 
 class RemoteQueue(QueueActor):

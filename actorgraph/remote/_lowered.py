@@ -1,7 +1,8 @@
 """What a worker keeps of a client's program: its lowered ops, and refusals.
 
-A `Session` (_session.py) lowers each program it is sent into a `Program`; a batch posts
-one job of each. A request that breaks a rule raises `Refused`, answered with an error.
+A `Session` (_session.py) lowers each program it is sent into a `Program` (with
+_lowering.py); a batch posts one job of each. A request that breaks a rule raises
+`Refused`, answered with an error.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from actorgraph.devices import Op, QueueActor
 from actorgraph.scheduler import QueueKind
 
 from ._placement import AdaptiveKernel
+
+REL_MAX = 1 << 40  # a value a program names, relative to its slot's base
+VALUE_MAX = 1 << 62  # a base or value a client sends
 
 
 class Refused(Exception):

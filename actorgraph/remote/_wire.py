@@ -341,3 +341,12 @@ def plain_socket(family: int = socket.AF_INET) -> socket.socket:
 def no_delay(sock: socket.socket | trio.socket.SocketType) -> None:
     """Small frames go out at once (no Nagle): every frame here is a whole message."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class Frame:
+    __slots__ = ("error", "parts", "sent")
+
+    def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
+        self.parts = parts
+        self.sent = sent
+        self.error: BaseException | None = None
