@@ -1,5 +1,7 @@
 """Kernels that the test workers load with `--kernels remote_kernels` (and clients import)."""
 
+import threading
+
 import numpy as np
 
 import actorgraph as ag
@@ -76,3 +78,18 @@ KERNELS.append(INC_GPU)
 BOOM_GPU_SRC = INC_GPU_SRC.replace("inc_gpu", "boom_gpu")  # a GPU cannot raise: its CPU body does
 BOOM_GPU = ag.Kernel("boom_gpu", cpu=_boom, cuda=BOOM_GPU_SRC, outs=(0,), ins=(1,))
 KERNELS.append(BOOM_GPU)
+
+
+RELEASE = threading.Event()
+
+
+def _held(out, a):
+    # Runs until a test of this process sets RELEASE: a queue of a worker that runs in the
+    # test's own process (its kernels on a thread) held exactly as long as the test needs.
+    if not RELEASE.wait(30):
+        raise TimeoutError("the test never set remote_kernels.RELEASE")
+    np.copyto(out, a)
+
+
+HELD = ag.Kernel("held", cpu=_held, outs=(0,), ins=(1,))
+KERNELS.append(HELD)

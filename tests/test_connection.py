@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -29,13 +30,16 @@ from hypothesis import strategies as st
 import actorgraph as ag
 from actorgraph import _runtime
 from actorgraph._program import Program
-from actorgraph.remote._peers import PeerRefusedError, Peers
+from actorgraph.remote import _connection as remote_connection
+from actorgraph.remote import _worker as remote_worker
+from actorgraph.remote._peers import PeerRead, PeerRefusedError, Peers
 from actorgraph.remote._wire import Limits
 from actorgraph.remote._worker import run_worker
 from actorgraph.testing import Worker, start_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
-from remote_kernels import GATED, INC, SLEEPY
+import remote_kernels
+from remote_kernels import GATED, HELD, INC, SLEEPY
 
 LOCAL_INC = ag.Kernel("local_inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
 
@@ -414,3 +418,138 @@ async def test_a_worker_answers_a_peer_with_its_own_token(workers: tuple[Worker,
                         await peers.pull(*args, memoryview(out))
                     assert not peers.links
             nursery.cancel_scope.cancel()
+
+
+async def _linked_workers(
+    nursery: trio.Nursery, scopes: list[trio.CancelScope], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Peers, str, str]:
+    """Workers A and B in this process (kernels on a thread), until `scopes` (theirs) are
+    cancelled: B's links to other workers, and the names of A's and B's CPU:0."""
+    made: list[Any] = []
+    init = remote_worker.Worker.__init__
+
+    def record(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(remote_worker.Worker, "__init__", record)
+
+    async def serve(task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        with trio.CancelScope() as scope:
+            scopes.append(scope)
+            await run_worker(
+                ["CPU:0"],
+                token=TOKEN,
+                kernel_modules=["remote_kernels"],
+                thread_bytes=0,
+                task_status=task_status,
+            )
+
+    a_host, a_port = await nursery.start(serve)
+    b_host, b_port = await nursery.start(serve)
+    return made[1].peers, f"CPU:0@{a_host}:{a_port}", f"CPU:0@{b_host}:{b_port}"
+
+
+async def _asked(peers: Peers) -> Any:
+    """A link of `peers` once it waits for an answer."""
+    while True:
+        for link in list(peers.links.values()):
+            if link.reads:
+                return link
+        await trio.testing.wait_all_tasks_blocked()
+
+
+@pytest.mark.parametrize("new_links", ["work", "are refused"])
+@pytest.mark.parametrize("n", [(1 << 18) + 2, 16], ids=["watched", "read ahead"])
+async def test_a_failed_link_between_workers_is_relayed_by_the_client(
+    monkeypatch: pytest.MonkeyPatch, n: int, new_links: str
+) -> None:
+    # B copies x from A once A's held kernel ends: B's worker asks A's over their link,
+    # to be told ("pwatch": a copy over 1 MiB, read when it runs) or sent the bytes
+    # ("pwhen": read ahead). The link is cut while A is held, A staying connected to the
+    # client: B's worker asks the client to relay the wait, the client asks A itself, and
+    # the copy reads over a new link. Where new links are refused, the replay fails
+    # naming both workers; later replays work once links are.
+    relayed: list[tuple[str, int]] = []
+    relay = remote_connection._Batch.relay
+
+    def spy(self: Any, address: tuple[str, int]) -> None:
+        relayed.append(address)
+        relay(self, address)
+
+    monkeypatch.setattr(remote_connection._Batch, "relay", spy)
+    remote_kernels.RELEASE.clear()
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            serving: list[trio.CancelScope] = []
+            b_peers, ra, rb = await _linked_workers(nursery, serving, monkeypatch)
+            a_address = ra.partition("@")[2]
+            async with runtime([ra, rb]) as rt:
+                x, y = rt.alloc(ra, n, np.int32), rt.alloc(rb, n, np.int32)
+                await rt.copyin(x, np.arange(n, dtype=np.int32))
+                graph = await rt.compile(
+                    [
+                        ag.Launch(INC, [x, x]),
+                        ag.Launch(HELD, [x, x]),
+                        ag.Copy(dst=y, src=x),
+                        ag.Launch(INC, [y, y]),
+                    ]
+                )
+                replay = await graph.submit()
+                link = await _asked(b_peers)
+                if new_links == "are refused":
+
+                    async def refused(host: str, port: int) -> Any:
+                        raise ConnectionRefusedError(111, "refused on purpose")
+
+                    b_peers._link = refused  # type: ignore[method-assign]
+                link.stream.sock.shutdown(socket.SHUT_RDWR)
+                remote_kernels.RELEASE.set()
+                if new_links == "work":
+                    await replay.wait()
+                    np.testing.assert_array_equal(await rt.copyout(y), np.arange(n) + 2)
+                else:
+                    with pytest.raises(
+                        ag.ItemError,
+                        match=rf"on worker {rb.partition('@')[2]} .*worker-to-worker read "
+                        rf"from {a_address} failed: \[Errno 111\] refused on purpose",
+                    ):
+                        await replay.wait()
+                    del b_peers._link  # links work again
+                host, port = a_address.split(":")
+                assert relayed == [(host, int(port))]
+                # Later replays open a new link and need no relay.
+                for _ in range(2):
+                    await graph()
+                assert relayed == [(host, int(port))]
+                assert b_peers.links[(host, int(port))] is not link
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(n) + 4)
+                # The workers stop before this client leaves: their tasks end cancelled,
+                # not as a disconnect racing the cancellation.
+                for scope in serving:
+                    scope.cancel()
+
+
+def test_a_watch_that_fails_never_says_its_source_got_there() -> None:
+    # A refused copy's bytes end its wait (the copy then fails with the refusal); a watch
+    # refused (its session gone, say) or a link lost says nothing of the source's queue:
+    # the client is asked to relay, and nothing rises that the source did not reach.
+    calls: list[str] = []
+
+    def read(nbytes: int, name: str) -> PeerRead:
+        return PeerRead(
+            memoryview(bytearray(nbytes)),
+            lambda: calls.append(f"{name} arrived"),
+            lambda exc: calls.append(f"{name} lost: {exc}"),
+        )
+
+    read(0, "watch").fail(PeerRefusedError("no such session"))
+    read(8, "copy").fail(PeerRefusedError("bad ticket"))
+    read(8, "reset copy").fail(ConnectionError("link reset"))
+    read(0, "reset watch").fail(ConnectionError("link reset"))
+    assert calls == [
+        "watch lost: no such session",
+        "copy arrived",
+        "reset copy lost: link reset",
+        "reset watch lost: link reset",
+    ]

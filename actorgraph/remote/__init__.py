@@ -100,7 +100,11 @@ worker dies. Copies over 1 MiB are read when they run ("pread"), into the destin
 
 A lost connection fails every job in flight with `RemoteConnectionError` and advances the
 remote queues' signals, so client-local queues waiting on them finish (skipping their
-items) and other devices go on working.
+items) and other devices go on working. A link between two workers that fails while
+both stay connected makes the waiting worker ask its client to relay (["relay", batch id,
+host, port, why]): the client asks the source worker itself (["watch", read id, queue,
+value], answered by no bytes once the queue gets there) and forwards the value; a copy
+whose bytes did not come reads them over a new link when it runs.
 """
 
 from ._connection import RemoteConnectionError as RemoteConnectionError

@@ -81,16 +81,26 @@ def flat_bytes(array: np.ndarray[Any, Any]) -> memoryview:
 
 
 class _Batch:
-    __slots__ = ("bases", "jobs", "submission", "watchers")
+    __slots__ = ("bases", "jobs", "relayed", "submission", "watchers")
 
     def __init__(self, submission: Any, bases: Sequence[int]) -> None:
         self.submission = submission
         self.bases = bases
         self.jobs: dict[int, tuple[Job, KeptProgram]] = {}
-        self.watchers: list[trio.Event] = []  # set when the batch's jobs have all ended
+        # Set when the batch's jobs have all ended, or when the worker asks to relay.
+        self.watchers: list[trio.Event] = []
+        # (host, port) of the workers whose waits the client relays for this batch: the
+        # link from this batch's worker to them failed before they told it.
+        self.relayed: set[tuple[str, int]] = set()
 
     def end(self) -> None:
         for event in self.watchers:
+            event.set()
+
+    def relay(self, address: tuple[str, int]) -> None:
+        self.relayed.add(address)
+        watchers, self.watchers = self.watchers, []
+        for event in watchers:
             event.set()
 
 
@@ -412,6 +422,17 @@ class Connection:
         if read.error is not None:
             raise read.error
 
+    async def told_when(self, queue: str, value: int) -> None:
+        """Return once this worker's queue `queue` (DEVICE or DEVICE/copy) reaches
+        `value`, as the worker says itself (a "watch", answered by no bytes)."""
+        self._check()
+        read_id = self.expect_read(memoryview(bytearray(0)))
+        read = self._reads[read_id]
+        self._queue_now(Frame([encode(["watch", read_id, queue, value])]))
+        await read.done.wait()
+        if read.error is not None:
+            raise read.error
+
     # -- the actor --
 
     def post(self, job: Job, queue: RemoteQueue) -> None:
@@ -535,10 +556,14 @@ class Connection:
         if direct is not None and queue is not None and id(queue.signal) == id(signal):
             # The source's worker tells this one itself, with the bytes. Forward only if
             # the source's worker is lost before this batch ends: it may have died before
-            # it could, and what waits here must go on (its copy then fails). Nothing
-            # here wakes as the source's queue moves.
+            # it could, and what waits here must go on (its copy then fails); or if this
+            # worker's link to it failed first ("relay"). Nothing here wakes as the
+            # source's queue moves.
             source = queue.device.connection
-            if source.error is None and direct.jobs:
+            where = (source.host, source.port)
+            while self.error is None and source.error is None and direct.jobs:
+                if where in direct.relayed:
+                    break
                 event = trio.Event()
                 direct.watchers.append(event)
                 source.watchers.add(event)
@@ -547,9 +572,24 @@ class Connection:
                 finally:
                     source.watchers.discard(event)
             if source.error is None:
-                return
+                if where not in direct.relayed:
+                    return
+                # Ask the source's worker, over this client's own connection to it: the
+                # client may never hear of that value otherwise (a signal only another
+                # worker waits on is not reported), or only once a job ends that may
+                # itself wait on this one.
+                try:
+                    await source.told_when(queue.key, target)
+                except DeviceError:
+                    pass  # lost: its signal is where its jobs would have left it
+                else:
+                    self._send_ext(ext_id, target)
+                    return
         await signal.wait_value(target)
-        value = signal.value
+        self._send_ext(ext_id, signal.value)
+
+    def _send_ext(self, ext_id: int, value: int) -> None:
+        """Raise the worker's mirror `ext_id` to `value`, with what is queued."""
         if self.error is not None or self._ext_sent.get(ext_id, -1) >= value:
             return
         self._ext_sent[ext_id] = value
@@ -580,10 +620,18 @@ class Connection:
                     self._job_reported(meta)
                 elif kind == "data":
                     await self._data(meta, tail)
+                elif kind == "relay":
+                    # ["relay", batch id, host, port, why]: this worker's link to the
+                    # worker at host:port failed while a job of the batch waited on it.
+                    batch = self._batches.get(meta[1])
+                    if batch is not None:
+                        batch.relay((meta[2], meta[3]))
                 elif kind == "error":
                     # Refusals of requests without an answer show up where they are used;
                     # a refused read ahead fails the copy waiting for it.
-                    read = self._reads.pop(meta[2], None) if meta[1] == "getwhen" else None
+                    read = (
+                        self._reads.pop(meta[2], None) if meta[1] in ("getwhen", "watch") else None
+                    )
                     if read is not None:
                         read.error = RemoteError(f"worker {self.address} refused a read: {meta[3]}")
                         read.done.set()

@@ -14,6 +14,12 @@ Two kinds of read:
   copy's dependency costs one message from worker to worker and none through the client.
   The bytes land in staging memory (the destination may still be in use) and the
   destination's mirror of the source queue rises as they arrive.
+And "pwatch": be told (a "data" frame of no bytes) once the source's queue reaches a value.
+
+A link that fails (refused, reset, closed) while a "pwhen" or "pwatch" waits says nothing
+of the source's queue: the read's `lost` asks the client to relay the wait (it asks the
+source's worker itself, over its own connection), and a copy whose bytes did not come
+reads them when it runs, over a new link, or fails naming that link.
 """
 
 from __future__ import annotations
@@ -43,24 +49,33 @@ class PeerRefusedError(ConnectionError):
 class PeerRead:
     """One read over a link: where its bytes land, and when they all have."""
 
-    __slots__ = ("arrived", "done", "error", "left", "view")
+    __slots__ = ("arrived", "done", "error", "left", "lost", "view")
 
-    def __init__(self, view: memoryview, arrived: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        view: memoryview,
+        arrived: Callable[[], None] | None = None,
+        lost: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.view = view
         self.left = len(view)
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.arrived = arrived  # called once every byte is in, before `done` is set
+        self.lost = lost  # called if it fails without saying the source got there
 
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
             self.error = error
-            # A refusal (of the link's token, or of the read) is for good: what waits for
-            # the bytes goes on to the copy, which fails with it; the mirror would never
-            # rise otherwise. A lost link is left to the client, which loses the source
-            # worker too and then forwards the wait itself (the replay fails as closed).
-            if self.arrived is not None and isinstance(error, PeerRefusedError):
+            # A refusal of a copy's bytes (of the link's token, or of the read) is for
+            # good: what waits for them goes on to the copy, which fails with it. Any
+            # other failure (a link refused, reset or closed; a watch refused) says
+            # nothing of the source's queue, so nothing here may rise: `lost` has the
+            # client relay the wait instead, asking the source's worker itself.
+            if self.arrived is not None and isinstance(error, PeerRefusedError) and self.left:
                 self.arrived()
+            elif self.lost is not None:
+                self.lost(error)
             self.done.set()
 
 
@@ -215,10 +230,12 @@ class Peers:
         ticket: bytes,
         value: int,
         arrived: Callable[[], None],
+        lost: Callable[[BaseException], None],
     ) -> PeerRead:
         """Ask to be told once the source session's queue `queue` reaches `value` (a read
-        of no bytes: its answer is the signal); `arrived` is called then."""
-        read = PeerRead(memoryview(bytearray(0)), arrived)
+        of no bytes: its answer is the signal); `arrived` is called then, or `lost` if
+        the answer cannot come (the link failed, or the watch was refused)."""
+        read = PeerRead(memoryview(bytearray(0)), arrived, lost)
         assert self._nursery is not None  # started with the worker
         self._nursery.start_soon(self._ask, host, port, read, ["pwatch", sid, queue, value, ticket])
         return read
@@ -234,11 +251,13 @@ class Peers:
         value: int,
         nbytes: int,
         arrived: Callable[[], None],
+        lost: Callable[[BaseException], None],
     ) -> tuple[PeerRead, bytearray]:
         """Ask for the source buffer's bytes once the source's queue on `device` reaches
-        `value`; they land in the staging returned with the read."""
+        `value`; they land in the staging returned with the read. `lost` is called if the
+        link fails before they all came."""
         staging = bytearray(nbytes)
-        read = PeerRead(memoryview(staging), arrived)
+        read = PeerRead(memoryview(staging), arrived, lost)
         assert self._nursery is not None  # started with the worker
         self._nursery.start_soon(
             self._ask, host, port, read, ["pwhen", sid, ref, ticket, device, value]

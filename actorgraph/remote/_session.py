@@ -34,6 +34,7 @@ from ._lowered import REL_MAX, VALUE_MAX, Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._lowering import lower
+from ._peers import PeerRefusedError
 from ._staging import bytes_of
 from ._wire import (
     CHUNK,
@@ -465,8 +466,9 @@ class Session:
                     self.early_bytes += nbytes
                     value = client_bases[slot] + rel
                     arrived = functools.partial(self.mirror(ext_id).set, value)
+                    lost = functools.partial(self._link_lost, batch_id, source[0], source[1])
                     self.early[(batch_id, item)] = self.worker.peers.pull_when(
-                        *source, inner, value, nbytes, arrived
+                        *source, inner, value, nbytes, arrived, lost
                     )
         for p in programs:
             pulled = {(slot, rel, ext_id) for _, _, _, slot, rel, ext_id, _ in p.early}
@@ -475,7 +477,8 @@ class Session:
                 mirror = self.mirror(ext_id)
                 if mirror.value < value and (slot, rel, ext_id) not in pulled:
                     arrived = functools.partial(mirror.set, value)
-                    self.worker.peers.watch(host, port, sid, queue, ticket, value, arrived)
+                    lost = functools.partial(self._link_lost, batch_id, host, port)
+                    self.worker.peers.watch(host, port, sid, queue, ticket, value, arrived, lost)
             tracked = p.actor.signal  # type: ignore[union-attr]
             if type(tracked) is _TrackedSignal:
                 base = bases[p.slot]
@@ -543,6 +546,31 @@ class Session:
         if not len(data):
             self.out.send(["data", read_id, 0, None])
 
+    def _link_lost(self, batch_id: int, host: str, port: int, error: BaseException) -> None:
+        """The link to the worker at host:port failed (or refused a watch) before it told
+        this one what a job of batch `batch_id` waits for: ask the client to relay those
+        waits. It asks that worker itself, over its own connection, and forwards them:
+        the job goes on once its source is ready, never before, and never hangs."""
+        if batch_id in self.client_bases:  # still running
+            self.out.send(["relay", batch_id, host, port, str(error)])
+
+    def _watch(self, meta: list[Any]) -> None:
+        """["watch", read id, queue, value]: answer (a "data" frame of no bytes) once this
+        client's queue `queue` reaches `value`: how the client relays a wait between two
+        workers whose link failed."""
+        _, read_id, queue, value = want_fields(meta, 4)
+        read_id = want_int(read_id, "read id")
+        value = want_int(value, "queue value", 0, VALUE_MAX + REL_MAX)
+        progress = self.progress(want_str(queue, "queue"))
+        if self.reads_waiting >= self.worker.limits.max_signals:
+            raise Refused(f"too many waiting reads (limit {self.worker.limits.max_signals})")
+        self.reads_waiting += 1
+        progress.when(value, functools.partial(self._told, read_id))
+
+    def _told(self, read_id: int) -> None:
+        self.reads_waiting -= 1
+        self.out.send(["data", read_id, 0, None])
+
     _handlers: ClassVar[dict[str, Callable[[Session, list[Any]], None]]] = {
         "alloc": _alloc,
         "free": _free,
@@ -551,6 +579,7 @@ class Session:
         "prog": _prog,
         "batch": _batch,
         "getwhen": _getwhen,
+        "watch": _watch,
     }
 
     def _batch_done(self, batch_id: int, programs: list[Program], sub: Submission) -> None:
@@ -613,8 +642,13 @@ class Session:
         read, staging = early
         self.early_bytes -= len(staging)
         await read.done.wait()
-        if read.error is not None:
+        if isinstance(read.error, PeerRefusedError):
             raise ConnectionError(str(read.error))
+        if read.error is not None:
+            # The link failed before the bytes came (the client relayed the wait this
+            # copy follows): read them now, over a new link, or fail naming it.
+            await self.worker.peers.pull(host, port, sid, ref, ticket, dst)
+            return
         dst[:] = staging
 
     def _job_done(self, batch_id: int, program: Program, sub: Submission) -> None:
