@@ -497,6 +497,10 @@ async def test_a_failed_link_between_workers_is_relayed_by_the_client(
                 )
                 replay = await graph.submit()
                 link = await _asked(b_peers)
+                # A link that goes silent is probed by the kernel and fails (then relayed).
+                sock = link.stream.sock
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
                 if new_links == "are refused":
 
                     async def refused(host: str, port: int) -> Any:

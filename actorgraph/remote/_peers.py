@@ -41,6 +41,20 @@ from ._wire import (
     encode,
 )
 
+KEEPALIVE = (30, 10, 3)  # idle seconds, seconds between probes, probes
+
+
+def keep_alive(sock: Any) -> None:
+    """Have the kernel probe a link that carries nothing: a peer whose host went away
+    without a word (no reset) would leave a wait on it silent for ever. Unanswered
+    probes fail the link about a minute later, and its waits are relayed."""
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_KEEPALIVE, 1)
+    if hasattr(trio.socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's defaults
+        idle, interval, count = KEEPALIVE
+        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_KEEPCNT, count)
+
 
 class PeerRefusedError(ConnectionError):
     """A worker refused a link from this one (its token is not this one's), or a read."""
@@ -126,6 +140,7 @@ class Peers:
                 sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
                 await sock.connect((host, port))
                 sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+                keep_alive(sock)
                 stream = FrameStream(sock, self.limits)
                 link.stream = stream
                 with trio.move_on_after(30) as handshake:
