@@ -9,8 +9,10 @@ Starts two workers on loopback (`actorgraph worker --port 0`, devices CPU:0,CPU:
   (targets: <= 10 us on one worker, <= 100 us between hosts); the same chain of tiny
   kernels over two actors through Ray Compiled Graphs when Ray is installed;
 - replay of a 1-item and a 100-item graph living on one worker (target <= 120 us), next
-  to a bare TCP round trip between two trio tasks, with the CPU time per replay on the
-  client and (where /proc tells) on the worker;
+  to a bare TCP round trip between two trio tasks, one between this process and another
+  trio process (a replay's floor: the worker is another process) and the kernels called
+  in a plain loop, with the CPU time per replay on the client and (where /proc tells) on
+  the worker;
 - copy bandwidth client <-> worker (copyin/copyout, and graph Copy items between a local
   CPU device and a remote one) and worker -> worker (a graph Copy between two workers,
   the bytes going directly), 64 MiB (target >= 2 GB/s);
@@ -98,6 +100,60 @@ async def tcp_round_trip(n: int = 2000) -> float:
         client.close()
         nursery.cancel_scope.cancel()
     return elapsed / n * 1e6
+
+
+ECHO_SERVER = """
+import sys, trio
+async def main():
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    print(listener.getsockname()[1], flush=True)
+    conn, _ = await listener.accept()
+    conn.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+    while data := await conn.recv(64):
+        await conn.send(data)
+trio.run(main)
+"""
+
+
+async def process_round_trip(n: int = 2000) -> float:
+    """A bare request/reply between this process and another trio process over loopback
+    TCP: the floor of any replay on a worker, which is in another process."""
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline()) if proc.stdout else 0
+        client = trio.socket.socket()
+        await client.connect(("127.0.0.1", port))
+        client.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        for _ in range(100):
+            await client.send(b"x" * 40)
+            await client.recv(64)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await client.send(b"x" * 40)
+            await client.recv(64)
+        elapsed = time.perf_counter() - t0
+        client.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    return elapsed / n * 1e6
+
+
+def kernels_in_a_loop(nitems: int, rounds: int = 400) -> float:
+    """us for `nitems` calls of the benchmark's kernel on one 256-int32 buffer, in plain
+    Python in this process: the work of an `nitems`-item replay with no runtime at all."""
+    x = np.zeros(256, np.int32)
+    fn = INC.cpu
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            for _ in range(nitems):
+                fn(x, x)
+        best = min(best, (time.perf_counter() - t0) / rounds * 1e6)
+    return best
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -330,6 +386,7 @@ async def main() -> dict[str, Any]:
         a, b = f"CPU:0@127.0.0.1:{port_a}", f"CPU:0@127.0.0.1:{port_b}"
         a1 = f"CPU:1@127.0.0.1:{port_a}"
         floor = await tcp_round_trip()
+        process_floor = await process_round_trip()
         async with ag.open_runtime(["CPU:0", "CPU:1", a, a1, b]) as rt:
             chains = {
                 "two local CPU devices": await chain_step(rt, "CPU:0", "CPU:1"),
@@ -346,6 +403,8 @@ async def main() -> dict[str, Any]:
         wb.kill()
     return {
         "tcp_round_trip_us": floor,
+        "process_round_trip_us": process_floor,
+        "kernels_in_a_loop_us": {"1": kernels_in_a_loop(1), "100": kernels_in_a_loop(100)},
         "chain_steps": CHAIN_STEPS,
         "chains": chains,
         "ray_compiled_graphs": ray_chain(),
@@ -386,6 +445,17 @@ def report(results: dict[str, Any]) -> None:
         print(f"(Ray Compiled Graphs row skipped: {ray})")
     print()
     print(f"bare loopback TCP round trip (trio):      {results['tcp_round_trip_us']:7.1f} us")
+    process_floor = results["process_round_trip_us"]
+    print(f"bare loopback TCP round trip to another trio process: {process_floor:7.1f} us")
+    kernels = results["kernels_in_a_loop_us"]
+    print(
+        f"the kernels alone, called in a loop here: 1: {kernels['1']:.1f} us, "
+        f"100: {kernels['100']:.1f} us"
+    )
+    print(
+        f"  floor of a replay on a worker (process round trip + kernels): 1-item "
+        f"{process_floor + kernels['1']:.1f} us, 100-item {process_floor + kernels['100']:.1f} us"
+    )
     print(f"replay, 1-item graph on one worker:       {r1['us_per_replay']:7.1f} us")
     print(
         f"replay, 100-item graph on one worker:     {r100['us_per_replay']:7.1f} us "
