@@ -557,3 +557,82 @@ def test_a_watch_that_fails_never_says_its_source_got_there() -> None:
         "reset copy lost: link reset",
         "reset watch lost: link reset",
     ]
+
+
+async def _fake_peer(
+    frames: list[list[Any]], answer: trio.Event, task_status: trio.TaskStatus[int]
+) -> None:
+    """A worker as a link sees it (no token): it takes the handshake, keeps every request
+    it gets in `frames`, and once `answer` is set answers each "pwhen" with 4 bytes."""
+    from actorgraph.remote._wire import FrameStream, encode
+
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    task_status.started(listener.getsockname()[1])
+    conn, _ = await listener.accept()
+    stream = FrameStream(conn, Limits())
+    await stream.send([encode(["challenge", b"n" * 32, False])])
+    meta, _ = await stream.receive()
+    assert meta[:2] == ["auth", "peer"]
+    await stream.send([encode(["welcome", 0, b"", Limits().as_wire()])])
+    while True:
+        meta, _ = await stream.receive()
+        frames.append(meta)
+        await answer.wait()
+        await stream.send([encode(["data", meta[1], 0, None], 4), bytes([meta[1]] * 4)])
+
+
+async def test_a_batchs_requests_to_a_worker_leave_in_one_send_and_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker asks another for what a batch waits on from the task that takes the batch:
+    # on an open link, held together they leave in one send; what the socket does not
+    # take at once goes by a writer task, in order; the answers land in their reads.
+    from actorgraph.remote._wire import FrameStream
+
+    sends: list[int] = []
+    send_nowait = FrameStream.send_nowait
+
+    def counted(self: FrameStream, data: bytes | memoryview) -> int:
+        sends.append(len(data))
+        return send_nowait(self, data[: take[0]])
+
+    monkeypatch.setattr(FrameStream, "send_nowait", counted)
+    take = [1 << 30]
+    arrived: list[int] = []
+    frames: list[list[Any]] = []
+    answer = trio.Event()
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(_fake_peer, frames, answer)
+            peers = Peers(Limits())
+            peers.start(nursery)
+
+            def ask(n: int) -> PeerRead:
+                read, _ = peers.pull_when(
+                    "127.0.0.1", port, 1, [n, 0, [1]], b"t" * 16, "CPU:0", n, 4,
+                    lambda: arrived.append(n), lambda exc: arrived.append(-n),
+                )  # fmt: skip
+                return read
+
+            first = ask(1)  # opens the link, from a task
+            while len(frames) < 1:
+                await trio.testing.wait_all_tasks_blocked()
+            sends.clear()
+            peers.hold()
+            reads = [ask(n) for n in (2, 3, 4)]
+            assert sends == []  # held
+            peers.release()
+            assert len(sends) == 1  # three requests, one send
+            take[0] = 5  # the socket takes 5 bytes: the rest goes by the writer task
+            reads += [ask(5), ask(6)]
+            answer.set()
+            for read in [first, *reads]:
+                await read.done.wait()
+                assert read.error is None
+            assert [f[0] for f in frames] == ["pwhen"] * 6
+            assert [f[6] for f in frames] == [1, 2, 3, 4, 5, 6]  # asked in order
+            assert sorted(arrived) == [1, 2, 3, 4, 5, 6]
+            assert [bytes(r.view) for r in [first, *reads]] == [bytes([i] * 4) for i in range(1, 7)]
+            nursery.cancel_scope.cancel()

@@ -3,9 +3,11 @@
 A copy between two workers runs on the destination's worker, which reads the source
 buffer over a "peer" connection with a read ticket the client put in the program (see
 actorgraph/remote/__init__.py, "How order crosses hosts"). A link to a worker is opened
-once and kept; many reads share it, each answered under its own request id. A link is
-authenticated as a client is: the worker answers its peer's challenge with its own token
-(`PeerRefusedError` names the fix when they differ), and each read carries the ticket.
+once and kept; many reads share it, each answered under its own request id. A batch's
+requests to one worker leave together, in one send, from the task that takes the batch.
+A link is authenticated as a client is: the worker answers its peer's challenge with its
+own token (`PeerRefusedError` names the fix when they differ), and each read carries the
+ticket.
 
 Two kinds of read:
 - "pread": the bytes now (the copy runs once its waits say the source is ready);
@@ -25,6 +27,7 @@ reads them when it runs, over a new link, or fails naming that link.
 from __future__ import annotations
 
 import itertools
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +84,7 @@ class PeerRead:
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
             self.error = error
+            self.done.set()  # first: what the calls below let run may look at it
             # A refusal of a copy's bytes (of the link's token, or of the read) is for
             # good: what waits for them goes on to the copy, which fails with it. Any
             # other failure (a link refused, reset or closed; a watch refused) says
@@ -90,21 +94,25 @@ class PeerRead:
                 self.arrived()
             elif self.lost is not None:
                 self.lost(error)
-            self.done.set()
 
 
 class _PeerLink:
-    """One kept connection from this worker to another: requests go out under a lock,
-    a reader task hands each answer to its read."""
+    """One kept connection from this worker to another. Requests go out from the task
+    that makes them, at once when the socket takes them (those a batch makes together in
+    one send), the rest by a writer task; a reader task hands each answer to its read.
+
+    Invariants: `pending` holds requests not yet sent, in order; it is empty unless the
+    link is held by a batch or `writing` (a writer task will send it)."""
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.stream: FrameStream | None = None
         self.opened = trio.Event()
         self.error: BaseException | None = None
-        self.send_lock = trio.Lock()
         self.ids = itertools.count(1)
         self.reads: dict[int, PeerRead] = {}
+        self.pending: list[bytes | memoryview] = []
+        self.writing = False
 
     def fail(self, error: BaseException) -> None:
         if self.error is None:
@@ -127,6 +135,8 @@ class Peers:
         self.token = token  # this worker's: it answers its peers' challenges with it
         self.links: dict[tuple[str, int], _PeerLink] = {}
         self._nursery: trio.Nursery | None = None
+        self._held = 0
+        self._touched: list[_PeerLink] = []  # links with requests held back by `hold`
 
     def start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
@@ -138,10 +148,18 @@ class Peers:
             try:
                 family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
                 sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
-                await sock.connect((host, port))
-                sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-                keep_alive(sock)
-                stream = FrameStream(sock, self.limits)
+                try:
+                    await sock.connect((host, port))
+                except BaseException:
+                    sock.close()
+                    raise
+                # The stream reads and writes the plain socket itself (see FrameStream):
+                # an answer already there costs no trip through trio's scheduler.
+                raw = socket.socket(fileno=sock.detach())
+                raw.setblocking(False)
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                keep_alive(raw)
+                stream = FrameStream(raw, self.limits)
                 link.stream = stream
                 with trio.move_on_after(30) as handshake:
                     await self._authenticate(stream, host, port)
@@ -203,22 +221,94 @@ class Peers:
                 read.left -= tail
                 if read.left <= 0:
                     del link.reads[meta[1]]
+                    # Done first: what `arrived` lets run may take the bytes at once.
+                    read.done.set()
                     if read.arrived is not None:
                         read.arrived()
-                    read.done.set()
         except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
             if self.links.get(key) is link:
                 del self.links[key]
             link.fail(ConnectionError(f"worker-to-worker link to {link.address} failed: {exc}"))
 
+    def hold(self) -> None:
+        """Keep requests made from now until `release` back, to leave in one send per link
+        (a batch asks for all of its reads and watches at once)."""
+        self._held += 1
+
+    def release(self) -> None:
+        self._held -= 1
+        if not self._held:
+            touched, self._touched = self._touched, []
+            for link in touched:
+                self._flush(link)
+
+    def _request(self, link: _PeerLink, read: PeerRead, meta: list[Any]) -> None:
+        """Register `read` on the open `link` and send its request (`meta` without its id)."""
+        req = next(link.ids)
+        link.reads[req] = read
+        link.pending.append(encode([meta[0], req, *meta[1:]]))
+        if self._held:
+            if len(link.pending) == 1:
+                self._touched.append(link)
+            return
+        self._flush(link)
+
+    def _flush(self, link: _PeerLink) -> None:
+        """Send `link`'s pending requests from this task if the socket takes them now;
+        the rest goes by a writer task."""
+        if link.writing or not link.pending:
+            return
+        stream = link.stream
+        assert stream is not None and stream.raw is not None  # an open link
+        data = link.pending[0] if len(link.pending) == 1 else b"".join(link.pending)
+        link.pending.clear()
+        try:
+            sent = stream.send_nowait(data)
+        except OSError as exc:
+            self._lost(link, exc)
+            return
+        if sent < len(data):
+            link.pending.append(memoryview(data)[sent:])
+            link.writing = True
+            assert self._nursery is not None  # started with the worker
+            self._nursery.start_soon(self._write, link)
+
+    async def _write(self, link: _PeerLink) -> None:
+        stream = link.stream
+        assert stream is not None
+        try:
+            while link.pending:
+                parts, link.pending = link.pending, []
+                await stream.send(parts)
+        except (OSError, ConnectionLostError, trio.ClosedResourceError) as exc:
+            self._lost(link, exc)
+        finally:
+            link.writing = False
+
+    def _lost(self, link: _PeerLink, exc: BaseException) -> None:
+        """A send on `link` failed: its reads fail (their `lost` relays them), and the next
+        read opens a new link."""
+        link.pending.clear()
+        for key, kept in list(self.links.items()):
+            if kept is link:
+                del self.links[key]
+        link.fail(ConnectionError(f"worker-to-worker link to {link.address} failed: {exc}"))
+
+    def _ask_soon(self, host: str, port: int, read: PeerRead, meta: list[Any]) -> None:
+        """Send one read request now if the link to host:port is open, else from a task
+        that opens it first."""
+        link = self.links.get((host, port))
+        if link is not None and link.opened.is_set() and link.error is None:
+            self._request(link, read, meta)
+            return
+        assert self._nursery is not None  # started with the worker
+        self._nursery.start_soon(self._ask, host, port, read, meta)
+
     async def _ask(self, host: str, port: int, read: PeerRead, meta: list[Any]) -> None:
         """Send one read request (`meta` without its id) and register where it lands."""
         try:
             link = await self._link(host, port)
-            req = next(link.ids)
-            link.reads[req] = read
-            async with link.send_lock:
-                await link.stream.send([encode([meta[0], req, *meta[1:]])])  # type: ignore[union-attr]
+            self._request(link, read, meta)
         except PeerRefusedError as exc:
             read.fail(exc)
         except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
@@ -251,8 +341,7 @@ class Peers:
         of no bytes: its answer is the signal); `arrived` is called then, or `lost` if
         the answer cannot come (the link failed, or the watch was refused)."""
         read = PeerRead(memoryview(bytearray(0)), arrived, lost)
-        assert self._nursery is not None  # started with the worker
-        self._nursery.start_soon(self._ask, host, port, read, ["pwatch", sid, queue, value, ticket])
+        self._ask_soon(host, port, read, ["pwatch", sid, queue, value, ticket])
         return read
 
     def pull_when(
@@ -273,8 +362,5 @@ class Peers:
         link fails before they all came."""
         staging = bytearray(nbytes)
         read = PeerRead(memoryview(staging), arrived, lost)
-        assert self._nursery is not None  # started with the worker
-        self._nursery.start_soon(
-            self._ask, host, port, read, ["pwhen", sid, ref, ticket, device, value]
-        )
+        self._ask_soon(host, port, read, ["pwhen", sid, ref, ticket, device, value])
         return read, staging

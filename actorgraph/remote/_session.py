@@ -458,27 +458,13 @@ class Session:
                 self.out.send(["done", batch_id, p.slot, [error[0], "worker", error[1]]])
             return
         self.client_bases[batch_id] = client_bases
+        peers = self.worker.peers
+        peers.hold()  # the batch's reads and watches leave in one send per link
+        try:
+            self._ask_peers(batch_id, programs, client_bases)
+        finally:
+            peers.release()
         for p in programs:
-            for item, source, inner, slot, rel, ext_id, nbytes in p.early:
-                # Staging held for reads asked ahead counts like pending host writes;
-                # past the limit a copy reads its bytes when it runs.
-                if self.early_bytes + nbytes <= self.worker.limits.max_pending_blob_bytes:
-                    self.early_bytes += nbytes
-                    value = client_bases[slot] + rel
-                    arrived = functools.partial(self.mirror(ext_id).set, value)
-                    lost = functools.partial(self._link_lost, batch_id, source[0], source[1])
-                    self.early[(batch_id, item)] = self.worker.peers.pull_when(
-                        *source, inner, value, nbytes, arrived, lost
-                    )
-        for p in programs:
-            pulled = {(slot, rel, ext_id) for _, _, _, slot, rel, ext_id, _ in p.early}
-            for slot, rel, ext_id, (host, port, sid, queue, ticket) in p.watches:
-                value = client_bases[slot] + rel
-                mirror = self.mirror(ext_id)
-                if mirror.value < value and (slot, rel, ext_id) not in pulled:
-                    arrived = functools.partial(mirror.set, value)
-                    lost = functools.partial(self._link_lost, batch_id, host, port)
-                    self.worker.peers.watch(host, port, sid, queue, ticket, value, arrived, lost)
             tracked = p.actor.signal  # type: ignore[union-attr]
             if type(tracked) is _TrackedSignal:
                 base = bases[p.slot]
@@ -501,6 +487,31 @@ class Session:
         else:
             for actor, job in zip(actors, jobs):
                 actor.post(job)
+
+    def _ask_peers(self, batch_id: int, programs: list[Program], client_bases: list[int]) -> None:
+        """Ask other workers for what the batch's jobs wait on: a copy's bytes (read ahead),
+        or to be told when a queue gets to a value."""
+        for p in programs:
+            for item, source, inner, slot, rel, ext_id, nbytes in p.early:
+                # Staging held for reads asked ahead counts like pending host writes;
+                # past the limit a copy reads its bytes when it runs.
+                if self.early_bytes + nbytes <= self.worker.limits.max_pending_blob_bytes:
+                    self.early_bytes += nbytes
+                    value = client_bases[slot] + rel
+                    arrived = functools.partial(self.mirror(ext_id).set, value)
+                    lost = functools.partial(self._link_lost, batch_id, source[0], source[1])
+                    self.early[(batch_id, item)] = self.worker.peers.pull_when(
+                        *source, inner, value, nbytes, arrived, lost
+                    )
+        for p in programs:
+            pulled = {(slot, rel, ext_id) for _, _, _, slot, rel, ext_id, _ in p.early}
+            for slot, rel, ext_id, (host, port, sid, queue, ticket) in p.watches:
+                value = client_bases[slot] + rel
+                mirror = self.mirror(ext_id)
+                if mirror.value < value and (slot, rel, ext_id) not in pulled:
+                    arrived = functools.partial(mirror.set, value)
+                    lost = functools.partial(self._link_lost, batch_id, host, port)
+                    self.worker.peers.watch(host, port, sid, queue, ticket, value, arrived, lost)
 
     @staticmethod
     def _reserve(programs: list[Program], bases: list[int]) -> tuple[int, str] | None:
