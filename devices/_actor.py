@@ -187,6 +187,9 @@ class QueueActor:
         self._token: trio.lowlevel.TrioToken | None = None
         self._closed = False
         self._current: Job | None = None
+        # Whether `_current` is a job held parked outside this task (see `hold`).
+        self._held = False
+        self._held_since = 0.0
         # Where the actor is parked on a signal: (signal, target, op index of the WAIT).
         # Set only on the slow path; the deadlock monitor reads it.
         self.parked_on: tuple[Signal, int, int] | None = None
@@ -266,6 +269,61 @@ class QueueActor:
             and self._token is not None
             and not self._closed
         )
+
+    @property
+    def closed(self) -> bool:
+        """Whether the actor has stopped serving (its jobs were failed as it stopped)."""
+        return self._closed
+
+    # -- jobs held parked outside the actor's task --
+    #
+    # A submitter that runs a job in its own task (as `run_inline` does) may, where the
+    # job meets a wait not yet satisfied, hold it parked on the actor instead of posting
+    # it: the actor counts as busy with it (its own task starts nothing else meanwhile),
+    # and whoever satisfies the wait runs it on (`run_ready` from the wait on), then
+    # `release`s the actor once it ends, or `hand_over`s the rest to the actor's task.
+
+    def run_ready(self, job: Job, start: int) -> int:
+        """Run `job` from op `start` in the caller's task for as long as no op needs a task
+        of its own; the index it stopped at (see `_run_ready`)."""
+        return self._run_ready(job, start)
+
+    def hold(self, job: Job, signal: Signal, target: int, index: int) -> None:
+        """`job` (run inline so far, with this actor idle or held for it) is parked at op
+        `index`, a wait on `signal` for `target`, outside this actor's task."""
+        if not self._held:
+            self._current = job
+            self._held = True
+        self.parked_on = (signal, target, index)
+        self.parks += 1
+        job.submission.waits_parked += 1
+        self._held_since = time.perf_counter()
+
+    def resume(self) -> None:
+        """A held job's wait is satisfied: it runs on in the caller's task."""
+        blocked = time.perf_counter() - self._held_since
+        self.time_blocked += blocked
+        if self._current is not None:
+            self._current.submission.time_blocked += blocked
+        self.parked_on = None
+
+    def release(self) -> None:
+        """The held job ended: the actor takes its next job."""
+        self._held = False
+        self._current = None
+        self.parked_on = None
+        if self._inbox:
+            self._doorbell.ring()
+
+    def hand_over(self, job: Job, index: int) -> None:
+        """`job`, run inline up to op `index`, needs a task of its own there: the actor's
+        task runs the rest, before any job posted after it."""
+        job.ops, job.runs = job.ops[index:], None
+        self._held = False
+        self._current = None
+        self.parked_on = None
+        self._inbox.appendleft(job)
+        self._doorbell.ring()
 
     def _exec_runs(self, ops: Sequence[Op]) -> dict[int, tuple[int, tuple[Any, ...]]]:
         """The runs of two or more consecutive EXEC ops in `ops`: first index -> (index
@@ -369,7 +427,7 @@ class QueueActor:
         task_status.started()
         try:
             while True:
-                if not self._inbox:
+                if not self._inbox or self._held:
                     await self._doorbell.wait()
                     continue
                 job = self._inbox.popleft()

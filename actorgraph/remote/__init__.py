@@ -16,6 +16,7 @@ The files, client side first:
     _lowering.py    a program's entries checked and lowered onto a queue actor
     _lowered.py     a client's program as a worker lowered it; refusals
     _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
+    _inline.py      jobs held on a wait, run on in the task that satisfies it
     _staging.py     host memory a worker's host writes land in
     _peers.py       the links a worker opens to other workers (copies between workers)
 
@@ -84,7 +85,13 @@ between a client-local device and a worker is one message.
 Frames leave from the task that makes them when the socket takes them at once (a
 submission's batch from the submitter, a report from the worker's actor), and a batch
 whose queues are idle runs in the worker's reader task, as a replay on idle local queues
-runs in its caller's: a replay on one worker costs neither side a task switch.
+runs in its caller's: a replay on one worker costs neither side a task switch. A job of
+such a batch that meets a wait on a mirror or on a queue of its client's own is held
+there, and runs on in whichever task moves that signal (_inline.py): the link reader that
+lands a copy's bytes from another worker runs the copy, the kernel after it and sends
+the next bytes, so a step between two workers costs the receiving worker no task switch
+either. Only ops that need no task run so: at a kernel on the thread (one not seen to be
+quick), a pull over a new link or a yield, the job's own actor takes it on.
 
 A copy between two workers runs on the destination's worker and reads the bytes directly
 from the source worker over a peer link (opened once and kept, many reads on it), with

@@ -158,7 +158,7 @@ def _lower_entries(
                 continue
             reported = ops[i - 1]
             assert isinstance(reported, SignalOp)  # each report follows its signal
-            op = run_op(AWAIT, session._report, (program.slot, reported.rel, program.device), -1)
+            op = run_op(AWAIT, session.report_op, (program.slot, reported.rel, program.device), -1)
         lowered.append(op)
     if any(isinstance(op, AdaptiveKernel) for op in lowered):
         times = session.worker.times
@@ -260,7 +260,7 @@ def _lower_item(
             )
             program.max_slot = max(program.max_slot, program.early[-1][3])
             session.mirror(ext_id)  # refused here if there are too many
-        return run_op(AWAIT, session._pull, (item, bytes_of(dst), *source), item)
+        return run_op(AWAIT, session.pull_op, (item, bytes_of(dst), *source), item)
     if kind == "hw":
         dst = session.buffer(entry[2], "host write dst")
         chunks = []

@@ -26,10 +26,10 @@ from actorgraph.devices import (
     QueueActor,
     Signal,
     Submission,
-    run_inline,
 )
 from actorgraph.scheduler import QueueKind
 
+from ._inline import HoldingSignal, InlineRun, Quick, Resumer
 from ._lowered import REL_MAX, VALUE_MAX, Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
@@ -180,37 +180,41 @@ class Progress:
             heapq.heappush(self._due, (value, next(self._seq), fn))
 
 
-class _TrackedSignal(Signal):
+class _TrackedSignal(HoldingSignal):
     """The signal of a client's own queue actor on this worker, which also moves the
     client's `Progress` of that queue: `jobs` holds, per job posted and not yet passed,
     (its first worker value, its last, the client's value at its first), so each worker
     value maps to the client's. Reads and waits other workers asked for then go out from
-    whichever signal gets there, whether the client hears of that signal or not.
+    whichever signal gets there, whether the client hears of that signal or not, and
+    before the jobs held on it here run on (_inline.py).
 
     Invariants: `jobs` is in posting order, which is the order the actor runs them.
     """
 
     __slots__ = ("jobs", "progress")
 
-    def __init__(self, name: str, value: int, progress: Progress) -> None:
-        super().__init__(name, value)
+    def __init__(self, name: str, value: int, progress: Progress, resumer: Resumer) -> None:
+        super().__init__(name, value, resumer)
         self.jobs: collections.deque[tuple[int, int, int]] = collections.deque()
         self.progress = progress
 
     def set(self, value: int) -> None:
         if value <= self.value:
             return
-        super().set(value)
+        Signal.set(self, value)
         jobs = self.jobs
         while jobs:
             first, last, client = jobs[0]
             if value <= first:
-                return
+                break
             if value < last:
                 self.progress.set(client + value - first)
-                return
+                break
             jobs.popleft()
             self.progress.set(client + last - first)
+        held = self.held
+        if held and held[0][0] <= value:
+            self.resumer.moved(self)
 
 
 class _BatchSubmission(Submission):
@@ -259,6 +263,9 @@ class Session:
         self.early: dict[tuple[int, int], tuple[PeerRead, bytearray]] = {}
         self.early_bytes = 0
         self.reads_waiting = 0  # "getwhen" reads not yet due
+        # AWAIT ops a held job runs at once where it can (_inline.py).
+        self.pull_op = Quick(self._pull_now, self._pull)
+        self.report_op = Quick(self._report_now)
 
     def queue(self, device_name: str, kind: QueueKind = QueueKind.COMPUTE) -> QueueActor:
         """The queue of `kind` this client's programs on `device_name` run on."""
@@ -282,6 +289,7 @@ class Session:
                         own.signal.name,
                         own.signal.value,
                         self.progress(_queue_key(device_name, kind)),
+                        self.worker.resumer,
                     )
                 self._nursery.start_soon(own.serve)  # type: ignore[union-attr]
             actor = self.queues[(device_name, kind)] = own or shared
@@ -334,7 +342,8 @@ class Session:
         if signal is None:
             if len(self.mirrors) >= self.worker.limits.max_signals:
                 raise Refused(f"too many mirrored signals (limit {self.worker.limits.max_signals})")
-            signal = self.mirrors[ext] = Signal(f"mirror{ext}", 0)
+            # Jobs waiting on it are held there and run on in the task that moves it.
+            signal = self.mirrors[ext] = HoldingSignal(f"mirror{ext}", 0, self.worker.resumer)
         return signal
 
     # -- requests --
@@ -481,9 +490,10 @@ class Session:
         jobs = [Job(p.ops, bases, sub, i) for i, p in enumerate(programs)]
         if all(a.idle and a.runs_inline for a in actors) and len(set(actors)) == len(actors):
             # Every queue of the batch is idle: run it here, in the reader's task, as the
-            # client runs a replay on idle queues; what waits on a mirror, or needs a task
-            # (a report, a pull), goes on to its actor from there.
-            run_inline(actors, jobs)
+            # client runs a replay on idle queues; a job that waits is held and runs on in
+            # the task that moves what it waits on, and one that needs a task (a kernel
+            # on the thread, a pull over a new link) goes on to its actor (_inline.py).
+            self.worker.resumer.start(InlineRun(actors, jobs))
         else:
             for actor, job in zip(actors, jobs):
                 actor.post(job)
@@ -623,7 +633,7 @@ class Session:
 
     # -- AWAIT ops run by the worker's actors --
 
-    async def _report(self, job: Job, slot: int, rel: int, device: str) -> None:
+    def _report_now(self, job: Job, slot: int, rel: int, device: str) -> bool:
         # What the new value makes due for this client (the bytes of copies it asked for
         # ahead) leaves in one send with the report.
         self.out.hold()
@@ -632,6 +642,24 @@ class Session:
             self.out.send(["sig", job.bases[BATCH], slot, rel])
         finally:
             self.out.release()
+        return True
+
+    def _pull_now(self, job: Job, item: int, dst: memoryview, *source: Any) -> bool:
+        """A copy from another worker whose bytes came ahead, as asked: take them now
+        (True), or leave it to `_pull` (False, having done nothing)."""
+        if job.submission.error is not None:
+            return True
+        key = (job.bases[BATCH], item)
+        early = self.early.get(key)
+        if early is None:
+            return False
+        read, staging = early
+        if not read.done.is_set() or read.error is not None:
+            return False
+        del self.early[key]
+        self.early_bytes -= len(staging)
+        dst[:] = staging
+        return True
 
     async def _pull(
         self,

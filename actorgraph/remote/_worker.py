@@ -43,6 +43,7 @@ import trio
 from actorgraph import ActorGraphError, Kernel, Runtime, UsageError, open_runtime
 from actorgraph._groups import sole_exception
 
+from ._inline import Resumer
 from ._lowered import Refused
 from ._peers import Peers
 from ._placement import KernelTimes
@@ -150,6 +151,7 @@ class Worker:
         self.peers = Peers(limits, token)
         self.staging = StagingPool()
         self.times = KernelTimes()
+        self.resumer = Resumer()  # held jobs run on where their waits are met
         self._sids = itertools.count(1)
 
     async def serve(self, listener: trio.socket.SocketType) -> None:

@@ -1,0 +1,192 @@
+"""Jobs a worker holds parked and runs on in the task that satisfies their wait
+(actorgraph/remote/_inline.py): in order with their actor's other jobs, handed to the
+actor's task where an op needs one, dropped if the actor stopped; and a chain between
+workers whose kernel is slow keeps other clients of that worker responsive.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from _workers import GUARD, runtime, start
+from actorgraph.devices import (
+    AWAIT,
+    EXEC,
+    EXEC_THREAD,
+    ActorClosedError,
+    Job,
+    QueueActor,
+    Submission,
+    run_op,
+    signal_op,
+    wait_op,
+)
+
+import actorgraph as ag
+from actorgraph.remote._inline import HoldingSignal, InlineRun, Quick, Resumer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from remote_kernels import GATED, INC
+
+
+def _job(ops: list[Any]) -> tuple[Job, Submission]:
+    sub = Submission(1, [], [], [()], [])
+    return Job(tuple(ops), [0, 0, 0], sub, 0), sub
+
+
+async def test_a_held_job_runs_on_in_the_task_that_meets_its_wait_before_later_jobs() -> None:
+    ran: list[str] = []
+    resumer = Resumer()
+    actor = QueueActor("q")
+    mirror = HoldingSignal("mirror", 0, resumer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        first, first_sub = _job(
+            [
+                run_op(EXEC, ran.append, ("a",), 0),
+                wait_op(mirror, 0, 1),
+                run_op(EXEC, ran.append, ("b",), 1),
+                signal_op(actor.signal, 2, 2),
+            ]
+        )
+        resumer.start(InlineRun([actor], [first]))
+        assert ran == ["a"]  # ran here, up to its wait, where it is held
+        assert not actor.idle and actor.parked_on == (mirror, 1, 1)
+        later, later_sub = _job([run_op(EXEC, ran.append, ("later",), 0)])
+        actor.post(later)
+        with trio.fail_after(GUARD):
+            await trio.testing.wait_all_tasks_blocked()
+        assert ran == ["a"]  # the actor starts nothing while it holds a job
+        mirror.set(1)
+        assert ran == ["a", "b"] and first_sub.done.is_set()  # at once, in this task
+        assert actor.signal.value == 2
+        with trio.fail_after(GUARD):
+            await later_sub.done.wait()
+        assert ran == ["a", "b", "later"]
+        assert first_sub.error is None and later_sub.error is None
+        assert actor.statistics().waits_parked == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_held_job_that_needs_a_task_goes_to_its_actor_first_in_line() -> None:
+    # After its wait: a quick op that finishes at once, then one that cannot (its actor
+    # awaits it), then a kernel on the thread: both go on in the actor's task, ahead of a
+    # job posted while it was held; a job held on a queue's own signal runs on when
+    # that queue, in its own task, gets there.
+    ran: list[str] = []
+    resumer = Resumer()
+    copy_queue, compute = QueueActor("copy"), QueueActor("compute")
+    copy_queue.signal = HoldingSignal("copy", 0, resumer)
+    mirror = HoldingSignal("mirror", 0, resumer)
+    gate = trio.Event()
+
+    def now(job: Job, name: str, ready: bool) -> bool:
+        if ready:
+            ran.append(name)
+        return ready
+
+    async def later(job: Job, name: str, ready: bool) -> None:
+        await gate.wait()
+        ran.append(name + " later")
+
+    async with trio.open_nursery() as nursery:
+        for actor in (copy_queue, compute):
+            await nursery.start(actor.serve)
+        copy_job, sub = _job([])
+        copy_job.ops = (
+            wait_op(mirror, 0, 1),
+            run_op(AWAIT, Quick(now, later), ("quick", True), 0),
+            run_op(AWAIT, Quick(now, later), ("slow", False), 1),
+            run_op(EXEC_THREAD, ran.append, ("thread",), 2),
+            signal_op(copy_queue.signal, 2, 3),
+        )
+        compute_job = Job(
+            (wait_op(copy_queue.signal, 2, 3), run_op(EXEC, ran.append, ("compute",), 3)),
+            copy_job.bases,
+            sub,
+            0,
+        )
+        sub.remaining = 2
+        resumer.start(InlineRun([copy_queue, compute], [copy_job, compute_job]))
+        posted, posted_sub = _job([run_op(EXEC, ran.append, ("posted",), 0)])
+        copy_queue.post(posted)
+        assert ran == []
+        mirror.set(1)
+        assert ran == ["quick"]  # then "slow" needs a task: handed to the actor
+        with trio.fail_after(GUARD):
+            await trio.testing.wait_all_tasks_blocked()
+        assert ran == ["quick"]
+        gate.set()
+        with trio.fail_after(GUARD):
+            await sub.done.wait()
+            await posted_sub.done.wait()
+        assert ran == ["quick", "slow later", "thread", "compute", "posted"]
+        assert sub.error is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_job_held_on_an_actor_that_stopped_never_runs() -> None:
+    ran: list[str] = []
+    resumer = Resumer()
+    actor = QueueActor("q")
+    mirror = HoldingSignal("mirror", 0, resumer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        job, sub = _job([wait_op(mirror, 0, 1), run_op(EXEC, ran.append, ("after",), 0)])
+        resumer.start(InlineRun([actor], [job]))
+        nursery.cancel_scope.cancel()
+    assert actor.closed
+    assert isinstance(sub.error, ActorClosedError) and sub.done.is_set()
+    mirror.set(1)
+    assert ran == []
+
+
+async def test_a_slow_kernel_after_a_copy_between_workers_holds_no_other_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Client X: A -> B -> A, with a slow kernel on B after the copy. B's link reader lands
+    # the bytes and runs the copy; the slow kernel goes to X's queue's task on B (it was
+    # never seen to be quick), so client Y's replays on B go on meanwhile. Then the chain
+    # ends, in order, equal to numpy, and again on a second replay.
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    a_worker, b_worker = start("CPU:0"), start("CPU:0")
+    ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([ra, rb]) as rt_x, runtime([rb]) as rt_y:
+                xa, xb = rt_x.alloc(ra, 16, np.int32), rt_x.alloc(rb, 16, np.int32)
+                await rt_x.copyin(xa, np.arange(16, dtype=np.int32))
+                chain = await rt_x.compile(
+                    [
+                        ag.Launch(INC, [xa, xa]),
+                        ag.Copy(dst=xb, src=xa),
+                        ag.Launch(GATED, [xb, xb]),
+                        ag.Launch(INC, [xb, xb]),
+                        ag.Copy(dst=xa, src=xb),
+                        ag.Launch(INC, [xa, xa]),
+                    ]
+                )
+                y = rt_y.alloc(rb, 16, np.int32)
+                other = await rt_y.compile([ag.Launch(INC, [y, y])])
+                for replay in range(2):
+                    gate.unlink(missing_ok=True)
+                    slow = await chain.submit()
+                    with trio.fail_after(10):
+                        for _ in range(20):
+                            await other()
+                    assert not slow.done
+                    gate.touch()
+                    await slow.wait()
+                    expected = np.arange(16) + 3 * (replay + 1)
+                    np.testing.assert_array_equal(await rt_x.copyout(xa), expected)
+                np.testing.assert_array_equal(await rt_y.copyout(y), np.full(16, 40))
+    finally:
+        a_worker.kill()
+        b_worker.kill()
