@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 
 import attrs
 import trio
+
+_Task = trio.lowlevel.Task
 
 _SIGNAL_MAX = (1 << 64) - 1
 
@@ -24,7 +27,8 @@ class Signal:
     now reached. `wait_value` returns at once, without a checkpoint, when the threshold
     is already reached: a satisfied wait costs nothing on the replay's hot path.
 
-    Invariants: every live entry in `_waiters` has threshold > `value`.
+    Invariants: every live entry in `_waiters` ([threshold, seq, the parked task or the
+    callback of `when`, None once woken or aborted]) has threshold > `value`.
     """
 
     __slots__ = ("_seq", "_waiters", "name", "value")
@@ -42,7 +46,8 @@ class Signal:
 
     @property
     def waiting(self) -> bool:
-        """Whether a task waits on this signal (setting it may wake someone)."""
+        """Whether a task waits on this signal, or a callback (`when`) is due at a value
+        it has not reached: setting it may wake someone or run something."""
         waiters = self._waiters
         return bool(waiters) and any(entry[2] is not None for entry in waiters)
 
@@ -58,7 +63,20 @@ class Signal:
             task = entry[2]
             if task is not None:
                 entry[2] = None
-                trio.lowlevel.reschedule(task)  # type: ignore[arg-type]
+                if type(task) is _Task:
+                    trio.lowlevel.reschedule(task)
+                else:
+                    task()  # type: ignore[operator]
+
+    def when(self, threshold: int, fn: Callable[[], object]) -> None:
+        """Call `fn()` once value >= threshold: now if it is, else from the `set` that
+        gets it there, in the task that sets it, before `set` returns. A callback costs
+        no task of its own (what a task waiting for one value to forward it costs: a
+        spawn and two wake-ups). It must not raise; it may set other signals."""
+        if self.value >= threshold:
+            fn()
+            return
+        heapq.heappush(self._waiters, [threshold, next(self._seq), fn])
 
     async def wait_value(self, threshold: int) -> None:
         """Return once value >= threshold. No checkpoint when it already is."""

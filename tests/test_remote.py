@@ -760,6 +760,41 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 8)
 
 
+async def test_a_local_item_failing_before_a_push_lets_the_worker_go_on(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # The worker's kernel waits for the local copy queue's push; the push carries that
+    # wait's value with its bytes. A failed local item skips the push's transfer: the
+    # value then goes from the local queue's signal as it moves, and nothing hangs.
+    name = workers[0].name("CPU:0")
+    failing = [True]
+
+    def maybe_fail(out: Any, a: Any) -> None:
+        if failing[0]:
+            raise ValueError("failed on purpose")
+        np.add(a, 1, out=out)
+
+    flaky = ag.Kernel("flaky", cpu=maybe_fail, outs=(0,), ins=(1,))
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", name], verify_plans=True) as rt:
+            here, there = rt.alloc("CPU:0", 16, np.int32), rt.alloc(name, 16, np.int32)
+            graph = await rt.compile(
+                [
+                    ag.Launch(flaky, [here, here]),
+                    ag.Copy(dst=there, src=here),
+                    ag.Launch(INC, [there, there]),
+                    ag.Copy(dst=here, src=there),
+                ]
+            )
+            await rt.copyin(here, np.arange(16, dtype=np.int32))
+            for _ in range(2):
+                with pytest.raises(ag.ItemError, match=r"item 0 \(flaky\).*failed on purpose"):
+                    await graph()
+            failing[0] = False
+            await graph()
+            np.testing.assert_array_equal(await rt.copyout(here), np.arange(16) + 2)
+
+
 async def test_a_chain_between_two_workers_reports_only_its_ends(
     workers: tuple[Worker, Worker],
 ) -> None:

@@ -939,6 +939,52 @@ async def test_a_read_asked_ahead_comes_with_the_report_of_its_value(
         stream.sock.close()
 
 
+class _HeldReplies(_Replies):
+    """Replies that also note where the outbox was held and released: what goes out
+    between a hold and its release leaves in one send."""
+
+    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
+        meta = [*meta, "(tail)"] if tail is not None else meta
+        return super().send(meta, None)
+
+    def hold(self) -> None:
+        self.sent.append(["hold"])
+
+    def release(self) -> None:
+        self.sent.append(["release"])
+
+
+async def test_a_job_that_waited_sends_a_read_ahead_with_the_report_of_its_value() -> None:
+    # A job that waited on a mirror goes on later, outside the frame that brought its
+    # batch: the bytes a reported signal makes due still leave in one send with the
+    # report (the report runs just before the signal, and holds the outbox).
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _HeldReplies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            session.handle(["getwhen", 7, [1, 0, [4]], "CPU:0", 1])
+            inc = ["k", 0, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
+            program = [["w", 9, 0, 1], inc, ["s", 2, 1], inc, ["s", 2, 2]]
+            session.handle(["prog", 1, "CPU:0", program, False])
+            session.handle(["batch", 3, [0, 0, 0], [1], []])
+            await trio.testing.wait_all_tasks_blocked()
+            assert not [m for m in replies.sent if m[0] in ("data", "sig", "done")]
+            del replies.sent[:]
+            session.handle(["ext", [[9, 1]]])  # the job goes on
+            sent = await replies.wait_for(6)
+            assert sent[:4] == [
+                ["hold"],
+                ["data", 7, 0, None, "(tail)"],
+                ["sig", 3, 2, 1],
+                ["release"],
+            ]
+            assert ["done", 3, 2, None] in sent[4:]
+            np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 2))
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_long_run_of_quick_kernels_lets_other_clients_in_between() -> None:
     """Kernels each quick enough for the event loop, but many in a row: the worker cuts
     the run where it would hold the loop past RUN_BUDGET_S by their known times, with a

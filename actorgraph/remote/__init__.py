@@ -53,8 +53,9 @@ each wait becomes one of:
 - a *mirror* wait, for every other signal (a client-local queue, a queue of another
   worker, a device timeline, the runtime's KICK): the worker waits on a mirror of that
   signal that holds the client's absolute value. The batch carries the current value of
-  every mirror it uses; for a wait not yet satisfied, the connection starts a forwarder
-  that sends ["ext", [[id, value]]] once the client's signal gets there.
+  every mirror it uses; for a wait not yet satisfied, the connection has the client's
+  signal call it back when it gets there (`Signal.when`: from the task that moves it, no
+  task of its own), and sends ["ext", [[id, value]]] then, unless a push carried it.
 - a *watched* mirror wait, when the signal is a queue of a CPU device of another worker:
   the program names that queue (address, session, queue, and a watch ticket: an HMAC
   under the source session's key), and the worker asks the source's worker as the batch

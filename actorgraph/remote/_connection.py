@@ -9,6 +9,7 @@ local and mirror waits, lost connections) is described in actorgraph/remote/__in
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import os
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from ._device import RemoteDevice, RemoteQueue
 
 _SEND_NOW = 1 << 16  # frames up to this many bytes may be sent by the task that makes them
+_EAGER_MAX = 64  # transfers done without waiting, in a row, before a checkpoint
 
 
 class RemoteError(DeviceError):
@@ -181,6 +183,7 @@ class Connection:
         self.bytes_received = 0  # buffer data that came to the client
         self._staging = bytearray()
         self._writing = False  # the writer task is sending
+        self._eager = 0  # transfers in a row that needed no wait: see push
         # Copies from the worker asked for ahead (arm): op list id -> (ops, the copies);
         # (id(job), id(ref)) -> (read, staging); id(job) -> [job, copies not yet run].
         self._pulls: collections.OrderedDict[int, tuple[Sequence[Op], list[Any]]] = (
@@ -362,7 +365,16 @@ class Connection:
         self._announce_signal_after(job, ref, parts)
         frame = Frame(parts, sent)
         self._queue_now(frame)
-        await sent.wait()
+        if sent.is_set():
+            # Sent from this task at once: no trip through the scheduler (a wake-up per
+            # step of a chain between the client and a worker), but a checkpoint now and
+            # then, so a long run of pushes lets other tasks in.
+            self._eager += 1
+            if self._eager >= _EAGER_MAX:
+                self._eager = 0
+                await trio.lowlevel.checkpoint()
+        else:
+            await sent.wait()
         if frame.error is not None:
             raise frame.error
 
@@ -410,7 +422,15 @@ class Connection:
             # Asked for when the job began: sent by the worker with the signal this copy
             # waited for, into staging (the destination may have been in use till now).
             _, read, staging = early
-            await read.done.wait()
+            if not read.done.is_set():
+                await read.done.wait()
+            else:
+                # The bytes came with the signal this copy waited for (the usual case):
+                # no trip through the scheduler, as for a push sent at once.
+                self._eager += 1
+                if self._eager >= _EAGER_MAX:
+                    self._eager = 0
+                    await trio.lowlevel.checkpoint()
             if read.error is not None:
                 raise read.error
             flat_bytes(dst)[:] = staging
@@ -541,13 +561,20 @@ class Connection:
                     ext.append([ext_id, value])
                 target = bases[slot] + rel
                 if value < target:
-                    nursery = self._nursery
-                    assert nursery is not None  # started before any job can arrive
-                    direct = batch if (slot, rel, ext_id) in program.direct else None
-                    nursery.start_soon(self._forward, signal, target, ext_id, direct)
+                    if (slot, rel, ext_id) in program.direct:
+                        nursery = self._nursery
+                        assert nursery is not None  # started before any job can arrive
+                        nursery.start_soon(self._forward, signal, target, ext_id, batch)
+                    else:
+                        # Forwarded from the task that sets the signal, as it sets it
+                        # (often already sent with a push's bytes: then nothing to do).
+                        signal.when(target, functools.partial(self._forwarded, signal, ext_id))
         self._batches[batch_id] = batch
         parts.append(encode(["batch", batch_id, list(bases), prog_ids, ext]))
         self.batches_sent += 1
+
+    def _forwarded(self, signal: Signal, ext_id: int) -> None:
+        self._send_ext(ext_id, signal.value)
 
     async def _forward(
         self, signal: Signal, target: int, ext_id: int, direct: _Batch | None

@@ -158,7 +158,14 @@ def _lower_entries(
                 continue
             reported = ops[i - 1]
             assert isinstance(reported, SignalOp)  # each report follows its signal
-            op = run_op(AWAIT, session.report_op, (program.slot, reported.rel, program.device), -1)
+            # The report goes just before its signal: it sends what the new value makes
+            # due for the client (the bytes it asked for ahead) and the report in one
+            # send, and nothing can run between the two ops (the report never yields).
+            lowered.insert(
+                len(lowered) - 1,
+                run_op(AWAIT, session.report_op, (program.slot, reported.rel, program.device), -1),
+            )
+            continue
         lowered.append(op)
     if any(isinstance(op, AdaptiveKernel) for op in lowered):
         times = session.worker.times
