@@ -796,12 +796,23 @@ async def test_a_local_item_failing_before_a_push_lets_the_worker_go_on(
 
 
 async def test_a_chain_between_two_workers_reports_only_its_ends(
-    workers: tuple[Worker, Worker],
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Kernel on A, copy to B, kernel on B, copy back...: each copy waits for the other
     # worker's kernel, and each kernel for the other worker's copy to have read its
     # buffer (a wait with no bytes). The workers tell each other; the client hears of
-    # each queue once, at its end, and forwards nothing.
+    # each queue once, at its end, and forwards nothing: it watches a batch's waits
+    # between workers with one task, which hands none over to a forwarder of its own.
+    from actorgraph.remote._connection import Connection
+
+    forwarded: list[int] = []
+    forward = Connection._forward
+
+    async def spy(self: Any, signal: Any, target: int, ext_id: int, direct: Any) -> None:
+        forwarded.append(ext_id)
+        await forward(self, signal, target, ext_id, direct)
+
+    monkeypatch.setattr(Connection, "_forward", spy)
     a, b = workers[0].name("CPU:0"), workers[1].name("CPU:0")
     with trio.fail_after(GUARD):
         async with runtime([a, b], verify_plans=True) as rt:
@@ -820,3 +831,5 @@ async def test_a_chain_between_two_workers_reports_only_its_ends(
                 # The compute and the copy queue of each worker: one "done" each.
                 assert [c.frames_received - r for c, r in zip(conns, received)] == [2, 2]
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + replay + 12)
+                await trio.testing.wait_all_tasks_blocked()
+            assert forwarded == []

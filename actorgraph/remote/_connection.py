@@ -550,6 +550,9 @@ class Connection:
         batch = _Batch(group[0][0].submission, bases)
         prog_ids = []
         ext: list[list[int]] = []
+        direct: list[tuple[Signal, int, int]] = []  # waits the source's worker tells of
+        nursery = self._nursery
+        assert nursery is not None  # started before any job can arrive
         for job, queue in group:
             program = program_of(self, job, queue, parts)
             batch.jobs[program.slot] = (job, program)
@@ -562,19 +565,52 @@ class Connection:
                 target = bases[slot] + rel
                 if value < target:
                     if (slot, rel, ext_id) in program.direct:
-                        nursery = self._nursery
-                        assert nursery is not None  # started before any job can arrive
-                        nursery.start_soon(self._forward, signal, target, ext_id, batch)
+                        source = QUEUES_BY_SIGNAL.get(id(signal))
+                        if source is not None and id(source.signal) == id(signal):
+                            direct.append((signal, target, ext_id))
+                        else:
+                            nursery.start_soon(self._forward, signal, target, ext_id, batch)
                     else:
                         # Forwarded from the task that sets the signal, as it sets it
                         # (often already sent with a push's bytes: then nothing to do).
                         signal.when(target, functools.partial(self._forwarded, signal, ext_id))
+        if direct:
+            nursery.start_soon(self._forward_direct, batch, direct)
         self._batches[batch_id] = batch
         parts.append(encode(["batch", batch_id, list(bases), prog_ids, ext]))
         self.batches_sent += 1
 
     def _forwarded(self, signal: Signal, ext_id: int) -> None:
         self._send_ext(ext_id, signal.value)
+
+    async def _forward_direct(self, batch: _Batch, waits: list[tuple[Signal, int, int]]) -> None:
+        """Watch `batch`'s waits that their source's worker tells this one of itself (a
+        chain between workers has one per step): one task for them all, which forwards
+        none if the batch ends with every source connected and nothing relayed (as it
+        mostly does), and otherwise hands each wait to `_forward`, which sees to it."""
+        sources = {QUEUES_BY_SIGNAL[id(signal)].device.connection for signal, _, _ in waits}
+        while (
+            self.error is None
+            and batch.jobs
+            and not batch.relayed
+            and all(source.error is None for source in sources)
+        ):
+            event = trio.Event()
+            batch.watchers.append(event)
+            for source in sources:
+                source.watchers.add(event)
+            try:
+                await event.wait()
+            finally:
+                for source in sources:
+                    source.watchers.discard(event)
+        if self.error is None and not batch.jobs and not batch.relayed:
+            if all(source.error is None for source in sources):
+                return
+        nursery = self._nursery
+        assert nursery is not None
+        for signal, target, ext_id in waits:
+            nursery.start_soon(self._forward, signal, target, ext_id, batch)
 
     async def _forward(
         self, signal: Signal, target: int, ext_id: int, direct: _Batch | None
