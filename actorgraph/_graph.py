@@ -354,7 +354,11 @@ class Graph(Hinted):
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
         sub = self._start(program, ops, inputs, profile)
-        await sub.done.wait()
+        reader = program.end_reader
+        if reader is None:
+            await sub.done.wait()
+        else:
+            await reader.wait_done(sub)  # a graph living on one worker: see its connection
         if sub.error is not None:
             raise_failure(program, sub)
 

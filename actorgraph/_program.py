@@ -142,6 +142,10 @@ class Program:
         self.runs_inline = all(actor.runs_inline for actor in self.actors)
         # Actors that hold what is posted until told the submission is whole (REMOTE).
         self._flushes = [a.flush for a in self.actors if type(a).flush is not QueueActor.flush]
+        # Where every queue's jobs go to one connection, the caller of a replay may read
+        # its end itself (`end_reader.wait_done(sub)`); None: its actors end it.
+        readers = {id(a.end_reader): a.end_reader for a in self.actors}
+        self.end_reader: Any = readers.popitem()[1] if len(readers) == 1 else None
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
         self.counts = [sum(isinstance(m, Run) for m in prog) for prog in plan.programs]

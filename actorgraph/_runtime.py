@@ -377,6 +377,8 @@ class Runtime:
             sub.fail(-1, "", error)
             sub.done.set()
             self._untrack(sub)
+            if sub.interrupt is not None:
+                sub.interrupt(error)
         self._space.unpark_all()
 
     def _fingerprint(self) -> tuple[int, ...]:

@@ -219,6 +219,7 @@ class Submission:
         "error",
         "failed_actor",
         "failed_item",
+        "interrupt",
         "on_done",
         "queue_devices",
         "remaining",
@@ -246,6 +247,10 @@ class Submission:
         self.failed_actor = ""
         self.done = trio.Event()
         self.on_done: Callable[[Submission], None] | None = None
+        # Set while a task reads this submission's end itself, where no actor would wake
+        # it (a remote connection's wait_done): called with the error when the runtime
+        # fails the submission from outside (`Runtime._break`), so that task stops.
+        self.interrupt: Callable[[BaseException], None] | None = None
         # Counted only where an actor really parks (the slow path), never per op.
         self.waits_parked = 0
         self.time_blocked = 0.0

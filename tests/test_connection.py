@@ -242,6 +242,168 @@ async def test_slow_remote_kernels_are_progress_not_a_deadlock(
         worker.kill()
 
 
+# -- a caller that reads its replay's end itself (Connection.wait_done) --
+
+
+async def test_a_caller_reads_its_replays_end_and_leaves_others_their_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replay living on one worker is read by its caller: while one waits on a gated
+    # kernel, other replays on that worker end (the reading caller reads their reports
+    # too), a copyout's bytes are read by the reader task it hands the socket back to,
+    # and later replays are read by their callers again. Results equal numpy.
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    worker = start("CPU:0,CPU:1", extra_args=("--thread-bytes", "0"))
+    r0, r1 = worker.name("CPU:0"), worker.name("CPU:1")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0, r1]) as rt:
+                x, src, y = (rt.alloc(r, 16, np.int32) for r in (r0, r0, r1))
+                await rt.copyin(src, np.arange(16, dtype=np.int32))
+                slow = await rt.compile([ag.Launch(GATED, [x, src])])
+                quick = await rt.compile([ag.Launch(INC, [y, y])])
+                conn = rt.device(r0).connection
+                await quick()
+                before = conn.statistics().ends_read_by_callers
+                await quick()
+                assert conn.statistics().ends_read_by_callers == before + 1
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(slow)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert conn.statistics().read_by_a_caller
+                    for _ in range(5):
+                        await quick()  # ends while the slow one's caller reads
+                    got = await rt.copyout(y)  # bytes: read by the reader task
+                    np.testing.assert_array_equal(got, np.full(16, 7))
+                    assert not gate.exists()
+                    gate.touch()
+                np.testing.assert_array_equal(await rt.copyout(x), np.arange(16))
+                before = conn.statistics().ends_read_by_callers
+                for _ in range(3):
+                    await quick()
+                stats = conn.statistics()
+                assert stats.ends_read_by_callers == before + 3
+                assert not stats.read_by_a_caller and stats.batches_in_flight == 0
+                np.testing.assert_array_equal(await rt.copyout(y), np.full(16, 10))
+    finally:
+        worker.kill()
+
+
+async def test_a_caller_cancelled_while_reading_leaves_the_replay_to_end_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cancelled while it reads the worker's frames, a caller gives the socket back: its
+    # replay still ends on the worker, in order, read by the reader task; later replays
+    # see its result, and their callers read their own ends again.
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
+    worker = start("CPU:0", extra_args=("--thread-bytes", "0"))
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0]) as rt:
+                x, src = rt.alloc(r0, 16, np.int32), rt.alloc(r0, 16, np.int32)
+                await rt.copyin(src, np.arange(16, dtype=np.int32) * 3)
+                slow = await rt.compile([ag.Launch(GATED, [x, src])])
+                then = await rt.compile([ag.Launch(INC, [x, x])])
+                conn = rt.device(r0).connection
+                await then()  # the first caller to read its end finds the reader task busy
+                with trio.CancelScope() as scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(slow)
+                        await trio.testing.wait_all_tasks_blocked()
+                        assert conn.statistics().read_by_a_caller
+                        scope.cancel()
+                assert scope.cancelled_caught
+                assert not conn.statistics().read_by_a_caller
+                gate.touch()
+                before = conn.statistics().ends_read_by_callers
+                await then()  # after the cancelled replay, on the same queue
+                np.testing.assert_array_equal(await rt.copyout(x), np.arange(16) * 3 + 1)
+                await then()
+                assert conn.statistics().ends_read_by_callers >= before + 1
+                assert conn.statistics().batches_in_flight == 0
+    finally:
+        worker.kill()
+
+
+async def test_a_worker_killed_while_a_caller_reads_fails_the_replay() -> None:
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0]) as rt:
+                x = rt.alloc(r0, 8, np.int32)
+                graph = await rt.compile([ag.Launch(SLEEPY, [x, x])])
+                conn = rt.device(r0).connection
+                await (await rt.compile([ag.Launch(INC, [x, x])]))()
+                errors: list[BaseException] = []
+
+                async def replay() -> None:
+                    try:
+                        await graph()
+                    except ag.ActorGraphError as exc:
+                        errors.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(replay)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert conn.statistics().read_by_a_caller
+                    worker.kill()
+                assert len(errors) == 1 and isinstance(errors[0], ag.ClosedError)
+                assert re.search(r"connection to worker 127.0.0.1:\d+ lost", str(errors[0]))
+                with pytest.raises(ag.ClosedError, match="connection to worker"):
+                    await graph()
+    finally:
+        worker.kill()
+
+
+async def test_a_deadlock_diagnosed_while_a_caller_reads_ends_its_wait() -> None:
+    # Two queues of one worker waiting on each other (a hand-edited plan): the worker
+    # never reports them; the runtime's monitor diagnoses the deadlock, and the caller
+    # reading the worker's frames for that replay stops and raises it.
+    worker = start("CPU:0,CPU:1")
+    r0, r1 = worker.name("CPU:0"), worker.name("CPU:1")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0, r1], deadlock_check=0.05) as rt:
+                x, y = rt.alloc(r0, 4, np.int32), rt.alloc(r1, 4, np.int32)
+                items = [ag.Launch(INC, [x, x]), ag.Launch(INC, [y, y])]
+                graph = await rt.compile(items)
+                plan = graph.plan
+                q0, q1 = plan.queues
+                programs = []
+                for program, other in zip(plan.programs, (q1, q0)):
+                    out: list[Any] = []
+                    for msg in program:
+                        if isinstance(msg, Run):
+                            out.append(Wait(other, 1))
+                        out.append(msg)
+                    programs.append(tuple(out))
+                bad = attrs.evolve(plan, programs=tuple(programs))
+                stuck = ag.Graph(rt, Program(rt, items, [], bad))
+                conn = rt.device(r0).connection
+                assert stuck._program.end_reader is conn
+                await graph()
+                errors: list[BaseException] = []
+
+                async def replay() -> None:
+                    try:
+                        await stuck()
+                    except ag.ActorGraphError as exc:
+                        errors.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(replay)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert conn.statistics().read_by_a_caller
+                assert len(errors) == 1 and isinstance(errors[0], ag.DeadlockError)
+                assert not conn.statistics().read_by_a_caller
+    finally:
+        worker.kill()
+
+
 @settings(max_examples=4)
 @given(
     random_programs(max_devices=4, max_items=12),

@@ -86,7 +86,14 @@ between a client-local device and a worker is one message.
 Frames leave from the task that makes them when the socket takes them at once (a
 submission's batch from the submitter, a report from the worker's actor), and a batch
 whose queues are idle runs in the worker's reader task, as a replay on idle local queues
-runs in its caller's: a replay on one worker costs neither side a task switch. A job of
+runs in its caller's. The caller of a replay living on one worker reads the worker's
+frames itself while it waits (`Connection.wait_done`), so the report that ends it wakes
+that task directly, not a reader task that then wakes it: a replay on one worker costs
+neither side a task switch. Only one task reads at a time: the connection's reader task
+waits for frames in a wait a caller may cancel (it loses nothing) to take the socket,
+and gets it back when that caller's replay ends, when it is cancelled, or when a frame
+with bytes comes (those the reader task reads). A caller that finds the socket taken
+waits as before; another task's replay ending meanwhile is read by whoever reads. A job of
 such a batch that meets a wait on a mirror or on a queue of its client's own is held
 there, and runs on in whichever task moves that signal (_inline.py): the link reader that
 lands a copy's bytes from another worker runs the copy, the kernel after it and sends

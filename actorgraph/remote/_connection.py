@@ -27,6 +27,7 @@ from actorgraph.devices import (
     Op,
     Signal,
     SignalOp,
+    Submission,
     own_signal,
 )
 
@@ -54,6 +55,24 @@ if TYPE_CHECKING:
 
 _SEND_NOW = 1 << 16  # frames up to this many bytes may be sent by the task that makes them
 _EAGER_MAX = 64  # transfers done without waiting, in a row, before a checkpoint
+
+
+# Who reads the worker's frames (Connection._read_loop, wait_done): the reader task is
+# reading or handling a frame; waiting for bytes, in a wait a caller may cancel to read
+# them itself; or has lent the socket to such a caller (or is about to run and see it).
+_BUSY, _WAITING, _LENT = range(3)
+
+# What ends a connection when reading from it: the worker went away or broke the protocol.
+_LOST = (
+    OSError,
+    ConnectionLostError,
+    WireError,
+    trio.ClosedResourceError,
+    trio.BrokenResourceError,
+    KeyError,
+    IndexError,
+    TypeError,
+)
 
 
 class RemoteError(DeviceError):
@@ -136,6 +155,10 @@ class ConnectionStatistics:
     bytes_received: int
     programs_kept: int
     allocated_bytes: int
+    # Replays living on this worker whose end their caller read itself (wait_done), and
+    # whether a caller reads the worker's frames now.
+    ends_read_by_callers: int = 0
+    read_by_a_caller: bool = False
 
 
 class Connection:
@@ -184,6 +207,15 @@ class Connection:
         self._staging = bytearray()
         self._writing = False  # the writer task is sending
         self._eager = 0  # transfers in a row that needed no wait: see push
+        # A caller reading the worker's frames itself (wait_done), and the reader task's
+        # state: see _read_loop. `_drivable` once a caller has waited so: only then does
+        # the reader task wait in a cancel scope (a caller may take the socket from it).
+        self._driver: trio.lowlevel.Task | None = None
+        self._loop_state = _BUSY
+        self._loop_scope: trio.CancelScope | None = None
+        self._handback: trio.Event | None = None
+        self._drivable = False
+        self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         # Copies from the worker asked for ahead (arm): op list id -> (ops, the copies);
         # (id(job), id(ref)) -> (read, staging); id(job) -> [job, copies not yet run].
         self._pulls: collections.OrderedDict[int, tuple[Sequence[Op], list[Any]]] = (
@@ -208,6 +240,8 @@ class Connection:
             bytes_received=self.bytes_received,
             programs_kept=len(self._programs),
             allocated_bytes=self.allocated,
+            ends_read_by_callers=self.ends_read_by_callers,
+            read_by_a_caller=self._driver is not None,
         )
 
     # -- lifecycle --
@@ -667,50 +701,117 @@ class Connection:
     # -- reports from the worker --
 
     async def _read_loop(self) -> None:
+        """Read the worker's frames, except while a caller reads them itself (wait_done):
+        then lend it the socket and park until it hands it back."""
         stream = self._stream
         assert stream is not None
         try:
             while True:
-                meta, tail = await stream.receive()
-                self.frames_received += 1
-                kind = meta[0]
-                if kind == "sig":
-                    batch = self._batches.get(meta[1])
-                    if batch is not None and meta[2] in batch.jobs:
-                        program = batch.jobs[meta[2]][1]
-                        program.queue.signal.set(batch.bases[meta[2]] + meta[3])
-                elif kind == "done":
-                    self._job_reported(meta)
-                elif kind == "data":
-                    await self._data(meta, tail)
-                elif kind == "relay":
-                    # ["relay", batch id, host, port, why]: this worker's link to the
-                    # worker at host:port failed while a job of the batch waited on it.
-                    batch = self._batches.get(meta[1])
-                    if batch is not None:
-                        batch.relay((meta[2], meta[3]))
-                elif kind == "error":
-                    # Refusals of requests without an answer show up where they are used;
-                    # a refused read ahead fails the copy waiting for it.
-                    read = (
-                        self._reads.pop(meta[2], None) if meta[1] in ("getwhen", "watch") else None
-                    )
-                    if read is not None:
-                        read.error = RemoteError(f"worker {self.address} refused a read: {meta[3]}")
-                        read.done.set()
+                if self._driver is not None:
+                    while self._driver is not None:
+                        self._loop_state = _LENT
+                        handback = self._handback = trio.Event()
+                        await handback.wait()
+                    self._loop_state = _BUSY
+                    continue
+                frame = stream.next_frame()
+                if frame is not None:
+                    await self._frame(*frame)
+                elif self._drivable:
+                    # A caller may take the socket while this waits: it cancels the wait
+                    # (which loses nothing) and reads in its own task.
+                    with trio.CancelScope() as self._loop_scope:
+                        self._loop_state = _WAITING
+                        await stream.wait_more()
+                    self._loop_state = _BUSY
+                    self._loop_scope = None
                 else:
-                    raise WireError(f"unexpected message {kind!r} from the worker")
-        except (
-            OSError,
-            ConnectionLostError,
-            WireError,
-            trio.ClosedResourceError,
-            trio.BrokenResourceError,
-            KeyError,
-            IndexError,
-            TypeError,
-        ) as exc:
+                    await stream.wait_more()
+        except _LOST as exc:
             self._lose(exc)
+
+    async def wait_done(self, sub: Submission) -> None:
+        """Wait for `sub`, every job of which went to this connection, to end: reading
+        the worker's frames in this task while nobody else reads them, so the report
+        that ends it wakes this task itself (no reader task to wake it, a trip through
+        the scheduler less per replay). Frames that carry bytes are left to the reader
+        task, which gets the socket back when this returns (or is cancelled)."""
+        done = sub.done
+        stream = self._stream
+        self._drivable = True
+        if (
+            done.is_set()
+            or self._driver is not None
+            or self._loop_state == _BUSY
+            or self.error is not None
+            or stream is None
+            or stream.raw is None
+        ):
+            await done.wait()
+            return
+        if self._loop_state == _WAITING:
+            # The reader task waits on the socket: its wait ends at once (cancelled, it
+            # has taken nothing), and it parks once it runs, seeing this task reads.
+            assert self._loop_scope is not None
+            self._loop_scope.cancel()
+            self._loop_state = _LENT
+        self._driver = trio.lowlevel.current_task()
+        sub.interrupt = self._interrupt
+        try:
+            while not done.is_set():
+                frame = stream.next_frame(tails=False)
+                if frame is not None:
+                    await self._frame(*frame)  # no tail: nothing to wait for
+                elif stream.has_tail:
+                    break  # bytes for a read: the reader task takes them
+                else:
+                    await stream.wait_more()
+        except _LOST as exc:
+            self._lose(exc)
+        else:
+            if done.is_set():
+                self.ends_read_by_callers += 1
+        finally:
+            sub.interrupt = None
+            self._driver = None
+            if self._handback is not None:
+                self._handback.set()  # the reader task reads again (a worker lost idle)
+        if not done.is_set():
+            await done.wait()
+
+    def _interrupt(self, error: BaseException) -> None:
+        """The runtime failed a submission whose end a caller waits to read (it broke):
+        the worker may never report that job, so end the connection, which wakes it."""
+        self._lose(error)
+
+    async def _frame(self, meta: list[Any], tail: int) -> None:
+        """Handle one message from the worker (reading its tail, if it has one)."""
+        self.frames_received += 1
+        kind = meta[0]
+        if kind == "sig":
+            batch = self._batches.get(meta[1])
+            if batch is not None and meta[2] in batch.jobs:
+                program = batch.jobs[meta[2]][1]
+                program.queue.signal.set(batch.bases[meta[2]] + meta[3])
+        elif kind == "done":
+            self._job_reported(meta)
+        elif kind == "data":
+            await self._data(meta, tail)
+        elif kind == "relay":
+            # ["relay", batch id, host, port, why]: this worker's link to the
+            # worker at host:port failed while a job of the batch waited on it.
+            batch = self._batches.get(meta[1])
+            if batch is not None:
+                batch.relay((meta[2], meta[3]))
+        elif kind == "error":
+            # Refusals of requests without an answer show up where they are used;
+            # a refused read ahead fails the copy waiting for it.
+            read = self._reads.pop(meta[2], None) if meta[1] in ("getwhen", "watch") else None
+            if read is not None:
+                read.error = RemoteError(f"worker {self.address} refused a read: {meta[3]}")
+                read.done.set()
+        else:
+            raise WireError(f"unexpected message {kind!r} from the worker")
 
     def _job_reported(self, meta: list[Any]) -> None:
         batch = self._batches.get(meta[1])

@@ -64,6 +64,11 @@ class RemoteQueue(QueueActor):
         self.in_flight: collections.deque[Job] = collections.deque()
         QUEUES_BY_SIGNAL[id(self.signal)] = self
 
+    @property
+    def end_reader(self) -> Connection:  # type: ignore[override]
+        # A replay living on one worker: its caller reads the worker's reports itself.
+        return self.device.connection
+
     def post(self, job: Job) -> None:
         self.in_flight.append(job)
         self.device.connection.post(job, self)

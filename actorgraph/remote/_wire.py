@@ -272,6 +272,55 @@ class FrameStream:
         body = self._take(meta_len)
         return decode_meta(body, self.limits), tail_len
 
+    def next_frame(self, tails: bool = True) -> tuple[list[Any], int] | None:
+        """The next message and the length of its tail, if its header and meta are all
+        received already (the tail is read with receive_into/skip); None if not, having
+        taken nothing. With `tails=False`, a message that has a tail is left there too
+        (`has_tail` then says so). Raises WireError on a bad header or meta."""
+        buf, pos = self._buf, self._pos
+        have = len(buf) - pos
+        if have < HEADER.size:
+            return None
+        meta_len, tail_len = parse_header(bytes(buf[pos : pos + HEADER.size]), self.limits)
+        end = pos + HEADER.size + meta_len
+        if len(buf) < end or (tail_len and not tails):
+            return None
+        self._pos = end
+        return decode_meta(bytes(buf[pos + HEADER.size : end]), self.limits), tail_len
+
+    @property
+    def has_tail(self) -> bool:
+        """Whether the next message, its header received, has a tail."""
+        pos = self._pos
+        if len(self._buf) - pos < HEADER.size:
+            return False
+        return bool(HEADER.unpack_from(self._buf, pos)[3])
+
+    async def wait_more(self) -> None:
+        """Receive at least one more byte into the buffer (next_frame takes frames from
+        it). Cancelling it loses nothing: bytes received are kept. A plain socket only."""
+        raw = self.raw
+        assert raw is not None  # the client's connection, which reads its plain socket
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        while True:
+            try:
+                chunk = raw.recv(1 << 16)
+            except BlockingIOError:
+                self._eager = 0
+                await trio.lowlevel.wait_readable(raw)
+                continue
+            if not chunk:
+                raise ConnectionLostError("the connection was closed by the other side")
+            self._buf += chunk
+            self._eager += 1
+            if self._eager >= 64:
+                # Data kept coming without a wait: let other tasks (and cancellation) in.
+                self._eager = 0
+                await trio.lowlevel.checkpoint()
+            return
+
     async def receive_into(self, view: memoryview) -> None:
         """Fill `view` with the next len(view) bytes of the stream (a tail)."""
         n = len(view)
