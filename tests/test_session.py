@@ -530,6 +530,45 @@ async def test_a_peer_cannot_read_another_sessions_buffer(
             stream.sock.close()
 
 
+async def test_a_peer_read_checks_every_time_what_a_worker_keeps_of_a_buffer(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # A worker keeps a buffer's read ticket and bytes once read by a peer: a wrong ticket
+    # or a malformed buffer is still refused after a good read, and a freed buffer reads
+    # nothing.
+    worker, _ = workers
+    name = worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([name]) as rt:
+            x = rt.alloc(name, 4, np.int32)
+            await rt.copyin(x, np.full(4, 7, np.int32))
+            conn = rt.device(name).connection
+            handle = x.memory.handle
+            ticket = conn.ticket(handle)
+            stream = await _peer(worker.port)
+
+            async def read(req: int, ref: list[Any], ticket: bytes) -> tuple[list[Any], int]:
+                await stream.send([encode(["pread", req, conn.session_id, ref, ticket])])
+                meta, tail = await stream.receive()
+                if tail:
+                    await stream.receive_into(memoryview(bytearray(tail)))
+                return meta, tail
+
+            for req in (1, 2):
+                meta, tail = await read(req, [handle, 0, [4]], ticket)
+                assert meta[:2] == ["data", req] and tail == 16
+            meta, _ = await read(3, [handle, 0, [4]], conn.ticket(handle + 1))
+            assert meta[0] == "error" and "bad read ticket" in meta[-1]
+            for bad in ([handle, 0, 4], [handle, 0, [[4]]], [handle, 8, [4]]):
+                meta, _ = await read(4, bad, ticket)
+                assert meta[0] == "error", bad
+            rt.free(x)
+            await rt.copyout(rt.alloc(name, 1, np.int32))  # the free has been taken
+            meta, _ = await read(5, [handle, 0, [4]], ticket)
+            assert meta[0] == "error" and f"unknown buffer id {handle}" in meta[-1]
+            stream.sock.close()
+
+
 async def test_a_worker_runs_a_kernel_on_its_loop_only_once_seen_to_be_quick() -> None:
     """Where a worker runs a small CPU kernel, on a clock the kernel itself moves: on the
     client's thread until one run was quick; then on the event loop until a run is slow

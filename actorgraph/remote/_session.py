@@ -42,6 +42,7 @@ from ._wire import (
     FrameStream,
     WireError,
     encode,
+    read_ticket,
     want_fields,
     want_int,
     want_list,
@@ -251,6 +252,10 @@ class Session:
         self.key = secrets.token_bytes(32)
         self.out = out
         self.buffers: dict[int, Buffer] = {}
+        # What other workers' reads of this client's buffers look up, kept while a buffer
+        # lives: its read ticket, and its bytes by (offset, shape).
+        self._tickets: dict[int, bytes] = {}
+        self._peer_views: dict[int, dict[tuple[Any, ...], memoryview]] = {}
         self.refused: dict[int, str] = {}
         self.programs: dict[int, Program] = {}
         self.blobs: dict[int, tuple[bytearray, int]] = {}  # id -> (landing space, size)
@@ -340,6 +345,31 @@ class Session:
         except UsageError as exc:
             raise Refused(f"{what}: {exc}") from None
 
+    def read_ticket(self, handle: int) -> bytes:
+        """The ticket a read of buffer `handle` must carry (the HMAC this client made)."""
+        ticket = self._tickets.get(handle)
+        if ticket is None:
+            ticket = read_ticket(self.key, handle)
+            if handle in self.buffers:  # kept only while the buffer lives
+                self._tickets[handle] = ticket
+        return ticket
+
+    def peer_bytes(self, ref: list[Any]) -> memoryview:
+        """The bytes of the buffer (view) `ref` names, for a read by another worker: looked
+        up and checked as `buffer` does the first time, then kept while it lives."""
+        views = self._peer_views.get(ref[0])
+        if views is not None:
+            try:
+                view = views.get((ref[1], *ref[2]))
+            except TypeError:  # not a well formed ref: `buffer` says why
+                view = None
+            if view is not None:
+                return view
+        view = bytes_of(self.buffer(ref, "pread src"))
+        shape = ref[2]
+        self._peer_views.setdefault(ref[0], {})[(ref[1], *shape)] = view
+        return view
+
     def mirror(self, ext_id: object) -> Signal:
         ext = want_int(ext_id, "signal id")
         signal = self.mirrors.get(ext)
@@ -396,6 +426,8 @@ class Session:
         if buf is None:
             self.refused.pop(handle, None)
             return
+        self._tickets.pop(handle, None)
+        self._peer_views.pop(handle, None)
         self.bytes_used -= buf.nbytes
         self.worker.runtime.free(buf)
 

@@ -57,7 +57,6 @@ from ._wire import (
     WireError,
     auth_mac,
     no_delay,
-    read_ticket,
     want_bytes,
     want_fields,
     want_int,
@@ -364,7 +363,7 @@ class Worker:
         ref = want_list(ref, "buffer", 3, size=3)
         ticket = want_bytes(ticket, "ticket", 32)
         handle = want_int(ref[0], "handle")
-        if session is None or not hmac.compare_digest(ticket, read_ticket(session.key, handle)):
+        if session is None or not hmac.compare_digest(ticket, session.read_ticket(handle)):
             # The same answer either way: a peer learns nothing of other sessions.
             raise Refused(
                 f"read of buffer {handle} of session {sid} refused: no such session or a bad "
@@ -375,7 +374,7 @@ class Worker:
             raise UnknownBuffer(
                 session, f"pread src: unknown buffer id {handle} (not allocated by this client)"
             )
-        return session, bytes_of(session.buffer(ref, "pread src"))
+        return session, session.peer_bytes(ref)
 
     @staticmethod
     def _queue_peer_data(out: Outbox, req: int, data: memoryview) -> trio.Event:
