@@ -22,9 +22,18 @@ from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
 from actorgraph import remote
+from actorgraph.remote._lowered import Refused
 from actorgraph.remote._session import Session
 from actorgraph.remote._staging import chunks_into
-from actorgraph.remote._wire import HEADER, FrameStream, Limits, auth_mac, encode, read_ticket
+from actorgraph.remote._wire import (
+    HEADER,
+    FrameStream,
+    Limits,
+    WireError,
+    auth_mac,
+    encode,
+    read_ticket,
+)
 from actorgraph.remote._worker import Worker as WorkerServer
 from actorgraph.remote._worker import load_kernels
 from actorgraph.testing import Worker
@@ -406,6 +415,57 @@ def _incs(handle: int, count: int, slot: int) -> list[Any]:
     """A program of `count` inc kernels on buffer `handle`, signalling on `slot`."""
     inc = ["k", 0, "inc", [[handle, 0, [4]], [handle, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
     return [inc] * count + [["s", slot, count]]
+
+
+async def test_a_batch_of_programs_seen_before_is_checked_as_any_other() -> None:
+    """A replay's batch names the programs it named before: the worker remembers that they
+    passed its checks together, and still checks every id and base, and finds a program
+    forgotten, or an id given to another program, since: each refused as the first time."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            session.handle(["alloc", 2, "CPU:1", 4, "int32"])
+            session.handle(["prog", 1, "CPU:0", _incs(1, 2, 2), True])
+            session.handle(["prog", 2, "CPU:1", _incs(2, 3, 3), True])
+            for batch in (10, 11, 12):  # the first is checked in full, the others remembered
+                session.handle(["batch", batch, [0, 0, 0, 0], [1, 2], []])
+                await replies.wait_for(2 * (batch - 9))
+            assert session._seen_batch(["batch", 13, [0, 0, 0, 0], [1, 2], []]) is not None
+            assert sorted(replies.sent) == sorted(
+                ["done", b, slot, None] for b in (10, 11, 12) for slot in (2, 3)
+            )
+            np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 6))
+            np.testing.assert_array_equal(session.buffers[2].host_view(), np.full(4, 9))
+            refusals = [
+                (["batch", 14, [0, 0, "x", 0], [1, 2], []], "base must be an int"),
+                (["batch", 14, [0, 0, -1, 0], [1, 2], []], "base = -1 is outside"),
+                (["batch", 14, [0, 0, 0], [1, 2], []], "uses base slot 3 of 3"),
+                (["batch", True, [0, 0, 0, 0], [1, 2], []], "batch id must be an int"),
+                (["batch", 14, [0, 0, 0, 0], [True, 2], []], "program id must be an int"),
+            ]
+            for request, message in refusals:
+                count = len(replies.sent)
+                try:
+                    session.handle(request)
+                except (Refused, WireError) as exc:
+                    assert re.search(message, str(exc)), (request, exc)
+                else:
+                    done = await replies.wait_for(count + 2)
+                    assert all(message in m[3][2] for m in done[count:]), (request, done)
+            session.handle(["forget", 2])
+            with pytest.raises(Refused, match="batch 15: unknown program id 2"):
+                session.handle(["batch", 15, [0, 0, 0, 0], [1, 2], []])
+            # Id 2 given to a program refused when lowered: its batch fails, as it would
+            # have the first time.
+            session.handle(["prog", 2, "CPU:1", [["k", 0, "nope", [], [], [1], [1]]], True])
+            count = len(replies.sent)
+            session.handle(["batch", 16, [0, 0, 0, 0], [1, 2], []])
+            done = await replies.wait_for(count + 2)
+            assert all(m[:2] == ["done", 16] and m[3] is not None for m in done[count:])
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_batch_refused_for_overflow_leaves_the_timelines_as_they_were() -> None:

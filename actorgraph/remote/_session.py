@@ -263,6 +263,9 @@ class Session:
         self.mirrors: dict[int, Signal] = {}
         self.bytes_used = 0
         self.running: set[Submission] = set()
+        # Program ids of batches that passed every check together -> (their programs,
+        # the highest base slot they use): see _seen_batch.
+        self._batches_seen: dict[tuple[int, ...], tuple[tuple[Program, ...], int]] = {}
         self._progress: dict[str, Progress] = {}
         self.client_bases: dict[int, list[int]] = {}  # batch id -> the client's bases
         self.early: dict[tuple[int, int], tuple[PeerRead, bytearray]] = {}
@@ -462,39 +465,41 @@ class Session:
             program.error = (-1, f"{type(exc).__name__}: {exc}")
             program.slot = signal_slot(entries)
 
+    def _seen_batch(self, meta: list[Any]) -> tuple[int, list[int], list[Program]] | None:
+        """(batch id, bases, programs) of a batch of kept programs that passed every check
+        of `_batch` together before (a replay of a graph: the same programs each time),
+        its ids and bases checked as `_batch` checks them; None for anything else, which
+        `_batch` then checks in full (and refuses, naming the field, where it must)."""
+        if len(meta) != 5:
+            return None
+        _, batch_id, bases, prog_ids, _ = meta
+        if type(batch_id) is not int or not 0 <= batch_id < 1 << 63:
+            return None
+        if type(bases) is not list or not FIRST_QUEUE_SLOT <= len(bases) <= 1 << 17:
+            return None
+        for base in bases:
+            if type(base) is not int or not 0 <= base <= VALUE_MAX:
+                return None
+        if type(prog_ids) is not list or not all(type(pid) is int for pid in prog_ids):
+            return None
+        key = tuple(prog_ids)
+        seen = self._batches_seen.get(key)
+        if seen is None or seen[1] >= len(bases):
+            return None
+        programs = self.programs
+        for pid, program in zip(key, seen[0]):
+            if programs.get(pid) is not program:
+                return None  # forgotten since, or its id given to another program
+        return batch_id, bases, list(seen[0])
+
     def _batch(self, meta: list[Any]) -> None:
-        _, batch_id, bases, prog_ids, ext = want_fields(meta, 5)
-        batch_id = want_int(batch_id, "batch id")
-        bases = [want_int(b, "base", 0, VALUE_MAX) for b in want_list(bases, "bases", 1 << 17)]
-        if len(bases) < FIRST_QUEUE_SLOT:
-            raise Refused(f"batch {batch_id}: {len(bases)} bases; a batch has KICK and BATCH first")
-        programs: list[Program] = []
-        error: tuple[int, str] | None = None
-        for pid in want_list(prog_ids, "program ids", 1 << 16):
-            pid = want_int(pid, "program id")
-            program = self.programs.get(pid)
-            if program is None:
-                raise Refused(f"batch {batch_id}: unknown program id {pid}")
-            if not program.store:
-                del self.programs[pid]
-            programs.append(program)
-            error = error or program.error
-        self._ext(["ext", ext])
-        slots = {p.slot: p for p in programs}
-        if error is None:
-            if len(slots) != len(programs):
-                error = (-1, "two programs of one batch run on one slot")
-            for p in programs:
-                if p.max_slot >= len(bases):
-                    error = (-1, f"a program uses base slot {p.max_slot} of {len(bases)}")
-                for slot, dev, kind in p.local_waits:
-                    other = slots.get(slot)
-                    if other is None or other.actor is not self.queue(dev, kind):
-                        error = (
-                            -1,
-                            f"a local wait on slot {slot} names no {kind.value} queue of this "
-                            f"batch on {dev}",
-                        )
+        seen = self._seen_batch(meta)
+        if seen is not None:
+            batch_id, bases, programs = seen
+            self._ext(["ext", meta[4]])
+            error: tuple[int, str] | None = None
+        else:
+            batch_id, bases, programs, error = self._check_batch(meta)
         client_bases = list(bases)
         if error is None:
             error = self._reserve(programs, bases)
@@ -533,6 +538,53 @@ class Session:
         else:
             for actor, job in zip(actors, jobs):
                 actor.post(job)
+
+    def _check_batch(
+        self, meta: list[Any]
+    ) -> tuple[int, list[int], list[Program], tuple[int, str] | None]:
+        """Check a batch in full: (batch id, bases, programs, the error its jobs fail
+        with or None). A batch that passes, all of its programs kept, is remembered:
+        the same programs come again at each replay (`_seen_batch`)."""
+        _, batch_id, bases, prog_ids, ext = want_fields(meta, 5)
+        batch_id = want_int(batch_id, "batch id")
+        bases = [want_int(b, "base", 0, VALUE_MAX) for b in want_list(bases, "bases", 1 << 17)]
+        if len(bases) < FIRST_QUEUE_SLOT:
+            raise Refused(f"batch {batch_id}: {len(bases)} bases; a batch has KICK and BATCH first")
+        programs: list[Program] = []
+        error: tuple[int, str] | None = None
+        for pid in want_list(prog_ids, "program ids", 1 << 16):
+            pid = want_int(pid, "program id")
+            program = self.programs.get(pid)
+            if program is None:
+                raise Refused(f"batch {batch_id}: unknown program id {pid}")
+            if not program.store:
+                del self.programs[pid]
+            programs.append(program)
+            error = error or program.error
+        self._ext(["ext", ext])
+        slots = {p.slot: p for p in programs}
+        if error is None:
+            if len(slots) != len(programs):
+                error = (-1, "two programs of one batch run on one slot")
+            for p in programs:
+                if p.max_slot >= len(bases):
+                    error = (-1, f"a program uses base slot {p.max_slot} of {len(bases)}")
+                for slot, dev, kind in p.local_waits:
+                    other = slots.get(slot)
+                    if other is None or other.actor is not self.queue(dev, kind):
+                        error = (
+                            -1,
+                            f"a local wait on slot {slot} names no {kind.value} queue of this "
+                            f"batch on {dev}",
+                        )
+        if error is None and programs and all(p.store for p in programs):
+            if len(self._batches_seen) >= self.worker.limits.max_programs:
+                self._batches_seen.clear()
+            self._batches_seen[tuple(prog_ids)] = (
+                tuple(programs),
+                max(p.max_slot for p in programs),
+            )
+        return batch_id, bases, programs, error
 
     def _ask_peers(self, batch_id: int, programs: list[Program], client_bases: list[int]) -> None:
         """Ask other workers for what the batch's jobs wait on: a copy's bytes (read ahead),
