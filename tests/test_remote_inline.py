@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from _workers import GUARD, runtime, start
+from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import (
     AWAIT,
     EXEC,
@@ -29,10 +29,16 @@ from actorgraph.devices import (
 )
 
 import actorgraph as ag
+from actorgraph.remote import _session as remote_session
 from actorgraph.remote._inline import HoldingSignal, InlineRun, Quick, Resumer
+from actorgraph.remote._worker import run_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import GATED, INC
+
+
+def _unexpected(error: BaseException) -> None:
+    raise AssertionError(f"no job here raises: {error!r}")
 
 
 def _job(ops: list[Any]) -> tuple[Job, Submission]:
@@ -55,7 +61,7 @@ async def test_a_held_job_runs_on_in_the_task_that_meets_its_wait_before_later_j
                 signal_op(actor.signal, 2, 2),
             ]
         )
-        resumer.start(InlineRun([actor], [first]))
+        resumer.start(InlineRun([actor], [first], _unexpected))
         assert ran == ["a"]  # ran here, up to its wait, where it is held
         assert not actor.idle and actor.parked_on == (mirror, 1, 1)
         later, later_sub = _job([run_op(EXEC, ran.append, ("later",), 0)])
@@ -113,7 +119,7 @@ async def test_a_held_job_that_needs_a_task_goes_to_its_actor_first_in_line() ->
             0,
         )
         sub.remaining = 2
-        resumer.start(InlineRun([copy_queue, compute], [copy_job, compute_job]))
+        resumer.start(InlineRun([copy_queue, compute], [copy_job, compute_job], _unexpected))
         posted, posted_sub = _job([run_op(EXEC, ran.append, ("posted",), 0)])
         copy_queue.post(posted)
         assert ran == []
@@ -139,12 +145,37 @@ async def test_a_job_held_on_an_actor_that_stopped_never_runs() -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.serve)
         job, sub = _job([wait_op(mirror, 0, 1), run_op(EXEC, ran.append, ("after",), 0)])
-        resumer.start(InlineRun([actor], [job]))
+        resumer.start(InlineRun([actor], [job], _unexpected))
         nursery.cancel_scope.cancel()
     assert actor.closed
     assert isinstance(sub.error, ActorClosedError) and sub.done.is_set()
     mirror.set(1)
     assert ran == []
+
+
+async def test_a_held_job_that_raises_is_its_sessions_fault_not_the_tasks() -> None:
+    # What a job's actor would have died of, run in another task (a link's reader, say):
+    # that run's `broke` hears of it, and the task goes on running other held jobs.
+    class Faulty(HoldingSignal):
+        def set(self, value: int) -> None:
+            raise RuntimeError("a fault on purpose")
+
+    ran: list[str] = []
+    broke: list[BaseException] = []
+    resumer = Resumer()
+    mirror = HoldingSignal("mirror", 0, resumer)
+    faulty, fine = QueueActor("faulty"), QueueActor("fine")
+    async with trio.open_nursery() as nursery:
+        for actor in (faulty, fine):
+            await nursery.start(actor.serve)
+        bad, _ = _job([wait_op(mirror, 0, 1), signal_op(Faulty("f", 0, resumer), 0, 1)])
+        good, good_sub = _job([wait_op(mirror, 0, 1), run_op(EXEC, ran.append, ("good",), 0)])
+        resumer.start(InlineRun([faulty], [bad], broke.append))
+        resumer.start(InlineRun([fine], [good], _unexpected))
+        mirror.set(1)
+        assert [str(e) for e in broke] == ["a fault on purpose"]
+        assert ran == ["good"] and good_sub.done.is_set()
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_slow_kernel_after_a_copy_between_workers_holds_no_other_client(
@@ -190,3 +221,50 @@ async def test_a_slow_kernel_after_a_copy_between_workers_holds_no_other_client(
     finally:
         a_worker.kill()
         b_worker.kill()
+
+
+async def test_a_fault_in_a_held_job_ends_only_its_clients_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker in this process; client X's jobs end with a fault (their report raises),
+    # wherever they run. X's connection ends, and its replay fails as if the worker were
+    # lost; the worker and client Y go on.
+    faulty: set[int] = set()
+    job_done = remote_session.Session._job_done
+
+    def report(self: Any, *args: Any) -> None:
+        if self.sid in faulty:
+            raise RuntimeError("a fault on purpose")
+        job_done(self, *args)
+
+    monkeypatch.setattr(remote_session.Session, "_job_done", report)
+    broke: list[str] = []
+    broke_session = remote_session.Session._broke
+
+    def spy(self: Any, error: BaseException) -> None:
+        broke.append(str(error))
+        broke_session(self, error)
+
+    monkeypatch.setattr(remote_session.Session, "_broke", spy)
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(
+                lambda task_status: run_worker(
+                    ["CPU:0"], token=TOKEN, kernel_modules=["remote_kernels"],
+                    task_status=task_status,
+                )
+            )  # fmt: skip
+            name = f"CPU:0@{host}:{port}"
+            async with runtime(["CPU:0", name]) as rt_x, runtime([name]) as rt_y:
+                local, x = rt_x.alloc("CPU:0", 4, np.int32), rt_x.alloc(name, 4, np.int32)
+                # The worker's job waits for the local copy: held, then run on as it lands.
+                chain = await rt_x.compile([ag.Copy(dst=x, src=local), ag.Launch(INC, [x, x])])
+                await chain()
+                faulty.add(rt_x.device(name).connection.session_id)
+                with pytest.raises(ag.ClosedError):
+                    await chain()
+                assert broke == ["a fault on purpose"]  # from a task that runs held jobs
+                y = rt_y.alloc(name, 4, np.int32)
+                await rt_y.run([ag.Launch(INC, [y, y])])
+                np.testing.assert_array_equal(await rt_y.copyout(y), np.ones(4))
+            nursery.cancel_scope.cancel()

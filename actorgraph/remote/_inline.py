@@ -87,7 +87,10 @@ class Resumer:
             ready = self._ready
             while ready:
                 run, q, held = ready.popleft()
-                run.step(q, held)
+                try:
+                    run.step(q, held)
+                except Exception as exc:  # a fault of the job's own session, not the task's
+                    run.broke(exc)
         finally:
             self._running = False
 
@@ -120,12 +123,20 @@ class InlineRun:
     """One batch's jobs (jobs[q] for actors[q]), run in the tasks that make them ready
     (see the module's docstring). `at[q]`: where job q is held, while it is."""
 
-    __slots__ = ("actors", "at", "jobs")
+    __slots__ = ("actors", "at", "broke", "jobs")
 
-    def __init__(self, actors: Sequence[QueueActor], jobs: Sequence[Job]) -> None:
+    def __init__(
+        self,
+        actors: Sequence[QueueActor],
+        jobs: Sequence[Job],
+        broke: Callable[[BaseException], None],
+    ) -> None:
         self.actors = actors
         self.jobs = jobs
         self.at = [0] * len(jobs)
+        # Called if running a job raises (a fault a job's actor would have died of): the
+        # task that ran it (maybe a link other clients' work comes over) goes on.
+        self.broke = broke
 
     def step(self, q: int, held: bool) -> None:
         """Run job q on from where it is (held there, if `held`) until it ends, is held

@@ -12,6 +12,7 @@ import functools
 import heapq
 import itertools
 import secrets
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -303,6 +304,18 @@ class Session:
             actor = self.queues[(device_name, kind)] = own or shared
         return actor
 
+    def _broke(self, error: BaseException) -> None:
+        """Running one of this client's jobs raised where its actor's task would have died
+        of it: this client's connection ends (its replays fail, as when its worker is
+        lost), never the task that ran the job nor anyone else's work."""
+        print(
+            f"actorgraph worker: dropped a connection: a job of it raised {error!r}",
+            file=sys.stderr,
+        )
+        if self._nursery is None:
+            raise error
+        self._nursery.cancel_scope.cancel()
+
     def abandon(self) -> None:
         """The client is gone. Its jobs still queued (on its own actors, which end with its
         connection, or on a device's shared actors) must not block anyone: fail them
@@ -534,7 +547,7 @@ class Session:
             # client runs a replay on idle queues; a job that waits is held and runs on in
             # the task that moves what it waits on, and one that needs a task (a kernel
             # on the thread, a pull over a new link) goes on to its actor (_inline.py).
-            self.worker.resumer.start(InlineRun(actors, jobs))
+            self.worker.resumer.start(InlineRun(actors, jobs, self._broke))
         else:
             for actor, job in zip(actors, jobs):
                 actor.post(job)
