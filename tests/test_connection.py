@@ -308,7 +308,7 @@ async def test_a_caller_cancelled_while_reading_leaves_the_replay_to_end_in_orde
                 slow = await rt.compile([ag.Launch(GATED, [x, src])])
                 then = await rt.compile([ag.Launch(INC, [x, x])])
                 conn = rt.device(r0).connection
-                await then()  # the first caller to read its end finds the reader task busy
+                await then()  # the worker has both programs from here on
                 with trio.CancelScope() as scope:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(slow)

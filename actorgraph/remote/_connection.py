@@ -208,13 +208,11 @@ class Connection:
         self._writing = False  # the writer task is sending
         self._eager = 0  # transfers in a row that needed no wait: see push
         # A caller reading the worker's frames itself (wait_done), and the reader task's
-        # state: see _read_loop. `_drivable` once a caller has waited so: only then does
-        # the reader task wait in a cancel scope (a caller may take the socket from it).
+        # state and the scope a caller cancels to take the socket: see _read_loop.
         self._driver: trio.lowlevel.Task | None = None
         self._loop_state = _BUSY
         self._loop_scope: trio.CancelScope | None = None
         self._handback: trio.Event | None = None
-        self._drivable = False
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         # Copies from the worker asked for ahead (arm): op list id -> (ops, the copies);
         # (id(job), id(ref)) -> (read, staging); id(job) -> [job, copies not yet run].
@@ -707,26 +705,23 @@ class Connection:
         assert stream is not None
         try:
             while True:
-                if self._driver is not None:
-                    while self._driver is not None:
-                        self._loop_state = _LENT
-                        handback = self._handback = trio.Event()
-                        await handback.wait()
-                    self._loop_state = _BUSY
-                    continue
-                frame = stream.next_frame()
-                if frame is not None:
-                    await self._frame(*frame)
-                elif self._drivable:
-                    # A caller may take the socket while this waits: it cancels the wait
-                    # (which loses nothing) and reads in its own task.
-                    with trio.CancelScope() as self._loop_scope:
-                        self._loop_state = _WAITING
-                        await stream.wait_more()
-                    self._loop_state = _BUSY
-                    self._loop_scope = None
-                else:
-                    await stream.wait_more()
+                while self._driver is not None:
+                    self._loop_state = _LENT
+                    handback = self._handback = trio.Event()
+                    await handback.wait()
+                # One scope for as long as this task reads (made again only after it lent
+                # the socket): a caller takes the socket by cancelling it, and only while
+                # this task waits for bytes, which loses nothing (see wait_done).
+                with trio.CancelScope() as self._loop_scope:
+                    while True:
+                        frame = stream.next_frame()
+                        if frame is not None:
+                            self._loop_state = _BUSY
+                            await self._frame(*frame)
+                        else:
+                            self._loop_state = _WAITING
+                            await stream.wait_more()
+                self._loop_scope = None
         except _LOST as exc:
             self._lose(exc)
 
@@ -738,7 +733,6 @@ class Connection:
         task, which gets the socket back when this returns (or is cancelled)."""
         done = sub.done
         stream = self._stream
-        self._drivable = True
         if (
             done.is_set()
             or self._driver is not None
