@@ -288,11 +288,6 @@ class QueueActor:
     # and whoever satisfies the wait runs it on (`run_ready` from the wait on), then
     # `release`s the actor once it ends, or `hand_over`s the rest to the actor's task.
 
-    def run_ready(self, job: Job, start: int) -> int:
-        """Run `job` from op `start` in the caller's task for as long as no op needs a task
-        of its own; the index it stopped at (see `_run_ready`)."""
-        return self._run_ready(job, start)
-
     def hold(self, job: Job, signal: Signal, target: int, index: int) -> None:
         """`job` (run inline so far, with this actor idle or held for it) is parked at op
         `index`, a wait on `signal` for `target`, outside this actor's task."""
@@ -408,6 +403,10 @@ class QueueActor:
             self.bytes_copied += job.copy_bytes
             sub.job_done(job.slot)
         return i
+
+    # Run `job` from op `start` in the caller's task for as long as no op needs a task of
+    # its own; the index it stopped at. For jobs held outside the actor's task.
+    run_ready = _run_ready
 
     def statistics(self) -> ActorStatistics:
         return ActorStatistics(

@@ -27,6 +27,7 @@ from actorgraph.devices import (
     QueueActor,
     Signal,
     Submission,
+    run_inline,
 )
 from actorgraph.scheduler import QueueKind
 
@@ -544,10 +545,19 @@ class Session:
         jobs = [Job(p.ops, bases, sub, i) for i, p in enumerate(programs)]
         if all(a.idle and a.runs_inline for a in actors) and len(set(actors)) == len(actors):
             # Every queue of the batch is idle: run it here, in the reader's task, as the
-            # client runs a replay on idle queues; a job that waits is held and runs on in
-            # the task that moves what it waits on, and one that needs a task (a kernel
-            # on the thread, a pull over a new link) goes on to its actor (_inline.py).
-            self.worker.resumer.start(InlineRun(actors, jobs, self._broke))
+            # client runs a replay on idle queues; a job that waits for another worker or
+            # the client is held and runs on in the task that moves what it waits on, and
+            # one that needs a task (a kernel on the thread, a pull over a new link) goes
+            # on to its actor (_inline.py). Where nothing waits off this worker, its jobs
+            # only wait for each other: they run here, whole (no holding needed).
+            if any(
+                signal.value < bases[slot] + rel
+                for p in programs
+                for signal, slot, rel in p.mirror_waits
+            ):
+                self.worker.resumer.start(InlineRun(actors, jobs, self._broke))
+            else:
+                run_inline(actors, jobs)
         else:
             for actor, job in zip(actors, jobs):
                 actor.post(job)
