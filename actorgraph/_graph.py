@@ -353,12 +353,19 @@ class Graph(Hinted):
         await self._runtime.admit()
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
-        sub = self._start(program, ops, inputs, profile)
         reader = program.end_reader
         if reader is None:
+            sub = self._start(program, ops, inputs, profile)
             await sub.done.wait()
         else:
-            await reader.wait_done(sub)  # a graph living on one worker: see its connection
+            # A graph living on one worker: this task reads its end (see its connection).
+            reader.coming()
+            try:
+                sub = self._start(program, ops, inputs, profile)
+            except BaseException:
+                reader.not_coming()
+                raise
+            await reader.wait_done(sub)
         if sub.error is not None:
             raise_failure(program, sub)
 

@@ -359,6 +359,63 @@ async def test_a_worker_killed_while_a_caller_reads_fails_the_replay() -> None:
         worker.kill()
 
 
+async def test_a_worker_lost_while_idle_after_a_replay_its_caller_read_is_found() -> None:
+    # After a replay whose caller read its end, nothing is in flight and no task reads the
+    # connection: a worker that dies then is still found by every later call, each
+    # raising ClosedError, and the statistics say the connection is gone.
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0]) as rt:
+                x, y = rt.alloc(r0, 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+                graph = await rt.compile([ag.Launch(INC, [x, x])])
+                conn = rt.device(r0).connection
+                for _ in range(3):
+                    await graph()
+                assert conn.statistics().ends_read_by_callers >= 2
+                worker.kill()
+                worker.process.wait()  # gone: killed, and reaped
+                with pytest.raises(
+                    ag.ClosedError, match=r"alloc on CPU:0@127.0.0.1:\d+: connection"
+                ):
+                    rt.alloc(r0, 8, np.int32)
+                assert not conn.statistics().connected
+                calls = {
+                    "replay": graph,
+                    "copyin": lambda: rt.copyin(x, np.zeros(8, np.int32)),
+                    "copyout": lambda: rt.copyout(x),
+                    "copy to a local device": lambda: rt.run([ag.Copy(dst=y, src=x)]),
+                    "compile": lambda: rt.compile([ag.Launch(INC, [x, x])]),
+                }
+                for name, call in calls.items():
+                    with pytest.raises(ag.ClosedError, match=r"connection to worker"):
+                        await call()
+                        pytest.fail(f"{name} did not raise")
+    finally:
+        worker.kill()
+
+
+async def test_a_worker_lost_while_idle_fails_the_next_replay_its_caller_reads() -> None:
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0]) as rt:
+                x = rt.alloc(r0, 8, np.int32)
+                graph = await rt.compile([ag.Launch(INC, [x, x])])
+                for _ in range(3):
+                    await graph()
+                worker.kill()
+                worker.process.wait()  # gone: killed, and reaped
+                with pytest.raises(
+                    ag.ClosedError, match=r"connection to worker 127.0.0.1:\d+ lost"
+                ):
+                    await graph()
+    finally:
+        worker.kill()
+
+
 async def test_a_deadlock_diagnosed_while_a_caller_reads_ends_its_wait() -> None:
     # Two queues of one worker waiting on each other (a hand-edited plan): the worker
     # never reports them; the runtime's monitor diagnoses the deadlock, and the caller

@@ -93,7 +93,11 @@ neither side a task switch. Only one task reads at a time: the connection's read
 waits for frames in a wait a caller may cancel (it loses nothing) to take the socket,
 and gets it back when that caller's replay ends, when it is cancelled, or when a frame
 with bytes comes (those the reader task reads). A caller that finds the socket taken
-waits as before; another task's replay ending meanwhile is read by whoever reads. A job of
+waits as before; another task's replay ending meanwhile is read by whoever reads. When
+a caller's replay ends with nothing else in flight, the reader task is not woken: the
+next send wakes it (unless its caller reads its own replay's end), and a call that
+checks the connection peeks at the socket, so a worker lost while idle is still found.
+A replay on one worker then costs the client one scheduler pass, as a bare round trip. A job of
 such a batch that meets a wait on a mirror or on a queue of its client's own is held
 there, and runs on in whichever task moves that signal (_inline.py): the link reader that
 lands a copy's bytes from another worker runs the copy, the kernel after it and sends

@@ -12,6 +12,7 @@ import collections
 import functools
 import itertools
 import os
+import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -213,6 +214,11 @@ class Connection:
         self._loop_state = _BUSY
         self._loop_scope: trio.CancelScope | None = None
         self._handback: trio.Event | None = None
+        # The reader task left lent, not woken, after a caller read its replay's end
+        # with nothing else in flight (woken by the next send: `_wake_reader`); and a
+        # caller about to read its replay's end itself (its send need not wake it).
+        self._lent_idle = False
+        self._coming = False
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         # Copies from the worker asked for ahead (arm): op list id -> (ops, the copies);
         # (id(job), id(ref)) -> (read, staging); id(job) -> [job, copies not yet run].
@@ -229,6 +235,7 @@ class Connection:
         return f"<Connection {self.address}>"
 
     def statistics(self) -> ConnectionStatistics:
+        self.probe()
         return ConnectionStatistics(
             address=self.address,
             connected=self._stream is not None and self.error is None,
@@ -342,6 +349,7 @@ class Connection:
         self.flush()
 
     def _check(self) -> None:
+        self.probe()
         if self.error is not None:
             raise self.error
         if self._stream is None:
@@ -533,6 +541,8 @@ class Connection:
 
     def _take_pending(self) -> tuple[list[bytes | memoryview], list[Frame]]:
         """Encode what is queued, in order: each submission's jobs as one batch."""
+        if self._lent_idle and not self._coming:
+            self._wake_reader()  # what goes out may be answered: someone must read
         pending = self._pending
         parts: list[bytes | memoryview] = []
         frames: list[Frame] = []
@@ -733,6 +743,7 @@ class Connection:
         task, which gets the socket back when this returns (or is cancelled)."""
         done = sub.done
         stream = self._stream
+        self._coming = False
         if (
             done.is_set()
             or self._driver is not None
@@ -741,6 +752,7 @@ class Connection:
             or stream is None
             or stream.raw is None
         ):
+            self._wake_reader()
             await done.wait()
             return
         if self._loop_state == _WAITING:
@@ -751,6 +763,8 @@ class Connection:
             self._loop_state = _LENT
         self._driver = trio.lowlevel.current_task()
         sub.interrupt = self._interrupt
+        self._lent_idle = False
+        idle = False
         try:
             while not done.is_set():
                 frame = stream.next_frame(tails=False)
@@ -765,13 +779,73 @@ class Connection:
         else:
             if done.is_set():
                 self.ends_read_by_callers += 1
+                idle = self._idle()
         finally:
             sub.interrupt = None
             self._driver = None
-            if self._handback is not None:
-                self._handback.set()  # the reader task reads again (a worker lost idle)
+            if idle:
+                # Nothing else in flight: the reader task stays lent, not woken (a trip
+                # through the scheduler per replay), until something goes out or a call
+                # looks at the connection (`probe`: a worker lost meanwhile is found).
+                self._lent_idle = True
+            elif self._handback is not None:
+                self._handback.set()  # the reader task reads again
         if not done.is_set():
             await done.wait()
+
+    def coming(self) -> None:
+        """A caller is about to submit a replay and read its end itself (wait_done):
+        sending its batch need not wake the reader task."""
+        self._coming = True
+
+    def not_coming(self) -> None:
+        """The caller that said `coming` will not read after all (its submit failed)."""
+        self._coming = False
+        self._wake_reader()
+
+    def _idle(self) -> bool:
+        """Whether nothing is in flight or received that the reader task must read."""
+        stream = self._stream
+        return (
+            self.error is None
+            and not self._batches
+            and not self._reads
+            and not self._pending
+            and self._unsent is None
+            and not self._writing
+            and not self.watchers
+            and stream is not None
+            and not stream.buffered
+        )
+
+    def _wake_reader(self) -> None:
+        """Wake the reader task if it was left lent (see wait_done)."""
+        if self._lent_idle:
+            self._lent_idle = False
+            assert self._handback is not None
+            self._handback.set()
+
+    def probe(self) -> None:
+        """While the reader task is left lent, look (without waiting) whether the worker
+        closed the connection or sent something: a call that checks the connection then
+        finds a worker lost while idle, as the reader task would have."""
+        if not self._lent_idle:
+            return
+        stream = self._stream
+        raw = stream.raw if stream is not None else None
+        if raw is None:
+            return
+        try:
+            data = raw.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lose(exc)
+            return
+        if data:
+            self._wake_reader()
+        else:
+            self._lose(ConnectionLostError("the connection was closed by the other side"))
 
     def _interrupt(self, error: BaseException) -> None:
         """The runtime failed a submission whose end a caller waits to read (it broke):
@@ -871,6 +945,7 @@ class Connection:
                 f"work on {names} did not complete. Restart the worker and open a new runtime"
             )
         self._close_socket()
+        self._wake_reader()
         error = self.error
         for batch in list(self._batches.values()):
             for job, program in batch.jobs.values():

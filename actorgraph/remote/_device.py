@@ -158,6 +158,7 @@ class RemoteDevice(Device):
         self.connection.close()
 
     def check_reachable(self) -> None:
+        self.connection.probe()
         if self.connection.error is not None:
             raise self.connection.error
 
