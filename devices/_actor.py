@@ -176,10 +176,11 @@ class QueueActor:
 
     # The op codes this kind of queue runs (devices/_ops.py).
     op_codes: ClassVar[frozenset[int]] = HOST_OPS
-    # What a caller may wait for a submission with (`await end_reader.wait_done(sub)`)
-    # when all its jobs went to queues with this same `end_reader`, which then reads
-    # their ends in the caller's task (a REMOTE queue's connection); None: the actor's
-    # own task ends its jobs, and the caller waits on `sub.done`.
+    # What a caller may wait for a submission with when all its jobs went to queues
+    # with this same `end_reader`, which then reads their ends in the caller's task (a
+    # REMOTE queue's connection): `end_reader.coming()` before submitting (or
+    # `not_coming()` if submitting fails), then `await end_reader.wait_done(sub)`.
+    # None: the actor's own task ends its jobs, and the caller waits on `sub.done`.
     end_reader: Any = None
 
     def __init__(self, name: str, timeline_start: int = 0) -> None:
