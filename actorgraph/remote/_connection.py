@@ -719,6 +719,11 @@ class Connection:
                     self._loop_state = _LENT
                     handback = self._handback = trio.Event()
                     await handback.wait()
+                # This task reads from here on: nothing to hand back, nobody to wake. (A
+                # caller that read its end before this task even parked left it "lent
+                # idle"; that no longer holds once this task runs.)
+                self._handback = None
+                self._lent_idle = False
                 # One scope for as long as this task reads (made again only after it lent
                 # the socket): a caller takes the socket by cancelling it, and only while
                 # this task waits for bytes, which loses nothing (see wait_done).
@@ -822,14 +827,15 @@ class Connection:
         """Wake the reader task if it was left lent (see wait_done)."""
         if self._lent_idle:
             self._lent_idle = False
-            assert self._handback is not None
-            self._handback.set()
+            if self._handback is not None:  # None: it has not parked, and will not
+                self._handback.set()
 
     def probe(self) -> None:
-        """While the reader task is left lent, look (without waiting) whether the worker
-        closed the connection or sent something: a call that checks the connection then
-        finds a worker lost while idle, as the reader task would have."""
-        if not self._lent_idle:
+        """While no task is reading the connection (the reader task left lent, or waiting
+        for bytes), look without waiting whether the worker closed it or sent something:
+        a call that checks the connection then finds a worker lost while idle at once, as
+        the reader task would at its next turn."""
+        if not self._lent_idle and (self._loop_state != _WAITING or self._driver is not None):
             return
         stream = self._stream
         raw = stream.raw if stream is not None else None
