@@ -9,6 +9,7 @@ The files, client side first:
 
     _device.py      RemoteDevice and RemoteQueue: lowering items to wire entries
     _connection.py  the connection actor: batches, mirrors, reports
+    _transport.py   its socket: sending in order, the reader task, a caller's own reads
     _oplists.py     op lists as programs a worker keeps; copies asked for ahead
     _wire.py        the frames both sides speak, their limits, the HMACs
     _worker.py      `actorgraph worker`: the server, its handshake and routing
@@ -126,11 +127,11 @@ value], answered by no bytes once the queue gets there) and forwards the value; 
 whose bytes did not come reads them over a new link when it runs.
 """
 
-from ._connection import RemoteConnectionError as RemoteConnectionError
-from ._connection import RemoteError as RemoteError
 from ._device import RemoteDevice as RemoteDevice
 from ._device import open_devices as open_devices
 from ._device import open_remote_devices as open_remote_devices
+from ._transport import RemoteConnectionError as RemoteConnectionError
+from ._transport import RemoteError as RemoteError
 
 __all__ = [
     "RemoteConnectionError",

@@ -12,8 +12,6 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from actorgraph.devices import (
     AWAIT,
     DeviceError,
@@ -26,6 +24,7 @@ from actorgraph.devices import (
     own_signal,
 )
 
+from ._transport import Read
 from ._wire import Frame, encode
 
 if TYPE_CHECKING:
@@ -168,17 +167,6 @@ def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:
             if queue.signal is signal:
                 return queue
     return None
-
-
-class Read:
-    __slots__ = ("done", "error", "left", "staged", "view")
-
-    def __init__(self, view: memoryview, staged: bool) -> None:
-        self.view = view
-        self.staged = staged  # a fresh host array: land the bytes in warm memory first
-        self.left = len(view)
-        self.done = trio.Event()
-        self.error: BaseException | None = None
 
 
 def arm(conn: Connection, job: Job) -> None:
