@@ -14,6 +14,8 @@ The files, client side first:
     _wire.py        the frames both sides speak, their limits, the HMACs
     _worker.py      `actorgraph worker`: the server, its handshake and routing
     _session.py     one client's state on a worker: buffers, programs, batches
+    _outbox.py      the frames a worker sends on a connection, in order
+    _progress.py    how far a client's queues on a worker have got, and what is then due
     _lowering.py    a program's entries checked and lowered onto a queue actor
     _lowered.py     a client's program as a worker lowered it; refusals
     _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
@@ -63,7 +65,7 @@ each wait becomes one of:
   arrives (["pwatch", ..., queue, value] on a kept link, or the copy's own "pwhen" read
   when a copy from that worker follows the wait). The source's worker answers from the
   task that moves its queue there: its client's own actor there has a signal that maps
-  each of its values to the client's (`_TrackedSignal`), so any signal, reported or not,
+  each of its values to the client's (`TrackedSignal`), so any signal, reported or not,
   can answer. The client forwards such a signal only if it loses the source's worker,
   which is what lets the destination go on then.
 

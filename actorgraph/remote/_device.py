@@ -100,7 +100,7 @@ class RemoteQueue(QueueActor):
     def tells_peers(self) -> bool:
         """Whether its worker tells other workers how far it has got, at any signal (not
         only those reported to the client): a CPU device's queue, whose actor on the
-        worker is the client's own (see _session.py, _TrackedSignal). A wait on it from
+        worker is the client's own (see _progress.py, TrackedSignal). A wait on it from
         another worker then travels between the two workers."""
         return self.device.inner.startswith("CPU:")
 

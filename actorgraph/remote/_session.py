@@ -2,15 +2,14 @@
 
 A `Session` checks each request against the worker's `Limits` and the client's own ids,
 lowers the client's programs onto the worker's queue actors and posts a batch's jobs.
+What it sends goes through an `Outbox` (_outbox.py); how far its queues have got, and
+what other workers asked for when they get further, is its `Progress` (_progress.py).
 The worker's design and its safety rules are described in actorgraph/remote/_worker.py.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
-import heapq
-import itertools
 import secrets
 import sys
 from collections.abc import Callable
@@ -31,19 +30,19 @@ from actorgraph.devices import (
 )
 from actorgraph.scheduler import QueueKind
 
-from ._inline import HoldingSignal, InlineRun, Quick, Resumer
+from ._inline import HoldingSignal, InlineRun, Quick
 from ._lowered import REL_MAX, VALUE_MAX, Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._lowering import lower
+from ._outbox import Outbox
 from ._peers import PeerRefusedError
+from ._progress import Progress, TrackedSignal
 from ._staging import bytes_of
 from ._wire import (
     CHUNK,
     DTYPES,
-    FrameStream,
     WireError,
-    encode,
     read_ticket,
     want_fields,
     want_int,
@@ -54,170 +53,6 @@ from ._wire import (
 if TYPE_CHECKING:
     from ._peers import PeerRead
     from ._worker import Worker
-
-
-class Outbox:
-    """Frames a session sends, in order.
-
-    A frame goes out at once, from the task that sends it, when nothing is ahead of it
-    and the socket takes it whole; the rest (bulk data, a full socket) goes by one
-    writer task. While the connection's reader handles a frame it `hold`s the outbox:
-    what that frame makes (a batch's reports) leaves in one syscall at `release`.
-
-    Invariants: `parts` is empty unless the writer has been woken or the outbox is held;
-    frames leave in the order `send` was called.
-    """
-
-    _NOW = 1 << 16  # frames this small (and no bigger bytes ahead) may go out at once
-
-    def __init__(self, stream: FrameStream) -> None:
-        self.stream = stream
-        self.parts: list[bytes | memoryview] = []
-        self.waiters: list[trio.Event] = []
-        self.wake = trio.Event()
-        self.closed = False
-        self.held = 0
-        self._writing = False
-        self._big = False  # a part in `parts` is too big to join: the writer sends them
-        self._sent = trio.Event()  # returned for frames that left at once
-        self._sent.set()
-
-    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
-        head = encode(meta, len(tail) if tail is not None else 0)
-        if tail is None:
-            self.parts.append(head)
-        elif len(tail) < self._NOW:
-            self.parts.append(head + bytes(tail))  # small: copied, so sent as it is now
-        else:
-            self.parts += [head, tail]
-            self._big = True
-            self.wake.set()
-            done = trio.Event()
-            self.waiters.append(done)
-            return done
-        if self.held or self._flush_now():
-            return self._sent
-        done = trio.Event()
-        self.waiters.append(done)
-        return done
-
-    def hold(self) -> None:
-        self.held += 1
-
-    def release(self) -> None:
-        self.held -= 1
-        if not self.held and self.parts:
-            self._flush_now()
-
-    def _flush_now(self) -> bool:
-        """Send `parts` from this task if the writer is idle and all are small: whether
-        they left. Otherwise wake the writer for them."""
-        if self._writing or self._big or self.closed or self.stream.raw is None:
-            self.wake.set()
-            return False
-        parts = self.parts
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
-        try:
-            sent = self.stream.send_nowait(data)
-        except OSError:
-            sent = 0  # the writer meets the error and closes the connection
-        if sent == len(data):
-            parts.clear()
-            return True
-        self.parts = [memoryview(data)[sent:]]
-        self.wake.set()
-        return False
-
-    async def run(self) -> None:
-        try:
-            while True:
-                await self.wake.wait()
-                self.wake = trio.Event()
-                if not self.parts:
-                    continue
-                parts, self.parts = self.parts, []
-                waiters, self.waiters = self.waiters, []
-                self._big = False
-                self._writing = True
-                try:
-                    await self.stream.send(parts)
-                finally:
-                    self._writing = False
-                for w in waiters:
-                    w.set()
-        finally:
-            self.closed = True
-            for w in self.waiters:
-                w.set()
-
-
-class Progress:
-    """How far a client's queue on one device of this worker has got, in the client's
-    values (what the worker reports to it), and what is to run when it gets further:
-    the bytes or signals other workers asked for, sent from the task that moves it, the
-    moment it moves, ahead of the report to the client.
-
-    Invariants: every entry of `_due` waits for a value above `value`.
-    """
-
-    __slots__ = ("_due", "_seq", "value")
-
-    def __init__(self) -> None:
-        self.value = 0
-        self._due: list[tuple[int, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-
-    def set(self, value: int) -> None:
-        if value <= self.value:
-            return
-        self.value = value
-        due = self._due
-        while due and due[0][0] <= value:
-            heapq.heappop(due)[2]()
-
-    def when(self, value: int, fn: Callable[[], None]) -> None:
-        """Call `fn()` once the value reaches `value` (now, if it has)."""
-        if self.value >= value:
-            fn()
-        else:
-            heapq.heappush(self._due, (value, next(self._seq), fn))
-
-
-class _TrackedSignal(HoldingSignal):
-    """The signal of a client's own queue actor on this worker, which also moves the
-    client's `Progress` of that queue: `jobs` holds, per job posted and not yet passed,
-    (its first worker value, its last, the client's value at its first), so each worker
-    value maps to the client's. Reads and waits other workers asked for then go out from
-    whichever signal gets there, whether the client hears of that signal or not, and
-    before the jobs held on it here run on (_inline.py).
-
-    Invariants: `jobs` is in posting order, which is the order the actor runs them.
-    """
-
-    __slots__ = ("jobs", "progress")
-
-    def __init__(self, name: str, value: int, progress: Progress, resumer: Resumer) -> None:
-        super().__init__(name, value, resumer)
-        self.jobs: collections.deque[tuple[int, int, int]] = collections.deque()
-        self.progress = progress
-
-    def set(self, value: int) -> None:
-        if value <= self.value:
-            return
-        Signal.set(self, value)
-        jobs = self.jobs
-        while jobs:
-            first, last, client = jobs[0]
-            if value <= first:
-                break
-            if value < last:
-                self.progress.set(client + value - first)
-                break
-            jobs.popleft()
-            self.progress.set(client + last - first)
-        held = self.held
-        if held and held[0][0] <= value:
-            self.resumer.moved(self)
 
 
 class _BatchSubmission(Submission):
@@ -295,7 +130,7 @@ class Session:
                 if type(own) is QueueActor and type(own.signal) is Signal:
                     # Its signal tells this client's progress as it moves, so a worker
                     # waiting on this queue hears of it at any signal, reported or not.
-                    own.signal = _TrackedSignal(
+                    own.signal = TrackedSignal(
                         own.signal.name,
                         own.signal.value,
                         self.progress(_queue_key(device_name, kind)),
@@ -530,7 +365,7 @@ class Session:
             peers.release()
         for p in programs:
             tracked = p.actor.signal  # type: ignore[union-attr]
-            if type(tracked) is _TrackedSignal:
+            if type(tracked) is TrackedSignal:
                 base = bases[p.slot]
                 tracked.jobs.append((base, base + p.count, client_bases[p.slot]))
         bases[BATCH] = batch_id  # the id the worker's reports name

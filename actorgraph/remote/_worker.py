@@ -45,9 +45,10 @@ from actorgraph._groups import sole_exception
 
 from ._inline import Resumer
 from ._lowered import Refused
+from ._outbox import Outbox
 from ._peers import Peers
 from ._placement import KernelTimes
-from ._session import Outbox, Session
+from ._session import Session
 from ._staging import StagingPool, bytes_of
 from ._wire import (
     CHUNK,
