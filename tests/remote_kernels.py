@@ -49,16 +49,21 @@ KERNELS.append(SLEEPY)
 
 def _gated(out, a):
     # Runs until the file named by ACTORGRAPH_TEST_GATE exists: a remote kernel as slow as
-    # a test needs, ended by the test itself rather than by a clock.
+    # a test needs, ended by the test itself rather than by a clock. It sleeps at least
+    # once even when the gate is open already (a loaded machine may get to it only after
+    # the test opened it), so a worker never sees it run quickly and never learns to run
+    # it on its event loop, where a later, closed gate would hold every other client.
     import os
     import time
 
     path = os.environ["ACTORGRAPH_TEST_GATE"]
     deadline = time.monotonic() + 30
-    while not os.path.exists(path):
+    while True:
+        time.sleep(0.005)
+        if os.path.exists(path):
+            break
         if time.monotonic() > deadline:
             raise TimeoutError(f"gate {path} never opened")
-        time.sleep(0.005)
     np.copyto(out, a)
 
 
