@@ -1,5 +1,6 @@
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from _workers import start
@@ -28,3 +29,12 @@ def workers() -> Iterator[tuple[Worker, Worker]]:
     yield a, b
     a.kill()
     b.kill()
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The gate file of the test kernel GATED (remote_kernels.py), not there yet: a
+    GATED kernel runs until the test creates it (`gate.touch()`)."""
+    path = tmp_path / "gate"
+    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(path))
+    return path

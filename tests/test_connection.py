@@ -45,15 +45,11 @@ LOCAL_INC = ag.Kernel("local_inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,),
 
 
 @pytest.mark.parametrize("killed", ["destination", "source"])
-async def test_a_worker_killed_between_hops_fails_the_replay(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, killed: str
-) -> None:
+async def test_a_worker_killed_between_hops_fails_the_replay(gate: Path, killed: str) -> None:
     # local -> A (a kernel held at a gate) -> B -> local, while B's job waits for A's:
     # B dies (the replay fails once A's kernel ends), or A dies (B's copy from it fails).
     # Either way the replay raises ClosedError, nothing hangs, and the local device and
     # the living worker go on working.
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     a_worker, b_worker = start("CPU:0"), start("CPU:0")
     ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
     try:
@@ -177,12 +173,10 @@ async def test_every_call_on_a_dead_workers_devices_raises_closed_error() -> Non
 
 
 async def test_slow_remote_kernels_are_progress_not_a_deadlock(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gate: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Work in flight on a worker is progress: while remote kernels run, nothing changes on
     the client for many deadlock checks, and the monitor must not call that a deadlock."""
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     checked = trio.Event()
     checks = []
     real = _runtime.find_deadlock
@@ -245,15 +239,11 @@ async def test_slow_remote_kernels_are_progress_not_a_deadlock(
 # -- a caller that reads its replay's end itself (Connection.wait_done) --
 
 
-async def test_a_caller_reads_its_replays_end_and_leaves_others_their_turn(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_caller_reads_its_replays_end_and_leaves_others_their_turn(gate: Path) -> None:
     # A replay living on one worker is read by its caller: while one waits on a gated
     # kernel, other replays on that worker end (the reading caller reads their reports
     # too), a copyout's bytes are read by the reader task it hands the socket back to,
     # and later replays are read by their callers again. Results equal numpy.
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     worker = start("CPU:0,CPU:1", extra_args=("--thread-bytes", "0"))
     r0, r1 = worker.name("CPU:0"), worker.name("CPU:1")
     try:
@@ -291,13 +281,11 @@ async def test_a_caller_reads_its_replays_end_and_leaves_others_their_turn(
 
 
 async def test_a_caller_cancelled_while_reading_leaves_the_replay_to_end_in_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gate: Path,
 ) -> None:
     # Cancelled while it reads the worker's frames, a caller gives the socket back: its
     # replay still ends on the worker, in order, read by the reader task; later replays
     # see its result, and their callers read their own ends again.
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     worker = start("CPU:0", extra_args=("--thread-bytes", "0"))
     r0 = worker.name("CPU:0")
     try:

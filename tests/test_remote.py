@@ -578,15 +578,13 @@ async def _told_when(port: int, conn: Any, queue: str, value: int) -> None:
 
 
 async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: tuple[Worker, Worker]
+    gate: Path, monkeypatch: pytest.MonkeyPatch, workers: tuple[Worker, Worker]
 ) -> None:
     # B copies A0's x twice: first before a gated kernel rewrites x, then after. The
     # second copy's need for that kernel is known through A1 (it follows a copy from A1
     # that waited on it), yet the plan keeps its own wait on it, since the copy's bytes
     # are asked for ahead on its own wait: on the kernel's, not on the first copy's,
     # which A0 passes before the kernel runs (that read would send x as it was).
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     ahead: list[list[Any]] = []
     with_source_wait = remote._oplists._with_source_wait
 
@@ -681,14 +679,12 @@ async def test_a_copy_from_a_worker_written_by_both_its_queues_is_read_when_it_r
 
 
 async def test_copies_on_a_worker_overlap_its_compute(
-    workers: tuple[Worker, Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gate: Path, workers: tuple[Worker, Worker]
 ) -> None:
     # A kernel on A's CPU:0 runs until the test opens its gate; meanwhile copies into that
     # device, from A's other device and from worker B, run on its copy queue (this
     # client's copy actor on A) and end. Were they on the compute queue, behind the
     # kernel, the wait for them would never return and the guard would fail the test.
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     # Kernels on their actor's thread: the gated one holds only its own queue.
     a_worker = start("CPU:0,CPU:1", extra_args=("--thread-bytes", "0"))
     _, b_worker = workers

@@ -178,15 +178,11 @@ async def test_a_held_job_that_raises_is_its_sessions_fault_not_the_tasks() -> N
         nursery.cancel_scope.cancel()
 
 
-async def test_a_slow_kernel_after_a_copy_between_workers_holds_no_other_client(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_slow_kernel_after_a_copy_between_workers_holds_no_other_client(gate: Path) -> None:
     # Client X: A -> B -> A, with a slow kernel on B after the copy. B's link reader lands
     # the bytes and runs the copy; the slow kernel goes to X's queue's task on B (it was
     # never seen to be quick), so client Y's replays on B go on meanwhile. Then the chain
     # ends, in order, equal to numpy, and again on a second replay.
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     a_worker, b_worker = start("CPU:0"), start("CPU:0")
     ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
     try:

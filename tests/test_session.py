@@ -314,13 +314,11 @@ async def _still_serves_gpu(worker: Worker) -> None:
 
 @pytest.mark.parametrize("options", [(), ("--thread-bytes", "0")], ids=["default", "threads"])
 async def test_a_slow_kernel_of_one_client_does_not_freeze_the_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: tuple[str, ...]
+    gate: Path, options: tuple[str, ...]
 ) -> None:
     """Client A's small kernel runs until A's test opens its gate; meanwhile client B's
     work on the same worker device runs: a kernel the worker has not yet seen to be quick
     runs on its client's thread (and with `--thread-bytes 0` every kernel does)."""
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(gate))
     worker = start("CPU:0", extra_args=options)
     r0 = worker.name("CPU:0")
     try:
