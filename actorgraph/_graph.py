@@ -19,11 +19,11 @@ from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
 from ._profile import Profile, ReplayRecord, build_profile, new_records
-from ._program import Program, plan_item, raise_failure, raise_item_failure
+from ._program import Bound, Program, plan_item, raise_failure, raise_item_failure
 from ._vars import Var
 
 if TYPE_CHECKING:
-    from actorgraph.devices import LinearRun, Submission
+    from actorgraph.devices import Submission
 
     from ._runtime import Runtime
 
@@ -79,6 +79,18 @@ def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
         advance()
 
     sub.on_done = on_done
+
+
+class ReplayCounts:
+    """A graph's replays as they happen: those finished (`done`, whether they ran where
+    they were called or were posted) and the submissions of those in flight. Its runtime
+    keeps every graph's, and adds them up for its own statistics."""
+
+    __slots__ = ("done", "in_flight")
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.in_flight: set[Submission] = set()
 
 
 class Replay:
@@ -144,25 +156,20 @@ class Graph(Hinted):
         if aliasing not in ("refuse", "replan"):
             raise InputError(f"aliasing must be 'refuse' or 'replan', got {aliasing!r}")
         self._aliasing = aliasing
-        self._aliased: dict[tuple[int, ...], tuple[tuple[Buffer, ...], Program]] = {}
+        # Replanned programs of aliased input sets, by those inputs (which they hold, so
+        # the Buffers, hashing by identity, stay the very same ones). Cleared on a free.
+        self._aliased: dict[tuple[Buffer, ...], Program] = {}
         self._runtime = runtime
         self._program = program
         self._inputs = program.inputs
         self._closed = False
-        # Op lists bound for recently seen input sets (double buffering, rotating
-        # inputs): inputs -> (inputs, var values, ops, their LinearRun or None). Keyed
-        # by the Buffers themselves, which hash and compare by identity, so a hit means
-        # the very same buffers; only checked inputs (Buffers) are stored. Cleared when
-        # anything is freed.
-        self._bound: dict[
-            tuple[Buffer, ...],
-            tuple[tuple[Buffer, ...], dict[Var, int], Any, LinearRun | None],
-        ] = {}
+        # The bindings of recently seen input sets (double buffering, rotating inputs):
+        # inputs -> Bound (it holds the var values it was bound with, its Scripts and its
+        # LinearRun). Keyed by the Buffers themselves, which hash and compare by
+        # identity, so a hit means the very same buffers; only checked inputs (Buffers)
+        # are stored. Cleared when anything is freed, and when the graph closes.
+        self._bound: dict[tuple[Buffer, ...], Bound] = {}
         self._frees_seen = runtime.frees
-        # The inputs of the last call run here without var values -> (their LinearRun,
-        # runtime.frees then); one entry at most, keyed like _bound. A call with the very
-        # same inputs while nothing was freed runs it with no more checks.
-        self._here: dict[tuple[Buffer, ...], tuple[LinearRun, int]] = {}
         self._internal: dict[int, list[Buffer]] = {}
         for j, item in enumerate(program.items):
             bound = {slot for slot, _ in program.item_inputs[j]}
@@ -170,28 +177,24 @@ class Graph(Hinted):
                 if slot not in bound:
                     self._internal.setdefault(buf.alloc_id, []).append(buf)
         # Whether a call may run off the runtime's thread (a background runtime's caller,
-        # see replay_off_thread): every queue runs the plain loop, on CPU devices, whose
-        # items are numpy-level calls with no state bound to a thread.
+        # see replay_off_thread): every queue runs jobs as QueueActor does, on CPU
+        # devices, whose items are numpy-level calls with no state bound to a thread.
         self.runs_off_thread = program.runs_inline and all(
             device.kind == "CPU" for device in program.devices
         )
         # One buffer per internal allocation: checked on every call, as a buffer may be
         # freed between two calls with the same inputs.
         self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
-        # Replays submitted / finished / bytes their copies moved, less those run here
-        # as one loop (`_runs_here`), which add to all three at once (see the properties).
-        self._replays = 0
-        self._replays_done = 0
-        self._bytes_copied = 0
-        self._runs_here = 0
+        # Replays finished and in flight, counted as they happen.
+        self._counts = ReplayCounts()
+        self._in_flight = self._counts.in_flight  # replays submitted and not done
         self.waits_parked = 0
         self.time_blocked = 0.0
         self._copy_bytes = sum(program.copy_bytes)
         # Numbers this graph in its runtime's profiles.
-        self.number = runtime.graphs_compiled
-        runtime.graphs_compiled += 1
+        self.number = runtime.adopt(self._counts)
+        self._profiling = runtime.profiling
         self._last_record: ReplayRecord | None = None
-        self._in_flight: set[Submission] = set()  # replays submitted and not done
 
     @property
     def plan(self) -> Plan:
@@ -199,18 +202,18 @@ class Graph(Hinted):
 
     @property
     def replays(self) -> int:
-        """Replays submitted."""
-        return self._replays + self._runs_here
+        """Replays submitted: those finished and those in flight."""
+        return self._counts.done + len(self._in_flight)
 
     @property
     def replays_done(self) -> int:
         """Replays finished."""
-        return self._replays_done + self._runs_here
+        return self._counts.done
 
     @property
     def bytes_copied(self) -> int:
         """Bytes the Copy items of finished replays moved."""
-        return self._bytes_copied + self._runs_here * self._copy_bytes
+        return self._counts.done * self._copy_bytes
 
     def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
         """This graph's plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is
@@ -261,107 +264,82 @@ class Graph(Hinted):
         after abandons only the waiting: the replay completes in order on the devices.
         `after=[(timeline, v)]` starts the replay only once that ag.ExternalTimeline has
         reached v; `then=[(timeline, w)]` advances it to w when the replay is complete.
+
+        As trio's `send`: a cancel point first, then the replay run here and now if it
+        can be (`run_here`: it then takes one cancel-shielded scheduler pass, so a replay
+        that ran is never lost to a cancellation), else submitted and waited for.
         """
         if after or then:
             replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
             await replay.wait()
             return
-        # submit() and Replay.wait() without the Replay: the common call, kept short.
         if _scope() is not None:
             _capture.check_graph_call()
         # The call's cancel point comes first (cancelled there, it submits nothing), and
         # the submission before any yield, so calls submit in the order they are made.
         await _checkpoint_if_cancelled()
-        runtime = self._runtime
-        failure = NOT_HERE
-        if profile is None and var_vals is None:
-            # The call a replay loop makes: the very inputs of the last call run here
-            # (`_here`), nothing freed since (so every buffer it uses is still live),
-            # the runtime usable, no profile asked for.
-            try:
-                here = self._here.get(tuple(inputs))
-            except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
-                here = None
-            if (
-                here is not None
-                and runtime.frees == here[1]
-                and runtime.usable
-                and not runtime.profiling
-            ):
-                failure = here[0].run()
-                if failure is NOT_RUN:
-                    failure = NOT_HERE
-                else:
-                    # Submitted and done where it was made (see the counts' properties).
-                    self._runs_here += 1
-                    runtime.runs_here += 1
-                    await _cancel_shielded_checkpoint()
-                    if failure is not None:
-                        raise_item_failure(self._program, failure)
-                    return
-            if (
-                failure is NOT_HERE
-                and runtime.usable
-                and runtime.frees == self._frees_seen
-                and not (runtime.profiling or self._closed or self._aliased)
-            ):
-                # Inputs bound before (the cache entry holds their LinearRun).
-                try:
-                    key = tuple(inputs)
-                    hit = self._bound.get(key)
-                except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
-                    hit = None
-                if hit is not None and hit[3] is not None and not hit[1]:
-                    failure = hit[3].run()
-                    if failure is NOT_RUN:
-                        failure = NOT_HERE
-                    else:
-                        self._runs_here += 1
-                        runtime.runs_here += 1
-                        self._here = {key: (hit[3], runtime.frees)}
-        elif (
-            runtime.usable
-            and runtime.frees == self._frees_seen
-            and not (runtime.profiling or self._closed or self._aliased)
-            and profile is None
-        ):
-            # Inputs and var values bound before (the cache entry holds their LinearRun).
-            try:
-                hit = self._bound.get(tuple(inputs))
-            except TypeError:  # an input that cannot be hashed is no Buffer: bind checks
-                hit = None
-            if hit is not None and hit[3] is not None and var_vals == hit[1]:
-                failure = hit[3].run()
-                if failure is NOT_RUN:
-                    failure = NOT_HERE
-                else:
-                    self._runs_here += 1
-                    runtime.runs_here += 1
+        failure = self._try_now(inputs, var_vals, profile)
         if failure is NOT_HERE:
-            program, ops = self._bind(inputs, var_vals)
-            failure = self.run_here(program, ops, profile)
-        else:
-            program = self._program
-        if failure is not NOT_HERE:
-            # Done already (one loop on idle queues). The call's schedule point comes
-            # after the work and is shielded, as with trio's own operations that
-            # complete: a replay that ran is reported, never lost to a cancellation.
-            await _cancel_shielded_checkpoint()
-            if failure is not None:
-                raise_item_failure(program, failure)
+            await self._submit_and_wait(self.bind(inputs, var_vals), inputs, profile)
             return
+        await _cancel_shielded_checkpoint()
+        if failure is not None:
+            raise_item_failure(*failure)
+
+    def _try_now(
+        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None, profile: bool | None
+    ) -> Any:
+        """The call's replay, run here and now if it can be (as `run_here` says): None if
+        it ran, (program, failure) if it ran and an item failed, NOT_HERE if it did not
+        run (having done nothing). The binding kept for these very inputs and values is
+        used as it is while nothing was freed and the runtime is usable; else `bind`
+        checks them (and raises what the call raises for them)."""
+        runtime = self._runtime
+        try:
+            bound = self._bound.get(tuple(inputs))
+        except TypeError:  # an input that cannot be hashed is no Buffer: bind says so
+            bound = None
+        if (
+            bound is None
+            or var_vals != bound.var_vals
+            or runtime.frees != self._frees_seen
+            or not runtime.usable
+        ):
+            bound = self.bind(inputs, var_vals)
+        linear = bound.linear
+        if linear is None or profile or (profile is None and self._profiling):
+            return NOT_HERE
+        failure = linear.run()
+        if failure is None:
+            self._counts.done += 1
+            return None
+        return self._ran_here(bound, failure)
+
+    def _ran_here(self, bound: Bound, failure: Any) -> Any:
+        """What `linear.run()` returned for `bound`: NOT_HERE if it did not run, else
+        the replay is counted, done, and its failure returned with its program."""
+        if failure is NOT_RUN:
+            return NOT_HERE
+        self._counts.done += 1
+        return bound.program, failure
+
+    async def _submit_and_wait(
+        self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None
+    ) -> None:
+        """The replay, submitted once the in-flight window has room, and waited for."""
         await self._runtime.admit()
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+        program = bound.program
         reader = program.end_reader
         if reader is None:
-            sub = self._start(program, ops, inputs, profile)
+            sub = self._start(bound, inputs, profile)
             await sub.done.wait()
         else:
             # A graph living on one worker: this task reads its end (see its connection).
             reader.coming()
             try:
-                sub = self._start(program, ops, inputs, profile)
+                sub = self._start(bound, inputs, profile)
             except BaseException:
                 reader.not_coming()
                 raise
@@ -382,7 +360,7 @@ class Graph(Hinted):
         in-flight window (`max_in_flight`) is full, or (on a worker thread) until the
         external timelines in `after` are reached. Replays complete in submission order."""
         _capture.check_graph_call()
-        program, ops = self._bind(inputs, var_vals)
+        bound = self.bind(inputs, var_vals)
         waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
         then = check_points(then, "then")
         runtime = self._runtime
@@ -393,7 +371,7 @@ class Graph(Hinted):
             await trio.to_thread.run_sync(timeline.wait_for, value, abandon_on_cancel=True)
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
-        return self._post(program, ops, inputs, profile, then)
+        return self._post(bound, inputs, profile, then)
 
     def submit_nowait(
         self,
@@ -407,7 +385,7 @@ class Graph(Hinted):
         """`submit` that never blocks: raises trio.WouldBlock (submitting nothing) when the
         in-flight window is full or a timeline in `after` is not reached yet."""
         _capture.check_graph_call()
-        program, ops = self._bind(inputs, var_vals)
+        bound = self.bind(inputs, var_vals)
         then = check_points(then, "then")
         for timeline, value in check_points(after, "after"):
             if not timeline.reached(value):
@@ -418,20 +396,19 @@ class Graph(Hinted):
             raise trio.WouldBlock
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
-        return self._post(program, ops, inputs, profile, then)
+        return self._post(bound, inputs, profile, then)
 
     def _post(
         self,
-        program: Program,
-        ops: Any,
+        bound: Bound,
         inputs: Sequence[Buffer],
         profile: bool | None,
         then: TimelinePoints,
     ) -> Replay:
-        sub = self._start(program, ops, inputs, profile)
+        sub = self._start(bound, inputs, profile)
         if then:
             _advance_when_done(sub, then)
-        return Replay(self, program, sub, self.replays)
+        return Replay(self, bound.program, sub, self.replays)
 
     def replay_off_thread(
         self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
@@ -441,56 +418,46 @@ class Graph(Hinted):
         then `run_here` if the replay moves no signal a task waits on (waking one is
         for the run's own thread). Return (program, failure) with the failure or None,
         or NOT_HERE, having run nothing. Raises what binding raises."""
-        program, ops = self._bind(inputs, var_vals)
-        failure = self.run_here(program, ops, None, quiet=True)
-        return NOT_HERE if failure is NOT_HERE else (program, failure)
+        bound = self.bind(inputs, var_vals)
+        failure = self.run_here(bound, None, quiet=True)
+        return NOT_HERE if failure is NOT_HERE else (bound.program, failure)
 
-    def run_here(
-        self, program: Program, ops: Any, profile: bool | None, *, quiet: bool = False
-    ) -> Any:
-        """Run a bound replay here and now as one loop (devices.LinearRun), when its
+    def run_here(self, bound: Bound, profile: bool | None, *, quiet: bool = False) -> Any:
+        """Run a bound replay here and now as one run of calls (its LinearRun), when its
         items all run inline, its queues are idle, its devices done with earlier work
-        and nothing asks for a profile. Return its
-        failure, None if it succeeded, or NOT_HERE (having done nothing) when it cannot
-        run so: then it is submitted as usual. `quiet`: only if it moves no signal that
-        a task waits on. It takes no room in the in-flight window
-        (it is never in flight), so a full window does not hold it back."""
-        runtime = self._runtime
-        if profile or (profile is None and runtime.profiling):
+        and nothing asks for a profile. Return its failure, None if it succeeded, or
+        NOT_HERE (having done nothing) when it cannot run so: then it is submitted as
+        usual. `quiet`: only if it moves no signal that a task waits on. It takes no
+        room in the in-flight window (it is never in flight), so a full window does not
+        hold it back. (`_try_now` is this, for a call: its hot path.)"""
+        linear = bound.linear
+        if linear is None or profile or (profile is None and self._profiling):
             return NOT_HERE
-        linear = program.linear_run(ops)
-        if linear is None or (quiet and not linear.quiet()):
+        if quiet and not linear.quiet():
             return NOT_HERE
-        failure = linear.run()
-        if failure is NOT_RUN:
-            return NOT_HERE
-        # A replay submitted and done where it was made (see the counts' properties).
-        self._runs_here += 1
-        runtime.runs_here += 1
-        return failure
+        done = self._ran_here(bound, linear.run())
+        return done if done is NOT_HERE else done[1]
 
-    def _start(
-        self, program: Program, ops: Any, inputs: Sequence[Buffer], profile: bool | None
-    ) -> Submission:
-        runtime = self._runtime
-        if profile or (profile is None and runtime.profiling):
-            sub = self._submit_profiled(program, ops, inputs)
+    def _start(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
+        failure = self.run_here(bound, profile)
+        if failure is not NOT_HERE:
+            return bound.program.done_submission(failure)
+        if profile or (profile is None and self._profiling):
+            sub = self._submit_profiled(bound, inputs)
         else:
-            sub = program.submit(ops, then=self._count)
+            sub = bound.program.submit(bound, then=self._count)
         if not sub.done.is_set():
             self._in_flight.add(sub)
-        self._replays += 1
-        runtime.count_replay()
         return sub
 
-    def _submit_profiled(self, program: Program, ops: Any, inputs: Sequence[Buffer]) -> Submission:
+    def _submit_profiled(self, bound: Bound, inputs: Sequence[Buffer]) -> Submission:
+        program = bound.program
         jobs = new_records(program)
-        submitted = program.actors[0]._now()
-        sub = program.submit(ops, jobs, then=self._count)
+        submitted = program.actors[0].clock()
         # Numbered like the Replay that submit() returns: 1, 2, ...
-        record = ReplayRecord(
-            program, self.number, self.replays + 1, tuple(inputs), jobs, submitted
-        )
+        number = self.replays + 1
+        sub = program.submit(bound, jobs, then=self._count)
+        record = ReplayRecord(program, self.number, number, tuple(inputs), jobs, submitted)
         self._last_record = record
         self._runtime.keep_profile(record)
         return sub
@@ -498,56 +465,59 @@ class Graph(Hinted):
     def _count(self, sub: Submission) -> None:
         """A replay of this graph finished (the runtime calls this once per replay)."""
         self._in_flight.discard(sub)
-        self._replays_done += 1
+        self._counts.done += 1
         self.waits_parked += sub.waits_parked
         self.time_blocked += sub.time_blocked
-        self._bytes_copied += self._copy_bytes
 
-    def _bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Any:
+    def bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Bound:
+        """The binding a call with these inputs and var values runs: the one kept for
+        these very inputs (and values) if there is one, else checked and made (and
+        kept). Raises what the call would raise for them."""
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
-        self._runtime.check_open()
-        inputs = tuple(inputs)
         runtime = self._runtime
+        if not runtime.usable:
+            runtime.check_open()
+        inputs = tuple(inputs)
         if runtime.frees != self._frees_seen:
-            # Before any cache: a buffer was freed somewhere since the last call.
-            for buf in self._internal_roots:
-                if buf.freed:
-                    buf.check_live("this graph's buffer ")
-            # Cached input sets and replanned programs may hold a freed buffer: forget
-            # them, so the next call checks its inputs as a first call does.
-            self._bound.clear()
-            self._aliased.clear()
-            self._frees_seen = runtime.frees
-        if self._aliased:
-            # It holds the input sets it is keyed by, so their buffers stay alive and
-            # equal ids mean the very same buffers.
-            aliased = self._aliased.get(tuple(map(id, inputs)))
-            if aliased is not None:
-                program = aliased[1]
-                checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
-                return program, program.bind(inputs, checked)
-        values = var_vals if var_vals is not None else {}
+            self._freed_since()
         try:
-            hit = self._bound.get(inputs)
+            bound = self._bound.get(inputs)
         except TypeError:  # an input that cannot be hashed is no Buffer: checked below
-            hit = None
-        if hit is not None and values == hit[1]:
-            return self._program, hit[2]
-        if hit is None:
+            bound = None
+        if bound is not None and (var_vals or None) == bound.var_vals:
+            return bound
+        if self._aliased:
+            replanned = self._aliased.get(inputs)
+            if replanned is not None:
+                checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
+                return replanned.bind(inputs, checked)
+        if bound is None:
             overlap = self._check_inputs(inputs)
             if overlap is not None:
                 return self._replan(inputs, overlap, var_vals)
-        checked = check_var_vals(self._program.free_vars, values, "this graph")
-        ops = self._program.bind(inputs, checked)
+        checked = check_var_vals(self._program.free_vars, var_vals or {}, "this graph")
+        bound = self._program.bind(inputs, checked)
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
-        self._bound[inputs] = (inputs, dict(values), ops, self._program.linear_run(ops))
-        return self._program, ops
+        self._bound[inputs] = bound
+        return bound
+
+    def _freed_since(self) -> None:
+        """A buffer was freed somewhere since the last call: before any kept binding is
+        used, check this graph's own buffers, and forget the kept bindings and replanned
+        programs (they may hold a freed buffer), so the next call checks its inputs as a
+        first call does."""
+        for buf in self._internal_roots:
+            if buf.freed:
+                buf.check_live("this graph's buffer ")
+        self._bound.clear()
+        self._aliased.clear()
+        self._frees_seen = self._runtime.frees
 
     def _replan(
         self, inputs: tuple[Buffer, ...], overlap: str, var_vals: Mapping[Var, int] | None
-    ) -> Any:
+    ) -> Bound:
         """Inputs alias each other or the graph's own buffers: the captured plan's
         dependencies would be wrong for them. Refuse, or plan again for this aliasing."""
         if self._aliasing != "replan":
@@ -572,10 +542,9 @@ class Graph(Hinted):
         replanned = Program(self._runtime, items, (), plan)
         if len(self._aliased) >= 8:
             self._aliased.pop(next(iter(self._aliased)))
-        self._aliased[tuple(map(id, inputs))] = (inputs, replanned)
-        self._here = {}
+        self._aliased[inputs] = replanned
         checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
-        return replanned, replanned.bind(inputs, checked)
+        return replanned.bind(inputs, checked)
 
     def _check_inputs(self, inputs: tuple[Buffer, ...]) -> str | None:
         """Check count, type, device, dtype, shape, liveness; return a description of
@@ -627,7 +596,7 @@ class Graph(Hinted):
     async def aclose(self) -> None:
         """Refuse further calls, then wait for the replays already submitted."""
         self._closed = True
-        self._here = {}
+        self._bound.clear()
         for sub in list(self._in_flight):
             await sub.done.wait()
 

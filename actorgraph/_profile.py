@@ -1,7 +1,7 @@
 """Profiles: when every item of a replay started and ended, on which actor, after which waits.
 
-Recording is split in two so that replays stay fast: while a replay runs, each actor only
-appends (op index, start, end) tuples to its job's record (devices._ops.JobProfile).
+Recording is split in two so that replays stay fast: while a replay runs, each job's
+observer (devices._ops.JobProfile) only gets (op index, start, end) tuples appended.
 Turning those into `ProfileEvent`s, with labels, buffers and the waits that gated each
 item, happens later and only when asked for (`rt.profile()`, `graph.last_profile`).
 """
@@ -220,11 +220,11 @@ def new_records(program: Program) -> tuple[JobProfile, ...]:
 def build_profile(actors: Sequence[str], records: Iterable[ReplayRecord]) -> Profile:
     events: list[ProfileEvent] = []
     spans: list[ReplaySpan] = []
-    layouts: dict[int, _Layout] = {}  # per program, shared by its replays
+    layouts: dict[Program, _Layout] = {}  # per program, shared by its replays
     for record in records:
-        layout = layouts.get(id(record.program))
-        if layout is None or layout.program is not record.program:
-            layout = layouts[id(record.program)] = _Layout(record.program)
+        layout = layouts.get(record.program)
+        if layout is None:
+            layout = layouts[record.program] = _Layout(record.program)
         events.extend(layout.events(record))
         ends = [job.end for job in record.jobs if job.end is not None]
         spans.append(

@@ -1,8 +1,10 @@
-"""A Plan lowered onto a runtime's actors: op lists per queue, rebound per call.
+"""A Plan lowered onto a runtime's actors: op lists per queue, bound per call.
 
-Lowering happens once per graph; a call only re-lowers the items whose buffers come
-from the call's inputs or whose var values / launch dims depend on the call's vars, and
-reuses the previous call's op lists when nothing changed.
+Lowering happens once per graph; binding a call (`Program.bind`) only re-lowers the
+items whose buffers come from the call's inputs or whose var values / launch dims depend
+on the call's vars. A binding is a `Bound`: a Script per queue (devices/_ops.py), which
+owns what is derived from its ops, and the binding's linear schedule. A graph keeps the
+Bound of each input set it sees, so a replay with the same bindings finds all of it made.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from typing import Any, Protocol
 from actorgraph.devices import (
     FIRST_QUEUE_SLOT,
     KICK,
-    NOT_RUN,
     Device,
     Job,
     JobProfile,
@@ -21,6 +22,7 @@ from actorgraph.devices import (
     LinearRun,
     Op,
     QueueActor,
+    Script,
     SignalOp,
     Submission,
     WaitOp,
@@ -66,6 +68,34 @@ class Host(Protocol):
 
 
 _new_request = tuple.__new__
+
+
+class Bound:
+    """A program's op lists bound to one call's inputs and var values (`Program.bind`):
+    one Script per queue, each owning what is derived from its ops (its runs of calls,
+    what the queue that runs them made of them), and the binding's linear schedule
+    (`linear`: the whole submission as one run of calls, or None where some item does
+    not run inline), worked out when it is bound. `var_vals` are the values it was
+    bound with, None for none."""
+
+    __slots__ = ("linear", "program", "scripts", "var_vals")
+
+    def __init__(
+        self, program: Program, scripts: tuple[Script, ...], var_vals: Mapping[Var, int]
+    ) -> None:
+        self.program = program
+        self.scripts = scripts
+        self.var_vals: Mapping[Var, int] | None = var_vals or None
+        self.linear = program.linear_run(scripts)
+
+    @property
+    def ops(self) -> tuple[tuple[Op, ...], ...]:
+        """The op lists, one per queue."""
+        return tuple(script.ops for script in self.scripts)
+
+    def __getitem__(self, queue: int) -> tuple[Op, ...]:
+        """Queue `queue`'s op list."""
+        return self.scripts[queue].ops
 
 
 def plan_item(item: Item, widen: Mapping[int, int] | None = None) -> PlanItem:
@@ -138,10 +168,10 @@ class Program:
         self.actors: list[QueueActor] = [
             runtime.device(q.device).queues[q.kind] for q in plan.queues
         ]
-        # Every queue's actor runs the plain loop: a submission may run inline (submit).
+        # Every queue's actor runs jobs as QueueActor does: a submission may run inline.
         self.runs_inline = all(actor.runs_inline for actor in self.actors)
         # Actors that hold what is posted until told the submission is whole (REMOTE).
-        self._flushes = [a.flush for a in self.actors if type(a).flush is not QueueActor.flush]
+        self._flushes = [a.flush for a in self.actors if a.flushes]
         # Where every queue's jobs go to one connection, the caller of a replay may read
         # its end itself (`end_reader.wait_done(sub)`); None: its actors end it.
         readers = {id(a.end_reader): a.end_reader for a in self.actors}
@@ -203,13 +233,13 @@ class Program:
         self._mark_host_signals(templates)
         self.templates = templates
         self.linear_order = self._linear_order(templates)
-        # Bound op lists -> their LinearRun (None: not all inline). Few kept.
-        self._linear: dict[int, tuple[Any, Any]] = {}
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
         complete = all(op is not None for t in templates for op in t)
-        self.static_ops: tuple[tuple[Op, ...], ...] | None = (
-            tuple(tuple(op for op in t if op is not None) for t in templates) if complete else None
-        )
+        # A program with nothing to bind per call has one binding, made once (else None).
+        self.static_bound: Bound | None = None
+        if complete:
+            scripts = tuple(Script([op for op in t if op is not None]) for t in templates)
+            self.static_bound = Bound(self, scripts, {})
 
     def _linear_order(self, templates: list[list[Op | None]]) -> tuple[tuple[int, int], ...] | None:
         """Every item op of the plan as (queue, op index), in an order one task can run
@@ -244,30 +274,22 @@ class Program:
             return None
         return tuple(order)
 
-    def linear_run(self, ops: Sequence[Sequence[Op]]) -> LinearRun | None:
-        """The bound `ops` as one loop over their calls in linear_order (a LinearRun,
-        made once per op list), or None when some item does not run inline (a worker
-        thread, I/O) or a queue's actor does not run the plain loop."""
-        key = id(ops)
-        hit = self._linear.get(key)
-        if hit is not None and hit[0] is ops:
-            return hit[1]  # type: ignore[no-any-return]
-        found: LinearRun | None = None
+    def linear_run(self, scripts: Sequence[Script]) -> LinearRun | None:
+        """The bound `scripts` as one run of calls in linear_order (a LinearRun), or None
+        when some item does not run inline (a worker thread, I/O) or a queue's actor
+        does not run jobs as QueueActor does."""
         order = self.linear_order
-        if self.runs_inline and order is not None and LinearRun.inline(ops, order):
-            found = LinearRun(
-                self.runtime.kick,
-                self.actors,
-                self.devices,
-                ops,
-                order,
-                self.counts,
-                self.copy_bytes,
-            )
-        if len(self._linear) >= 8:
-            self._linear.pop(next(iter(self._linear)))
-        self._linear[key] = (ops, found)
-        return found
+        if not self.runs_inline or order is None or not LinearRun.inline(scripts, order):
+            return None
+        return LinearRun(
+            self.runtime.kick,
+            self.actors,
+            self.devices,
+            scripts,
+            order,
+            self.counts,
+            self.copy_bytes,
+        )
 
     def _mark_host_signals(self, templates: list[list[Op | None]]) -> None:
         """Flag each SIGNAL by whether an actor waits on it through the trio side: the
@@ -361,11 +383,10 @@ class Program:
                 return owner.lower_copy(index, bufs[0], bufs[1], queue.kind)
         return device.lower_copy(index, bufs[0], bufs[1], queue.kind)
 
-    def bind(
-        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]
-    ) -> tuple[tuple[Op, ...], ...]:
-        if self.static_ops is not None:
-            return self.static_ops
+    def bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]) -> Bound:
+        """The op lists for these inputs and var values, with what is derived from them."""
+        if self.static_bound is not None:
+            return self.static_bound
         ops = [t for t in self.templates]
         for qi in self.dynamic_queues:
             ops[qi] = list(ops[qi])
@@ -373,60 +394,39 @@ class Program:
         for j in self.dynamic:
             qi, pos = self.where[j]
             ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
-        return tuple(tuple(o) for o in ops)  # type: ignore[arg-type]
+        return Bound(self, tuple(Script(o) for o in ops), dict(var_vals))  # type: ignore[arg-type]
+
+    def bind_host(self, op: Op) -> Bound:
+        """The op lists of a host copy's program: `op` fills its one item's place."""
+        scripts = tuple(Script([op if o is None else o for o in t]) for t in self.templates)
+        return Bound(self, scripts, {})
 
     def submit(
         self,
-        ops: Sequence[Sequence[Op]],
+        bound: Bound,
         profiles: Sequence[JobProfile] | None = None,
         then: Callable[[Submission], None] | None = None,
     ) -> Submission:
         """Post one job per queue. Synchronous: no checkpoint between tickets and posts.
 
         When every queue's actor is idle, the jobs run here instead, in the caller's task
-        (as one loop when every item is inline and the devices are done with earlier
-        work: a LinearRun; else devices.run_inline): a replay of inline items on idle
-        queues then costs no task switch at all, and what cannot run here goes to its
-        actor as if posted. With `profiles` (one per queue), each actor timestamps its
-        job into its record.
+        (devices.run_inline): a replay of inline items on idle queues then costs no task
+        switch at all, and what cannot run here goes to its actor as if posted. With
+        `profiles` (one per queue), each job carries its observer. (A caller that can
+        run the binding's LinearRun tries that first: see Graph and Runtime.)
         """
         runtime = self.runtime
-        if profiles is None:
-            linear = self.linear_run(ops)
-            failure = NOT_RUN if linear is None else linear.run()
-            if failure is not NOT_RUN:
-                # Nothing ran in between: a submission done here was never in flight.
-                sub = self.done_submission(failure)
-                runtime.count_done(sub, then)
-                return sub
         actors = self.actors
         nqueues = len(actors)
-        bases = [0] * self.nbases
-        tickets: list[int] = []
-        first_ticket = FIRST_QUEUE_SLOT + nqueues
-        reserved = 0
-        try:
-            for qi in range(nqueues):
-                bases[FIRST_QUEUE_SLOT + qi] = actors[qi].reserve(self.counts[qi])
-                reserved += 1
-            for di, device in enumerate(self.devices):
-                prev = device.take_ticket()
-                bases[first_ticket + di] = prev
-                tickets.append(prev + 1)
-        except OverflowError:
-            # A timeline would pass 2**64-1: give back what this submission took, so
-            # nothing is posted and every timeline stays where it was.
-            for qi in range(reserved):
-                actors[qi].next_value = bases[FIRST_QUEUE_SLOT + qi]
-            for di in range(len(tickets)):
-                self.devices[di].next_ticket = bases[first_ticket + di]
-            raise
+        bases = self._reserve()
         kick = runtime.kick.value + 1
         bases[KICK] = kick
+        tickets = [bases[FIRST_QUEUE_SLOT + nqueues + di] + 1 for di in range(len(self.devices))]
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
         copy_bytes = self.copy_bytes
+        scripts = bound.scripts
         if profiles is None and self.runs_inline and all(actor.idle for actor in actors):
-            jobs = [Job(ops[qi], bases, sub, qi, None, copy_bytes[qi]) for qi in range(nqueues)]
+            jobs = [Job(scripts[qi], bases, sub, qi, None, copy_bytes[qi]) for qi in range(nqueues)]
             runtime.kick.set(kick)
             run_inline(actors, jobs)
             # Nothing ran in between: a submission done here was never in flight.
@@ -438,15 +438,40 @@ class Program:
         runtime.track(sub, then)
         for qi in range(nqueues):
             profile = None if profiles is None else profiles[qi]
-            actors[qi].post(Job(ops[qi], bases, sub, qi, profile, copy_bytes[qi]))
+            actors[qi].post(Job(scripts[qi], bases, sub, qi, profile, copy_bytes[qi]))
         runtime.kick.set(kick)
         for flush in self._flushes:
             flush()
         return sub
 
+    def _reserve(self) -> list[int]:
+        """A submission's bases: each queue's timeline values and each device's ticket,
+        all taken or none (a timeline that would pass 2**64-1 raises OverflowError and
+        gives back what was taken, so every timeline stays where it was)."""
+        actors = self.actors
+        nqueues = len(actors)
+        bases = [0] * self.nbases
+        first_ticket = FIRST_QUEUE_SLOT + nqueues
+        reserved = 0
+        tickets = 0
+        try:
+            for qi in range(nqueues):
+                bases[FIRST_QUEUE_SLOT + qi] = actors[qi].reserve(self.counts[qi])
+                reserved += 1
+            for di, device in enumerate(self.devices):
+                bases[first_ticket + di] = device.take_ticket()
+                tickets += 1
+        except OverflowError:
+            for qi in range(reserved):
+                actors[qi].give_back(bases[FIRST_QUEUE_SLOT + qi])
+            for di in range(tickets):
+                self.devices[di].give_back(bases[first_ticket + di])
+            raise
+        return bases
+
     def done_submission(self, failure: tuple[int, str, BaseException] | None) -> Submission:
         """A finished Submission standing for a LinearRun (for callers that hold one:
-        Replay objects, the runtime's count), failed with `failure` if given."""
+        Replay objects), failed with `failure` if given."""
         sub = Submission(0, self.timelines, (), self.queue_devices, self.device_jobs)
         if failure is not None:
             sub.fail(*failure)

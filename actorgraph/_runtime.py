@@ -11,7 +11,7 @@ import numpy as np
 import trio
 
 from actorgraph import remote as _remote
-from actorgraph.devices import Device, Signal, Submission, find_deadlock
+from actorgraph.devices import NOT_RUN, Device, Signal, Submission, find_deadlock
 from actorgraph.scheduler import (
     Access,
     ItemKind,
@@ -31,12 +31,19 @@ from ._errors import (
     UsageError,
 )
 from ._foreign import space_uid, wrap_memory
-from ._graph import Graph, check_var_vals
+from ._graph import Graph, ReplayCounts, check_var_vals
 from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._profile import Profile, ReplayRecord, build_profile
-from ._program import Program, check_item, plan_item, raise_failure
+from ._program import (
+    Bound,
+    Program,
+    check_item,
+    plan_item,
+    raise_failure,
+    raise_item_failure,
+)
 
 
 @attrs.frozen
@@ -95,10 +102,8 @@ class Runtime:
         # Invariant: usable == (open and not broken), so a hot path tests one attribute
         # and calls check_open() for the error only when it is False.
         self.usable = False
-        # Submissions / replays made and finished, less the replays run where they were
-        # made as one loop (`runs_here`), which count in all three (see the properties).
-        self._submissions = 0
-        self.runs_here = 0
+        # Every graph's replay counts (`adopt`): the runtime's are their sums.
+        self._graph_counts: list[ReplayCounts] = []
         self.frees = 0
         # In flight: each submission with what to call once it is done (a replay's graph
         # counting it), or None.
@@ -107,9 +112,6 @@ class Runtime:
         self._deferred_frees: list[tuple[set[Submission], Device, Any]] = []
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
-        self.graphs_compiled = 0
-        self._replays = 0
-        self._replays_done = 0
         self._profiled: list[ReplayRecord] = []
         self._devices: dict[str, Device] = _remote.open_devices(
             device_names, timeline_start=timeline_start, **options
@@ -157,22 +159,29 @@ class Runtime:
 
     @property
     def submissions(self) -> int:
-        """Submissions made (replays, eager items, host copies)."""
-        return self._submissions + self.runs_here
+        """Submissions made (replays, eager items, host copies): each moves the KICK by one
+        as it is made, posted or run where it was made."""
+        return self.kick.value
 
     @property
     def replays(self) -> int:
-        """Graph replays submitted."""
-        return self._replays + self.runs_here
+        """Graph replays submitted: those finished and those in flight, over every graph."""
+        return sum(c.done + len(c.in_flight) for c in self._graph_counts)
 
     @property
     def replays_done(self) -> int:
-        """Graph replays finished."""
-        return self._replays_done + self.runs_here
+        """Graph replays finished, over every graph."""
+        return sum(c.done for c in self._graph_counts)
 
-    def count_replay(self) -> None:
-        """A graph replay was submitted (it is counted done when it finishes)."""
-        self._replays += 1
+    @property
+    def graphs_compiled(self) -> int:
+        return len(self._graph_counts)
+
+    def adopt(self, counts: ReplayCounts) -> int:
+        """A graph was compiled on this runtime: keep its replay counts (this runtime's
+        are their sums); return its number in profiles (0, 1, ...)."""
+        self._graph_counts.append(counts)
+        return len(self._graph_counts) - 1
 
     @property
     def closed(self) -> bool:
@@ -323,9 +332,8 @@ class Runtime:
             self.check_open()
 
     def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
-        """Count a posted submission in flight until it completes (back-pressure,
-        deferred frees, the deadlock watch)."""
-        self._submissions += 1
+        """Keep a posted submission in flight until it completes (back-pressure, deferred
+        frees, the deadlock watch); `then` is told when it does (a replay's graph)."""
         if sub.done.is_set():
             return  # nothing to run (an empty plan)
         self._pending[sub] = then
@@ -334,18 +342,15 @@ class Runtime:
             self._activity.set()
 
     def count_done(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
-        """Count a submission that completed where it was submitted: never in flight, so
-        nothing waited for it (no window, no frees, no deadlock watch)."""
-        self._submissions += 1
+        """A submission completed where it was submitted: never in flight, so nothing
+        waited for it (no window, no frees, no deadlock watch); `then` is told."""
         if then is not None:  # a replay
-            self._replays_done += 1
             then(sub)
 
     def _untrack(self, sub: Submission) -> None:
         if sub in self._pending:
             then = self._pending.pop(sub)
-            if then is not None:  # a replay: counted once, when it ends
-                self._replays_done += 1
+            if then is not None:  # a replay: its graph counts it, once, when it ends
                 then(sub)
         if self._deferred_frees:
             still = []
@@ -478,9 +483,21 @@ class Runtime:
 
     async def _run_host(self, program: Program, op: Any) -> None:
         # The host op fills the one Run placeholder of a single-item host program.
-        ops = [tuple(op if o is None else o for o in template) for template in program.templates]
+        await self._run_now_or_submit(program, program.bind_host(op))
+
+    async def _run_now_or_submit(self, program: Program, bound: Bound) -> None:
+        """An eager item or a host copy, as `await graph(...)` runs a replay: once there
+        is room in the in-flight window, run here and now as one run of calls if it can
+        be (then a cancel-shielded scheduler pass), else submitted and waited for."""
         await self.admit()
-        await self._await(program, program.submit(ops))
+        linear = bound.linear
+        failure = NOT_RUN if linear is None else linear.run()
+        if failure is NOT_RUN:
+            await self._await(program, program.submit(bound))
+            return
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        if failure is not None:
+            raise_item_failure(program, failure)
 
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
         if not isinstance(buffer, Buffer):
@@ -518,9 +535,7 @@ class Runtime:
             plan = build_plan([plan_item(item)], self.caps)
             program = Program(self, (item,), (), plan, index_offset=index)
             own = {var: values[var] for var in program.free_vars}
-            ops = program.bind((), own)
-            await self.admit()
-            await self._await(program, program.submit(ops))
+            await self._run_now_or_submit(program, program.bind((), own))
 
     async def launch(
         self,
@@ -655,7 +670,7 @@ class Runtime:
         self, program: Program, var_vals: Mapping[Any, int] | None, widen: Mapping[int, int]
     ) -> Program:
         values = check_var_vals(program.free_vars, var_vals, "compile(order='cost')")
-        ops = program.bind(program.inputs, values)
+        ops = program.bind(program.inputs, values).ops
         durations = []
         for j in range(len(program.items)):
             qi, pos = program.where[j]

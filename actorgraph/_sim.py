@@ -26,7 +26,8 @@ def _durations(
     graph: Graph, inputs: Sequence[Buffer] | None, var_vals: Mapping[Any, int] | None, what: str
 ) -> tuple[Program, list[float]]:
     check_graph(graph, what)
-    program, ops = graph._bind(graph._program.inputs if inputs is None else inputs, var_vals)
+    bound = graph.bind(graph._program.inputs if inputs is None else inputs, var_vals)
+    program, ops = bound.program, bound.ops
     durations = []
     for j in range(len(program.items)):
         qi, pos = program.where[j]

@@ -8,7 +8,6 @@ from typing import Any
 
 from ._actor import ActorStatistics as ActorStatistics
 from ._actor import QueueActor as QueueActor
-from ._actor import run_inline as run_inline
 from ._costmodel import PRESETS as PRESETS
 from ._costmodel import CostModel as CostModel
 from ._costmodel import DeviceCost as DeviceCost
@@ -20,6 +19,10 @@ from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
+from ._inline import HoldingSignal as HoldingSignal
+from ._inline import InlineRun as InlineRun
+from ._inline import Resumer as Resumer
+from ._inline import run_inline as run_inline
 from ._linear import NOT_RUN as NOT_RUN
 from ._linear import LinearRun as LinearRun
 from ._monitor import find_deadlock as find_deadlock
@@ -37,7 +40,9 @@ from ._ops import ActorClosedError as ActorClosedError
 from ._ops import Job as Job
 from ._ops import JobProfile as JobProfile
 from ._ops import Op as Op
+from ._ops import Quick as Quick
 from ._ops import RunOp as RunOp
+from ._ops import Script as Script
 from ._ops import SignalOp as SignalOp
 from ._ops import Submission as Submission
 from ._ops import WaitOp as WaitOp
@@ -53,6 +58,8 @@ from ._sim import SIMDevice as SIMDevice
 from ._sim import SimQueueActor as SimQueueActor
 from ._sim import SimRecord as SimRecord
 from ._sim import sim_op_seconds as sim_op_seconds
+from ._step import run_calls as run_calls
+from ._step import step as step
 from .cuda import CUDADevice as CUDADevice
 
 # Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.

@@ -141,6 +141,19 @@ class Device:
         self.next_ticket = prev + 1
         return prev
 
+    def give_back(self, ticket: int) -> None:
+        """Undo the last `take_ticket`, which returned `ticket` (nothing was posted)."""
+        self.next_ticket = ticket
+
+    def advance(self) -> None:
+        """A submission on this device that took no ticket (a LinearRun: it ran to its
+        end where it was submitted, with all earlier work done) is over: it passes its
+        turn. The timeline moves before the ticket counter, so an interruption between
+        the two leaves the next submission's turn reached, never out of reach."""
+        ticket = self.next_ticket + 1
+        self.timeline.set(ticket)
+        self.next_ticket = ticket
+
     async def start(self, nursery: trio.Nursery) -> None:
         for actor in self.queues.values():
             await nursery.start(actor.serve)

@@ -35,7 +35,8 @@ layout travels to workers as is, so both sides read the same slot numbers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -264,6 +265,16 @@ class Submission:
             self.failed_item = item
             self.failed_actor = actor
 
+    def take_failure(self) -> tuple[int, str, BaseException]:
+        """The first failure recorded, cleared (a submission that stands for one run after
+        another: a LinearRun's). Only where `error` is set."""
+        assert self.error is not None
+        failure = (self.failed_item, self.failed_actor, self.error)
+        self.error = None
+        self.failed_item = -1
+        self.failed_actor = ""
+        return failure
+
     def job_done(self, slot: int) -> None:
         device_left = self.device_left
         for d in self.queue_devices[slot]:
@@ -288,44 +299,159 @@ class Submission:
 
 
 class JobProfile:
-    """Timestamps of one profiled job, filled in by the actor that runs it.
+    """A profiled job's observer: the times of every op of it that runs an item and of
+    every WAIT that parked, in whatever task or thread runs them (devices/_step.py).
 
-    `spans` holds (op index, start, end) for every op that runs an item and for every
-    WAIT that parked; times come from the actor's clock (`QueueActor._now`).
+    `spans` holds (op index, start, end); times come from `clock`, the clock of the actor
+    the job went to (`QueueActor._now`), which sets it before the job runs. Appending is
+    atomic, so an item timed on an actor's worker thread lands here as it ends.
     """
 
-    __slots__ = ("end", "spans", "start")
+    __slots__ = ("clock", "end", "spans", "start")
 
     def __init__(self) -> None:
         self.spans: list[tuple[int, float, float]] = []
-        self.start: float | None = None  # None until the actor starts / finishes the job
+        self.start: float | None = None  # None until the job starts / finishes
         self.end: float | None = None
+        self.clock: Callable[[], float] = time.perf_counter
+
+    def call(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Run op `index`'s call, timed (a raise is recorded, then passed on)."""
+        clock = self.clock
+        start = clock()
+        try:
+            fn(*args)
+        finally:
+            self.spans.append((index, start, clock()))
+
+
+class Quick:
+    """An AWAIT op's function that can often finish at once: `now(job, *args)` does the op
+    and returns True, or does nothing and returns False, and `later(job, *args)` is then
+    awaited. Whoever runs the op tries `now` first, in its own task (devices/_step.py):
+    a job then goes on without a task of its own (a worker's held jobs, _inline.py).
+    Awaited as a plain AWAIT function, it does the same (`__call__`)."""
+
+    __slots__ = ("later", "now")
+
+    def __init__(
+        self, now: Callable[..., bool], later: Callable[..., Awaitable[None]] | None = None
+    ) -> None:
+        self.now = now
+        self.later = later
+
+    async def __call__(self, job: Job, *args: Any) -> None:
+        if not self.now(job, *args):
+            await self.run_later(job, *args)
+
+    async def run_later(self, job: Job, *args: Any) -> None:
+        """The op, once `now` said it cannot finish at once."""
+        if self.later is None:
+            raise RuntimeError(f"{self.now!r} did not finish, and its op has no later form")
+        await self.later(job, *args)
+
+
+# A run of consecutive ops of one code (EXEC, or EXEC_THREAD): the index after it, and
+# its (fn, args) calls in order.
+CallRun = tuple[int, tuple[tuple[Callable[..., Any], tuple[Any, ...]], ...]]
+
+_NOT_ITEMS = frozenset([WAIT, SIGNAL, AWAIT])
+_RUNS = frozenset([EXEC, EXEC_THREAD, SIM_RUN])  # the codes whose ops are (fn, args) calls
+
+
+class Script:
+    """One queue's ops of one binding (a graph's bound inputs and var values, an eager
+    item, a host copy), with what is derived from them alone, worked out once and kept
+    as long as they are:
+
+    - `runs`: the runs of consecutive ops of one code that call (fn, args): EXEC,
+      EXEC_THREAD, SIM_RUN, by first index: (the index after the run, its calls), so a
+      run is one plain loop over its calls;
+    - `items`: how many items the ops run (what an actor counts as `items_run`);
+    - what a queue that runs them made of them for itself (`kept`: a CUDA queue's
+      graph, a connection's program on a worker), found again by whoever holds them.
+
+    Invariants: `ops` never changes; `runs` has an entry at every index where a run
+    starts (index 0 or after an op of another code), which is every index where a job
+    can come to such an op (devices/_step.py).
+    """
+
+    __slots__ = ("_kept", "items", "ops", "runs")
+
+    def __init__(self, ops: Sequence[Op]) -> None:
+        self.ops: tuple[Op, ...] = ops if type(ops) is tuple else tuple(ops)
+        self.runs: dict[int, CallRun] = {}
+        self.items = 0
+        self._kept: dict[object, Any] | None = None
+        ops = self.ops
+        count = len(ops)
+        i = 0
+        while i < count:
+            code = ops[i][0]
+            if code not in _NOT_ITEMS:
+                self.items += 1
+            if code not in _RUNS:
+                i += 1
+                continue
+            end = i + 1
+            while end < count and ops[end][0] == code:
+                end += 1
+            self.runs[i] = (end, tuple([(op[1], op[2]) for op in ops[i:end]]))
+            self.items += end - i - 1
+            i = end
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __repr__(self) -> str:
+        return f"<Script of {len(self.ops)} ops>"
+
+    def kept(self, owner: object) -> Any:
+        """What `owner` (a queue, a connection) keeps with these ops, or None."""
+        kept = self._kept
+        return None if kept is None else kept.get(owner)
+
+    def keep(self, owner: object, value: Any) -> None:
+        """Have these ops hold what `owner` made of them, for as long as they live (None:
+        forget it). Only `owner` reads it back: it is its own, derived from these ops."""
+        kept = self._kept
+        if kept is None:
+            kept = self._kept = {}
+        if value is None:
+            kept.pop(owner, None)
+        else:
+            kept[owner] = value
 
 
 class Job:
-    """One queue's part of a submission: its ops, the bases they are relative to (see
-    the slots above), the submission and the job's slot in it."""
+    """One queue's part of a submission: its ops (a Script), the bases they are relative
+    to (see the slots above), the submission, the job's slot in it, and where it has got
+    (`at`: the first op not yet done, whoever runs it: see devices/_step.py).
 
-    __slots__ = ("bases", "copy_bytes", "ops", "profile", "runs", "slot", "submission")
+    `observer`: a JobProfile for a profiled job, else None (the plain path: no timestamps).
+    """
+
+    __slots__ = ("at", "bases", "copy_bytes", "observer", "ops", "script", "slot", "submission")
 
     def __init__(
         self,
-        ops: Sequence[Op],
+        script: Script | Sequence[Op],
         bases: Sequence[int],
         submission: Submission,
         slot: int,
-        profile: JobProfile | None = None,
+        observer: JobProfile | None = None,
         copy_bytes: int = 0,
     ):
-        self.ops = ops
+        if type(script) is not Script:
+            script = Script(script)  # type: ignore[arg-type]
+        self.script: Script = script  # type: ignore[assignment]
+        self.ops = self.script.ops
+        self.at = 0
         self.bases = bases
         self.submission = submission
         self.slot = slot
-        self.profile = profile  # None: the plain replay loop, no timestamps at all
+        self.observer = observer
         self.copy_bytes = copy_bytes
-        # Runs of consecutive EXEC ops, found when the job first runs inline
-        # (QueueActor._exec_runs); None until then.
-        self.runs: Any = None
 
     def fail(self, actor: str, error: BaseException, item: int | None = None) -> None:
         """Fail the submission (naming `item`, else the job's first) and end this job."""

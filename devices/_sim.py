@@ -30,7 +30,8 @@ from ._actor import QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
 from ._device import Device, DeviceBuffer, LaunchRequest, nothing, same_bytes
-from ._ops import HOST_OPS, KICK, SIM_RUN, Job, Op, sim_run
+from ._ops import HOST_OPS, ITEM, KICK, SIM_RUN, Job, Op, sim_run
+from ._step import run_calls
 
 
 @attrs.frozen
@@ -53,6 +54,8 @@ class SimQueueActor(QueueActor):
     """A queue actor that takes simulated time per item and records when each ran."""
 
     op_codes = HOST_OPS | {SIM_RUN}
+    # Profiles and blocked times of a simulated queue are in simulated time.
+    clock = staticmethod(trio.current_time)
 
     def __init__(self, name: str, timeline_start: int = 0) -> None:
         super().__init__(name, timeline_start)
@@ -71,30 +74,32 @@ class SimQueueActor(QueueActor):
     async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
         if op[0] != SIM_RUN:
             return await super()._run_device_op(op, job, next_index)
+        # A run of SIM_RUN ops: their bodies as `step` runs a run of calls, their times
+        # one after another on the simulated hardware. A profiled job takes them one at a
+        # time, so that each span is its item's simulated start and end.
+        at = next_index - 1
+        if job.observer is None:
+            end, calls = job.script.runs[at]
+        else:
+            end, calls = next_index, ((op[1], op[2]),)
         now = trio.current_time()
-        start = self._busy_until if self._busy_until > now else now
-        end = start + op[4]
-        self._busy_until = end
         sub = job.submission
         if sub.error is None:
-            try:
-                op[1](*op[2])
-            except Exception as exc:
-                sub.fail(op[3], self.name, exc)
-        self.items_run += 1
-        # The kick value numbers submissions runtime-wide.
-        self._records.append((job.bases[KICK], op[3], start, end))
-        ops = job.ops
-        # Something observable comes next (or the job is profiled, and its spans must be
-        # this item's): let simulated time catch up first.
-        if next_index >= len(ops) or ops[next_index][0] != SIM_RUN or job.profile is not None:
-            if end > now:
-                await trio.sleep_until(end)
-        return next_index
-
-    def _now(self) -> float:
-        # Profiles and blocked times of a simulated queue are in simulated time.
-        return trio.current_time()
+            failed = run_calls(calls, at, None)
+            if failed is not None:
+                sub.fail(job.ops[failed[0]][ITEM], self.name, failed[1])
+        busy = self._busy_until
+        kick = job.bases[KICK]  # numbers submissions runtime-wide
+        for op in job.ops[at:end]:
+            start = busy if busy > now else now
+            busy = start + op[4]
+            self._records.append((kick, op[ITEM], start, busy))
+        self._busy_until = busy
+        # Something observable comes next (a signal, a wait, the job's end): let
+        # simulated time catch up first.
+        if busy > now:
+            await trio.sleep_until(busy)
+        return end
 
 
 class SIMDevice(Device):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import trio
 import trio.testing
-from actorgraph.devices._actor import QueueActor, run_inline
+from actorgraph.devices import QueueActor, run_inline
 from actorgraph.devices._ops import (
     AWAIT,
     CUDA_ITEM,

@@ -301,8 +301,7 @@ async def test_a_one_loop_run_is_quiet_only_while_no_task_waits_on_what_it_moves
     async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
         a, b = rt.alloc("CPU:0", 8, I32), rt.alloc("CPU:1", 8, I32)
         graph = await rt.compile([ag.Launch(XOR, [a, a, a]), ag.Copy(dst=b, src=a)])
-        program, ops = graph._bind((), None)
-        linear = program.linear_run(ops)
+        linear = graph.bind((), None).linear
         assert linear is not None and linear.quiet()
         for signal in (rt.device("CPU:1").timeline, rt.kick):
             async with trio.open_nursery() as nursery:

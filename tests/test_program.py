@@ -60,9 +60,9 @@ async def test_a_signal_says_whether_the_trio_side_waits_on_it() -> None:
 async def test_op_lists_are_lowered_once_and_rebound_only_where_inputs_go() -> None:
     async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
         static, _ = await _program(rt, inputs=False)
-        assert static.bind([], {}) is static.bind([], {}) is static.static_ops
+        assert static.bind([], {}) is static.bind([], {}) is static.static_bound
         dynamic, a = await _program(rt, inputs=True)
-        assert dynamic.static_ops is None
+        assert dynamic.static_bound is None
         other = rt.alloc("CPU:0", 4, np.int32)
         first, second = dynamic.bind([a], {}), dynamic.bind([other], {})
         assert sorted(dynamic.dynamic) == [0, 1]  # both items touch the input

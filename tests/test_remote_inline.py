@@ -1,5 +1,5 @@
 """Jobs a worker holds parked and runs on in the task that satisfies their wait
-(actorgraph/remote/_inline.py): in order with their actor's other jobs, handed to the
+(devices/_inline.py): in order with their actor's other jobs, handed to the
 actor's task where an op needs one, dropped if the actor stopped; and a chain between
 workers whose kernel is slow keeps other clients of that worker responsive.
 """
@@ -20,8 +20,12 @@ from actorgraph.devices import (
     EXEC,
     EXEC_THREAD,
     ActorClosedError,
+    HoldingSignal,
+    InlineRun,
     Job,
     QueueActor,
+    Quick,
+    Resumer,
     Submission,
     run_op,
     signal_op,
@@ -30,7 +34,6 @@ from actorgraph.devices import (
 
 import actorgraph as ag
 from actorgraph.remote import _session as remote_session
-from actorgraph.remote._inline import HoldingSignal, InlineRun, Quick, Resumer
 from actorgraph.remote._worker import run_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -104,13 +107,14 @@ async def test_a_held_job_that_needs_a_task_goes_to_its_actor_first_in_line() ->
     async with trio.open_nursery() as nursery:
         for actor in (copy_queue, compute):
             await nursery.start(actor.serve)
-        copy_job, sub = _job([])
-        copy_job.ops = (
-            wait_op(mirror, 0, 1),
-            run_op(AWAIT, Quick(now, later), ("quick", True), 0),
-            run_op(AWAIT, Quick(now, later), ("slow", False), 1),
-            run_op(EXEC_THREAD, ran.append, ("thread",), 2),
-            signal_op(copy_queue.signal, 2, 3),
+        copy_job, sub = _job(
+            [
+                wait_op(mirror, 0, 1),
+                run_op(AWAIT, Quick(now, later), ("quick", True), 0),
+                run_op(AWAIT, Quick(now, later), ("slow", False), 1),
+                run_op(EXEC_THREAD, ran.append, ("thread",), 2),
+                signal_op(copy_queue.signal, 2, 3),
+            ]
         )
         compute_job = Job(
             (wait_op(copy_queue.signal, 2, 3), run_op(EXEC, ran.append, ("compute",), 3)),

@@ -124,6 +124,7 @@ async def test_actor_breaks(ag_cpu_runtime, monkeypatch):
         raise RuntimeError("the actor broke")
 
     monkeypatch.setattr(QueueActor, "_run_job", broken)
+    monkeypatch.setattr(QueueActor, "runs_inline", False)  # every job goes to its actor
     a = ag_cpu_runtime.alloc("CPU:0", 8, np.int32)
     with trio.fail_after(30):
         await ag_cpu_runtime.run([ag.Launch(XOR, [a, a, a])])

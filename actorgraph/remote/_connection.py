@@ -557,9 +557,7 @@ class Connection(Transport):
         queue = program.queue
         queue.ended(job)
         queue.signal.set(batch.bases[meta[2]] + program.final)
-        queue.jobs_done += 1
-        queue.items_run += program.final
-        sub.job_done(job.slot)
+        queue.finish(job)
 
     # -- failure --
 

@@ -52,6 +52,8 @@ class RemoteQueue(QueueActor):
     """
 
     op_codes = frozenset([WAIT, SIGNAL, WIRE])
+    runs_inline = False  # its jobs go to the connection actor
+    flushes = True  # a submission's jobs for one worker go as one batch
 
     def __init__(
         self, device: RemoteDevice, kind: QueueKind = QueueKind.COMPUTE, timeline_start: int = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actorgraph.devices import Op, QueueActor, Signal
+from actorgraph.devices import Op, QueueActor
 from actorgraph.scheduler import QueueKind
 
 from ._placement import AdaptiveKernel
@@ -41,7 +41,6 @@ class Program:
         "kind",
         "local_waits",
         "max_slot",
-        "mirror_waits",
         "ops",
         "slot",
         "store",
@@ -57,9 +56,6 @@ class Program:
         self.slot = 0
         self.max_slot = 0
         self.local_waits: list[tuple[int, str, QueueKind]] = []
-        # Its waits on mirrors (signal, slot, value): a batch with none not yet satisfied
-        # runs whole where it arrives, holding nothing (_inline.py).
-        self.mirror_waits: list[tuple[Signal, int, int]] = []
         self.store = False
         self.error: tuple[int, str] | None = None
         self.device = ""  # the queue's name in reports: DEVICE or DEVICE/copy

@@ -94,7 +94,6 @@ def _lower_entries(
                 program.max_slot = max(program.max_slot, slot)
                 rel = want_int(entry[3], "wait value", 0, REL_MAX)
                 ops.append(wait_op(session.mirror(entry[1]), slot, rel))
-                program.mirror_waits.append((ops[-1][1], slot, rel))
                 if len(entry) > 4:
                     # A queue of another worker, which tells this one as it gets there.
                     host, port, sid, queue, ticket = want_list(entry[4], "wait source", 5, 5)

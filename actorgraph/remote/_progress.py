@@ -13,9 +13,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from actorgraph.devices import Signal
-
-from ._inline import HoldingSignal, Resumer
+from actorgraph.devices import HoldingSignal, Resumer, Signal
 
 
 class Progress:
@@ -56,7 +54,7 @@ class TrackedSignal(HoldingSignal):
     (its first worker value, its last, the client's value at its first), so each worker
     value maps to the client's. Reads and waits other workers asked for then go out from
     whichever signal gets there, whether the client hears of that signal or not, and
-    before the jobs held on it here run on (_inline.py).
+    before the jobs held on it here run on (devices/_inline.py).
 
     Invariants: `jobs` is in posting order, which is the order the actor runs them.
     """
@@ -82,6 +80,4 @@ class TrackedSignal(HoldingSignal):
                 break
             jobs.popleft()
             self.progress.set(client + last - first)
-        held = self.held
-        if held and held[0][0] <= value:
-            self.resumer.moved(self)
+        self.release_held()

@@ -22,15 +22,16 @@ from actorgraph import Buffer, UsageError
 from actorgraph.devices import (
     BATCH,
     FIRST_QUEUE_SLOT,
+    HoldingSignal,
+    InlineRun,
     Job,
     QueueActor,
+    Quick,
     Signal,
     Submission,
-    run_inline,
 )
 from actorgraph.scheduler import QueueKind
 
-from ._inline import HoldingSignal, InlineRun, Quick
 from ._lowered import REL_MAX, VALUE_MAX, Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
@@ -108,7 +109,7 @@ class Session:
         self.early: dict[tuple[int, int], tuple[PeerRead, bytearray]] = {}
         self.early_bytes = 0
         self.reads_waiting = 0  # "getwhen" reads not yet due
-        # AWAIT ops a held job runs at once where it can (_inline.py).
+        # AWAIT ops a job run inline runs at once where it can (devices/_inline.py).
         self.pull_op = Quick(self._pull_now, self._pull)
         self.report_op = Quick(self._report_now)
 
@@ -383,16 +384,8 @@ class Session:
             # client runs a replay on idle queues; a job that waits for another worker or
             # the client is held and runs on in the task that moves what it waits on, and
             # one that needs a task (a kernel on the thread, a pull over a new link) goes
-            # on to its actor (_inline.py). Where nothing waits off this worker, its jobs
-            # only wait for each other: they run here, whole (no holding needed).
-            if any(
-                signal.value < bases[slot] + rel
-                for p in programs
-                for signal, slot, rel in p.mirror_waits
-            ):
-                self.worker.resumer.start(InlineRun(actors, jobs, self._broke))
-            else:
-                run_inline(actors, jobs)
+            # on to its actor (devices/_inline.py).
+            self.worker.resumer.start(InlineRun(actors, jobs, self._broke))
         else:
             for actor, job in zip(actors, jobs):
                 actor.post(job)
@@ -483,7 +476,7 @@ class Session:
                 taken.append((actor, bases[p.slot]))
         except OverflowError as exc:
             for actor, base in reversed(taken):
-                actor.next_value = base  # nothing was posted: give the values back
+                actor.give_back(base)  # nothing was posted
             return (-1, str(exc))
         return None
 

@@ -42,8 +42,8 @@ import trio
 
 from actorgraph import ActorGraphError, Kernel, Runtime, UsageError, open_runtime
 from actorgraph._groups import sole_exception
+from actorgraph.devices import Resumer
 
-from ._inline import Resumer
 from ._lowered import Refused
 from ._outbox import Outbox
 from ._peers import Peers

@@ -54,7 +54,6 @@ from actorgraph.devices._ops import (
     CUDA_ITEM,
     EXEC,
     EXEC_THREAD,
-    ITEM,
     KICK,
     SIGNAL,
     WAIT,
@@ -68,6 +67,7 @@ from actorgraph.devices._ops import (
     op_name,
 )
 from actorgraph.devices._signal import Signal
+from actorgraph.devices._step import step
 
 from . import _commands as C
 from ._driver import CudaDriver, CudaError
@@ -144,8 +144,6 @@ class _GraphEntry:
 class CudaQueueActor(QueueActor):
     """A compute or copy queue of one GPU: owns a non-blocking stream and a mapped word."""
 
-    # EXEC, EXEC_THREAD and AWAIT are host steps: they run once the stream has run all
-    # that comes before them (a worker's programs report to their client this way).
     op_codes = frozenset([WAIT, SIGNAL, CUDA_ITEM, EXEC, EXEC_THREAD, AWAIT])
 
     def __init__(self, name: str, device: CUDADevice, timeline_start: int = 0) -> None:
@@ -299,10 +297,20 @@ class CudaQueueActor(QueueActor):
 
     # -- running a job --
 
+    # EXEC, EXEC_THREAD and AWAIT are host steps: they run once the stream has run all
+    # that comes before them (a worker's programs report to their client this way).
+    runs_inline = False
+
     async def _run_job(self, job: Job) -> None:
+        # The job goes onto the stream (as a CUDA graph where it can); it ends when the
+        # stream gets through it (`_finish_oldest`). Counted as taken now.
+        self.counted(job)
+        observer = job.observer
+        if observer is not None:
+            observer.clock = self.clock
         if self._refuse_lost(job):
             return
-        if self.use_graphs and self.mem_ops:
+        if observer is None and self.use_graphs and self.mem_ops:
             try:
                 entry = self._graph_entry(job)
             except CudaError as exc:
@@ -317,7 +325,7 @@ class CudaQueueActor(QueueActor):
             if entry is not None:
                 await self._graph_job(job, entry)
                 return
-        await self._stream_job(job)
+        await self._stream_job(job, profiled=observer is not None)
 
     def _flush(self, cmds: list[C.Command]) -> None:
         if not cmds:
@@ -334,15 +342,9 @@ class CudaQueueActor(QueueActor):
                 C.enqueue(driver, stream, cmd)
         cmds.clear()
 
-    async def _run_job_profiled(self, job: Job) -> None:
-        """Profiled: host functions around every item stamp when the stream reached it,
-        so spans are GPU times as the host sees them (each costs the stream a host call)."""
-        if not self._refuse_lost(job):
-            await self._stream_job(job, profiled=True)
-
     def _stamp(self, job: Job, index: int, at_start: bool) -> None:
-        now = self._now()
-        record = job.profile
+        now = self.clock()
+        record = job.observer
         if record is None:
             return
         if index < 0:
@@ -358,18 +360,18 @@ class CudaQueueActor(QueueActor):
     async def _stream_job(self, job: Job, profiled: bool = False) -> None:
         """Put a job's work on the stream command by command (eager work, short jobs).
 
-        Ops are indexed as in the actors' loops (fields in devices/_ops.py)."""
+        Ops are indexed as in `step` (fields in devices/_ops.py)."""
         ops, bases, sub = job.ops, job.bases, job.submission
         cmds: list[C.Command] = []
-        ran = 0
         stamp = self._stamp
         try:
             if profiled:
                 cmds.append((C.HOST, functools.partial(stamp, job, -1, True)))
-            for index, op in enumerate(ops):
+            index = job.at
+            while index < len(ops):
+                op = ops[index]
                 code = op[0]
                 if code == CUDA_ITEM:
-                    ran += 1
                     if sub.error is None:
                         if profiled:
                             cmds.append((C.HOST, functools.partial(stamp, job, index, True)))
@@ -378,40 +380,21 @@ class CudaQueueActor(QueueActor):
                         else:
                             cmds.extend(op[1])
                 elif code == WAIT:
-                    signal: Signal = op[1]
-                    target = bases[op[2]] + op[3]
-                    if signal.value >= target:
-                        continue
-                    if isinstance(signal, MappedSignal) and signal.owner.mem_ops == self.mem_ops:
-                        if self.mem_ops:
-                            cmds.append((C.WAIT_VALUE, signal.device_pointer, target))
-                        else:
-                            await self._wait_event(cmds, signal, target, sub, index)
-                    else:
-                        # A trio-side signal, or a GPU queue whose kind of signalling this
-                        # one cannot wait on: through a mirror word, else on the host.
-                        word = self._mirror(signal, op[2], bases)
-                        if word is not None:
-                            cmds.append((C.WAIT_VALUE, word, target))
-                        else:
-                            self._flush(cmds)
-                            await self._park(signal, target, sub, index)
+                    await self._stream_wait(cmds, job, index)
                 elif code == SIGNAL:
                     self._signal_commands(cmds, bases[op[2]] + op[3], op[4])
                 elif code in _HOST_STEPS:
                     self._flush(cmds)
                     await self._drain(job, index)
-                    start = self._now()
-                    await self._host_step(op, job)
-                    ran += code != AWAIT
-                    if profiled and job.profile is not None:
-                        job.profile.spans.append((index, start, self._now()))
+                    index = await self._host_steps(job, index)
+                    continue
                 else:
                     raise RuntimeError(
                         f"{self.name}: op code {op_name(code)} cannot run on a CUDA queue "
                         f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op "
                         f"list was lowered for another kind of queue"
                     )
+                index += 1
             if profiled:
                 cmds.append((C.HOST, functools.partial(stamp, job, -1, False)))
             cmds.append((C.HOST, self._host_job_end))
@@ -419,7 +402,43 @@ class CudaQueueActor(QueueActor):
             self._flush(cmds)
         except Exception as exc:  # a driver call refused: fail the job, never hang
             self._fail_unsent(job, exc)
-        self.items_run += ran
+
+    async def _stream_wait(self, cmds: list[C.Command], job: Job, index: int) -> None:
+        """A WAIT on the stream: on a GPU queue's word (or event), on a word that follows
+        a trio-side signal, or, where there is neither, on the host."""
+        op = job.ops[index]
+        signal: Signal = op[1]
+        target = job.bases[op[2]] + op[3]
+        if signal.value >= target:
+            return
+        if isinstance(signal, MappedSignal) and signal.owner.mem_ops == self.mem_ops:
+            if self.mem_ops:
+                cmds.append((C.WAIT_VALUE, signal.device_pointer, target))
+            else:
+                await self._wait_event(cmds, signal, target, job.submission, index)
+            return
+        # A trio-side signal, or a GPU queue whose kind of signalling this one cannot
+        # wait on: through a mirror word, else on the host.
+        word = self._mirror(signal, op[2], job.bases)
+        if word is not None:
+            cmds.append((C.WAIT_VALUE, word, target))
+        else:
+            self._flush(cmds)
+            await self._park(signal, target, job.submission, index)
+
+    async def _host_steps(self, job: Job, at: int) -> int:
+        """The host steps from op `at` on (EXEC, EXEC_THREAD, AWAIT), once the stream has
+        got to them: run as any actor runs them (`step`, then what it stopped at).
+        Return the index after them."""
+        ops = job.ops
+        end = at
+        while end < len(ops) and ops[end][0] in _HOST_STEPS:
+            end += 1
+        while at < end:
+            at = step(job, at, self.name, end)
+            if at < end:
+                at = await self._stopped(job, at)
+        return end
 
     async def _drain(self, job: Job, index: int) -> None:
         """Wait until the stream has run everything put on it so far; then hand the faults
@@ -429,9 +448,9 @@ class CudaQueueActor(QueueActor):
         self.driver.set_context(self.context)
         self.driver.launch_host_func(self.stream, functools.partial(self._to_trio, reached.set))
         self.parked_on = None
-        start = self._now()
+        start = self.clock()
         await reached.wait()  # cancelled: `_abandon` sees the stream still busy
-        blocked = self._now() - start
+        blocked = self.clock() - start
         self.time_blocked += blocked
         job.submission.time_blocked += blocked
         self._draining = False
@@ -443,26 +462,6 @@ class CudaQueueActor(QueueActor):
                 self._faults = [f for f in self._faults if f[0] != self._gpu_jobs_done]
             for _, item, exc in mine:
                 job.submission.fail(item, self.name, exc)
-
-    async def _host_step(self, op: Op, job: Job) -> None:
-        """An EXEC, EXEC_THREAD or AWAIT op, run as the host actors' loop runs it."""
-        sub = job.submission
-        code = op[0]
-        if code == AWAIT:
-            try:
-                await op[1](job, *op[2])
-            except Exception as exc:
-                sub.fail(op[ITEM], self.name, exc)
-        elif sub.error is None:
-            if code == EXEC_THREAD:
-                failure = await self._thread().run([op])
-                if failure is not None:
-                    sub.fail(failure[0], self.name, failure[1])
-                return
-            try:
-                op[1](*op[2])
-            except Exception as exc:
-                sub.fail(op[ITEM], self.name, exc)
 
     def _mirror(self, signal: Signal, slot: int, bases: Sequence[int]) -> int | None:
         """A mapped word following a trio-side signal, or None: then the host waits.
@@ -675,7 +674,6 @@ class CudaQueueActor(QueueActor):
                 self._notify_from_side(job, [bases[slot] + rel for slot, rel in entry.reports])
         except Exception as exc:
             self._fail_unsent(job, exc)
-        self.items_run += entry.items
 
     def _notify_from_side(self, job: Job, reports: list[int]) -> None:
         """Tell the host about `job`'s reported signals and its end from the side stream:

@@ -1,0 +1,113 @@
+"""What a job's ops mean, in one place: `step` runs them, whoever runs the job.
+
+A job (devices/_ops.py) is run by one of its drivers, each of which calls `step` and
+then deals with the op it stopped at:
+
+- a queue actor's own task (`QueueActor.serve`): it parks on a WAIT, sends a run of
+  EXEC_THREAD ops to its worker thread, awaits an AWAIT op, runs an op of its device
+  kind (a SIM item's simulated time, a CUDA queue's stream work), then steps on;
+- a submitter running a submission on idle queues in its own task (`InlineRun`,
+  devices/_inline.py), which hands a job to its actor where it stops, or holds it on a
+  signal to run on in whichever task moves that signal (a worker's held jobs);
+- a CUDA queue's host steps, once its stream has got to them;
+- a `LinearRun` (devices/_linear.py): a submission worked out at bind time as one
+  run of calls in an order the plan allows.
+
+`step(job, at, name)` runs the ops from `at` in the caller's task for as long as none
+needs a task of its own, and returns where it stopped: `len(job.ops)` when the job's
+ops are all done, else the index of an op it did not run, which says why it stopped:
+
+    WAIT         its signal has not reached the value (everything before it is done)
+    EXEC_THREAD  a run of them goes to the actor's worker thread
+    AWAIT        to be awaited (a `Quick` one is tried at once, and stops only if it
+                 cannot finish now)
+    any other    an op of a device kind's own (SIM_RUN, CUDA_ITEM, WIRE)
+
+What the codes every queue shares mean (devices/_ops.py has the format):
+
+- EXEC: `fn(*args)`. A run of consecutive EXEC ops is one plain loop over its calls
+  (`run_calls`). Once an item of the submission has failed, later EXEC and
+  EXEC_THREAD ops are skipped; the first failure is the submission's, naming the item
+  and the actor (`name`) that ran it.
+- WAIT: nothing, once `signal.value >= bases[slot] + rel` (a satisfied wait is free).
+- SIGNAL: `signal.set(bases[slot] + rel)`.
+- EXEC_THREAD: as EXEC, on the actor's worker thread: a run of them in one hop.
+- AWAIT: `await fn(job, *args)`, even after a failure (fn checks the submission).
+
+Profiling is an observer, not another loop: a job that carries one (`job.observer`, a
+JobProfile) has each call of its runs timed (`run_calls`), and its drivers time the
+waits they park on and the ops they await.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import length_hint
+from typing import Any
+
+from ._ops import AWAIT, EXEC, ITEM, SIGNAL, WAIT, Job, JobProfile, Op, Quick
+
+Calls = Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]
+
+
+def run_calls(
+    calls: Calls, first: int, observer: JobProfile | None
+) -> tuple[int, BaseException] | None:
+    """Call each (fn, args) of a run of ops, the first of which is op `first`, in order;
+    stop at the first that raises, and return (its op index, the error). With an
+    `observer`, each call is timed into it. Runs in any thread (a run of EXEC_THREAD ops
+    runs on an actor's worker thread)."""
+    it = iter(calls)
+    try:
+        if observer is None:
+            for fn, args in it:  # no counter: the floor's own loop
+                fn(*args)
+        else:
+            call = observer.call
+            for index, (fn, args) in enumerate(it, first):
+                call(index, fn, args)
+    except Exception as exc:  # reported to the submission, never lost
+        return first + len(calls) - length_hint(it) - 1, exc
+    return None
+
+
+def step(job: Job, at: int, name: str, end: int = -1) -> int:
+    """Run `job`'s ops from op `at` (up to op `end`, if given) in the caller's task for
+    as long as none needs a task of its own; return the index it stopped at (see the
+    module's docstring). `name` is the actor a failure names."""
+    ops = job.ops
+    count = len(ops) if end < 0 else end
+    while at < count:
+        op = ops[at]
+        code = op[0]
+        if code == EXEC:
+            stop, calls = job.script.runs[at]
+            if job.submission.error is None:
+                failed = run_calls(calls, at, job.observer)
+                if failed is not None:
+                    job.submission.fail(ops[failed[0]][ITEM], name, failed[1])
+            at = stop
+        elif code == WAIT:
+            if op[1].value < job.bases[op[2]] + op[3]:
+                return at
+            at += 1
+        elif code == SIGNAL:
+            op[1].set(job.bases[op[2]] + op[3])
+            at += 1
+        elif code == AWAIT and type(op[1]) is Quick:
+            if not _quick_now(job, op, name):
+                return at
+            at += 1
+        else:
+            return at
+    return at
+
+
+def _quick_now(job: Job, op: Op, name: str) -> bool:
+    """Try a `Quick` AWAIT op at once: whether it is done (a raise fails the submission,
+    as if awaited, and the op is done)."""
+    try:
+        return bool(op[1].now(job, *op[2]))
+    except Exception as exc:
+        job.submission.fail(op[ITEM], name, exc)
+        return True
