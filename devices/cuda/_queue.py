@@ -42,6 +42,7 @@ import bisect
 import collections
 import ctypes
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,7 +61,7 @@ from actorgraph.devices._ops import (
     ActorClosedError,
     CudaItem,
     Job,
-    Op,
+    Script,
     SignalOp,
     Submission,
     WaitOp,
@@ -81,6 +82,7 @@ _GRAPH_CACHE = 8
 _u64 = ctypes.c_uint64
 _RECORD = -1  # (_RECORD, event, value): event fallback, handled in `_flush`
 _HOST_STEPS = frozenset([EXEC, EXEC_THREAD, AWAIT])
+_REFUSED = "refused"  # what a Script keeps for a queue that runs its ops on the stream
 
 
 class MappedSignal(Signal):
@@ -117,13 +119,15 @@ class _GraphEntry:
         "items",
         "nodes",
         "notify",
-        "ops",
         "reports",
+        "script",
+        "serial",
         "value_nodes",
     )
 
     def __init__(self) -> None:
-        self.ops: Sequence[Op] = ()
+        self.script: Script | None = None  # the op list it now runs (it may be updated)
+        self.serial = -1  # its key among the queue's graphs, once built
         self.graph: Any = None
         self.exec: Any = None
         self.nodes: list[Any] = []
@@ -167,8 +171,10 @@ class CudaQueueActor(QueueActor):
         self._host_jobs_done = 0  # counted on the trio thread
         self._faults: list[tuple[int, int, BaseException]] = []
         self._faults_lock = threading.Lock()
+        # The graphs built, by serial number, least recently used first; a Script keeps
+        # the one it was last run as (`_graph_entry`).
         self._graphs: collections.OrderedDict[int, _GraphEntry] = collections.OrderedDict()
-        self._refused: collections.OrderedDict[int, Sequence[Op]] = collections.OrderedDict()
+        self._serials = itertools.count()
         self.graph_min_items = int(
             device.options.get("cuda_graph_min_items", DEFAULT_GRAPH_MIN_ITEMS)
         )
@@ -319,7 +325,7 @@ class CudaQueueActor(QueueActor):
                     return
                 # The driver would not take this job as a graph: the same commands go on
                 # the stream instead, and this op list is not offered as a graph again.
-                self._refuse(job.ops)
+                self._refuse(job.script)
                 self.graph_refusals += 1
                 entry = None
             if entry is not None:
@@ -521,47 +527,48 @@ class CudaQueueActor(QueueActor):
     # -- the fast path: a job as a CUDA graph --
 
     def _graph_entry(self, job: Job) -> _GraphEntry | None:
-        """The graph for this job's op list: found by identity (a replay with the same
-        inputs and var values reuses its op lists), else by shape (new inputs: the nodes
-        whose pointers or values changed are updated in place), else built."""
-        ops = job.ops
-        if len(ops) < self.graph_min_items:
+        """The graph for this job's op list: the one its Script keeps for this queue (a
+        replay with the same inputs and var values reuses its Scripts), else one of the
+        same shape (new inputs: the nodes whose pointers or values changed are updated
+        in place), else built. None: the op list runs on the stream (and its Script
+        keeps that answer)."""
+        script = job.script
+        if len(script.ops) < self.graph_min_items:
             return None
-        key = id(ops)
+        kept = script.kept(self)
+        if kept is _REFUSED:
+            return None
         graphs = self._graphs
-        entry = graphs.get(key)
-        if entry is not None and entry.ops is ops:
-            graphs.move_to_end(key)
-            return entry
-        refused = self._refused.get(key)
-        if refused is not None and refused is ops:
-            return None
+        if kept is not None and kept.script is script and kept.serial in graphs:
+            graphs.move_to_end(kept.serial)
+            return kept  # type: ignore[no-any-return]
         entry = self._plan_graph(job)
         if entry is None:
-            self._refuse(ops)
+            self._refuse(script)
             return None
-        graphs.pop(key, None)
-        for old_key, old in list(graphs.items()):
+        for serial, old in list(graphs.items()):
             if _same_shape(old.cmds, entry.cmds):
-                del graphs[old_key]
+                del graphs[serial]
                 try:
                     self._update_graph(old, entry)
                 except Exception:
                     self.driver.graph_destroy(old.graph, old.exec)  # half updated
                     raise
-                graphs[key] = old
+                graphs[old.serial] = old
+                script.keep(self, old)
                 return old
         self._build_graph(entry)
-        graphs[key] = entry
+        entry.serial = next(self._serials)
+        graphs[entry.serial] = entry
+        script.keep(self, entry)
         while len(graphs) > _GRAPH_CACHE:
             _, dropped = graphs.popitem(last=False)
             self.driver.graph_destroy(dropped.graph, dropped.exec)
         return entry
 
-    def _refuse(self, ops: Sequence[Op]) -> None:
-        self._refused[id(ops)] = ops  # held, so the id is not reused while cached
-        while len(self._refused) > _GRAPH_CACHE:
-            self._refused.popitem(last=False)
+    def _refuse(self, script: Script) -> None:
+        """The driver would not take `script`'s ops as a graph: they run on the stream."""
+        script.keep(self, _REFUSED)
 
     def _plan_graph(self, job: Job) -> _GraphEntry | None:
         """Commands for a graph of this job, or None if it must run on the stream."""
@@ -607,7 +614,7 @@ class CudaQueueActor(QueueActor):
             return None
         if not entry.notify:
             cmds.append((C.HOST, self._host_job_end))
-        entry.ops = ops
+        entry.script = job.script
         return entry
 
     def _build_graph(self, entry: _GraphEntry) -> None:
@@ -638,7 +645,7 @@ class CudaQueueActor(QueueActor):
                 now = cmds[i] = (now[0], now[1], was[2])
             C.update_node(driver, old.exec, old.nodes[i], self.context, was, now)
         old.cmds = new.cmds
-        old.ops = new.ops
+        old.script = new.script
         old.value_nodes = new.value_nodes
         old.host_waits = new.host_waits
         old.items = new.items
