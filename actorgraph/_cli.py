@@ -206,8 +206,8 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(found.as_json(), indent=2) if args.json else render(found))
         return 0
     if args.command == "worker":
-        from actorgraph.remote._wire import Limits
-        from actorgraph.remote._worker import worker_main
+        from actorgraph.devices.remote.wire import Limits
+        from actorgraph.worker import worker_main
 
         limits = Limits(
             max_tail=args.max_frame,

@@ -22,6 +22,7 @@ from actorgraph.devices import (
     LinearRun,
     Op,
     QueueActor,
+    RemoteConnectionError,
     Script,
     SignalOp,
     Submission,
@@ -31,7 +32,6 @@ from actorgraph.devices import (
     wait_op,
 )
 from actorgraph.devices import Signal as DeviceSignal
-from actorgraph.remote import RemoteConnectionError
 from actorgraph.scheduler import (
     Access,
     ItemKind,

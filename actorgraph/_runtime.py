@@ -10,8 +10,15 @@ import attrs
 import numpy as np
 import trio
 
-from actorgraph import remote as _remote
-from actorgraph.devices import NOT_RUN, Device, Signal, Submission, find_deadlock
+from actorgraph.devices import (
+    NOT_RUN,
+    Device,
+    RemoteConnectionError,
+    Signal,
+    Submission,
+    find_deadlock,
+    open_devices,
+)
 from actorgraph.scheduler import (
     Access,
     ItemKind,
@@ -113,7 +120,7 @@ class Runtime:
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
         self._profiled: list[ReplayRecord] = []
-        self._devices: dict[str, Device] = _remote.open_devices(
+        self._devices: dict[str, Device] = open_devices(
             device_names, timeline_start=timeline_start, **options
         )
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
@@ -254,7 +261,7 @@ class Runtime:
         nelems = check_buffer_size("alloc", dims, dt)
         try:
             memory = dev.allocate(nelems, dt)
-        except _remote.RemoteConnectionError as exc:
+        except RemoteConnectionError as exc:
             # Its worker is gone: as for every other later use of its devices, ClosedError.
             raise ClosedError(f"alloc on {device}: {exc}") from exc
         alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory)
@@ -633,7 +640,7 @@ class Runtime:
         for device in {buf.device_object for item in checked for buf in item.bufs}:
             try:
                 device.check_reachable()
-            except _remote.RemoteConnectionError as exc:
+            except RemoteConnectionError as exc:
                 raise ClosedError(f"compile for {device.name}: {exc}") from exc
         inputs = list(inputs)
         for i, buf in enumerate(inputs):

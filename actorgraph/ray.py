@@ -169,7 +169,7 @@ class WorkerServer:
         limits: Any,
         ready: concurrent.futures.Future[tuple[str, int]],
     ) -> None:
-        from actorgraph.remote._worker import run_worker
+        from actorgraph.worker import run_worker
 
         async def serve() -> None:
             self._trio_token = trio.lowlevel.current_trio_token()
@@ -436,7 +436,7 @@ def _closer(runtime: Runtime, token: trio.lowlevel.TrioToken) -> Callable[[RayWo
     """A hook that closes, on the runtime's own thread, its connection to a lost worker."""
 
     def close_on_runtime_thread(worker: RayWorker, why: str) -> None:
-        from actorgraph.remote import RemoteConnectionError
+        from actorgraph.devices import RemoteConnectionError
 
         names = [name for name in worker.devices if name in runtime.devices]
         if not names:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -61,6 +62,10 @@ from ._sim import sim_op_seconds as sim_op_seconds
 from ._step import run_calls as run_calls
 from ._step import step as step
 from .cuda import CUDADevice as CUDADevice
+from .remote import RemoteConnectionError as RemoteConnectionError
+from .remote import RemoteDevice as RemoteDevice
+from .remote import RemoteError as RemoteError
+from .remote import open_remote_devices
 
 # Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.
 DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType(
@@ -93,7 +98,15 @@ def open_device(name: str, **options: Any) -> Device:
     kind, index = parse_device_name(name)
     if kind == "REMOTE":
         raise DeviceError(
-            f"{name!r} names a device of a worker: open it with "
-            f"actorgraph.remote.open_devices (open_runtime does), not with devices.open_device"
+            f"{name!r} names a device of a worker: open it with devices.open_devices "
+            f"(open_runtime does), not with devices.open_device"
         )
     return DEVICE_KINDS[kind](name, index, **options)
+
+
+def open_devices(names: Sequence[str], **options: Any) -> dict[str, Device]:
+    """Devices by name: `KIND:N` ones of this process, and `KIND:N@HOST:PORT` ones of
+    workers (devices/remote), those of one worker sharing one connection."""
+    remote = [n for n in names if parse_remote_name(n) is not None]
+    opened = open_remote_devices(remote, **options) if remote else {}
+    return {n: opened[n] if n in opened else open_device(n, **options) for n in names}

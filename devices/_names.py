@@ -1,5 +1,5 @@
 """Device names: `KIND:N` for a device of this process, `KIND:N@HOST:PORT` for one of a
-worker (opened through actorgraph.remote; devices knows only the form of the name)."""
+worker (devices/remote)."""
 
 from __future__ import annotations
 

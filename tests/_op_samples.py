@@ -31,8 +31,7 @@ from actorgraph.devices._ops import (
 )
 from actorgraph.devices._signal import Signal
 from actorgraph.devices.cuda import _commands as C
-
-from actorgraph.remote._device import RemoteQueue
+from actorgraph.devices.remote import RemoteQueue
 
 
 class OpSampler:

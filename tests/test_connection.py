@@ -23,6 +23,8 @@ import trio
 import trio.testing
 from _model import DTYPE, SALT, ProgramSpec, build_items, check_program, random_programs
 from _workers import GUARD, TOKEN, runtime, start
+from actorgraph.devices.remote import _connection as remote_connection
+from actorgraph.devices.remote.wire import Limits
 from actorgraph.scheduler import Run, Wait
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,12 +32,10 @@ from hypothesis import strategies as st
 import actorgraph as ag
 from actorgraph import _runtime
 from actorgraph._program import Program
-from actorgraph.remote import _connection as remote_connection
-from actorgraph.remote import _worker as remote_worker
-from actorgraph.remote._peers import PeerRead, PeerRefusedError, Peers
-from actorgraph.remote._wire import Limits
-from actorgraph.remote._worker import run_worker
 from actorgraph.testing import Worker, start_worker
+from actorgraph.worker import _server as remote_worker
+from actorgraph.worker._peers import PeerRead, PeerRefusedError, Peers
+from actorgraph.worker._server import run_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
 import remote_kernels
@@ -771,7 +771,7 @@ async def _fake_peer(
 ) -> None:
     """A worker as a link sees it (no token): it takes the handshake, keeps every request
     it gets in `frames`, and once `answer` is set answers each "pwhen" with 4 bytes."""
-    from actorgraph.remote._wire import FrameStream, encode
+    from actorgraph.devices.remote.wire import FrameStream, encode
 
     listener = trio.socket.socket()
     await listener.bind(("127.0.0.1", 0))
@@ -796,7 +796,7 @@ async def test_a_batchs_requests_to_a_worker_leave_in_one_send_and_in_order(
     # A worker asks another for what a batch waits on from the task that takes the batch:
     # on an open link, held together they leave in one send; what the socket does not
     # take at once goes by a writer task, in order; the answers land in their reads.
-    from actorgraph.remote._wire import FrameStream
+    from actorgraph.devices.remote.wire import FrameStream
 
     sends: list[int] = []
     send_nowait = FrameStream.send_nowait

@@ -1012,10 +1012,10 @@ async def test_each_client_of_a_worker_gets_a_stream_of_its_own() -> None:
     are reused by the next client. On the real driver too (test_cuda_shim.py)."""
     from _cuda_kernels import INC
     from _workers import Replies
+    from actorgraph.devices.remote.wire import Limits
 
-    from actorgraph.remote._session import Session
-    from actorgraph.remote._wire import Limits
-    from actorgraph.remote._worker import Worker as WorkerServer
+    from actorgraph.worker._server import Worker as WorkerServer
+    from actorgraph.worker._session import Session
 
     inc_all = ["k", 0, "inc_k", [[1, 0, [SIZE]]], [SIZE], [1, 1, 1], [SIZE, 1, 1]]
     with trio.fail_after(30):

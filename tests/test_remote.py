@@ -21,13 +21,15 @@ import trio.testing
 from _op_samples import OpSampler
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import Op
+from actorgraph.devices.remote import _connection as remote_connection
+from actorgraph.devices.remote import _programs as remote_programs
+from actorgraph.devices.remote.wire import FrameStream, Limits, auth_mac, encode
 from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
 
 import actorgraph as ag
 from actorgraph import devices, remote
-from actorgraph.remote._wire import FrameStream, Limits, auth_mac, encode
 from actorgraph.testing import Worker
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -503,7 +505,7 @@ async def test_waits_between_workers_travel_between_the_workers(
     async def no_forwarding(*args: Any) -> None:
         pass
 
-    monkeypatch.setattr(remote._connection.Connection, "_forward", no_forwarding)
+    monkeypatch.setattr(remote_connection.Connection, "_forward", no_forwarding)
     a_worker, b_worker = workers
     ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
     with trio.fail_after(GUARD):
@@ -529,7 +531,7 @@ async def test_a_copy_between_workers_after_a_copy_waits_on_the_source_copy_queu
     async def no_forwarding(*args: Any) -> None:
         pass
 
-    monkeypatch.setattr(remote._connection.Connection, "_forward", no_forwarding)
+    monkeypatch.setattr(remote_connection.Connection, "_forward", no_forwarding)
     a_worker, b_worker = workers
     ra, ra1, rb = a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")
     with trio.fail_after(GUARD):
@@ -586,7 +588,7 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
     # are asked for ahead on its own wait: on the kernel's, not on the first copy's,
     # which A0 passes before the kernel runs (that read would send x as it was).
     ahead: list[list[Any]] = []
-    with_source_wait = remote._oplists._with_source_wait
+    with_source_wait = remote_programs._with_source_wait
 
     def spy(entry: list[Any], waits: Any) -> list[Any]:
         out = with_source_wait(entry, waits)
@@ -594,7 +596,7 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
             ahead.append(out)
         return out
 
-    monkeypatch.setattr(remote._oplists, "_with_source_wait", spy)
+    monkeypatch.setattr(remote_programs, "_with_source_wait", spy)
     a_worker = start("CPU:0,CPU:1", extra_args=("--thread-bytes", "0"))
     _, b_worker = workers
     ra, ra1, rb = a_worker.name("CPU:0"), a_worker.name("CPU:1"), b_worker.name("CPU:0")
@@ -644,14 +646,14 @@ async def test_a_copy_from_a_worker_written_by_both_its_queues_is_read_when_it_r
     # alone says x is ready: it is not asked for ahead on one of them. y, written by the
     # kernel only, is.
     ahead: list[int] = []
-    pulls_after_waits = remote._oplists.pulls_after_waits
+    pulls_after_waits = remote_programs.pulls_after_waits
 
     def spy(conn: Any, ops: Any) -> Any:
         found = pulls_after_waits(conn, ops)
         ahead.extend(int(ref[0]) for ref, *_ in found)
         return found
 
-    monkeypatch.setattr(remote._oplists, "pulls_after_waits", spy)
+    monkeypatch.setattr(remote_programs, "pulls_after_waits", spy)
     a_worker, _ = workers
     ra, ra1 = a_worker.name("CPU:0"), a_worker.name("CPU:1")
     with trio.fail_after(GUARD):
@@ -731,13 +733,13 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
     # begins and reads none when the copy runs; the results still equal numpy.
     name = workers[0].name("CPU:0")
     reads_on_demand: list[int] = []
-    expect_read = remote._connection.Connection.expect_read
+    expect_read = remote_connection.Connection.expect_read
 
     def counted(self: Any, view: memoryview, staged: bool = False) -> int:
         reads_on_demand.append(len(view))
         return expect_read(self, view, staged)
 
-    monkeypatch.setattr(remote._connection.Connection, "expect_read", counted)
+    monkeypatch.setattr(remote_connection.Connection, "expect_read", counted)
     with trio.fail_after(GUARD):
         async with runtime(["CPU:0", name], verify_plans=True) as rt:
             xs = [rt.alloc("CPU:0", 32, np.int32), rt.alloc(name, 32, np.int32)]
@@ -799,7 +801,7 @@ async def test_a_chain_between_two_workers_reports_only_its_ends(
     # buffer (a wait with no bytes). The workers tell each other; the client hears of
     # each queue once, at its end, and forwards nothing: it watches a batch's waits
     # between workers with one task, which hands none over to a forwarder of its own.
-    from actorgraph.remote._connection import Connection
+    from actorgraph.devices.remote import Connection
 
     forwarded: list[int] = []
     forward = Connection._forward

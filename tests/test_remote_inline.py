@@ -33,8 +33,8 @@ from actorgraph.devices import (
 )
 
 import actorgraph as ag
-from actorgraph.remote import _session as remote_session
-from actorgraph.remote._worker import run_worker
+from actorgraph.worker import _session as remote_session
+from actorgraph.worker._server import run_worker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import GATED, INC

@@ -18,14 +18,7 @@ import trio.testing
 from _workers import GUARD, TOKEN, runtime, start
 from _workers import Replies as _Replies
 from actorgraph.devices import Job, QueueActor, Submission
-from actorgraph.scheduler import QueueKind
-
-import actorgraph as ag
-from actorgraph import remote
-from actorgraph.remote._lowered import Refused
-from actorgraph.remote._session import Session
-from actorgraph.remote._staging import chunks_into
-from actorgraph.remote._wire import (
+from actorgraph.devices.remote.wire import (
     HEADER,
     FrameStream,
     Limits,
@@ -34,9 +27,16 @@ from actorgraph.remote._wire import (
     encode,
     read_ticket,
 )
-from actorgraph.remote._worker import Worker as WorkerServer
-from actorgraph.remote._worker import load_kernels
+from actorgraph.scheduler import QueueKind
+
+import actorgraph as ag
+from actorgraph import remote
 from actorgraph.testing import Worker
+from actorgraph.worker._lowered import Refused
+from actorgraph.worker._server import Worker as WorkerServer
+from actorgraph.worker._server import load_kernels
+from actorgraph.worker._session import Session
+from actorgraph.worker._staging import chunks_into
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import GATED, INC, INC_GPU
@@ -631,7 +631,7 @@ async def test_a_worker_runs_a_kernel_on_its_loop_only_once_seen_to_be_quick() -
     """Where a worker runs a small CPU kernel, on a clock the kernel itself moves: on the
     client's thread until one run was quick; then on the event loop until a run is slow
     (on other data, say); then on the thread again until a streak of quick runs."""
-    from actorgraph.remote._placement import INLINE_BOUND_S, KernelTimes
+    from actorgraph.worker._placement import INLINE_BOUND_S, KernelTimes
 
     now = [0.0]
     cost = [1e-6]
@@ -1088,7 +1088,7 @@ async def test_a_long_run_of_quick_kernels_lets_other_clients_in_between() -> No
     checkpoint there, and still runs every kernel in order."""
     from actorgraph.devices import AWAIT, EXEC, run_op
 
-    from actorgraph.remote._placement import RUN_BUDGET_S, AdaptiveKernel, KernelTimes
+    from actorgraph.worker._placement import RUN_BUDGET_S, AdaptiveKernel, KernelTimes
 
     ran: list[int] = []
     note = ran.append
@@ -1120,7 +1120,7 @@ def test_a_run_slow_only_on_the_wall_is_held_against_a_kernel_only_when_it_repea
     """Wall time also counts the moments the OS ran another process: runs slow on the
     wall but quick on the CPU leave a kernel where it was, unless SUSPECTS_SLOW come in
     a row (a kernel that sleeps or blocks is slow on the wall every time)."""
-    from actorgraph.remote._placement import INLINE_BOUND_S, SUSPECTS_SLOW, KernelTimes
+    from actorgraph.worker._placement import INLINE_BOUND_S, SUSPECTS_SLOW, KernelTimes
 
     times = KernelTimes(clock=lambda: 0.0, cpu_clock=lambda: 0.0)
     quick, slow = INLINE_BOUND_S / 10, INLINE_BOUND_S * 10
@@ -1148,7 +1148,7 @@ def test_a_strike_is_forgotten_after_a_long_streak_of_quick_runs() -> None:
     """A slow run that was a fluke (the machine's doing) is forgotten after FORGIVEN_AFTER
     times the streak it asked for, so strikes over a long life do not pile up into ever
     longer stays on the thread; a kernel slow again before then keeps its strikes."""
-    from actorgraph.remote._placement import FORGIVEN_AFTER, INLINE_BOUND_S, KernelTimes
+    from actorgraph.worker._placement import FORGIVEN_AFTER, INLINE_BOUND_S, KernelTimes
 
     times = KernelTimes(clock=lambda: 0.0, cpu_clock=lambda: 0.0)
     quick, slow = INLINE_BOUND_S / 10, INLINE_BOUND_S * 10
@@ -1176,7 +1176,7 @@ def test_a_kernels_typical_time_ignores_its_cold_first_run_and_spikes() -> None:
     a program of 100 tiny kernels stays on the loop in one piece."""
     from actorgraph.devices import AWAIT, EXEC, run_op
 
-    from actorgraph.remote._placement import RUN_BUDGET_S, AdaptiveKernel, KernelTimes
+    from actorgraph.worker._placement import RUN_BUDGET_S, AdaptiveKernel, KernelTimes
 
     times = KernelTimes(clock=lambda: 0.0, cpu_clock=lambda: 0.0)
     times.record("k", 85e-6)  # the cold first run, on the thread
@@ -1201,7 +1201,7 @@ def test_a_run_of_inline_kernels_faster_than_expected_recodes_its_programs() -> 
     runs were cut recode, so their runs are no longer cut where they need not be."""
     from actorgraph.devices import AWAIT, EXEC, run_op
 
-    from actorgraph.remote._placement import AdaptiveKernel, KernelTimes
+    from actorgraph.worker._placement import AdaptiveKernel, KernelTimes
 
     now = [0.0]
     times = KernelTimes(clock=lambda: now[0], cpu_clock=lambda: now[0])

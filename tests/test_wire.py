@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-from actorgraph.remote._wire import (
+from actorgraph.devices.remote.wire import (
     HEADER,
     Limits,
     WireError,
@@ -16,6 +13,8 @@ from actorgraph.remote._wire import (
     want_int,
     want_list,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 LIMITS = Limits(max_meta=1 << 12, max_tail=1 << 12)
 

@@ -13,28 +13,14 @@ from typing import Any
 
 import numpy as np
 import trio
-
-from actorgraph.devices import (
-    AWAIT,
-    SIGNAL,
-    WAIT,
-    WIRE,
-    Device,
-    DeviceBuffer,
-    DeviceError,
-    Job,
-    LaunchRequest,
-    Op,
-    QueueActor,
-    open_device,
-    parse_remote_name,
-    run_op,
-    wire_op,
-)
 from actorgraph.scheduler import QueueKind
 
+from .._actor import QueueActor
+from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
+from .._names import parse_remote_name
+from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, run_op, wire_op
 from ._connection import Connection, RemoteMemory, flat_bytes
-from ._oplists import QUEUES_BY_SIGNAL
+from ._programs import QUEUES_BY_SIGNAL
 
 
 class RemoteQueue(QueueActor):
@@ -286,11 +272,3 @@ def open_remote_devices(
             **options,
         )
     return out
-
-
-def open_devices(names: Sequence[str], **options: Any) -> dict[str, Device]:
-    """Devices by name: `KIND:N` ones of this process (actorgraph.devices), and
-    `KIND:N@HOST:PORT` ones of workers, those of one worker sharing one connection."""
-    remote = [n for n in names if parse_remote_name(n) is not None]
-    opened = open_remote_devices(remote, **options) if remote else {}
-    return {n: opened[n] if n in opened else open_device(n, **options) for n in names}

@@ -40,17 +40,8 @@ from typing import Any
 
 import trio
 
-from actorgraph import ActorGraphError, Kernel, Runtime, UsageError, open_runtime
-from actorgraph._groups import sole_exception
 from actorgraph.devices import Resumer
-
-from ._lowered import Refused
-from ._outbox import Outbox
-from ._peers import Peers
-from ._placement import KernelTimes
-from ._session import Session
-from ._staging import StagingPool, bytes_of
-from ._wire import (
+from actorgraph.devices.remote.wire import (
     CHUNK,
     ConnectionLostError,
     FrameStream,
@@ -65,6 +56,17 @@ from ._wire import (
     want_str,
     watch_ticket,
 )
+
+from .._errors import ActorGraphError, UsageError
+from .._groups import sole_exception
+from .._kernel import Kernel
+from .._runtime import Runtime, open_runtime
+from ._lowered import Refused
+from ._outbox import Outbox
+from ._peers import Peers
+from ._placement import KernelTimes
+from ._session import Session
+from ._staging import StagingPool, bytes_of
 
 
 def _import_kernel_module(name: str) -> Any:
@@ -101,7 +103,7 @@ def load_kernels(modules: Iterable[str]) -> dict[str, Kernel]:
 
     The demo's kernels are always there, so `actorgraph demo` runs on any worker.
     """
-    from actorgraph._demo import KERNELS as DEMO_KERNELS
+    from .._demo import KERNELS as DEMO_KERNELS
 
     registry: dict[str, Kernel] = {kernel.name: kernel for kernel in DEMO_KERNELS}
     for name in modules:

@@ -20,9 +20,10 @@ from typing import Any
 
 import trio
 
-from actorgraph.devices import DeviceError, Doorbell, Submission
-
-from ._wire import (
+from .._device import DeviceError
+from .._ops import Submission
+from .._signal import Doorbell
+from .wire import (
     CHUNK,
     ConnectionLostError,
     Frame,

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from actorgraph import Buffer
 from actorgraph.devices import (
     AWAIT,
     EXEC,
@@ -27,14 +26,22 @@ from actorgraph.devices import (
     signal_op,
     wait_op,
 )
+from actorgraph.devices.remote.wire import (
+    WireError,
+    want_bytes,
+    want_fields,
+    want_int,
+    want_list,
+    want_str,
+)
 from actorgraph.scheduler import QueueKind
 
+from .._buffer import Buffer
 from ._lowered import REL_MAX, Program, Refused
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._placement import AdaptiveKernel
 from ._staging import bytes_of, chunks_into
-from ._wire import WireError, want_bytes, want_fields, want_int, want_list, want_str
 
 if TYPE_CHECKING:
     from ._session import Session

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from actorgraph import Buffer
+from .._buffer import Buffer
 
 
 class StagingPool:

@@ -129,16 +129,9 @@ value], answered by no bytes once the queue gets there) and forwards the value; 
 whose bytes did not come reads them over a new link when it runs.
 """
 
+from ._connection import Connection as Connection
 from ._device import RemoteDevice as RemoteDevice
-from ._device import open_devices as open_devices
+from ._device import RemoteQueue as RemoteQueue
 from ._device import open_remote_devices as open_remote_devices
 from ._transport import RemoteConnectionError as RemoteConnectionError
 from ._transport import RemoteError as RemoteError
-
-__all__ = [
-    "RemoteConnectionError",
-    "RemoteDevice",
-    "RemoteError",
-    "open_devices",
-    "open_remote_devices",
-]

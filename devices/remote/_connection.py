@@ -20,19 +20,12 @@ import attrs
 import numpy as np
 import trio
 
-from actorgraph.devices import (
-    AWAIT,
-    DeviceError,
-    Job,
-    Op,
-    Signal,
-    SignalOp,
-    own_signal,
-)
-
-from ._oplists import QUEUES_BY_SIGNAL, KeptProgram, arm, consumed, program_of
+from .._device import DeviceError
+from .._ops import AWAIT, Job, Op, SignalOp, own_signal
+from .._signal import Signal
+from ._programs import QUEUES_BY_SIGNAL, KeptProgram, arm, consumed, program_of
 from ._transport import Ext, Read, RemoteConnectionError, RemoteError, Transport
-from ._wire import (
+from .wire import (
     DTYPES,
     ConnectionLostError,
     Frame,

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import trio
 
-from ._wire import (
+from actorgraph.devices.remote.wire import (
     CHUNK,
     ConnectionLostError,
     FrameStream,

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import trio
 
-from actorgraph import Buffer, UsageError
 from actorgraph.devices import (
     BATCH,
     FIRST_QUEUE_SLOT,
@@ -30,17 +29,7 @@ from actorgraph.devices import (
     Signal,
     Submission,
 )
-from actorgraph.scheduler import QueueKind
-
-from ._lowered import REL_MAX, VALUE_MAX, Program, Refused, signal_slot
-from ._lowered import queue_key as _queue_key
-from ._lowered import queue_kind as _queue_kind
-from ._lowering import lower
-from ._outbox import Outbox
-from ._peers import PeerRefusedError
-from ._progress import Progress, TrackedSignal
-from ._staging import bytes_of
-from ._wire import (
+from actorgraph.devices.remote.wire import (
     CHUNK,
     DTYPES,
     WireError,
@@ -50,10 +39,22 @@ from ._wire import (
     want_list,
     want_str,
 )
+from actorgraph.scheduler import QueueKind
+
+from .._buffer import Buffer
+from .._errors import UsageError
+from ._lowered import REL_MAX, VALUE_MAX, Program, Refused, signal_slot
+from ._lowered import queue_key as _queue_key
+from ._lowered import queue_kind as _queue_kind
+from ._lowering import lower
+from ._outbox import Outbox
+from ._peers import PeerRefusedError
+from ._progress import Progress, TrackedSignal
+from ._staging import bytes_of
 
 if TYPE_CHECKING:
     from ._peers import PeerRead
-    from ._worker import Worker
+    from ._server import Worker
 
 
 class _BatchSubmission(Submission):

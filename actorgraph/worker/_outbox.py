@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from ._wire import FrameStream, encode
+from actorgraph.devices.remote.wire import FrameStream, encode
 
 
 class Outbox:

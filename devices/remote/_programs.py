@@ -12,20 +12,11 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from actorgraph.devices import (
-    AWAIT,
-    DeviceError,
-    Job,
-    Op,
-    Signal,
-    SignalOp,
-    WaitOp,
-    WireOp,
-    own_signal,
-)
-
+from .._device import DeviceError
+from .._ops import AWAIT, Job, Op, SignalOp, WaitOp, WireOp, own_signal
+from .._signal import Signal
 from ._transport import Read
-from ._wire import Frame, encode
+from .wire import Frame, encode
 
 if TYPE_CHECKING:
     from ._connection import Connection
