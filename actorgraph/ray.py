@@ -444,12 +444,12 @@ def _closer(runtime: Runtime, token: trio.lowlevel.TrioToken) -> Callable[[RayWo
         connection = getattr(runtime.device(names[0]), "connection", None)
         if connection is None or connection.error is not None:
             return  # already lost (its socket said so first), or not a remote device
-        connection.error = RemoteConnectionError(
+        error = RemoteConnectionError(
             f"the Ray worker at {worker.address} on node {worker.node_id[:12]} is gone ({why}); "
             f"work on {', '.join(names)} did not complete. Nothing restarts it: start new "
             f"workers and open a new runtime"
         )
-        connection.close()  # its reader fails every job in flight with that error
+        connection.close(error)  # its reader fails every job in flight with that error
 
     def hook(worker: RayWorker, why: str) -> None:
         try:

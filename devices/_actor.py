@@ -359,6 +359,7 @@ class QueueActor:
 
     async def _stopped(self, job: Job, at: int) -> int:
         """Run op `at`, where `step` stopped, in this task; return where to step on."""
+        job.at = at  # where it has got (an AWAIT op's function may look)
         op = job.ops[at]
         code = op[0]
         if code == EXEC_THREAD:

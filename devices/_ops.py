@@ -132,7 +132,7 @@ class CudaItem(NamedTuple):
 
 class WireOp(NamedTuple):
     code: int
-    entry: list[Any]
+    entry: Any  # a program entry of devices/remote/wire.py
     blobs: list[tuple[int, memoryview]] | None
     item: int
 
@@ -180,9 +180,7 @@ def cuda_item(commands: tuple[Any, ...], item: int, keep: Any = None) -> CudaIte
     return _new(CudaItem, (CUDA_ITEM, commands, keep, item))
 
 
-def wire_op(
-    entry: list[Any], item: int, blobs: list[tuple[int, memoryview]] | None = None
-) -> WireOp:
+def wire_op(entry: Any, item: int, blobs: list[tuple[int, memoryview]] | None = None) -> WireOp:
     return _new(WireOp, (WIRE, entry, blobs, item))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+from actorgraph.devices.remote.wire import as_meta
 
 import actorgraph as ag
 from actorgraph.testing import Worker, start_worker
@@ -30,8 +31,8 @@ class Replies:
         self.sent: list[list[Any]] = []
         self.changed = trio.Event()
 
-    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
-        self.sent.append(meta)
+    def send(self, message: Any, tail: memoryview | None = None) -> trio.Event:
+        self.sent.append(as_meta(message))
         self.changed.set()
         self.changed = trio.Event()
         done = trio.Event()

@@ -771,7 +771,7 @@ async def _fake_peer(
 ) -> None:
     """A worker as a link sees it (no token): it takes the handshake, keeps every request
     it gets in `frames`, and once `answer` is set answers each "pwhen" with 4 bytes."""
-    from actorgraph.devices.remote.wire import FrameStream, encode
+    from actorgraph.devices.remote.frames import FrameStream, encode
 
     listener = trio.socket.socket()
     await listener.bind(("127.0.0.1", 0))
@@ -796,7 +796,7 @@ async def test_a_batchs_requests_to_a_worker_leave_in_one_send_and_in_order(
     # A worker asks another for what a batch waits on from the task that takes the batch:
     # on an open link, held together they leave in one send; what the socket does not
     # take at once goes by a writer task, in order; the answers land in their reads.
-    from actorgraph.devices.remote.wire import FrameStream
+    from actorgraph.devices.remote.frames import FrameStream
 
     sends: list[int] = []
     send_nowait = FrameStream.send_nowait

@@ -23,7 +23,8 @@ from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import Op
 from actorgraph.devices.remote import _connection as remote_connection
 from actorgraph.devices.remote import _programs as remote_programs
-from actorgraph.devices.remote.wire import FrameStream, Limits, auth_mac, encode
+from actorgraph.devices.remote.frames import FrameStream, encode
+from actorgraph.devices.remote.wire import Get, Limits, auth_mac
 from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
@@ -590,7 +591,7 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
     ahead: list[list[Any]] = []
     with_source_wait = remote_programs._with_source_wait
 
-    def spy(entry: list[Any], waits: Any) -> list[Any]:
+    def spy(entry: Any, waits: Any) -> Any:
         out = with_source_wait(entry, waits)
         if out is not entry:
             ahead.append(out)
@@ -623,8 +624,8 @@ async def test_a_copy_between_workers_is_read_ahead_only_after_its_own_wait(
                 replay = await graph.submit()
                 # Each copy into B is asked for ahead, the second from A0 after the kernel:
                 # on A0's compute queue reaching 2 (the base slot, the value, the mirror).
-                assert [entry[1] for entry in ahead] == [1, 4, 5]
-                assert [entry[-2] for entry in ahead] == [1, 1, 2]
+                assert [entry.item for entry in ahead] == [1, 4, 5]
+                assert [entry.follows[1] for entry in ahead] == [1, 1, 2]
                 # Only B waits on A0's queue: A0's worker tells B, not the client. Ask it
                 # as B does, to know that INC is done.
                 await _told_when(a_worker.port, rt.device(ra).connection, "CPU:0", inc_done)
@@ -733,13 +734,14 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
     # begins and reads none when the copy runs; the results still equal numpy.
     name = workers[0].name("CPU:0")
     reads_on_demand: list[int] = []
-    expect_read = remote_connection.Connection.expect_read
+    encode_frame = remote_connection.encode
 
-    def counted(self: Any, view: memoryview, staged: bool = False) -> int:
-        reads_on_demand.append(len(view))
-        return expect_read(self, view, staged)
+    def counted(message: Any, tail_len: int = 0) -> bytes:
+        if type(message) is Get:  # a copy's bytes asked for as it runs
+            reads_on_demand.append(message.read)
+        return encode_frame(message, tail_len)
 
-    monkeypatch.setattr(remote_connection.Connection, "expect_read", counted)
+    monkeypatch.setattr(remote_connection, "encode", counted)
     with trio.fail_after(GUARD):
         async with runtime(["CPU:0", name], verify_plans=True) as rt:
             xs = [rt.alloc("CPU:0", 32, np.int32), rt.alloc(name, 32, np.int32)]

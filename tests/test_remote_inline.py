@@ -33,6 +33,7 @@ from actorgraph.devices import (
 )
 
 import actorgraph as ag
+from actorgraph.worker import _batches as remote_batches
 from actorgraph.worker import _session as remote_session
 from actorgraph.worker._server import run_worker
 
@@ -230,22 +231,22 @@ async def test_a_fault_in_a_held_job_ends_only_its_clients_connection(
     # wherever they run. X's connection ends, and its replay fails as if the worker were
     # lost; the worker and client Y go on.
     faulty: set[int] = set()
-    job_done = remote_session.Session._job_done
+    job_done = remote_batches.Batches.job_done
 
     def report(self: Any, *args: Any) -> None:
-        if self.sid in faulty:
+        if self.session.sid in faulty:
             raise RuntimeError("a fault on purpose")
         job_done(self, *args)
 
-    monkeypatch.setattr(remote_session.Session, "_job_done", report)
+    monkeypatch.setattr(remote_batches.Batches, "job_done", report)
     broke: list[str] = []
-    broke_session = remote_session.Session._broke
+    broke_session = remote_session.Session.broke
 
     def spy(self: Any, error: BaseException) -> None:
         broke.append(str(error))
         broke_session(self, error)
 
-    monkeypatch.setattr(remote_session.Session, "_broke", spy)
+    monkeypatch.setattr(remote_session.Session, "broke", spy)
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(

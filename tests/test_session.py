@@ -18,13 +18,14 @@ import trio.testing
 from _workers import GUARD, TOKEN, runtime, start
 from _workers import Replies as _Replies
 from actorgraph.devices import Job, QueueActor, Submission
+from actorgraph.devices.remote.frames import HEADER, FrameStream, encode
 from actorgraph.devices.remote.wire import (
-    HEADER,
-    FrameStream,
+    VERSION,
     Limits,
     WireError,
+    as_meta,
     auth_mac,
-    encode,
+    decode,
     read_ticket,
 )
 from actorgraph.scheduler import QueueKind
@@ -32,9 +33,9 @@ from actorgraph.scheduler import QueueKind
 import actorgraph as ag
 from actorgraph import remote
 from actorgraph.testing import Worker
+from actorgraph.worker._kernels import load_kernels
 from actorgraph.worker._lowered import Refused
 from actorgraph.worker._server import Worker as WorkerServer
-from actorgraph.worker._server import load_kernels
 from actorgraph.worker._session import Session
 from actorgraph.worker._staging import chunks_into
 
@@ -115,9 +116,9 @@ async def test_refuses_malformed_and_oversized_frames(
     bad_frames = [
         b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 16,  # not our magic
         HEADER.pack(b"AG", 99, 4, 0) + b"\x91\xa1x\0",  # unknown version
-        HEADER.pack(b"AG", 1, 3, 0) + b"\xc1\xc1\xc1",  # not msgpack
-        HEADER.pack(b"AG", 1, 1 << 30, 0),  # meta over the limit: refused unread
-        HEADER.pack(b"AG", 1, 2, 1 << 40) + b"\x91\x00",  # tail over the limit
+        HEADER.pack(b"AG", VERSION, 3, 0) + b"\xc1\xc1\xc1",  # not msgpack
+        HEADER.pack(b"AG", VERSION, 1 << 30, 0),  # meta over the limit: refused unread
+        HEADER.pack(b"AG", VERSION, 2, 1 << 40) + b"\x91\x00",  # tail over the limit
     ]
     with trio.fail_after(GUARD):
         for frame in bad_frames:
@@ -431,7 +432,9 @@ async def test_a_batch_of_programs_seen_before_is_checked_as_any_other() -> None
             for batch in (10, 11, 12):  # the first is checked in full, the others remembered
                 session.handle(["batch", batch, [0, 0, 0, 0], [1, 2], []])
                 await replies.wait_for(2 * (batch - 9))
-            assert session._seen_batch(["batch", 13, [0, 0, 0, 0], [1, 2], []]) is not None
+            assert (
+                session.batches._seen(decode(["batch", 13, [0, 0, 0, 0], [1, 2], []])) is not None
+            )
             assert sorted(replies.sent) == sorted(
                 ["done", b, slot, None] for b in (10, 11, 12) for slot in (2, 3)
             )
@@ -693,7 +696,7 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                     data = np.arange(count, dtype=np.int32)
                     session.handle(["alloc", handle, "CPU:0", count, "int32"])
                     staged = bytearray(data.tobytes())
-                    session.blobs[handle] = (staged, len(staged))
+                    session.keep_blob(handle, staged, len(staged))
                     session.blob_bytes += len(staged)
                     write = ["hw", -1, [handle, 0, [count]], [handle]]
                     session.handle(["prog", handle, "CPU:0", [write, ["s", 2, 1]], False])
@@ -1040,8 +1043,8 @@ class _HeldReplies(_Replies):
     """Replies that also note where the outbox was held and released: what goes out
     between a hold and its release leaves in one send."""
 
-    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
-        meta = [*meta, "(tail)"] if tail is not None else meta
+    def send(self, message: Any, tail: memoryview | None = None) -> trio.Event:
+        meta = [*as_meta(message), "(tail)"] if tail is not None else message
         return super().send(meta, None)
 
     def hold(self) -> None:

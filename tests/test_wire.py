@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from actorgraph.devices.remote.wire import (
-    HEADER,
-    Limits,
-    WireError,
-    decode_frame,
-    encode,
-    want_int,
-    want_list,
-)
+from actorgraph.devices.remote.frames import HEADER, decode_frame, encode
+from actorgraph.devices.remote.wire import VERSION, Limits, WireError, want_int, want_list
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -41,13 +34,16 @@ def test_round_trip() -> None:
     ("frame", "message"),
     [
         (b"XX" + encode(["a"])[2:], "not an actorgraph frame"),
-        (HEADER.pack(b"AG", 2, 2, 0) + b"\x91\xa0", "version 2 is not supported"),
-        (HEADER.pack(b"AG", 1, 1 << 20, 0), "outside 1..4096"),
-        (HEADER.pack(b"AG", 1, 2, 1 << 20), "over the limit of 4096"),
-        (HEADER.pack(b"AG", 1, 1, 0) + b"\xc1", "not valid msgpack"),
+        (
+            HEADER.pack(b"AG", VERSION + 1, 2, 0) + b"\x91\xa0",
+            f"version {VERSION + 1} is not supported",
+        ),
+        (HEADER.pack(b"AG", VERSION, 1 << 20, 0), "outside 1..4096"),
+        (HEADER.pack(b"AG", VERSION, 2, 1 << 20), "over the limit of 4096"),
+        (HEADER.pack(b"AG", VERSION, 1, 0) + b"\xc1", "not valid msgpack"),
         (encode([1, 2]), "first field is its kind"),
         (encode({"a": 1}), "first field is its kind"),
-        (HEADER.pack(b"AG", 1, 4, 0) + b"\x91\xd4\x01\x00", "ext type 1 is not allowed"),
+        (HEADER.pack(b"AG", VERSION, 4, 0) + b"\x91\xd4\x01\x00", "ext type 1 is not allowed"),
         (encode(["a"]) + b"extra", "its header says"),
         (b"AG", "header is 16 bytes"),
     ],
@@ -78,7 +74,7 @@ def test_random_bytes_never_crash_the_decoder(data: bytes) -> None:
 @given(_values, st.binary(max_size=16))
 def test_random_messages_decode_or_are_refused(value: object, tail: bytes) -> None:
     body = msgpack.packb(value, use_bin_type=True)
-    frame = HEADER.pack(b"AG", 1, len(body), len(tail)) + body + tail
+    frame = HEADER.pack(b"AG", VERSION, len(body), len(tail)) + body + tail
     try:
         meta, got_tail = decode_frame(frame, LIMITS)
     except WireError:

@@ -1,7 +1,7 @@
 """`actorgraph worker`: an application of the runtime that serves its devices to clients."""
 
+from ._kernels import load_kernels as load_kernels
 from ._server import Worker as Worker
-from ._server import load_kernels as load_kernels
 from ._server import run_worker as run_worker
 from ._server import worker_main as worker_main
 

@@ -7,15 +7,14 @@ _lowering.py); a batch posts one job of each. A request that breaks a rule raise
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NamedTuple
 
-from actorgraph.devices import Op, QueueActor
+from actorgraph.devices import Op, QueueActor, Script
+from actorgraph.devices.remote.wire import Ref
 from actorgraph.scheduler import QueueKind
 
-from ._placement import AdaptiveKernel
-
-REL_MAX = 1 << 40  # a value a program names, relative to its slot's base
-VALUE_MAX = 1 << 62  # a base or value a client sends
+from ._placement import AdaptiveKernel, KernelTimes
+from ._progress import TrackedSignal
 
 
 class Refused(Exception):
@@ -27,6 +26,23 @@ class Refused(Exception):
     def __init__(self, message: str, item: int = -1) -> None:
         super().__init__(message)
         self.item = item
+
+
+class EarlyPull(NamedTuple):
+    """A copy from another worker whose bytes are asked for as its batch arrives: sent by
+    the source the moment its queue gets to the wait the copy follows."""
+
+    item: int
+    host: str
+    port: int
+    session: int
+    src: Ref
+    ticket: bytes
+    queue: str  # the source's queue, DEVICE or DEVICE/copy
+    slot: int  # the wait's base slot and value, in the client's values
+    rel: int
+    mirror: int  # the mirror of that queue here, raised as the bytes land
+    nbytes: int
 
 
 class Program:
@@ -41,7 +57,7 @@ class Program:
         "kind",
         "local_waits",
         "max_slot",
-        "ops",
+        "script",
         "slot",
         "store",
         "template",
@@ -51,7 +67,7 @@ class Program:
 
     def __init__(self) -> None:
         self.actor: QueueActor | None = None
-        self.ops: tuple[Op, ...] = ()
+        self.script = Script(())  # its ops, and what is derived from them
         self.count = 0
         self.slot = 0
         self.max_slot = 0
@@ -64,13 +80,44 @@ class Program:
         # coded from, and the stamp they were coded at (KernelTimes.code).
         self.template: list[Op | AdaptiveKernel] | None = None
         self.version: tuple[int, int | None] = (0, None)
-        # Copies from another worker asked for when a batch arrives: (item, the "p"
-        # entry's source fields, the source device, the wait's slot and value, mirror id,
-        # bytes)
-        self.early: list[tuple[int, tuple[Any, ...], str, int, int, int, int]] = []
+        # Copies from another worker asked for when a batch arrives.
+        self.early: list[EarlyPull] = []
         # Waits on a queue of another worker, which tells this one when it gets there:
         # (slot, value, mirror id, (host, port, session, queue, ticket))
         self.watches: list[tuple[int, int, int, tuple[str, int, int, str, bytes]]] = []
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return self.script.ops
+
+    def queue(self) -> QueueActor:
+        """The queue actor it runs on (a program lowered without error has one)."""
+        if self.actor is None:
+            raise Refused(f"a program refused when lowered cannot run: {self.error}")
+        return self.actor
+
+    def code(self, ops: list[Op | AdaptiveKernel], times: KernelTimes) -> None:
+        """Its ops, lowered: kernels whose side (loop or thread) follows their times are
+        coded from them now, and again when those move (`recode`)."""
+        if any(isinstance(op, AdaptiveKernel) for op in ops):
+            self.template = ops
+            coded, self.version = times.code(ops)
+            self.script = Script(coded)
+        else:
+            self.script = Script(ops)  # type: ignore[arg-type]
+
+    def recode(self, times: KernelTimes) -> None:
+        """Code its ops again if a kernel of it changed sides since they were coded."""
+        if self.template is not None and times.stale(self.version):
+            coded, self.version = times.code(self.template)
+            self.script = Script(coded)
+
+    def track(self, base: int, client_base: int) -> None:
+        """A job of it starts at `base` of its actor's values, `client_base` of the
+        client's: a queue of the client's own tells how far the client's queue got."""
+        signal = self.queue().signal
+        if type(signal) is TrackedSignal:
+            signal.track(base, base + self.count, client_base)
 
 
 def queue_kind(value: object) -> QueueKind:

@@ -8,11 +8,12 @@ described in actorgraph/remote/_worker.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
-from actorgraph.devices.remote.wire import FrameStream, encode
+from actorgraph.devices.remote.frames import FrameStream, encode
+from actorgraph.devices.remote.wire import CHUNK, Data
 
 
 class Outbox:
@@ -41,8 +42,10 @@ class Outbox:
         self._sent = trio.Event()  # returned for frames that left at once
         self._sent.set()
 
-    def send(self, meta: list[Any], tail: memoryview | None = None) -> trio.Event:
-        head = encode(meta, len(tail) if tail is not None else 0)
+    def send(self, message: Any, tail: memoryview | None = None) -> trio.Event:
+        """Send a message (of wire.py), with `tail` as its data; the event is set once
+        it has left."""
+        head = encode(message, len(tail) if tail is not None else 0)
         if tail is None:
             self.parts.append(head)
         elif len(tail) < self._NOW:
@@ -108,3 +111,22 @@ class Outbox:
             self.closed = True
             for w in self.waiters:
                 w.set()
+
+
+class Sender(Protocol):
+    """What sends a session's messages (an Outbox)."""
+
+    def send(self, message: Any, tail: memoryview | None = None) -> trio.Event: ...
+
+
+def send_data(out: Sender, read: int, data: memoryview, error: str | None = None) -> trio.Event:
+    """A read's answer: its bytes, in frames of at most CHUNK (or none, with the reason it
+    cannot be read). The event is set once the last has left: until then the tail is the
+    buffer itself, which must not change."""
+    if error is not None or not len(data):
+        return out.send(Data(read, 0, error))
+    done = None
+    for off in range(0, len(data), CHUNK):
+        done = out.send(Data(read, off, None), data[off : off + CHUNK])
+    assert done is not None
+    return done

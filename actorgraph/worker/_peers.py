@@ -26,6 +26,7 @@ reads them when it runs, over a new link, or fails naming that link.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import socket
 from collections.abc import Callable
@@ -34,17 +35,25 @@ from typing import Any
 import attrs
 import trio
 
+from actorgraph.devices.remote._handshake import HandshakeRefused, TokenRequired, greet
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
 from actorgraph.devices.remote.wire import (
     CHUNK,
-    ConnectionLostError,
-    FrameStream,
+    Data,
+    Error,
     Limits,
+    PRead,
+    PWatch,
+    PWhen,
+    Ref,
     WireError,
-    auth_mac,
-    encode,
+    decode,
 )
 
-KEEPALIVE = (30, 10, 3)  # idle seconds, seconds between probes, probes
+KEEPALIVE = (30, 10, 3)
+
+# A read request, made once its id on the link is known.
+Request = Callable[[int], PRead | PWhen | PWatch]  # idle seconds, seconds between probes, probes
 
 
 def keep_alive(sock: Any) -> None:
@@ -180,23 +189,18 @@ class Peers:
     async def _authenticate(self, stream: FrameStream, host: str, port: int) -> None:
         """Answer the peer's challenge as a client does, with this worker's token."""
         where = f"worker-to-worker link to {host}:{port}"
-        meta, _ = await stream.receive()
-        if meta[0] != "challenge" or len(meta) != 3 or not isinstance(meta[1], bytes):
-            raise WireError(f"{where}: expected a challenge, got {meta[0]!r}")
-        needs_token = meta[2] is True
-        if needs_token and self.token is None:
+        try:
+            await greet(stream, self.token, "peer", [])
+        except TokenRequired:
             raise PeerRefusedError(
                 f"{where} refused: that worker requires a token and this one was started "
                 f"without --token-file; start every worker of a runtime with the same "
                 f"--token-file"
-            )
-        mac = auth_mac(self.token, meta[1]) if needs_token and self.token is not None else b""
-        await stream.send([encode(["auth", "peer", mac, []])])
-        meta, _ = await stream.receive()
-        if meta[0] == "error":
-            raise PeerRefusedError(f"{where} refused: {meta[-1]}")
-        if meta[0] != "welcome":
-            raise WireError(f"{where}: expected a welcome, got {meta[0]!r}")
+            ) from None
+        except HandshakeRefused as exc:
+            raise PeerRefusedError(f"{where} refused: {exc}") from None
+        except WireError as exc:
+            raise WireError(f"{where}: {exc}") from None
 
     async def _read_loop(self, key: tuple[str, int], link: _PeerLink) -> None:
         stream = link.stream
@@ -204,31 +208,36 @@ class Peers:
         try:
             while True:
                 meta, tail = await stream.receive()
-                if meta[0] == "error":
-                    read = link.reads.pop(meta[2], None) if isinstance(meta[2], int) else None
+                answer = decode(meta)
+                if type(answer) is Error:
+                    read = link.reads.pop(answer.id, None)
                     if read is not None:
-                        read.fail(
-                            PeerRefusedError(f"peer {link.address} refused the read: {meta[-1]}")
-                        )
+                        why = f"peer {link.address} refused the read: {answer.why}"
+                        read.fail(PeerRefusedError(why))
                     continue
-                if meta[0] != "data" or not isinstance(meta[1], int) or meta[1] not in link.reads:
+                if type(answer) is not Data or answer.read not in link.reads:
                     raise WireError(f"peer {link.address} answered {meta[0]!r} out of turn")
-                read = link.reads[meta[1]]
-                offset = meta[2]
-                if not isinstance(offset, int) or offset < 0 or offset + tail > len(read.view):
-                    raise WireError(f"peer {link.address} sent bytes outside the read")
-                await stream.receive_into(read.view[offset : offset + tail])
-                read.left -= tail
-                if read.left <= 0:
-                    del link.reads[meta[1]]
-                    # Done first: what `arrived` lets run may take the bytes at once.
-                    read.done.set()
-                    if read.arrived is not None:
-                        read.arrived()
+                await self._land(link, answer, tail)
         except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
             if self.links.get(key) is link:
                 del self.links[key]
             link.fail(ConnectionError(f"worker-to-worker link to {link.address} failed: {exc}"))
+
+    @staticmethod
+    async def _land(link: _PeerLink, data: Data, tail: int) -> None:
+        """A read's bytes (the tail), where the read wants them."""
+        read = link.reads[data.read]
+        if data.offset + tail > len(read.view):
+            raise WireError(f"peer {link.address} sent bytes outside the read")
+        assert link.stream is not None
+        await link.stream.receive_into(read.view[data.offset : data.offset + tail])
+        read.left -= tail
+        if read.left <= 0:
+            del link.reads[data.read]
+            # Done first: what `arrived` lets run may take the bytes at once.
+            read.done.set()
+            if read.arrived is not None:
+                read.arrived()
 
     def hold(self) -> None:
         """Keep requests made from now until `release` back, to leave in one send per link
@@ -242,11 +251,11 @@ class Peers:
             for link in touched:
                 self._flush(link)
 
-    def _request(self, link: _PeerLink, read: PeerRead, meta: list[Any]) -> None:
-        """Register `read` on the open `link` and send its request (`meta` without its id)."""
+    def _request(self, link: _PeerLink, read: PeerRead, request: Request) -> None:
+        """Register `read` on the open `link` and send its request (made with its id)."""
         req = next(link.ids)
         link.reads[req] = read
-        link.pending.append(encode([meta[0], req, *meta[1:]]))
+        link.pending.append(encode(request(req)))
         if self._held:
             if len(link.pending) == 1:
                 self._touched.append(link)
@@ -294,32 +303,34 @@ class Peers:
                 del self.links[key]
         link.fail(ConnectionError(f"worker-to-worker link to {link.address} failed: {exc}"))
 
-    def _ask_soon(self, host: str, port: int, read: PeerRead, meta: list[Any]) -> None:
+    def _ask_soon(self, host: str, port: int, read: PeerRead, request: Request) -> None:
         """Send one read request now if the link to host:port is open, else from a task
         that opens it first."""
         link = self.links.get((host, port))
         if link is not None and link.opened.is_set() and link.error is None:
-            self._request(link, read, meta)
+            self._request(link, read, request)
             return
         assert self._nursery is not None  # started with the worker
-        self._nursery.start_soon(self._ask, host, port, read, meta)
+        self._nursery.start_soon(self._ask, host, port, read, request)
 
-    async def _ask(self, host: str, port: int, read: PeerRead, meta: list[Any]) -> None:
-        """Send one read request (`meta` without its id) and register where it lands."""
+    async def _ask(self, host: str, port: int, read: PeerRead, request: Request) -> None:
+        """Send one read request and register where it lands."""
         try:
             link = await self._link(host, port)
-            self._request(link, read, meta)
+            self._request(link, read, request)
         except PeerRefusedError as exc:
             read.fail(exc)
         except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
             read.fail(ConnectionError(f"worker-to-worker read from {host}:{port} failed: {exc}"))
 
     async def pull(
-        self, host: str, port: int, sid: int, ref: list[Any], ticket: bytes, dst: memoryview
+        self, host: str, port: int, sid: int, ref: Ref, ticket: bytes, dst: memoryview
     ) -> None:
         """Read the source buffer now into `dst`."""
         read = PeerRead(dst)
-        await self._ask(host, port, read, ["pread", sid, ref, ticket])
+        await self._ask(
+            host, port, read, functools.partial(PRead, session=sid, src=ref, ticket=ticket)
+        )
         await read.done.wait()
         if isinstance(read.error, PeerRefusedError):
             raise read.error
@@ -341,7 +352,8 @@ class Peers:
         of no bytes: its answer is the signal); `arrived` is called then, or `lost` if
         the answer cannot come (the link failed, or the watch was refused)."""
         read = PeerRead(memoryview(bytearray(0)), arrived, lost)
-        self._ask_soon(host, port, read, ["pwatch", sid, queue, value, ticket])
+        request = functools.partial(PWatch, session=sid, queue=queue, value=value, ticket=ticket)
+        self._ask_soon(host, port, read, request)
         return read
 
     def pull_when(
@@ -349,18 +361,21 @@ class Peers:
         host: str,
         port: int,
         sid: int,
-        ref: list[Any],
+        ref: Ref,
         ticket: bytes,
-        device: str,
+        queue: str,
         value: int,
         nbytes: int,
         arrived: Callable[[], None],
         lost: Callable[[BaseException], None],
     ) -> tuple[PeerRead, bytearray]:
-        """Ask for the source buffer's bytes once the source's queue on `device` reaches
+        """Ask for the source buffer's bytes once the source's queue `queue` reaches
         `value`; they land in the staging returned with the read. `lost` is called if the
         link fails before they all came."""
         staging = bytearray(nbytes)
         read = PeerRead(memoryview(staging), arrived, lost)
-        self._ask_soon(host, port, read, ["pwhen", sid, ref, ticket, device, value])
+        request = functools.partial(
+            PWhen, session=sid, src=ref, ticket=ticket, queue=queue, value=value
+        )
+        self._ask_soon(host, port, read, request)
         return read, staging

@@ -66,6 +66,11 @@ class TrackedSignal(HoldingSignal):
         self.jobs: collections.deque[tuple[int, int, int]] = collections.deque()
         self.progress = progress
 
+    def track(self, first: int, last: int, client: int) -> None:
+        """A job posted to the queue takes its values `first`..`last`, which are the
+        client's `client`.. (in posting order, which is the order the actor runs them)."""
+        self.jobs.append((first, last, client))
+
     def set(self, value: int) -> None:
         if value <= self.value:
             return

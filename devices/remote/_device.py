@@ -1,7 +1,8 @@
 """REMOTE devices: devices of a worker, driven through its connection actor.
 
-Names, `RemoteDevice` and its lowering to wire entries, `RemoteQueue`. How a replay runs
-and how order crosses hosts: see the package's docstring (actorgraph/remote/__init__.py).
+Names, `RemoteDevice` and its lowering to program entries (wire.py), `RemoteQueue`. How a
+replay runs and how order crosses hosts: see the package's docstring
+(actorgraph/devices/remote/__init__.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,28 @@ from actorgraph.scheduler import QueueKind
 from .._actor import QueueActor
 from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from .._names import parse_remote_name
-from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, run_op, wire_op
+from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, own_signal, run_op, wire_op
+from .._signal import Signal
 from ._connection import Connection, RemoteMemory, flat_bytes
-from ._programs import QUEUES_BY_SIGNAL
+from .wire import (
+    CopyEntry,
+    HostReadEntry,
+    HostWriteEntry,
+    KernelEntry,
+    PullEntry,
+    Ref,
+)
+
+
+class RemoteSignal(Signal):
+    """A RemoteQueue's signal: the worker queue's progress as reported back. It knows its
+    queue, so a wait on it says which worker queue it is on."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, name: str, value: int, queue: RemoteQueue) -> None:
+        super().__init__(name, value)
+        self.queue = queue
 
 
 class RemoteQueue(QueueActor):
@@ -40,6 +60,7 @@ class RemoteQueue(QueueActor):
     op_codes = frozenset([WAIT, SIGNAL, WIRE])
     runs_inline = False  # its jobs go to the connection actor
     flushes = True  # a submission's jobs for one worker go as one batch
+    signal: RemoteSignal
 
     def __init__(
         self, device: RemoteDevice, kind: QueueKind = QueueKind.COMPUTE, timeline_start: int = 0
@@ -50,7 +71,7 @@ class RemoteQueue(QueueActor):
         # The worker's name of this queue: what its reports of progress are keyed by.
         self.key = device.inner if kind is QueueKind.COMPUTE else f"{device.inner}/{kind.value}"
         self.in_flight: collections.deque[Job] = collections.deque()
-        QUEUES_BY_SIGNAL[id(self.signal)] = self
+        self.signal: RemoteSignal = RemoteSignal(self.name, timeline_start, self)
 
     @property
     def end_reader(self) -> Connection:  # type: ignore[override]
@@ -73,6 +94,16 @@ class RemoteQueue(QueueActor):
         else:
             with contextlib.suppress(ValueError):
                 in_flight.remove(job)
+
+    def lost_job(self, job: Job, error: BaseException) -> None:
+        """End a job its worker will never report (the connection is lost): the signal
+        moves to where the job would have left it (so what waits on it goes on), and the
+        submission fails."""
+        self.ended(job)
+        own = own_signal(job.ops)
+        if own is not None:
+            self.signal.set(job.bases[own.slot] + own.rel)
+        job.fail(self.name, error, item=-1)
 
     def pending(self) -> list[tuple[Job, int]]:
         return [(job, 0) for job in self.in_flight]
@@ -161,23 +192,22 @@ class RemoteDevice(Device):
 
     # -- lowering --
 
-    def _ref(self, buffer: DeviceBuffer) -> list[Any]:
+    def _ref(self, buffer: DeviceBuffer) -> Ref:
         memory = buffer.memory
         if not isinstance(memory, RemoteMemory):
             raise DeviceError(f"{buffer!r} is not memory of a remote device")
-        return [memory.handle, buffer.offset, list(buffer.shape)]
+        return Ref(memory.handle, buffer.offset, buffer.shape)
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         item, kernel, buffers, var_values, global_size, local_size, queue = launch
-        entry = [
-            "k",
+        entry = KernelEntry(
             item,
             kernel.name,
             [self._ref(b) for b in buffers],
             [int(v) for v in var_values],
             list(global_size),
             list(local_size),
-        ]
+        )
         return wire_op(entry, item)
 
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
@@ -194,7 +224,7 @@ class RemoteDevice(Device):
         if isinstance(dst_dev, RemoteDevice) and isinstance(src_dev, RemoteDevice):
             # On a queue of the destination (its copy queue), run by the destination's worker.
             if dst_dev.connection is src_dev.connection:
-                return wire_op(["c", item, self._ref(dst), self._ref(src)], item)
+                return wire_op(CopyEntry(item, self._ref(dst), self._ref(src)), item)
         for far in (dst_dev, src_dev):
             if isinstance(far, RemoteDevice) and far.inner.startswith("CUDA:"):
                 raise DeviceError(
@@ -205,8 +235,7 @@ class RemoteDevice(Device):
                 )
         if isinstance(dst_dev, RemoteDevice) and isinstance(src_dev, RemoteDevice):
             source = src_dev.connection
-            entry = [
-                "p",
+            entry = PullEntry(
                 item,
                 self._ref(dst),
                 source.host,
@@ -215,7 +244,7 @@ class RemoteDevice(Device):
                 self._ref(src),
                 source.ticket(src.memory.handle),
                 src_dev.inner,
-            ]
+            )
             return wire_op(entry, item)
         if isinstance(src_dev, RemoteDevice):
             # Runs on the client-local destination's queue: pull the bytes over.
@@ -240,13 +269,14 @@ class RemoteDevice(Device):
         step = self.connection.chunk
         chunks = [data[i : i + step] for i in range(0, len(data), step)] or [data]
         blob_ids = [self.connection.next_blob() for _ in chunks]
-        return wire_op(["hw", -1, self._ref(buffer), blob_ids], -1, list(zip(blob_ids, chunks)))
+        entry = HostWriteEntry(-1, self._ref(buffer), blob_ids)
+        return wire_op(entry, -1, list(zip(blob_ids, chunks)))
 
     def lower_host_read(
         self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind
     ) -> Op:
-        read_id = self.connection.expect_read(flat_bytes(out), staged=True)
-        return wire_op(["hr", -1, self._ref(buffer), read_id], -1)
+        read_id, _ = self.connection.transport.expect_read(flat_bytes(out), staged=True)
+        return wire_op(HostReadEntry(-1, self._ref(buffer), read_id), -1)
 
 
 def open_remote_devices(

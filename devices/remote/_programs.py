@@ -1,41 +1,91 @@
-"""What a connection makes of the op lists it is given. A worker's queue's op list is
-written as the entries of a "prog" request: a program the worker keeps, whose waits on
-another worker's queue that worker tells it of instead of the client. A client-local
-job's copies from the worker that follow a wait on one of its queues are asked for ahead
-("getwhen"), so their bytes come with that signal's report. The design is described in
-actorgraph/remote/__init__.py.
+"""What a connection makes of the op lists it is given, kept with them (`Script.keep`).
+
+A worker's queue's op list is written as the entries of a Prog: a program the worker
+keeps (`Programs`), whose waits on another worker's queue that worker tells it of
+instead of the client. The client's signals the worker waits on are mirrored there, each
+under an id (`Mirrors`). A client-local job's copies from the worker that follow a wait on
+one of its queues are asked for ahead (`PullsAhead`), so their bytes come with that
+signal's report. The design is described in actorgraph/devices/remote/__init__.py.
 """
 
 from __future__ import annotations
 
-import weakref
+import collections
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._device import DeviceError
-from .._ops import AWAIT, Job, Op, SignalOp, WaitOp, WireOp, own_signal
+from .._ops import AWAIT, Job, Op, Script, SignalOp, WaitOp, WireOp, own_signal
 from .._signal import Signal
 from ._transport import Read
-from .wire import Frame, encode
+from .frames import Frame, encode
+from .wire import (
+    Blob,
+    Forget,
+    GetWhen,
+    LocalWaitEntry,
+    Prog,
+    PullEntry,
+    SignalEntry,
+    WaitEntry,
+    as_meta,
+)
 
 if TYPE_CHECKING:
     from ._connection import Connection
     from ._device import RemoteQueue
 
-# id(signal) -> the RemoteQueue it is the signal of: which worker queue a wait is on
-QUEUES_BY_SIGNAL: weakref.WeakValueDictionary[int, RemoteQueue] = weakref.WeakValueDictionary()
 EARLY_PULL_BYTES = 1 << 20  # larger copies from a worker are asked for when they run
 EARLY_BYTES = 64 << 20  # staging a connection holds at most for copies asked for ahead
+PROGRAM_CACHE = 256  # programs a worker keeps for a connection
+
+_SEEN_ONCE = "seen once"  # what a Script keeps when its ops were sent once, not kept
+
+
+def queue_of(signal: Signal) -> RemoteQueue | None:
+    """The RemoteQueue `signal` is the signal of, if it is one's."""
+    from ._device import RemoteSignal  # the queue's module imports this one
+
+    return signal.queue if isinstance(signal, RemoteSignal) else None
+
+
+class Mirrors:
+    """The client's signals a connection's worker mirrors: each under an id, with the
+    value last sent for it."""
+
+    def __init__(self, ids: itertools.count[int]) -> None:
+        self._ids = ids
+        self._of: dict[Signal, int] = {}
+        self._sent: dict[int, int] = {}
+
+    def id_of(self, signal: Signal) -> int:
+        """The mirror id of `signal` (given on first use)."""
+        ext_id = self._of.get(signal)
+        if ext_id is None:
+            ext_id = self._of[signal] = next(self._ids)
+        return ext_id
+
+    def known(self, signal: Signal) -> int | None:
+        """The mirror id of `signal`, if the worker mirrors it."""
+        return self._of.get(signal)
+
+    def due(self, ext_id: int, value: int) -> bool:
+        """Whether `value` is to be sent for mirror `ext_id` (it was not yet): then it is
+        counted as sent."""
+        if self._sent.get(ext_id, -1) >= value:
+            return False
+        self._sent[ext_id] = value
+        return True
 
 
 class KeptProgram:
-    """One queue's op list as the worker holds it."""
+    """One queue's op list as the worker holds it (or holds it for one batch)."""
 
-    __slots__ = ("direct", "final", "mirrors", "ops", "prog_id", "queue", "slot")
+    __slots__ = ("direct", "final", "live", "mirrors", "prog_id", "queue", "slot")
 
     def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
         self.prog_id = prog_id
-        self.ops = ops  # held, so that id(ops) stays this program's key
         self.queue = queue
         own = own_signal(ops)
         if own is None:
@@ -46,170 +96,162 @@ class KeptProgram:
         # The waits a copy from another worker follows: that worker tells this one
         # directly, so the client forwards them only if it loses that worker.
         self.direct: set[tuple[int, int, int]] = set()  # base slot, rel, id
+        self.live = True  # the worker holds it (False once forgotten)
 
 
-def program_of(
-    connection: Connection, job: Job, queue: RemoteQueue, parts: list[Any]
-) -> KeptProgram:
-    key = id(job.ops)
-    program = connection._programs.get(key)
-    if program is not None and program.ops is job.ops:
-        connection._programs.move_to_end(key)
+class Programs:
+    """The programs a connection's worker keeps: each defined by a Prog the first time a
+    kept op list comes, then named by id. An op list seen once (an eager item, a host
+    copy) is sent for its batch alone; one seen again (a graph's) is kept."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._kept: collections.OrderedDict[int, KeptProgram] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def program_of(self, job: Job, queue: RemoteQueue, parts: list[Any]) -> KeptProgram:
+        """The program for `job`'s ops: kept, or defined now (its Prog, and the blobs of a
+        host write ahead of it, appended to `parts`)."""
+        script = job.script
+        kept = script.kept(self)
+        if isinstance(kept, KeptProgram) and kept.live:
+            self._kept.move_to_end(kept.prog_id)
+            return kept
+        conn = self._connection
+        program = KeptProgram(conn.new_id(), job.ops, queue)
+        entries, one_shot = _Writer(conn, program).entries(job.ops, parts)
+        # Host writes carry their data: never kept, never remembered.
+        store = kept == _SEEN_ONCE and not one_shot
+        entries = [as_meta(entry) for entry in entries]  # each [kind, *fields], as Prog's are
+        parts.append(
+            encode(Prog(program.prog_id, queue.device.inner, entries, store, queue.kind.value))
+        )
+        if store:
+            script.keep(self, program)
+            self._kept[program.prog_id] = program
+            if len(self._kept) > PROGRAM_CACHE:
+                _, old = self._kept.popitem(last=False)
+                old.live = False
+                parts.append(encode(Forget(old.prog_id)))
+        elif not one_shot:
+            script.keep(self, _SEEN_ONCE)
         return program
-    # An op list seen for the second time is a graph's: the worker keeps it. One seen
-    # once (eager items, host copies) is lowered for its batch and dropped there.
-    # Host writes carry their data: never kept, never remembered.
-    store = connection._seen.pop(key, None) is job.ops
-    one_shot = False
-    program = KeptProgram(next(connection._ids), job.ops, queue)
-    entries: list[Any] = []
-    # The waits of the item about to come (since the previous item or signal):
-    # id(signal) -> (base slot, value, mirror id)
-    own_waits: dict[int, tuple[int, int, int]] = {}
-    for op in job.ops:
-        if isinstance(op, WaitOp):
-            signal = op.signal
-            known = connection._signal_ids.get(id(signal))
-            local = _local_queue(signal, connection)
-            if local is not None:
-                entries.append(["l", local.device.inner, op.slot, op.rel, local.kind.value])
-                continue
-            if known is None or known[0] is not signal:
-                known = (signal, next(connection._ids))
-                connection._signal_ids[id(signal)] = known
-            source = QUEUES_BY_SIGNAL.get(id(signal))
-            if source is not None and source.signal is signal and source.tells_peers:
-                # A queue of another worker, which tells this one itself: the client
-                # forwards this signal only if it loses that worker.
-                conn = source.device.connection
-                watch = [conn.host, conn.port, conn.session_id, source.key]
-                entries.append(
-                    ["w", known[1], op.slot, op.rel, [*watch, conn.watch_ticket(source.key)]]
-                )
-                program.direct.add((op.slot, op.rel, known[1]))
+
+
+class _Writer:
+    """One op list written as a program's entries."""
+
+    def __init__(self, connection: Connection, program: KeptProgram) -> None:
+        self.connection = connection
+        self.program = program
+        # The waits of the item about to come (since the previous item or signal):
+        # signal -> (base slot, value, mirror id)
+        self.own_waits: dict[Signal, tuple[int, int, int]] = {}
+
+    def entries(self, ops: Sequence[Op], parts: list[Any]) -> tuple[list[Any], bool]:
+        """The entries, and whether the op list is a host write's (sent once)."""
+        out: list[Any] = []
+        one_shot = False
+        for op in ops:
+            if isinstance(op, WaitOp):
+                out.append(self._wait(op))
+            elif isinstance(op, SignalOp):
+                self.own_waits = {}
+                # Reported back only where a queue off this worker waits on it (the job's
+                # last signal always is, with its "done").
+                out.append(SignalEntry(op.slot, op.rel, 1 if op.host else 0))
+            elif isinstance(op, WireOp):
+                out.append(self._item(op.entry))
+                if op.blobs is not None:  # a host write: its data goes ahead of it
+                    one_shot = True
+                    for blob_id, chunk in op.blobs:
+                        parts += [encode(Blob(blob_id), len(chunk)), chunk]
             else:
-                entries.append(["w", known[1], op.slot, op.rel])
-            program.mirrors.append((signal, op.slot, op.rel, known[1]))
-            own_waits[id(signal)] = (op.slot, op.rel, known[1])
-        elif isinstance(op, SignalOp):
-            own_waits = {}
-            # Reported back only where a queue off this worker waits on it (the job's
-            # last signal always is, with its "done").
-            entries.append(["s", op.slot, op.rel] if op.host else ["s", op.slot, op.rel, 0])
-        elif isinstance(op, WireOp):
-            entry = _with_source_wait(op.entry, own_waits)
-            own_waits = {}
-            if entry is not op.entry:
-                program.direct.add(tuple(entry[-3:]))  # type: ignore[arg-type]
-            entries.append(entry)
-            if op.blobs is not None:  # a host write: its data goes ahead of it
-                one_shot = True
-                for blob_id, chunk in op.blobs:
-                    parts += [encode(["blob", blob_id], len(chunk)), chunk]
-        else:
-            raise DeviceError(f"{queue.name}: op {op[0]!r} cannot run on a worker")
-    store = store and not one_shot
-    if not store and not one_shot:
-        connection._seen[key] = job.ops
-        if len(connection._seen) > connection.PROGRAM_CACHE:
-            connection._seen.popitem(last=False)
-    device = queue.device.inner
-    parts.append(encode(["prog", program.prog_id, device, entries, store, queue.kind.value]))
-    if store:
-        connection._programs[key] = program
-        if len(connection._programs) > connection.PROGRAM_CACHE:
-            _, old = connection._programs.popitem(last=False)
-            parts.append(encode(["forget", old.prog_id]))
-    return program
+                raise DeviceError(f"{self.program.queue.name}: op {op[0]!r} cannot run on a worker")
+        return out, one_shot
+
+    def _wait(self, op: WaitOp) -> Any:
+        conn = self.connection
+        signal = op.signal
+        local = queue_of(signal)
+        if local is not None and local.device.connection is conn:
+            return LocalWaitEntry(local.device.inner, op.slot, op.rel, local.kind.value)
+        ext_id = conn.mirrors.id_of(signal)
+        self.program.mirrors.append((signal, op.slot, op.rel, ext_id))
+        self.own_waits[signal] = (op.slot, op.rel, ext_id)
+        if local is not None and local.tells_peers:
+            # A queue of another worker, which tells this one itself: the client
+            # forwards this signal only if it loses that worker.
+            source = local.device.connection
+            watch = (source.host, source.port, source.session_id, local.key)
+            self.program.direct.add((op.slot, op.rel, ext_id))
+            return WaitEntry(ext_id, op.slot, op.rel, (*watch, source.watch_ticket(local.key)))
+        return WaitEntry(ext_id, op.slot, op.rel)
+
+    def _item(self, entry: Any) -> Any:
+        waits, self.own_waits = self.own_waits, {}
+        if type(entry) is not PullEntry:
+            return entry
+        entry = _with_source_wait(entry, waits)
+        if entry.follows is not None:
+            self.program.direct.add(entry.follows)
+        return entry
 
 
-def _with_source_wait(entry: list[Any], waits: dict[int, tuple[int, int, int]]) -> list[Any]:
-    """A copy from another worker ("p") whose own waits (`waits`: those just before it)
-    include one on a queue of the source device names that wait, and that queue in place
-    of the source device, so the worker can have the bytes sent the moment the source
-    gets there.
+def _with_source_wait(entry: PullEntry, waits: dict[Signal, tuple[int, int, int]]) -> PullEntry:
+    """A copy from another worker whose own waits (`waits`: those just before it) include
+    one on a queue of the source device names that queue and that wait (`follows`), so
+    the worker can have the bytes sent the moment the source gets there.
 
     Only the copy's own waits say its source is ready: the plan keeps, for a copy from a
     device reached by I/O, its waits on what wrote the source even where they are known
     met through another queue (a wait of an earlier item may be for a lower value). With
     waits on both queues of the source device (both wrote it, or one it must not
     overtake), one alone does not say it: the copy then reads when it runs."""
-    if entry[0] != "p":
-        return entry
-    _, _, _, host, port, sid, _, _, inner = entry
     found: list[tuple[RemoteQueue, tuple[int, int, int]]] = []
-    for signal_id, wait in waits.items():
-        queue = QUEUES_BY_SIGNAL.get(signal_id)
-        if queue is None or id(queue.signal) != signal_id:
+    for signal, wait in waits.items():
+        queue = queue_of(signal)
+        if queue is None:
             continue
-        source = queue.device
-        conn = source.connection
-        if (conn.host, conn.port, conn.session_id, source.inner) == (host, port, sid, inner):
+        conn = queue.device.connection
+        where = (conn.host, conn.port, conn.session_id, queue.device.inner)
+        if where == (entry.host, entry.port, entry.session, entry.queue):
             found.append((queue, wait))
     if len(found) != 1:
         return entry
     queue, wait = found[0]
-    return [*entry[:8], queue.key, *wait]
+    return entry._replace(queue=queue.key, follows=wait)
 
 
-def _local_queue(signal: Signal, connection: Connection) -> RemoteQueue | None:
-    for device in connection.devices:
-        for queue in device.queues.values():
-            if queue.signal is signal:
-                return queue
-    return None
+class LocalPlan:
+    """What a connection makes of a client-local queue's op list: the copies from its
+    worker that follow a wait on one of its queues (asked for ahead), and the signal
+    right after each push (sent with the push's bytes)."""
+
+    __slots__ = ("pulls", "signal_after")
+
+    def __init__(self, connection: Connection, ops: Sequence[Op]) -> None:
+        self.pulls = pulls_after_waits(connection, ops)
+        self.signal_after: dict[int, SignalOp] = {}  # op index of a push -> its signal
+        for i in range(len(ops) - 1):
+            op, after = ops[i], ops[i + 1]
+            if isinstance(after, SignalOp) and op[0] == AWAIT and op[1] == connection.push:
+                self.signal_after[i] = after
 
 
-def arm(conn: Connection, job: Job) -> None:
-    """At a client-local job's first transfer with this worker: ask the worker for the
-    bytes of each later copy from it that follows a wait on its queue ("getwhen"),
-    so it sends them with the report of that signal instead of when asked after it.
-    A copy from a worker then costs one message, not a report and a round trip."""
-    pulls = pulls_after_waits(conn, job.ops)
-    if not pulls:
-        return
-    armed = conn._armed.get(id(job))
-    if armed is not None and armed[0] is job:
-        return
-    if conn.error is not None or conn._stream is None:
-        return
-    parts: list[bytes | memoryview] = []
-    count = 0
-    for ref, nbytes, slot, rel, queue in pulls:
-        if conn._early_bytes + nbytes > EARLY_BYTES:
-            break  # the rest are read when they run
-        staging = bytearray(nbytes)
-        read_id = next(conn._ids)
-        read = conn._reads[read_id] = Read(memoryview(staging), False)
-        conn._early[(id(job), id(ref))] = (job, read, staging)
-        conn._early_bytes += nbytes
-        parts.append(encode(["getwhen", read_id, ref, queue, job.bases[slot] + rel]))
-        count += 1
-    if count:
-        conn._armed[id(job)] = [job, count]
-        conn._queue_now(Frame(parts))
+# A copy from the worker asked for ahead: (buffer ref, bytes, the wait's slot and value,
+# the queue's name, the copy's op index)
+AheadPull = tuple[Any, int, int, int, str, int]
 
 
-def consumed(conn: Connection, job: Job) -> None:
-    armed = conn._armed.get(id(job))
-    if armed is not None and armed[0] is job:
-        armed[1] -= 1
-        if not armed[1]:
-            del conn._armed[id(job)]
-
-
-def pulls_after_waits(
-    conn: Connection, ops: Sequence[Op]
-) -> list[tuple[list[Any], int, int, int, str]]:
-    """The copies from this worker in `ops` that follow a wait on one of its queues:
-    (buffer ref, bytes, the wait's slot and value, the queue's name), kept per op list."""
-    hit = conn._pulls.get(id(ops))
-    if hit is not None and hit[0] is ops:
-        return hit[1]
+def pulls_after_waits(connection: Connection, ops: Sequence[Op]) -> list[AheadPull]:
+    """The copies from this worker in `ops` that follow a wait on one of its queues."""
     found = []
     for i in range(1, len(ops)):
         op = ops[i]
-        if op[0] != AWAIT or op[1] != conn.pull:
+        if op[0] != AWAIT or op[1] != connection.pull:
             continue
         # The copy's own waits (those just before it) on this worker's queues: they
         # are on the source device's, for what wrote the source. With one, its value
@@ -218,11 +260,10 @@ def pulls_after_waits(
         mine: list[tuple[WaitOp, RemoteQueue]] = []
         j = i - 1
         while j >= 0 and isinstance(ops[j], WaitOp):
-            wait = ops[j]
-            queue = QUEUES_BY_SIGNAL.get(id(wait.signal))
-            if queue is not None and queue.signal is wait.signal:
-                if queue.device.connection is conn:
-                    mine.append((wait, queue))
+            wait: WaitOp = ops[j]  # type: ignore[assignment]
+            queue = queue_of(wait.signal)
+            if queue is not None and queue.device.connection is connection:
+                mine.append((wait, queue))
             j -= 1
         if len(mine) != 1:
             continue
@@ -230,8 +271,63 @@ def pulls_after_waits(
         dst, ref = op[2]
         nbytes = int(dst.nbytes)
         if nbytes <= EARLY_PULL_BYTES:
-            found.append((ref, nbytes, wait.slot, wait.rel, queue.key))
-    conn._pulls[id(ops)] = (ops, found)
-    if len(conn._pulls) > conn.PROGRAM_CACHE:
-        conn._pulls.popitem(last=False)
+            found.append((ref, nbytes, wait.slot, wait.rel, queue.key, i))
     return found
+
+
+class PullsAhead:
+    """A connection's copies from its worker asked for ahead, per client-local job."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        # job -> [op index, read, staging] of each copy asked for and not yet run
+        self._early: dict[Job, dict[int, tuple[Read, bytearray]]] = {}
+        self.bytes = 0
+
+    def plan(self, script: Script) -> LocalPlan:
+        plan = script.kept(self)
+        if plan is None:
+            plan = LocalPlan(self._connection, script.ops)
+            script.keep(self, plan)
+        return plan  # type: ignore[no-any-return]
+
+    def arm(self, job: Job) -> None:
+        """At a client-local job's first transfer with this worker: ask the worker for
+        the bytes of each later copy from it that follows a wait on its queue (GetWhen),
+        so it sends them with the report of that signal instead of when asked after it.
+        A copy from a worker then costs one message, not a report and a round trip."""
+        pulls = self.plan(job.script).pulls
+        if not pulls or job in self._early:
+            return
+        transport = self._connection.transport
+        if not transport.connected:
+            return
+        parts: list[bytes | memoryview] = []
+        early: dict[int, tuple[Read, bytearray]] = {}
+        for ref, nbytes, slot, rel, queue, index in pulls:
+            if self.bytes + nbytes > EARLY_BYTES:
+                break  # the rest are read when they run
+            staging = bytearray(nbytes)
+            read_id, read = transport.expect_read(memoryview(staging))
+            early[index] = (read, staging)
+            self.bytes += nbytes
+            parts.append(encode(GetWhen(read_id, ref, queue, job.bases[slot] + rel)))
+        if early:
+            self._early[job] = early
+            transport.queue_now(Frame(parts))
+
+    def take(self, job: Job, index: int) -> tuple[Read, bytearray] | None:
+        """The bytes asked for ahead for op `index` of `job`, if they were."""
+        early = self._early.get(job)
+        if early is None:
+            return None
+        got = early.pop(index, None)
+        if not early:
+            del self._early[job]
+        if got is not None:
+            self.bytes -= len(got[1])
+        return got
+
+    def clear(self) -> None:
+        self._early.clear()
+        self.bytes = 0

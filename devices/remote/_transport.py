@@ -1,36 +1,37 @@
-"""The socket under a REMOTE connection: one TCP connection to one worker, as the
-connection actor (`Connection`, _connection.py) uses it.
+"""The socket under a REMOTE connection: one TCP connection to one worker.
 
-`Transport` owns sending and reading. Frames go out in the order they were queued, from
-the task that queues them when the socket takes them whole, else from the writer task.
-The worker's frames are read by the reader task, except while a caller reads its own
-replay's end itself (`wait_done`): the reader task lends it the socket and parks, and is
-left parked after a replay that leaves nothing in flight. The bytes a read asked for land
-here too. What the frames mean (batches, reports, mirrors) is the connection's; the
-design is described in actorgraph/remote/__init__.py.
+A `Transport` is what a connection (`Connection`, _connection.py) sends and reads with:
+it connects (the handshake is _handshake.py's), sends frames in the order they were
+queued, from the task that queues them when the socket takes them whole, else from its
+writer task, and reads the worker's frames in its reader task, except while a caller
+reads its own replay's end itself (`wait_done`): the reader task lends it the socket
+and parks, and is left parked after a replay that leaves nothing in flight. The bytes a
+read asked for land here. What the other frames mean (batches, reports, mirrors) is its
+owner's (`TransportOwner`); the design is described in actorgraph/devices/remote/__init__.py.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from .._device import DeviceError
-from .._ops import Submission
+from .._ops import Job, Submission
 from .._signal import Doorbell
+from ._handshake import HandshakeRefused, TokenRequired, greet
+from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
 from .wire import (
     CHUNK,
-    ConnectionLostError,
-    Frame,
-    FrameStream,
+    Data,
+    Ext,
     Limits,
     WireError,
-    encode,
+    decode,
     read_ticket,
     watch_ticket,
 )
@@ -63,11 +64,34 @@ class RemoteConnectionError(DeviceError, ConnectionError):
     """The connection to a worker could not be made, or broke."""
 
 
-class Ext:
+class _Mirrored:
+    """Mirrored signals' values queued to go out together, as one Ext."""
+
     __slots__ = ("values",)
 
     def __init__(self) -> None:
         self.values: dict[int, int] = {}
+
+
+# A job posted to the connection, with the queue it is for: queued as it is, encoded
+# (with the others of its submission) when it is sent.
+Posted = tuple[Job, Any]
+
+
+class TransportOwner(Protocol):
+    """What a Transport's owner (a Connection) does with what goes through it."""
+
+    def encode_batch(self, group: list[Posted], parts: list[bytes | memoryview]) -> None:
+        """Encode one submission's posted jobs for this worker as one batch."""
+
+    async def report(self, message: Any, tail: int) -> None:
+        """Handle a message from the worker that is not a read's bytes."""
+
+    def lost(self, error: RemoteConnectionError, unsent: list[Posted]) -> None:
+        """The connection is lost: fail what is in flight, and the jobs never sent."""
+
+    def in_flight(self) -> bool:
+        """Whether something sent is still to be answered (a batch)."""
 
 
 def _token_from(options: dict[str, Any]) -> bytes | None:
@@ -95,22 +119,16 @@ class Read:
 
 
 class Transport:
-    """The sending and reading half of a worker's connection actor (`Connection`): one
-    TCP connection, a writer task and a reader task.
+    """One TCP connection to a worker, its writer task and its reader task.
 
     Invariants: frames go out in the order they were queued; the worker's frames are read
     by one task at a time (the reader task, or a caller it lent the socket to).
     """
 
-    # What the connection actor built on this provides (Connection): the batches it has
-    # in flight, the encoding of a submission's jobs for this worker as one batch, the
-    # handling of one frame from the worker, and the end of the connection.
-    _batches: Mapping[int, object]
-    _encode_batch: Callable[[list[Any], list[Any]], None]
-    _frame: Callable[[list[Any], int], Awaitable[None]]
-    _lose: Callable[[BaseException], None]
-
-    def __init__(self, host: str, port: int, options: dict[str, Any]) -> None:
+    def __init__(
+        self, host: str, port: int, options: dict[str, Any], owner: TransportOwner
+    ) -> None:
+        self.owner = owner
         self.host = host
         self.port = port
         self.address = f"{host}:{port}"
@@ -124,6 +142,7 @@ class Transport:
         self._pending: collections.deque[Any] = collections.deque()
         self._doorbell = Doorbell()
         self._reads: dict[int, Read] = {}
+        self._read_ids = itertools.count(1)
         self.watchers: set[trio.Event] = set()  # set when this connection is lost
         self.bytes_received = 0  # buffer data that came to the client
         self._staging = bytearray()
@@ -140,14 +159,20 @@ class Transport:
         self._lent_idle = False
         self._coming = False
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
+        self.frames_received = 0
+        self.names = ""  # the devices it serves, for errors (set by its owner)
         # What flush() could not send whole: the writer sends it before anything else.
         self._unsent: tuple[list[bytes | memoryview], list[Frame]] | None = None
 
     # -- the socket --
 
-    def close(self) -> None:
+    def close(self, error: RemoteConnectionError | None = None) -> None:
+        """Close the connection: later uses fail with `error` (by default, that it was
+        closed); its reader fails what is in flight with it."""
         if self.error is None:
-            self.error = RemoteConnectionError(f"the connection to {self.address} was closed")
+            self.error = error or RemoteConnectionError(
+                f"the connection to {self.address} was closed"
+            )
         self._close_socket()
 
     def _close_socket(self) -> None:
@@ -165,18 +190,114 @@ class Transport:
     def watch_ticket(self, queue: str) -> bytes:
         return watch_ticket(self._key, queue)
 
+    # -- connecting --
+
+    async def connect(self, devices: list[str]) -> None:
+        """Open the connection and answer the worker's handshake for `devices` (its names
+        of them); a RemoteConnectionError says why it could not be done."""
+        try:
+            with trio.fail_after(self._timeout):
+                await self._handshake(devices)
+        except RemoteError as exc:
+            # The worker answered, so it is running: the hint is about this client.
+            self._close_socket()
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {exc}"
+            ) from None
+        except (WireError, ConnectionLostError) as exc:
+            self._close_socket()
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {type(exc).__name__}: {exc}; "
+                f"what answers there does not speak this version's worker protocol: check "
+                f"the address, and that the worker runs the same actorgraph version"
+            ) from None
+        except (OSError, trio.TooSlowError) as exc:
+            self._close_socket()
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {type(exc).__name__}: "
+                f"{exc}; start one with `actorgraph worker --host {self.host} --port "
+                f"{self.port} --devices ...`"
+            ) from None
+
+    async def _handshake(self, devices: list[str]) -> None:
+        family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
+        stream = self._stream = FrameStream(plain_socket(family), self.limits)
+        await stream.sock.connect((self.host, self.port))
+        no_delay(stream.sock)
+        try:
+            welcome = await greet(stream, self._token, "client", devices)
+        except TokenRequired:
+            raise RemoteError(
+                "the worker is running and requires a token; pass "
+                "open_runtime(..., remote_token_file=PATH) naming its --token-file"
+            ) from None
+        except HandshakeRefused as exc:
+            reason = str(exc)
+            if "authentication failed" in reason:
+                raise RemoteError(
+                    f"the worker is running but refused this client's token ({reason}); "
+                    f"check that remote_token= or remote_token_file= holds the token in the "
+                    f"worker's --token-file (a file's surrounding whitespace is ignored)"
+                ) from None
+            raise RemoteError(f"the worker is running but refused this client: {reason}") from None
+        self.session_id = welcome.session
+        self._key = welcome.key
+        self.limits = Limits.from_wire(welcome.limits)
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Start the writer and the reader task (once connected)."""
+        await nursery.start(self._serve)
+        nursery.start_soon(self._read_loop)
+
+    @property
+    def connected(self) -> bool:
+        return self._stream is not None and self.error is None
+
+    @property
+    def read_by_a_caller(self) -> bool:
+        """Whether a caller reads the worker's frames now (`wait_done`)."""
+        return self._driver is not None
+
     # -- sending --
 
-    def _queue(self, entry: Any) -> None:
+    def queue(self, entry: Frame | Posted) -> None:
+        """Queue a frame, or a posted job (sent with the rest of its submission at the
+        next `flush` or by the writer), after everything queued before it."""
         self._pending.append(entry)
         self._doorbell.ring()
 
-    def _queue_now(self, entry: Any) -> None:
+    def queue_now(self, entry: Frame) -> None:
         """Queue `entry` and send it (with what is ahead of it) from this task if it can."""
         self._pending.append(entry)
         self.flush()
 
-    def _check(self) -> None:
+    def send_ext(self, ext_id: int, value: int) -> None:
+        """Raise the worker's mirror `ext_id` to `value`, with what is queued (in the Ext
+        queued last, if nothing was queued after it)."""
+        last = self._pending[-1] if self._pending else None
+        if type(last) is _Mirrored:
+            last.values[ext_id] = value
+            return
+        mirrored = _Mirrored()
+        mirrored.values[ext_id] = value
+        self._pending.append(mirrored)
+        self.flush()
+
+    def expect_read(self, view: memoryview, staged: bool = False) -> tuple[int, Read]:
+        """A read whose bytes land in `view` (`staged`: a fresh host array, so large bytes
+        land in warm memory first): its id, to name in the request, and the Read."""
+        read_id = next(self._read_ids)
+        read = self._reads[read_id] = Read(view, staged)
+        return read_id, read
+
+    def refused_read(self, read_id: int, why: str) -> None:
+        """The worker refused the read `read_id` (a GetWhen or a Watch): it fails."""
+        read = self._reads.pop(read_id, None)
+        if read is not None:
+            read.error = RemoteError(f"worker {self.address} refused a read: {why}")
+            read.done.set()
+
+    def check(self) -> None:
         self.probe()
         if self.error is not None:
             raise self.error
@@ -205,7 +326,7 @@ class Transport:
         try:
             sent = stream.send_nowait(data)
         except OSError as exc:
-            self._lose(exc)
+            self.lose(exc)
             sent = len(data)
         if sent < len(data):
             self._unsent = ([memoryview(data)[sent:]], frames)
@@ -233,9 +354,9 @@ class Transport:
                 sub = entry[0].submission
                 while pending and type(pending[0]) is tuple and pending[0][0].submission is sub:
                     group.append(pending.popleft())
-                self._encode_batch(group, parts)
-            elif type(entry) is Ext:
-                parts.append(encode(["ext", [[k, v] for k, v in entry.values.items()]]))
+                self.owner.encode_batch(group, parts)
+            elif type(entry) is _Mirrored:
+                parts.append(encode(Ext(list(entry.values.items()))))
             else:
                 parts += entry.parts
                 frames.append(entry)
@@ -261,7 +382,7 @@ class Transport:
             try:
                 await self._stream.send(parts)  # type: ignore[union-attr]
             except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
-                self._lose(exc)
+                self.lose(exc)
             finally:
                 self._writing = False
             self._frames_sent(frames)
@@ -292,13 +413,13 @@ class Transport:
                         frame = stream.next_frame()
                         if frame is not None:
                             self._loop_state = _BUSY
-                            await self._frame(*frame)
+                            await self._received(*frame)
                         else:
                             self._loop_state = _WAITING
                             await stream.wait_more()
                 self._loop_scope = None
         except _LOST as exc:
-            self._lose(exc)
+            self.lose(exc)
 
     async def wait_done(self, sub: Submission) -> None:
         """Wait for `sub`, every job of which went to this connection, to end: reading
@@ -334,13 +455,13 @@ class Transport:
             while not done.is_set():
                 frame = stream.next_frame(tails=False)
                 if frame is not None:
-                    await self._frame(*frame)  # no tail: nothing to wait for
+                    await self._received(*frame)  # no tail: nothing to wait for
                 elif stream.has_tail:
                     break  # bytes for a read: the reader task takes them
                 else:
                     await stream.wait_more()
         except _LOST as exc:
-            self._lose(exc)
+            self.lose(exc)
         else:
             if done.is_set():
                 self.ends_read_by_callers += 1
@@ -373,7 +494,7 @@ class Transport:
         stream = self._stream
         return (
             self.error is None
-            and not self._batches
+            and not self.owner.in_flight()
             and not self._reads
             and not self._pending
             and self._unsent is None
@@ -406,28 +527,37 @@ class Transport:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._lose(exc)
+            self.lose(exc)
             return
         if data:
             self._wake_reader()
         else:
-            self._lose(ConnectionLostError("the connection was closed by the other side"))
+            self.lose(ConnectionLostError("the connection was closed by the other side"))
 
     def _interrupt(self, error: BaseException) -> None:
         """The runtime failed a submission whose end a caller waits to read (it broke):
         the worker may never report that job, so end the connection, which wakes it."""
-        self._lose(error)
+        self.lose(error)
 
-    async def _data(self, meta: list[Any], tail: int) -> None:
-        read = self._reads.get(meta[1])
+    async def _received(self, meta: list[Any], tail: int) -> None:
+        """One frame from the worker: a read's bytes land here, the rest is the owner's."""
+        self.frames_received += 1
+        message = decode(meta)
+        if type(message) is Data:
+            await self._land(message, tail)
+        else:
+            await self.owner.report(message, tail)
+
+    async def _land(self, data: Data, tail: int) -> None:
+        read = self._reads.get(data.read)
         stream = self._stream
         assert stream is not None
         if read is None:
             await stream.skip(tail)
             return
-        offset, error = meta[2], meta[3]
-        if error is not None:
-            read.error = RemoteError(f"worker {self.address} could not read: {error}")
+        offset = data.offset
+        if data.error is not None:
+            read.error = RemoteError(f"worker {self.address} could not read: {data.error}")
         elif offset + tail > len(read.view):
             raise WireError(
                 f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read"
@@ -441,9 +571,46 @@ class Transport:
             read.view[offset : offset + tail] = memoryview(self._staging)[:tail]
         else:
             await stream.receive_into(read.view[offset : offset + tail])
-        if error is None:
+        if data.error is None:
             read.left -= tail
             self.bytes_received += tail
         if read.left <= 0 or read.error is not None:
-            del self._reads[meta[1]]
+            del self._reads[data.read]
             read.done.set()
+
+    # -- the end --
+
+    def lose(self, exc: BaseException) -> None:
+        """The connection is lost (or ended): everything in flight fails with one error,
+        what waits on it wakes, and so does every later use of it."""
+        first = self.error is None
+        if first:
+            self.error = RemoteConnectionError(
+                f"connection to worker {self.address} lost ({type(exc).__name__}: {exc}); "
+                f"work on {self.names} did not complete. Restart the worker and open a new "
+                f"runtime"
+            )
+        self._close_socket()
+        self._wake_reader()
+        error = self.error
+        assert error is not None
+        unsent: list[Posted] = []
+        while self._pending:
+            entry = self._pending.popleft()
+            if type(entry) is tuple:
+                unsent.append(entry)
+            elif type(entry) is Frame:
+                entry.error = error
+                if entry.sent is not None:
+                    entry.sent.set()
+        if self._unsent is not None:
+            self._frames_sent(self._unsent[1])
+            self._unsent = None
+        self.owner.lost(error, unsent)
+        for event in self.watchers:
+            event.set()
+        for read in self._reads.values():
+            read.error = error
+            read.done.set()
+        self._reads.clear()
+        self._doorbell.ring()

@@ -1,33 +1,36 @@
-"""The REMOTE wire format: length-prefixed msgpack frames, versioned, never pickle.
+"""The REMOTE protocol's messages: typed, versioned, shared by both of its sides.
 
-A frame is a fixed 16-byte header, a msgpack *meta* part and an optional raw *tail*:
+Clients (devices/remote), workers (actorgraph.worker) and the links between workers
+speak the messages below, and only them. A message goes over the wire as the msgpack
+array [kind, *fields] in a frame (frames.py); here it is a NamedTuple whose fields are
+named, in wire order. `decode` turns a received array into its message, checking every
+field's type and range: anything else is a `WireError` that names the message and the
+field ("message 'batch': base must be an int, got str"). A message may end in optional
+fields; each says its default, and those are all the forms a message has.
 
-    header = b"AG" | version: u16 | meta length: u32 | tail length: u64     (big-endian)
-    meta   = one msgpack array [kind: str, *fields], msgpack's own types only (no ext types)
-    tail   = raw bytes (buffer contents), so bulk data is never re-encoded or copied twice
+`VERSION` is in every frame's header: a peer of another version is refused at its first
+frame, naming both. It moves whenever a message's fields change.
 
-Both lengths are checked against `Limits` before a byte of the body is read, so an
-oversized frame costs the receiver nothing. Every field of a message is checked by the
-helpers below (`want_int`, `want_str`, ...): a wrong type or an out-of-range value is a
-`WireError`, never a crash. `decode_frame` is pure, so it can be fuzzed on its own.
+    version 2: every message has the schema below; a program names its queue kind, a
+               copy from another worker the queue it follows (`PullEntry.follows`)
+
+A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
+worker lowers them (`decode_entry`), so a refusal names the item it is about.
+
+The handshake is three messages (`Challenge`, `Auth`, `Welcome`): the MACs and tickets
+below are HMAC-SHA256 under the worker's token or a session's key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import socket
-import struct
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import attrs
-import msgpack  # type: ignore[import-untyped]
-import trio
 
-MAGIC = b"AG"
-VERSION = 1
-HEADER = struct.Struct(">2sHIQ")
+VERSION = 2
 
 # The dtypes a buffer may have on the wire: fixed-size numeric types only.
 DTYPES = frozenset(
@@ -36,15 +39,14 @@ DTYPES = frozenset(
 )
 
 CHUNK = 64 << 20  # bulk data goes in frames of at most this many bytes
-_SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
+ID_MAX = (1 << 63) - 1  # ids, handles, sizes
+VALUE_MAX = 1 << 62  # a base or value a client sends
+REL_MAX = 1 << 40  # a value a program names, relative to its slot's base
+SLOT_MAX = 1 << 16  # a base slot a program names
 
 
 class WireError(Exception):
     """A frame or a message broke the protocol (bad header, bad msgpack, bad field)."""
-
-
-class ConnectionLostError(ConnectionError):
-    """The peer closed the connection or it broke."""
 
 
 @attrs.frozen
@@ -75,68 +77,10 @@ class Limits:
         return cls(**kwargs)
 
 
-def encode(meta: Sequence[Any], tail_len: int = 0) -> bytes:
-    """Header + meta of one frame; the caller sends `tail_len` raw bytes after it."""
-    body: bytes = msgpack.packb(meta, use_bin_type=True)
-    return HEADER.pack(MAGIC, VERSION, len(body), tail_len) + body
-
-
-def parse_header(header: bytes, limits: Limits) -> tuple[int, int]:
-    """(meta length, tail length) of a frame header, or WireError."""
-    if len(header) != HEADER.size:
-        raise WireError(f"frame header is {HEADER.size} bytes, got {len(header)}")
-    magic, version, meta_len, tail_len = HEADER.unpack(header)
-    if magic != MAGIC:
-        raise WireError(f"not an actorgraph frame (magic {magic!r}, expected {MAGIC!r})")
-    if version != VERSION:
-        raise WireError(f"protocol version {version} is not supported (this side speaks {VERSION})")
-    if meta_len == 0 or meta_len > limits.max_meta:
-        raise WireError(f"frame meta of {meta_len} bytes is outside 1..{limits.max_meta}")
-    if tail_len > limits.max_tail:
-        raise WireError(f"frame tail of {tail_len} bytes is over the limit of {limits.max_tail}")
-    return meta_len, tail_len
-
-
-def _no_ext(code: int, data: bytes) -> object:
-    raise WireError(f"msgpack ext type {code} is not allowed")
-
-
-def decode_meta(body: bytes | bytearray | memoryview, limits: Limits) -> list[Any]:
-    """The message in a frame's meta part: a non-empty list starting with its kind (a str)."""
-    try:
-        meta = msgpack.unpackb(
-            body,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            ext_hook=_no_ext,
-            max_str_len=limits.max_meta,
-            max_bin_len=limits.max_meta,
-            max_array_len=limits.max_program_ops * 8,
-            max_map_len=1 << 10,
-        )
-    except WireError:
-        raise
-    except Exception as exc:  # msgpack raises many kinds; all mean the same here
-        raise WireError(f"frame meta is not valid msgpack: {type(exc).__name__}: {exc}") from None
-    if not isinstance(meta, list) or not meta or not isinstance(meta[0], str):
-        raise WireError("a message is a msgpack array whose first field is its kind (a str)")
-    return meta
-
-
-def decode_frame(data: bytes, limits: Limits) -> tuple[list[Any], bytes]:
-    """Decode one whole frame held in memory: (message, tail). Raises only WireError."""
-    meta_len, tail_len = parse_header(bytes(data[: HEADER.size]), limits)
-    end = HEADER.size + meta_len
-    if len(data) != end + tail_len:
-        raise WireError(f"frame holds {len(data)} bytes, its header says {end + tail_len}")
-    return decode_meta(data[HEADER.size : end], limits), bytes(data[end:])
-
-
 # -- field checks: each names the field and the rule it broke --
 
 
-def want_int(value: object, what: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+def want_int(value: object, what: str, lo: int = 0, hi: int = ID_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(f"{what} must be an int, got {type(value).__name__}")
     if not lo <= value <= hi:
@@ -166,10 +110,575 @@ def want_list(
     return value
 
 
-def want_fields(meta: list[Any], count: int) -> list[Any]:
-    if len(meta) != count:
-        raise WireError(f"message {meta[0]!r} has {count - 1} fields, got {len(meta) - 1}")
-    return meta
+# A field's check: (value, its label) -> the value as the message holds it.
+Check = Callable[[Any, str], Any]
+
+
+def integer(lo: int = 0, hi: int = ID_MAX) -> Check:
+    return lambda value, what: want_int(value, what, lo, hi)
+
+
+def text(max_len: int = 256) -> Check:
+    return lambda value, what: want_str(value, what, max_len)
+
+
+def blob(max_len: int) -> Check:
+    return lambda value, what: want_bytes(value, what, max_len)
+
+
+def list_of(item: str, check: Check, max_len: int, size: int | None = None) -> Check:
+    """A list whose entries pass `check` (each named `item` in an error)."""
+
+    def checked(value: Any, what: str) -> list[Any]:
+        return [check(entry, item) for entry in want_list(value, what, max_len, size)]
+
+    return checked
+
+
+def optional(check: Check) -> Check:
+    """None, or what passes `check`."""
+    return lambda value, what: None if value is None else check(value, what)
+
+
+def anything(value: Any, what: str) -> Any:
+    """A field checked where it is used (a program's entries, as they are lowered)."""
+    return value
+
+
+def flag(value: Any, what: str) -> bool:
+    """msgpack's true, and anything else as false (a field that only says yes)."""
+    return value is True
+
+
+class Ref(NamedTuple):
+    """A buffer (view) of a client's: its allocation's handle, the offset (elements) and
+    the shape of the view; no shape: the whole allocation."""
+
+    handle: int
+    offset: int
+    shape: tuple[int, ...]
+
+
+def ref(value: Any, what: str) -> Ref:
+    fields = want_list(value, what, 3, size=3)
+    dims = want_list(fields[2], f"{what} shape", 8)
+    return Ref(
+        want_int(fields[0], f"{what} handle"),
+        want_int(fields[1], f"{what} offset"),
+        tuple(want_int(d, f"{what} shape") for d in dims),
+    )
+
+
+def _pair(value: Any, what: str) -> tuple[int, int]:
+    """[mirror id, value]: a mirrored signal's new value."""
+    fields = want_list(value, what, 2, size=2)
+    return want_int(fields[0], "signal id"), want_int(fields[1], "ext value", 0, VALUE_MAX)
+
+
+_DIMS = list_of("launch dim", integer(1, 1 << 40), 3, size=3)
+_ITEM = integer(-1, 1 << 40)
+_SLOT = integer(0, SLOT_MAX)
+_REL = integer(0, REL_MAX)
+_PORT = integer(1, 65535)
+_TICKET = blob(32)
+_EXT = list_of("ext entry", _pair, 1 << 16)
+
+
+# -- the messages --
+
+M = TypeVar("M", bound=tuple[Any, ...])
+
+# kind -> (message class, (field label, check) per field, how many are required)
+_Schema = tuple[type, tuple[tuple[str, Check], ...], int]
+_MESSAGES: dict[str, _Schema] = {}
+_ENTRIES: dict[str, _Schema] = {}
+_KINDS: dict[type, str] = {}
+
+
+def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
+    def register(cls: M) -> M:
+        assert isinstance(cls, type) and len(fields) == len(cls._fields)  # type: ignore[attr-defined]
+        required = len(fields) - len(cls._field_defaults)  # type: ignore[attr-defined]
+        table[kind] = (cls, fields, required)
+        _KINDS[cls] = kind
+        return cls
+
+    return register
+
+
+def message(kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
+    """Register a message class: its kind and each field's label and check, in order."""
+    return _schema(_MESSAGES, kind, *fields)
+
+
+def entry(kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
+    """Register a program entry class, as `message` does."""
+    return _schema(_ENTRIES, kind, *fields)
+
+
+# The handshake. A worker sends a Challenge; a client or another worker answers with
+# Auth (its MAC of the nonce under the token, if the worker asks for one); the worker
+# says Welcome (a client's session: its id, the key its tickets are made with, the
+# worker's limits) or Error, and closes the connection after an Error.
+
+
+@message("challenge", ("challenge nonce", blob(64)), ("needs token", flag))
+class Challenge(NamedTuple):
+    nonce: bytes
+    needs_token: bool
+
+
+@message(
+    "auth",
+    ("role", text(16)),
+    ("mac", blob(64)),
+    ("devices", list_of("device", text(), 1024)),
+)
+class Auth(NamedTuple):
+    role: str  # "client" or "peer"
+    mac: bytes
+    devices: list[str]  # a client's devices of the worker; a peer names none
+
+
+@message("welcome", ("session id", integer()), ("session key", blob(64)), ("limits", anything))
+class Welcome(NamedTuple):
+    session: int
+    key: bytes
+    limits: dict[str, int]
+
+
+@message(
+    "error",
+    ("refused request", text()),
+    ("request id", integer(-(1 << 63))),
+    ("why", text(1 << 16)),
+)
+class Error(NamedTuple):
+    """A request refused (the session goes on), or, at the handshake, a connection."""
+
+    request: str
+    id: int  # the request's own id (its read id, batch id, ...), or 0
+    why: str
+
+
+# A client's requests to its session.
+
+
+@message(
+    "alloc",
+    ("alloc handle", integer()),
+    ("alloc device", text()),
+    ("alloc size", integer()),
+    ("alloc dtype", text(32)),
+)
+class Alloc(NamedTuple):
+    handle: int
+    device: str
+    elements: int
+    dtype: str
+
+
+@message("free", ("free handle", integer()))
+class Free(NamedTuple):
+    handle: int
+
+
+@message("forget", ("program id", integer()))
+class Forget(NamedTuple):
+    program: int
+
+
+@message("ext", ("ext", _EXT))
+class Ext(NamedTuple):
+    """Mirrored signals' new values: [[mirror id, value], ...]."""
+
+    values: list[tuple[int, int]]
+
+
+@message(
+    "prog",
+    ("program id", integer()),
+    ("program device", text()),
+    ("program", anything),
+    ("store", flag),
+    ("queue kind", text(16)),
+)
+class Prog(NamedTuple):
+    """A program: one queue's op list as entries (decoded as they are lowered); `store`:
+    kept for later batches, else used by the next batch only."""
+
+    program: int
+    device: str
+    entries: list[Any]
+    store: bool
+    kind: str = "compute"
+
+
+@message(
+    "batch",
+    ("batch id", integer()),
+    ("bases", list_of("base", integer(0, VALUE_MAX), 1 << 17)),
+    ("program ids", list_of("program id", integer(), 1 << 16)),
+    ("mirror values", _EXT),
+)
+class Batch(NamedTuple):
+    """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
+    mirrored signals' values as of now."""
+
+    batch: int
+    bases: list[int]
+    programs: list[int]
+    ext: list[tuple[int, int]]
+
+
+@message(
+    "getwhen",
+    ("read id", integer()),
+    ("getwhen src", ref),
+    ("queue", text()),
+    ("queue value", integer(0, VALUE_MAX + REL_MAX)),
+)
+class GetWhen(NamedTuple):
+    """Send a buffer's bytes once the client's queue reaches a value."""
+
+    read: int
+    src: Ref
+    queue: str
+    value: int
+
+
+@message(
+    "watch",
+    ("read id", integer()),
+    ("queue", text()),
+    ("queue value", integer(0, VALUE_MAX + REL_MAX)),
+)
+class Watch(NamedTuple):
+    """Answer (a Data of no bytes) once the client's queue reaches a value."""
+
+    read: int
+    queue: str
+    value: int
+
+
+@message("blob", ("blob id", integer()))
+class Blob(NamedTuple):
+    """A host write's bytes, in the tail, ahead of the program that uses them."""
+
+    blob: int
+
+
+@message("put", ("put dst", ref), ("put offset", integer()))
+class Put(NamedTuple):
+    """Bytes (the tail) into a buffer at an offset (bytes)."""
+
+    dst: Ref
+    offset: int
+
+
+@message("get", ("read id", integer()), ("get src", ref))
+class Get(NamedTuple):
+    read: int
+    src: Ref
+
+
+# A worker's reports to its client (and the answers of a link between workers).
+
+
+@message("sig", ("batch id", integer()), ("signal slot", _SLOT), ("signal value", _REL))
+class Sig(NamedTuple):
+    batch: int
+    slot: int
+    rel: int
+
+
+def _job_error(value: Any, what: str) -> tuple[int, str, str]:
+    fields = want_list(value, what, 3, size=3)
+    return (
+        want_int(fields[0], "failed item", -(1 << 62), 1 << 62),
+        want_str(fields[1], "failed actor"),
+        want_str(fields[2], "failure", 1 << 16),
+    )
+
+
+@message("done", ("batch id", integer()), ("signal slot", _SLOT), ("failure", optional(_job_error)))
+class Done(NamedTuple):
+    """A job of a batch ended: with (item, actor, message) if its submission failed."""
+
+    batch: int
+    slot: int
+    error: tuple[int, str, str] | None
+
+
+@message(
+    "data",
+    ("read id", integer()),
+    ("data offset", integer()),
+    ("read error", optional(text(1 << 16))),
+)
+class Data(NamedTuple):
+    """A read's bytes at `offset` (the tail), or why it cannot be read."""
+
+    read: int
+    offset: int
+    error: str | None
+
+
+@message(
+    "relay",
+    ("batch id", integer()),
+    ("peer host", text()),
+    ("peer port", _PORT),
+    ("why", text(1 << 16)),
+)
+class Relay(NamedTuple):
+    """This worker's link to the worker at host:port failed while a job of the batch waited
+    on it: the client relays those waits."""
+
+    batch: int
+    host: str
+    port: int
+    why: str
+
+
+# Reads over a link between two workers (each checked against its ticket).
+
+
+@message(
+    "pread",
+    ("request id", integer()),
+    ("session id", integer()),
+    ("pread src", ref),
+    ("ticket", _TICKET),
+)
+class PRead(NamedTuple):
+    """A buffer's bytes now."""
+
+    request: int
+    session: int
+    src: Ref
+    ticket: bytes
+
+
+@message(
+    "pwhen",
+    ("request id", integer()),
+    ("session id", integer()),
+    ("pread src", ref),
+    ("ticket", _TICKET),
+    ("queue", text()),
+    ("queue value", integer(0, 1 << 63)),
+)
+class PWhen(NamedTuple):
+    """A buffer's bytes once the session's queue reaches a value."""
+
+    request: int
+    session: int
+    src: Ref
+    ticket: bytes
+    queue: str
+    value: int
+
+
+@message(
+    "pwatch",
+    ("request id", integer()),
+    ("session id", integer()),
+    ("queue", text()),
+    ("queue value", integer(0, 1 << 63)),
+    ("ticket", _TICKET),
+)
+class PWatch(NamedTuple):
+    """Answer (a Data of no bytes) once the session's queue reaches a value."""
+
+    request: int
+    session: int
+    queue: str
+    value: int
+    ticket: bytes
+
+
+# -- a program's entries --
+
+
+@entry(
+    "k",
+    ("item index", _ITEM),
+    ("kernel name", text()),
+    ("buffers", list_of("kernel buffer", ref, 64)),
+    ("vars", list_of("var value", integer(-(1 << 62), 1 << 62), 64)),
+    ("global size", _DIMS),
+    ("local size", _DIMS),
+)
+class KernelEntry(NamedTuple):
+    item: int
+    kernel: str
+    buffers: list[Ref]
+    vars: list[int]
+    global_size: list[int]
+    local_size: list[int]
+
+
+@entry("c", ("item index", _ITEM), ("copy dst", ref), ("copy src", ref))
+class CopyEntry(NamedTuple):
+    """A copy within the worker."""
+
+    item: int
+    dst: Ref
+    src: Ref
+
+
+def _follows(value: Any, what: str) -> tuple[int, int, int]:
+    fields = want_list(value, what, 3, size=3)
+    return (
+        want_int(fields[0], "wait slot", 0, SLOT_MAX),
+        want_int(fields[1], "wait value", 0, REL_MAX),
+        want_int(fields[2], "signal id"),
+    )
+
+
+@entry(
+    "p",
+    ("item index", _ITEM),
+    ("pull dst", ref),
+    ("peer host", text()),
+    ("peer port", _PORT),
+    ("peer session", integer()),
+    ("peer buffer", ref),
+    ("read ticket", _TICKET),
+    ("peer queue", text()),
+    ("follows", optional(_follows)),
+)
+class PullEntry(NamedTuple):
+    """A copy from another worker's buffer. `queue`: the source's queue this copy follows
+    a wait on (DEVICE or DEVICE/copy), with that wait (slot, value, mirror id) as
+    `follows`, or the source device and None: the copy reads when it runs."""
+
+    item: int
+    dst: Ref
+    host: str
+    port: int
+    session: int
+    src: Ref
+    ticket: bytes
+    queue: str
+    follows: tuple[int, int, int] | None = None
+
+
+@entry(
+    "hw",
+    ("item index", _ITEM),
+    ("host write dst", ref),
+    ("blob ids", list_of("blob id", integer(), 1 << 12)),
+)
+class HostWriteEntry(NamedTuple):
+    item: int
+    dst: Ref
+    blobs: list[int]
+
+
+@entry("hr", ("item index", _ITEM), ("host read src", ref), ("read id", integer()))
+class HostReadEntry(NamedTuple):
+    item: int
+    src: Ref
+    read: int
+
+
+def _watch_source(value: Any, what: str) -> tuple[str, int, int, str, bytes]:
+    fields = want_list(value, what, 5, size=5)
+    return (
+        want_str(fields[0], "peer host"),
+        want_int(fields[1], "peer port", 1, 65535),
+        want_int(fields[2], "peer session"),
+        want_str(fields[3], "peer queue"),
+        want_bytes(fields[4], "watch ticket", 32),
+    )
+
+
+@entry(
+    "w",
+    ("signal id", integer()),
+    ("wait slot", _SLOT),
+    ("wait value", _REL),
+    ("wait source", optional(_watch_source)),
+)
+class WaitEntry(NamedTuple):
+    """A wait on a mirror of a signal off this worker; `source`: the queue of another
+    worker it mirrors, which tells this one itself (host, port, session, queue, ticket)."""
+
+    mirror: int
+    slot: int
+    rel: int
+    source: tuple[str, int, int, str, bytes] | None = None
+
+
+@entry(
+    "l",
+    ("wait device", text()),
+    ("wait slot", _SLOT),
+    ("wait value", _REL),
+    ("queue kind", text(16)),
+)
+class LocalWaitEntry(NamedTuple):
+    """A wait on a queue of this worker in the same batch."""
+
+    device: str
+    slot: int
+    rel: int
+    kind: str = "compute"
+
+
+@entry("s", ("signal slot", _SLOT), ("signal value", _REL), ("report", integer(0, 1)))
+class SignalEntry(NamedTuple):
+    """The queue's own signal; `report` 0: nobody off this worker waits on it."""
+
+    slot: int
+    rel: int
+    report: int = 1
+
+
+# -- decoding and encoding --
+
+
+def _decode(table: dict[str, _Schema], meta: Sequence[Any], what: str) -> Any:
+    if not isinstance(meta, list) or not meta or not isinstance(meta[0], str):
+        raise WireError(f"a {what} is a list whose first field is its kind (a str)")
+    kind = meta[0]
+    schema = table.get(kind)
+    if schema is None:
+        raise WireError(f"unknown {what} {kind!r}")
+    cls, fields, required = schema
+    count = len(meta) - 1
+    if not required <= count <= len(fields):
+        wanted = required if required == len(fields) else f"{required} to {len(fields)}"
+        raise WireError(f"message {kind!r} has {wanted} fields, got {count}")
+    try:
+        values = [check(value, label) for (label, check), value in zip(fields, meta[1:])]
+    except WireError as exc:
+        raise WireError(f"message {kind!r}: {exc}") from None
+    return cls(*values)
+
+
+def decode(meta: Sequence[Any]) -> Any:
+    """The message a received meta part holds ([kind, *fields]), every field checked."""
+    return _decode(_MESSAGES, meta, "message")
+
+
+def decode_entry(value: Any) -> Any:
+    """A program entry, every field checked."""
+    return _decode(_ENTRIES, value, "program entry")
+
+
+def as_meta(message: Any) -> Any:
+    """What goes on the wire for `message`: [kind, *fields]; anything that is not a
+    message of this module goes as it is (a list made by hand, say)."""
+    kind = _KINDS.get(type(message))
+    return message if kind is None else [kind, *message]
+
+
+def kind_of(message_class: type) -> str:
+    """The kind a message class is sent as."""
+    return _KINDS[message_class]
 
 
 # -- authentication --
@@ -189,213 +698,3 @@ def watch_ticket(session_key: bytes, queue: str) -> bytes:
 def read_ticket(session_key: bytes, handle: int) -> bytes:
     """A capability to read one allocation of one session (for worker-to-worker copies)."""
     return hmac.new(session_key, b"read\0%d" % handle, hashlib.sha256).digest()[:16]
-
-
-# -- frames over a trio socket --
-
-
-class FrameStream:
-    """Frames over one connected socket. One reader task and one writer at a time.
-
-    Given a plain (stdlib) socket, it reads and writes it directly, non-blocking, and
-    waits on trio only when the socket has nothing to read or no room to write: a frame
-    that is already there costs no trip through trio's scheduler, and `send_nowait` lets
-    a task send a small frame at once, without a writer task. A trio socket (tests that
-    speak the raw protocol) goes through trio's own socket methods.
-    """
-
-    def __init__(self, sock: trio.socket.SocketType | socket.socket, limits: Limits) -> None:
-        if isinstance(sock, socket.socket):
-            self.raw: socket.socket | None = sock
-            sock = trio.socket.from_stdlib_socket(sock)
-        else:
-            self.raw = None
-        self.sock: trio.socket.SocketType = sock
-        self.limits = limits
-        self._buf = bytearray()
-        self._pos = 0
-        self._eager = 0  # reads in a row that found data waiting: see _recv
-
-    async def _recv(self, n: int) -> bytes:
-        raw = self.raw
-        if raw is None:
-            return await self.sock.recv(n)
-        while True:
-            try:
-                chunk = raw.recv(n)
-            except BlockingIOError:
-                self._eager = 0
-                await trio.lowlevel.wait_readable(raw)
-                continue
-            self._eager += 1
-            if self._eager >= 64:
-                # Data kept coming without a wait: let other tasks (and cancellation) in.
-                self._eager = 0
-                await trio.lowlevel.checkpoint()
-            return chunk
-
-    async def _recv_into(self, view: memoryview) -> int:
-        raw = self.raw
-        if raw is None:
-            return await self.sock.recv_into(view, len(view))
-        while True:
-            try:
-                return raw.recv_into(view, len(view))
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(raw)
-
-    async def _fill(self, need: int) -> None:
-        while len(self._buf) - self._pos < need:
-            if self._pos:
-                del self._buf[: self._pos]
-                self._pos = 0
-            chunk = await self._recv(max(1 << 16, need))
-            if not chunk:
-                raise ConnectionLostError("the connection was closed by the other side")
-            self._buf += chunk
-
-    def _take(self, n: int) -> bytes:
-        out = bytes(self._buf[self._pos : self._pos + n])
-        self._pos += n
-        return out
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received and not yet taken: another frame may be waiting in them."""
-        return len(self._buf) - self._pos
-
-    async def receive(self) -> tuple[list[Any], int]:
-        """The next message, and the length of its tail (read it with receive_into/skip)."""
-        await self._fill(HEADER.size)
-        meta_len, tail_len = parse_header(self._take(HEADER.size), self.limits)
-        await self._fill(meta_len)
-        body = self._take(meta_len)
-        return decode_meta(body, self.limits), tail_len
-
-    def next_frame(self, tails: bool = True) -> tuple[list[Any], int] | None:
-        """The next message and the length of its tail, if its header and meta are all
-        received already (the tail is read with receive_into/skip); None if not, having
-        taken nothing. With `tails=False`, a message that has a tail is left there too
-        (`has_tail` then says so). Raises WireError on a bad header or meta."""
-        buf, pos = self._buf, self._pos
-        have = len(buf) - pos
-        if have < HEADER.size:
-            return None
-        meta_len, tail_len = parse_header(bytes(buf[pos : pos + HEADER.size]), self.limits)
-        end = pos + HEADER.size + meta_len
-        if len(buf) < end or (tail_len and not tails):
-            return None
-        self._pos = end
-        return decode_meta(bytes(buf[pos + HEADER.size : end]), self.limits), tail_len
-
-    @property
-    def has_tail(self) -> bool:
-        """Whether the next message, its header received, has a tail."""
-        pos = self._pos
-        if len(self._buf) - pos < HEADER.size:
-            return False
-        return bool(HEADER.unpack_from(self._buf, pos)[3])
-
-    async def wait_more(self) -> None:
-        """Receive at least one more byte into the buffer (next_frame takes frames from
-        it). Cancelling it loses nothing: bytes received are kept. A plain socket only."""
-        raw = self.raw
-        assert raw is not None  # the client's connection, which reads its plain socket
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        while True:
-            try:
-                chunk = raw.recv(1 << 16)
-            except BlockingIOError:
-                self._eager = 0
-                await trio.lowlevel.wait_readable(raw)
-                continue
-            if not chunk:
-                raise ConnectionLostError("the connection was closed by the other side")
-            self._buf += chunk
-            self._eager += 1
-            if self._eager >= 64:
-                # Data kept coming without a wait: let other tasks (and cancellation) in.
-                self._eager = 0
-                await trio.lowlevel.checkpoint()
-            return
-
-    async def receive_into(self, view: memoryview) -> None:
-        """Fill `view` with the next len(view) bytes of the stream (a tail)."""
-        n = len(view)
-        have = min(n, len(self._buf) - self._pos)
-        if have:
-            view[:have] = self._buf[self._pos : self._pos + have]
-            self._pos += have
-        while have < n:
-            got = await self._recv_into(view[have:])
-            if not got:
-                raise ConnectionLostError("the connection was closed by the other side")
-            have += got
-
-    async def skip(self, n: int) -> None:
-        scratch = memoryview(bytearray(min(n, 1 << 20)))
-        while n:
-            step = min(n, len(scratch))
-            await self.receive_into(scratch[:step])
-            n -= step
-
-    def send_nowait(self, data: bytes | memoryview) -> int:
-        """Send what the socket takes of `data` now, without waiting: the count sent (0
-        when it has no room). Only on a plain socket, and only while no send is under way
-        (the caller keeps frames in order). A broken connection raises OSError."""
-        assert self.raw is not None  # callers check `raw`
-        try:
-            return self.raw.send(data)
-        except BlockingIOError:
-            return 0
-
-    async def send(self, parts: Sequence[bytes | memoryview]) -> None:
-        """Send frames (headers, metas and tails, in order): small parts go in one syscall."""
-        small: list[bytes | memoryview] = []
-        for part in parts:
-            if len(part) < _SMALL:
-                small.append(part)
-                continue
-            if small:
-                await self._send_all(b"".join(small))
-                small = []
-            await self._send_all(part)
-        if small:
-            await self._send_all(small[0] if len(small) == 1 else b"".join(small))
-
-    async def _send_all(self, data: bytes | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        raw = self.raw
-        while view:
-            if raw is None:
-                sent = await self.sock.send(view)
-            else:
-                try:
-                    sent = raw.send(view)
-                except BlockingIOError:
-                    await trio.lowlevel.wait_writable(raw)
-                    continue
-            view = view[sent:]
-
-
-def plain_socket(family: int = socket.AF_INET) -> socket.socket:
-    """A non-blocking TCP socket for a FrameStream."""
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    return sock
-
-
-def no_delay(sock: socket.socket | trio.socket.SocketType) -> None:
-    """Small frames go out at once (no Nagle): every frame here is a whole message."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class Frame:
-    __slots__ = ("error", "parts", "sent")
-
-    def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
-        self.parts = parts
-        self.sent = sent
-        self.error: BaseException | None = None

@@ -1,0 +1,305 @@
+"""REMOTE frames: length-prefixed msgpack over one socket, for both sides of the protocol.
+
+A frame is a fixed 16-byte header, a msgpack *meta* part and an optional raw *tail*:
+
+    header = b"AG" | version: u16 | meta length: u32 | tail length: u64     (big-endian)
+    meta   = one msgpack array [kind: str, *fields], msgpack's own types only (no ext types)
+    tail   = raw bytes (buffer contents), so bulk data is never re-encoded or copied twice
+
+Both lengths are checked against `Limits` before a byte of the body is read, so an
+oversized frame costs the receiver nothing, and a frame of another protocol version is
+refused at its header. What a meta part may hold is the wire module's (wire.py: typed
+messages, each field checked); this one moves them. `decode_frame` is pure, so it can
+be fuzzed on its own. A TLS layer would go under `FrameStream`: it reads and writes one
+socket, and nothing above it does.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import trio
+
+from .wire import VERSION, Limits, WireError, as_meta
+
+MAGIC = b"AG"
+HEADER = struct.Struct(">2sHIQ")
+
+_SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
+
+
+class ConnectionLostError(ConnectionError):
+    """The peer closed the connection or it broke."""
+
+
+def encode(message: Any, tail_len: int = 0) -> bytes:
+    """Header + meta of one frame holding `message` (a typed message of wire.py, or the
+    list [kind, *fields] itself); the caller sends `tail_len` raw bytes after it."""
+    body: bytes = msgpack.packb(as_meta(message), use_bin_type=True)
+    return HEADER.pack(MAGIC, VERSION, len(body), tail_len) + body
+
+
+def parse_header(header: bytes, limits: Limits) -> tuple[int, int]:
+    """(meta length, tail length) of a frame header, or WireError."""
+    if len(header) != HEADER.size:
+        raise WireError(f"frame header is {HEADER.size} bytes, got {len(header)}")
+    magic, version, meta_len, tail_len = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise WireError(f"not an actorgraph frame (magic {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise WireError(f"protocol version {version} is not supported (this side speaks {VERSION})")
+    if meta_len == 0 or meta_len > limits.max_meta:
+        raise WireError(f"frame meta of {meta_len} bytes is outside 1..{limits.max_meta}")
+    if tail_len > limits.max_tail:
+        raise WireError(f"frame tail of {tail_len} bytes is over the limit of {limits.max_tail}")
+    return meta_len, tail_len
+
+
+def _no_ext(code: int, data: bytes) -> object:
+    raise WireError(f"msgpack ext type {code} is not allowed")
+
+
+def decode_meta(body: bytes | bytearray | memoryview, limits: Limits) -> list[Any]:
+    """The message in a frame's meta part: a non-empty list starting with its kind (a str)."""
+    try:
+        meta = msgpack.unpackb(
+            body,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            ext_hook=_no_ext,
+            max_str_len=limits.max_meta,
+            max_bin_len=limits.max_meta,
+            max_array_len=limits.max_program_ops * 8,
+            max_map_len=1 << 10,
+        )
+    except WireError:
+        raise
+    except Exception as exc:  # msgpack raises many kinds; all mean the same here
+        raise WireError(f"frame meta is not valid msgpack: {type(exc).__name__}: {exc}") from None
+    if not isinstance(meta, list) or not meta or not isinstance(meta[0], str):
+        raise WireError("a message is a msgpack array whose first field is its kind (a str)")
+    return meta
+
+
+def decode_frame(data: bytes, limits: Limits) -> tuple[list[Any], bytes]:
+    """Decode one whole frame held in memory: (message, tail). Raises only WireError."""
+    meta_len, tail_len = parse_header(bytes(data[: HEADER.size]), limits)
+    end = HEADER.size + meta_len
+    if len(data) != end + tail_len:
+        raise WireError(f"frame holds {len(data)} bytes, its header says {end + tail_len}")
+    return decode_meta(data[HEADER.size : end], limits), bytes(data[end:])
+
+
+# -- frames over a trio socket --
+
+
+class FrameStream:
+    """Frames over one connected socket. One reader task and one writer at a time.
+
+    Given a plain (stdlib) socket, it reads and writes it directly, non-blocking, and
+    waits on trio only when the socket has nothing to read or no room to write: a frame
+    that is already there costs no trip through trio's scheduler, and `send_nowait` lets
+    a task send a small frame at once, without a writer task. A trio socket (tests that
+    speak the raw protocol) goes through trio's own socket methods.
+    """
+
+    def __init__(self, sock: trio.socket.SocketType | socket.socket, limits: Limits) -> None:
+        if isinstance(sock, socket.socket):
+            self.raw: socket.socket | None = sock
+            sock = trio.socket.from_stdlib_socket(sock)
+        else:
+            self.raw = None
+        self.sock: trio.socket.SocketType = sock
+        self.limits = limits
+        self._buf = bytearray()
+        self._pos = 0
+        self._eager = 0  # reads in a row that found data waiting: see _recv
+
+    async def _recv(self, n: int) -> bytes:
+        raw = self.raw
+        if raw is None:
+            return await self.sock.recv(n)
+        while True:
+            try:
+                chunk = raw.recv(n)
+            except BlockingIOError:
+                self._eager = 0
+                await trio.lowlevel.wait_readable(raw)
+                continue
+            self._eager += 1
+            if self._eager >= 64:
+                # Data kept coming without a wait: let other tasks (and cancellation) in.
+                self._eager = 0
+                await trio.lowlevel.checkpoint()
+            return chunk
+
+    async def _recv_into(self, view: memoryview) -> int:
+        raw = self.raw
+        if raw is None:
+            return await self.sock.recv_into(view, len(view))
+        while True:
+            try:
+                return raw.recv_into(view, len(view))
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(raw)
+
+    async def _fill(self, need: int) -> None:
+        while len(self._buf) - self._pos < need:
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            chunk = await self._recv(max(1 << 16, need))
+            if not chunk:
+                raise ConnectionLostError("the connection was closed by the other side")
+            self._buf += chunk
+
+    def _take(self, n: int) -> bytes:
+        out = bytes(self._buf[self._pos : self._pos + n])
+        self._pos += n
+        return out
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken: another frame may be waiting in them."""
+        return len(self._buf) - self._pos
+
+    async def receive(self) -> tuple[list[Any], int]:
+        """The next message, and the length of its tail (read it with receive_into/skip)."""
+        await self._fill(HEADER.size)
+        meta_len, tail_len = parse_header(self._take(HEADER.size), self.limits)
+        await self._fill(meta_len)
+        body = self._take(meta_len)
+        return decode_meta(body, self.limits), tail_len
+
+    def next_frame(self, tails: bool = True) -> tuple[list[Any], int] | None:
+        """The next message and the length of its tail, if its header and meta are all
+        received already (the tail is read with receive_into/skip); None if not, having
+        taken nothing. With `tails=False`, a message that has a tail is left there too
+        (`has_tail` then says so). Raises WireError on a bad header or meta."""
+        buf, pos = self._buf, self._pos
+        have = len(buf) - pos
+        if have < HEADER.size:
+            return None
+        meta_len, tail_len = parse_header(bytes(buf[pos : pos + HEADER.size]), self.limits)
+        end = pos + HEADER.size + meta_len
+        if len(buf) < end or (tail_len and not tails):
+            return None
+        self._pos = end
+        return decode_meta(bytes(buf[pos + HEADER.size : end]), self.limits), tail_len
+
+    @property
+    def has_tail(self) -> bool:
+        """Whether the next message, its header received, has a tail."""
+        pos = self._pos
+        if len(self._buf) - pos < HEADER.size:
+            return False
+        return bool(HEADER.unpack_from(self._buf, pos)[3])
+
+    async def wait_more(self) -> None:
+        """Receive at least one more byte into the buffer (next_frame takes frames from
+        it). Cancelling it loses nothing: bytes received are kept. A plain socket only."""
+        raw = self.raw
+        assert raw is not None  # the client's connection, which reads its plain socket
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        while True:
+            try:
+                chunk = raw.recv(1 << 16)
+            except BlockingIOError:
+                self._eager = 0
+                await trio.lowlevel.wait_readable(raw)
+                continue
+            if not chunk:
+                raise ConnectionLostError("the connection was closed by the other side")
+            self._buf += chunk
+            self._eager += 1
+            if self._eager >= 64:
+                # Data kept coming without a wait: let other tasks (and cancellation) in.
+                self._eager = 0
+                await trio.lowlevel.checkpoint()
+            return
+
+    async def receive_into(self, view: memoryview) -> None:
+        """Fill `view` with the next len(view) bytes of the stream (a tail)."""
+        n = len(view)
+        have = min(n, len(self._buf) - self._pos)
+        if have:
+            view[:have] = self._buf[self._pos : self._pos + have]
+            self._pos += have
+        while have < n:
+            got = await self._recv_into(view[have:])
+            if not got:
+                raise ConnectionLostError("the connection was closed by the other side")
+            have += got
+
+    async def skip(self, n: int) -> None:
+        scratch = memoryview(bytearray(min(n, 1 << 20)))
+        while n:
+            step = min(n, len(scratch))
+            await self.receive_into(scratch[:step])
+            n -= step
+
+    def send_nowait(self, data: bytes | memoryview) -> int:
+        """Send what the socket takes of `data` now, without waiting: the count sent (0
+        when it has no room). Only on a plain socket, and only while no send is under way
+        (the caller keeps frames in order). A broken connection raises OSError."""
+        assert self.raw is not None  # callers check `raw`
+        try:
+            return self.raw.send(data)
+        except BlockingIOError:
+            return 0
+
+    async def send(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Send frames (headers, metas and tails, in order): small parts go in one syscall."""
+        small: list[bytes | memoryview] = []
+        for part in parts:
+            if len(part) < _SMALL:
+                small.append(part)
+                continue
+            if small:
+                await self._send_all(b"".join(small))
+                small = []
+            await self._send_all(part)
+        if small:
+            await self._send_all(small[0] if len(small) == 1 else b"".join(small))
+
+    async def _send_all(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        raw = self.raw
+        while view:
+            if raw is None:
+                sent = await self.sock.send(view)
+            else:
+                try:
+                    sent = raw.send(view)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(raw)
+                    continue
+            view = view[sent:]
+
+
+def plain_socket(family: int = socket.AF_INET) -> socket.socket:
+    """A non-blocking TCP socket for a FrameStream."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+def no_delay(sock: socket.socket | trio.socket.SocketType) -> None:
+    """Small frames go out at once (no Nagle): every frame here is a whole message."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class Frame:
+    __slots__ = ("error", "parts", "sent")
+
+    def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
+        self.parts = parts
+        self.sent = sent
+        self.error: BaseException | None = None
