@@ -109,8 +109,9 @@ class QueueActor:
     # Whether posted jobs wait for `flush` (a REMOTE queue sends a submission's jobs
     # for its worker as one batch then); a plain actor starts a posted job at once.
     flushes: ClassVar[bool] = False
-    # The clock profiles and blocked times are measured with (seconds).
-    clock: ClassVar[Callable[[], float]] = staticmethod(time.perf_counter)
+    # The clock profiles and blocked times are measured with (seconds): a function of
+    # no arguments (a device kind with a clock of its own sets another).
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
     # What a caller may wait for a submission with when all its jobs went to queues
     # with this same `end_reader`, which then reads their ends in the caller's task (a
     # REMOTE queue's connection): `end_reader.coming()` before submitting (or

@@ -23,7 +23,7 @@ next ticket only means the next submission finds its turn already reached).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._actor import QueueActor
@@ -94,7 +94,9 @@ class LinearRun:
         self._queues = tuple(queues)
         self._devices = tuple(devices)
         # The owners' own bookkeeping of a run, bound once: each queue's, then each device's.
-        self._completes = tuple((actor.complete, *rest) for actor, *rest in queues)
+        self._completes: tuple[tuple[Callable[[int, int, int], None], int, int, int], ...] = tuple(
+            (actor.complete, count, last, copied) for actor, count, last, copied in queues
+        )
         self._advances = tuple(device.advance for device in devices)
         self.copy_bytes = sum(copy_bytes)
         # The kick's value right after this run last ran, while ready() is known to hold

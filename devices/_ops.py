@@ -440,9 +440,7 @@ class Job:
         observer: JobProfile | None = None,
         copy_bytes: int = 0,
     ):
-        if type(script) is not Script:
-            script = Script(script)  # type: ignore[arg-type]
-        self.script: Script = script  # type: ignore[assignment]
+        self.script = script if isinstance(script, Script) else Script(script)
         self.ops = self.script.ops
         self.at = 0
         self.bases = bases

@@ -164,7 +164,7 @@ class Worker:
     ) -> None:
         """A request whose data is its frame's tail (Blob, Put), or is answered with
         data (Get). Raises, having read none of the tail, if it is refused."""
-        if type(request) is Blob:
+        if isinstance(request, Blob):
             # A blob sent again under its id replaces the pending one: its bytes stop
             # counting (the limit is on what is pending at once).
             session.drop_blob(request.blob)
@@ -173,7 +173,7 @@ class Worker:
             data = self.staging.take(tail)
             await stream.receive_into(memoryview(data)[:tail])
             session.keep_blob(request.blob, data, tail)
-        elif type(request) is Put:
+        elif isinstance(request, Put):
             view = bytes_of(session.buffer(request.dst, "put dst"))
             if request.offset + tail > len(view):
                 raise Refused(f"put of {tail} bytes at {request.offset} into {len(view)}")

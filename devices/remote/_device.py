@@ -74,7 +74,7 @@ class RemoteQueue(QueueActor):
         self.signal: RemoteSignal = RemoteSignal(self.name, timeline_start, self)
 
     @property
-    def end_reader(self) -> Connection:  # type: ignore[override]
+    def end_reader(self) -> Connection:
         # A replay living on one worker: its caller reads the worker's reports itself.
         return self.device.connection
 

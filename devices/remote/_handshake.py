@@ -28,11 +28,13 @@ async def greet(stream: FrameStream, token: bytes | None, role: str, devices: li
     client's; a peer names none); return its Welcome. Raises HandshakeRefused with its
     reason, TokenRequired, or WireError when what answers does not speak this protocol."""
     challenge = await _receive(stream, Challenge, "a challenge")
+    assert isinstance(challenge, Challenge)
     if challenge.needs_token and token is None:
         raise TokenRequired()
     mac = auth_mac(token, challenge.nonce) if token is not None and challenge.needs_token else b""
     await stream.send([encode(Auth(role, mac, devices))])
-    welcome: Welcome = await _receive(stream, Welcome, "a welcome")
+    welcome = await _receive(stream, Welcome, "a welcome")
+    assert isinstance(welcome, Welcome)
     return welcome
 
 

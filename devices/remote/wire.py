@@ -186,7 +186,7 @@ _EXT = list_of("ext entry", _pair, 1 << 16)
 
 # -- the messages --
 
-M = TypeVar("M", bound=tuple[Any, ...])
+M = TypeVar("M", bound=type)
 
 # kind -> (message class, (field label, check) per field, how many are required)
 _Schema = tuple[type, tuple[tuple[str, Check], ...], int]
@@ -197,8 +197,10 @@ _KINDS: dict[type, str] = {}
 
 def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
     def register(cls: M) -> M:
-        assert isinstance(cls, type) and len(fields) == len(cls._fields)  # type: ignore[attr-defined]
-        required = len(fields) - len(cls._field_defaults)  # type: ignore[attr-defined]
+        names: tuple[str, ...] = getattr(cls, "_fields")  # noqa: B009 (a NamedTuple's)
+        defaults: dict[str, Any] = getattr(cls, "_field_defaults")  # noqa: B009
+        assert len(fields) == len(names), (cls, fields)
+        required = len(fields) - len(defaults)
         table[kind] = (cls, fields, required)
         _KINDS[cls] = kind
         return cls
