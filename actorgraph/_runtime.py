@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import trio
 
 from actorgraph.devices import (
+    DEVICE_OPTIONS,
     NOT_RUN,
     Device,
     RemoteConnectionError,
@@ -88,6 +90,7 @@ class Runtime:
                 f"open_runtime needs a list of device names like ['CPU:0', 'CPU:1'], "
                 f"got {device_names!r}"
             )
+        check_options(options)
         seen: set[str] = set()
         for name in device_names:
             if name in seen:
@@ -688,6 +691,27 @@ class Runtime:
         items = [program.items[j] for j in order]
         plan = build_plan([plan_item(item, widen) for item in items], self.caps)
         return Program(self, items, program.inputs, plan, item_numbers=order)
+
+
+# The options of open_runtime(...) the runtime reads itself (the devices read the others).
+RUNTIME_OPTIONS = frozenset(
+    ["timeline_start", "verify_plans", "profile", "max_in_flight", "deadlock_check", "watchdog"]
+)
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """Refuse an option of open_runtime(...) that neither the runtime nor any kind of
+    device reads (a typo would otherwise be ignored), naming the closest known one."""
+    known = RUNTIME_OPTIONS | DEVICE_OPTIONS
+    for name in options:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UsageError(
+            f"open_runtime(...) got an option {name!r} that neither the runtime nor any kind "
+            f"of device takes; {hint}the options are {', '.join(sorted(known))}"
+        )
 
 
 def check_max_sizes(

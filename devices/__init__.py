@@ -72,6 +72,10 @@ DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType(
     {"CPU": CPUDevice, "SIM": SIMDevice, "CUDA": CUDADevice}
 )
 
+# Every option of open_runtime(...) some kind of device reads.
+_ALL_KINDS: tuple[type[Device], ...] = (*DEVICE_KINDS.values(), RemoteDevice)
+DEVICE_OPTIONS: frozenset[str] = frozenset().union(*(kind.options_taken for kind in _ALL_KINDS))
+
 _NAME = re.compile(r"^([A-Z]+):(\d+)$")
 
 

@@ -53,6 +53,7 @@ def copy_args(
 
 class CPUDevice(Device):
     kind = "CPU"
+    options_taken = frozenset(["cpu_thread_bytes"])
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)

@@ -100,6 +100,8 @@ class Device:
     # copy that touches it, whichever queue the planner puts the copy on.
     lowers_foreign_copies: ClassVar[bool] = False
     host_io: ClassVar[bool] = False  # its memory is reached through I/O (see DeviceCaps)
+    # The options of open_runtime(...) this kind of device reads (when it is opened).
+    options_taken: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         self.name = name

@@ -106,6 +106,7 @@ class SIMDevice(Device):
     """A simulated GPU. Memory is host numpy arrays; the planner sees device memory."""
 
     kind = "SIM"
+    options_taken = frozenset(["sim_preset"])
     host_visible = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:

@@ -731,3 +731,30 @@ async def test_an_unawaited_result_passed_as_a_buffer(rt: ag.Runtime) -> None:
         await rt.copyin(graph, np.zeros(64, I32))  # type: ignore[arg-type]
     with raises(ag.UsageError, "a Graph: a graph's call writes into its buffers; pass those"):
         await rt.copyin(graph, np.zeros(64, I32))  # type: ignore[arg-type]
+
+
+async def test_an_option_nobody_takes_is_refused_naming_the_close_one() -> None:
+    # A typo of cpu_thread_bytes would otherwise be ignored, and every kernel run inline.
+    with raises(
+        ag.UsageError,
+        "open_runtime(...) got an option 'cpu_thread_byte' that neither the runtime nor any "
+        "kind of device takes; did you mean 'cpu_thread_bytes'? the options are ",
+    ):
+        async with ag.open_runtime(["CPU:0"], cpu_thread_byte=1):
+            pass
+    with pytest.raises(ag.UsageError, match=r"option 'frobnicate' .* takes; the options are "):
+        async with ag.open_runtime(["CPU:0"], frobnicate=True):
+            pass
+
+
+async def test_every_option_some_device_or_the_runtime_takes_is_accepted() -> None:
+    # An option of a kind of device not opened is no error (one dict of options for any
+    # set of devices), and each one the runtime or a device reads is known.
+    from actorgraph.devices import DEVICE_OPTIONS
+
+    from actorgraph._runtime import RUNTIME_OPTIONS
+
+    assert {"cpu_thread_bytes", "sim_preset", "cuda_driver", "remote_token"} <= DEVICE_OPTIONS
+    assert {"timeline_start", "profile", "watchdog"} <= RUNTIME_OPTIONS
+    async with ag.open_runtime(["CPU:0"], sim_preset="pcie8", cuda_graphs=False) as rt:
+        assert rt.devices == ("CPU:0",)

@@ -85,6 +85,9 @@ class _Reaper:
 
 class CUDADevice(Device):
     kind = "CUDA"
+    options_taken = frozenset(
+        ["cuda_driver", "cuda_graphs", "cuda_graph_min_items", "cuda_mem_ops", "cuda_no_peer"]
+    )
     host_visible = False
     host_backed = False
 

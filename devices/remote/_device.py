@@ -142,6 +142,7 @@ class RemoteDevice(Device):
     """
 
     kind = "REMOTE"
+    options_taken = frozenset(["remote_token", "remote_token_file", "remote_timeout"])
     host_visible = False
     host_backed = False
     lowers_foreign_copies = True
