@@ -558,40 +558,52 @@ class Graph(Hinted):
         by_alloc: dict[int, list[tuple[int, Buffer]]] = {}
         overlap: str | None = None
         for i, (new, old) in enumerate(zip(inputs, expected)):
-            if not isinstance(new, Buffer):
-                raise InputError(f"input {i} must be a Buffer, got {described(new)}")
-            new.check_live(f"input {i}: ")
-            if new.device != old.device:
-                raise InputError(
-                    f"input {i} is on {new.device} but the graph was compiled for one on "
-                    f"{old.device}; copy it to {old.device} first"
-                )
-            if new.dtype != old.dtype:
-                raise InputError(
-                    f"input {i} has dtype {new.dtype} but the graph was compiled for {old.dtype}"
-                )
-            limit = self._program.max_sizes.get(i)
-            if limit is not None:
-                if new.size > limit:
-                    raise InputError(
-                        f"input {i} holds {new.size} elements but the graph was compiled "
-                        f"for at most {limit} (max_sizes); compile with a larger maximum"
-                    )
-            elif new.shape != old.shape:
+            self._check_input(i, new, old)
+            overlap = overlap or self._overlap(i, new, by_alloc)
+            by_alloc.setdefault(new.alloc_id, []).append((i, new))
+        return overlap
+
+    def _check_input(self, i: int, new: object, old: Buffer) -> None:
+        """Input i may stand for `old`, the buffer the graph was compiled with."""
+        if not isinstance(new, Buffer):
+            raise InputError(f"input {i} must be a Buffer, got {described(new)}")
+        new.check_live(f"input {i}: ")
+        if new.device != old.device:
+            raise InputError(
+                f"input {i} is on {new.device} but the graph was compiled for one on "
+                f"{old.device}; copy it to {old.device} first"
+            )
+        if new.dtype != old.dtype:
+            raise InputError(
+                f"input {i} has dtype {new.dtype} but the graph was compiled for {old.dtype}"
+            )
+        limit = self._program.max_sizes.get(i)
+        if limit is None:
+            if new.shape != old.shape:
                 raise InputError(
                     f"input {i} has shape {new.shape} but the graph was compiled for {old.shape}"
                 )
-            for j, other in by_alloc.get(new.alloc_id, ()):
-                if new.overlaps(other) and overlap is None:
-                    overlap = f"inputs {j} and {i} share memory ({other!r} and {new!r})"
-            by_alloc.setdefault(new.alloc_id, []).append((i, new))
-            for internal in self._internal.get(new.alloc_id, ()):
-                if new.overlaps(internal) and overlap is None:
-                    overlap = (
-                        f"input {i} {new!r} shares memory with {internal!r}, which the graph "
-                        f"uses internally"
-                    )
-        return overlap
+        elif new.size > limit:
+            raise InputError(
+                f"input {i} holds {new.size} elements but the graph was compiled "
+                f"for at most {limit} (max_sizes); compile with a larger maximum"
+            )
+
+    def _overlap(
+        self, i: int, new: Buffer, by_alloc: Mapping[int, list[tuple[int, Buffer]]]
+    ) -> str | None:
+        """How input i shares memory with an earlier input or a buffer the graph uses
+        internally, or None."""
+        for j, other in by_alloc.get(new.alloc_id, ()):
+            if new.overlaps(other):
+                return f"inputs {j} and {i} share memory ({other!r} and {new!r})"
+        for internal in self._internal.get(new.alloc_id, ()):
+            if new.overlaps(internal):
+                return (
+                    f"input {i} {new!r} shares memory with {internal!r}, which the graph "
+                    f"uses internally"
+                )
+        return None
 
     async def aclose(self) -> None:
         """Refuse further calls, then wait for the replays already submitted."""

@@ -35,8 +35,10 @@ from actorgraph.devices import Signal as DeviceSignal
 from actorgraph.scheduler import (
     Access,
     ItemKind,
+    Message,
     Plan,
     PlanItem,
+    QueueId,
     Run,
     Signal,
     SyncDevice,
@@ -174,8 +176,8 @@ class Program:
         self._flushes = [a.flush for a in self.actors if a.flushes]
         # Where every queue's jobs go to one connection, the caller of a replay may read
         # its end itself (`end_reader.wait_done(sub)`); None: its actors end it.
-        readers = {id(a.end_reader): a.end_reader for a in self.actors}
-        self.end_reader: Any = readers.popitem()[1] if len(readers) == 1 else None
+        readers = {a.end_reader for a in self.actors}
+        self.end_reader: Any = next(iter(readers)) if len(readers) == 1 else None
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
         self.counts = [sum(isinstance(m, Run) for m in prog) for prog in plan.programs]
@@ -203,33 +205,13 @@ class Program:
         self.dynamic = [
             j for j, item in enumerate(self.items) if self.item_inputs[j] or item.free_vars()
         ]
-
-        device_index = {d: i for i, d in enumerate(plan.devices)}
+        # Where each item's op is: (queue, op index).
         self.where: dict[int, tuple[int, int]] = {}
-        templates: list[list[Op | None]] = []
-        dynamic = set(self.dynamic)
-        for qi, program in enumerate(plan.programs):
-            own = self.actors[qi]
-            ops: list[Op | None] = []
-            for msg in program:
-                if isinstance(msg, Run):
-                    self.where[msg.item] = (qi, len(ops))
-                    if msg.item in dynamic or msg.item >= len(self.items):
-                        ops.append(None)  # lowered per call, or a host op filled in later
-                    else:
-                        ops.append(self.lower(msg.item, self.inputs, {}))
-                elif isinstance(msg, Wait):
-                    src = plan.queues.index(msg.queue)
-                    ops.append(wait_op(self.actors[src].signal, FIRST_QUEUE_SLOT + src, msg.value))
-                elif isinstance(msg, Signal):
-                    ops.append(signal_op(own.signal, FIRST_QUEUE_SLOT + qi, msg.value))
-                elif isinstance(msg, SyncDevice):
-                    di = device_index[msg.device]
-                    slot = FIRST_QUEUE_SLOT + nqueues + di
-                    ops.append(wait_op(self.devices[di].timeline, slot, 0))
-                elif isinstance(msg, WaitKick):
-                    ops.append(wait_op(runtime.kick, KICK, 0))
-            templates.append(ops)
+        index = (
+            {q: i for i, q in enumerate(plan.queues)},
+            {d: i for i, d in enumerate(plan.devices)},
+        )
+        templates = [self._template(qi, p, *index) for qi, p in enumerate(plan.programs)]
         self._mark_host_signals(templates)
         self.templates = templates
         self.linear_order = self._linear_order(templates)
@@ -240,6 +222,39 @@ class Program:
         if complete:
             scripts = tuple(Script([op for op in t if op is not None]) for t in templates)
             self.static_bound = Bound(self, scripts, {})
+
+    def _template(
+        self,
+        qi: int,
+        program: Sequence[Message],
+        queue_index: Mapping[QueueId, int],
+        device_index: Mapping[str, int],
+    ) -> list[Op | None]:
+        """Queue qi's ops for its plan messages: None where an item's op is lowered per
+        call (its buffers or vars come from the call) or filled in later (a host op)."""
+        plan, actors = self.plan, self.actors
+        nqueues = len(plan.queues)
+        dynamic = set(self.dynamic)
+        ops: list[Op | None] = []
+        for msg in program:
+            if isinstance(msg, Run):
+                self.where[msg.item] = (qi, len(ops))
+                if msg.item in dynamic or msg.item >= len(self.items):
+                    ops.append(None)
+                else:
+                    ops.append(self.lower(msg.item, self.inputs, {}))
+            elif isinstance(msg, Wait):
+                src = queue_index[msg.queue]
+                ops.append(wait_op(actors[src].signal, FIRST_QUEUE_SLOT + src, msg.value))
+            elif isinstance(msg, Signal):
+                ops.append(signal_op(actors[qi].signal, FIRST_QUEUE_SLOT + qi, msg.value))
+            elif isinstance(msg, SyncDevice):
+                di = device_index[msg.device]
+                slot = FIRST_QUEUE_SLOT + nqueues + di
+                ops.append(wait_op(self.devices[di].timeline, slot, 0))
+            elif isinstance(msg, WaitKick):
+                ops.append(wait_op(self.runtime.kick, KICK, 0))
+        return ops
 
     def _linear_order(self, templates: list[list[Op | None]]) -> tuple[tuple[int, int], ...] | None:
         """Every item op of the plan as (queue, op index), in an order one task can run

@@ -586,6 +586,43 @@ def start_workers(
     address: a cluster to connect to when Ray is not initialised yet (ray.init(address)).
     timeout: seconds to wait for Ray to place and start the workers.
     """
+    devices = _check_request(devices, placement, kernels)
+    bundle = _bundle(placement, num_cpus, num_gpus, resources)
+    if not ray.is_initialized():
+        if address is None:
+            raise UsageError(
+                "start_workers: Ray is not initialised; call ray.init() (a local cluster) or "
+                "ray.init(address=...) first, or pass address="
+            )
+        ray.init(address=address)
+    count, default_strategy = _count(placement, bundle)
+    strategy = strategy or default_strategy
+    group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+    actors: list[Any] = []
+    try:
+        try:
+            ray.get(group.ready(), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RayWorkerError(
+                f"Ray could not place {count} workers of {dict(bundle)} "
+                f"({strategy}) within {timeout:g} s; free resources: "
+                f"{ray.available_resources()}"  # type: ignore[no-untyped-call]
+            ) from None
+        token = secrets.token_hex(32).encode()
+        actors.extend(_worker_actors(group, count, bundle, runtime_env))
+        workers = _started(actors, devices, host, token, list(kernels), limits, timeout)
+    except BaseException:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(group)
+        raise
+    return RayWorkers(workers, actors, group, token)
+
+
+def _check_request(
+    devices: Sequence[str] | None, placement: str | int, kernels: Sequence[str]
+) -> list[str]:
+    """The devices each worker serves, checked with the placement and kernels asked for."""
     if isinstance(placement, bool) or not (
         placement in _PLACEMENTS or (isinstance(placement, int) and placement >= 1)
     ):
@@ -608,76 +645,66 @@ def start_workers(
         raise UsageError(f"devices={devices}: give each device once, at least one")
     if isinstance(kernels, str):
         raise UsageError(f"kernels is a list of module names, e.g. [{kernels!r}]; got a string")
-    bundle = _bundle(placement, num_cpus, num_gpus, resources)
-    if not ray.is_initialized():
-        if address is None:
-            raise UsageError(
-                "start_workers: Ray is not initialised; call ray.init() (a local cluster) or "
-                "ray.init(address=...) first, or pass address="
-            )
-        ray.init(address=address)
-    count, default_strategy = _count(placement, bundle)
-    group = placement_group(
-        [dict(bundle) for _ in range(count)], strategy=strategy or default_strategy
-    )
-    actors: list[Any] = []
+    return devices
+
+
+def _worker_actors(
+    group: Any, count: int, bundle: Mapping[str, float], runtime_env: Mapping[str, Any] | None
+) -> list[Any]:
+    """One worker actor per bundle of the placement group."""
+    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+    return [
+        _WorkerActor.options(
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
+            resources=custom,
+            max_concurrency=4,
+            max_restarts=0,
+            max_task_retries=0,
+            runtime_env=dict(runtime_env) if runtime_env else None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=index
+            ),
+        ).remote()
+        for index in range(count)
+    ]
+
+
+def _started(
+    actors: list[Any],
+    devices: list[str],
+    host: str | None,
+    token: bytes,
+    kernels: list[str],
+    limits: Any,
+    timeout: float,
+) -> list[RayWorker]:
+    """Start every worker; what each listens on, once all do."""
     try:
-        try:
-            ray.get(group.ready(), timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise RayWorkerError(
-                f"Ray could not place {count} workers of {dict(bundle)} "
-                f"({strategy or default_strategy}) within {timeout:g} s; free resources: "
-                f"{ray.available_resources()}"  # type: ignore[no-untyped-call]
-            ) from None
-        token = secrets.token_hex(32).encode()
-        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-        for index in range(count):
-            actor = _WorkerActor.options(
-                num_cpus=bundle.get("CPU", 0),
-                num_gpus=bundle.get("GPU", 0),
-                resources=custom,
-                max_concurrency=4,
-                max_restarts=0,
-                max_task_retries=0,
-                runtime_env=dict(runtime_env) if runtime_env else None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=index
-                ),
-            ).remote()
-            actors.append(actor)
-        try:
-            started = ray.get(
-                [a.start.remote(devices, host, token, list(kernels), limits) for a in actors],
-                timeout=timeout,
+        started = ray.get(
+            [a.start.remote(devices, host, token, kernels, limits) for a in actors],
+            timeout=timeout,
+        )
+    except ray.exceptions.GetTimeoutError:
+        raise RayWorkerError(f"the Ray workers did not start within {timeout:g} s") from None
+    except ray.exceptions.RayError as exc:
+        raise RayWorkerError(f"a Ray worker actor failed to start: {_first_line(exc)}") from None
+    workers = []
+    for info in started:
+        if isinstance(info, str):
+            raise RayWorkerError(f"a worker could not start: {info}")
+        prefix = f"@{_host_part(info['host'])}:{info['port']}"
+        workers.append(
+            RayWorker(
+                node_id=info["node_id"],
+                host=info["host"],
+                port=info["port"],
+                devices=tuple(f"{name}{prefix}" for name in devices),
+                pid=info["pid"],
+                gpu_ids=tuple(info["gpu_ids"]),
             )
-        except ray.exceptions.GetTimeoutError:
-            raise RayWorkerError(f"the Ray workers did not start within {timeout:g} s") from None
-        except ray.exceptions.RayError as exc:
-            raise RayWorkerError(
-                f"a Ray worker actor failed to start: {_first_line(exc)}"
-            ) from None
-        workers = []
-        for info in started:
-            if isinstance(info, str):
-                raise RayWorkerError(f"a worker could not start: {info}")
-            prefix = f"@{_host_part(info['host'])}:{info['port']}"
-            workers.append(
-                RayWorker(
-                    node_id=info["node_id"],
-                    host=info["host"],
-                    port=info["port"],
-                    devices=tuple(f"{name}{prefix}" for name in devices),
-                    pid=info["pid"],
-                    gpu_ids=tuple(info["gpu_ids"]),
-                )
-            )
-    except BaseException:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        remove_placement_group(group)
-        raise
-    return RayWorkers(workers, actors, group, token)
+        )
+    return workers
 
 
 @asynccontextmanager

@@ -33,52 +33,69 @@ def find_deadlock(actors: Sequence[QueueActor]) -> list[BlockedWait] | None:
     busy = [a for a in actors if a.busy]
     if not busy or any(a.parked_on is None and a.current is not None for a in busy):
         return None  # someone is running (or waiting on a thread/driver): not a deadlock
-    values: dict[Signal, int] = {}
-    left: dict[int, list[int]] = {}
-    queues: dict[QueueActor, list[tuple[Job, int]]] = {a: a.pending() for a in busy}
+    run = _AbstractRun({a: a.pending() for a in busy})
+    progress = True
+    while progress:
+        progress = False
+        for work in run.queues.values():
+            if run.advance(work):
+                progress = True
+    blocked = []
+    for actor, work in run.queues.items():
+        if work:
+            job, index = work[0]
+            op = job.ops[index]
+            target = job.bases[op[2]] + op[3]
+            blocked.append(BlockedWait(actor.name, op[1].name, target, run.value(op[1])))
+    return blocked or None
 
-    def value(signal: Signal) -> int:
-        return values.get(signal, signal.value)
 
-    def finish(job: Job) -> None:
-        sub: Submission = job.submission
-        counts = left.setdefault(id(sub), list(sub.device_left))
+class _AbstractRun:
+    """Pending work run abstractly: waits compare simulated signal values, signals set
+    them, a job's end counts down its submission's device timelines."""
+
+    def __init__(self, queues: dict[QueueActor, list[tuple[Job, int]]]) -> None:
+        self.queues = queues
+        self.values: dict[Signal, int] = {}
+        self.left: dict[Submission, list[int]] = {}
+
+    def value(self, signal: Signal) -> int:
+        return self.values.get(signal, signal.value)
+
+    def advance(self, work: list[tuple[Job, int]]) -> bool:
+        """Run one actor's pending jobs as far as they can go; whether they moved."""
+        moved = False
+        while work:
+            job, start = work[0]
+            index = self._run(job, start)
+            if index < len(job.ops):
+                if index != start:
+                    work[0] = (job, index)
+                    moved = True
+                break
+            work.pop(0)
+            self._finish(job)
+            moved = True
+        return moved
+
+    def _run(self, job: Job, index: int) -> int:
+        """Where `job`, run from op `index`, stops: at a wait not met, or at its end."""
+        ops = job.ops
+        while index < len(ops):
+            op = ops[index]
+            if op[0] == WAIT and self.value(op[1]) < job.bases[op[2]] + op[3]:
+                break
+            if op[0] == SIGNAL:
+                target = job.bases[op[2]] + op[3]
+                self.values[op[1]] = max(self.value(op[1]), target)
+            index += 1
+        return index
+
+    def _finish(self, job: Job) -> None:
+        sub = job.submission
+        counts = self.left.setdefault(sub, list(sub.device_left))
         for d in sub.queue_devices[job.slot]:
             counts[d] -= 1
             if counts[d] == 0:
                 timeline = sub.timelines[d]
-                values[timeline] = max(value(timeline), sub.tickets[d])
-
-    progress = True
-    while progress:
-        progress = False
-        for work in queues.values():
-            while work:
-                job, start = work[0]
-                ops = job.ops
-                index = start
-                while index < len(ops):
-                    op = ops[index]
-                    if op[0] == WAIT and value(op[1]) < job.bases[op[2]] + op[3]:
-                        break
-                    if op[0] == SIGNAL:
-                        target = job.bases[op[2]] + op[3]
-                        values[op[1]] = max(value(op[1]), target)
-                    index += 1
-                if index < len(ops):
-                    if index != start:
-                        work[0] = (job, index)
-                        progress = True
-                    break
-                work.pop(0)
-                finish(job)
-                progress = True
-    blocked = []
-    for actor, work in queues.items():
-        if work:
-            job, index = work[0]
-            op = job.ops[index]
-            blocked.append(
-                BlockedWait(actor.name, op[1].name, job.bases[op[2]] + op[3], value(op[1]))
-            )
-    return blocked or None
+                self.values[timeline] = max(self.value(timeline), sub.tickets[d])

@@ -51,16 +51,28 @@ def list_schedule_order(plan: Plan, durations: Sequence[float]) -> tuple[int, ..
                 waiting[s] -= 1
                 if waiting[s] == 0:
                     heapq.heappush(ready[plan.item_queue[s]], (-rank[s], s))
-        started = False
-        for q in range(nqueues):
-            if free_at[q] <= now and ready[q]:
-                _, j = heapq.heappop(ready[q])
-                free_at[q] = now + durations[j]
-                heapq.heappush(running, (free_at[q], len(order), j))
-                order.append(j)
-                started = True
-        if not started:
+        if not _start_idle(now, ready, free_at, running, order, durations):
             if not running:
                 raise PlanError("list_schedule_order: dependencies form a cycle")
             now = max(now, running[0][0])
     return tuple(order)
+
+
+def _start_idle(
+    now: float,
+    ready: list[list[tuple[float, int]]],
+    free_at: list[float],
+    running: list[tuple[float, int, int]],
+    order: list[int],
+    durations: Sequence[float],
+) -> bool:
+    """Each idle queue with a ready item starts the one of highest rank; whether any did."""
+    started = False
+    for q, queue_ready in enumerate(ready):
+        if free_at[q] <= now and queue_ready:
+            _, j = heapq.heappop(queue_ready)
+            free_at[q] = now + durations[j]
+            heapq.heappush(running, (free_at[q], len(order), j))
+            order.append(j)
+            started = True
+    return started

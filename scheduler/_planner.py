@@ -13,7 +13,7 @@ from ._errors import PlanError
 from ._messages import Message, Run, Signal, SyncDevice, Wait, WaitKick
 from ._plan import Plan
 from ._ranges import RangeTracker
-from ._records import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind
+from ._records import Access, DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind
 
 # What one queue knows is complete, as a vector clock. Keys are queue indices (value:
 # how many of that queue's items are done) and ("sync", device) for "this queue has
@@ -71,18 +71,7 @@ def _queue_order(queue: QueueId, device_order: Mapping[str, int]) -> tuple[int, 
 
 def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Plan:
     device_order = {name: i for i, name in enumerate(caps)}
-    item_queue_ids = [assign_queue(item, caps) for item in items]
-    queues = sorted(set(item_queue_ids), key=lambda q: _queue_order(q, device_order))
-    queue_index = {q: i for i, q in enumerate(queues)}
-    item_queue = [queue_index[q] for q in item_queue_ids]
-
-    # Position of each item in its queue; item j completing sets its queue to position+1.
-    counts = [0] * len(queues)
-    position = [0] * len(items)
-    for j, qi in enumerate(item_queue):
-        position[j] = counts[qi]
-        counts[qi] += 1
-
+    queues, item_queue, position, counts = _queues(items, caps, device_order)
     tracker = RangeTracker()
     # known[q]: what queue q knows of *other* queues (and device syncs) so far; its own
     # progress is implied by position. Snapshots share the dict until it next changes
@@ -104,62 +93,38 @@ def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Pla
     for j, item in enumerate(items):
         qi = item_queue[j]
         accesses = item.accesses
-        deps: set[int] = set()
         # Reads first, so that an item that reads and writes one range depends on the
         # range's earlier readers only through its write.
         if len(accesses) > 1:
             accesses = tuple(sorted(accesses, key=lambda a: a.write))
-        # A copy from a device reached by I/O (a worker's) may have its bytes sent ahead,
-        # on the wait that says they are ready: the waits on what wrote them are kept
-        # even where known complete through another queue, so that its own waits say it.
-        from_io = item.src_device is not None and caps[item.src_device].host_io
-        source_deps: set[int] = set()
-        for access in accesses:
-            found = tracker.access(access.alloc, access.start, access.stop, access.write, j)
-            deps |= found
-            if from_io and not access.write and access.device == item.src_device:
-                source_deps |= found
+        deps, source_deps = _dependencies(tracker, j, item, accesses, caps)
         # Latest dependency first: its clock often covers the earlier ones (pruning).
         for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
             dq = item_queue[dep]
             if dq == qi:
                 continue  # queues run in order
             value = position[dep] + 1
+            waits = item_waits[j]
             if known[qi].get(dq, 0) >= value:
-                # Already known complete, directly or through another wait.
-                if dep in source_deps and not any(q == dq and v >= value for q, v in item_waits[j]):
-                    item_waits[j].append((dq, value))
+                # Already known complete, directly or through another wait; a copy from
+                # a device reached by I/O keeps its own wait on what wrote its source.
+                if dep in source_deps and not any(q == dq and v >= value for q, v in waits):
+                    waits.append((dq, value))
                     waited_on.add((dq, value))
                 continue
-            item_waits[j].append((dq, value))
+            waits.append((dq, value))
             waited_on.add((dq, value))
-            clock = writable(qi)
-            clock[dq] = value
-            for key, seen in clock_after[dep].items():
-                if key != qi and clock.get(key, 0) < seen:
-                    clock[key] = seen
+            _merge(writable(qi), qi, dq, value, clock_after[dep])
         for access in accesses:
             device = access.device
             touched[qi].add(device)
-            key = ("sync", device)
-            if key not in known[qi]:
+            if ("sync", device) not in known[qi]:
                 item_syncs[j].append(device)
-                writable(qi)[key] = 1
+                writable(qi)[("sync", device)] = 1
         clock_after[j] = known[qi]
         shared[qi] = True
 
-    programs: list[list[Message]] = [[WaitKick(), SyncDevice(queue.device)] for queue in queues]
-    for j in range(len(items)):
-        qi = item_queue[j]
-        program = programs[qi]
-        program.extend(SyncDevice(device) for device in sorted(item_syncs[j]))
-        program.extend(Wait(queues[dq], value) for dq, value in item_waits[j])
-        program.append(Run(j))
-        if (qi, position[j] + 1) in waited_on and position[j] + 1 < counts[qi]:
-            program.append(Signal(position[j] + 1))
-    for qi, program in enumerate(programs):
-        program.append(Signal(counts[qi]))
-
+    programs = _programs(queues, item_queue, position, counts, item_syncs, item_waits, waited_on)
     devices = sorted({d for t in touched for d in t}, key=lambda d: device_order.get(d, 1 << 30))
     device_queues = tuple(
         tuple(qi for qi in range(len(queues)) if device in touched[qi]) for device in devices
@@ -167,8 +132,82 @@ def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Pla
     return Plan(
         items=tuple(items),
         queues=tuple(queues),
-        programs=tuple(tuple(p) for p in programs),
+        programs=programs,
         item_queue=tuple(item_queue),
         devices=tuple(devices),
         device_queues=device_queues,
     )
+
+
+def _queues(
+    items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps], device_order: Mapping[str, int]
+) -> tuple[list[QueueId], list[int], list[int], list[int]]:
+    """The queues the items run on (in device order), each item's queue, its position in
+    that queue (item j completing sets its queue to position+1), and each queue's count."""
+    item_queue_ids = [assign_queue(item, caps) for item in items]
+    queues = sorted(set(item_queue_ids), key=lambda q: _queue_order(q, device_order))
+    queue_index = {q: i for i, q in enumerate(queues)}
+    item_queue = [queue_index[q] for q in item_queue_ids]
+    counts = [0] * len(queues)
+    position = [0] * len(items)
+    for j, qi in enumerate(item_queue):
+        position[j] = counts[qi]
+        counts[qi] += 1
+    return queues, item_queue, position, counts
+
+
+def _dependencies(
+    tracker: RangeTracker,
+    j: int,
+    item: PlanItem,
+    accesses: Sequence[Access],
+    caps: Mapping[str, DeviceCaps],
+) -> tuple[set[int], set[int]]:
+    """The earlier items item j depends on, and those of them that wrote what it copies
+    from a device reached by I/O (a worker's): its bytes may be sent ahead, on the wait
+    that says they are ready, so the waits on what wrote them are kept even where known
+    complete through another queue (its own waits say it)."""
+    src = item.src_device
+    from_io = src is not None and caps[src].host_io
+    deps: set[int] = set()
+    source_deps: set[int] = set()
+    for access in accesses:
+        found = tracker.access(access.alloc, access.start, access.stop, access.write, j)
+        deps |= found
+        if from_io and not access.write and access.device == src:
+            source_deps |= found
+    return deps, source_deps
+
+
+def _merge(clock: _Clock, qi: int, dq: int, value: int, theirs: _Clock) -> None:
+    """Queue qi's clock, waiting for queue dq to reach `value`, learns what dq knew then
+    (`theirs`) of the others."""
+    clock[dq] = value
+    for key, seen in theirs.items():
+        if key != qi and clock.get(key, 0) < seen:
+            clock[key] = seen
+
+
+def _programs(
+    queues: Sequence[QueueId],
+    item_queue: Sequence[int],
+    position: Sequence[int],
+    counts: Sequence[int],
+    item_syncs: Sequence[list[str]],
+    item_waits: Sequence[list[tuple[int, int]]],
+    waited_on: set[tuple[int, int]],
+) -> tuple[tuple[Message, ...], ...]:
+    """Each queue's messages: its kickoff, then per item its syncs, waits and run, and a
+    signal where another queue waits for it; its completion last."""
+    programs: list[list[Message]] = [[WaitKick(), SyncDevice(queue.device)] for queue in queues]
+    for j, qi in enumerate(item_queue):
+        program = programs[qi]
+        program.extend(SyncDevice(device) for device in sorted(item_syncs[j]))
+        program.extend(Wait(queues[dq], value) for dq, value in item_waits[j])
+        program.append(Run(j))
+        done = position[j] + 1
+        if (qi, done) in waited_on and done < counts[qi]:
+            program.append(Signal(done))
+    for qi, program in enumerate(programs):
+        program.append(Signal(counts[qi]))
+    return tuple(tuple(p) for p in programs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._errors import PlanDeadlockError, PlanRaceError
-from ._messages import Run, Signal, SyncDevice, Wait, WaitKick
+from ._messages import Run, Signal, SyncDevice, Wait
 from ._ranges import RangeTracker
 
 if TYPE_CHECKING:
@@ -28,62 +28,86 @@ def verify_plan(plan: Plan) -> None:
 
 def _simulate(plan: Plan) -> dict[int, _Clock]:
     """Run every queue as far as it can; return the clock each item ran with."""
-    queue_index = {q: i for i, q in enumerate(plan.queues)}
-    nqueues = len(plan.queues)
-    pc = [0] * nqueues
-    value = [0] * nqueues
-    clock: list[_Clock] = [{} for _ in range(nqueues)]
-    run_count = [0] * nqueues
-    # (queue, signalled value) -> the clock the queue had when it signalled.
-    published: list[list[tuple[int, _Clock]]] = [[] for _ in range(nqueues)]
-    item_clock: dict[int, _Clock] = {}
-
+    sim = _Simulation(plan)
     progress = True
     while progress:
         progress = False
-        for qi, program in enumerate(plan.programs):
-            while pc[qi] < len(program):
-                msg = program[pc[qi]]
-                if isinstance(msg, Wait):
-                    src = queue_index.get(msg.queue)
-                    if src is None:
-                        raise PlanDeadlockError(
-                            f"{plan.queues[qi]} waits for {msg.queue}, which has no program"
-                        )
-                    if value[src] < msg.value:
-                        break
-                    for signalled, snap in published[src]:
-                        if signalled >= msg.value:
-                            _merge(clock[qi], snap)
-                            break
-                elif isinstance(msg, Run):
-                    run_count[qi] += 1
-                    clock[qi][qi] = run_count[qi]
-                    item_clock[msg.item] = dict(clock[qi])
-                elif isinstance(msg, Signal):
-                    if msg.value < value[qi]:
-                        raise PlanDeadlockError(
-                            f"{plan.queues[qi]} signals {msg.value} after {value[qi]}: "
-                            "signal values must not go back"
-                        )
-                    if msg.value > run_count[qi]:
-                        raise PlanDeadlockError(
-                            f"{plan.queues[qi]} signals {msg.value} after only "
-                            f"{run_count[qi]} items ran: a waiter would run too early"
-                        )
-                    value[qi] = msg.value
-                    published[qi].append((msg.value, dict(clock[qi])))
-                elif isinstance(msg, SyncDevice):
-                    clock[qi][("sync", msg.device)] = 1
-                elif isinstance(msg, WaitKick):
-                    pass
-                pc[qi] += 1
+        for qi in range(len(plan.programs)):
+            if sim.run(qi):
                 progress = True
-
-    blocked = [qi for qi in range(nqueues) if pc[qi] < len(plan.programs[qi])]
+    blocked = [qi for qi in range(len(plan.queues)) if sim.pc[qi] < len(plan.programs[qi])]
     if blocked:
-        raise PlanDeadlockError("plan deadlocks: " + _describe_cycle(plan, pc, blocked))
-    return item_clock
+        raise PlanDeadlockError("plan deadlocks: " + _describe_cycle(plan, sim.pc, blocked))
+    return sim.item_clock
+
+
+class _Simulation:
+    """The queues of a plan run abstractly: where each is (`pc`), the value it signalled,
+    its vector clock, and the clocks it published with each signal."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.queue_index = {q: i for i, q in enumerate(plan.queues)}
+        nqueues = len(plan.queues)
+        self.pc = [0] * nqueues
+        self.value = [0] * nqueues
+        self.clock: list[_Clock] = [{} for _ in range(nqueues)]
+        self.run_count = [0] * nqueues
+        # (queue, signalled value) -> the clock the queue had when it signalled.
+        self.published: list[list[tuple[int, _Clock]]] = [[] for _ in range(nqueues)]
+        self.item_clock: dict[int, _Clock] = {}
+
+    def run(self, qi: int) -> bool:
+        """Run queue qi as far as it can; whether it moved."""
+        program = self.plan.programs[qi]
+        pc, clock = self.pc, self.clock
+        moved = False
+        while pc[qi] < len(program):
+            msg = program[pc[qi]]
+            if isinstance(msg, Wait):
+                if not self._wait(qi, msg):
+                    break
+            elif isinstance(msg, Run):
+                self.run_count[qi] += 1
+                clock[qi][qi] = self.run_count[qi]
+                self.item_clock[msg.item] = dict(clock[qi])
+            elif isinstance(msg, Signal):
+                self._signal(qi, msg)
+            elif isinstance(msg, SyncDevice):
+                clock[qi][("sync", msg.device)] = 1
+            pc[qi] += 1
+            moved = True
+        return moved
+
+    def _wait(self, qi: int, msg: Wait) -> bool:
+        """Whether queue qi's wait is met (its clock then learns the waited queue's)."""
+        src = self.queue_index.get(msg.queue)
+        if src is None:
+            raise PlanDeadlockError(
+                f"{self.plan.queues[qi]} waits for {msg.queue}, which has no program"
+            )
+        if self.value[src] < msg.value:
+            return False
+        for signalled, snap in self.published[src]:
+            if signalled >= msg.value:
+                _merge(self.clock[qi], snap)
+                break
+        return True
+
+    def _signal(self, qi: int, msg: Signal) -> None:
+        queue = self.plan.queues[qi]
+        if msg.value < self.value[qi]:
+            raise PlanDeadlockError(
+                f"{queue} signals {msg.value} after {self.value[qi]}: "
+                "signal values must not go back"
+            )
+        if msg.value > self.run_count[qi]:
+            raise PlanDeadlockError(
+                f"{queue} signals {msg.value} after only {self.run_count[qi]} items ran: a "
+                f"waiter would run too early"
+            )
+        self.value[qi] = msg.value
+        self.published[qi].append((msg.value, dict(self.clock[qi])))
 
 
 def _describe_cycle(plan: Plan, pc: list[int], blocked: list[int]) -> str:
