@@ -100,14 +100,14 @@ class Bound:
         return self.scripts[queue].ops
 
 
-def plan_item(item: Item, widen: Mapping[int, int] | None = None) -> PlanItem:
-    """The planner's view of an item. `widen` maps id(buffer) -> bytes for inputs that may
+def plan_item(item: Item, widen: Mapping[Buffer, int] | None = None) -> PlanItem:
+    """The planner's view of an item. `widen` maps a buffer -> bytes for inputs that may
     grow up to that size per call: their accesses cover it all."""
     accesses = []
     for buf, write in item.reads_writes():
         start, stop = buf.byte_range
-        if widen and id(buf) in widen:
-            stop = max(stop, start + widen[id(buf)])
+        if widen and buf in widen:
+            stop = max(stop, start + widen[buf])
         accesses.append(Access(buf.device, buf.alloc_id, start, stop, write))
     if isinstance(item, Launch):
         return PlanItem(item.label, ItemKind.EXEC, item.device, tuple(accesses))
@@ -353,7 +353,7 @@ class Program:
         j: int,
         inputs: Sequence[Buffer],
         var_vals: Mapping[Var, int],
-        rebased: dict[tuple[int, int], Buffer] | None = None,
+        rebased: dict[tuple[Buffer, int], Buffer] | None = None,
     ) -> Op:
         """Lower item j for these inputs and var values. `rebased` memoises, for one
         call, the buffers moved onto the call's inputs (many items share them)."""
@@ -361,7 +361,7 @@ class Program:
         bufs = list(item.bufs)
         for slot, source in self.item_inputs[j]:
             captured = bufs[slot]
-            key = (id(captured), source)
+            key = (captured, source)
             moved = rebased.get(key) if rebased is not None else None
             if moved is None:
                 moved = captured.rebased(self.inputs[source], inputs[source])
@@ -405,7 +405,7 @@ class Program:
         ops = [t for t in self.templates]
         for qi in self.dynamic_queues:
             ops[qi] = list(ops[qi])
-        rebased: dict[tuple[int, int], Buffer] = {}
+        rebased: dict[tuple[Buffer, int], Buffer] = {}
         for j in self.dynamic:
             qi, pos = self.where[j]
             ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)

@@ -657,7 +657,7 @@ class Runtime:
                         f"assumes distinct inputs: pass separate buffers"
                     )
         limits = check_max_sizes(inputs, max_sizes)
-        widen = {id(inputs[i]): n * inputs[i].dtype.itemsize for i, n in limits.items()}
+        widen = {inputs[i]: n * inputs[i].dtype.itemsize for i, n in limits.items()}
         plan = build_plan([plan_item(item, widen) for item in checked], self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
@@ -677,7 +677,7 @@ class Runtime:
         return Graph(self, program, aliasing=aliasing)
 
     def _cost_ordered(
-        self, program: Program, var_vals: Mapping[Any, int] | None, widen: Mapping[int, int]
+        self, program: Program, var_vals: Mapping[Any, int] | None, widen: Mapping[Buffer, int]
     ) -> Program:
         values = check_var_vals(program.free_vars, var_vals, "compile(order='cost')")
         ops = program.bind(program.inputs, values).ops

@@ -257,7 +257,7 @@ class QueueActor:
         job.at = index
         self.parked_on = (signal, target, index)
         self.parks += 1
-        job.submission.waits_parked += 1
+        job.submission.parked()
         self._held_since = time.perf_counter()
 
     def resume(self) -> None:
@@ -265,7 +265,7 @@ class QueueActor:
         blocked = time.perf_counter() - self._held_since
         self.time_blocked += blocked
         if self._current is not None:
-            self._current.submission.time_blocked += blocked
+            self._current.submission.blocked(blocked)
         self.parked_on = None
 
     def release(self) -> None:
@@ -415,7 +415,7 @@ class QueueActor:
         park on the signal, say where for the deadlock monitor, time the parking."""
         self.parked_on = (signal, target, index)
         self.parks += 1
-        sub.waits_parked += 1
+        sub.parked()
         start = self.clock()
         try:
             await signal.wait_value(target)
@@ -423,7 +423,7 @@ class QueueActor:
             self.parked_on = None
             blocked = self.clock() - start
             self.time_blocked += blocked
-            sub.time_blocked += blocked
+            sub.blocked(blocked)
 
     async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
         """Run an op of this device kind's own (op `next_index - 1`); return the index

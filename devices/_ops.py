@@ -263,6 +263,14 @@ class Submission:
             self.failed_item = item
             self.failed_actor = actor
 
+    def parked(self) -> None:
+        """A job of it parked on a wait not yet satisfied (the slow path)."""
+        self.waits_parked += 1
+
+    def blocked(self, seconds: float) -> None:
+        """A job of it was blocked (parked) for `seconds`."""
+        self.time_blocked += seconds
+
     def take_failure(self) -> tuple[int, str, BaseException]:
         """The first failure recorded, cleared (a submission that stands for one run after
         another: a LinearRun's). Only where `error` is set."""

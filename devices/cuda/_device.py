@@ -127,7 +127,7 @@ class CUDADevice(Device):
         self._staging_free: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
         self._staging_all: list[int] = []
         # Mapped words that follow trio-side signals, so streams can wait on them.
-        self._mirrors: dict[int, tuple[Signal, int, int, trio.CancelScope]] = {}
+        self._mirrors: dict[Signal, tuple[Signal, int, int, trio.CancelScope]] = {}
         # Mapped words no longer following a signal: (host, device) pointers no stream
         # waits on any more, for the next mirror; and host pointers of words a stream may
         # still read, kept until the device closes.
@@ -268,8 +268,8 @@ class CUDADevice(Device):
         """The device pointer of a mapped word that follows `signal`, a signal only the
         trio side sets (a CPU queue, a device timeline): a stream waits on the word as on
         any GPU queue's. None before the device's actors started."""
-        entry = self._mirrors.get(id(signal))
-        if entry is not None and entry[0] is signal:
+        entry = self._mirrors.get(signal)
+        if entry is not None:
             return entry[2]
         if self._nursery is None:
             return None
@@ -279,7 +279,7 @@ class CUDADevice(Device):
             host, device = self.driver.host_alloc_mapped(8)
         self.driver.host_write64(host, signal.value)
         scope = trio.CancelScope()
-        self._mirrors[id(signal)] = (signal, host, device, scope)
+        self._mirrors[signal] = (signal, host, device, scope)
         self._nursery.start_soon(
             self._follow, signal, host, scope, name=f"{self.name} mirror {signal.name}"
         )
@@ -302,10 +302,9 @@ class CUDADevice(Device):
         The words go back for reuse if no stream can still be waiting on them (`idle`),
         else they stay until the device closes."""
         for signal in signals:
-            entry = self._mirrors.get(id(signal))
-            if entry is None or entry[0] is not signal:
+            entry = self._mirrors.pop(signal, None)
+            if entry is None:
                 continue
-            del self._mirrors[id(signal)]
             _, host, device, scope = entry
             scope.cancel()
             self.driver.host_write64(host, signal.value)  # what a waiting stream needs

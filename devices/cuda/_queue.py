@@ -458,7 +458,7 @@ class CudaQueueActor(QueueActor):
         await reached.wait()  # cancelled: `_abandon` sees the stream still busy
         blocked = self.clock() - start
         self.time_blocked += blocked
-        job.submission.time_blocked += blocked
+        job.submission.blocked(blocked)
         self._draining = False
         # The jobs before this one have ended (their ends came first): its faults carry
         # the count of jobs the stream has ended.
