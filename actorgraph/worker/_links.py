@@ -34,7 +34,7 @@ from ._outbox import Outbox, send_data
 from ._staging import bytes_of
 
 if TYPE_CHECKING:
-    from ._server import Worker
+    from ._host import Host
     from ._session import Session
 
 
@@ -49,8 +49,11 @@ class UnknownBuffer(Refused):
 class Link:
     """One link another worker opened to this one: its requests, answered in order."""
 
-    def __init__(self, worker: Worker, stream: FrameStream, out: Outbox) -> None:
+    def __init__(
+        self, worker: Host, sessions: dict[int, Session], stream: FrameStream, out: Outbox
+    ) -> None:
         self.worker = worker
+        self.sessions = sessions  # the worker's clients' sessions, by id
         self.stream = stream
         self.out = out
         self.waiting = 0  # PWhen and PWatch requests waiting for their value
@@ -105,7 +108,7 @@ class Link:
         """Answer (a Data of no bytes) once that session's queue reaches the value, in its
         client's values, from the task that moves it there: a wait between two workers
         costs one message."""
-        session = self.worker.sessions.get(request.session)
+        session = self.sessions.get(request.session)
         if session is None or not hmac.compare_digest(
             request.ticket, watch_ticket(session.key, request.queue)
         ):
@@ -119,7 +122,7 @@ class Link:
 
         def due() -> None:
             self.waiting -= 1
-            if self.worker.sessions.get(session.sid) is not session:
+            if self.sessions.get(session.sid) is not session:
                 self.out.send(Error("pwatch", request.request, "the source's client went away"))
             else:
                 send_data(self.out, request.request, memoryview(b""))
@@ -129,7 +132,7 @@ class Link:
     def _read(self, sid: int, ref: Ref, ticket: bytes) -> tuple[Session, memoryview]:
         """The session and bytes a peer's read names, checked against its ticket.
         UnknownBuffer if the ticket is good but the session holds no such buffer now."""
-        session = self.worker.sessions.get(sid)
+        session = self.sessions.get(sid)
         handle = ref.handle
         if session is None or not hmac.compare_digest(ticket, session.read_ticket(handle)):
             # The same answer either way: a peer learns nothing of other sessions.
@@ -149,7 +152,7 @@ class Link:
         self.waiting -= 1
         req = request.request
         try:
-            if self.worker.sessions.get(session.sid) is not session:
+            if self.sessions.get(session.sid) is not session:
                 self.out.send(Error("pwhen", req, "the source's client went away"))
                 return
             if data is None:
@@ -164,6 +167,8 @@ class Link:
         send_data(self.out, req, data)
 
 
-async def serve_link(worker: Worker, stream: FrameStream, out: Outbox) -> None:
+async def serve_link(
+    worker: Host, sessions: dict[int, Session], stream: FrameStream, out: Outbox
+) -> None:
     """Answer the requests of a link another worker opened to this one, until it closes."""
-    await Link(worker, stream, out).serve()
+    await Link(worker, sessions, stream, out).serve()

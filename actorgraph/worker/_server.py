@@ -119,7 +119,7 @@ class Worker:
                         out.send(Welcome(session.sid, session.key, self.limits.as_wire()))
                         await self._client_loop(stream, session)
                     else:
-                        await serve_link(self, stream, out)
+                        await serve_link(self, self.sessions, stream, out)
                 except WireError as exc:
                     # The framing itself is broken: answer, then drop this connection only.
                     await out.send(Error("frame", 0, str(exc))).wait()

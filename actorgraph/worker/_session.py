@@ -53,14 +53,14 @@ from ._progress import Progress, TrackedSignal
 from ._staging import bytes_of
 
 if TYPE_CHECKING:
-    from ._server import Worker
+    from ._host import Host
 
 
 class Session:
     """One client's state on the worker: its buffers, programs, blobs and mirrors."""
 
     def __init__(
-        self, worker: Worker, sid: int, out: Outbox, nursery: trio.Nursery | None = None
+        self, worker: Host, sid: int, out: Outbox, nursery: trio.Nursery | None = None
     ) -> None:
         self.worker = worker
         # This client's own queue actor per device, made on first use (CPU, SIM, and CUDA
