@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import trio
 import trio.testing
-from actorgraph.devices import QueueActor, run_inline
+from actorgraph.devices import HoldingSignal, InlineRun, QueueActor, Resumer, run_inline
 from actorgraph.devices._ops import (
     AWAIT,
     CUDA_ITEM,
@@ -75,22 +75,34 @@ class OpSampler:
         profiled: bool,
         wire: Callable[[], Op] | None = None,
         inline: bool = False,
+        held: bool = False,
     ) -> None:
         """Run a job of the sample op of `code` (and the queue's own SIGNAL): posted to
         the actor (its plain or profiled loop), or with `inline` run in this task as a
-        submission on idle queues is (devices.run_inline), handing off what it cannot run."""
+        submission on idle queues is (devices.run_inline), handing off what it cannot run,
+        or with `held` held on a signal first and run on by the task that moves it (a
+        worker's held jobs: devices.InlineRun and Resumer)."""
         actor = self.actor
         sample, count = self.op(code, wire)
         ops: list[Op] = [] if sample is None else [sample]
         ops.append(signal_op(actor.signal, FIRST_QUEUE_SLOT, count))
+        holder = HoldingSignal("holder", 0, Resumer())
+        if held:
+            ops.insert(0, wait_op(holder, FIRST_QUEUE_SLOT + 2, 1))
         base = actor.reserve(count)
-        bases = [0, 0, base, self.gate.value]  # KICK, BATCH, this queue, the gate
+        # KICK, BATCH, this queue, the gate, the signal a held job is held on
+        bases = [0, 0, base, self.gate.value, 0]
         sub = Submission(1, [], [], [()], [])
         profile = JobProfile() if profiled else None
         job = Job(tuple(ops), bases, sub, 0, profile)
         if inline:
             assert actor.runs_inline and actor.idle
             run_inline([actor], [job])
+        elif held:
+            assert actor.runs_inline and actor.idle
+            holder.resumer.start(InlineRun([actor], [job]))
+            assert not sub.done.is_set() and not actor.idle  # held there, on the actor
+            holder.set(1)  # runs it on, in this task, as far as it goes without a task
         else:
             actor.post(job)
             actor.flush()  # a submission's posts end so (a REMOTE queue sends them here)

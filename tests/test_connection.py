@@ -1,4 +1,4 @@
-"""The client's connection to a worker (actorgraph/remote/_connection.py) when things go
+"""The client's connection to a worker (actorgraph/devices/remote/_connection.py) when things go
 wrong: a worker killed mid-replay, every later call on its devices, slow kernels that are
 progress and not a deadlock, chaos, reconnecting to a restarted worker.
 

@@ -1,9 +1,11 @@
 """The op format (devices/_ops.py): one table of codes, and every queue runs all of its own.
 
-Every code a kind of queue says it runs (`op_codes`) goes through that queue's plain loop,
-its profiled loop and a submission run inline on idle queues (`run_inline`, which runs
-what it can in the submitter's task and hands the rest to the actor), for every device
-kind: the loops cannot drift apart again.
+What the codes mean is one function (`step`, devices/_step.py); every code a kind of queue
+says it runs (`op_codes`) goes through each of its drivers: the actor's own task, with a
+profiling observer and without, a submission run inline on idle queues (`run_inline`,
+which runs what it can in the submitter's task and hands the rest to the actor), and a
+job held on a signal and run on by the task that moves it (a worker's), for every device
+kind.
 (The REMOTE queue's run is in test_remote.py, beside the workers it needs.)
 """
 
@@ -75,7 +77,7 @@ def test_a_queue_given_a_code_it_does_not_run_names_it() -> None:
 
 
 @pytest.mark.parametrize("name", ["CPU:0", "SIM:0", "CUDA:0"])
-@pytest.mark.parametrize("loop", ["plain", "profiled", "inline"])
+@pytest.mark.parametrize("loop", ["plain", "profiled", "inline", "held"])
 async def test_every_code_of_a_local_queue_runs_in_every_loop(name: str, loop: str) -> None:
     with trio.fail_after(GUARD):
         async with ag.open_runtime([name], cuda_driver=FakeDriver()) as rt:
@@ -86,7 +88,9 @@ async def test_every_code_of_a_local_queue_runs_in_every_loop(name: str, loop: s
                     continue
                 sampler = OpSampler(actor)
                 for code in sorted(actor.op_codes):
-                    if loop == "inline" and not actor.runs_inline:
+                    if loop in ("inline", "held") and not actor.runs_inline:
                         continue  # its kind runs jobs its own way: never inline
-                    await sampler.run(code, loop == "profiled", inline=loop == "inline")
+                    await sampler.run(
+                        code, loop == "profiled", inline=loop == "inline", held=loop == "held"
+                    )
                 assert set(actor.op_codes) <= set(OP_NAMES)

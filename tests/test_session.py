@@ -1,4 +1,4 @@
-"""A worker's sessions (actorgraph/remote/_session.py, _worker.py): every refusal is an
+"""A worker's sessions (actorgraph/worker/_session.py, _server.py): every refusal is an
 error reply, the session and the worker go on, one client cannot stall another, and
 peers read only what a ticket names. Spoken to over the raw wire protocol.
 """

@@ -3,7 +3,7 @@
 A session's reports and data, and a peer link's answers, go through one. Small frames
 leave from the task that sends them when nothing is ahead of them; bulk data and what a
 full socket did not take go by the outbox's writer task. The worker's design is
-described in actorgraph/remote/_worker.py.
+described in actorgraph/worker/_server.py.
 """
 
 from __future__ import annotations

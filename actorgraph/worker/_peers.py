@@ -2,7 +2,7 @@
 
 A copy between two workers runs on the destination's worker, which reads the source
 buffer over a "peer" connection with a read ticket the client put in the program (see
-actorgraph/remote/__init__.py, "How order crosses hosts"). A link to a worker is opened
+actorgraph/devices/remote/__init__.py, "How order crosses hosts"). A link to a worker is opened
 once and kept; many reads share it, each answered under its own request id. A batch's
 requests to one worker leave together, in one send, from the task that takes the batch.
 A link is authenticated as a client is: the worker answers its peer's challenge with its

@@ -3,7 +3,7 @@ and `TrackedSignal`, the signal of a client's own queue actor that moves it.
 
 Reads and waits that other workers (or the client) asked for run from whichever task
 gets a queue there, the moment it does. The worker's design is described in
-actorgraph/remote/_worker.py.
+actorgraph/worker/_server.py.
 """
 
 from __future__ import annotations

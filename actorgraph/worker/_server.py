@@ -1,7 +1,7 @@
 """`actorgraph worker`: a trio TCP server that hosts devices for REMOTE clients.
 
 The worker opens its own runtime with its devices and serves any number of clients, one
-session each. A client's programs (one per plan queue, see actorgraph/remote/__init__.py) are
+session each. A client's programs (one per plan queue, see actorgraph/devices/remote/__init__.py) are
 lowered here onto the worker's own queue actors; its batches post one job per queue.
 
 Kernels are never shipped: a launch names a kernel, resolved in the registry built from

@@ -1,30 +1,44 @@
-"""The remote protocol, both of its sides: REMOTE devices on a client, and the worker.
+"""REMOTE devices: the devices of a worker (`actorgraph worker`), seen from a client.
+
+This package is a kind of device, beside CPU, SIM and CUDA: it imports only the rest of
+actorgraph.devices. The worker that serves these devices is an application on the
+runtime, in its own package (actorgraph/worker/). Both sides speak the messages of
+`wire.py` (typed and versioned) in the frames of `frames.py`; this docstring describes
+the protocol as a whole.
 
 A remote device is named `KIND:N@HOST:PORT` (`CPU:0@127.0.0.1:7000`: device CPU:0 of the
 worker listening on 127.0.0.1:7000). All remote devices of one worker in a runtime share
 one `Connection`: one TCP connection and one actor task that stands, in the plan, for
 every queue of that worker.
 
-The files, client side first:
+The files:
 
-    _device.py      RemoteDevice and RemoteQueue: lowering items to wire entries
-    _connection.py  the connection actor: batches, mirrors, reports
+    _device.py      RemoteDevice and RemoteQueue: lowering items to program entries
+    _connection.py  the connection actor: batches, mirrored signals, reports
+    _programs.py    op lists as programs a worker keeps; copies asked for ahead
     _transport.py   its socket: sending in order, the reader task, a caller's own reads
-    _oplists.py     op lists as programs a worker keeps; copies asked for ahead
-    _wire.py        the frames both sides speak, their limits, the HMACs
-    _worker.py      `actorgraph worker`: the server, its handshake and routing
-    _session.py     one client's state on a worker: buffers, programs, batches
-    _outbox.py      the frames a worker sends on a connection, in order
-    _progress.py    how far a client's queues on a worker have got, and what is then due
+    _handshake.py   the connecting side of the handshake (a client, or a worker linking)
+    wire.py         the protocol's messages, typed and versioned, and their checks
+    frames.py       frames over a socket: header, msgpack meta, raw tail
+
+and the worker's (actorgraph/worker/):
+
+    _server.py      `actorgraph worker`: the server, accepting and routing connections
+    _handshake.py   the worker's side of the handshake
+    _session.py     one client's state on a worker: buffers, programs, blobs, mirrors
+    _batches.py     a client's batches: checked, posted or run where they arrive, reported
     _lowering.py    a program's entries checked and lowered onto a queue actor
     _lowered.py     a client's program as a worker lowered it; refusals
-    _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
-    _inline.py      jobs held on a wait, run on in the task that satisfies it
-    _staging.py     host memory a worker's host writes land in
+    _links.py       what a worker answers on a link another worker opened to it
     _peers.py       the links a worker opens to other workers (copies between workers)
+    _outbox.py      the frames a worker sends on a connection, in order
+    _progress.py    how far a client's queues on a worker have got, and what is then due
+    _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
+    _staging.py     host memory a worker's host writes land in
+    _kernels.py     the worker's kernel registry (--kernels)
 
-The client side is a kind of device: it imports only actorgraph.devices. The worker side
-is an application of the runtime: it opens one and lowers programs onto its actors.
+Jobs a worker holds on a wait, and runs on in the task that satisfies it, are the
+devices' own (devices/_inline.py).
 
 How a replay runs
 -----------------
@@ -102,7 +116,7 @@ next send wakes it (unless its caller reads its own replay's end), and a call th
 checks the connection peeks at the socket, so a worker lost while idle is still found.
 A replay on one worker then costs the client one scheduler pass, as a bare round trip. A job of
 such a batch that meets a wait on a mirror or on a queue of its client's own is held
-there, and runs on in whichever task moves that signal (_inline.py): the link reader that
+there, and runs on in whichever task moves that signal (devices/_inline.py): the link reader that
 lands a copy's bytes from another worker runs the copy, the kernel after it and sends
 the next bytes, so a step between two workers costs the receiving worker no task switch
 either. Only ops that need no task run so: at a kernel on the thread (one not seen to be
