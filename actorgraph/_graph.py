@@ -170,6 +170,9 @@ class Graph(Hinted):
         # are stored. Cleared when anything is freed, and when the graph closes.
         self._bound: dict[tuple[Buffer, ...], Bound] = {}
         self._frees_seen = runtime.frees
+        # The runtime's epoch when the kept bindings were last checked good to use as
+        # they are (-1: never, as while the runtime profiles every replay).
+        self._epoch_seen = -1
         self._internal: dict[int, list[Buffer]] = {}
         for j, item in enumerate(program.items):
             bound = {slot for slot, _ in program.item_inputs[j]}
@@ -278,7 +281,10 @@ class Graph(Hinted):
         # The call's cancel point comes first (cancelled there, it submits nothing), and
         # the submission before any yield, so calls submit in the order they are made.
         await _checkpoint_if_cancelled()
-        failure = self._try_now(inputs, var_vals, profile)
+        if profile is None:
+            failure = self._try_now(inputs, var_vals)
+        else:
+            failure = self._try_bound(self.bind(inputs, var_vals), profile)
         if failure is NOT_HERE:
             await self._submit_and_wait(self.bind(inputs, var_vals), inputs, profile)
             return
@@ -286,15 +292,13 @@ class Graph(Hinted):
         if failure is not None:
             raise_item_failure(*failure)
 
-    def _try_now(
-        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None, profile: bool | None
-    ) -> Any:
+    def _try_now(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Any:
         """The call's replay, run here and now if it can be (as `run_here` says): None if
         it ran, (program, failure) if it ran and an item failed, NOT_HERE if it did not
         run (having done nothing). The binding kept for these very inputs and values is
-        used as it is while nothing was freed and the runtime is usable; else `bind`
-        checks them (and raises what the call raises for them)."""
-        runtime = self._runtime
+        used as it is while the runtime's epoch has not moved since it was checked (no
+        buffer freed, the runtime usable; never while it profiles every replay); else
+        `bind` checks them (and raises what the call raises for them)."""
         try:
             bound = self._bound.get(tuple(inputs))
         except TypeError:  # an input that cannot be hashed is no Buffer: bind says so
@@ -302,25 +306,26 @@ class Graph(Hinted):
         if (
             bound is None
             or var_vals != bound.var_vals
-            or runtime.frees != self._frees_seen
-            or not runtime.usable
+            or self._runtime.epoch != self._epoch_seen
         ):
-            bound = self.bind(inputs, var_vals)
+            return self._try_bound(self.bind(inputs, var_vals), None)
         linear = bound.linear
-        if linear is None or profile or (profile is None and self._profiling):
+        if linear is None:
             return NOT_HERE
         failure = linear.run()
         if failure is None:
-            self._counts.done += 1
+            self._counts.done += 1  # a replay submitted and done where it was made
             return None
-        return self._ran_here(bound, failure)
-
-    def _ran_here(self, bound: Bound, failure: Any) -> Any:
-        """What `linear.run()` returned for `bound`: NOT_HERE if it did not run, else
-        the replay is counted, done, and its failure returned with its program."""
         if failure is NOT_RUN:
             return NOT_HERE
         self._counts.done += 1
+        return bound.program, failure
+
+    def _try_bound(self, bound: Bound, profile: bool | None) -> Any:
+        """`_try_now` for a binding checked by `bind`, with the profile asked for."""
+        failure = self.run_here(bound, profile)
+        if failure is None or failure is NOT_HERE:
+            return failure
         return bound.program, failure
 
     async def _submit_and_wait(
@@ -435,8 +440,11 @@ class Graph(Hinted):
             return NOT_HERE
         if quiet and not linear.quiet():
             return NOT_HERE
-        done = self._ran_here(bound, linear.run())
-        return done if done is NOT_HERE else done[1]
+        failure = linear.run()
+        if failure is NOT_RUN:
+            return NOT_HERE
+        self._counts.done += 1  # a replay submitted and done where it was made
+        return failure
 
     def _start(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
         failure = self.run_here(bound, profile)
@@ -501,6 +509,8 @@ class Graph(Hinted):
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
         self._bound[inputs] = bound
+        if not self._profiling:
+            self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
         return bound
 
     def _freed_since(self) -> None:

@@ -115,6 +115,9 @@ class Runtime:
         # Every graph's replay counts (`adopt`): the runtime's are their sums.
         self._graph_counts: list[ReplayCounts] = []
         self.frees = 0
+        # Moves whenever a binding a graph keeps may no longer be used as it is: a buffer
+        # was freed, or the runtime became unusable (broken, closed). See Graph._try_now.
+        self.epoch = 0
         # In flight: each submission with what to call once it is done (a replay's graph
         # counting it), or None.
         self._pending: dict[Submission, Callable[[Submission], None] | None] = {}
@@ -144,6 +147,7 @@ class Runtime:
     def _close(self) -> None:
         self._open = False
         self.usable = False
+        self.epoch += 1
         self._closed = True
         for device in self._devices.values():
             device.close()
@@ -305,6 +309,7 @@ class Runtime:
         alloc.freed = True
         memory, alloc.memory = alloc.memory, None
         self.frees += 1
+        self.epoch += 1
         if alloc.foreign:
             alloc.owner = None  # the memory is its owner's: nothing goes back to the device
             return  # graphs re-check their buffers' liveness when this moves
@@ -387,6 +392,7 @@ class Runtime:
         if self._broken is None:
             self._broken = error
             self.usable = False
+            self.epoch += 1
             _log.error("runtime broken: %s", error)
         for sub in list(self._pending):
             sub.fail(-1, "", error)

@@ -4,10 +4,11 @@ When every item of a bound op list runs inline (EXEC), there is an order in whic
 task can run all of them, each queue's waits met by the queues before it (the caller
 works it out from the plan once: `Program._linear_order`). On idle queues of devices
 done with earlier work, nothing else can run while that task runs them, so nobody can
-see the signals in between: the submission is then one run of calls, the floor's own
-loop, run by the one interpreter (`step`, devices/_step.py) as a job of its own made
-when the op lists were bound, and the bookkeeping the actors would have done is done
-once, after it, by the owners of what it moves: the runtime's KICK (`Signal.set`),
+see the signals in between: the submission is then one run of EXEC calls, worked out
+when the op lists were bound, and run as `step` (devices/_step.py) runs any run of EXEC
+calls (`run_calls`, the floor's own loop: the first failure is the submission's, the
+calls after it are skipped). The bookkeeping the actors would have done is done once,
+after it, by the owners of what it moves: the runtime's KICK (`Signal.set`),
 each queue (`QueueActor.complete`: its timeline values, its signal, its counts) and
 each device (`Device.advance`: its timeline, its ticket). No Submission, no Job, no
 trio object is made per run.
@@ -28,9 +29,9 @@ from typing import Any
 
 from ._actor import QueueActor
 from ._device import Device
-from ._ops import EXEC, ITEM, Job, Script, Submission, own_signal
+from ._ops import EXEC, ITEM, Script, own_signal
 from ._signal import Signal
-from ._step import step
+from ._step import run_calls
 
 _VALUE_MAX = (1 << 64) - 1
 
@@ -45,17 +46,18 @@ class LinearRun:
     """One binding of a plan's op lists, every item inline, as one run of calls in a
     fixed order, worked out once (a schedule).
 
-    Invariants: `_job`'s ops are the EXEC ops of the queues' op lists in the schedule's
-    order; running them in this order meets every wait between the plan's queues (the
-    caller's order guarantees it). `ready()` true means no other work of the devices is
+    Invariants: `_calls` are the calls of the EXEC ops of the queues' op lists in the
+    schedule's order (`_items`: their items); running them in this order meets every wait
+    between the plan's queues (the caller's order guarantees it). `ready()` true means no other work of the devices is
     queued, running or unfinished, so `run()` may stand for posting the jobs.
     """
 
     __slots__ = (
         "_advances",
+        "_calls",
         "_completes",
         "_devices",
-        "_job",
+        "_items",
         "_kick",
         "_kick_limit",
         "_names",
@@ -74,18 +76,20 @@ class LinearRun:
         counts: Sequence[int],
         copy_bytes: Sequence[int],
     ) -> None:
-        ops = []
+        calls = []
+        items = []
         self._names: dict[int, str] = {}  # item -> the actor it belongs to, for failures
         for q, i in order:
             op = scripts[q].ops[i]
             if op[0] != EXEC:
                 raise ValueError(f"op {i} of queue {q} is not inline; no LinearRun for it")
-            ops.append(op)
+            calls.append((op[1], op[2]))
+            items.append(op[ITEM])
             self._names[op[ITEM]] = actors[q].name
         self._kick = kick
-        # The schedule as a job of its own: its submission holds a run's failure (reset
-        # before each run); it is never posted, so nothing else of it is used.
-        self._job = Job(Script(ops), (), Submission(0, (), (), (), ()), 0)
+        # The schedule: the submission as one run of EXEC calls.
+        self._calls = tuple(calls)
+        self._items = tuple(items)
         # Per queue: (actor, values it reserves, its job's last signal or -1, bytes copied).
         queues = []
         for q, actor in enumerate(actors):
@@ -153,8 +157,8 @@ class LinearRun:
             if not self.ready():
                 return NOT_RUN
             self._kick_limit = kick.value + self._runs_clear()
-        job = self._job
-        step(job, 0, "")
+        # The schedule is one run of EXEC calls: run as `step` runs a run of them.
+        failed = run_calls(self._calls, 0, None)
         kicked = kick.value + 1  # numbers the submission, as posting it would
         kick.set(kicked)
         for complete, count, last, copied in self._completes:
@@ -165,12 +169,8 @@ class LinearRun:
         # kick: until then no job is posted, no ticket taken, no timeline moved. The
         # values stay clear of 2**64-1 for the runs counted when it was checked.
         self._ready_at = kicked if kicked < self._kick_limit else -1
-        if job.submission.error is None:
+        if failed is None:
             return None
-        return self._failure()
-
-    def _failure(self) -> Failure:
-        """The failure the last run left in its job's submission, taken from it (so the
-        next run starts with none)."""
-        item, _, error = self._job.submission.take_failure()
+        index, error = failed
+        item = self._items[index]
         return (item, self._names.get(item, ""), error)

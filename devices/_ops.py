@@ -271,16 +271,6 @@ class Submission:
         """A job of it was blocked (parked) for `seconds`."""
         self.time_blocked += seconds
 
-    def take_failure(self) -> tuple[int, str, BaseException]:
-        """The first failure recorded, cleared (a submission that stands for one run after
-        another: a LinearRun's). Only where `error` is set."""
-        assert self.error is not None
-        failure = (self.failed_item, self.failed_actor, self.error)
-        self.error = None
-        self.failed_item = -1
-        self.failed_actor = ""
-        return failure
-
     def job_done(self, slot: int) -> None:
         device_left = self.device_left
         for d in self.queue_devices[slot]:

@@ -57,6 +57,11 @@ class Signal:
         if value > _SIGNAL_MAX:
             raise OverflowError(f"signal {self.name!r} would pass 2**64-1 (set to {value})")
         self.value = value
+        if self._waiters:
+            self._wake(value)
+
+    def _wake(self, value: int) -> None:
+        """Wake the waiters `value` satisfies, in the order of their thresholds."""
         waiters = self._waiters
         while waiters and waiters[0][0] <= value:  # type: ignore[operator]
             entry = heapq.heappop(waiters)

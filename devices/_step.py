@@ -10,8 +10,9 @@ then deals with the op it stopped at:
   devices/_inline.py), which hands a job to its actor where it stops, or holds it on a
   signal to run on in whichever task moves that signal (a worker's held jobs);
 - a CUDA queue's host steps, once its stream has got to them;
-- a `LinearRun` (devices/_linear.py): a submission worked out at bind time as one
-  run of calls in an order the plan allows.
+- and a `LinearRun` (devices/_linear.py), a submission worked out at bind time as one
+  run of EXEC calls in an order the plan allows, runs that run as `step` runs one
+  (`run_calls`).
 
 `step(job, at, name)` runs the ops from `at` in the caller's task for as long as none
 needs a task of its own, and returns where it stopped: `len(job.ops)` when the job's
