@@ -281,52 +281,36 @@ class Graph(Hinted):
         # The call's cancel point comes first (cancelled there, it submits nothing), and
         # the submission before any yield, so calls submit in the order they are made.
         await _checkpoint_if_cancelled()
-        if profile is None:
-            failure = self._try_now(inputs, var_vals)
-        else:
-            failure = self._try_bound(self.bind(inputs, var_vals), profile)
-        if failure is NOT_HERE:
-            await self._submit_and_wait(self.bind(inputs, var_vals), inputs, profile)
-            return
-        await _cancel_shielded_checkpoint()
-        if failure is not None:
-            raise_item_failure(*failure)
-
-    def _try_now(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Any:
-        """The call's replay, run here and now if it can be (as `run_here` says): None if
-        it ran, (program, failure) if it ran and an item failed, NOT_HERE if it did not
-        run (having done nothing). The binding kept for these very inputs and values is
-        used as it is while the runtime's epoch has not moved since it was checked (no
-        buffer freed, the runtime usable; never while it profiles every replay); else
-        `bind` checks them (and raises what the call raises for them)."""
+        # The binding kept for these very inputs and values is used as it is while the
+        # runtime's epoch has not moved since it was checked (no buffer freed, the
+        # runtime usable; never while it profiles every replay); else `bind` checks them
+        # (and raises what the call raises for them).
         try:
             bound = self._bound.get(tuple(inputs))
         except TypeError:  # an input that cannot be hashed is no Buffer: bind says so
             bound = None
         if (
             bound is None
+            or profile is not None
             or var_vals != bound.var_vals
             or self._runtime.epoch != self._epoch_seen
         ):
-            return self._try_bound(self.bind(inputs, var_vals), None)
-        linear = bound.linear
-        if linear is None:
-            return NOT_HERE
-        failure = linear.run()
-        if failure is None:
-            self._counts.done += 1  # a replay submitted and done where it was made
-            return None
-        if failure is NOT_RUN:
-            return NOT_HERE
-        self._counts.done += 1
-        return bound.program, failure
-
-    def _try_bound(self, bound: Bound, profile: bool | None) -> Any:
-        """`_try_now` for a binding checked by `bind`, with the profile asked for."""
-        failure = self.run_here(bound, profile)
-        if failure is None or failure is NOT_HERE:
-            return failure
-        return bound.program, failure
+            bound = self.bind(inputs, var_vals)
+            failure = self.run_here(bound, profile)
+        elif bound.linear is None:
+            failure = NOT_HERE
+        else:  # run_here, for a binding known to run here unless its queues are busy
+            failure = bound.linear.run()
+            if failure is NOT_RUN:
+                failure = NOT_HERE
+            else:
+                self._counts.done += 1  # a replay submitted and done where it was made
+        if failure is NOT_HERE:
+            await self._submit_and_wait(bound, inputs, profile)
+            return
+        await _cancel_shielded_checkpoint()
+        if failure is not None:
+            raise_item_failure(bound.program, failure)
 
     async def _submit_and_wait(
         self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None
@@ -434,7 +418,7 @@ class Graph(Hinted):
         NOT_HERE (having done nothing) when it cannot run so: then it is submitted as
         usual. `quiet`: only if it moves no signal that a task waits on. It takes no
         room in the in-flight window (it is never in flight), so a full window does not
-        hold it back. (`_try_now` is this, for a call: its hot path.)"""
+        hold it back. (A call's hot path does this for a binding it kept.)"""
         linear = bound.linear
         if linear is None or profile or (profile is None and self._profiling):
             return NOT_HERE

@@ -116,7 +116,7 @@ class Runtime:
         self._graph_counts: list[ReplayCounts] = []
         self.frees = 0
         # Moves whenever a binding a graph keeps may no longer be used as it is: a buffer
-        # was freed, or the runtime became unusable (broken, closed). See Graph._try_now.
+        # was freed, or the runtime became unusable (broken, closed). See Graph.__call__.
         self.epoch = 0
         # In flight: each submission with what to call once it is done (a replay's graph
         # counting it), or None.

@@ -63,6 +63,7 @@ class LinearRun:
         "_names",
         "_queues",
         "_ready_at",
+        "_single",
         "copy_bytes",
     )
 
@@ -102,6 +103,13 @@ class LinearRun:
             (actor.complete, count, last, copied) for actor, count, last, copied in queues
         )
         self._advances = tuple(device.advance for device in devices)
+        # One queue on one device (a small graph's usual case): the same two calls,
+        # without the loops.
+        self._single = (
+            self._completes[0] + (self._advances[0],)
+            if len(self._completes) == 1 and len(self._advances) == 1
+            else None
+        )
         self.copy_bytes = sum(copy_bytes)
         # The kick's value right after this run last ran, while ready() is known to hold
         # (see run), else -1: every submission moves the kick, and only a submission
@@ -161,10 +169,16 @@ class LinearRun:
         failed = run_calls(self._calls, 0, None)
         kicked = kick.value + 1  # numbers the submission, as posting it would
         kick.set(kicked)
-        for complete, count, last, copied in self._completes:
+        single = self._single
+        if single is not None:
+            complete, count, last, copied, advance = single
             complete(count, last, copied)
-        for advance in self._advances:
             advance()
+        else:
+            for complete, count, last, copied in self._completes:
+                complete(count, last, copied)
+            for advance in self._advances:
+                advance()
         # What ready() found still holds until the next submission, which moves the
         # kick: until then no job is posted, no ticket taken, no timeline moved. The
         # values stay clear of 2**64-1 for the runs counted when it was checked.
