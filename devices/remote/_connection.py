@@ -132,6 +132,11 @@ class Connection:
         self.allocated = 0
         self.batches_sent = 0
         self._eager = 0  # transfers in a row that needed no wait: see push
+        # A caller that reads its replay's end itself (the connection is its queues'
+        # `end_reader`) does so through the transport: its own methods, bound here.
+        self.coming = self.transport.coming
+        self.not_coming = self.transport.not_coming
+        self.wait_done = self.transport.wait_done
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}>"
@@ -208,19 +213,6 @@ class Connection:
 
     def probe(self) -> None:
         self.transport.probe()
-
-    # What a caller that reads its replay's end itself does (the runtime's end_reader).
-    def coming(self) -> None:
-        self.transport.coming()
-
-    def not_coming(self) -> None:
-        self.transport.not_coming()
-
-    async def wait_done(self, sub: Any) -> None:
-        await self.transport.wait_done(sub)
-
-    def flush(self) -> None:
-        self.transport.flush()
 
     # -- requests that need no answer (queued in order with the batches) --
 
@@ -342,18 +334,19 @@ class Connection:
     # -- the actor --
 
     def post(self, job: Job, queue: RemoteQueue) -> None:
-        if self.error is not None:
-            self._fail_job(job, queue, self.error)
+        error = self.transport.error
+        if error is not None:
+            self._fail_job(job, queue, error)
             return
         # Held until the submission is whole (flush): its jobs for this worker go as one
         # batch, from the submitter's task.
-        self.transport.queue((job, queue))
+        self.transport.hold((job, queue))
 
     def encode_batch(self, group: list[Posted], parts: list[bytes | memoryview]) -> None:
         """One submission's jobs for this worker, as one Batch (and the Progs it needs)."""
         first: Job = group[0][0]
         bases = first.bases
-        batch_id = self.new_id()
+        batch_id = next(self._ids)
         batch = _Batch(first.submission, bases)
         prog_ids = []
         ext: list[tuple[int, int]] = []
@@ -362,12 +355,10 @@ class Connection:
             program = self.programs.program_of(job, queue, parts)
             batch.jobs[program.slot] = (job, program)
             prog_ids.append(program.prog_id)
+            self.mirrors.due_of(program.mirrors, ext)
             for signal, slot, rel, ext_id in program.mirrors:
-                value = signal.value
-                if self.mirrors.due(ext_id, value):
-                    ext.append((ext_id, value))
                 target = bases[slot] + rel
-                if value >= target:
+                if signal.value >= target:
                     continue
                 if (slot, rel, ext_id) in program.direct and queue_of(signal) is not None:
                     direct.append((signal, target, ext_id))

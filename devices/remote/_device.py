@@ -84,7 +84,7 @@ class RemoteQueue(QueueActor):
 
     def flush(self) -> None:
         # The submission is whole: its jobs for this worker go as one batch.
-        self.device.connection.flush()
+        self.device.connection.transport.flush()
 
     def ended(self, job: Job) -> None:
         """The worker finished `job`, or the connection failed it."""

@@ -78,6 +78,18 @@ class Mirrors:
         self._sent[ext_id] = value
         return True
 
+    def due_of(
+        self, mirrors: list[tuple[Signal, int, int, int]], ext: list[tuple[int, int]]
+    ) -> None:
+        """Append to `ext` the values of `mirrors` (a program's: signal, slot, rel, id)
+        not yet sent, each as (mirror id, value), and count them as sent."""
+        sent = self._sent
+        for signal, _, _, ext_id in mirrors:
+            value = signal.value
+            if sent.get(ext_id, -1) < value:
+                sent[ext_id] = value
+                ext.append((ext_id, value))
+
 
 class KeptProgram:
     """One queue's op list as the worker holds it (or holds it for one batch)."""

@@ -260,11 +260,15 @@ class Transport:
 
     # -- sending --
 
-    def queue(self, entry: Frame | Posted) -> None:
-        """Queue a frame, or a posted job (sent with the rest of its submission at the
-        next `flush` or by the writer), after everything queued before it."""
+    def queue(self, entry: Frame) -> None:
+        """Queue a frame after everything queued before it, for the writer to send."""
         self._pending.append(entry)
         self._doorbell.ring()
+
+    def hold(self, posted: Posted) -> None:
+        """Queue a posted job without waking the writer: the `flush` that follows its
+        submission's last post sends it with the rest of its submission."""
+        self._pending.append(posted)
 
     def queue_now(self, entry: Frame) -> None:
         """Queue `entry` and send it (with what is ahead of it) from this task if it can."""

@@ -114,8 +114,22 @@ def want_list(
 Check = Callable[[Any, str], Any]
 
 
-def integer(lo: int = 0, hi: int = ID_MAX) -> Check:
-    return lambda value, what: want_int(value, what, lo, hi)
+class Integer:
+    """The check of an int in lo..hi. `_decode` runs it inline (no call per field), as
+    does `IntList` for each entry: most fields of the messages sent per replay are ints."""
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo = lo
+        self.hi = hi
+
+    def __call__(self, value: Any, what: str) -> int:
+        return want_int(value, what, self.lo, self.hi)
+
+
+def integer(lo: int = 0, hi: int = ID_MAX) -> Integer:
+    return Integer(lo, hi)
 
 
 def text(max_len: int = 256) -> Check:
@@ -126,8 +140,32 @@ def blob(max_len: int) -> Check:
     return lambda value, what: want_bytes(value, what, max_len)
 
 
+class IntList:
+    """The check of a list of ints in lo..hi (each named `item` in an error): one loop,
+    no call per entry."""
+
+    __slots__ = ("hi", "item", "lo", "max_len", "size")
+
+    def __init__(self, item: str, check: Integer, max_len: int, size: int | None) -> None:
+        self.item = item
+        self.lo = check.lo
+        self.hi = check.hi
+        self.max_len = max_len
+        self.size = size
+
+    def __call__(self, value: Any, what: str) -> list[int]:
+        want_list(value, what, self.max_len, self.size)
+        lo, hi = self.lo, self.hi
+        for entry in value:
+            if type(entry) is not int or not lo <= entry <= hi:
+                want_int(entry, self.item, lo, hi)  # raises (or passes an int subclass)
+        return value  # type: ignore[no-any-return]
+
+
 def list_of(item: str, check: Check, max_len: int, size: int | None = None) -> Check:
     """A list whose entries pass `check` (each named `item` in an error)."""
+    if type(check) is Integer:
+        return IntList(item, check, max_len, size)
 
     def checked(value: Any, what: str) -> list[Any]:
         return [check(entry, item) for entry in want_list(value, what, max_len, size)]
@@ -135,9 +173,21 @@ def list_of(item: str, check: Check, max_len: int, size: int | None = None) -> C
     return checked
 
 
-def optional(check: Check) -> Check:
-    """None, or what passes `check`."""
-    return lambda value, what: None if value is None else check(value, what)
+class Optional:
+    """The check of None, or of what passes `check` (a message's decoder lets None
+    through inline)."""
+
+    __slots__ = ("check",)
+
+    def __init__(self, check: Check) -> None:
+        self.check = check
+
+    def __call__(self, value: Any, what: str) -> Any:
+        return None if value is None else self.check(value, what)
+
+
+def optional(check: Check) -> Optional:
+    return Optional(check)
 
 
 def anything(value: Any, what: str) -> Any:
@@ -169,10 +219,19 @@ def ref(value: Any, what: str) -> Ref:
     )
 
 
-def _pair(value: Any, what: str) -> tuple[int, int]:
-    """[mirror id, value]: a mirrored signal's new value."""
-    fields = want_list(value, what, 2, size=2)
-    return want_int(fields[0], "signal id"), want_int(fields[1], "ext value", 0, VALUE_MAX)
+def _pairs(value: Any, what: str) -> list[tuple[int, int]]:
+    """[[mirror id, value], ...]: mirrored signals' new values (one loop, as IntList)."""
+    pairs = []
+    for pair in want_list(value, what, 1 << 16):
+        if type(pair) is not list or len(pair) != 2:
+            want_list(pair, "ext entry", 2, size=2)
+        mirror, ext = pair
+        if type(mirror) is not int or not 0 <= mirror <= ID_MAX:
+            want_int(mirror, "signal id")
+        if type(ext) is not int or not 0 <= ext <= VALUE_MAX:
+            want_int(ext, "ext value", 0, VALUE_MAX)
+        pairs.append((mirror, ext))
+    return pairs
 
 
 _DIMS = list_of("launch dim", integer(1, 1 << 40), 3, size=3)
@@ -181,18 +240,53 @@ _SLOT = integer(0, SLOT_MAX)
 _REL = integer(0, REL_MAX)
 _PORT = integer(1, 65535)
 _TICKET = blob(32)
-_EXT = list_of("ext entry", _pair, 1 << 16)
+_EXT = _pairs
 
 
 # -- the messages --
 
 M = TypeVar("M", bound=type)
 
-# kind -> (message class, (field label, check) per field, how many are required)
-_Schema = tuple[type, tuple[tuple[str, Check], ...], int]
+# A message's decoder: from the received [kind, *fields], every field there, the message.
+Decoder = Callable[[list[Any]], Any]
+# kind -> (its decoder, how many fields are required, how many there are, the defaults
+# of the optional ones)
+_Schema = tuple[Decoder, int, int, tuple[Any, ...]]
 _MESSAGES: dict[str, _Schema] = {}
 _ENTRIES: dict[str, _Schema] = {}
 _KINDS: dict[type, str] = {}
+
+
+def _field_code(index: int, check: Check, names: dict[str, Any]) -> str:
+    """The decoder's line for field `index` (in `f{index}`): an Integer's range and an
+    Optional's None are checked inline; any other value goes through the check, as does
+    an int out of range (the check raises, naming the field)."""
+    call = f"f{index} = _check{index}(f{index}, _label{index})"
+    if type(check) is Integer:
+        return (
+            f"    if type(f{index}) is not int or not {check.lo} <= f{index} <= {check.hi}: {call}"
+        )
+    if type(check) is Optional:
+        names[f"_check{index}"] = check.check
+        return f"    if f{index} is not None: {call}"
+    return f"    {call}"
+
+
+def _decoder(cls: type, fields: tuple[tuple[str, Check], ...]) -> Decoder:
+    """The decoder of a message class: checks each field and makes the message. It is
+    written out once per class (as namedtuple writes a class's __new__), so a field
+    in range costs a few bytecodes and no call, and the message is made in one."""
+    names: dict[str, Any] = {"_new": tuple.__new__, "_cls": cls}
+    values = ", ".join(f"f{i}" for i in range(1, len(fields) + 1))
+    lines = ["def decode(meta):", f"    _, {values}, = meta"]
+    for index, (label, check) in enumerate(fields, 1):
+        names[f"_check{index}"] = check
+        names[f"_label{index}"] = label
+        lines.append(_field_code(index, check, names))
+    lines.append(f"    return _new(_cls, ({values},))")
+    exec("\n".join(lines), names)  # noqa: S102 (our own text: indices and int bounds)
+    decoder: Decoder = names["decode"]
+    return decoder
 
 
 def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
@@ -201,7 +295,8 @@ def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) ->
         defaults: dict[str, Any] = getattr(cls, "_field_defaults")  # noqa: B009
         assert len(fields) == len(names), (cls, fields)
         required = len(fields) - len(defaults)
-        table[kind] = (cls, fields, required)
+        optional_defaults = tuple(defaults[name] for name in names[required:])
+        table[kind] = (_decoder(cls, fields), required, len(fields), optional_defaults)
         _KINDS[cls] = kind
         return cls
 
@@ -642,23 +737,24 @@ class SignalEntry(NamedTuple):
 # -- decoding and encoding --
 
 
-def _decode(table: dict[str, _Schema], meta: Sequence[Any], what: str) -> Any:
-    if not isinstance(meta, list) or not meta or not isinstance(meta[0], str):
+def _decode(table: dict[str, _Schema], meta: Any, what: str) -> Any:
+    if type(meta) is not list or not meta or type(meta[0]) is not str:
         raise WireError(f"a {what} is a list whose first field is its kind (a str)")
     kind = meta[0]
     schema = table.get(kind)
     if schema is None:
         raise WireError(f"unknown {what} {kind!r}")
-    cls, fields, required = schema
+    decoder, required, most, defaults = schema
     count = len(meta) - 1
-    if not required <= count <= len(fields):
-        wanted = required if required == len(fields) else f"{required} to {len(fields)}"
-        raise WireError(f"message {kind!r} has {wanted} fields, got {count}")
+    if count != most:
+        if not required <= count < most:
+            wanted = required if required == most else f"{required} to {most}"
+            raise WireError(f"message {kind!r} has {wanted} fields, got {count}")
+        meta = meta + list(defaults[count - required :])  # an older form: the defaults
     try:
-        values = [check(value, label) for (label, check), value in zip(fields, meta[1:])]
+        return decoder(meta)
     except WireError as exc:
         raise WireError(f"message {kind!r}: {exc}") from None
-    return cls(*values)
 
 
 def decode(meta: Sequence[Any]) -> Any:
