@@ -20,8 +20,8 @@ from .._actor import QueueActor
 from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from .._names import parse_remote_name
 from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, own_signal, run_op, wire_op
-from .._signal import Signal
 from ._connection import Connection, RemoteMemory, flat_bytes
+from ._programs import RemoteSignal
 from .wire import (
     CopyEntry,
     HostReadEntry,
@@ -30,17 +30,6 @@ from .wire import (
     PullEntry,
     Ref,
 )
-
-
-class RemoteSignal(Signal):
-    """A RemoteQueue's signal: the worker queue's progress as reported back. It knows its
-    queue, so a wait on it says which worker queue it is on."""
-
-    __slots__ = ("queue",)
-
-    def __init__(self, name: str, value: int, queue: RemoteQueue) -> None:
-        super().__init__(name, value)
-        self.queue = queue
 
 
 class RemoteQueue(QueueActor):

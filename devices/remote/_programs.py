@@ -43,11 +43,20 @@ PROGRAM_CACHE = 256  # programs a worker keeps for a connection
 _SEEN_ONCE = "seen once"  # what a Script keeps when its ops were sent once, not kept
 
 
+class RemoteSignal(Signal):
+    """A RemoteQueue's signal: the worker queue's progress as reported back. It knows its
+    queue, so a wait on it says which worker queue it is on."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, name: str, value: int, queue: RemoteQueue) -> None:
+        super().__init__(name, value)
+        self.queue = queue
+
+
 def queue_of(signal: Signal) -> RemoteQueue | None:
     """The RemoteQueue `signal` is the signal of, if it is one's."""
-    from ._device import RemoteSignal  # the queue's module imports this one
-
-    return signal.queue if isinstance(signal, RemoteSignal) else None
+    return signal.queue if type(signal) is RemoteSignal else None
 
 
 class Mirrors:

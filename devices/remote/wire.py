@@ -210,6 +210,22 @@ class Ref(NamedTuple):
 
 
 def ref(value: Any, what: str) -> Ref:
+    if type(value) is list and len(value) == 3:
+        handle, offset, shape = value
+        if (
+            type(handle) is int
+            and 0 <= handle <= ID_MAX
+            and type(offset) is int
+            and 0 <= offset <= ID_MAX
+            and type(shape) is list
+            and len(shape) <= 8
+        ):
+            for dim in shape:
+                if type(dim) is not int or not 0 <= dim <= ID_MAX:
+                    break
+            else:
+                return tuple.__new__(Ref, (handle, offset, tuple(shape)))
+    # Something is wrong: say what.
     fields = want_list(value, what, 3, size=3)
     dims = want_list(fields[2], f"{what} shape", 8)
     return Ref(
