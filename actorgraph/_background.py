@@ -656,6 +656,7 @@ class BackgroundRuntime:
             raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
+        self.runtime.check_own(buffer, "free: ")
         buffer.check_live("free: ")
 
         async def free() -> None:

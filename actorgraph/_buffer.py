@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import numpy as np
@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from actorgraph.devices import Device
 
 _alloc_ids = itertools.count(1)
+
+
+class Home(Protocol):
+    """The runtime that made a buffer, as its buffers see it (a `Runtime` is one): it
+    orders the work on the buffer's memory, so only it may take the buffer."""
+
+    @property
+    def closed(self) -> bool: ...
 
 
 @attrs.define(eq=False)
@@ -33,6 +41,9 @@ class Allocation:
     address: int = 0
     foreign: bool = False
     owner: Any = None
+    # The runtime that made it (rt.alloc, rt.wrap); None only for allocations made
+    # outside a runtime.
+    runtime: Home | None = None
 
 
 def new_alloc_id() -> int:
@@ -107,6 +118,12 @@ class Buffer:
     @property
     def freed(self) -> bool:
         return self._alloc.freed
+
+    @property
+    def runtime(self) -> Home | None:
+        """The runtime that allocated (or wrapped) this buffer's memory: the only one
+        whose work may use it."""
+        return self._alloc.runtime
 
     @property
     def alloc_id(self) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from ._buffer import Allocation, Buffer, _shape_of, new_alloc_id
+from ._buffer import Allocation, Buffer, Home, _shape_of, new_alloc_id
 from ._errors import UsageError
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def wrap_memory(
     nbytes: int | None,
     dtype: Any,
     shape: Any,
+    runtime: Home,
 ) -> Buffer:
     if not device.host_visible or device.kind != "CPU":
         raise UsageError(
@@ -111,6 +112,7 @@ def wrap_memory(
         address=address,
         foreign=True,
         owner=owner,
+        runtime=runtime,
     )
     return Buffer(device=device.name, shape=dims, dtype=dt, offset=0, alloc=alloc)
 

@@ -591,6 +591,7 @@ class Graph(Hinted):
         for i, (new, old) in enumerate(zip(inputs, expected)):
             if not isinstance(new, Buffer):
                 raise InputError(f"input {i} must be a Buffer, got {described(new)}")
+            self._runtime.check_own(new, f"input {i}: ", InputError)
             new.check_live(f"input {i}: ")
             if new.device != old.device:
                 raise InputError(

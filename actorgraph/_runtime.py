@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,9 @@ from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._profile import Profile, ReplayRecord, build_profile
 from ._program import Program, check_item, plan_item, raise_failure
+
+# Numbers runtimes in messages that name two of them (a buffer of one passed to another).
+_runtime_numbers = itertools.count(1)
 
 
 @attrs.frozen
@@ -111,6 +115,7 @@ class Runtime:
         self._replays = 0
         self._replays_done = 0
         self._profiled: list[ReplayRecord] = []
+        self.number = next(_runtime_numbers)
         self._devices: dict[str, Device] = _remote.open_devices(
             device_names, timeline_start=timeline_start, **options
         )
@@ -179,10 +184,36 @@ class Runtime:
         """Whether the runtime's `async with` block has exited."""
         return self._closed
 
+    def __repr__(self) -> str:
+        state = " (closed)" if self._closed else ""
+        return f"<Runtime {self.number} on {', '.join(self._devices)}{state}>"
+
     def owns(self, buffer: Buffer) -> bool:
-        """Whether `buffer` lives on a device of this runtime (not on another runtime's
+        """Whether this runtime made `buffer` (not another runtime, which may have a
         device of the same name)."""
-        return buffer.device_object is self._devices.get(buffer.device)
+        return buffer.runtime is self
+
+    def check_own(
+        self, buffer: Buffer, what: str = "", error: type[UsageError] = UsageError
+    ) -> None:
+        """Refuse a buffer that another runtime made. Each runtime orders only its own
+        work on its devices' memory, so taking another's buffer would race with that
+        runtime's work on it (and free or read memory that is not this runtime's)."""
+        if buffer.runtime is self:
+            return
+        owner = buffer.runtime
+        if owner is not None and owner.closed:
+            raise error(
+                f"{what}{buffer!r} was allocated by {owner!r}, which has closed, so the "
+                f"buffer went with it; this is {self!r}: allocate a new buffer here with "
+                f"rt.alloc(...) (and copyin its data again)"
+            )
+        raise error(
+            f"{what}{buffer!r} was allocated by {owner!r}, not by this runtime {self!r}: "
+            f"a runtime orders only its own work on a buffer, so the two runtimes' work on "
+            f"it would race; use a buffer of this runtime, moving the data through the host "
+            f"(copyout from the one, copyin to the other)"
+        )
 
     def keep_profile(self, record: ReplayRecord) -> None:
         """Keep a profiled replay's record for `rt.profile()`."""
@@ -248,7 +279,7 @@ class Runtime:
         except _remote.RemoteConnectionError as exc:
             # Its worker is gone: as for every other later use of its devices, ClosedError.
             raise ClosedError(f"alloc on {device}: {exc}") from exc
-        alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory)
+        alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory, runtime=self)
         return Buffer(device=device, shape=dims, dtype=dt, offset=0, alloc=alloc)
 
     def wrap(
@@ -269,11 +300,18 @@ class Runtime:
         its owner's, who must keep it alive while work that uses it may run.
         """
         self.check_open()
+        if isinstance(source, Buffer):
+            self.check_own(source, "wrap: ")
+            raise UsageError(
+                f"wrap: {source!r} is a Buffer of this runtime already; wrap takes memory "
+                f"that actorgraph did not allocate: use the buffer, or a view of it "
+                f"(buf.view(...)), instead of a wrapper of its memory"
+            )
         dev = self.device(device)
         uid = self._foreign_spaces.get(device)
         if uid is None:
             uid = self._foreign_spaces[device] = space_uid()
-        return wrap_memory(dev, uid, source, nbytes, dtype, shape)
+        return wrap_memory(dev, uid, source, nbytes, dtype, shape, self)
 
     def free(self, buffer: Buffer) -> None:
         """Release a base buffer's memory; later use of it or its views is an error."""
@@ -281,6 +319,7 @@ class Runtime:
             raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
+        self.check_own(buffer, "free: ")
         buffer.check_live("free: ")
         alloc = buffer._alloc
         alloc.freed = True
@@ -468,6 +507,7 @@ class Runtime:
         _capture.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
             raise UsageError(f"copyout takes a Buffer, got {described(buffer)}")
+        self.check_own(buffer, "copyout: ")
         buffer.check_live("copyout: ")
         out = np.empty(buffer.shape, dtype=buffer.dtype)
         program = self._host_program(buffer, write=False)
@@ -485,6 +525,7 @@ class Runtime:
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
         if not isinstance(buffer, Buffer):
             raise UsageError(f"copyin takes a Buffer, got {described(buffer)}")
+        self.check_own(buffer, "copyin: ")
         buffer.check_live("copyin: ")
         data = np.asarray(array)
         if data.dtype != buffer.dtype:
@@ -502,7 +543,7 @@ class Runtime:
     async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> None:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
-        checked = [check_item(item, i) for i, item in enumerate(items)]
+        checked = self._checked_items(items)
         scope = _capture.current_scope()
         if scope is not None:
             # Inside an @ag.jit function: the scope records the items and supplies the
@@ -521,6 +562,17 @@ class Runtime:
             ops = program.bind((), own)
             await self.admit()
             await self._await(program, program.submit(ops))
+
+    def _checked_items(self, items: Sequence[Item]) -> list[Item]:
+        """The items of a run or compile, each a Launch or Copy of live buffers that
+        this runtime made."""
+        checked = []
+        for i, item in enumerate(items):
+            if isinstance(item, (Launch, Copy)):
+                for buf in item.bufs:
+                    self.check_own(buf, f"item {i} ({item.label}): buffer ")
+            checked.append(check_item(item, i))
+        return checked
 
     async def launch(
         self,
@@ -612,7 +664,7 @@ class Runtime:
         self.check_open()
         if order not in ("jit", "cost"):
             raise UsageError(f"compile(order=...) is 'jit' or 'cost', got {order!r}")
-        checked = [check_item(item, i) for i, item in enumerate(items)]
+        checked = self._checked_items(items)
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
         for device in {buf.device_object for item in checked for buf in item.bufs}:
@@ -624,6 +676,7 @@ class Runtime:
         for i, buf in enumerate(inputs):
             if not isinstance(buf, Buffer):
                 raise UsageError(f"input {i} must be a Buffer, got {described(buf)}")
+            self.check_own(buf, f"input {i}: ")
             buf.check_live(f"input {i}: ")
             for j, other in enumerate(inputs[:i]):
                 if buf.overlaps(other):

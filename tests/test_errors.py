@@ -304,6 +304,80 @@ async def test_freed_buffer_in_copyin_copyout_view_and_free(rt: ag.Runtime) -> N
         rt.free(b.view(offset=1, size=1))
 
 
+# -- buffers of another runtime -------------------------------------------------------------
+
+
+def other_runtime(buffer: ag.Buffer, owner: ag.Runtime, rt: ag.Runtime, what: str = "") -> str:
+    return f"{what}{buffer!r} was allocated by {owner!r}, not by this runtime {rt!r}"
+
+
+async def test_every_call_refuses_a_buffer_another_runtime_allocated() -> None:
+    async with (
+        ag.open_runtime(["CPU:0", "CPU:1"]) as mine,
+        ag.open_runtime(["CPU:0", "CPU:1"]) as other,
+        ag.open_runtime(["CPU:2"]) as third,
+    ):
+        assert repr(mine) == f"<Runtime {mine.number} on CPU:0, CPU:1>"
+        x = other.alloc("CPU:0", 64, I32)
+        await other.copyin(x, np.arange(64, dtype=I32))
+        half = x.view(offset=0, size=32)
+        a, b, c = bufs(mine, 3)
+        foreign = other_runtime(x, other, mine)
+        with raises(ag.UsageError, f"copyin: {foreign}"):
+            await mine.copyin(x, np.zeros(64, I32))
+        with raises(ag.UsageError, f"copyout: {half!r} was allocated by {other!r}, not by"):
+            await mine.copyout(half)
+        with raises(ag.UsageError, f"item 0 (xor): buffer {foreign}"):
+            await mine.run([ag.Launch(XOR, [c, x, b])])
+        with raises(ag.UsageError, f"item 1 (copy CPU:0->CPU:0): buffer {foreign}"):
+            await mine.run([ag.Launch(XOR, [c, a, b]), ag.Copy(dst=c, src=x)])
+        with raises(ag.UsageError, f"item 0 (xor): buffer {foreign}"):
+            await mine.compile([ag.Launch(XOR, [x, a, b])])
+        with raises(ag.UsageError, f"input 0: {foreign}"):
+            await mine.compile([ag.Launch(XOR, [c, a, b])], inputs=[x])
+        graph = await mine.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
+        with raises(ag.InputError, f"input 1: {foreign}"):
+            await graph([a, x])
+        with raises(ag.InputError, f"input 0: {half!r} was allocated by {other!r}"):
+            await graph.submit([half, b])
+        with raises(ag.InputError, f"input 0: {foreign}"):
+            graph.submit_nowait([x, b])
+        with raises(ag.UsageError, f"wrap: {foreign}"):
+            mine.wrap("CPU:0", x)
+        with raises(ag.UsageError, f"free: {foreign}"):
+            mine.free(x)
+        # A runtime without the buffer's device names the runtimes, not a missing device.
+        with raises(ag.UsageError, f"copyout: {other_runtime(x, other, third)}"):
+            await third.copyout(x)
+        # Nothing was freed or written: the buffer is still its runtime's, intact.
+        assert not x.freed
+        np.testing.assert_array_equal(await other.copyout(x), np.arange(64))
+        assert mine.in_flight == other.in_flight == 0
+
+
+async def test_a_buffer_of_a_closed_runtime_is_named_as_such() -> None:
+    async with ag.open_runtime(["CPU:0"]) as old:
+        x = old.alloc("CPU:0", 64, I32)
+    async with ag.open_runtime(["CPU:0"]) as new:
+        message = f"copyin: {x!r} was allocated by {old!r}, which has closed"
+        assert repr(old).endswith("(closed)>")
+        with raises(ag.UsageError, message):
+            await new.copyin(x, np.zeros(64, I32))
+        with raises(ag.UsageError, "allocate a new buffer here with rt.alloc(...)"):
+            await new.run([ag.Launch(INC, [x])])
+
+
+def test_a_background_runtime_refuses_another_runtimes_buffer_at_once() -> None:
+    with ag.start_runtime(["CPU:0"]) as mine, ag.start_runtime(["CPU:0"]) as other:
+        x = other.alloc("CPU:0", 64, I32)
+        foreign = other_runtime(x, other.runtime, mine.runtime)
+        with raises(ag.UsageError, f"free: {foreign}"):
+            mine.free(x)  # at once, not on the runtime's thread later
+        with raises(ag.UsageError, f"copyin: {foreign}"):
+            mine.copyin(x, np.zeros(64, I32)).result()
+        assert not x.freed
+
+
 # -- kernels, launches, copies, views --------------------------------------------------------
 
 
@@ -480,17 +554,16 @@ async def test_device_not_opened_in_the_runtime(rt: ag.Runtime) -> None:
         "device 'CPU:3' is not open in this runtime (open: ['CPU:0', 'CPU:1']); add it to open_runtime([...])",
     ):
         rt.alloc("CPU:3", 4, I32)
-    # A buffer from another runtime, on a device this one did not open.
+    # A buffer from another runtime, on a device this one did not open: the runtimes are
+    # what is wrong, not a missing device.
     async with ag.open_runtime(["CPU:5"]) as other:
         stranger = other.alloc("CPU:5", 64, I32)
         (mine,) = bufs(rt, 1)
         items = [ag.Copy(dst=mine, src=stranger)]
-        with raises(
-            ag.PlanError,
-            "uses device 'CPU:5', which this runtime did not open; open it with open_runtime([... 'CPU:5' ...])",
-        ):
+        message = f"buffer {stranger!r} was allocated by {other!r}, not by this runtime {rt!r}"
+        with raises(ag.UsageError, message):
             await rt.compile(items)
-        with raises(ag.PlanError, "which this runtime did not open"):
+        with raises(ag.UsageError, message):
             await rt.run(items)
 
 
