@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from ._buffer import Allocation, Buffer, Home, _shape_of, new_alloc_id
+from ._buffer import Allocation, Buffer, Home, _shape_of, buffer_dtype, check_count, new_alloc_id
 from ._errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,15 +25,19 @@ _VALUE_MAX = (1 << 64) - 1  # timelines are 64-bit
 def _host_bytes(source: Any, nbytes: int | None) -> tuple[int, int, Any]:
     """(address, nbytes, owner) of `source`: an address, or an object exporting host
     memory through DLPack or the buffer protocol."""
-    if isinstance(source, int) and not isinstance(source, bool):
+    if nbytes is not None:
+        nbytes = check_count("wrap: nbytes", nbytes)
+    if isinstance(source, bool):
+        raise UsageError(f"wrap: address must be a positive int, got {source!r}")
+    if isinstance(source, (int, np.integer)):
         if source <= 0:
             raise UsageError(f"wrap: address must be a positive int, got {source!r}")
-        if nbytes is None or isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        if nbytes is None:
             raise UsageError(
                 f"wrap: an address needs its size in bytes: rt.wrap(device, address, "
                 f"nbytes=N) with N >= 0, got nbytes={nbytes!r}"
             )
-        return source, nbytes, None
+        return int(source), nbytes, None
     if hasattr(source, "__dlpack__"):
         try:
             array = np.from_dlpack(source)
@@ -80,10 +84,7 @@ def wrap_memory(
             f"wrap: {device.name} is not a CPU device; rt.wrap(...) takes host memory, on "
             f"a CPU device (copy it elsewhere with a Copy item)"
         )
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise UsageError(f"wrap: {dtype!r} is not a numpy dtype") from None
+    dt = buffer_dtype("wrap", dtype)
     address, size, owner = _host_bytes(source, nbytes)
     if shape is None:
         if size % dt.itemsize:

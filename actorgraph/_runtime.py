@@ -24,7 +24,14 @@ from actorgraph.scheduler import (
 
 from . import _capture
 from ._await import Pending, described
-from ._buffer import Allocation, Buffer, _shape_of, check_buffer_size
+from ._buffer import (
+    Allocation,
+    Buffer,
+    _shape_of,
+    buffer_dtype,
+    check_buffer_size,
+    check_count,
+)
 from ._errors import (
     ClosedError,
     DeadlockError,
@@ -83,10 +90,12 @@ class Runtime:
             if name in seen:
                 raise UsageError(f"device {name!r} is listed twice in open_runtime(...)")
             seen.add(name)
-        timeline_start = int(options.pop("timeline_start", 0))
+        timeline_start = check_count("timeline_start", options.pop("timeline_start", 0))
+        if "cpu_thread_bytes" in options:
+            check_count("cpu_thread_bytes", options["cpu_thread_bytes"])
         self.verify_plans = bool(options.pop("verify_plans", False))
         self.profiling = bool(options.pop("profile", False))
-        self.max_in_flight = int(options.pop("max_in_flight", 256))
+        self.max_in_flight = check_count("max_in_flight", options.pop("max_in_flight", 256))
         if self.max_in_flight < 1:
             raise UsageError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         self.deadlock_check = float(options.pop("deadlock_check", 0.25))
@@ -269,10 +278,7 @@ class Runtime:
         self.check_open()
         dev = self.device(device)
         dims = _shape_of(shape)
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise UsageError(f"alloc: {dtype!r} is not a numpy dtype") from None
+        dt = buffer_dtype("alloc", dtype)
         nelems = check_buffer_size("alloc", dims, dt)
         try:
             memory = dev.allocate(nelems, dt)

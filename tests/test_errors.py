@@ -477,6 +477,86 @@ async def test_view_past_end(rt: ag.Runtime) -> None:
         a.view(size=6, shape=(2, 2))
 
 
+BAD_DTYPES = [
+    (object, "Python objects"),
+    (np.dtype("U4"), "strings"),
+    (np.dtype("S8"), "strings"),
+    (np.dtype([("x", np.int32), ("y", np.float32)]), "structured records"),
+    (np.dtype((np.int32, (2,))), "sub-arrays"),
+    (np.dtype("datetime64[s]"), "dates and times"),
+    (np.dtype("V0"), "zero-size items"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "kind"), BAD_DTYPES, ids=lambda v: str(v))
+async def test_buffers_hold_numbers_or_raw_bytes_only(
+    rt: ag.Runtime, dtype: object, kind: str
+) -> None:
+    rule = (
+        f"holds {kind}; a buffer holds fixed-size numbers (bool, int, uint, float or complex "
+        f"dtypes) or raw bytes ('V8')"
+    )
+    with raises(ag.UsageError, f"alloc: dtype {np.dtype(dtype)!r} {rule}"):
+        rt.alloc("CPU:0", 4, dtype)
+    with raises(ag.UsageError, f"wrap: dtype {np.dtype(dtype)!r} {rule}"):
+        rt.wrap("CPU:0", np.zeros(64, np.uint8), dtype=dtype)
+    (a,) = bufs(rt, 1)
+    with raises(ag.UsageError, f"view(): dtype {np.dtype(dtype)!r} {rule}"):
+        a.view(byte_offset=0, dtype=dtype, shape=(2,))
+    with raises(ag.UsageError, f"view(): dtype {np.dtype(dtype)!r} {rule}"):
+        a.view(dtype=dtype)
+
+
+async def test_numbers_and_raw_bytes_make_buffers(rt: ag.Runtime) -> None:
+    for dtype in (bool, np.int8, np.uint64, np.float16, np.complex128, "V16", ">i4"):
+        buf = rt.alloc("CPU:0", 4, dtype)
+        assert buf.dtype == np.dtype(dtype)
+        assert buf.view(byte_offset=0, dtype=np.uint8).nbytes == buf.nbytes
+
+
+async def test_offsets_and_sizes_are_ints_never_bools(rt: ag.Runtime) -> None:
+    (a,) = bufs(rt, 1)
+    for call, message in [
+        (lambda: a.view(offset=True), "view offset must be an int >= 0, got True"),
+        (
+            lambda: a.view(offset=True, dtype=np.int32, shape=(2,)),
+            "view offset must be an int >= 0, got True",
+        ),
+        (lambda: a.view(offset=1.0, size=2), "view offset must be an int >= 0, got 1.0"),
+        (lambda: a.view(offset=0, size=True), "view size must be an int >= 0, got True"),
+        (lambda: a.view(size=True, shape=(1,)), "view size must be an int >= 0, got True"),
+        (
+            lambda: a.view(byte_offset=True, dtype=np.uint8),
+            "view byte_offset must be an int >= 0, got True",
+        ),
+        (
+            lambda: a.view(byte_offset=np.False_, dtype=np.uint8),
+            "view byte_offset must be an int >= 0, got np.False_",
+        ),
+        (
+            lambda: rt.wrap("CPU:0", np.zeros(1, np.uint8), nbytes=True),
+            "wrap: nbytes must be an int >= 0, got True",
+        ),
+        (
+            lambda: rt.wrap("CPU:0", True, nbytes=8),
+            "wrap: address must be a positive int, got True",
+        ),
+    ]:
+        with raises(ag.UsageError, message):
+            call()
+    assert a.view(offset=np.int64(2), size=np.int32(3)).shape == (3,)  # numpy ints are ints
+    for option, value in [
+        ("max_in_flight", True),
+        ("max_in_flight", 2.5),
+        ("timeline_start", True),
+        ("timeline_start", 1.5),
+        ("cpu_thread_bytes", False),
+    ]:
+        with raises(ag.UsageError, f"{option} must be an int >= 0, got {value!r}"):
+            async with ag.open_runtime(["CPU:0"], **{option: value}):
+                pass
+
+
 async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
     with raises(ag.UsageError, "a buffer shape is an int or a tuple of ints >= 0, got -3"):
         rt.alloc("CPU:0", -3, I32)
