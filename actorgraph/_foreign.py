@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,69 @@ def _host_bytes(source: Any, nbytes: int | None) -> tuple[int, int, Any]:
     return int(array.ctypes.data) if size else 0, size, (source, array)
 
 
+def _host_range(alloc: Allocation) -> tuple[int, int] | None:
+    """The host addresses an allocation's memory spans, or None (freed, empty, or not
+    host memory: a GPU's, a worker's)."""
+    memory = alloc.memory
+    if alloc.freed or not isinstance(memory, np.ndarray) or memory.nbytes == 0:
+        return None
+    start = alloc.address if alloc.foreign else int(memory.ctypes.data)
+    return start, start + memory.nbytes
+
+
+class HostMemory:
+    """The host memory a runtime's buffers live in, to keep wrappers honest.
+
+    Host memory is one address space, but a runtime orders work by device: its plans
+    order items by the bytes they touch, and one submission after another on the same
+    device. Wrappers on one device share that device's address space (byte ranges are
+    addresses), so they alias as they should. A wrapper on another device of memory
+    already wrapped, or of an `rt.alloc` buffer's memory (CPU and SIM memory is host
+    memory), would alias nothing: its work would race with the other buffer's. `wrap`
+    refuses those. Allocations are held weakly: one nobody holds any more (no buffer,
+    no graph) takes no part.
+    """
+
+    def __init__(self) -> None:
+        self._allocations: weakref.WeakSet[Allocation] = weakref.WeakSet()
+
+    def add(self, alloc: Allocation) -> None:
+        if isinstance(alloc.memory, np.ndarray):
+            self._allocations.add(alloc)
+
+    def add_wrapper(self, alloc: Allocation) -> None:
+        """Add a new wrapper's memory, or refuse it if that memory is another device's
+        wrapper's or an rt.alloc buffer's."""
+        self._check_wrapper(alloc)
+        self._allocations.add(alloc)
+
+    def _check_wrapper(self, alloc: Allocation) -> None:
+        span = _host_range(alloc)
+        if span is None:
+            return
+        start, stop = span
+        for other in self._allocations:
+            found = _host_range(other)
+            if found is None or found[1] <= start or stop <= found[0]:
+                continue
+            where = f"bytes {max(start, found[0]):#x}..{min(stop, found[1]):#x}"
+            if not other.foreign:
+                raise UsageError(
+                    f"wrap: that memory ({where}) belongs to buffer #{other.uid} on "
+                    f"{other.device.name}, which rt.alloc made: use that buffer, or a view "
+                    f"of it (buf.view(...)), whose work the runtime orders; a wrapper of its "
+                    f"memory would alias nothing and read stale data"
+                )
+            if other.device is not alloc.device:
+                raise UsageError(
+                    f"wrap: that memory ({where}) is wrapped on {other.device.name} already "
+                    f"(buffer #{other.uid}); host memory is one address space, but a runtime orders "
+                    f"work on wrapped memory per device, so wrappers on {other.device.name} "
+                    f"and {alloc.device.name} would race: wrap it on one device and move the "
+                    f"data with Copy items, or rt.free the other wrapper first"
+                )
+
+
 def wrap_memory(
     device: Device,
     space_uid: int,
@@ -78,6 +142,7 @@ def wrap_memory(
     dtype: Any,
     shape: Any,
     runtime: Home,
+    host_memory: HostMemory,
 ) -> Buffer:
     if not device.host_visible or device.kind != "CPU":
         raise UsageError(
@@ -115,6 +180,7 @@ def wrap_memory(
         owner=owner,
         runtime=runtime,
     )
+    host_memory.add_wrapper(alloc)
     return Buffer(device=device.name, shape=dims, dtype=dt, offset=0, alloc=alloc)
 
 

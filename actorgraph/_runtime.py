@@ -38,7 +38,7 @@ from ._errors import (
     InputError,
     UsageError,
 )
-from ._foreign import space_uid, wrap_memory
+from ._foreign import HostMemory, space_uid, wrap_memory
 from ._graph import Graph, check_var_vals
 from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
@@ -133,6 +133,7 @@ class Runtime:
         self.kick = Signal("KICK", 0)
         # Per device: the address space every rt.wrap(...) buffer on it shares.
         self._foreign_spaces: dict[str, int] = {}
+        self._host_memory = HostMemory()
 
     # -- lifecycle --
 
@@ -286,6 +287,7 @@ class Runtime:
             # Its worker is gone: as for every other later use of its devices, ClosedError.
             raise ClosedError(f"alloc on {device}: {exc}") from exc
         alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory, runtime=self)
+        self._host_memory.add(alloc)
         return Buffer(device=device, shape=dims, dtype=dt, offset=0, alloc=alloc)
 
     def wrap(
@@ -301,9 +303,11 @@ class Runtime:
 
         `source` is an address (with `nbytes=`), or an object exporting host memory through
         `__dlpack__` or the buffer protocol (kept alive by the Buffer). Buffers made by
-        wrap compare by address: two wrappers of overlapping memory alias, so the planner
-        orders items that use them. `rt.free(buf)` forgets the wrapper; the memory stays
-        its owner's, who must keep it alive while work that uses it may run.
+        wrap on one device compare by address: two wrappers of overlapping memory alias,
+        so the planner orders items that use them. Memory wrapped on another device, or
+        an rt.alloc buffer's, is refused (see HostMemory). `rt.free(buf)` forgets the
+        wrapper; the memory stays its owner's, who must keep it alive while work that
+        uses it may run.
         """
         self.check_open()
         if isinstance(source, Buffer):
@@ -317,7 +321,7 @@ class Runtime:
         uid = self._foreign_spaces.get(device)
         if uid is None:
             uid = self._foreign_spaces[device] = space_uid()
-        return wrap_memory(dev, uid, source, nbytes, dtype, shape, self)
+        return wrap_memory(dev, uid, source, nbytes, dtype, shape, self, self._host_memory)
 
     def free(self, buffer: Buffer) -> None:
         """Release a base buffer's memory; later use of it or its views is an error."""
