@@ -9,9 +9,9 @@ from actorgraph.devices import Work as Work
 
 from ._background import BackgroundGraph as BackgroundGraph
 from ._background import BackgroundRuntime as BackgroundRuntime
-from ._background import Call as Call
 from ._background import start_runtime as start_runtime
 from ._buffer import Buffer as Buffer
+from ._call import Call as Call
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
 from ._errors import ClosedError as ClosedError
