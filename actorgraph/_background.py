@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
-from actorgraph.scheduler import Plan
+from actorgraph.scheduler import DeviceCaps, Plan
 
 from ._await import described
 from ._buffer import Buffer
@@ -38,8 +38,9 @@ from ._errors import ClosedError, UsageError
 from ._graph import NOT_HERE, Graph
 from ._kernel import Item, Kernel
 from ._log import logger as _log
+from ._profile import Profile
 from ._program import raise_item_failure
-from ._runtime import Runtime, RuntimeStatistics, open_runtime
+from ._runtime import Runtime, RuntimeStatistics, StallReport, open_runtime
 from ._vars import Var
 
 T = TypeVar("T")
@@ -473,6 +474,22 @@ class BackgroundRuntime:
             self._raise_unobserved("alloc(...)")
         return self._sync(self.runtime.alloc, device, shape, dtype)
 
+    def wrap(
+        self,
+        device: str,
+        source: Any,
+        *,
+        nbytes: int | None = None,
+        dtype: Any = np.uint8,
+        shape: int | tuple[int, ...] | None = None,
+    ) -> Buffer:
+        """A Buffer over host memory actorgraph did not allocate, at once (Runtime.wrap)."""
+        if not self.on_runtime_thread():
+            self._raise_unobserved("wrap(...)")
+        return self._sync(
+            self.runtime.wrap, device, source, nbytes=nbytes, dtype=dtype, shape=shape
+        )
+
     def free(self, buffer: Buffer) -> None:
         """Free `buffer` after the calls made before this one; returns at once."""
         if self.on_runtime_thread():
@@ -493,7 +510,92 @@ class BackgroundRuntime:
         self._submit(free, (), {}, f"free({buffer!r})")
 
     def statistics(self) -> RuntimeStatistics:
-        return self._sync(self.runtime.statistics)
+        return self._read(self.runtime.statistics)
+
+    # Facts of the runtime, read at once (not in call order): on its thread while it
+    # runs, directly once it has closed. See Runtime for what each means.
+
+    def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if not self.closed:
+            try:
+                return self._sync(fn, *args, **kwargs)
+            except ClosedError:
+                self._thread.join()  # it closed meanwhile: its state stays as it was left
+        return fn(*args, **kwargs)
+
+    def profile(self, *, clear: bool = False) -> Profile:
+        """Every profiled replay so far (Runtime.profile)."""
+        return self._read(self.runtime.profile, clear=clear)
+
+    def actor_names(self) -> tuple[str, ...]:
+        return self.runtime.actor_names()
+
+    def owns(self, buffer: Buffer) -> bool:
+        """Whether this runtime made `buffer` (Runtime.owns)."""
+        return self.runtime.owns(buffer)
+
+    @property
+    def in_flight(self) -> int:
+        return self._read(lambda: self.runtime.in_flight)
+
+    @property
+    def frees_pending(self) -> int:
+        return self._read(lambda: self.runtime.frees_pending)
+
+    @property
+    def submissions(self) -> int:
+        return self._read(lambda: self.runtime.submissions)
+
+    @property
+    def replays(self) -> int:
+        return self._read(lambda: self.runtime.replays)
+
+    @property
+    def replays_done(self) -> int:
+        return self._read(lambda: self.runtime.replays_done)
+
+    @property
+    def frees(self) -> int:
+        return self._read(lambda: self.runtime.frees)
+
+    @property
+    def graphs_compiled(self) -> int:
+        return self._read(lambda: self.runtime.graphs_compiled)
+
+    @property
+    def stalls(self) -> list[StallReport]:
+        """A copy of the watchdog's reports so far."""
+        return self._read(lambda: list(self.runtime.stalls))
+
+    # Options fixed when the runtime opened, and what it opened.
+
+    @property
+    def number(self) -> int:
+        return self.runtime.number
+
+    @property
+    def caps(self) -> dict[str, DeviceCaps]:
+        return dict(self.runtime.caps)
+
+    @property
+    def verify_plans(self) -> bool:
+        return self.runtime.verify_plans
+
+    @property
+    def profiling(self) -> bool:
+        return self.runtime.profiling
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.runtime.max_in_flight
+
+    @property
+    def deadlock_check(self) -> float:
+        return self.runtime.deadlock_check
+
+    @property
+    def watchdog(self) -> float | None:
+        return self.runtime.watchdog
 
     def current_time(self) -> float:
         """trio.current_time() of the runtime's run (its clock: see start_runtime(clock=)).
