@@ -113,6 +113,13 @@ class BackgroundGraph:
         # Read-only facts of the Graph (last_profile, ...) straight from it.
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in ("submit", "submit_nowait"):
+            # They start a replay in the calling task, which is the runtime's thread's to do.
+            raise UsageError(
+                f"graph.{name}(...) on a background runtime's graph: calling the graph is "
+                f"the submission here, it returns at once and runs in order: write "
+                f"`call = graph(inputs)`, then `await call` or `call.result()` when needed"
+            )
         return getattr(self.graph, name)
 
     def aclose(self) -> Call[None]:

@@ -578,3 +578,20 @@ def test_the_mirrored_facts_and_calls_work(brt: ag.BackgroundRuntime) -> None:
     brt.close()
     # Facts stay readable once it has closed.
     assert brt.submissions == brt.runtime.submissions and brt.in_flight == 0
+
+
+@pytest.mark.parametrize("name", ["submit", "submit_nowait"])
+def test_a_background_graph_says_calling_it_is_the_submission(
+    brt: ag.BackgroundRuntime, name: str
+) -> None:
+    graph, inputs, _ = _graph(brt)
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            f"graph.{name}(...) on a background runtime's graph: calling the graph is the "
+            f"submission here, it returns at once and runs in order: write `call = "
+            f"graph(inputs)`, then `await call` or `call.result()` when needed"
+        ),
+    ):
+        getattr(graph, name)(inputs)
+    assert graph.replays == 0
