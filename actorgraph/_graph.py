@@ -13,7 +13,7 @@ from actorgraph.devices import NOT_RUN
 from actorgraph.scheduler import Plan
 
 from . import _capture
-from ._await import Hinted, described
+from ._await import Hinted, described, listed
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
@@ -507,7 +507,12 @@ class Graph(Hinted):
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
         self._runtime.check_open()
-        inputs = tuple(inputs)
+        inputs = listed(
+            inputs,
+            "a graph call takes its inputs as a list of Buffers, one per input in compile() order",
+            "`await graph([x, ...])`",
+            InputError,
+        )
         runtime = self._runtime
         if runtime.frees != self._frees_seen:
             # Before any cache: a buffer was freed somewhere since the last call.

@@ -28,17 +28,20 @@ class GPUInfo:
 class Inventory:
     """What this machine offers: device kinds, CPU cores, CUDA GPUs, SIM presets."""
 
-    kinds: tuple[str, ...]  # device kinds this install can open ("CPU", "SIM", ...)
+    kinds: tuple[str, ...]  # device kinds this machine can open ("CPU", "SIM", ...)
     cpu_cores: int
     gpus: tuple[GPUInfo, ...]
     gpu_note: str  # why no GPU is listed, or the driver version
     sim_presets: tuple[str, ...]
     sim_default: str | None
     nvrtc_note: str = ""  # which NVRTC compiles CUDA kernels here, or why none does
+    # Kinds this install has that open here only through the fake CUDA driver (no GPU).
+    fake_only: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
             "kinds": list(self.kinds),
+            "fake_driver_only": list(self.fake_only),
             "cpu_cores": self.cpu_cores,
             "cuda_gpus": [
                 {
@@ -122,8 +125,11 @@ def local_devices() -> Inventory:
             default = getattr(costmodel, "DEFAULT_PRESET", None)
         except ImportError:
             default = None
+    # CUDA:N opens on a GPU; without one, only through the fake driver.
+    fake_only = () if gpus or "CUDA" not in _devices.DEVICE_KINDS else ("CUDA",)
     return Inventory(
-        kinds=tuple(_devices.DEVICE_KINDS),
+        kinds=tuple(k for k in _devices.DEVICE_KINDS if k not in fake_only),
+        fake_only=fake_only,
         cpu_cores=os.cpu_count() or 1,
         gpus=gpus,
         gpu_note=note,
@@ -134,7 +140,14 @@ def local_devices() -> Inventory:
 
 
 def render(inv: Inventory) -> str:
-    lines = [f"device kinds this install can open: {', '.join(inv.kinds)}", ""]
+    lines = [f"device kinds this machine can open: {', '.join(inv.kinds)}"]
+    if inv.fake_only:
+        lines.append(
+            f"         ({', '.join(inv.fake_only)} only through the fake driver, which runs "
+            f'without a GPU: open_runtime(..., cuda_driver="fake") or '
+            f"ACTORGRAPH_CUDA_DRIVER=fake)"
+        )
+    lines.append("")
     lines.append(
         f"CPU:N    host memory, a compute and a copy actor each; any N "
         f"(this machine has {inv.cpu_cores} cores, so up to {inv.cpu_cores} run in parallel)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from actorgraph.scheduler import (
 )
 
 from . import _capture
-from ._await import Pending, described
+from ._await import Hinted, Pending, described, listed
 from ._buffer import (
     Allocation,
     Buffer,
@@ -537,6 +538,16 @@ class Runtime:
             raise UsageError(f"copyin takes a Buffer, got {described(buffer)}")
         self.check_own(buffer, "copyin: ")
         buffer.check_live("copyin: ")
+        if isinstance(array, (Buffer, Hinted, Pending)) or inspect.iscoroutine(array):
+            # Not data: an un-awaited copyout (a coroutine), a buffer, a graph... (a
+            # background runtime's Call says what to wait for itself, as an array)
+            what = (
+                f"{array!r}, a Buffer: copy between buffers with `await rt.copy(dst, src)` "
+                f"or an ag.Copy item"
+                if isinstance(array, Buffer)
+                else described(array)
+            )
+            raise UsageError(f"copyin takes host data (a numpy array) for {buffer!r}, got {what}")
         data = np.asarray(array)
         if data.dtype != buffer.dtype:
             raise UsageError(
@@ -553,7 +564,7 @@ class Runtime:
     async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> None:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
-        checked = self._checked_items(items)
+        checked = self._checked_items(items, "rt.run")
         scope = _capture.current_scope()
         if scope is not None:
             # Inside an @ag.jit function: the scope records the items and supplies the
@@ -573,11 +584,12 @@ class Runtime:
             await self.admit()
             await self._await(program, program.submit(ops))
 
-    def _checked_items(self, items: Sequence[Item]) -> list[Item]:
+    def _checked_items(self, items: Sequence[Item], call: str) -> list[Item]:
         """The items of a run or compile, each a Launch or Copy of live buffers that
         this runtime made."""
         checked = []
-        for i, item in enumerate(items):
+        takes = f"{call}(items) takes a list of items (ag.Launch, ag.Copy)"
+        for i, item in enumerate(listed(items, takes, f"`{call}([item, ...])`")):
             if isinstance(item, (Launch, Copy)):
                 for buf in item.bufs:
                     self.check_own(buf, f"item {i} ({item.label}): buffer ")
@@ -674,7 +686,7 @@ class Runtime:
         self.check_open()
         if order not in ("jit", "cost"):
             raise UsageError(f"compile(order=...) is 'jit' or 'cost', got {order!r}")
-        checked = self._checked_items(items)
+        checked = self._checked_items(items, "rt.compile")
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
         for device in {buf.device_object for item in checked for buf in item.bufs}:
@@ -682,7 +694,8 @@ class Runtime:
                 device.check_reachable()
             except _remote.RemoteConnectionError as exc:
                 raise ClosedError(f"compile for {device.name}: {exc}") from exc
-        inputs = list(inputs)
+        takes = "compile(..., inputs=...) takes a list of Buffers"
+        inputs = list(listed(inputs, takes, "`rt.compile(items, inputs=[x, ...])`"))
         for i, buf in enumerate(inputs):
             if not isinstance(buf, Buffer):
                 raise UsageError(f"input {i} must be a Buffer, got {described(buf)}")

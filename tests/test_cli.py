@@ -85,6 +85,32 @@ def test_devices_lists_cpu_and_never_needs_cuda(capsys: pytest.CaptureFixture[st
     assert re.fullmatch(r"\d+\.\d+, builds sm_\d+ to sm_\d+|not installed: .*", data["nvrtc_note"])
 
 
+def test_devices_lists_cuda_among_the_kinds_it_can_open_only_with_a_gpu(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actorgraph import _inventory
+
+    no_driver = "no NVIDIA driver on this machine (libcuda not found)"
+    monkeypatch.setattr(_inventory, "probe_cuda", lambda: ((), no_driver))
+    code, out, _ = run_cli(capsys, "devices")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "device kinds this machine can open: CPU, SIM"
+    assert lines[1] == (
+        "         (CUDA only through the fake driver, which runs without a GPU: "
+        'open_runtime(..., cuda_driver="fake") or ACTORGRAPH_CUDA_DRIVER=fake)'
+    )
+    assert f"CUDA     none: {no_driver}" in out
+    code, out, _ = run_cli(capsys, "devices", "--json")
+    data = json.loads(out)
+    assert (data["kinds"], data["fake_driver_only"]) == (["CPU", "SIM"], ["CUDA"])
+    gpu = GPUInfo(0, "NVIDIA H200", 141 << 30, (9, 0))
+    monkeypatch.setattr(_inventory, "probe_cuda", lambda: ((gpu,), "driver 13.0"))
+    code, out, _ = run_cli(capsys, "devices", "--json")
+    data = json.loads(out)
+    assert (data["kinds"], data["fake_driver_only"]) == (["CPU", "SIM", "CUDA"], [])
+
+
 def test_devices_text_names_gpus_and_sim_presets() -> None:
     inv = Inventory(
         kinds=("CPU", "SIM", "CUDA"),

@@ -884,3 +884,50 @@ async def test_an_unawaited_result_passed_as_a_buffer(rt: ag.Runtime) -> None:
         await rt.copyin(graph, np.zeros(64, I32))  # type: ignore[arg-type]
     with raises(ag.UsageError, "a Graph: a graph's call writes into its buffers; pass those"):
         await rt.copyin(graph, np.zeros(64, I32))  # type: ignore[arg-type]
+
+
+async def test_an_unawaited_copyout_passed_as_copyin_data(rt: ag.Runtime) -> None:
+    a, b = bufs(rt, 2)
+    data = rt.copyout(b)  # forgot await
+    with raises(
+        ag.UsageError,
+        f"copyin takes host data (a numpy array) for {a!r}, got {data!r}, a coroutine: the "
+        f"async call Runtime.copyout(...) that made it was not awaited; write `await` before it",
+    ):
+        await rt.copyin(a, data)
+    data.close()  # we never ran it
+    with raises(
+        ag.UsageError,
+        f"copyin takes host data (a numpy array) for {a!r}, got {b!r}, a Buffer: copy "
+        f"between buffers with `await rt.copy(dst, src)` or an ag.Copy item",
+    ):
+        await rt.copyin(a, b)
+    graph, _ = await xor_graph(rt)
+    with raises(ag.UsageError, f"got {graph!r}, a Graph: a graph's call writes into its buffers"):
+        await rt.copyin(a, graph)
+
+
+async def test_one_buffer_where_a_list_belongs(rt: ag.Runtime) -> None:
+    graph, (a, b, c) = await xor_graph(rt)
+    takes = "a graph call takes its inputs as a list of Buffers, one per input in compile() order"
+    for call in (graph, graph.submit):
+        with raises(ag.InputError, f"{takes}, got {a!r}; write `await graph([x, ...])`"):
+            await call(a)  # type: ignore[operator, arg-type]
+    with raises(ag.InputError, f"{takes}, got None; write `await graph([x, ...])`"):
+        graph.submit_nowait(None)  # type: ignore[arg-type]
+    item = ag.Launch(XOR, [c, a, b])
+    for call, name in ((rt.run, "rt.run"), (rt.compile, "rt.compile")):
+        with raises(
+            ag.UsageError,
+            f"{name}(items) takes a list of items (ag.Launch, ag.Copy), got {item!r}; write "
+            f"`{name}([item, ...])`",
+        ):
+            await call(item)  # type: ignore[operator, arg-type]
+    with raises(
+        ag.UsageError,
+        f"compile(..., inputs=...) takes a list of Buffers, got {a!r}; write "
+        f"`rt.compile(items, inputs=[x, ...])`",
+    ):
+        await rt.compile([item], inputs=a)  # type: ignore[arg-type]
+    await graph([a, b])  # the right way
+    assert graph.replays == 1
