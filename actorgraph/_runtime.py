@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,28 @@ from ._program import Program, check_item, plan_item, raise_failure
 # Numbers runtimes in messages that name two of them (a buffer of one passed to another).
 _runtime_numbers = itertools.count(1)
 
+# Names the token file of the workers for a program that gives no token option itself.
+TOKEN_FILE_ENV = "ACTORGRAPH_TOKEN_FILE"
+
+
+def _token_file_option(names: Sequence[str], options: dict[str, Any]) -> None:
+    """Take the workers' token file from ACTORGRAPH_TOKEN_FILE when no token option is
+    given, and check that the token file named for remote devices is one."""
+    from_env = None
+    if "remote_token" not in options and "remote_token_file" not in options:
+        from_env = os.environ.get(TOKEN_FILE_ENV)
+        if from_env:
+            options["remote_token_file"] = from_env
+    path = options.get("remote_token_file")
+    if path is None or not any("@" in str(name) for name in names):
+        return  # read only for remote devices: a local runtime never needs it
+    if not os.path.isfile(path):
+        source = "remote_token_file=" if from_env is None else f"{TOKEN_FILE_ENV}="
+        raise UsageError(
+            f"{source}{os.fspath(path)!r} is not a file; name the file holding the token "
+            f"the workers were started with (their --token-file)"
+        )
+
 
 @attrs.frozen
 class StallReport:
@@ -91,6 +114,7 @@ class Runtime:
             if name in seen:
                 raise UsageError(f"device {name!r} is listed twice in open_runtime(...)")
             seen.add(name)
+        _token_file_option(device_names, options)
         timeline_start = check_count("timeline_start", options.pop("timeline_start", 0))
         if "cpu_thread_bytes" in options:
             check_count("cpu_thread_bytes", options["cpu_thread_bytes"])
@@ -787,7 +811,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     watchdog (seconds without progress before a stall is logged and recorded; off),
     profile (record item times of every graph replay; read them with `rt.profile()`),
     sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel),
-    remote_token / remote_token_file (the token of the workers of remote devices),
+    remote_token / remote_token_file (the token of the workers of remote devices; with
+    neither, the file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
     remote_timeout (seconds to connect to a worker, default 10).
     """
     runtime = Runtime(devices, **options)

@@ -216,7 +216,8 @@ class Connection(Transport):
         if needs_token and self._token is None:
             raise RemoteError(
                 "the worker is running and requires a token; pass "
-                "open_runtime(..., remote_token_file=PATH) naming its --token-file"
+                "open_runtime(..., remote_token_file=PATH) naming its --token-file, or set "
+                "ACTORGRAPH_TOKEN_FILE=PATH (the actorgraph command: --token-file PATH)"
             )
         mac = auth_mac(self._token, nonce) if self._token is not None and needs_token else b""
         await stream.send([encode(["auth", "client", mac, [d.inner for d in self.devices]])])
