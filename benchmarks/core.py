@@ -40,7 +40,9 @@ async def time_replays(graph: ag.Graph, inputs, replays: int, rounds: int) -> fl
     return statistics.median(samples)
 
 
-async def bench_tiny(devices: list[str], copy_every: int, n_items: int = 256) -> dict[str, float]:
+async def bench_tiny(
+    devices: list[str], copy_every: int, n_items: int = 256, replays: int = 50, rounds: int = 7
+) -> dict[str, float]:
     if len(devices) == 1:
         workload = wl.tiny_chain(n_items)
     else:
@@ -49,7 +51,7 @@ async def bench_tiny(devices: list[str], copy_every: int, n_items: int = 256) ->
         build = wl.build_actorgraph(rt, workload, devices)
         inputs = list(build.inputs)
         graph = await rt.compile(build.items, inputs=inputs)
-        per_replay = await time_replays(graph, inputs, replays=50, rounds=7)
+        per_replay = await time_replays(graph, inputs, replays=replays, rounds=rounds)
         waits = graph.plan.wait_count
     return {
         "us_per_item": per_replay / n_items * 1e6,
@@ -97,25 +99,34 @@ def bench_planning(n_items: int = 10_000) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", default=str(pathlib.Path(__file__).parent / "results" / "core.json")
+        "--quick",
+        action="store_true",
+        help="tiny sizes: checks the script runs, measures nothing (writes results/quick/)",
     )
+    parser.add_argument("--out", default=None, help="the JSON to write (default: results/)")
     args = parser.parse_args(argv)
+    results_dir = pathlib.Path(__file__).parent / "results" / ("quick" if args.quick else "")
+    args.out = args.out or str(results_dir / "core.json")
+    # Quick: every workload at a size that runs in moments.
+    tiny = {"n_items": 16, "replays": 5, "rounds": 2} if args.quick else {}
+    heavy_elems = 1 << 12 if args.quick else 4 << 20
+    plan_items = 200 if args.quick else 10_000
 
     results: dict[str, object] = {
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
-    one = trio.run(bench_tiny, ["CPU:0"], 0)
+    one = trio.run(lambda: bench_tiny(["CPU:0"], 0, **tiny))
     print(f"tiny xor, 1 device:            {one['us_per_item']:.2f} us/item  (target <= 2)")
-    two = trio.run(bench_tiny, ["CPU:0", "CPU:1"], 8)
+    two = trio.run(lambda: bench_tiny(["CPU:0", "CPU:1"], 8, **tiny))
     print(f"tiny xor, 2 devices, 1/8 copy: {two['us_per_item']:.2f} us/item  (target <= 4)")
-    heavy1 = trio.run(bench_heavy, 1)
-    heavy2 = trio.run(bench_heavy, 2)
+    heavy1 = trio.run(lambda: bench_heavy(1, size=heavy_elems))
+    heavy2 = trio.run(lambda: bench_heavy(2, size=heavy_elems))
     speedup = heavy1 / heavy2
     print(f"heavy 4M int32, 2 vs 1 device: {speedup:.2f}x  (target >= 1.9)")
-    planning = bench_planning()
+    planning = bench_planning(plan_items)
     print(
-        f"planning 10k items:            {planning['plan_ms']:.1f} ms  (target < 100); "
+        f"planning {plan_items:<6} items:      {planning['plan_ms']:.1f} ms  (target < 100); "
         f"verify {planning['verify_ms']:.1f} ms"
     )
     results.update(

@@ -560,12 +560,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="timed runs per peer and row")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first")
     parser.add_argument(
-        "--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement"
+        "--quick",
+        action="store_true",
+        help="tiny sizes: a smoke run, not a measurement (writes to results/quick/)",
     )
-    parser.add_argument("--json", type=Path, default=RESULTS / "peers.json")
-    parser.add_argument("--png", type=Path, default=RESULTS / "peers.png")
+    parser.add_argument("--json", type=Path, default=None, help="default: results/peers.json")
+    parser.add_argument("--png", type=Path, default=None, help="default: results/peers.png")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
+    results = RESULTS / "quick" if args.quick else RESULTS
+    args.json = args.json or results / "peers.json"
+    args.png = args.png or results / "peers.png"
 
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = [p for p in peers if p not in OPEN]

@@ -8,7 +8,9 @@ the chain of items that set the makespan, how long the queue it spends most time
 idle while a later item of it was ready (head-of-line blocking), the same items in list-scheduled
 order (rt.compile(..., order="cost")), and writes everything to benchmarks/results/sim_quality.json.
 
-    python benchmarks/sim_quality.py [--preset nvlink8|pcie8] [--items 1000] [--seed 0]
+    python benchmarks/sim_quality.py [--preset nvlink8|pcie8] [--items 1000] [--seed 0] [--quick]
+
+`--quick`: a random DAG of 100 items, to check the script runs; it writes to results/quick/.
 """
 
 from __future__ import annotations
@@ -318,9 +320,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=1000, help="random DAG size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--out", default=str(pathlib.Path(__file__).parent / "results" / "sim_quality.json")
+        "--quick", action="store_true", help="a 100-item random DAG: checks the script runs"
     )
+    parser.add_argument("--out", default=None, help="the JSON to write (default: results/)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.items = 100
+    results_dir = pathlib.Path(__file__).parent / "results" / ("quick" if args.quick else "")
+    args.out = args.out or str(results_dir / "sim_quality.json")
     results = trio.run(
         run_all,
         args.preset,
