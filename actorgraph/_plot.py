@@ -6,8 +6,9 @@ only when a plot is asked for, so the default install stays lean.
 
 from __future__ import annotations
 
+import bisect
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -57,9 +58,9 @@ def plot_timeline(
     from matplotlib.patches import Patch
 
     actors = list(profile.actors)
-    origin = profile.start
     rows = {actor: i for i, actor in enumerate(actors)}
-    width = max(profile.end - origin, 1e-9)
+    place, cuts, width = _time_axis(profile)
+    width = max(width, 1e-9)
     scale, unit = (1e3, "ms") if width >= 1e-3 else (1e6, "us")
 
     figure = figure_class(figsize=(12, 1.2 + 0.45 * max(len(actors), 1)), dpi=100)
@@ -68,7 +69,7 @@ def plot_timeline(
 
     def span(start: float, end: float) -> tuple[float, float]:
         # A minimum width keeps microsecond items visible on a long timeline.
-        return ((start - origin) * scale, max((end - start) * scale, width * scale * 1e-4))
+        return (place(start) * scale, max((end - start) * scale, width * scale * 1e-4))
 
     for actor, row in rows.items():
         mine = [e for e in profile.events if e.actor == actor]
@@ -117,7 +118,11 @@ def plot_timeline(
     ax.set_yticks(range(len(actors)))
     ax.set_yticklabels(actors)
     ax.set_ylim(len(actors) - 0.3, -0.6)
-    ax.set_xlabel(f"time since first submission ({unit})")
+    for x, idle in cuts:
+        ax.axvline(x * scale, color="0.45", linestyle=(0, (3, 3)), linewidth=0.8)
+        ax.text(x * scale, -0.45, f" {_seconds(idle)} idle cut", fontsize=7, color="0.3")
+    cut = "; idle time between replays cut at the dashed lines" if cuts else ""
+    ax.set_xlabel(f"time since first submission ({unit}{cut})")
     ax.set_title(title or f"{len(profile.replays)} replays, {len(profile.events)} items")
     ax.grid(axis="x", alpha=0.3)
     # Beside the axes, never over the data.
@@ -126,6 +131,61 @@ def plot_timeline(
     figure.savefig(path, bbox_inches="tight")
     logger.info("wrote a timeline of %d items to %s", len(profile.events), os.fspath(path))
     return os.fspath(path)
+
+
+def _time_axis(
+    profile: Profile,
+) -> tuple[Callable[[float], float], list[tuple[float, float]], float]:
+    """Where a moment goes on the time axis: seconds since the first submission, less the
+    idle stretches cut out. A stretch with nothing drawn in it (no item, no parked wait)
+    longer than the longest run of drawn work (say, between replays of microseconds run
+    from notebook cells, milliseconds or seconds apart) becomes a sliver, so the axis
+    spans the work and its items stay wide. Returns (place, cuts as (where on the axis,
+    idle seconds cut), axis width)."""
+    drawn = sorted(
+        [(e.start, e.end) for e in profile.events]
+        + [
+            (w.start, w.end)
+            for e in profile.events
+            for w in e.waits
+            if w.start is not None and w.end is not None
+        ]
+    )
+    merged: list[list[float]] = []
+    for start, end in drawn:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    busy = sum(end - start for start, end in merged)
+    longest = max((end - start for start, end in merged), default=0.0)
+    starts, offsets = [profile.start], [0.0]
+    cuts: list[tuple[float, float]] = []
+    x, last = 0.0, profile.start
+    for start, end in merged:
+        idle = start - last
+        if idle > longest > 0:
+            cuts.append((x + 0.025 * busy, idle))
+            x += 0.05 * busy  # the sliver left of it
+        else:
+            x += idle
+        starts.append(start)
+        offsets.append(x)
+        x += end - start
+        last = end
+
+    def place(moment: float) -> float:
+        i = max(bisect.bisect_right(starts, moment) - 1, 0)
+        return offsets[i] + moment - starts[i]
+
+    return place, cuts, x + max(profile.end - last, 0.0)
+
+
+def _seconds(value: float) -> str:
+    for scale, unit in ((1.0, "s"), (1e3, "ms")):
+        if value * scale >= 1:
+            return f"{value * scale:.3g} {unit}"
+    return f"{value * 1e6:.3g} us"
 
 
 def _only(profile: Profile, replays: Iterable[int]) -> Profile:
