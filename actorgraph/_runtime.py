@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
-import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +31,6 @@ from ._buffer import (
     _shape_of,
     buffer_dtype,
     check_buffer_size,
-    check_count,
 )
 from ._errors import (
     ClosedError,
@@ -45,33 +43,12 @@ from ._graph import Graph, check_var_vals
 from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
+from ._options import check_max_sizes, check_options
 from ._profile import Profile, ReplayRecord, build_profile
 from ._program import Program, check_item, plan_item, raise_failure
 
 # Numbers runtimes in messages that name two of them (a buffer of one passed to another).
 _runtime_numbers = itertools.count(1)
-
-# Names the token file of the workers for a program that gives no token option itself.
-TOKEN_FILE_ENV = "ACTORGRAPH_TOKEN_FILE"
-
-
-def _token_file_option(names: Sequence[str], options: dict[str, Any]) -> None:
-    """Take the workers' token file from ACTORGRAPH_TOKEN_FILE when no token option is
-    given, and check that the token file named for remote devices is one."""
-    from_env = None
-    if "remote_token" not in options and "remote_token_file" not in options:
-        from_env = os.environ.get(TOKEN_FILE_ENV)
-        if from_env:
-            options["remote_token_file"] = from_env
-    path = options.get("remote_token_file")
-    if path is None or not any("@" in str(name) for name in names):
-        return  # read only for remote devices: a local runtime never needs it
-    if not os.path.isfile(path):
-        source = "remote_token_file=" if from_env is None else f"{TOKEN_FILE_ENV}="
-        raise UsageError(
-            f"{source}{os.fspath(path)!r} is not a file; name the file holding the token "
-            f"the workers were started with (their --token-file)"
-        )
 
 
 @attrs.frozen
@@ -114,15 +91,11 @@ class Runtime:
             if name in seen:
                 raise UsageError(f"device {name!r} is listed twice in open_runtime(...)")
             seen.add(name)
-        _token_file_option(device_names, options)
-        timeline_start = check_count("timeline_start", options.pop("timeline_start", 0))
-        if "cpu_thread_bytes" in options:
-            check_count("cpu_thread_bytes", options["cpu_thread_bytes"])
+        check_options(device_names, options)
+        timeline_start = int(options.pop("timeline_start", 0))
         self.verify_plans = bool(options.pop("verify_plans", False))
         self.profiling = bool(options.pop("profile", False))
-        self.max_in_flight = check_count("max_in_flight", options.pop("max_in_flight", 256))
-        if self.max_in_flight < 1:
-            raise UsageError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        self.max_in_flight = int(options.pop("max_in_flight", 256))
         self.deadlock_check = float(options.pop("deadlock_check", 0.25))
         watchdog = options.pop("watchdog", None)
         self.watchdog: float | None = None if watchdog is None else float(watchdog)
@@ -766,37 +739,6 @@ class Runtime:
         items = [program.items[j] for j in order]
         plan = build_plan([plan_item(item, widen) for item in items], self.caps)
         return Program(self, items, program.inputs, plan, item_numbers=order)
-
-
-def check_max_sizes(
-    inputs: Sequence[Buffer], max_sizes: Sequence[int | None] | None
-) -> dict[int, int]:
-    if max_sizes is None:
-        return {}
-    limits = list(max_sizes)
-    if len(limits) != len(inputs):
-        raise UsageError(
-            f"max_sizes has {len(limits)} entries for {len(inputs)} inputs; give one per "
-            f"input (None for an input of fixed shape)"
-        )
-    out: dict[int, int] = {}
-    for i, limit in enumerate(limits):
-        if limit is None:
-            continue
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise UsageError(f"max_sizes[{i}] must be an int >= 1 or None, got {limit!r}")
-        if inputs[i].is_view:
-            raise UsageError(
-                f"max_sizes[{i}]: input {i} {inputs[i]!r} is a view; only a base buffer may "
-                f"vary in size"
-            )
-        if inputs[i].size > limit:
-            raise UsageError(
-                f"max_sizes[{i}]={limit} but input {i} {inputs[i]!r} already holds "
-                f"{inputs[i].size} elements; declare a maximum at least that large"
-            )
-        out[i] = limit
-    return out
 
 
 @contextlib.asynccontextmanager
