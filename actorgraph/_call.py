@@ -8,7 +8,7 @@ import asyncio
 import concurrent.futures
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import sniffio
@@ -17,10 +17,24 @@ import trio
 from ._await import GRAPH_NAMES
 from ._errors import UsageError
 
-if TYPE_CHECKING:
-    from ._background import BackgroundRuntime
-
 T = TypeVar("T")
+
+
+class Owner(Protocol):
+    """What a Call needs of the background runtime it is made on (a BackgroundRuntime)."""
+
+    def on_runtime_thread(self) -> bool: ...
+
+    def _submit(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        what: str,
+        start: Callable[[], Any] | None = None,
+    ) -> Entry: ...
+
+    def _observe(self, entry: Entry) -> None: ...
 
 
 class Call(Generic[T]):
@@ -34,7 +48,7 @@ class Call(Generic[T]):
 
     def __init__(
         self,
-        owner: BackgroundRuntime,
+        owner: Owner,
         fn: Callable[..., Any],
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
@@ -54,7 +68,7 @@ class Call(Generic[T]):
             self._entry = owner._submit(fn, self._args, self._kwargs, what, start)
 
     @classmethod
-    def finished(cls, owner: BackgroundRuntime, entry: Entry) -> Call[Any]:
+    def finished(cls, owner: Owner, entry: Entry) -> Call[Any]:
         """A Call for work that already ran where it was made (`entry.future` is done)."""
         call: Call[Any] = cls.__new__(cls)
         call._owner = owner
