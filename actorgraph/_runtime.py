@@ -589,7 +589,8 @@ class Runtime:
         for i, item in enumerate(listed(items, takes, f"`{call}([item, ...])`")):
             if isinstance(item, (Launch, Copy)):
                 for buf in item.bufs:
-                    self.check_own(buf, f"item {i} ({item.label}): buffer ")
+                    if buf.runtime is not self:  # the message is made only for the error
+                        self.check_own(buf, f"item {i} ({item.label}): buffer ")
             checked.append(check_item(item, i))
         return checked
 
