@@ -27,7 +27,7 @@ if shutil.which(os.environ.get("CC", "clang")) is None:
         "clang is not installed: tinygrad's CPU devices compile with it", allow_module_level=True
     )
 
-from tinygrad import Device, Tensor, TinyJit, Variable  # noqa: E402
+from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 
 from actorgraph import tinygrad as agt  # noqa: E402
 
@@ -79,6 +79,13 @@ def _view_input() -> Callable[[Tensor], Tensor]:
     return forward
 
 
+def _bitcast_input() -> Callable[[Tensor], Tensor]:
+    def forward(x: Tensor) -> Tensor:  # the input read through another dtype
+        return ((x.bitcast(dtypes.uint32) & 0xFFFF).realize() + 3).realize()
+
+    return forward
+
+
 def _data_parallel(ndev: int) -> Callable[[Tensor], Tensor]:
     devs = tuple("CPU" if i == 0 else f"CPU:{i}" for i in range(ndev))
     w = Tensor(_data(7, 8, 8)).shard(devs, axis=None).realize()
@@ -111,6 +118,7 @@ CASES: dict[str, tuple[Callable[[], Callable[..., Tensor]], Callable[[int], tupl
     "mlp": (_mlp, lambda s: (Tensor(_data(s, 4, 16)).realize(),)),
     "symbolic": (_symbolic, _symbolic_args),
     "view_input": (_view_input, lambda s: (Tensor(_data(s, 4, 6)).realize(),)),
+    "bitcast_input": (_bitcast_input, lambda s: (Tensor(_data(s, 4, 8)).realize(),)),
     "data_parallel_2": (lambda: _data_parallel(2), lambda s: (Tensor(_data(s, 4, 8)).realize(),)),
     "data_parallel_4": (lambda: _data_parallel(4), lambda s: (Tensor(_data(s, 8, 8)).realize(),)),
 }
@@ -193,6 +201,50 @@ def _run_shared(step: Any, read: Any, calls: int) -> list[bytes]:
         step(Tensor(_data(s, 8)).realize())
         out.append(read(Tensor(_data(s + 50, 8)).realize()).numpy().tobytes())
     return out
+
+
+def _feedback() -> Callable[[Tensor], Tensor]:
+    w = Tensor(_data(5, 8, 8)).realize()
+
+    def forward(x: Tensor) -> Tensor:
+        return ((x @ w).relu().realize() * 0.5 + 0.25).realize()
+
+    return forward
+
+
+def _feed(jit: Callable[[Tensor], Any], calls: int) -> tuple[list[bytes], Tensor]:
+    """Each call's output is the next call's input: the jit's own memory passed back in
+    (tinygrad 0.14's jit copies such an input before it runs)."""
+    x, out = Tensor(_data(0, 4, 8)).realize(), []
+    for _ in range(calls):
+        x = jit(x)
+        out.append(x.numpy().tobytes())
+    return out, x
+
+
+def test_install_replays_a_jit_fed_its_own_output() -> None:
+    fn = _feedback()
+    expected, _ = _feed(TinyJit(fn), 8)
+    agt.install(devices=1)
+    try:
+        assert _feed(TinyJit(fn), 8)[0] == expected
+        assert agt.statistics().replays >= 6
+    finally:
+        agt.uninstall()
+
+
+async def test_graph_from_jit_replays_a_jit_fed_its_own_output() -> None:
+    fn = _feedback()
+    expected, _ = _feed(TinyJit(fn), 8)
+    jit = TinyJit(fn)
+    got, x = _feed(jit, 2)  # captures; x is the jit's own output buffer
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            jit_graph = await agt.graph_from_jit(rt, jit)
+            for _ in range(6):
+                x = await jit_graph(x)
+                got.append(x.numpy().tobytes())
+    assert got == expected
 
 
 def test_install_orders_jits_that_share_buffers() -> None:
