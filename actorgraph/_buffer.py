@@ -185,10 +185,15 @@ class Buffer:
     @property
     def address(self) -> int:
         """The host address of this buffer's first byte (host-visible devices only)."""
-        memory = self._alloc.memory
+        alloc = self._alloc
+        memory = alloc.memory
         if not isinstance(memory, np.ndarray):
             self.check_live("address: ")
             raise UsageError(f"{self!r} is not in host-visible memory, so it has no host address")
+        if alloc.foreign and alloc.address:
+            # Wrapped memory says where it is (rt.wrap): no numpy call, which lowering a
+            # rebound replay would make for every buffer of every item.
+            return alloc.address + self.offset * self.dtype.itemsize
         return int(memory.ctypes.data) + self.offset * self.dtype.itemsize
 
     def __repr__(self) -> str:
