@@ -109,6 +109,17 @@ class BackgroundGraph:
 
         return Call(self._owner, graph, (inputs,), kwargs, "graph(...)", start)
 
+    def run_here(
+        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
+    ) -> bool:
+        """For a caller that waits for its replay anyway: replay on the calling thread,
+        now, where calling the graph would (no call made before it still queued, its
+        items inline on idle CPU queues; see BackgroundRuntime._replay_here), with no
+        Call made. True once it ran, raising its failure (an ItemError naming the item);
+        False, having done nothing, when it must go to the runtime's thread: call the
+        graph then."""
+        return self._owner._run_here(self.graph, inputs, var_vals)
+
     def __getattr__(self, name: str) -> Any:
         # Read-only facts of the Graph (last_profile, ...) straight from it.
         if name.startswith("_"):
@@ -370,41 +381,78 @@ class BackgroundRuntime:
         done it. Binding new inputs (lowering CPU items) is plain Python too. The
         caller is never blocked: if the run holds the lock or wants it, the call goes
         to the runtime's thread as usual."""
-        loop = self._loop
-        if not loop.lock.acquire(blocking=False):
+        if not self._stop_for(graph):
             return None
         try:
-            if loop.wanted or not graph.runs_off_thread:
-                return None  # (a graph on other devices than CPU ones never does)
-            with self._lock:
-                if self._queue or self._busy or self._closing or self._finished:
+            if self._unobserved:
+                return None  # the call goes on, so that _submit raises their error
+            entry = Entry(graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
+            try:
+                done = graph.replay_off_thread(inputs, var_vals)
+                if done is NOT_HERE:
                     return None
-                if self._unobserved:
-                    return None  # the call goes on, so that _submit raises their error
-                entry = Entry(graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
-                try:
-                    done = graph.replay_off_thread(inputs, var_vals)
-                    if done is NOT_HERE:
-                        return None
-                    program, failure = done
-                    if failure is not None:
-                        raise_item_failure(program, failure)
-                except Exception as error:
-                    # As a call that fails on the runtime's thread: nobody waits for it
-                    # yet, so it is the next call's error unless someone asks for it.
-                    failed: BaseException | None = error
-                    entry.future.set_running_or_notify_cancel()
-                    entry.future.set_exception(error)
-                    self._unobserved.append(entry)
-                else:
-                    failed = None
-                    entry.future.set_running_or_notify_cancel()
-                    entry.future.set_result(None)
+                program, failure = done
+                if failure is not None:
+                    raise_item_failure(program, failure)
+            except Exception as error:
+                # As a call that fails on the runtime's thread: nobody waits for it
+                # yet, so it is the next call's error unless someone asks for it.
+                failed: BaseException | None = error
+                entry.future.set_running_or_notify_cancel()
+                entry.future.set_exception(error)
+                self._unobserved.append(entry)
+            else:
+                failed = None
+                entry.future.set_running_or_notify_cancel()
+                entry.future.set_result(None)
         finally:
-            loop.lock.release()
+            self._resume()
         if failed is not None:
             self._warn_unobserved(entry, failed)
         return Call.finished(self, entry)
+
+    def _run_here(
+        self, graph: Graph, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
+    ) -> bool:
+        """`_replay_here` for a caller that waits for the replay where it calls: no Call
+        is made; True once the replay ran, raising what binding or the replay raised
+        (an ItemError for an item's failure), or False having done nothing."""
+        if not self._stop_for(graph):
+            return False
+        try:
+            if self._unobserved:
+                return False  # the call goes on, so that _submit raises their error
+            done = graph.replay_off_thread(inputs, var_vals)
+        finally:
+            self._resume()
+        if done is NOT_HERE:
+            return False
+        program, failure = done
+        if failure is not None:
+            raise_item_failure(program, failure)
+        return True
+
+    def _stop_for(self, graph: Graph) -> bool:
+        """Take the loop lock and this runtime's lock, when a call of `graph` may run on
+        the calling thread now: the run not waiting for the loop lock, the graph able
+        to run off the runtime's thread, no call queued or running, the runtime open.
+        False, holding neither, when it may not; else `_resume()` releases both."""
+        loop = self._loop
+        if not loop.lock.acquire(blocking=False):
+            return False
+        if loop.wanted or not graph.runs_off_thread:  # (a graph on other devices than CPU ones)
+            loop.lock.release()
+            return False
+        self._lock.acquire()
+        if self._queue or self._busy or self._closing or self._finished:
+            self._lock.release()
+            loop.lock.release()
+            return False
+        return True
+
+    def _resume(self) -> None:
+        self._lock.release()
+        self._loop.lock.release()
 
     def _wake_dispatcher(self) -> None:
         if self._wake is not None:
