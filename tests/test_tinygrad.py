@@ -412,7 +412,7 @@ async def test_graph_from_jit_plans_once_for_inputs_that_change_size() -> None:
             return (Tensor(_data(n, n)).reshape(vn.bind(n)).realize(),)
         return (base[: vn.bind(n)],)
 
-    sizes = [1 + (7 * k) % 60 for k in range(60)]
+    sizes = [1 + (7 * k) % 60 for k in range(120)]  # each size twice: checked, then known
     expected = _reference(fn, [args(n) for n in sizes])
     jit = TinyJit(fn)
     jit(*args(1)), jit(*args(2))

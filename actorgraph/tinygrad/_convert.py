@@ -206,3 +206,40 @@ def jit_name(jit: Any) -> str:
     class and address)."""
     name = getattr(getattr(jit, "fxn", None), "__name__", None)
     return f"jit {name!r}" if isinstance(name, str) else "this jit"
+
+
+def layout_key(uop: Any, base: Any, base_key: Any) -> tuple[Any, ...] | None:
+    """A tensor argument's layout: its view chain from `uop` down to its buffer `base`
+    (each view's op, arg, dtype and other operands) and `base_key` (the buffer's dtype,
+    size and device), never the buffer's identity; None for a chain too long to bother."""
+    parts = [base_key]
+    node = uop
+    for _ in range(32):
+        if node is base:
+            return tuple(parts)
+        parts.append((node.op, node.arg, node.dtype, node.src[1:]))
+        node = node.src[0]
+    return None
+
+
+class Layouts:
+    """Argument layouts a jit's own check accepted, so a call whose tensor arguments all
+    have known layouts needs no second check. tinygrad walks every tensor argument's
+    views on every call of a jit (about 17 us a call on 0.11, 66 us on 0.14); a new
+    tensor of a layout seen before gets the same answer, so it is checked once per
+    layout. A symbolic layout carries its bound values (checked once per value), and
+    the var values tinygrad read from it are kept with it. The latest `limit` are kept."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._known: dict[tuple[Any, ...], dict[str, int]] = {}
+        self._limit = limit
+
+    def known(self, key: tuple[Any, ...]) -> dict[str, int] | None:
+        """The var values a known layout binds, or None for a layout not seen."""
+        return self._known.get(key)
+
+    def learn(self, key: tuple[Any, ...], values: dict[str, int]) -> None:
+        known = self._known
+        if len(known) >= self._limit:
+            del known[next(iter(known))]
+        known[key] = dict(values)

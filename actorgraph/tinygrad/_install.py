@@ -104,34 +104,43 @@ class Installed:
     ) -> float | None:
         """Replay `batch` with its roots at these (address, nbytes) places and these
         tinygrad var values; return the seconds it took when `wait`."""
-        start = time.perf_counter()
+        start = time.perf_counter() if wait else 0.0
         with self.lock:
-            self.check_usable()
+            if _installed is not self:
+                self.check_usable()
             roots = batch.wrap_roots(places)
             graph = batch.graph_for(roots)
             if graph is None:
-                items, limits = batch.plan(roots)
-                graph = self.runtime.compile(
-                    items, inputs=roots, max_sizes=limits, aliasing="replan"
-                ).result()
-                batch.keep_plan(graph, limits)
-                self.plans += 1
-            values = batch.values(given, "this jit")
+                graph = self._plan(batch, roots)
+            values = batch.values(given, "this jit") if batch.variables else None
+            self.replays += 1
 
             def run() -> None:
-                call = graph(roots, values)
-                if not call.done():
+                # On this thread as one loop where the runtime allows it (the usual
+                # case), else on the runtime's thread while this one waits.
+                if not graph.run_here(roots, values):
                     self.handed_off += 1
-                call.result()
+                    graph(roots, values).result()
 
-            self.replays += 1
             self.ordering.replay(tiny_devices, run)
         return time.perf_counter() - start if wait else None
+
+    def _plan(self, batch: Batch, roots: Sequence[Any]) -> Any:
+        self.check_usable()
+        items, limits = batch.plan(roots)
+        graph = self.runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+        planned = graph.result()
+        batch.keep_plan(planned, limits)
+        self.plans += 1
+        return planned
 
     def check_devices(self, devices: Sequence[str]) -> bool:
         """Whether every (actorgraph) device is one this runtime opened."""
         return all(int(name.split(":")[1]) < self.ndevices for name in devices)
 
+
+# cpu_thread_bytes that no kernel reaches: every kernel runs inline.
+INLINE_BYTES = 1 << 62
 
 _installed: Installed | None = None
 _install_lock = threading.Lock()
@@ -154,6 +163,11 @@ def install(
             return
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise UsageError(f"install(devices=N) needs an int N >= 1, got {devices!r}")
+        # Every kernel on the caller's thread, as tinygrad runs its own, unless asked
+        # otherwise: a kernel on a worker thread sends the whole replay through the
+        # runtime's thread, a hop a kernel big enough to need a thread rarely repays
+        # unless devices run in parallel (cpu_thread_bytes=N lets them).
+        options = {"cpu_thread_bytes": INLINE_BYTES, **options}
         runtime = start_runtime([f"CPU:{i}" for i in range(devices)], **options)
         state = Installed(runtime, devices, ordering, version)
         for i in range(devices):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import trio
+
 from .._errors import UsageError
 from .._graph import Graph
 from .._runtime import Runtime
@@ -72,12 +74,24 @@ class JitGraph:
         return batch, roots, batch.values(given, f"{self._source.name}")
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Replay with the jit's own arguments; return what the jit returns, written.
+
+        Cancelled before the replay starts, it starts nothing; once started, the call
+        returns when the replay is done, even when cancelled (tinygrad's own work after
+        the call, inline on this thread, must not pass it)."""
         batch, roots, values = await self._prepare(args, kwargs)
-        after, then = self._source.points(batch)
-        if after or then:
-            await batch.graph(roots, values, after=after, then=then)
-        else:
-            await batch.graph(roots, values)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        after, then = self._source.points(batch)  # values taken: from here, they are written
+        with trio.CancelScope(shield=True):
+            if not (after or then):
+                await batch.graph(roots, values)
+                return self._source.ret
+            try:
+                await batch.graph(roots, values, after=after, then=then)
+            except BaseException:
+                for timeline, value in then:  # (a replay that never started)
+                    timeline.advance(value)
+                raise
         return self._source.ret
 
 

@@ -26,7 +26,7 @@ from tinygrad.device import Device
 from tinygrad.engine.jit import GraphException, MultiGraphRunner
 from tinygrad.engine.realize import BufferCopy, BufferXfer, CompiledRunner, ViewOp
 from tinygrad.tensor import Tensor
-from tinygrad.uop.ops import Ops
+from tinygrad.uop.ops import Ops, UOp
 
 from .._errors import InputError, UsageError
 from .._foreign import ExternalTimeline
@@ -36,12 +36,14 @@ from ._convert import (
     Call,
     CopyCall,
     KernelCall,
+    Layouts,
     Region,
     Root,
     Wrapper,
     cpu_kernel,
     device_name,
     jit_name,
+    layout_key,
 )
 from ._install import current
 from ._private import (
@@ -342,8 +344,54 @@ class JitSource:
         self.batch: Batch | None = None
         self._sources: list[int] = []
         self._timelines = ORDERING
+        self._layouts = Layouts()
+        self._devices: list[tuple[str, Any]] | None = None
 
-    def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+    def _layout_of(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, int], tuple[Any, ...]] | None:
+        """(input buffers, var values by name, layout) as TinyJit's check would give
+        them for a call whose tensor arguments are realized, each on one device; None
+        for any other call (tinygrad's own check handles those)."""
+        if kwargs:
+            return None
+        inputs: list[Any] = []
+        var_vals: dict[str, int] = {}
+        keys: list[Any] = []
+        for value in args:
+            if value.__class__ is Tensor:
+                uop = value.uop
+                base = uop.base
+                if base.op is not Ops.BUFFER or uop.op is Ops.MULTI:
+                    return None
+                buf = base.buffer
+                if not buf.is_allocated():
+                    return None
+                key = layout_key(uop, base, (base.dtype, base.arg, base.device))
+                if key is None:
+                    return None
+                inputs.append(buf)
+                keys.append(key)
+            elif isinstance(value, UOp):
+                if value.op is not Ops.BIND:
+                    return None
+                var, bound = value.unbind()
+                var_vals[var.expr] = bound
+            elif isinstance(value, (tuple, list, dict)):
+                return None
+        if len(set(map(id, inputs))) != len(inputs):
+            return None  # tinygrad refuses it: let its check say so
+        return inputs, var_vals, tuple(keys)
+
+    def _inputs(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, int]]:
+        """This call's input buffers (in TinyJit's order) and var values by name."""
+        found = self._layout_of(args, kwargs)
+        if found is not None:
+            bound = self._layouts.known(found[2])
+            if bound is not None:
+                return found[0], {**bound, **found[1]}
         named = [*enumerate(args), *sorted(kwargs.items())]
         for name, value in named:
             if isinstance(value, Tensor):
@@ -355,7 +403,7 @@ class JitSource:
                             f"tensor argument {name!r} of {self.name}: its tinygrad buffer "
                             f"{base.buffer!r} was freed; pass a realized tensor"
                         )
-        buffers, var_vals, names, layouts = prepare_jit_inputs(args, kwargs)
+        buffers, tiny_vals, names, layouts = prepare_jit_inputs(args, kwargs)
         captured = self._captured
         if names != captured.expected_names:
             raise InputError(
@@ -370,20 +418,26 @@ class JitSource:
                     f"{want[2]} on {want[3]}; pass a tensor of the captured layout (symbolic "
                     f"dims may vary)"
                 )
-        inputs = list(buffers)
-        for base, offset, device, size, dtype in captured.extra_view_inputs:
-            inputs.append(TinyBuffer(device, size, dtype, base=inputs[base], offset=offset))
-        return inputs, var_vals
+        var_vals = {v.expr: value for v, value in tiny_vals.items()}
+        if found is not None:
+            # Accepted: the next call of these layouts skips this, and takes the values
+            # of the variables its layouts bind from here.
+            self._layouts.learn(found[2], {k: v for k, v in var_vals.items() if k not in found[1]})
+        return list(buffers), var_vals
 
     async def prepare(
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._inputs(args, kwargs)
         if self.batch is None:
+            captured = self._captured
+            every = list(inputs)  # with the views of inputs the jit reads, for reading it
+            for base, offset, device, size, dtype in captured.extra_view_inputs:
+                every.append(TinyBuffer(device, size, dtype, base=every[base], offset=offset))
             calls, roots, sources, variables = describe(
-                self._cache, inputs, dict(self._captured.input_replace)
+                self._cache, every, dict(captured.input_replace)
             )
-            layouts = self._captured.expected_st_vars_dtype_device
+            layouts = captured.expected_st_vars_dtype_device
             largest = [
                 max(root.nbytes, _largest(layouts[k][0], layouts[k][2].itemsize))
                 if k < len(layouts)
@@ -393,12 +447,20 @@ class JitSource:
             roots = [Root(r.device, n) for r, n in zip(roots, largest)]
             self._sources = sources
             self.batch = Batch(
-                calls, roots, variables, self._wrapper, sizes_known=False, keep=self._captured
+                calls, roots, variables, self._wrapper, sizes_known=False, keep=captured
             )
-        roots_now = self.batch.wrap_roots(_places(self._sources, inputs))
-        return self.batch, roots_now, {v.expr: value for v, value in var_vals.items()}
+        return self.batch, self.batch.wrap_roots(_places(self._sources, inputs)), var_vals
 
     def points(self, batch: Batch) -> tuple[list[Any], list[Any]]:
-        names = {b.device for ei in self._cache for b in ei.bufs if b is not None}
-        names.update(Device.canonicalize(root.device) for root in batch.roots)
-        return self._timelines.take(sorted(names))
+        """Timeline points for this call's replay: none while tinygrad has nothing queued
+        on the jit's devices (the replay is done before the call returns, so tinygrad's
+        later work comes after it on this thread); else the devices' next values, so
+        the replay waits for the queued work and tinygrad's later work for the replay."""
+        devices = self._devices
+        if devices is None:
+            names = {b.device for ei in self._cache for b in ei.bufs if b is not None}
+            names.update(Device.canonicalize(root.device) for root in batch.roots)
+            devices = self._devices = [(name, Device[name]) for name in sorted(names)]
+        if all(timeline_read(dev) >= timeline_pending(dev) for _, dev in devices):
+            return [], []
+        return self._timelines.take([name for name, _ in devices])

@@ -42,12 +42,14 @@ from ._convert import (
     Call,
     CopyCall,
     KernelCall,
+    Layouts,
     Region,
     Root,
     Wrapper,
     cpu_kernel,
     device_name,
     jit_name,
+    layout_key,
 )
 from ._install import Inline, current
 from ._private import (
@@ -354,8 +356,50 @@ class JitSource:
         self.batch: Batch | None = None
         self._sources: list[tuple[int, int]] = []
         self._scratch: dict[int, Any] = {}  # root -> where an input the jit writes is copied
+        self._layouts = Layouts()
+
+    def _layout_of(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, int], tuple[Any, ...]] | None:
+        """(input buffer UOps, var values, layout) as TinyJit's check would give them
+        for a call whose tensor arguments are realized, each on one device; None for any
+        other call (tinygrad's own check handles those)."""
+        if kwargs:
+            return None
+        inputs: list[Any] = []
+        var_vals: dict[str, int] = {}
+        keys: list[Any] = []
+        for value in args:
+            if value.__class__ is Tensor:
+                uop = value.uop
+                base = uop.base
+                if base.op is not Ops.BUFFER:
+                    return None
+                buf = buffers.get(base)
+                if buf is None or isinstance(buf, MultiBuffer) or not buf.is_allocated():
+                    return None
+                key = layout_key(uop, base, (base.dtype, base.device, base.src))
+                if key is None:
+                    return None
+                inputs.append(base)
+                keys.append(key)
+            elif isinstance(value, UOp):
+                if not value.is_bound_var:
+                    return None
+                var, bound = value.unbind()
+                var_vals[var.expr] = bound
+            elif isinstance(value, (tuple, list, dict)):
+                return None  # tinygrad takes tensors from containers too
+        if len(set(inputs)) != len(inputs):
+            return None  # tinygrad refuses it: let its check say so
+        return inputs, var_vals, tuple(keys)
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        found = self._layout_of(args, kwargs)
+        if found is not None:
+            bound = self._layouts.known(found[2])
+            if bound is not None:
+                return found[0], {**bound, **found[1]}
         named = [*enumerate(args), *sorted(kwargs.items())]
         for name, value in named:
             if isinstance(value, Tensor):
@@ -380,6 +424,10 @@ class JitSource:
                     f"{want[2]} on {want[3]}; pass a tensor of the captured layout (symbolic "
                     f"dims may vary)"
                 )
+        if found is not None:
+            # Accepted: the next call of these layouts skips this, and takes the values
+            # of the variables its layouts bind from here.
+            self._layouts.learn(found[2], {k: v for k, v in var_vals.items() if k not in found[1]})
         return inputs, var_vals
 
     async def prepare(
