@@ -171,9 +171,10 @@ def cpu_kernel(
 ) -> Kernel:
     """A Kernel that calls tinygrad's compiled CPU function at `address` with the buffers'
     addresses (uint64) and the values (`value_type` each). `keep` owns the code's memory
-    (tinygrad's program object); the Kernel holds it. A kernel with a `core_id` value
+    (tinygrad's program object); the function holds it. A kernel with a `core_id` value
     (position `core_id` among the values) is called once per core, core_id 0..cores-1,
-    one after another, as tinygrad calls it."""
+    one after another, as tinygrad calls it; the Kernel's callers pass every value but
+    that one."""
     signature = ctypes.CFUNCTYPE(None, *([ctypes.c_uint64] * nbufs + [value_type] * nvalues))
     function = signature(address)
     function.keep = keep  # type: ignore[attr-defined]  # the code lives as long as its caller
@@ -185,6 +186,7 @@ def cpu_kernel(
 
         def body(*args: int, _fn: Any = function, _cores: int = cores, _slot: int = slot) -> None:
             values = list(args)
+            values.insert(_slot, 0)
             for core in range(_cores):
                 values[_slot] = core
                 _fn(*values)

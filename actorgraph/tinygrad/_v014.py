@@ -182,8 +182,10 @@ class _Reader:
             values: list[Var | int] = []
             for var in info.vars:
                 name = var.expr
-                if name in info.runtimevars or name in device_vars:
-                    values.append(int(device_vars.get(name, 0)))
+                if name in info.runtimevars:
+                    continue  # the kernel's body passes it (see cpu_kernel)
+                if name in device_vars:
+                    values.append(int(device_vars[name]))
                 else:
                     found = self.out.variables.get(name)
                     if found is None:
