@@ -95,7 +95,9 @@ def run(tree: Path, files: list[str], installed: bool, timeout: float) -> dict[s
         command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     if not report.exists():
-        sys.exit(f"pytest wrote no report ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        sys.exit(
+            f"pytest wrote no report ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
     return dict(json.loads(report.read_text()))
 
 
@@ -117,7 +119,12 @@ def table(alone: dict[str, Any], ours: dict[str, Any], files: list[str]) -> dict
         for node, outcome in ours["outcomes"].items()
         if outcome == "failed" and alone["outcomes"].get(node) == "passed"
     )
-    return {"files": rows, "fail_only_installed": worse}
+    both = sorted(
+        node
+        for node, outcome in ours["outcomes"].items()
+        if outcome == "failed" and alone["outcomes"].get(node) == "failed"
+    )
+    return {"files": rows, "fail_only_installed": worse, "fail_both": both}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     worse = result["fail_only_installed"]
     print(f"failing only with actorgraph installed: {worse or 'none'}")
+    print(f"failing alone and installed: {result['fail_both'] or 'none'}")
     if args.out:
         args.out.write_text(json.dumps({"tinygrad": version, "ref": args.ref, **result}, indent=2))
     return 1 if worse else 0
