@@ -178,6 +178,13 @@ class Graph(Hinted):
         # One buffer per internal allocation: checked on every call, as a buffer may be
         # freed between two calls with the same inputs.
         self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
+        # The byte ranges of those buffers, worked out once: every new input set is
+        # checked against them (_check_inputs), and wrapped memory puts every wrapped
+        # buffer of a device in one allocation, so there may be many.
+        self._internal_spans = {
+            alloc: tuple((*buf.byte_range, buf) for buf in bufs if buf.nbytes)
+            for alloc, bufs in self._internal.items()
+        }
         # Replays submitted / finished / bytes their copies moved, less those run here
         # as one loop (`_runs_here`), which add to all three at once (see the properties).
         self._replays = 0
@@ -622,12 +629,16 @@ class Graph(Hinted):
                 if new.overlaps(other) and overlap is None:
                     overlap = f"inputs {j} and {i} share memory ({other!r} and {new!r})"
             by_alloc.setdefault(new.alloc_id, []).append((i, new))
-            for internal in self._internal.get(new.alloc_id, ()):
-                if new.overlaps(internal) and overlap is None:
-                    overlap = (
-                        f"input {i} {new!r} shares memory with {internal!r}, which the graph "
-                        f"uses internally"
-                    )
+            spans = self._internal_spans.get(new.alloc_id)
+            if spans and overlap is None:
+                a0, a1 = new.byte_range
+                for b0, b1, internal in spans:
+                    if a0 < b1 and b0 < a1 and a0 < a1:  # (as Buffer.overlaps)
+                        overlap = (
+                            f"input {i} {new!r} shares memory with {internal!r}, which the "
+                            f"graph uses internally"
+                        )
+                        break
         return overlap
 
     async def aclose(self) -> None:
