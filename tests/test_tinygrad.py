@@ -493,6 +493,39 @@ def test_devices_that_are_not_cpu_are_refused() -> None:
         device_name("NV")
 
 
+def _via_python_device() -> Callable[[Tensor], Tensor]:
+    w = Tensor(_data(9, 8)).realize()
+
+    def forward(x: Tensor) -> Tensor:
+        y = ((x * 2).realize() + 1).realize()  # two kernels: a batch actorgraph takes
+        z = (y.to("PYTHON") + 1).realize()  # a device actorgraph does not run
+        return ((z.to("CPU") * w).realize() - 1).realize()  # another batch
+
+    return forward
+
+
+async def test_what_actorgraph_cannot_run_tinygrad_runs_itself() -> None:
+    fn = _via_python_device()
+    calls = [(Tensor(_data(s, 8)).realize(),) for s in range(6)]
+    expected = _reference(fn, calls)
+    agt.install(devices=2)
+    try:
+        jit = TinyJit(fn)
+        for args, want in zip(calls, expected):
+            assert jit(*args).numpy().tobytes() == want.tobytes()
+        stats = agt.statistics()
+    finally:
+        agt.uninstall()
+    assert stats.graphs >= 2 and stats.replays >= 2 * (len(calls) - 2)  # both CPU batches
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            with pytest.raises(
+                ag.UsageError,
+                match=r"(call|item) \d+ of jit 'forward' is an? (call|item) on PYTHON",
+            ):
+                await agt.graph_from_jit(rt, jit)
+
+
 def test_a_jit_past_the_opened_devices_runs_on_tinygrad_alone() -> None:
     fn = _data_parallel(4)
     calls = [(Tensor(_data(s, 8, 8)).realize(),) for s in range(5)]

@@ -25,13 +25,14 @@ def test_quick_run_measures_every_model_and_path(tmp_path: Path) -> None:
     assert tinygrad_models.main(["--quick", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["quick"] is True and report["tinygrad"]
-    rows = {row["name"]: row for row in report["rows"]}
-    assert set(rows) == {"decoder", "cnn", "mlp", "dp2", "heavy"}
+    rows = {(row["name"], row["mode"]): row for row in report["rows"]}
+    names = {"decoder", "cnn", "mlp", "dp2", "heavy"}
+    assert set(rows) == {(name, mode) for name in names for mode in ("pool", "recycled")}
     for row in rows.values():
         for path in ("tinygrad", "install", "trio", "floor"):
             assert row[path] > 0
         assert row["replays"] >= 1  # install() really replayed through actorgraph
     assert set(report["verdicts"]) == {
-        *(f"{name} install" for name in rows),
-        *(f"{name} trio" for name in ("decoder", "cnn", "mlp", "dp2")),
+        *(f"{name} {mode} install" for name, mode in rows),
+        *(f"{name} {mode} trio" for name, mode in rows if name != "heavy"),
     }

@@ -36,7 +36,10 @@ from ._private import patch_cpu_devices, patched_devices
 
 
 class Ordering(Protocol):
-    """How one release orders a replay with the work tinygrad queues on its own."""
+    """How one release orders a replay with the work tinygrad queues on its own.
+    `queues`: whether tinygrad queues work at all (else replays run as they are)."""
+
+    queues: bool
 
     def replay(self, devices: Sequence[str], run: Callable[[], None]) -> None:
         """Call run() where it is ordered after tinygrad's earlier work on these
@@ -46,6 +49,8 @@ class Ordering(Protocol):
 class Inline:
     """tinygrad runs its own work inline on the caller's thread (0.14's CPU devices):
     program order is the order; nothing to wait for."""
+
+    queues = False
 
     def replay(self, devices: Sequence[str], run: Callable[[], None]) -> None:
         run()
@@ -114,16 +119,18 @@ class Installed:
                 graph = self._plan(batch, roots)
             values = batch.values(given, "this jit") if batch.variables else None
             self.replays += 1
-
-            def run() -> None:
-                # On this thread as one loop where the runtime allows it (the usual
-                # case), else on the runtime's thread while this one waits.
-                if not graph.run_here(roots, values):
-                    self.handed_off += 1
-                    graph(roots, values).result()
-
-            self.ordering.replay(tiny_devices, run)
+            if self.ordering.queues:
+                self.ordering.replay(tiny_devices, lambda: self._run(graph, roots, values))
+            else:
+                self._run(graph, roots, values)
         return time.perf_counter() - start if wait else None
+
+    def _run(self, graph: Any, roots: Sequence[Any], values: dict[Any, int] | None) -> None:
+        # On this thread as one loop where the runtime allows it (the usual case), else on
+        # the runtime's thread while this one waits.
+        if not graph.run_here(roots, values):
+            self.handed_off += 1
+            graph(roots, values).result()
 
     def _plan(self, batch: Batch, roots: Sequence[Any]) -> Any:
         self.check_usable()

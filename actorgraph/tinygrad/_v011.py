@@ -67,6 +67,8 @@ _VALUE_TYPE = ctypes.c_int64 if platform.machine() in ("arm64", "aarch64") else 
 class Timelines:
     """tinygrad's device timelines, as install()'s Ordering and the trio path's points."""
 
+    queues = True
+
     def __init__(self) -> None:
         self._timelines: dict[str, ExternalTimeline] = {}
         self._lock = threading.Lock()

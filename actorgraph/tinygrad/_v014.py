@@ -253,7 +253,10 @@ def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tu
     """(address, nbytes) of each root for this call's input UOps."""
     out = []
     for slot, lane in sources:
-        buf = inputs[slot].buffer
+        uop = inputs[slot]
+        buf = buffers.get(uop)  # an input is a buffer UOp: its Buffer, without .buffer's walk
+        if buf is None:
+            buf = uop.buffer
         if lane >= 0:
             buf = buf.bufs[lane]
         if not buf.is_allocated():
