@@ -181,6 +181,40 @@ async def test_graph_from_jit_profiles_and_verifies() -> None:
             assert (await jit_graph(x)).numpy().tobytes() == want.tobytes()
 
 
+async def test_a_cancelled_jit_graph_call_returns_only_once_its_replay_is_done() -> None:
+    fn = _mlp()
+    jit = TinyJit(fn)
+    x = Tensor(_data(0, 4, 16)).realize()
+    want = _reference(fn, [(x,)])[0]
+    jit(x), jit(x)
+    with trio.fail_after(60):
+        # Every kernel on a worker thread: a replay is in flight on the actors, not run
+        # inline, so a cancellation can land while it runs.
+        async with ag.open_runtime(["CPU:0"], cpu_thread_bytes=0) as rt:
+            jit_graph = await agt.graph_from_jit(rt, jit)
+            await jit_graph(x)
+            graph = jit_graph.graph
+            cancelled = []
+            async with trio.open_nursery() as nursery:
+
+                async def call() -> None:
+                    with trio.CancelScope() as scope:
+                        nursery.start_soon(cancel, scope)
+                        await jit_graph(x)
+                    cancelled.append(scope.cancelled_caught)
+                    # Returned: whatever happened, no replay of it is still running.
+                    assert graph.statistics().in_flight == 0
+
+                async def cancel(scope: trio.CancelScope) -> None:
+                    while not graph.statistics().in_flight:
+                        await trio.sleep(0)
+                    scope.cancel()  # the replay has started: it runs on
+
+                nursery.start_soon(call)
+            assert cancelled == [True]
+            assert (await jit_graph(x)).numpy().tobytes() == want.tobytes()
+
+
 def _shared_jits() -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor], Tensor]:
     acc = Tensor.zeros(8).contiguous().realize()
 

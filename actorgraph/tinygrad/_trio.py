@@ -76,23 +76,32 @@ class JitGraph:
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Replay with the jit's own arguments; return what the jit returns, written.
 
-        Cancelled before the replay starts, it starts nothing; once started, the call
-        returns when the replay is done, even when cancelled (tinygrad's own work after
-        the call, inline on this thread, must not pass it)."""
+        Cancelled before the replay starts, it starts nothing; cancelled once it has
+        started, it still returns only when the replay is done (tinygrad's own work
+        after the call, inline on this thread, must not pass it)."""
         batch, roots, values = await self._prepare(args, kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()
         after, then = self._source.points(batch)  # values taken: from here, they are written
-        with trio.CancelScope(shield=True):
-            if not (after or then):
-                await batch.graph(roots, values)
-                return self._source.ret
-            try:
-                await batch.graph(roots, values, after=after, then=then)
-            except BaseException:
-                for timeline, value in then:  # (a replay that never started)
-                    timeline.advance(value)
-                raise
+        graph = batch.graph
+        try:
+            if after or then:
+                await graph(roots, values, after=after, then=then)
+            else:
+                await graph(roots, values)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await _replays_done(graph)
+            for timeline, value in then:  # (written already, unless it never started)
+                timeline.advance(value)
+            raise
         return self._source.ret
+
+
+async def _replays_done(graph: Graph) -> None:
+    """Return once none of the graph's replays is in flight (a cancelled caller's
+    replay goes on on the actors; only this rare path polls)."""
+    while graph.statistics().in_flight:
+        await trio.sleep(0.0005)
 
 
 async def graph_from_jit(runtime: Runtime, jit: Any, *, verify: bool | None = None) -> JitGraph:
