@@ -164,12 +164,18 @@ async def test_graph_from_jit_replays_bitwise_in_trio(case: str) -> None:
             assert jit_graph.graphs == 1  # symbolic shapes too: one plan
 
 
-async def test_graph_from_jit_profiles_and_verifies() -> None:
+def _captured_mlp() -> tuple[Any, Tensor, np.ndarray[Any, Any]]:
+    """A jit of the MLP that has captured, an input, and tinygrad's own output for it."""
     fn = _mlp()
     jit = TinyJit(fn)
     x = Tensor(_data(0, 4, 16)).realize()
     want = _reference(fn, [(x,)])[0]
     jit(x), jit(x)
+    return jit, x, want
+
+
+async def test_graph_from_jit_profiles_and_verifies() -> None:
+    jit, x, want = _captured_mlp()
     with trio.fail_after(60):
         async with ag.open_runtime(["CPU:0"]) as rt:
             jit_graph = await agt.graph_from_jit(rt, jit)
@@ -182,11 +188,7 @@ async def test_graph_from_jit_profiles_and_verifies() -> None:
 
 
 async def test_a_cancelled_jit_graph_call_returns_only_once_its_replay_is_done() -> None:
-    fn = _mlp()
-    jit = TinyJit(fn)
-    x = Tensor(_data(0, 4, 16)).realize()
-    want = _reference(fn, [(x,)])[0]
-    jit(x), jit(x)
+    jit, x, want = _captured_mlp()
     with trio.fail_after(60):
         # Every kernel on a worker thread: a replay is in flight on the actors, not run
         # inline, so a cancellation can land while it runs.
@@ -387,25 +389,32 @@ def test_install_from_several_threads_is_bitwise(captured: bool) -> None:
         agt.uninstall()
 
 
-def test_symbolic_jit_plans_once_for_every_size() -> None:
-    vn = Variable("n", 1, 64)
-    base = Tensor(_data(3, 64)).realize()
+VN = Variable("n", 1, 64)
+SIZES = [1 + (7 * k) % 60 for k in range(120)]  # cycling through 60 sizes, each twice
 
-    def fn(a: Tensor) -> Tensor:
-        return ((a * 2).realize() + 1).sum().realize()
 
-    sizes = [1 + (7 * k) % 60 for k in range(120)]  # cycling through 60 sizes
-    calls = [(base[: vn.bind(n)],) for n in sizes]
+def _sized(a: Tensor) -> Tensor:
+    return ((a * 2).realize() + 1).sum().realize()
+
+
+def _installed_statistics(fn: Callable[..., Tensor], calls: list[tuple[Any, ...]]) -> Any:
+    """Call a new jit of fn under install() with these arguments, bitwise against tinygrad
+    alone; return what install() counted."""
     expected = _reference(fn, calls)
     agt.install(devices=1)
     try:
         jit = TinyJit(fn)
         for args, want in zip(calls, expected):
             assert jit(*args).numpy().tobytes() == want.tobytes()
-        stats = agt.statistics()
+        return agt.statistics()
     finally:
         agt.uninstall()
-    assert stats.replays >= len(calls) - 2
+
+
+def test_symbolic_jit_plans_once_for_every_size() -> None:
+    base = Tensor(_data(3, 64)).realize()
+    stats = _installed_statistics(_sized, [(base[: VN.bind(n)],) for n in SIZES])
+    assert stats.replays >= len(SIZES) - 2
     assert stats.plans == stats.graphs == 1
 
 
@@ -413,47 +422,28 @@ def test_symbolic_jit_plans_once_for_every_size() -> None:
 def test_inputs_that_change_size_plan_once_per_new_high() -> None:
     # tinygrad 0.11 lets a jit input be a buffer of a different size on every call (a
     # tensor reshaped to a bound Variable); its runner is never told the largest size.
-    vn = Variable("n", 1, 64)
-
-    def fn(a: Tensor) -> Tensor:
-        return ((a * 2).realize() + 1).sum().realize()
-
-    sizes = [1 + (7 * k) % 60 for k in range(120)]
-    calls = [(Tensor(_data(n, n)).reshape(vn.bind(n)).realize(),) for n in sizes]
-    expected = _reference(fn, calls)
-    agt.install(devices=1)
-    try:
-        jit = TinyJit(fn)
-        for args, want in zip(calls, expected):
-            assert jit(*args).numpy().tobytes() == want.tobytes()
-        stats = agt.statistics()
-    finally:
-        agt.uninstall()
-    assert stats.replays >= len(calls) - 2
+    calls = [(Tensor(_data(n, n)).reshape(VN.bind(n)).realize(),) for n in SIZES]
+    stats = _installed_statistics(_sized, calls)
+    assert stats.replays >= len(SIZES) - 2
     assert stats.plans <= 8  # a new plan only at a new high, for at least twice the old
 
 
 async def test_graph_from_jit_plans_once_for_inputs_that_change_size() -> None:
-    vn = Variable("n", 1, 64)
-
-    def fn(a: Tensor) -> Tensor:
-        return ((a * 2).realize() + 1).sum().realize()
-
     base = Tensor(_data(3, 64)).realize()
 
     def args(n: int) -> tuple[Tensor]:
         if V011:
-            return (Tensor(_data(n, n)).reshape(vn.bind(n)).realize(),)
-        return (base[: vn.bind(n)],)
+            return (Tensor(_data(n, n)).reshape(VN.bind(n)).realize(),)
+        return (base[: VN.bind(n)],)
 
-    sizes = [1 + (7 * k) % 60 for k in range(120)]  # each size twice: checked, then known
-    expected = _reference(fn, [args(n) for n in sizes])
-    jit = TinyJit(fn)
+    # Each size twice: checked with tinygrad's own check, then known (Layouts).
+    expected = _reference(_sized, [args(n) for n in SIZES])
+    jit = TinyJit(_sized)
     jit(*args(1)), jit(*args(2))
     with trio.fail_after(60):
         async with ag.open_runtime(["CPU:0"]) as rt:
             jit_graph = await agt.graph_from_jit(rt, jit)
-            for n, want in zip(sizes, expected):
+            for n, want in zip(SIZES, expected):
                 assert (await jit_graph(*args(n))).numpy().tobytes() == want.tobytes()
             assert jit_graph.graphs == 1
 
@@ -577,11 +567,7 @@ def test_a_jit_past_the_opened_devices_runs_on_tinygrad_alone() -> None:
 async def test_a_replay_between_queued_tinygrad_work_never_deadlocks() -> None:
     # tinygrad work W is queued (held behind a blocker) before a replay R, and work Y after
     # it: R waits for W, Y waits for R. Waiting for W must not wait for Y as well.
-    fn = _mlp()
-    jit = TinyJit(fn)
-    x = Tensor(_data(0, 4, 16)).realize()
-    want = _reference(fn, [(x,)])[0]
-    jit(x), jit(x)
+    jit, x, want = _captured_mlp()
     dev: Any = Device["CPU"]
     release = threading.Event()
     a = Tensor(_data(1, 8)).realize()

@@ -15,14 +15,14 @@ This module imports no tinygrad.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
 from .._buffer import Buffer
-from .._errors import UsageError
+from .._errors import InputError, UsageError
 from .._kernel import Copy, Item, Kernel, Launch
 from .._runtime import Runtime
 from .._vars import Var
@@ -230,18 +230,60 @@ class Layouts:
     views on every call of a jit (about 17 us a call on 0.11, 66 us on 0.14); a new
     tensor of a layout seen before gets the same answer, so it is checked once per
     layout. A symbolic layout carries its bound values (checked once per value), and
-    the var values tinygrad read from it are kept with it. The latest `limit` are kept."""
+    the var values tinygrad read from it are kept with it. The latest `limit` are kept.
+
+    A call's layout, as an adapter reads it: (inputs, var values from its non-tensor
+    arguments, layout key), or None for a call it cannot read so."""
 
     def __init__(self, limit: int = 64) -> None:
         self._known: dict[tuple[Any, ...], dict[str, int]] = {}
         self._limit = limit
 
-    def known(self, key: tuple[Any, ...]) -> dict[str, int] | None:
-        """The var values a known layout binds, or None for a layout not seen."""
-        return self._known.get(key)
+    def answer(self, found: Found | None) -> tuple[list[Any], dict[str, int]] | None:
+        """(inputs, var values) for a call of a known layout, else None."""
+        if found is None:
+            return None
+        bound = self._known.get(found[2])
+        if bound is None:
+            return None
+        return found[0], {**bound, **found[1]}
 
-    def learn(self, key: tuple[Any, ...], values: dict[str, int]) -> None:
+    def accept(self, found: Found | None, var_vals: dict[str, int]) -> None:
+        """tinygrad's check accepted this call: the next of its layout skips the check,
+        taking the values of the variables its layouts bind from here."""
+        if found is None:
+            return
         known = self._known
         if len(known) >= self._limit:
             del known[next(iter(known))]
-        known[key] = dict(values)
+        known[found[2]] = {k: v for k, v in var_vals.items() if k not in found[1]}
+
+
+Found = tuple[list[Any], dict[str, int], tuple[Any, ...]]
+
+
+def check_live(jit: str, named: Iterable[tuple[Any, Any]]) -> None:
+    """Refuse a tensor argument whose tinygrad buffer was freed ((name, buffer) pairs)."""
+    for name, buf in named:
+        if not buf.is_allocated():
+            raise InputError(
+                f"tensor argument {name!r} of {jit}: its tinygrad buffer {buf!r} was freed; "
+                f"pass a realized tensor"
+            )
+
+
+def check_arguments(jit: str, names: Any, expected_names: Any, layouts: Any, expected: Any) -> None:
+    """Refuse arguments TinyJit would refuse: other tensor arguments than it captured, or
+    one of another layout ((view, vars, dtype, device) as tinygrad describes it)."""
+    if names != expected_names:
+        raise InputError(
+            f"{jit} was captured with tensor arguments {expected_names} but got {names}; "
+            f"pass the same arguments"
+        )
+    for name, got, want in zip(names, layouts, expected):
+        if got != want:
+            raise InputError(
+                f"tensor argument {name!r} of {jit} has shape {got[0].shape} {got[2]} on "
+                f"{got[3]} but the jit was captured for {want[0].shape} {want[2]} on "
+                f"{want[3]}; pass a tensor of the captured layout (symbolic dims may vary)"
+            )

@@ -40,6 +40,8 @@ from ._convert import (
     Region,
     Root,
     Wrapper,
+    check_arguments,
+    check_live,
     cpu_kernel,
     device_name,
     jit_name,
@@ -390,41 +392,31 @@ class JitSource:
     ) -> tuple[list[Any], dict[str, int]]:
         """This call's input buffers (in TinyJit's order) and var values by name."""
         found = self._layout_of(args, kwargs)
-        if found is not None:
-            bound = self._layouts.known(found[2])
-            if bound is not None:
-                return found[0], {**bound, **found[1]}
+        known = self._layouts.answer(found)
+        if known is not None:
+            return known
         named = [*enumerate(args), *sorted(kwargs.items())]
-        for name, value in named:
-            if isinstance(value, Tensor):
-                uop = value.uop
-                for part in uop.src if uop.op is Ops.MULTI else (uop,):
-                    base = part.base
-                    if base.op is Ops.BUFFER and not base.buffer.is_allocated():
-                        raise InputError(
-                            f"tensor argument {name!r} of {self.name}: its tinygrad buffer "
-                            f"{base.buffer!r} was freed; pass a realized tensor"
-                        )
+        check_live(
+            self.name,
+            (
+                (n, part.base.buffer)
+                for n, v in named
+                if isinstance(v, Tensor)
+                for part in (v.uop.src if v.uop.op is Ops.MULTI else (v.uop,))
+                if part.base.op is Ops.BUFFER
+            ),
+        )
         buffers, tiny_vals, names, layouts = prepare_jit_inputs(args, kwargs)
         captured = self._captured
-        if names != captured.expected_names:
-            raise InputError(
-                f"{self.name} was captured with tensor arguments {captured.expected_names} "
-                f"but got {names}; pass the same arguments"
-            )
-        for name, got, want in zip(names, layouts, captured.expected_st_vars_dtype_device):
-            if got != want:
-                raise InputError(
-                    f"tensor argument {name!r} of {self.name} has shape {got[0].shape} "
-                    f"{got[2]} on {got[3]} but the jit was captured for {want[0].shape} "
-                    f"{want[2]} on {want[3]}; pass a tensor of the captured layout (symbolic "
-                    f"dims may vary)"
-                )
+        check_arguments(
+            self.name,
+            names,
+            captured.expected_names,
+            layouts,
+            captured.expected_st_vars_dtype_device,
+        )
         var_vals = {v.expr: value for v, value in tiny_vals.items()}
-        if found is not None:
-            # Accepted: the next call of these layouts skips this, and takes the values
-            # of the variables its layouts bind from here.
-            self._layouts.learn(found[2], {k: v for k, v in var_vals.items() if k not in found[1]})
+        self._layouts.accept(found, var_vals)
         return list(buffers), var_vals
 
     async def prepare(

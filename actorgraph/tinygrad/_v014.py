@@ -46,6 +46,8 @@ from ._convert import (
     Region,
     Root,
     Wrapper,
+    check_arguments,
+    check_live,
     cpu_kernel,
     device_name,
     jit_name,
@@ -401,38 +403,20 @@ class JitSource:
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         found = self._layout_of(args, kwargs)
-        if found is not None:
-            bound = self._layouts.known(found[2])
-            if bound is not None:
-                return found[0], {**bound, **found[1]}
+        known = self._layouts.answer(found)
+        if known is not None:
+            return known
         named = [*enumerate(args), *sorted(kwargs.items())]
-        for name, value in named:
-            if isinstance(value, Tensor):
-                for buf in _tensor_buffers(value):
-                    if not buf.is_allocated():
-                        raise InputError(
-                            f"tensor argument {name!r} of {self.name}: its tinygrad buffer "
-                            f"{buf!r} was freed; pass a realized tensor"
-                        )
+        check_live(
+            self.name,
+            ((n, buf) for n, v in named if isinstance(v, Tensor) for buf in _tensor_buffers(v)),
+        )
         inputs, var_vals, names, info = prepare_jit_inputs(args, kwargs)
         captured = self._captured
-        if names != captured.expected_names:
-            raise InputError(
-                f"{self.name} was captured with tensor arguments {captured.expected_names} "
-                f"but got {names}; pass the same arguments"
-            )
-        for name, got, want in zip(names, info, captured.expected_input_info):
-            if got != want:
-                raise InputError(
-                    f"tensor argument {name!r} of {self.name} has shape {got[0].shape} "
-                    f"{got[2]} on {got[3]} but the jit was captured for {want[0].shape} "
-                    f"{want[2]} on {want[3]}; pass a tensor of the captured layout (symbolic "
-                    f"dims may vary)"
-                )
-        if found is not None:
-            # Accepted: the next call of these layouts skips this, and takes the values
-            # of the variables its layouts bind from here.
-            self._layouts.learn(found[2], {k: v for k, v in var_vals.items() if k not in found[1]})
+        check_arguments(
+            self.name, names, captured.expected_names, info, captured.expected_input_info
+        )
+        self._layouts.accept(found, var_vals)
         return inputs, var_vals
 
     async def prepare(
