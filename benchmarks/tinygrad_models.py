@@ -27,6 +27,7 @@ small models (all but heavy).
 
     python benchmarks/tinygrad_models.py            # -> benchmarks/results/tinygrad_models.json
     python benchmarks/tinygrad_models.py --quick    # tiny sizes: checks the script runs
+                                                    #    (-> results/quick/, measures nothing)
 
 Named so that it never shadows the tinygrad package for scripts in this folder.
 """
@@ -262,6 +263,7 @@ async def measure(model: Model, rounds: int, rt: ag.Runtime, mode: str) -> dict[
             samples["trio"].append(await atimed())
             samples["floor"].append(timed(direct))
         after = agt.statistics()
+        assert after.replays > before.replays, f"{model.name}: install() replayed nothing"
     finally:
         agt.uninstall()
     row: dict[str, Any] = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
@@ -303,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--modes", default="pool,recycled", help="comma-separated input modes (see MODES)"
     )
-    parser.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
+    parser.add_argument("--out", default="", help="where the JSON goes (default: RESULTS)")
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     chosen = [m for m in models(args.quick) if not args.only or m.name in args.only.split(",")]
@@ -334,7 +336,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, verdict in found.items():
         met = "met" if verdict["met"] else "NOT met"
         print(f"{name}: {verdict['ratio']:.2f}x (target <= {verdict['target']}x): {met}")
-    out = pathlib.Path(args.out)
+    # A quick run writes under results/quick/, never over a full run's figures.
+    out = (
+        pathlib.Path(args.out)
+        if args.out
+        else RESULTS.parent / ("quick" if args.quick else "") / RESULTS.name
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(

@@ -41,17 +41,8 @@ def scripts() -> list[Path]:
     )
 
 
-# While benchmarks/tinygrad.py exists, it hides the tinygrad package from the scripts run
-# in its folder (peers.py among them): the cases below that say so fail until it is renamed.
-SHADOWING = (BENCHMARKS / "tinygrad.py").exists()
-SHADOW_REASON = "benchmarks/tinygrad.py hides the tinygrad package from scripts run beside it"
-
-
-def _case(path: Path, hidden_by_tinygrad: bool) -> object:
-    marks = []
-    if hidden_by_tinygrad and SHADOWING:
-        marks.append(pytest.mark.xfail(strict=True, reason=SHADOW_REASON))
-    return pytest.param(path, id=path.stem, marks=marks)
+def _case(path: Path) -> object:
+    return pytest.param(path, id=path.stem)
 
 
 def _results_of_full_runs() -> dict[Path, tuple[int, int]]:
@@ -60,7 +51,7 @@ def _results_of_full_runs() -> dict[Path, tuple[int, int]]:
     return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in RESULTS.iterdir() if p.is_file()}
 
 
-@pytest.mark.parametrize("script", [_case(p, p.stem == "peers") for p in scripts()])
+@pytest.mark.parametrize("script", [_case(p) for p in scripts()])
 def test_every_benchmark_runs_in_its_quick_mode(script: Path) -> None:
     assert "--quick" in script.read_text(), f"{script.name} has no --quick mode"
     before = _results_of_full_runs()
@@ -116,9 +107,7 @@ def _found_outside(name: str) -> str | None:
     return None if spec is None else str(spec.origin or spec.submodule_search_locations)
 
 
-@pytest.mark.parametrize(
-    "module", [_case(p, p.stem == "tinygrad") for p in sorted(BENCHMARKS.glob("*.py"))]
-)
+@pytest.mark.parametrize("module", [_case(p) for p in sorted(BENCHMARKS.glob("*.py"))])
 def test_no_benchmark_file_hides_a_package(module: Path) -> None:
     name = module.stem
     where = _found_outside(name)
