@@ -109,7 +109,7 @@ class BackgroundGraph:
 
         return Call(self._owner, graph, (inputs,), kwargs, "graph(...)", start)
 
-    def run_here(
+    def call_here(
         self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
     ) -> bool:
         """For a caller that waits for its replay anyway: replay on the calling thread,
@@ -118,7 +118,7 @@ class BackgroundGraph:
         Call made. True once it ran, raising its failure (an ItemError naming the item);
         False, having done nothing, when it must go to the runtime's thread: call the
         graph then."""
-        return self._owner._run_here(self.graph, inputs, var_vals)
+        return self._owner._call_here(self.graph, inputs, var_vals)
 
     def __getattr__(self, name: str) -> Any:
         # Read-only facts of the Graph (last_profile, ...) straight from it.
@@ -411,7 +411,7 @@ class BackgroundRuntime:
             self._warn_unobserved(entry, failed)
         return Call.finished(self, entry)
 
-    def _run_here(
+    def _call_here(
         self, graph: Graph, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
     ) -> bool:
         """`_replay_here` for a caller that waits for the replay where it calls: no Call

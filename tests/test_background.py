@@ -597,7 +597,7 @@ def test_a_background_graph_says_calling_it_is_the_submission(
     assert graph.replays == 0
 
 
-def test_run_here_replays_on_the_callers_thread_or_says_it_cannot(
+def test_call_here_replays_on_the_callers_thread_or_says_it_cannot(
     brt: ag.BackgroundRuntime,
 ) -> None:
     seen: list[int] = []
@@ -606,16 +606,16 @@ def test_run_here_replays_on_the_callers_thread_or_says_it_cannot(
     brt.copyin(a, np.full(8, 6, np.int32)).result(timeout=10)
     for _ in range(1000):  # until a call finds the runtime's loop idle
         seen.clear()
-        if graph.run_here([a, b]):
+        if graph.call_here([a, b]):
             break
         assert not seen  # it did nothing
     else:
-        raise AssertionError("run_here never found the runtime idle")
+        raise AssertionError("call_here never found the runtime idle")
     assert seen == [here, here]  # ran before it returned, on this thread
     np.testing.assert_array_equal(brt.copyout(c).result(timeout=10), np.full(8, 6))
     with holding(brt):  # a call made before it still runs: it must not pass that call
         seen.clear()
-        assert graph.run_here([a, b]) is False and not seen
+        assert graph.call_here([a, b]) is False and not seen
 
     # A failing item raises its ItemError at once, to the caller that ran it.
     def boom(out: np.ndarray, x: np.ndarray) -> None:
@@ -626,11 +626,11 @@ def test_run_here_replays_on_the_callers_thread_or_says_it_cannot(
     ).result(timeout=10)
     for _ in range(1000):
         try:
-            if bad.run_here([a]):
+            if bad.call_here([a]):
                 raise AssertionError("a failing replay ran without raising")
         except ag.ItemError as error:
             assert "item 0 (boom) on CPU:0/compute raised ValueError: bad block" in str(error)
             break
     else:
-        raise AssertionError("run_here never found the runtime idle")
+        raise AssertionError("call_here never found the runtime idle")
     brt.copyout(c).result(timeout=10)  # nothing left for a later call to raise

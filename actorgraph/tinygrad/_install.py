@@ -128,7 +128,7 @@ class Installed:
     def _run(self, graph: Any, roots: Sequence[Any], values: dict[Any, int] | None) -> None:
         # On this thread as one loop where the runtime allows it (the usual case), else on
         # the runtime's thread while this one waits.
-        if not graph.run_here(roots, values):
+        if not graph.call_here(roots, values):
             self.handed_off += 1
             graph(roots, values).result()
 
