@@ -96,6 +96,18 @@ def _data_parallel(ndev: int) -> Callable[[Tensor], Tensor]:
     return forward
 
 
+_DEVS2 = ("CPU", "CPU:1")
+
+
+def _sharded_input() -> Callable[[Tensor], Tensor]:
+    w = Tensor(_data(8, 8, 8)).shard(_DEVS2, axis=None).realize()
+
+    def forward(x: Tensor) -> Tensor:  # x arrives sharded: a MultiBuffer, a lane per device
+        return ((x @ w).relu().realize() * 2).realize()
+
+    return forward
+
+
 def _reference(
     fn: Callable[..., Tensor], calls: Sequence[tuple[Any, ...]]
 ) -> list[np.ndarray[Any, Any]]:
@@ -120,6 +132,10 @@ CASES: dict[str, tuple[Callable[[], Callable[..., Tensor]], Callable[[int], tupl
     "view_input": (_view_input, lambda s: (Tensor(_data(s, 4, 6)).realize(),)),
     "bitcast_input": (_bitcast_input, lambda s: (Tensor(_data(s, 4, 8)).realize(),)),
     "data_parallel_2": (lambda: _data_parallel(2), lambda s: (Tensor(_data(s, 4, 8)).realize(),)),
+    "sharded_input": (
+        _sharded_input,
+        lambda s: (Tensor(_data(s, 4, 8)).shard(_DEVS2, axis=0).realize(),),
+    ),
     "data_parallel_4": (lambda: _data_parallel(4), lambda s: (Tensor(_data(s, 8, 8)).realize(),)),
 }
 
