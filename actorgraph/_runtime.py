@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from actorgraph.scheduler import (
 from . import _capture
 from ._await import Pending, described
 from ._buffer import Allocation, Buffer, _shape_of, check_buffer_size
+from ._collector import collector_paused
 from ._errors import (
     ClosedError,
     DeadlockError,
@@ -36,7 +38,7 @@ from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._profile import Profile, ReplayRecord, build_profile
-from ._program import Program, check_item, plan_item, raise_failure
+from ._program import Program, check_item, plan_item, plan_items, raise_failure
 
 
 @attrs.frozen
@@ -551,14 +553,26 @@ class Runtime:
     async def _build_kernels(self, items: Sequence[Item]) -> None:
         """Compile the kernels that would compile slowly on first lowering (NVRTC for
         CUDA) on a worker thread, so the runtime's other work goes on meanwhile."""
+        await self._build_slow(self._slow_builds(items))
+
+    @staticmethod
+    def _slow_builds(items: Sequence[Item]) -> list[tuple[Device, list[Any]]]:
+        """Per device, the kernels of `items` that would compile slowly on first lowering."""
         wanted: dict[Device, set[Kernel]] = {}
         for item in items:
             if isinstance(item, Launch) and item.bufs:
-                wanted.setdefault(item.bufs[0].device_object, set()).add(item.kernel)
-        for device, kernels in wanted.items():
-            slow = device.slow_builds(kernels)
-            if slow:
-                await trio.to_thread.run_sync(device.build_kernels, slow)
+                device = item.bufs[0].device_object
+                kernels = wanted.get(device)
+                if kernels is None:
+                    kernels = wanted[device] = set()
+                kernels.add(item.kernel)
+        builds = [(device, device.slow_builds(kernels)) for device, kernels in wanted.items()]
+        return [(device, slow) for device, slow in builds if slow]
+
+    @staticmethod
+    async def _build_slow(builds: Sequence[tuple[Device, list[Any]]]) -> None:
+        for device, slow in builds:
+            await trio.to_thread.run_sync(device.build_kernels, slow)
 
     def compile(
         self,
@@ -612,7 +626,8 @@ class Runtime:
         self.check_open()
         if order not in ("jit", "cost"):
             raise UsageError(f"compile(order=...) is 'jit' or 'cost', got {order!r}")
-        checked = [check_item(item, i) for i, item in enumerate(items)]
+        with collector_paused():
+            checked = [check_item(item, i) for i, item in enumerate(items)]
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
         for device in {buf.device_object for item in checked for buf in item.bufs}:
@@ -633,23 +648,30 @@ class Runtime:
                     )
         limits = check_max_sizes(inputs, max_sizes)
         widen = {id(inputs[i]): n * inputs[i].dtype.itemsize for i, n in limits.items()}
-        plan = build_plan([plan_item(item, widen) for item in checked], self.caps)
-        if self.verify_plans if verify is None else verify:
-            plan.verify()
-        await self._build_kernels(checked)
-        program = Program(self, checked, inputs, plan)
-        if order == "cost":
-            program = self._cost_ordered(program, var_vals, widen)
-            if self.verify_plans if verify is None else verify:
-                program.plan.verify()
-        _log.debug(
-            "compiled %d items onto %d queues with %d cross-queue waits",
-            len(checked),
-            len(program.plan.queues),
-            program.plan.wait_count,
-        )
-        program.max_sizes = limits
-        return Graph(self, program, aliasing=aliasing)
+        check = self.verify_plans if verify is None else verify
+        with collector_paused():
+            plan = build_plan(plan_items(checked, widen), self.caps)
+            if check:
+                plan.verify()
+            builds = self._slow_builds(checked)
+        if builds:
+            await self._build_slow(builds)
+        # Nothing between the two pauses allocates, so no collection runs between them.
+        with collector_paused():
+            program = Program(self, checked, inputs, plan)
+            if order == "cost":
+                program = self._cost_ordered(program, var_vals, widen)
+                if check:
+                    program.plan.verify()
+            if _log.isEnabledFor(logging.DEBUG):  # counting the waits walks the whole plan
+                _log.debug(
+                    "compiled %d items onto %d queues with %d cross-queue waits",
+                    len(checked),
+                    len(program.plan.queues),
+                    program.plan.wait_count,
+                )
+            program.max_sizes = limits
+            return Graph(self, program, aliasing=aliasing)
 
     def _cost_ordered(
         self, program: Program, var_vals: Mapping[Any, int] | None, widen: Mapping[int, int]
@@ -664,7 +686,7 @@ class Runtime:
             )
         order = list_schedule_order(program.plan, durations)
         items = [program.items[j] for j in order]
-        plan = build_plan([plan_item(item, widen) for item in items], self.caps)
+        plan = build_plan(plan_items(items, widen), self.caps)
         return Program(self, items, program.inputs, plan, item_numbers=order)
 
 

@@ -133,6 +133,8 @@ class CostModel:
         """Seconds one launch of `kernel` takes on a `kind` device (launch latency included)."""
         dev = self.device(kind)
         cost = kernel.cost
+        if cost is None:  # the common case first: bytes the launch touches, at memory speed
+            return dev.launch_latency + sum(buffer_nbytes) / dev.memory_bandwidth
         if callable(cost) and not isinstance(cost, Work):
             cost = cost(tuple(buffer_nbytes), tuple(var_values))
         if cost is None:
