@@ -50,6 +50,7 @@ from ._runtime import open_runtime as open_runtime
 from ._sim import clear_sim_timeline as clear_sim_timeline
 from ._sim import sim_bounds as sim_bounds
 from ._sim import sim_durations as sim_durations
+from ._sim import sim_nodes as sim_nodes
 from ._sim import sim_reorder as sim_reorder
 from ._sim import sim_timeline as sim_timeline
 from ._trace import write_trace as write_trace
@@ -111,6 +112,7 @@ __all__ = [
     "plot_timeline",
     "sim_bounds",
     "sim_durations",
+    "sim_nodes",
     "sim_reorder",
     "sim_timeline",
     "start_runtime",

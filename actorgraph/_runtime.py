@@ -12,7 +12,7 @@ import numpy as np
 import trio
 
 from actorgraph import remote as _remote
-from actorgraph.devices import Device, Signal, Submission, find_deadlock
+from actorgraph.devices import Device, Signal, Submission, find_deadlock, join_sim_devices
 from actorgraph.scheduler import (
     Access,
     ItemKind,
@@ -116,6 +116,8 @@ class Runtime:
         self._devices: dict[str, Device] = _remote.open_devices(
             device_names, timeline_start=timeline_start, **options
         )
+        # Its SIM devices are one simulated machine: their copies share its links.
+        join_sim_devices(self._devices.values())
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
