@@ -12,6 +12,7 @@ from ._background import BackgroundRuntime as BackgroundRuntime
 from ._background import Call as Call
 from ._background import start_runtime as start_runtime
 from ._buffer import Buffer as Buffer
+from ._collectives import all_reduce as all_reduce
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
 from ._errors import ClosedError as ClosedError
@@ -104,6 +105,7 @@ __all__ = [
     "WaitKind",
     "WaitRecord",
     "Work",
+    "all_reduce",
     "cdiv",
     "clear_sim_timeline",
     "jit",
