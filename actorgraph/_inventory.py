@@ -35,6 +35,8 @@ class Inventory:
     sim_presets: tuple[str, ...]
     sim_default: str | None
     nvrtc_note: str = ""  # which NVRTC compiles CUDA kernels here, or why none does
+    # (preset, the machine it simulates: shape, links, device names), per SIM preset
+    sim_machines: tuple[tuple[str, str], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +55,7 @@ class Inventory:
             "nvrtc_note": self.nvrtc_note,
             "sim_presets": list(self.sim_presets),
             "sim_default": self.sim_default,
+            "sim_machines": dict(self.sim_machines),
             "remote_names": REMOTE_NAMES,
         }
 
@@ -122,6 +125,11 @@ def local_devices() -> Inventory:
             default = getattr(costmodel, "DEFAULT_PRESET", None)
         except ImportError:
             default = None
+    machines = tuple(
+        (name, presets[name].describe())
+        for name in sorted(presets or ())
+        if callable(getattr(presets[name], "describe", None))
+    )
     return Inventory(
         kinds=tuple(_devices.DEVICE_KINDS),
         cpu_cores=os.cpu_count() or 1,
@@ -130,6 +138,7 @@ def local_devices() -> Inventory:
         sim_presets=tuple(sorted(presets)) if presets else (),
         sim_default=default,
         nvrtc_note=probe_nvrtc(),
+        sim_machines=machines,
     )
 
 
@@ -157,7 +166,10 @@ def render(inv: Inventory) -> str:
             names = ", ".join(
                 f"{p} (default)" if p == inv.sim_default else p for p in inv.sim_presets
             )
-            lines.append(f"SIM:N    simulated GPUs, any N; cost-model presets: {names}")
+            lines.append(f"SIM:N    simulated GPUs; cost-model presets (sim_preset=...): {names}")
+            width = max((len(p) for p, _ in inv.sim_machines), default=0)
+            for preset, machine in inv.sim_machines:
+                lines.append(f"           {preset.ljust(width)}  {machine}")
         else:
             lines.append("SIM:N    simulated GPUs, any N")
     for kind in inv.kinds:

@@ -16,6 +16,7 @@ from actorgraph.devices import Device, Signal, Submission, find_deadlock, join_s
 from actorgraph.scheduler import (
     Access,
     ItemKind,
+    Plan,
     PlanItem,
     QueueKind,
     build_plan,
@@ -628,8 +629,30 @@ class Runtime:
         self.check_open()
         if order not in ("jit", "cost"):
             raise UsageError(f"compile(order=...) is 'jit' or 'cost', got {order!r}")
+        # One pause of the collector for all the synchronous work: kernels that compile
+        # slowly (CUDA's) are built between two, with the collector on.
         with collector_paused():
-            checked = [check_item(item, i) for i, item in enumerate(items)]
+            checked, inputs, limits, widen, plan = self._plan(items, inputs, verify, max_sizes)
+            builds = self._slow_builds(checked)
+            if not builds:
+                return self._graph(
+                    checked, inputs, plan, verify, aliasing, order, var_vals, limits, widen
+                )
+        await self._build_slow(builds)
+        with collector_paused():
+            return self._graph(
+                checked, inputs, plan, verify, aliasing, order, var_vals, limits, widen
+            )
+
+    def _plan(
+        self,
+        items: Sequence[Item],
+        inputs: Sequence[Buffer],
+        verify: bool | None,
+        max_sizes: Sequence[int | None] | None,
+    ) -> tuple[list[Item], list[Buffer], dict[int, int], dict[int, int], Plan]:
+        """The checked items and inputs, the inputs' size limits (and in bytes), the plan."""
+        checked = [check_item(item, i) for i, item in enumerate(items)]
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
         for device in {buf.device_object for item in checked for buf in item.bufs}:
@@ -650,30 +673,38 @@ class Runtime:
                     )
         limits = check_max_sizes(inputs, max_sizes)
         widen = {id(inputs[i]): n * inputs[i].dtype.itemsize for i, n in limits.items()}
-        check = self.verify_plans if verify is None else verify
-        with collector_paused():
-            plan = build_plan(plan_items(checked, widen), self.caps)
-            if check:
-                plan.verify()
-            builds = self._slow_builds(checked)
-        if builds:
-            await self._build_slow(builds)
-        # Nothing between the two pauses allocates, so no collection runs between them.
-        with collector_paused():
-            program = Program(self, checked, inputs, plan)
-            if order == "cost":
-                program = self._cost_ordered(program, var_vals, widen)
-                if check:
-                    program.plan.verify()
-            if _log.isEnabledFor(logging.DEBUG):  # counting the waits walks the whole plan
-                _log.debug(
-                    "compiled %d items onto %d queues with %d cross-queue waits",
-                    len(checked),
-                    len(program.plan.queues),
-                    program.plan.wait_count,
-                )
-            program.max_sizes = limits
-            return Graph(self, program, aliasing=aliasing)
+        plan = build_plan(plan_items(checked, widen), self.caps)
+        if self.verify_plans if verify is None else verify:
+            plan.verify()
+        return checked, inputs, limits, widen, plan
+
+    def _graph(
+        self,
+        checked: list[Item],
+        inputs: list[Buffer],
+        plan: Plan,
+        verify: bool | None,
+        aliasing: str,
+        order: str,
+        var_vals: Mapping[Any, int] | None,
+        limits: dict[int, int],
+        widen: dict[int, int],
+    ) -> Graph:
+        """The plan lowered onto the actors (list-scheduled first for order="cost")."""
+        program = Program(self, checked, inputs, plan)
+        if order == "cost":
+            program = self._cost_ordered(program, var_vals, widen)
+            if self.verify_plans if verify is None else verify:
+                program.plan.verify()
+        if _log.isEnabledFor(logging.DEBUG):  # counting the waits walks the whole plan
+            _log.debug(
+                "compiled %d items onto %d queues with %d cross-queue waits",
+                len(checked),
+                len(program.plan.queues),
+                program.plan.wait_count,
+            )
+        program.max_sizes = limits
+        return Graph(self, program, aliasing=aliasing)
 
     def _cost_ordered(
         self, program: Program, var_vals: Mapping[Any, int] | None, widen: Mapping[int, int]

@@ -155,6 +155,16 @@ class CostModel:
                 f"({topology.describe()}): use SIM:0 to SIM:{topology.gpus - 1}{hint}"
             )
 
+    def describe(self) -> str:
+        """The machine in one line: its shape, its links, its device names."""
+        topology = self.topology
+        if topology is None:
+            return "one node of any number of GPUs (SIM:N), copies never share a link"
+        names = f"SIM:0 to SIM:{topology.gpus - 1}"
+        if topology.nodes > 1:
+            names += f", SIM:N in node N // {topology.gpus_per_node}"
+        return f"{topology.describe()}: {names}"
+
     def node_of(self, index: int) -> int:
         """The node GPU `index` (SIM:index) sits in; 0 without a topology."""
         return 0 if self.topology is None else self.topology.node_of(index)
@@ -220,7 +230,7 @@ _PCIE5_PEER = LinkCost(latency=10e-6, bandwidth=64e9)
 _SXM_COPY = LinkCost(latency=2e-6, bandwidth=3.35e12 / 2)
 _PCIE_CARD_COPY = LinkCost(latency=2e-6, bandwidth=2.0e12 / 2)
 _NDR = Network("InfiniBand NDR", latency=5e-6, nic_bandwidth=50e9, nics_per_node=8)
-_ROCE_100G = Network("RoCE 100 GbE", latency=10e-6, nic_bandwidth=12.5e9, nics_per_node=1)
+_ROCE_100G = Network("RoCE Ethernet", latency=10e-6, nic_bandwidth=12.5e9, nics_per_node=1)
 
 PRESETS: Mapping[str, CostModel] = MappingProxyType(
     {

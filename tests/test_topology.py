@@ -39,7 +39,7 @@ def test_presets_describe_their_machines() -> None:
         "8 nodes x 8 GPUs, NVLink in a node, 8 x 400 Gb/s InfiniBand NDR NICs per node"
     )
     assert ETHERNET.topology.describe() == (
-        "4 nodes x 4 GPUs, PCIe in a node, 1 x 100 Gb/s RoCE 100 GbE NICs per node"
+        "4 nodes x 4 GPUs, PCIe in a node, 1 x 100 Gb/s RoCE Ethernet NICs per node"
     )
     assert CLUSTER.topology.gpus == 64 and ETHERNET.topology.gpus == 16
     # The 8-GPU presets are one node of the same figures.
