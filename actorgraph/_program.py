@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from actorgraph.devices import (
+    EXEC,
     FIRST_QUEUE_SLOT,
     KICK,
     NOT_RUN,
@@ -236,7 +237,11 @@ class Program:
             templates.append(ops)
         self._mark_host_signals(templates)
         self.templates = templates
-        self.linear_order = self._linear_order(templates)
+        # A LinearRun runs EXEC ops only: a plan with an item op of another kind (a
+        # SIM_RUN, a CUDA_ITEM) that no call re-lowers never has one, so needs no order.
+        self.linear_order = (
+            self._linear_order(templates) if self._may_run_linear(templates) else None
+        )
         # Bound op lists -> their LinearRun (None: not all inline). Few kept.
         self._linear: dict[int, tuple[Any, Any]] = {}
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
@@ -244,6 +249,17 @@ class Program:
         self.static_ops: tuple[tuple[Op, ...], ...] | None = (
             tuple(tuple(op for op in t if op is not None) for t in templates) if complete else None
         )
+
+    def _may_run_linear(self, templates: list[list[Op | None]]) -> bool:
+        """Whether every queue runs the plain loop and every item op lowered at compile is
+        an EXEC (the ops a LinearRun runs)."""
+        if not self.runs_inline:
+            return False
+        for qi, pos in self.where.values():
+            op = templates[qi][pos]
+            if op is not None and op[0] != EXEC:
+                return False
+        return True
 
     def _linear_order(self, templates: list[list[Op | None]]) -> tuple[tuple[int, int], ...] | None:
         """Every item op of the plan as (queue, op index), in an order one task can run

@@ -565,6 +565,8 @@ class Runtime:
         for item in items:
             if isinstance(item, Launch) and item.bufs:
                 device = item.bufs[0].device_object
+                if not device.builds_kernels:
+                    continue
                 kernels = wanted.get(device)
                 if kernels is None:
                     kernels = wanted[device] = set()
