@@ -127,36 +127,32 @@ def _ring(rt: Allocator, bufs: list[Buffer], reduce: Kernel) -> list[Launch | Co
     # Device i receives chunk c into the same place of its scratch buffer: every step's
     # chunk has a place of its own, so no copy waits for an earlier reduction to free it.
     scratch = [rt.alloc(buf.device, total, buf.dtype) for buf in bufs]
+
+    def chunk(c: int) -> tuple[int, int]:
+        """Where chunk c (mod n) starts, and its size."""
+        c %= n
+        return bounds[c], bounds[c + 1] - bounds[c]
+
     items: list[Launch | Copy] = []
-    for step in range(n - 1):  # reduce-scatter
-        moves = [(i, (i - step) % n) for i in range(n)]
-        for i, c in moves:
-            size = bounds[c + 1] - bounds[c]
+    for step in range(n - 1):  # reduce-scatter: device i sends chunk i - step on
+        parts = [((i + 1) % n, *chunk(i - step)) for i in range(n)]
+        for i, (nxt, start, size) in enumerate(parts):
             if size:
-                nxt = (i + 1) % n
                 items.append(
-                    Copy(
-                        dst=_part(scratch[nxt], bounds[c], size),
-                        src=_part(bufs[i], bounds[c], size),
-                    )
+                    Copy(dst=_part(scratch[nxt], start, size), src=_part(bufs[i], start, size))
                 )
-        for i, c in moves:
-            size = bounds[c + 1] - bounds[c]
+        for nxt, start, size in parts:
             if size:
-                nxt = (i + 1) % n
-                items.append(
-                    Launch(
-                        reduce,
-                        [_part(bufs[nxt], bounds[c], size), _part(scratch[nxt], bounds[c], size)],
-                    )
-                )
+                acc, came = _part(bufs[nxt], start, size), _part(scratch[nxt], start, size)
+                items.append(Launch(reduce, [acc, came]))
     for step in range(n - 1):  # all-gather: device i holds the whole of chunk i + 1 - step
         for i in range(n):
-            c = (i + 1 - step) % n
-            size = bounds[c + 1] - bounds[c]
+            start, size = chunk(i + 1 - step)
             if size:
-                part = (bounds[c], size)
-                items.append(Copy(dst=_part(bufs[(i + 1) % n], *part), src=_part(bufs[i], *part)))
+                nxt = (i + 1) % n
+                items.append(
+                    Copy(dst=_part(bufs[nxt], start, size), src=_part(bufs[i], start, size))
+                )
     return items
 
 

@@ -22,6 +22,7 @@ from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
 from ._linear import NOT_RUN as NOT_RUN
 from ._linear import LinearRun as LinearRun
+from ._links import LinkStatistics as LinkStatistics
 from ._links import SharedLinks as SharedLinks
 from ._links import Transfer as Transfer
 from ._monitor import find_deadlock as find_deadlock

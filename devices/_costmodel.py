@@ -102,6 +102,28 @@ class DeviceCost:
     compute_throughput: float = attrs.field(validator=_positive)
     memory_bandwidth: float = attrs.field(validator=_positive)
 
+    def kernel_duration(
+        self, kernel: Any, buffer_nbytes: Sequence[int], var_values: Sequence[int]
+    ) -> float:
+        """Seconds one launch of `kernel` takes on such a device (launch latency included)."""
+        cost = kernel.cost
+        if cost is None:  # the common case first: bytes the launch touches, at memory speed
+            return self.launch_latency + sum(buffer_nbytes) / self.memory_bandwidth
+        if callable(cost) and not isinstance(cost, Work):
+            cost = cost(tuple(buffer_nbytes), tuple(var_values))
+        if cost is None:
+            cost = Work()
+        if isinstance(cost, Work):
+            nbytes = sum(buffer_nbytes) if cost.nbytes is None else cost.nbytes
+            body = max(cost.flops / self.compute_throughput, nbytes / self.memory_bandwidth)
+        elif isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 <= cost < math.inf:
+            body = float(cost)
+        else:
+            raise DeviceError(
+                f"kernel {kernel.name!r}: cost must give seconds >= 0 or a Work, got {cost!r}"
+            )
+        return self.launch_latency + body
+
 
 @attrs.frozen
 class LinkCost:
@@ -189,24 +211,7 @@ class CostModel:
         self, kind: str, kernel: Any, buffer_nbytes: Sequence[int], var_values: Sequence[int]
     ) -> float:
         """Seconds one launch of `kernel` takes on a `kind` device (launch latency included)."""
-        dev = self.device(kind)
-        cost = kernel.cost
-        if cost is None:  # the common case first: bytes the launch touches, at memory speed
-            return dev.launch_latency + sum(buffer_nbytes) / dev.memory_bandwidth
-        if callable(cost) and not isinstance(cost, Work):
-            cost = cost(tuple(buffer_nbytes), tuple(var_values))
-        if cost is None:
-            cost = Work()
-        if isinstance(cost, Work):
-            nbytes = sum(buffer_nbytes) if cost.nbytes is None else cost.nbytes
-            body = max(cost.flops / dev.compute_throughput, nbytes / dev.memory_bandwidth)
-        elif isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 <= cost < math.inf:
-            body = float(cost)
-        else:
-            raise DeviceError(
-                f"kernel {kernel.name!r}: cost must give seconds >= 0 or a Work, got {cost!r}"
-            )
-        return dev.launch_latency + body
+        return self.device(kind).kernel_duration(kernel, buffer_nbytes, var_values)
 
 
 def check_kernel_cost(name: str, cost: Any) -> None:
@@ -232,39 +237,33 @@ _PCIE_CARD_COPY = LinkCost(latency=2e-6, bandwidth=2.0e12 / 2)
 _NDR = Network("InfiniBand NDR", latency=5e-6, nic_bandwidth=50e9, nics_per_node=8)
 _ROCE_100G = Network("RoCE Ethernet", latency=10e-6, nic_bandwidth=12.5e9, nics_per_node=1)
 
+_NVLINK8 = CostModel(
+    name="nvlink8",
+    devices={"SIM": _H100_SXM},
+    same_device=_SXM_COPY,
+    peer=_NVLINK4,
+    host=_PCIE5,
+    topology=Topology(1, 8, "NVLink"),
+)
+_PCIE8 = CostModel(
+    name="pcie8",
+    devices={"SIM": _H100_PCIE},
+    same_device=_PCIE_CARD_COPY,
+    peer=_PCIE5_PEER,
+    host=_PCIE5,
+    topology=Topology(1, 8, "PCIe"),
+)
+
 PRESETS: Mapping[str, CostModel] = MappingProxyType(
     {
-        "nvlink8": CostModel(
-            name="nvlink8",
-            devices={"SIM": _H100_SXM},
-            same_device=_SXM_COPY,
-            peer=_NVLINK4,
-            host=_PCIE5,
-            topology=Topology(1, 8, "NVLink"),
+        "nvlink8": _NVLINK8,
+        "pcie8": _PCIE8,
+        # Clusters of those nodes: the same GPUs and links in a node, a network between.
+        "nvlink8x8": attrs.evolve(
+            _NVLINK8, name="nvlink8x8", topology=Topology(8, 8, "NVLink", _NDR)
         ),
-        "pcie8": CostModel(
-            name="pcie8",
-            devices={"SIM": _H100_PCIE},
-            same_device=_PCIE_CARD_COPY,
-            peer=_PCIE5_PEER,
-            host=_PCIE5,
-            topology=Topology(1, 8, "PCIe"),
-        ),
-        "nvlink8x8": CostModel(
-            name="nvlink8x8",
-            devices={"SIM": _H100_SXM},
-            same_device=_SXM_COPY,
-            peer=_NVLINK4,
-            host=_PCIE5,
-            topology=Topology(8, 8, "NVLink", _NDR),
-        ),
-        "pcie4x4": CostModel(
-            name="pcie4x4",
-            devices={"SIM": _H100_PCIE},
-            same_device=_PCIE_CARD_COPY,
-            peer=_PCIE5_PEER,
-            host=_PCIE5,
-            topology=Topology(4, 4, "PCIe", _ROCE_100G),
+        "pcie4x4": attrs.evolve(
+            _PCIE8, name="pcie4x4", topology=Topology(4, 4, "PCIe", _ROCE_100G)
         ),
     }
 )

@@ -18,9 +18,20 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import trio
 
 from ._topology import Link, Route
+
+
+@attrs.frozen
+class LinkStatistics:
+    """A snapshot of a runtime's shared links."""
+
+    copies: int  # copies that went through them
+    contended: int  # of those, the ones that shared a link with another copy for a while
+    in_flight: int  # copies moving now
+    busy_links: int  # links some copy is crossing now
 
 
 class _Flow:
@@ -50,19 +61,21 @@ class SharedLinks:
 
     def __init__(self) -> None:
         self._on: dict[Link, list[_Flow]] = {}
-        self.copies = 0  # copies that crossed shared links
-        self.contended = 0  # of them, those that shared a link with another for a while
+        self._copies = 0  # copies that crossed shared links
+        self._contended = 0  # of them, those that shared a link with another for a while
 
-    @property
-    def in_flight(self) -> int:
-        return len({id(flow) for flows in self._on.values() for flow in flows})
+    def statistics(self) -> LinkStatistics:
+        """Copies that crossed these links, how many of them shared one for a while, and
+        how many are moving now."""
+        moving = len({id(flow) for flows in self._on.values() for flow in flows})
+        return LinkStatistics(self._copies, self._contended, moving, len(self._on))
 
     async def transfer(self, route: Route, nbytes: int, start: float) -> float:
         """Move `nbytes` along `route`, starting at simulated time `start` (not before
         now): the route's latency, then the bytes at the copy's share of its links.
         Returns the simulated time it ends, which is trio's time when it returns."""
         await trio.sleep_until(start + route.latency)
-        self.copies += 1
+        self._copies += 1
         if nbytes <= 0 or not route.links:
             await trio.sleep_until(trio.current_time() + nbytes / route.bandwidth)
             return trio.current_time()
@@ -90,7 +103,7 @@ class SharedLinks:
             if neighbours:
                 self._settle(neighbours)
         if contended:
-            self.contended += 1
+            self._contended += 1
         return trio.current_time()
 
     def _component(self, seeds: list[_Flow]) -> list[_Flow]:

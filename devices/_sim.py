@@ -180,9 +180,7 @@ class SIMDevice(Device):
     def launch_duration(
         self, kernel: Any, buffers: Sequence[DeviceBuffer], var_values: Sequence[int]
     ) -> float:
-        return self.cost_model.kernel_duration(
-            self.kind, kernel, [b.nbytes for b in buffers], var_values
-        )
+        return self.device_cost.kernel_duration(kernel, [b.nbytes for b in buffers], var_values)
 
     def copy_route(self, dst: DeviceBuffer, src: DeviceBuffer) -> Route:
         """The route of a copy this device's queue runs, from `src` to `dst`."""

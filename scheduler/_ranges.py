@@ -86,8 +86,15 @@ class RangeTracker:
                     segments[alloc] = [first]
                     self._starts[alloc] = [start]
                     continue
-                idx = bisect.bisect_left(self._starts[alloc], start)
-                if idx < len(segs) and segs[idx].start == start and segs[idx].stop == stop:
+                if len(segs) == 1:  # an allocation only ever accessed whole, say
+                    idx = 0 if segs[0].start == start and segs[0].stop == stop else -1
+                else:
+                    idx = bisect.bisect_left(self._starts[alloc], start)
+                    if not (
+                        idx < len(segs) and segs[idx].start == start and segs[idx].stop == stop
+                    ):
+                        idx = -1
+                if idx >= 0:
                     seg = segs[idx]
                     if seg.writer is not None:
                         deps.add(seg.writer)

@@ -154,7 +154,11 @@ async def test_two_copies_sharing_a_nic_take_twice_as_long_as_one(
         assert two == pytest.approx(10e-6 + 2 * 64 * MIB / 12.5e9, rel=1e-9)
         records = ag.sim_timeline(rt, submission=rt.kick.value)
         assert [r.end - r.start for r in records] == pytest.approx([two, two])
-        assert rt.device("SIM:0").links.contended >= 2  # type: ignore[attr-defined]
+        device = rt.device("SIM:0")
+        assert isinstance(device, SIMDevice)
+        stats = device.links.statistics()
+        assert stats.copies == 3 and stats.contended == 2
+        assert stats.in_flight == stats.busy_links == 0
 
 
 async def test_copies_on_different_nics_do_not_slow_each_other(
