@@ -126,9 +126,9 @@ def local_devices() -> Inventory:
         except ImportError:
             default = None
     machines = tuple(
-        (name, presets[name].describe())
-        for name in sorted(presets or ())
-        if callable(getattr(presets[name], "describe", None))
+        (name, model.describe())
+        for name, model in sorted((presets or {}).items())
+        if callable(getattr(model, "describe", None))
     )
     return Inventory(
         kinds=tuple(_devices.DEVICE_KINDS),
