@@ -4,7 +4,9 @@ from actorgraph.devices import PRESETS as SIM_PRESETS
 from actorgraph.devices import CostModel as CostModel
 from actorgraph.devices import DeviceCost as DeviceCost
 from actorgraph.devices import LinkCost as LinkCost
+from actorgraph.devices import Network as Network
 from actorgraph.devices import SimRecord as SimRecord
+from actorgraph.devices import Topology as Topology
 from actorgraph.devices import Work as Work
 
 from ._background import BackgroundGraph as BackgroundGraph
@@ -89,6 +91,7 @@ __all__ = [
     "Launch",
     "LinkCost",
     "MissingExtraError",
+    "Network",
     "PlanDeadlockError",
     "PlanError",
     "PlanRaceError",
@@ -99,6 +102,7 @@ __all__ = [
     "Runtime",
     "SIM_PRESETS",
     "SimRecord",
+    "Topology",
     "UsageError",
     "Var",
     "VarError",

@@ -293,3 +293,32 @@ async def test_bounds_count_the_work_on_each_shared_link(
         assert bounds.busiest_link_name == "node 0 NIC 0 out"
         assert bounds.binding.startswith(("busiest link", "link window"))
         assert bounds.best <= span <= 1.01 * bounds.best
+
+
+async def test_a_cost_model_of_your_own_cluster(autojump_clock: trio.testing.MockClock) -> None:
+    model = ag.CostModel(
+        name="mine",
+        devices=CLUSTER.devices,
+        same_device=CLUSTER.same_device,
+        peer=ag.LinkCost(latency=0.0, bandwidth=4e9),
+        host=CLUSTER.host,
+        topology=ag.Topology(2, 2, "PCIe", ag.Network("IB", 1e-6, 1e9, 1)),
+    )
+    assert model.describe() == (
+        "2 nodes x 2 GPUs, PCIe in a node, 1 x 8 Gb/s IB NICs per node: SIM:0 to SIM:3, "
+        "SIM:N in node N // 2"
+    )
+    async with ag.open_runtime(_names(4), sim_preset=model) as rt:
+        a, b, c = (rt.alloc(f"SIM:{i}", 250_000, np.float32) for i in (0, 1, 2))
+        inside = await _timed(await rt.compile([ag.Copy(dst=b, src=a)]))
+        across = await _timed(await rt.compile([ag.Copy(dst=c, src=a)]))
+        assert inside == pytest.approx(1e6 / 4e9) and across == pytest.approx(1e-6 + 1e6 / 1e9)
+    with pytest.raises(ag.DeviceError, match=r"SIM:4 is past the 4 GPUs of sim_preset 'mine'"):
+        async with ag.open_runtime(["SIM:4"], sim_preset=model):
+            pass
+    # A cost model without a topology is one node of any size, its copies alone on a link.
+    flat = ag.CostModel("flat", CLUSTER.devices, CLUSTER.same_device, CLUSTER.peer, CLUSTER.host)
+    assert flat.describe() == "one node of any number of GPUs (SIM:N), copies never share a link"
+    async with ag.open_runtime(["SIM:0", "SIM:70"], sim_preset=flat) as rt:
+        assert ag.sim_nodes(rt) == {"SIM:0": 0, "SIM:70": 0}
+        assert flat.peer_route(0, 70).links == ()
