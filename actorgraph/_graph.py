@@ -164,11 +164,18 @@ class Graph(Hinted):
         # same inputs while nothing was freed runs it with no more checks.
         self._here: dict[tuple[Buffer, ...], tuple[LinearRun, int]] = {}
         self._internal: dict[int, list[Buffer]] = {}
+        internal = self._internal
         for j, item in enumerate(program.items):
-            bound = {slot for slot, _ in program.item_inputs[j]}
+            from_inputs = program.item_inputs[j]
+            bound = {slot for slot, _ in from_inputs} if from_inputs else ()
             for slot, buf in enumerate(item.bufs):
                 if slot not in bound:
-                    self._internal.setdefault(buf.alloc_id, []).append(buf)
+                    alloc = buf.alloc_id
+                    bufs = internal.get(alloc)
+                    if bufs is None:
+                        internal[alloc] = [buf]
+                    else:
+                        bufs.append(buf)
         # Whether a call may run off the runtime's thread (a background runtime's caller,
         # see replay_off_thread): every queue runs the plain loop, on CPU devices, whose
         # items are numpy-level calls with no state bound to a thread.

@@ -37,6 +37,8 @@ class Inventory:
     nvrtc_note: str = ""  # which NVRTC compiles CUDA kernels here, or why none does
     # Kinds this install has that open here only through the fake CUDA driver (no GPU).
     fake_only: tuple[str, ...] = ()
+    # (preset, the machine it simulates: shape, links, device names), per SIM preset
+    sim_machines: tuple[tuple[str, str], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +58,7 @@ class Inventory:
             "nvrtc_note": self.nvrtc_note,
             "sim_presets": list(self.sim_presets),
             "sim_default": self.sim_default,
+            "sim_machines": dict(self.sim_machines),
             "remote_names": REMOTE_NAMES,
         }
 
@@ -127,6 +130,11 @@ def local_devices() -> Inventory:
             default = None
     # CUDA:N opens on a GPU; without one, only through the fake driver.
     fake_only = () if gpus or "CUDA" not in _devices.DEVICE_KINDS else ("CUDA",)
+    machines = tuple(
+        (name, model.describe())
+        for name, model in sorted((presets or {}).items())
+        if callable(getattr(model, "describe", None))
+    )
     return Inventory(
         kinds=tuple(k for k in _devices.DEVICE_KINDS if k not in fake_only),
         fake_only=fake_only,
@@ -136,6 +144,7 @@ def local_devices() -> Inventory:
         sim_presets=tuple(sorted(presets)) if presets else (),
         sim_default=default,
         nvrtc_note=probe_nvrtc(),
+        sim_machines=machines,
     )
 
 
@@ -170,7 +179,10 @@ def render(inv: Inventory) -> str:
             names = ", ".join(
                 f"{p} (default)" if p == inv.sim_default else p for p in inv.sim_presets
             )
-            lines.append(f"SIM:N    simulated GPUs, any N; cost-model presets: {names}")
+            lines.append(f"SIM:N    simulated GPUs; cost-model presets (sim_preset=...): {names}")
+            width = max((len(p) for p, _ in inv.sim_machines), default=0)
+            for preset, machine in inv.sim_machines:
+                lines.append(f"           {preset.ljust(width)}  {machine}")
         else:
             lines.append("SIM:N    simulated GPUs, any N")
     for kind in inv.kinds:

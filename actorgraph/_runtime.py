@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,10 +14,11 @@ import numpy as np
 import trio
 
 from actorgraph import remote as _remote
-from actorgraph.devices import Device, Signal, Submission, find_deadlock
+from actorgraph.devices import Device, Signal, Submission, find_deadlock, join_sim_devices
 from actorgraph.scheduler import (
     Access,
     ItemKind,
+    Plan,
     PlanItem,
     QueueKind,
     build_plan,
@@ -32,6 +34,7 @@ from ._buffer import (
     buffer_dtype,
     check_buffer_size,
 )
+from ._collector import collector_paused
 from ._errors import (
     ClosedError,
     DeadlockError,
@@ -45,7 +48,7 @@ from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._options import check_max_sizes, check_options
 from ._profile import Profile, ReplayRecord, build_profile
-from ._program import Program, check_item, plan_item, raise_failure
+from ._program import Program, check_item, plan_item, plan_items, raise_failure
 
 # Numbers runtimes in messages that name two of them (a buffer of one passed to another).
 _runtime_numbers = itertools.count(1)
@@ -126,6 +129,8 @@ class Runtime:
         self._devices: dict[str, Device] = _remote.open_devices(
             device_names, timeline_start=timeline_start, **options
         )
+        # Its SIM devices are one simulated machine: their copies share its links.
+        join_sim_devices(self._devices.values())
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
@@ -623,14 +628,28 @@ class Runtime:
     async def _build_kernels(self, items: Sequence[Item]) -> None:
         """Compile the kernels that would compile slowly on first lowering (NVRTC for
         CUDA) on a worker thread, so the runtime's other work goes on meanwhile."""
+        await self._build_slow(self._slow_builds(items))
+
+    @staticmethod
+    def _slow_builds(items: Sequence[Item]) -> list[tuple[Device, list[Any]]]:
+        """Per device, the kernels of `items` that would compile slowly on first lowering."""
         wanted: dict[Device, set[Kernel]] = {}
         for item in items:
             if isinstance(item, Launch) and item.bufs:
-                wanted.setdefault(item.bufs[0].device_object, set()).add(item.kernel)
-        for device, kernels in wanted.items():
-            slow = device.slow_builds(kernels)
-            if slow:
-                await trio.to_thread.run_sync(device.build_kernels, slow)
+                device = item.bufs[0].device_object
+                if not device.builds_kernels:
+                    continue
+                kernels = wanted.get(device)
+                if kernels is None:
+                    kernels = wanted[device] = set()
+                kernels.add(item.kernel)
+        builds = [(device, device.slow_builds(kernels)) for device, kernels in wanted.items()]
+        return [(device, slow) for device, slow in builds if slow]
+
+    @staticmethod
+    async def _build_slow(builds: Sequence[tuple[Device, list[Any]]]) -> None:
+        for device, slow in builds:
+            await trio.to_thread.run_sync(device.build_kernels, slow)
 
     def compile(
         self,
@@ -684,6 +703,29 @@ class Runtime:
         self.check_open()
         if order not in ("jit", "cost"):
             raise UsageError(f"compile(order=...) is 'jit' or 'cost', got {order!r}")
+        # One pause of the collector for all the synchronous work: kernels that compile
+        # slowly (CUDA's) are built between two, with the collector on.
+        with collector_paused():
+            checked, inputs, limits, widen, plan = self._plan(items, inputs, verify, max_sizes)
+            builds = self._slow_builds(checked)
+            if not builds:
+                return self._graph(
+                    checked, inputs, plan, verify, aliasing, order, var_vals, limits, widen
+                )
+        await self._build_slow(builds)
+        with collector_paused():
+            return self._graph(
+                checked, inputs, plan, verify, aliasing, order, var_vals, limits, widen
+            )
+
+    def _plan(
+        self,
+        items: Sequence[Item],
+        inputs: Sequence[Buffer],
+        verify: bool | None,
+        max_sizes: Sequence[int | None] | None,
+    ) -> tuple[list[Item], list[Buffer], dict[int, int], dict[int, int], Plan]:
+        """The checked items and inputs, the inputs' size limits (and in bytes), the plan."""
         checked = self._checked_items(items, "rt.compile")
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
@@ -707,21 +749,36 @@ class Runtime:
                     )
         limits = check_max_sizes(inputs, max_sizes)
         widen = {id(inputs[i]): n * inputs[i].dtype.itemsize for i, n in limits.items()}
-        plan = build_plan([plan_item(item, widen) for item in checked], self.caps)
+        plan = build_plan(plan_items(checked, widen), self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
-        await self._build_kernels(checked)
+        return checked, inputs, limits, widen, plan
+
+    def _graph(
+        self,
+        checked: list[Item],
+        inputs: list[Buffer],
+        plan: Plan,
+        verify: bool | None,
+        aliasing: str,
+        order: str,
+        var_vals: Mapping[Any, int] | None,
+        limits: dict[int, int],
+        widen: dict[int, int],
+    ) -> Graph:
+        """The plan lowered onto the actors (list-scheduled first for order="cost")."""
         program = Program(self, checked, inputs, plan)
         if order == "cost":
             program = self._cost_ordered(program, var_vals, widen)
             if self.verify_plans if verify is None else verify:
                 program.plan.verify()
-        _log.debug(
-            "compiled %d items onto %d queues with %d cross-queue waits",
-            len(checked),
-            len(program.plan.queues),
-            program.plan.wait_count,
-        )
+        if _log.isEnabledFor(logging.DEBUG):  # counting the waits walks the whole plan
+            _log.debug(
+                "compiled %d items onto %d queues with %d cross-queue waits",
+                len(checked),
+                len(program.plan.queues),
+                program.plan.wait_count,
+            )
         program.max_sizes = limits
         return Graph(self, program, aliasing=aliasing)
 
@@ -738,7 +795,7 @@ class Runtime:
             )
         order = list_schedule_order(program.plan, durations)
         items = [program.items[j] for j in order]
-        plan = build_plan([plan_item(item, widen) for item in items], self.caps)
+        plan = build_plan(plan_items(items, widen), self.caps)
         return Program(self, items, program.inputs, plan, item_numbers=order)
 
 

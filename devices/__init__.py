@@ -22,6 +22,9 @@ from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
 from ._linear import NOT_RUN as NOT_RUN
 from ._linear import LinearRun as LinearRun
+from ._links import LinkStatistics as LinkStatistics
+from ._links import SharedLinks as SharedLinks
+from ._links import Transfer as Transfer
 from ._monitor import find_deadlock as find_deadlock
 from ._names import parse_remote_name as parse_remote_name
 from ._ops import AWAIT as AWAIT
@@ -52,7 +55,13 @@ from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice
 from ._sim import SimQueueActor as SimQueueActor
 from ._sim import SimRecord as SimRecord
+from ._sim import join_sim_devices as join_sim_devices
+from ._sim import sim_op_links as sim_op_links
 from ._sim import sim_op_seconds as sim_op_seconds
+from ._topology import Link as Link
+from ._topology import Network as Network
+from ._topology import Route as Route
+from ._topology import Topology as Topology
 from .cuda import CUDADevice as CUDADevice
 
 # Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+
+from ._records import Access
 
 
 class _Segment:
@@ -53,6 +55,57 @@ class RangeTracker:
             for seg in covered:
                 if not seg.readers or seg.readers[-1] != who:
                     seg.readers.append(who)
+        deps.discard(who)
+        return deps
+
+    def item(self, accesses: Sequence[Access], who: int) -> set[int]:
+        """Record all of item `who`'s accesses, its reads before its writes (so an item that
+        reads and writes one range depends on the range's earlier readers only through its
+        write); return the earlier items it must come after.
+
+        The same as `access` for each read and then each write, with the common cases (an
+        allocation's first access, an access to exactly one known segment) done inline:
+        the planner calls this once per item.
+        """
+        deps: set[int] = set()
+        segments = self._segments
+        for write in (False, True):
+            for access in accesses:
+                if access.write is not write:
+                    continue
+                alloc, start, stop = access.alloc, access.start, access.stop
+                if stop <= start:
+                    continue
+                segs = segments.get(alloc)
+                if segs is None:
+                    first = (
+                        _Segment(start, stop, who, [])
+                        if write
+                        else _Segment(start, stop, None, [who])
+                    )
+                    segments[alloc] = [first]
+                    self._starts[alloc] = [start]
+                    continue
+                if len(segs) == 1:  # an allocation only ever accessed whole, say
+                    idx = 0 if segs[0].start == start and segs[0].stop == stop else -1
+                else:
+                    idx = bisect.bisect_left(self._starts[alloc], start)
+                    if not (
+                        idx < len(segs) and segs[idx].start == start and segs[idx].stop == stop
+                    ):
+                        idx = -1
+                if idx >= 0:
+                    seg = segs[idx]
+                    if seg.writer is not None:
+                        deps.add(seg.writer)
+                    if write:
+                        deps.update(seg.readers)
+                        seg.writer = who
+                        seg.readers = []
+                    elif not seg.readers or seg.readers[-1] != who:
+                        seg.readers.append(who)
+                else:
+                    deps |= self.access(alloc, start, stop, write, who)
         deps.discard(who)
         return deps
 

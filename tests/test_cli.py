@@ -125,11 +125,13 @@ def test_devices_text_names_gpus_and_sim_presets() -> None:
         sim_presets=("a100x8", "nvlink8"),
         sim_default="nvlink8",
         nvrtc_note="13.0, builds sm_75 to sm_121",
+        sim_machines=(("a100x8", "8 A100"), ("nvlink8", "8 H100")),
     )
     text = render(inv)
     assert "CUDA:0   NVIDIA H200, 141 GiB, compute capability 9.0" in text
     assert "NVRTC    13.0, builds sm_75 to sm_121" in text
-    assert "cost-model presets: a100x8, nvlink8 (default)" in text
+    assert "cost-model presets (sim_preset=...): a100x8, nvlink8 (default)" in text
+    assert "           a100x8   8 A100\n           nvlink8  8 H100" in text
     assert json.loads(json.dumps(inv.as_json()))["cuda_gpus"][0]["name"] == "CUDA:0"
 
 

@@ -86,6 +86,7 @@ class _Reaper:
 class CUDADevice(Device):
     kind = "CUDA"
     host_visible = False
+    builds_kernels = True  # NVRTC: see slow_builds
     host_backed = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
