@@ -21,7 +21,9 @@ sooner than any of these bounds:
   crosses and for how long it would hold each at the link's full bandwidth (copies
   between the GPUs of a simulated cluster: a GPU's port, a node's NIC). A link carries
   one link-second of bytes per second whoever shares it, so its work bounds the
-  makespan like a queue's, and its window like a queue's window.
+  makespan like a queue's, and its window like a queue's window. An item's time on its
+  links comes at the end of its duration (a copy's latency first, then its bytes), so
+  in the window its link work is released that much after the item can start.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def lower_bounds(plan: Plan, durations: Sequence[float], link_use: LinkUse | Non
 
     `link_use[j]`, if given, lists the shared links item j crosses as (link name,
     seconds it would hold the link at the link's full bandwidth); its duration must
-    cover each of them.
+    cover each of them, and the longest ends it (what comes before is its latency).
     """
     count = check_durations(plan, durations, "lower_bounds")
     if link_use is not None:
@@ -239,7 +241,12 @@ def lower_bounds(plan: Plan, durations: Sequence[float], link_use: LinkUse | Non
             link_items[name].append(j)
     link_total = {name: sum(seconds) for name, seconds in link_work.items()}
     busiest_link = max(sorted(link_total), key=lambda name: link_total[name], default="")
-    link_window, link_window_name = _widest_window(link_items, link_work, head, tail)
+    # An item's bytes start moving once the rest of its duration (its latency) is over.
+    released = list(head)
+    for j, uses in enumerate(link_use or ()):
+        if uses:
+            released[j] += max(0.0, durations[j] - max(seconds for _, seconds in uses))
+    link_window, link_window_name = _widest_window(link_items, link_work, released, tail)
     return Bounds(
         critical_path=critical,
         busiest_queue=work[busiest] if busiest >= 0 else 0.0,
