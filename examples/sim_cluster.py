@@ -215,17 +215,21 @@ def build_training_step(
     ]
     weights, grads = per_gpu(model.stage_params), per_gpu(model.stage_params)
     items: list[ag.Launch | ag.Copy] = []
+    # A stage receives what it works on as the first step of the pass that needs it, in
+    # its own order, as a pipeline runtime posts its receives: the activation coming in
+    # before a forward, the gradient coming back before a backward. (A copy runs on the
+    # copy queue of the GPU it lands on, so its place there is the receiver's.)
     for kind, m, s in schedule(stages, micro, order):
         for r in range(replicas):  # every replica runs the same schedule on its own GPUs
             if kind == "F":
                 out, src = y[s][r][m], x[s][r][m]
+                if s > 0:  # the previous stage's output comes in
+                    items.append(ag.Copy(dst=src, src=y[s - 1][r][m]))
                 for _ in range(model.layers_per_stage):
                     items.append(ag.Launch(k["attention"], [out, src]))
                     items.append(ag.Launch(k["mlp"], [out, out]))
                     src = out
-                if s + 1 < stages:
-                    items.append(ag.Copy(dst=x[s + 1][r][m], src=out))
-                else:
+                if s + 1 == stages:
                     items.append(ag.Launch(k["loss_grad"], [out]))
                 continue
             g = y[s][r][m]
