@@ -296,14 +296,68 @@ def idle_analysis(plan: Any, records: Sequence[ag.SimRecord], queue: str) -> dic
     return {"queue": queue, "idle_s": idle, "fillable_idle_s": fillable}
 
 
+def link_analysis(
+    model: ag.CostModel,
+    items: Sequence[ag.Launch | ag.Copy],
+    records: Sequence[ag.SimRecord],
+    link: str,
+) -> dict[str, Any]:
+    """Where the shared link `link` (a NIC, a GPU's port) lost time in a replay.
+
+    A copy moves its bytes over its route's links after the route's latency, until it
+    ends. The makespan is `before_first_s` (from the replay's start to the link's first
+    byte: the pipeline filling) + `busy_s` (bytes moving; its `work_s` at the link's full
+    bandwidth, more where a copy on it was held back by another link of its route) +
+    `idle_inside_s` (idle between its first and last byte, in `gaps` gaps) +
+    `after_last_s` (from its last byte to the end: the drain).
+    """
+    spans: list[tuple[float, float]] = []
+    work = 0.0
+    for rec in records:
+        item = items[rec.item] if rec.item >= 0 else None
+        if not isinstance(item, ag.Copy) or item.src.device == item.dst.device:
+            continue
+        src, dst = (int(b.device.split(":")[1]) for b in (item.src, item.dst))
+        route = model.peer_route(src, dst)
+        for crossed in route.links:
+            if crossed.name == link:
+                spans.append((rec.start + route.latency, rec.end))
+                work += item.src.nbytes / crossed.bandwidth
+    origin = min(r.start for r in records)
+    end = max(r.end for r in records)
+    if not spans:
+        return {"link": link, "work_s": 0.0}
+    spans.sort()
+    gaps = []
+    busy_until = spans[0][1]
+    for start, stop in spans[1:]:
+        if start > busy_until:
+            gaps.append(start - busy_until)
+        busy_until = max(busy_until, stop)
+    before = spans[0][0] - origin
+    return {
+        "link": link,
+        "work_s": work,
+        "busy_s": busy_until - spans[0][0] - sum(gaps),
+        "before_first_s": before,
+        "idle_inside_s": sum(gaps),
+        "gaps": len(gaps),
+        "largest_gap_s": max(gaps, default=0.0),
+        "after_last_s": end - busy_until,
+    }
+
+
 async def measure(
     rt: ag.Runtime,
+    model: ag.CostModel,
     name: str,
     items: Sequence[ag.Launch | ag.Copy],
     firsts: Sequence[ag.Buffer],
     seed_values: Callable[[int], FloatArray],
     target: float = 1.05,
 ) -> dict[str, Any]:
+    """Replay `items` on `rt` (its SIM devices under `model`) in jit and in list-scheduled
+    order; their makespans against the bounds, and where the time went."""
     for i, buf in enumerate(firsts):
         await rt.copyin(buf, seed_values(i)[: buf.size].reshape(buf.shape))
     graph = await rt.compile(items, inputs=[], verify=False)
@@ -319,7 +373,19 @@ async def measure(
     t0 = trio.current_time()
     await reordered()
     makespan_reordered = trio.current_time() - t0
+    records_reordered = ag.sim_timeline(rt, submission=rt.kick.value)
     await reordered.aclose()
+    # Where a link bound binds: how that link spent the replay, in both orders.
+    link = ""
+    if bounds.binding.startswith("link window"):
+        link = bounds.link_window_name
+    elif bounds.binding.startswith("busiest link"):
+        link = bounds.busiest_link_name
+    binding_link = {
+        order: link_analysis(model, items, recs, link)
+        for order, recs in (("jit", records), ("cost", records_reordered))
+        if link
+    }
     result = {
         "name": name,
         "items": len(items),
@@ -344,6 +410,7 @@ async def measure(
         "critical_chain": chain,
         # The queue the chain spends most time on: did it idle while it had ready work?
         "chain_queue_idle": idle_analysis(graph.plan, records, chain["time_on_queues"][0]["queue"]),
+        "binding_link": binding_link,
     }
     await graph.aclose()
     return result
@@ -377,7 +444,7 @@ async def run_all(
     for name, build in builders:
         async with ag.open_runtime(devices, sim_preset=preset) as rt:
             items, firsts, _ = build(rt)
-            results.append(await measure(rt, name, items, firsts, values))
+            results.append(await measure(rt, ag.SIM_PRESETS[preset], name, items, firsts, values))
 
     topology = ag.SIM_PRESETS[cluster].topology
     assert topology is not None  # the cluster presets have one
@@ -404,7 +471,9 @@ async def run_all(
     for name, build in cluster_builders:
         async with ag.open_runtime(everyone, sim_preset=cluster) as rt:
             items, firsts, _ = build(rt)
-            results.append(await measure(rt, name, items, firsts, values, target=1.10))
+            results.append(
+                await measure(rt, ag.SIM_PRESETS[cluster], name, items, firsts, values, target=1.10)
+            )
     return results
 
 
@@ -461,6 +530,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {'':<34} same items, compile(order='cost'): makespan "
             f"{r['makespan_list_scheduled_s'] * 1e3:.3f} ms, ratio {r['ratio_list_scheduled']:.4f}"
         )
+        for order, use in r["binding_link"].items():
+            print(
+                f"  {'':<34} {use['link']} ({order} order): carries {use['work_s'] * 1e3:.3f} ms "
+                f"of bytes, moves them for {use['busy_s'] * 1e3:.3f} ms; first byte at "
+                f"{use['before_first_s'] * 1e3:.3f} ms, idle {use['idle_inside_s'] * 1e3:.3f} ms "
+                f"in {use['gaps']} gaps (longest {use['largest_gap_s'] * 1e3:.3f} ms), last "
+                f"byte {use['after_last_s'] * 1e3:.3f} ms before the end"
+            )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

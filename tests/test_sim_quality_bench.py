@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
 import pytest
+import trio
+import trio.testing
 
+import actorgraph as ag
 from benchmarks import core, sim_quality
 
 
@@ -42,3 +46,33 @@ def test_core_quick_run_writes_the_planning_rows(tmp_path: pathlib.Path) -> None
     rows = [(row["items"], row["devices"]) for row in planning["compile"]]
     assert rows == [(500, 8), (500, 64)]
     assert all(row["compile_ms"] >= row["min_ms"] > 0 for row in planning["compile"])
+
+
+async def test_link_analysis_splits_a_replay_into_fill_bytes_gaps_and_drain(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Two copies from node 0 into one GPU of node 1 (pcie4x4: one 100 GbE NIC a node, 10 us
+    # across): they queue on that GPU's copy queue, so the NIC moves the first one's bytes
+    # after its latency, idles through the second one's latency, then moves its bytes.
+    names = [f"SIM:{i}" for i in range(16)]
+    model = ag.SIM_PRESETS["pcie4x4"]
+    async with ag.open_runtime(names, sim_preset="pcie4x4") as rt:
+        src = [rt.alloc("SIM:0", 1 << 18, np.float32), rt.alloc("SIM:1", 1 << 18, np.float32)]
+        dst = [rt.alloc("SIM:4", 1 << 18, np.float32) for _ in range(2)]
+        items = [ag.Copy(dst=d, src=s) for d, s in zip(dst, src)]
+        graph = await rt.compile(items)
+        start = trio.current_time()
+        await graph()
+        makespan = trio.current_time() - start
+        records = ag.sim_timeline(rt, submission=rt.kick.value)
+    use = sim_quality.link_analysis(model, items, records, "node 1 NIC 0 in")
+    one = (1 << 20) / 12.5e9
+    assert use["work_s"] == pytest.approx(2 * one)
+    assert use["busy_s"] == pytest.approx(2 * one)
+    assert use["before_first_s"] == pytest.approx(10e-6)
+    assert use["gaps"] == 1 and use["idle_inside_s"] == pytest.approx(10e-6)
+    assert use["after_last_s"] == pytest.approx(0.0, abs=1e-12)
+    parts = use["before_first_s"] + use["busy_s"] + use["idle_inside_s"] + use["after_last_s"]
+    assert parts == pytest.approx(makespan)
+    # A link no copy crossed carried nothing.
+    assert sim_quality.link_analysis(model, items, records, "node 3 NIC 0 in")["work_s"] == 0.0
