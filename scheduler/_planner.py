@@ -126,8 +126,8 @@ def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Pla
         from_io = item.src_device is not None and caps[item.src_device].host_io
         source_deps: set[int] = set()
         if from_io:
-            # Reads first, so that an item that reads and writes one range depends on the
-            # range's earlier readers only through its write.
+            # Reads first, so that a read of the source finds what wrote it even where the
+            # copy writes those bytes too (onto itself).
             deps: set[int] = set()
             for access in sorted(accesses, key=lambda a: a.write):
                 found = tracker.access(access.alloc, access.start, access.stop, access.write, j)
