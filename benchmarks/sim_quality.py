@@ -10,8 +10,9 @@ data parallel inside them; target: makespan <= 1.10 x bound, by default order). 
 each graph it prints makespan / max(critical path, busiest queue, queue window, busiest
 link, link window), the chain of items that set the makespan, how long the queue it
 spends most time on sat idle while a later item of it was ready (head-of-line blocking),
-the same items in list-scheduled order (rt.compile(..., order="cost")), and writes
-everything to benchmarks/results/sim_quality.json.
+the same items in list-scheduled order (rt.compile(..., order="cost")), where a link
+bound binds how that link spent each replay (filling, moving bytes, idle, draining), and
+writes everything to benchmarks/results/sim_quality.json.
 
     python benchmarks/sim_quality.py [--preset nvlink8|pcie8] [--cluster nvlink8x8|pcie4x4]
                                      [--items 1000] [--seed 0] [--quick]
