@@ -4,14 +4,17 @@ from actorgraph.devices import PRESETS as SIM_PRESETS
 from actorgraph.devices import CostModel as CostModel
 from actorgraph.devices import DeviceCost as DeviceCost
 from actorgraph.devices import LinkCost as LinkCost
+from actorgraph.devices import Network as Network
 from actorgraph.devices import SimRecord as SimRecord
+from actorgraph.devices import Topology as Topology
 from actorgraph.devices import Work as Work
 
 from ._background import BackgroundGraph as BackgroundGraph
 from ._background import BackgroundRuntime as BackgroundRuntime
-from ._background import Call as Call
 from ._background import start_runtime as start_runtime
 from ._buffer import Buffer as Buffer
+from ._call import Call as Call
+from ._collectives import all_reduce as all_reduce
 from ._errors import ActorGraphError as ActorGraphError
 from ._errors import BufferFreedError as BufferFreedError
 from ._errors import ClosedError as ClosedError
@@ -50,6 +53,7 @@ from ._runtime import open_runtime as open_runtime
 from ._sim import clear_sim_timeline as clear_sim_timeline
 from ._sim import sim_bounds as sim_bounds
 from ._sim import sim_durations as sim_durations
+from ._sim import sim_nodes as sim_nodes
 from ._sim import sim_reorder as sim_reorder
 from ._sim import sim_timeline as sim_timeline
 from ._trace import write_trace as write_trace
@@ -87,6 +91,7 @@ __all__ = [
     "Launch",
     "LinkCost",
     "MissingExtraError",
+    "Network",
     "PlanDeadlockError",
     "PlanError",
     "PlanRaceError",
@@ -97,12 +102,14 @@ __all__ = [
     "Runtime",
     "SIM_PRESETS",
     "SimRecord",
+    "Topology",
     "UsageError",
     "Var",
     "VarError",
     "WaitKind",
     "WaitRecord",
     "Work",
+    "all_reduce",
     "cdiv",
     "clear_sim_timeline",
     "jit",
@@ -111,6 +118,7 @@ __all__ = [
     "plot_timeline",
     "sim_bounds",
     "sim_durations",
+    "sim_nodes",
     "sim_reorder",
     "sim_timeline",
     "start_runtime",

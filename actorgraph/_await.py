@@ -5,7 +5,8 @@ about it ("'coroutine' object has no attribute 'plan'", "does not support the as
 context manager protocol") do not say what to do. `Pending` is the awaitable our async
 calls that return something (a Graph) give back instead: awaiting it runs the call, and
 every other use of it raises a UsageError that names the call to await. `described()`
-words an awaitable (or a `Hinted` object: a Graph) that reached a place expecting a Buffer.
+words an awaitable (or a `Hinted` object: a Graph) that reached a place expecting a Buffer;
+`listed()` takes what a call takes as a list, and says so when one object came instead.
 """
 
 from __future__ import annotations
@@ -115,3 +116,14 @@ def described(value: object) -> str:
             f"`.result()` from plain code)"
         )
     return repr(value)
+
+
+def listed(
+    value: object, takes: str, write: str, error: type[UsageError] = UsageError
+) -> tuple[Any, ...]:
+    """`value`, which a call takes as a list, as a tuple. A single object (say, one Buffer
+    where a list of them belongs) or anything else that is no sequence raises `error`
+    saying what the call takes (`takes`) and how to write it (`write`)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise error(f"{takes}, got {described(value)}; write {write}")
+    return tuple(value)

@@ -20,29 +20,27 @@ idle CPU queues, which the calling thread runs itself while the runtime's loop i
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import threading
-import warnings
-from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-import attrs
 import numpy as np
-import sniffio
 import trio
 
-from actorgraph.scheduler import Plan
+from actorgraph.scheduler import DeviceCaps, Plan
 
-from ._await import GRAPH_NAMES, described
+from ._await import described
 from ._buffer import Buffer
+from ._call import Call, Entry
 from ._errors import ClosedError, UsageError
 from ._graph import NOT_HERE, Graph
 from ._kernel import Item, Kernel
 from ._log import logger as _log
+from ._profile import Profile
 from ._program import raise_item_failure
-from ._runtime import Runtime, RuntimeStatistics, open_runtime
+from ._runtime import Runtime, RuntimeStatistics, StallReport, open_runtime
 from ._vars import Var
 
 T = TypeVar("T")
@@ -73,175 +71,6 @@ class _LoopLock(trio.abc.Instrument):
             self.wanted = True
             self.lock.acquire()
             self.wanted = False
-
-
-class Call(Generic[T]):
-    """One piece of work for a background runtime: `await call` or `call.result()`.
-
-    Made outside the runtime's thread, a Call is submitted at once, like a
-    concurrent.futures submission: it runs, after every call made before it, whether or
-    not anyone waits for it. Made on the runtime's thread (inside a function given to
-    `call()`), it is plain async code there and runs when awaited.
-    """
-
-    def __init__(
-        self,
-        owner: BackgroundRuntime,
-        fn: Callable[..., Any],
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        what: str,
-        start: Callable[[], Any] | None = None,
-    ) -> None:
-        self._owner = owner
-        self._fn = fn
-        self._args = tuple(args)
-        self._kwargs = dict(kwargs)
-        self._what = what
-        self._start = start
-        self._entry: _Entry | None = None
-        self._lazy = owner.on_runtime_thread()  # made there: runs when awaited
-        self._awaited = False
-        if not self._lazy:
-            self._entry = owner._submit(fn, self._args, self._kwargs, what, start)
-
-    @classmethod
-    def finished(cls, owner: BackgroundRuntime, entry: _Entry) -> Call[Any]:
-        """A Call for work that already ran where it was made (`entry.future` is done)."""
-        call: Call[Any] = cls.__new__(cls)
-        call._owner = owner
-        call._fn, call._args, call._kwargs = entry.fn, entry.args, entry.kwargs
-        call._what, call._start, call._entry = entry.what, None, entry
-        call._lazy = call._awaited = False
-        return call
-
-    def __repr__(self) -> str:
-        state = "not started" if self._entry is None else self._entry.future._state.lower()
-        return f"<Call {self._what} {state}>"
-
-    def __del__(self) -> None:
-        if self._lazy and self._entry is None and not self._awaited:
-            warnings.warn(
-                f"{self._what} was made on the runtime's thread and never awaited, so it "
-                f"never ran; write `await {self._what}`",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
-    def _submitted(self) -> _Entry:
-        if self._entry is None:  # made on the runtime's thread, now waited for elsewhere
-            self._awaited = True
-            self._entry = self._owner._submit(
-                self._fn, self._args, self._kwargs, self._what, self._start
-            )
-        self._owner._observe(self._entry)
-        return self._entry
-
-    def _forgot(self, use: str) -> UsageError:
-        return UsageError(
-            f"{use} on {self._what} itself, which is a Call, not its result: write "
-            f"`x = await {self._what}` in async code or `x = {self._what}.result()` in "
-            f"plain code, then use x"
-        )
-
-    def __aenter__(self) -> Any:
-        raise UsageError(
-            f"`async with {self._what}` needs its result, so wait for the call first: write "
-            f"`async with await {self._what} as graph:`"
-        )
-
-    def __aexit__(self, *exc: object) -> Any:  # pragma: no cover - __aenter__ always raises
-        return None
-
-    def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._forgot("reading it as an array")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._forgot("calling it")
-
-    def __getattr__(self, name: str) -> Any:
-        if name in GRAPH_NAMES:
-            raise self._forgot(f".{name}")
-        raise AttributeError(f"{self!r} has no attribute {name!r}")
-
-    def done(self) -> bool:
-        """Whether the work has finished (or failed)."""
-        return self._entry is not None and self._entry.future.done()
-
-    def result(self, timeout: float | None = None) -> T:
-        """Block this thread until the work is done; return its result or raise its error."""
-        if self._owner.on_runtime_thread():
-            self._awaited = True  # reported here; no second word from __del__
-            raise UsageError(
-                f"{self._what}.result() on the runtime's own thread would wait for itself; "
-                f"use `await` there"
-            )
-        result: T = self._submitted().future.result(timeout)
-        return result
-
-    def __await__(self) -> Generator[Any, None, T]:
-        if self._owner.on_runtime_thread():
-            if self._entry is None:
-                # Code running on the runtime (a function passed to call()): no hop at all.
-                self._awaited = True
-                result: T = yield from self._fn(*self._args, **self._kwargs).__await__()
-                return result
-            self._owner._observe(self._entry)
-            if not self._entry.future.done():
-                raise UsageError(
-                    f"await {self._what} on the runtime's thread: it was made outside and "
-                    f"runs after the call now running, so this would wait for itself; await "
-                    f"it where it was made"
-                )
-            return self._entry.future.result()  # type: ignore[no-any-return]
-        try:
-            library = sniffio.current_async_library()
-        except sniffio.AsyncLibraryNotFoundError:
-            library = ""
-        if library == "asyncio":
-            got: T = yield from asyncio.wrap_future(self._submitted().future).__await__()
-            return got
-        if library == "trio":
-            return (yield from self._wait_trio().__await__())
-        raise UsageError(
-            f"await {self._what}: awaiting works under asyncio or trio (got "
-            f"{library or 'no async library'}); from synchronous code use .result()"
-        )
-
-    async def _wait_trio(self) -> T:
-        # Another trio run (e.g. one notebook cell under %autoawait trio): park on an event
-        # the runtime thread sets through this run's token.
-        future = self._submitted().future
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-
-        def wake(_: object) -> None:
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass  # the waiting run gave up (cancelled) and ended
-
-        future.add_done_callback(wake)
-        await done.wait()
-        result: T = future.result()
-        return result
-
-
-@attrs.define(eq=False)
-class _Entry:
-    """A submitted call: what to run, its future, and whether anyone has asked for it.
-
-    `start`, where given, begins the same work synchronously and returns something with
-    `done` and `wait()` (a graph's Replay), or raises trio.WouldBlock when it cannot
-    begin without waiting; `finish` then raises the work's failure, if any."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    what: str
-    future: concurrent.futures.Future[Any] = attrs.field(factory=concurrent.futures.Future)
-    observed: bool = False
-    start: Callable[[], Any] | None = None
 
 
 class BackgroundGraph:
@@ -280,10 +109,28 @@ class BackgroundGraph:
 
         return Call(self._owner, graph, (inputs,), kwargs, "graph(...)", start)
 
+    def call_here(
+        self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
+    ) -> bool:
+        """For a caller that waits for its replay anyway: replay on the calling thread,
+        now, where calling the graph would (no call made before it still queued, its
+        items inline on idle CPU queues; see BackgroundRuntime._replay_here), with no
+        Call made. True once it ran, raising its failure (an ItemError naming the item);
+        False, having done nothing, when it must go to the runtime's thread: call the
+        graph then."""
+        return self._owner._call_here(self.graph, inputs, var_vals)
+
     def __getattr__(self, name: str) -> Any:
         # Read-only facts of the Graph (last_profile, ...) straight from it.
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in ("submit", "submit_nowait"):
+            # They start a replay in the calling task, which is the runtime's thread's to do.
+            raise UsageError(
+                f"graph.{name}(...) on a background runtime's graph: calling the graph is "
+                f"the submission here, it returns at once and runs in order: write "
+                f"`call = graph(inputs)`, then `await call` or `call.result()` when needed"
+            )
         return getattr(self.graph, name)
 
     def aclose(self) -> Call[None]:
@@ -313,14 +160,14 @@ class BackgroundRuntime:
         # Invariants (under _lock): _queue holds the submitted calls not yet started, in the
         # order they were made; once _finished is set nothing is queued any more.
         self._lock = threading.Lock()
-        self._queue: collections.deque[_Entry] = collections.deque()
+        self._queue: collections.deque[Entry] = collections.deque()
         self._wake: trio.Event | None = None
         # Set while the dispatcher runs a call (on the runtime's thread only): no call
         # may start beside it.
         self._busy = False
         self._closing = False
         self._finished = False
-        self._unobserved: list[_Entry] = []  # failed while nobody waited for them
+        self._unobserved: list[Entry] = []  # failed while nobody waited for them
         self._loop = _LoopLock()
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
@@ -439,12 +286,12 @@ class BackgroundRuntime:
         if waiting and self._wake is not None:
             self._wake.set()
 
-    def _take(self, entry: _Entry) -> None:
+    def _take(self, entry: Entry) -> None:
         with self._lock:
             if self._queue and self._queue[0] is entry:
                 self._queue.popleft()
 
-    def _fail(self, entry: _Entry, error: BaseException, report: bool = True) -> None:
+    def _fail(self, entry: Entry, error: BaseException, report: bool = True) -> None:
         with self._lock:
             report = report and not entry.observed
             if report:
@@ -456,7 +303,7 @@ class BackgroundRuntime:
                 entry.future.set_exception(error)
 
     @staticmethod
-    def _warn_unobserved(entry: _Entry, error: BaseException) -> None:
+    def _warn_unobserved(entry: Entry, error: BaseException) -> None:
         _log.warning(
             "%s failed while nobody waited for it (%s: %s); the next call on the runtime "
             "or close() raises it",
@@ -465,7 +312,7 @@ class BackgroundRuntime:
             error,
         )
 
-    def _observe(self, entry: _Entry) -> None:
+    def _observe(self, entry: Entry) -> None:
         """Someone waits for this call: its error is theirs, not the next call's."""
         with self._lock:
             entry.observed = True
@@ -497,10 +344,10 @@ class BackgroundRuntime:
         kwargs: Mapping[str, Any],
         what: str,
         start: Callable[[], Any] | None = None,
-    ) -> _Entry:
+    ) -> Entry:
         self._check_running(what)
         self._raise_unobserved(what)
-        entry = _Entry(fn, tuple(args), dict(kwargs), what, start=start)
+        entry = Entry(fn, tuple(args), dict(kwargs), what, start=start)
         with self._lock:
             if self._finished or self._closing:
                 raise ClosedError(
@@ -534,41 +381,78 @@ class BackgroundRuntime:
         done it. Binding new inputs (lowering CPU items) is plain Python too. The
         caller is never blocked: if the run holds the lock or wants it, the call goes
         to the runtime's thread as usual."""
-        loop = self._loop
-        if not loop.lock.acquire(blocking=False):
+        if not self._stop_for(graph):
             return None
         try:
-            if loop.wanted or not graph.runs_off_thread:
-                return None  # (a graph on other devices than CPU ones never does)
-            with self._lock:
-                if self._queue or self._busy or self._closing or self._finished:
+            if self._unobserved:
+                return None  # the call goes on, so that _submit raises their error
+            entry = Entry(graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
+            try:
+                done = graph.replay_off_thread(inputs, var_vals)
+                if done is NOT_HERE:
                     return None
-                if self._unobserved:
-                    return None  # the call goes on, so that _submit raises their error
-                entry = _Entry(graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
-                try:
-                    done = graph.replay_off_thread(inputs, var_vals)
-                    if done is NOT_HERE:
-                        return None
-                    program, failure = done
-                    if failure is not None:
-                        raise_item_failure(program, failure)
-                except Exception as error:
-                    # As a call that fails on the runtime's thread: nobody waits for it
-                    # yet, so it is the next call's error unless someone asks for it.
-                    failed: BaseException | None = error
-                    entry.future.set_running_or_notify_cancel()
-                    entry.future.set_exception(error)
-                    self._unobserved.append(entry)
-                else:
-                    failed = None
-                    entry.future.set_running_or_notify_cancel()
-                    entry.future.set_result(None)
+                program, failure = done
+                if failure is not None:
+                    raise_item_failure(program, failure)
+            except Exception as error:
+                # As a call that fails on the runtime's thread: nobody waits for it
+                # yet, so it is the next call's error unless someone asks for it.
+                failed: BaseException | None = error
+                entry.future.set_running_or_notify_cancel()
+                entry.future.set_exception(error)
+                self._unobserved.append(entry)
+            else:
+                failed = None
+                entry.future.set_running_or_notify_cancel()
+                entry.future.set_result(None)
         finally:
-            loop.lock.release()
+            self._resume()
         if failed is not None:
             self._warn_unobserved(entry, failed)
         return Call.finished(self, entry)
+
+    def _call_here(
+        self, graph: Graph, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
+    ) -> bool:
+        """`_replay_here` for a caller that waits for the replay where it calls: no Call
+        is made; True once the replay ran, raising what binding or the replay raised
+        (an ItemError for an item's failure), or False having done nothing."""
+        if not self._stop_for(graph):
+            return False
+        try:
+            if self._unobserved:
+                return False  # the call goes on, so that _submit raises their error
+            done = graph.replay_off_thread(inputs, var_vals)
+        finally:
+            self._resume()
+        if done is NOT_HERE:
+            return False
+        program, failure = done
+        if failure is not None:
+            raise_item_failure(program, failure)
+        return True
+
+    def _stop_for(self, graph: Graph) -> bool:
+        """Take the loop lock and this runtime's lock, when a call of `graph` may run on
+        the calling thread now: the run not waiting for the loop lock, the graph able
+        to run off the runtime's thread, no call queued or running, the runtime open.
+        False, holding neither, when it may not; else `_resume()` releases both."""
+        loop = self._loop
+        if not loop.lock.acquire(blocking=False):
+            return False
+        if loop.wanted or not graph.runs_off_thread:  # (a graph on other devices than CPU ones)
+            loop.lock.release()
+            return False
+        self._lock.acquire()
+        if self._queue or self._busy or self._closing or self._finished:
+            self._lock.release()
+            loop.lock.release()
+            return False
+        return True
+
+    def _resume(self) -> None:
+        self._lock.release()
+        self._loop.lock.release()
 
     def _wake_dispatcher(self) -> None:
         if self._wake is not None:
@@ -645,6 +529,22 @@ class BackgroundRuntime:
             self._raise_unobserved("alloc(...)")
         return self._sync(self.runtime.alloc, device, shape, dtype)
 
+    def wrap(
+        self,
+        device: str,
+        source: Any,
+        *,
+        nbytes: int | None = None,
+        dtype: Any = np.uint8,
+        shape: int | tuple[int, ...] | None = None,
+    ) -> Buffer:
+        """A Buffer over host memory actorgraph did not allocate, at once (Runtime.wrap)."""
+        if not self.on_runtime_thread():
+            self._raise_unobserved("wrap(...)")
+        return self._sync(
+            self.runtime.wrap, device, source, nbytes=nbytes, dtype=dtype, shape=shape
+        )
+
     def free(self, buffer: Buffer) -> None:
         """Free `buffer` after the calls made before this one; returns at once."""
         if self.on_runtime_thread():
@@ -656,6 +556,7 @@ class BackgroundRuntime:
             raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
+        self.runtime.check_own(buffer, "free: ")
         buffer.check_live("free: ")
 
         async def free() -> None:
@@ -664,7 +565,92 @@ class BackgroundRuntime:
         self._submit(free, (), {}, f"free({buffer!r})")
 
     def statistics(self) -> RuntimeStatistics:
-        return self._sync(self.runtime.statistics)
+        return self._read(self.runtime.statistics)
+
+    # Facts of the runtime, read at once (not in call order): on its thread while it
+    # runs, directly once it has closed. See Runtime for what each means.
+
+    def _read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if not self.closed:
+            try:
+                return self._sync(fn, *args, **kwargs)
+            except ClosedError:
+                self._thread.join()  # it closed meanwhile: its state stays as it was left
+        return fn(*args, **kwargs)
+
+    def profile(self, *, clear: bool = False) -> Profile:
+        """Every profiled replay so far (Runtime.profile)."""
+        return self._read(self.runtime.profile, clear=clear)
+
+    def actor_names(self) -> tuple[str, ...]:
+        return self.runtime.actor_names()
+
+    def owns(self, buffer: Buffer) -> bool:
+        """Whether this runtime made `buffer` (Runtime.owns)."""
+        return self.runtime.owns(buffer)
+
+    @property
+    def in_flight(self) -> int:
+        return self._read(lambda: self.runtime.in_flight)
+
+    @property
+    def frees_pending(self) -> int:
+        return self._read(lambda: self.runtime.frees_pending)
+
+    @property
+    def submissions(self) -> int:
+        return self._read(lambda: self.runtime.submissions)
+
+    @property
+    def replays(self) -> int:
+        return self._read(lambda: self.runtime.replays)
+
+    @property
+    def replays_done(self) -> int:
+        return self._read(lambda: self.runtime.replays_done)
+
+    @property
+    def frees(self) -> int:
+        return self._read(lambda: self.runtime.frees)
+
+    @property
+    def graphs_compiled(self) -> int:
+        return self._read(lambda: self.runtime.graphs_compiled)
+
+    @property
+    def stalls(self) -> list[StallReport]:
+        """A copy of the watchdog's reports so far."""
+        return self._read(lambda: list(self.runtime.stalls))
+
+    # Options fixed when the runtime opened, and what it opened.
+
+    @property
+    def number(self) -> int:
+        return self.runtime.number
+
+    @property
+    def caps(self) -> dict[str, DeviceCaps]:
+        return dict(self.runtime.caps)
+
+    @property
+    def verify_plans(self) -> bool:
+        return self.runtime.verify_plans
+
+    @property
+    def profiling(self) -> bool:
+        return self.runtime.profiling
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.runtime.max_in_flight
+
+    @property
+    def deadlock_check(self) -> float:
+        return self.runtime.deadlock_check
+
+    @property
+    def watchdog(self) -> float | None:
+        return self.runtime.watchdog
 
     def current_time(self) -> float:
         """trio.current_time() of the runtime's run (its clock: see start_runtime(clock=)).

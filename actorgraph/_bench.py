@@ -1,8 +1,9 @@
 """`actorgraph bench`: the core benchmarks of a checkout, or a small built-in replay benchmark.
 
 The built-in one needs nothing but the installed package: a chain of tiny xor kernels on
-one CPU device, replayed as a Graph and as an @ag.jit function, in microseconds per item
-and per call (the jit's extra cost is the per-call check of its arguments).
+one device (CPU:0, or `--device`, a worker's too), replayed as a Graph and as an @ag.jit
+function, in microseconds per item and per call (the jit's extra cost is the per-call
+check of its arguments).
 """
 
 from __future__ import annotations
@@ -19,16 +20,12 @@ from typing import Any
 import numpy as np
 import trio
 
+from ._demo import BENCH_XOR
 from ._jit import jit
-from ._kernel import Kernel, Launch
+from ._kernel import Launch
 from ._runtime import Runtime, open_runtime
 
-
-def _xor(out: np.ndarray[Any, Any], a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> None:
-    np.bitwise_xor(a, b, out=out)
-
-
-XOR = Kernel("xor", cpu=_xor, outs=(0,), ins=(1, 2))
+XOR = BENCH_XOR  # every worker knows it, so a worker's device runs the benchmark too
 
 
 def core_script() -> pathlib.Path | None:
@@ -58,9 +55,12 @@ async def _median_call_s(call: Any, calls: int, rounds: int = 5) -> float:
     return statistics.median(samples)
 
 
-async def builtin(items: int, replays: int) -> dict[str, Any]:
-    async with open_runtime(["CPU:0"]) as rt:
-        a, b, c, d = (rt.alloc("CPU:0", 1024, np.int32) for _ in range(4))
+async def builtin(
+    items: int, replays: int, device: str = "CPU:0", token_file: str | None = None
+) -> dict[str, Any]:
+    token = {} if token_file is None else {"remote_token_file": token_file}
+    async with open_runtime([device], **token) as rt:
+        a, b, c, d = (rt.alloc(device, 1024, np.int32) for _ in range(4))
         chain = [
             Launch(XOR, [c, a, b]) if i % 2 == 0 else Launch(XOR, [d, c, a]) for i in range(items)
         ]
@@ -74,7 +74,7 @@ async def builtin(items: int, replays: int) -> dict[str, Any]:
 
         jit_s = await _median_call_s(lambda: step(rt, a), replays)
         # New input objects on every call: the full argument check, no identity shortcut.
-        spare = [rt.alloc("CPU:0", 1024, np.int32) for _ in range(2)]
+        spare = [rt.alloc(device, 1024, np.int32) for _ in range(2)]
         turn = [0]
 
         def alternate() -> Any:
@@ -91,6 +91,7 @@ async def builtin(items: int, replays: int) -> dict[str, Any]:
         graph_new_s = await _median_call_s(alternate_graph, replays)
         eager_s = await _median_call_s(lambda: rt.run(chain), max(1, replays // 10), rounds=3)
     return {
+        "device": device,
         "items": items,
         "graph_us_per_item": graph_s / items * 1e6,
         "graph_us_per_call": graph_s * 1e6,
@@ -103,9 +104,16 @@ async def builtin(items: int, replays: int) -> dict[str, Any]:
     }
 
 
-def main_builtin(items: int, replays: int, out: str | None) -> int:
-    results = trio.run(builtin, items, replays)
-    print(f"built-in replay benchmark: {items} tiny xor kernels on CPU:0")
+def main_builtin(
+    items: int,
+    replays: int,
+    out: str | None,
+    *,
+    device: str = "CPU:0",
+    token_file: str | None = None,
+) -> int:
+    results = trio.run(builtin, items, replays, device, token_file)
+    print(f"built-in replay benchmark: {items} tiny xor kernels on {device}")
     print(
         f"  graph replay: {results['graph_us_per_item']:.2f} us/item "
         f"({results['graph_us_per_call']:.0f} us per replay; "

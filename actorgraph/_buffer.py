@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import numpy as np
@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from actorgraph.devices import Device
 
 _alloc_ids = itertools.count(1)
+
+
+class Home(Protocol):
+    """The runtime that made a buffer, as its buffers see it (a `Runtime` is one): it
+    orders the work on the buffer's memory, so only it may take the buffer."""
+
+    @property
+    def closed(self) -> bool: ...
 
 
 @attrs.define(eq=False)
@@ -33,6 +41,9 @@ class Allocation:
     address: int = 0
     foreign: bool = False
     owner: Any = None
+    # The runtime that made it (rt.alloc, rt.wrap); None only for allocations made
+    # outside a runtime.
+    runtime: Home | None = None
 
 
 def new_alloc_id() -> int:
@@ -56,6 +67,48 @@ def _shape_of(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     if not dims or None in dims:
         raise bad
     return dims  # type: ignore[return-value]
+
+
+def buffer_dtype(what: str, dtype: Any) -> np.dtype[Any]:
+    """`dtype` as the numpy dtype of a buffer: fixed-size numbers or raw bytes only.
+
+    Kernels get a buffer's memory as numpy views or bare addresses, and copies move its
+    bytes: an object dtype holds pointers to Python objects (a copy would duplicate them
+    without their references), and strings, records and dates are not what kernel
+    bodies take, so numpy would only fail inside a kernel, later, with its own words.
+    """
+    try:
+        dt: np.dtype[Any] = np.dtype(dtype)
+    except TypeError:
+        raise UsageError(f"{what}: {dtype!r} is not a numpy dtype") from None
+    plain_bytes = dt.kind == "V" and dt.fields is None and dt.subdtype is None
+    if (dt.kind in "biufc" or plain_bytes) and dt.itemsize > 0:
+        return dt
+    if dt.kind == "O":
+        kind = "Python objects"
+    elif dt.kind in "SU":
+        kind = "strings"
+    elif dt.fields is not None:
+        kind = "structured records"
+    elif dt.subdtype is not None:
+        kind = "sub-arrays"
+    elif dt.kind in "mM":
+        kind = "dates and times"
+    else:
+        kind = "zero-size items"
+    raise UsageError(
+        f"{what}: dtype {dt!r} holds {kind}; a buffer holds fixed-size numbers (bool, "
+        f"int, uint, float or complex dtypes) or raw bytes ('V8'): store the data as "
+        f"numbers (say, dates as int64, records as one buffer per field)"
+    )
+
+
+def check_count(what: str, value: Any) -> int:
+    """An element or byte count, offset or size: an int (numpy's too) >= 0, never a bool."""
+    number = _dim(value)
+    if number is None:
+        raise UsageError(f"{what} must be an int >= 0, got {value!r}")
+    return number
 
 
 # The most bytes one buffer may span: numpy's (and the C library's) index limit.
@@ -109,6 +162,12 @@ class Buffer:
         return self._alloc.freed
 
     @property
+    def runtime(self) -> Home | None:
+        """The runtime that allocated (or wrapped) this buffer's memory: the only one
+        whose work may use it."""
+        return self._alloc.runtime
+
+    @property
     def alloc_id(self) -> int:
         return self._alloc.uid
 
@@ -126,10 +185,15 @@ class Buffer:
     @property
     def address(self) -> int:
         """The host address of this buffer's first byte (host-visible devices only)."""
-        memory = self._alloc.memory
+        alloc = self._alloc
+        memory = alloc.memory
         if not isinstance(memory, np.ndarray):
             self.check_live("address: ")
             raise UsageError(f"{self!r} is not in host-visible memory, so it has no host address")
+        if alloc.foreign and alloc.address:
+            # Wrapped memory says where it is (rt.wrap): no numpy call, which lowering a
+            # rebound replay would make for every buffer of every item.
+            return alloc.address + self.offset * self.dtype.itemsize
         return int(memory.ctypes.data) + self.offset * self.dtype.itemsize
 
     def __repr__(self) -> str:
@@ -163,10 +227,11 @@ class Buffer:
         start of the allocation); its size defaults to the rest of this buffer.
         """
         self.check_live("view(): ")
+        offset = check_count("view offset", offset)
+        if size is not None:
+            size = check_count("view size", size)
         if dtype is not None or byte_offset is not None:
             return self._view_bytes(offset, size, shape, dtype, byte_offset)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise UsageError(f"view offset must be an int >= 0, got {offset!r}")
         if shape is None:
             shape = (self.size - offset) if size is None else size
         dims = _shape_of(shape)
@@ -190,16 +255,12 @@ class Buffer:
     def _view_bytes(
         self, offset: int, size: int | None, shape: Any, dtype: Any, byte_offset: int | None
     ) -> Buffer:
-        try:
-            dt = self.dtype if dtype is None else np.dtype(dtype)
-        except TypeError:
-            raise UsageError(f"view dtype {dtype!r} is not a numpy dtype") from None
+        dt = self.dtype if dtype is None else buffer_dtype("view()", dtype)
         if byte_offset is None:
             byte_offset = offset * self.dtype.itemsize
         elif offset:
             raise UsageError("give a view either offset= (elements) or byte_offset=, not both")
-        if isinstance(byte_offset, bool) or not isinstance(byte_offset, int) or byte_offset < 0:
-            raise UsageError(f"view byte_offset must be an int >= 0, got {byte_offset!r}")
+        byte_offset = check_count("view byte_offset", byte_offset)
         itemsize = dt.itemsize
         start = self.offset * self.dtype.itemsize + byte_offset  # from the allocation's start
         if start % itemsize:

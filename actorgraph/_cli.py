@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="profile the replays, draw a timeline picture here (.png, .svg)",
     )
+    demo.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the token file of the workers of remote devices (their --token-file; default: "
+        "the file ACTORGRAPH_TOKEN_FILE names, if set)",
+    )
     demo.add_argument("-v", "--verbose", action="store_true", help="log what actorgraph does")
 
     worker = sub.add_parser(
@@ -113,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--replays", type=int, default=200, help="built-in: replays per round (default: 200)"
     )
     bench.add_argument(
+        "--device",
+        default="CPU:0",
+        help="built-in: the device its kernels run on, a worker's too (KIND:N@HOST:PORT; "
+        "default: CPU:0)",
+    )
+    bench.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="built-in: the token file of the device's worker (its --token-file; default: "
+        "the file ACTORGRAPH_TOKEN_FILE names, if set)",
+    )
+    bench.add_argument(
         "--out",
         metavar="PATH",
         help="write the figures as JSON here (default: benchmarks/core.py writes "
@@ -138,11 +156,13 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
     script = None if args.builtin else bench.core_script()
     if script is None:
-        return bench.main_builtin(args.items, args.replays, args.out)
-    if args.items != 256 or args.replays != 200:
+        return bench.main_builtin(
+            args.items, args.replays, args.out, device=args.device, token_file=args.token_file
+        )
+    if (args.items, args.replays, args.device, args.token_file) != (256, 200, "CPU:0", None):
         print(
-            "actorgraph bench: --items and --replays apply to the built-in benchmark; "
-            "add --builtin to use them",
+            "actorgraph bench: --items, --replays, --device and --token-file apply to the "
+            "built-in benchmark; add --builtin to use them",
             file=sys.stderr,
         )
         return 2
@@ -196,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
 
             logging.basicConfig(format="%(name)s: %(message)s")
             logging.getLogger("actorgraph").setLevel(logging.DEBUG)  # ours only, not matplotlib's
-        return demo_main(args.devices, args.replays, args.trace, args.plot)
+        return demo_main(args.devices, args.replays, args.trace, args.plot, args.token_file)
     if args.command == "bench":
         return _bench(args)
     if args.command == "devices":

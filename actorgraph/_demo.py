@@ -46,7 +46,16 @@ ADD = Kernel(
     outs=(0,),
     ins=(1, 2),
 )
-KERNELS = [XOR, ADD]
+
+
+def _xor_whole(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    np.bitwise_xor(a, b, out=out)
+
+
+# The kernel of `actorgraph bench`'s built-in benchmark: no vars, so a replay costs what
+# actorgraph adds. It is here so that every worker knows it too (`bench --device`).
+BENCH_XOR = Kernel("bench_xor", cpu=_xor_whole, outs=(0,), ins=(1, 2))
+KERNELS = [XOR, ADD, BENCH_XOR]
 N = Var("n", 1, 1 << 30)
 BLOCK = 256
 
@@ -65,15 +74,18 @@ async def run_demo(
     *,
     trace: str | None = None,
     plot: str | None = None,
+    token_file: str | None = None,
 ) -> bool:
     """Build a two-stage graph over `devices`, print its plan, replay it, compare with eager.
 
     With `trace` / `plot`, the replays are profiled and written as a Chrome trace / a
-    timeline picture.
+    timeline picture. `token_file`: the workers' token, for remote devices (else
+    open_runtime's default, ACTORGRAPH_TOKEN_FILE).
     """
     rng = np.random.default_rng(0)
     profiled = trace is not None or plot is not None
-    async with open_runtime(list(devices), profile=profiled) as rt:
+    token = {} if token_file is None else {"remote_token_file": token_file}
+    async with open_runtime(list(devices), profile=profiled, **token) as rt:
         first, last = devices[0], devices[-1]
         a = rt.alloc(first, size, np.int32)
         b = rt.alloc(first, size, np.int32)
@@ -141,7 +153,15 @@ async def run_demo(
 
 
 def main(
-    devices: Sequence[str], replays: int, trace: str | None = None, plot: str | None = None
+    devices: Sequence[str],
+    replays: int,
+    trace: str | None = None,
+    plot: str | None = None,
+    token_file: str | None = None,
 ) -> int:
-    ok = trio.run(lambda: run_demo(list(devices), 4096, replays, trace=trace, plot=plot))
+    ok = trio.run(
+        lambda: run_demo(
+            list(devices), 4096, replays, trace=trace, plot=plot, token_file=token_file
+        )
+    )
     return 0 if ok else 1

@@ -6,13 +6,14 @@ from __future__ import annotations
 import ctypes
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from ._buffer import Allocation, Buffer, _shape_of, new_alloc_id
+from ._buffer import Allocation, Buffer, Home, _shape_of, buffer_dtype, check_count, new_alloc_id
 from ._errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,15 +26,19 @@ _VALUE_MAX = (1 << 64) - 1  # timelines are 64-bit
 def _host_bytes(source: Any, nbytes: int | None) -> tuple[int, int, Any]:
     """(address, nbytes, owner) of `source`: an address, or an object exporting host
     memory through DLPack or the buffer protocol."""
-    if isinstance(source, int) and not isinstance(source, bool):
+    if nbytes is not None:
+        nbytes = check_count("wrap: nbytes", nbytes)
+    if isinstance(source, bool):
+        raise UsageError(f"wrap: address must be a positive int, got {source!r}")
+    if isinstance(source, (int, np.integer)):
         if source <= 0:
             raise UsageError(f"wrap: address must be a positive int, got {source!r}")
-        if nbytes is None or isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        if nbytes is None:
             raise UsageError(
                 f"wrap: an address needs its size in bytes: rt.wrap(device, address, "
                 f"nbytes=N) with N >= 0, got nbytes={nbytes!r}"
             )
-        return source, nbytes, None
+        return int(source), nbytes, None
     if hasattr(source, "__dlpack__"):
         try:
             array = np.from_dlpack(source)
@@ -66,6 +71,69 @@ def _host_bytes(source: Any, nbytes: int | None) -> tuple[int, int, Any]:
     return int(array.ctypes.data) if size else 0, size, (source, array)
 
 
+def _host_range(alloc: Allocation) -> tuple[int, int] | None:
+    """The host addresses an allocation's memory spans, or None (freed, empty, or not
+    host memory: a GPU's, a worker's)."""
+    memory = alloc.memory
+    if alloc.freed or not isinstance(memory, np.ndarray) or memory.nbytes == 0:
+        return None
+    start = alloc.address if alloc.foreign else int(memory.ctypes.data)
+    return start, start + memory.nbytes
+
+
+class HostMemory:
+    """The host memory a runtime's buffers live in, to keep wrappers honest.
+
+    Host memory is one address space, but a runtime orders work by device: its plans
+    order items by the bytes they touch, and one submission after another on the same
+    device. Wrappers on one device share that device's address space (byte ranges are
+    addresses), so they alias as they should. A wrapper on another device of memory
+    already wrapped, or of an `rt.alloc` buffer's memory (CPU and SIM memory is host
+    memory), would alias nothing: its work would race with the other buffer's. `wrap`
+    refuses those. Allocations are held weakly: one nobody holds any more (no buffer,
+    no graph) takes no part.
+    """
+
+    def __init__(self) -> None:
+        self._allocations: weakref.WeakSet[Allocation] = weakref.WeakSet()
+
+    def add(self, alloc: Allocation) -> None:
+        if isinstance(alloc.memory, np.ndarray):
+            self._allocations.add(alloc)
+
+    def add_wrapper(self, alloc: Allocation) -> None:
+        """Add a new wrapper's memory, or refuse it if that memory is another device's
+        wrapper's or an rt.alloc buffer's."""
+        self._check_wrapper(alloc)
+        self._allocations.add(alloc)
+
+    def _check_wrapper(self, alloc: Allocation) -> None:
+        span = _host_range(alloc)
+        if span is None:
+            return
+        start, stop = span
+        for other in self._allocations:
+            found = _host_range(other)
+            if found is None or found[1] <= start or stop <= found[0]:
+                continue
+            where = f"bytes {max(start, found[0]):#x}..{min(stop, found[1]):#x}"
+            if not other.foreign:
+                raise UsageError(
+                    f"wrap: that memory ({where}) belongs to buffer #{other.uid} on "
+                    f"{other.device.name}, which rt.alloc made: use that buffer, or a view "
+                    f"of it (buf.view(...)), whose work the runtime orders; a wrapper of its "
+                    f"memory would alias nothing and read stale data"
+                )
+            if other.device is not alloc.device:
+                raise UsageError(
+                    f"wrap: that memory ({where}) is wrapped on {other.device.name} already "
+                    f"(buffer #{other.uid}); host memory is one address space, but a runtime orders "
+                    f"work on wrapped memory per device, so wrappers on {other.device.name} "
+                    f"and {alloc.device.name} would race: wrap it on one device and move the "
+                    f"data with Copy items, or rt.free the other wrapper first"
+                )
+
+
 def wrap_memory(
     device: Device,
     space_uid: int,
@@ -73,16 +141,15 @@ def wrap_memory(
     nbytes: int | None,
     dtype: Any,
     shape: Any,
+    runtime: Home,
+    host_memory: HostMemory,
 ) -> Buffer:
     if not device.host_visible or device.kind != "CPU":
         raise UsageError(
             f"wrap: {device.name} is not a CPU device; rt.wrap(...) takes host memory, on "
             f"a CPU device (copy it elsewhere with a Copy item)"
         )
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise UsageError(f"wrap: {dtype!r} is not a numpy dtype") from None
+    dt = buffer_dtype("wrap", dtype)
     address, size, owner = _host_bytes(source, nbytes)
     if shape is None:
         if size % dt.itemsize:
@@ -111,7 +178,9 @@ def wrap_memory(
         address=address,
         foreign=True,
         owner=owner,
+        runtime=runtime,
     )
+    host_memory.add_wrapper(alloc)
     return Buffer(device=device.name, shape=dims, dtype=dt, offset=0, alloc=alloc)
 
 

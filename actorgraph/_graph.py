@@ -13,7 +13,7 @@ from actorgraph.devices import NOT_RUN
 from actorgraph.scheduler import Plan
 
 from . import _capture
-from ._await import Hinted, described
+from ._await import Hinted, described, listed
 from ._buffer import Buffer
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
@@ -174,11 +174,18 @@ class Graph(Hinted):
         # they are (-1: never, as while the runtime profiles every replay).
         self._epoch_seen = -1
         self._internal: dict[int, list[Buffer]] = {}
+        internal = self._internal
         for j, item in enumerate(program.items):
-            bound = {slot for slot, _ in program.item_inputs[j]}
+            from_inputs = program.item_inputs[j]
+            bound = {slot for slot, _ in from_inputs} if from_inputs else ()
             for slot, buf in enumerate(item.bufs):
                 if slot not in bound:
-                    self._internal.setdefault(buf.alloc_id, []).append(buf)
+                    alloc = buf.alloc_id
+                    bufs = internal.get(alloc)
+                    if bufs is None:
+                        internal[alloc] = [buf]
+                    else:
+                        bufs.append(buf)
         # Whether a call may run off the runtime's thread (a background runtime's caller,
         # see replay_off_thread): every queue runs jobs as QueueActor does, on CPU
         # devices, whose items are numpy-level calls with no state bound to a thread.
@@ -188,6 +195,13 @@ class Graph(Hinted):
         # One buffer per internal allocation: checked on every call, as a buffer may be
         # freed between two calls with the same inputs.
         self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
+        # The byte ranges of those buffers, worked out once: every new input set is
+        # checked against them (_overlap), and wrapped memory puts every wrapped buffer
+        # of a device in one allocation, so there may be many.
+        self._internal_spans = {
+            alloc: tuple((*buf.byte_range, buf) for buf in bufs if buf.nbytes)
+            for alloc, bufs in self._internal.items()
+        }
         # Replays finished and in flight, counted as they happen.
         self._counts = ReplayCounts()
         self._in_flight = self._counts.in_flight  # replays submitted and not done
@@ -470,7 +484,12 @@ class Graph(Hinted):
         runtime = self._runtime
         if not runtime.usable:
             runtime.check_open()
-        inputs = tuple(inputs)
+        inputs = listed(
+            inputs,
+            "a graph call takes its inputs as a list of Buffers, one per input in compile() order",
+            "`await graph([x, ...])`",
+            InputError,
+        )
         if runtime.frees != self._frees_seen:
             self._freed_since()
         try:
@@ -561,6 +580,7 @@ class Graph(Hinted):
         """Input i may stand for `old`, the buffer the graph was compiled with."""
         if not isinstance(new, Buffer):
             raise InputError(f"input {i} must be a Buffer, got {described(new)}")
+        self._runtime.check_own(new, f"input {i}: ", InputError)
         new.check_live(f"input {i}: ")
         if new.device != old.device:
             raise InputError(
@@ -591,8 +611,9 @@ class Graph(Hinted):
         for j, other in by_alloc.get(new.alloc_id, ()):
             if new.overlaps(other):
                 return f"inputs {j} and {i} share memory ({other!r} and {new!r})"
-        for internal in self._internal.get(new.alloc_id, ()):
-            if new.overlaps(internal):
+        a0, a1 = new.byte_range
+        for b0, b1, internal in self._internal_spans.get(new.alloc_id, ()):
+            if a0 < b1 and b0 < a1 and a0 < a1:  # (as Buffer.overlaps)
                 return (
                     f"input {i} {new!r} shares memory with {internal!r}, which the graph "
                     f"uses internally"

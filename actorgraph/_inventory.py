@@ -28,17 +28,22 @@ class GPUInfo:
 class Inventory:
     """What this machine offers: device kinds, CPU cores, CUDA GPUs, SIM presets."""
 
-    kinds: tuple[str, ...]  # device kinds this install can open ("CPU", "SIM", ...)
+    kinds: tuple[str, ...]  # device kinds this machine can open ("CPU", "SIM", ...)
     cpu_cores: int
     gpus: tuple[GPUInfo, ...]
     gpu_note: str  # why no GPU is listed, or the driver version
     sim_presets: tuple[str, ...]
     sim_default: str | None
     nvrtc_note: str = ""  # which NVRTC compiles CUDA kernels here, or why none does
+    # Kinds this install has that open here only through the fake CUDA driver (no GPU).
+    fake_only: tuple[str, ...] = ()
+    # (preset, the machine it simulates: shape, links, device names), per SIM preset
+    sim_machines: tuple[tuple[str, str], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
             "kinds": list(self.kinds),
+            "fake_driver_only": list(self.fake_only),
             "cpu_cores": self.cpu_cores,
             "cuda_gpus": [
                 {
@@ -53,6 +58,7 @@ class Inventory:
             "nvrtc_note": self.nvrtc_note,
             "sim_presets": list(self.sim_presets),
             "sim_default": self.sim_default,
+            "sim_machines": dict(self.sim_machines),
             "remote_names": REMOTE_NAMES,
         }
 
@@ -122,19 +128,35 @@ def local_devices() -> Inventory:
             default = getattr(costmodel, "DEFAULT_PRESET", None)
         except ImportError:
             default = None
+    # CUDA:N opens on a GPU; without one, only through the fake driver.
+    fake_only = () if gpus or "CUDA" not in _devices.DEVICE_KINDS else ("CUDA",)
+    machines = tuple(
+        (name, model.describe())
+        for name, model in sorted((presets or {}).items())
+        if callable(getattr(model, "describe", None))
+    )
     return Inventory(
-        kinds=tuple(_devices.DEVICE_KINDS),
+        kinds=tuple(k for k in _devices.DEVICE_KINDS if k not in fake_only),
+        fake_only=fake_only,
         cpu_cores=os.cpu_count() or 1,
         gpus=gpus,
         gpu_note=note,
         sim_presets=tuple(sorted(presets)) if presets else (),
         sim_default=default,
         nvrtc_note=probe_nvrtc(),
+        sim_machines=machines,
     )
 
 
 def render(inv: Inventory) -> str:
-    lines = [f"device kinds this install can open: {', '.join(inv.kinds)}", ""]
+    lines = [f"device kinds this machine can open: {', '.join(inv.kinds)}"]
+    if inv.fake_only:
+        lines.append(
+            f"         ({', '.join(inv.fake_only)} only through the fake driver, which runs "
+            f'without a GPU: open_runtime(..., cuda_driver="fake") or '
+            f"ACTORGRAPH_CUDA_DRIVER=fake)"
+        )
+    lines.append("")
     lines.append(
         f"CPU:N    host memory, a compute and a copy actor each; any N "
         f"(this machine has {inv.cpu_cores} cores, so up to {inv.cpu_cores} run in parallel)"
@@ -157,7 +179,10 @@ def render(inv: Inventory) -> str:
             names = ", ".join(
                 f"{p} (default)" if p == inv.sim_default else p for p in inv.sim_presets
             )
-            lines.append(f"SIM:N    simulated GPUs, any N; cost-model presets: {names}")
+            lines.append(f"SIM:N    simulated GPUs; cost-model presets (sim_preset=...): {names}")
+            width = max((len(p) for p, _ in inv.sim_machines), default=0)
+            for preset, machine in inv.sim_machines:
+                lines.append(f"           {preset.ljust(width)}  {machine}")
         else:
             lines.append("SIM:N    simulated GPUs, any N")
     for kind in inv.kinds:

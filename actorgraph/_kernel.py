@@ -79,6 +79,8 @@ class Kernel:
 
 Dims = Union[IntLike, Sequence[IntLike], None]
 
+_NO_VARS: frozenset[Var] = frozenset()
+
 
 def _dims(value: Dims) -> tuple[IntLike, ...] | None:
     if value is None:
@@ -162,6 +164,8 @@ class Launch:
 
     def free_vars(self) -> frozenset[Var]:
         """Vars whose values come from the call (not fixed by this launch)."""
+        if not self.vars and self.global_size is None and self.local_size is None:
+            return _NO_VARS  # most launches: asked for each item of every compile
         used: frozenset[Var] = frozenset(self.vars)
         for dims in (self.global_size, self.local_size):
             for d in dims or ():
@@ -172,7 +176,7 @@ class Launch:
         return attrs.evolve(self, bufs=tuple(bufs))
 
     def reads_writes(self) -> list[tuple[Buffer, bool]]:
-        outs = set(self.kernel.outs)
+        outs = self.kernel.outs  # a few slots: a tuple is searched faster than a set is made
         return [(buf, slot in outs) for slot, buf in enumerate(self.bufs)]
 
 
@@ -210,7 +214,7 @@ class Copy:
         return f"copy {self.src.device}->{self.dst.device}"
 
     def free_vars(self) -> frozenset[Var]:
-        return frozenset()
+        return _NO_VARS
 
     def with_buffers(self, bufs: Sequence[Buffer]) -> Copy:
         return Copy(dst=bufs[0], src=bufs[1])

@@ -6,15 +6,16 @@ only when a plot is asked for, so the default install stays lean.
 
 from __future__ import annotations
 
+import bisect
 import os
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Union
 
 import attrs
 
 from ._errors import MissingExtraError, UsageError
 from ._log import logger
-from ._profile import EventKind, Profile
+from ._profile import EventKind, Profile, ProfileEvent
 
 KERNEL_COLOR = "#4c72b0"
 COPY_COLOR = "#dd8452"
@@ -34,6 +35,9 @@ def require_matplotlib() -> Any:
     return Figure
 
 
+Groups = Union[Mapping[str, Any], Callable[[str], Any]]
+
+
 def plot_timeline(
     profile: Profile,
     path: str | os.PathLike[str],
@@ -41,6 +45,9 @@ def plot_timeline(
     title: str | None = None,
     critical_path: bool = True,
     replays: Iterable[int] | None = None,
+    groups: Groups | None = None,
+    fold_idle: bool = False,
+    row_per_device: bool = False,
 ) -> str:
     """Draw `profile` as a Gantt chart and save it to `path` (format from its suffix).
 
@@ -48,50 +55,73 @@ def plot_timeline(
     the critical path of each replay underlined in red. `replays=[9, 10]` draws only those
     replays (by number, of every graph), so the axis spans them alone and their items can
     be told apart. Returns the path written.
+
+    For many devices: `groups` (a mapping or a function of a device or actor name, say
+    `ag.sim_nodes(rt)`) draws the rows of one group together, in bands labelled with the
+    group on the right (an int group is labelled "node N"); `fold_idle=True` leaves out the rows that ran nothing (each
+    group's label counts them); `row_per_device=True` draws a device's queues in one
+    row, kernels in its upper half and copies in its lower half.
     """
     if not isinstance(profile, Profile):
         raise UsageError(f"plot_timeline takes a Profile (from rt.profile()), got {profile!r}")
     if replays is not None:
         profile = _only(profile, replays)
+    group_of = _grouping(groups)
     figure_class = require_matplotlib()
     from matplotlib.patches import Patch
 
-    actors = list(profile.actors)
-    origin = profile.start
-    rows = {actor: i for i, actor in enumerate(actors)}
-    width = max(profile.end - origin, 1e-9)
+    by_actor: dict[str, list[ProfileEvent]] = {actor: [] for actor in profile.actors}
+    for event in profile.events:
+        by_actor.setdefault(event.actor, []).append(event)
+    layout = _rows(list(by_actor), by_actor, group_of, fold_idle, row_per_device)
+    rows, labels, bands = layout.rows, layout.labels, layout.bands
+    place, cuts, width = _time_axis(profile)
+    width = max(width, 1e-9)
     scale, unit = (1e3, "ms") if width >= 1e-3 else (1e6, "us")
-
-    figure = figure_class(figsize=(12, 1.2 + 0.45 * max(len(actors), 1)), dpi=100)
+    many = len(labels) > 32
+    row_height = 0.45 if not many else max(0.14, 14.0 / len(labels))
+    figure = figure_class(figsize=(12, 1.4 + row_height * max(len(labels), 1)), dpi=100)
     ax = figure.add_subplot(1, 1, 1)
-    height = 0.7
+    height = 0.8 if row_per_device else 0.7
 
     def span(start: float, end: float) -> tuple[float, float]:
         # A minimum width keeps microsecond items visible on a long timeline.
-        return ((start - origin) * scale, max((end - start) * scale, width * scale * 1e-4))
+        return (place(start) * scale, max((end - start) * scale, width * scale * 1e-4))
 
-    for actor, row in rows.items():
-        mine = [e for e in profile.events if e.actor == actor]
-        lane = (row - height / 2, height)
+    def lane(actor: str) -> tuple[float, float]:
+        row = rows[actor]
+        if not row_per_device:
+            return (row - height / 2, height)
+        # Kernels in the upper half of their device's row, copies in the lower half.
+        upper = _kind_of(actor) != "copy"
+        return (row - height / 2, height / 2) if upper else (row, height / 2)
+
+    for index, (_, first, last) in enumerate(bands):
+        if index % 2:
+            ax.axhspan(first - 0.5, last + 0.5, color="#f2f2f2", zorder=0)
+    for actor, events in by_actor.items():
+        if actor not in rows:
+            continue
+        where = lane(actor)
         waits = [
             span(w.start, w.end)
-            for e in mine
+            for e in events
             for w in e.waits
             if w.start is not None and w.end is not None
         ]
         if waits:
-            ax.broken_barh(waits, lane, facecolors=WAIT_COLOR)
+            ax.broken_barh(waits, where, facecolors=WAIT_COLOR)
         for kind, color in ((EventKind.KERNEL, KERNEL_COLOR), (EventKind.COPY, COPY_COLOR)):
-            spans = [span(e.start, e.end) for e in mine if e.kind is kind]
+            spans = [span(e.start, e.end) for e in events if e.kind is kind]
             if spans:
-                ax.broken_barh(spans, lane, facecolors=color)
+                ax.broken_barh(spans, where, facecolors=color)
     legend = [
         Patch(facecolor=KERNEL_COLOR, label="kernel"),
         Patch(facecolor=COPY_COLOR, label="copy"),
         Patch(facecolor=WAIT_COLOR, label="parked wait"),
     ]
     if critical_path and profile.events:
-        path_events = profile.critical_path()
+        path_events = [e for e in profile.critical_path() if e.actor in rows]
         spans = [span(e.start, e.end) for e in path_events]
         # A red strip under each item on the path leaves the item's own colour visible.
         strip = 0.14
@@ -114,18 +144,166 @@ def plot_timeline(
                 alpha=0.4,
             )
         legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
-    ax.set_yticks(range(len(actors)))
-    ax.set_yticklabels(actors)
-    ax.set_ylim(len(actors) - 0.3, -0.6)
-    ax.set_xlabel(f"time since first submission ({unit})")
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=6 if many else None)
+    ax.set_ylim(len(labels) - 0.3, -0.6)
+    if group_of is not None:
+        for _, first, _last in bands[1:]:
+            ax.axhline(first - 0.5, color="#808080", linewidth=0.6)
+        side = ax.twinx()
+        side.set_ylim(ax.get_ylim())
+        side.set_yticks([(first + last) / 2 for _, first, last in bands])
+        side.set_yticklabels([label for label, _, _ in bands], fontsize="small")
+        side.tick_params(length=0)
+    for x, idle in cuts:
+        ax.axvline(x * scale, color="0.45", linestyle=(0, (3, 3)), linewidth=0.8)
+        ax.text(x * scale, -0.45, f" {_seconds(idle)} idle cut", fontsize=7, color="0.3")
+    cut = "; idle time between replays cut at the dashed lines" if cuts else ""
+    ax.set_xlabel(f"time since first submission ({unit}{cut})")
     ax.set_title(title or f"{len(profile.replays)} replays, {len(profile.events)} items")
     ax.grid(axis="x", alpha=0.3)
-    # Beside the axes, never over the data.
-    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    # Beside the axes (and the group labels), never over the data.
+    ax.legend(
+        handles=legend,
+        loc="upper left",
+        bbox_to_anchor=(1.12 if group_of is not None else 1.01, 1.0),
+        fontsize="small",
+    )
     figure.tight_layout()
     figure.savefig(path, bbox_inches="tight")
     logger.info("wrote a timeline of %d items to %s", len(profile.events), os.fspath(path))
     return os.fspath(path)
+
+
+def _time_axis(
+    profile: Profile,
+) -> tuple[Callable[[float], float], list[tuple[float, float]], float]:
+    """Where a moment goes on the time axis: seconds since the first submission, less the
+    idle stretches cut out. A stretch with nothing drawn in it (no item, no parked wait)
+    longer than the longest run of drawn work (say, between replays of microseconds run
+    from notebook cells, milliseconds or seconds apart) becomes a sliver, so the axis
+    spans the work and its items stay wide. Returns (place, cuts as (where on the axis,
+    idle seconds cut), axis width)."""
+    drawn = sorted(
+        [(e.start, e.end) for e in profile.events]
+        + [
+            (w.start, w.end)
+            for e in profile.events
+            for w in e.waits
+            if w.start is not None and w.end is not None
+        ]
+    )
+    merged: list[list[float]] = []
+    for start, end in drawn:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    busy = sum(end - start for start, end in merged)
+    longest = max((end - start for start, end in merged), default=0.0)
+    starts, offsets = [profile.start], [0.0]
+    cuts: list[tuple[float, float]] = []
+    x, last = 0.0, profile.start
+    for start, end in merged:
+        idle = start - last
+        if idle > longest > 0:
+            cuts.append((x + 0.025 * busy, idle))
+            x += 0.05 * busy  # the sliver left of it
+        else:
+            x += idle
+        starts.append(start)
+        offsets.append(x)
+        x += end - start
+        last = end
+
+    def place(moment: float) -> float:
+        i = max(bisect.bisect_right(starts, moment) - 1, 0)
+        return offsets[i] + moment - starts[i]
+
+    return place, cuts, x + max(profile.end - last, 0.0)
+
+
+def _seconds(value: float) -> str:
+    for scale, unit in ((1.0, "s"), (1e3, "ms")):
+        if value * scale >= 1:
+            return f"{value * scale:.3g} {unit}"
+    return f"{value * 1e6:.3g} us"
+
+
+@attrs.frozen
+class _Layout:
+    rows: dict[str, int]  # actor -> row
+    labels: list[str]  # per row
+    bands: list[tuple[str, int, int]]  # per group: its label, first and last row
+
+
+def _device_of(actor: str) -> str:
+    return actor.rpartition("/")[0] or actor
+
+
+def _kind_of(actor: str) -> str:
+    return actor.rpartition("/")[2]
+
+
+def _grouping(groups: Groups | None) -> Callable[[str], str] | None:
+    """A function from an actor's name to its group's label: the mapping's value for the
+    actor, or else for its device ('other' where it has none)."""
+    if groups is None:
+        return None
+    if callable(groups) and not isinstance(groups, Mapping):
+        function = groups
+        return lambda actor: str(function(actor))
+    if not isinstance(groups, Mapping):
+        raise UsageError(
+            f"plot_timeline(groups=...) takes a mapping or a function of device names "
+            f"(say ag.sim_nodes(rt)), got {groups!r}"
+        )
+    table = groups
+
+    def label(actor: str) -> str:
+        if actor in table:
+            return _group_label(table[actor])
+        device = _device_of(actor)
+        return _group_label(table[device]) if device in table else "other"
+
+    return label
+
+
+def _group_label(value: Any) -> str:
+    # ag.sim_nodes gives node numbers: label them as nodes.
+    return f"node {value}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _rows(
+    actors: list[str],
+    events: Mapping[str, list[ProfileEvent]],
+    group_of: Callable[[str], str] | None,
+    fold_idle: bool,
+    row_per_device: bool,
+) -> _Layout:
+    """Where each actor is drawn: groups in order of their first actor, actors in profile
+    order inside them, idle ones left out if asked, one row per device if asked."""
+    order: dict[str, list[str]] = {}
+    for actor in actors:
+        order.setdefault(group_of(actor) if group_of is not None else "", []).append(actor)
+    rows: dict[str, int] = {}
+    labels: list[str] = []
+    bands: list[tuple[str, int, int]] = []
+    for group, members in order.items():
+        shown = [a for a in members if events.get(a) or not fold_idle]
+        idle = len(members) - len(shown)
+        first = len(labels)
+        for actor in shown:
+            key = _device_of(actor) if row_per_device else actor
+            if row_per_device and labels and labels[-1] == key and len(labels) > first:
+                rows[actor] = len(labels) - 1
+                continue
+            rows[actor] = len(labels)
+            labels.append(key)
+        if len(labels) > first:
+            note = f" ({idle} idle folded)" if idle else ""
+            bands.append((f"{group}{note}", first, len(labels) - 1))
+    return _Layout(rows, labels, bands)
 
 
 def _only(profile: Profile, replays: Iterable[int]) -> Profile:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from actorgraph.devices import (
+    EXEC,
     FIRST_QUEUE_SLOT,
     KICK,
     Device,
@@ -103,15 +104,34 @@ class Bound:
 def plan_item(item: Item, widen: Mapping[Buffer, int] | None = None) -> PlanItem:
     """The planner's view of an item. `widen` maps a buffer -> bytes for inputs that may
     grow up to that size per call: their accesses cover it all."""
-    accesses = []
-    for buf, write in item.reads_writes():
-        start, stop = buf.byte_range
-        if widen and buf in widen:
-            stop = max(stop, start + widen[buf])
-        accesses.append(Access(buf.device, buf.alloc_id, start, stop, write))
-    if isinstance(item, Launch):
-        return PlanItem(item.label, ItemKind.EXEC, item.device, tuple(accesses))
-    return PlanItem(item.label, ItemKind.COPY, item.dst.device, tuple(accesses), item.src.device)
+    return plan_items((item,), widen)[0]
+
+
+def plan_items(items: Sequence[Item], widen: Mapping[Buffer, int] | None = None) -> list[PlanItem]:
+    """plan_item of each item. Items share buffers (one writes what several read), so
+    each buffer's access is made once, for reading and once for writing."""
+    made: dict[tuple[Buffer, bool], Access] = {}
+    out: list[PlanItem] = []
+    for item in items:
+        accesses = []
+        for key in item.reads_writes():
+            access = made.get(key)
+            if access is None:
+                buf, write = key
+                start, stop = buf.byte_range
+                if widen and buf in widen:
+                    stop = max(stop, start + widen[buf])
+                access = made[key] = Access(buf.device, buf.alloc_id, start, stop, write)
+            accesses.append(access)
+        if isinstance(item, Launch):
+            out.append(PlanItem(item.label, ItemKind.EXEC, item.device, tuple(accesses)))
+        else:
+            out.append(
+                PlanItem(
+                    item.label, ItemKind.COPY, item.dst.device, tuple(accesses), item.src.device
+                )
+            )
+    return out
 
 
 def check_item(item: object, index: int) -> Item:
@@ -120,15 +140,19 @@ def check_item(item: object, index: int) -> Item:
             f"item {index} is {item!r}; a jit cache holds ag.Launch(...) and ag.Copy(...) items"
         )
     for buf in item.bufs:
-        buf.check_live(f"item {index} ({item.label}): buffer ")
+        if buf.freed:  # the message is made only when it is needed
+            buf.check_live(f"item {index} ({item.label}): buffer ")
     return item
+
+
+_ONE = (1, 1, 1)  # the launch dims of a launch that gives none
 
 
 def _dims_of(
     dims: tuple[Any, ...] | None, values: Mapping[Var, int], index: int, item: Launch, which: str
 ) -> tuple[int, ...]:
     if dims is None:
-        return (1, 1, 1)
+        return _ONE
     out = tuple(evaluate(d, values) for d in dims)
     for d in out:
         if d < 1:
@@ -178,9 +202,13 @@ class Program:
         # its end itself (`end_reader.wait_done(sub)`); None: its actors end it.
         readers = {a.end_reader for a in self.actors}
         self.end_reader: Any = next(iter(readers)) if len(readers) == 1 else None
+        # The device each queue's items are lowered by.
+        self._queue_device = [runtime.device(q.device) for q in plan.queues]
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
-        self.counts = [sum(isinstance(m, Run) for m in prog) for prog in plan.programs]
+        self.counts = [0] * nqueues
+        for qi in plan.item_queue:
+            self.counts[qi] += 1
         self.queue_devices = [
             tuple(di for di, qs in enumerate(plan.device_queues) if qi in qs)
             for qi in range(nqueues)
@@ -194,17 +222,23 @@ class Program:
         # Base slots (devices/_ops.py): KICK, BATCH, a base per queue, a ticket per device.
         self.nbases = FIRST_QUEUE_SLOT + nqueues + len(self.devices)
 
-        # Which item slots come from which input: (input index, captured root).
-        self.item_inputs: list[list[tuple[int, int]]] = [[] for _ in self.items]
+        # Which item slots come from which input: (input index, captured root). A buffer
+        # can only be or overlap an input of its own allocation, so each buffer looks at
+        # those inputs alone (a graph over many devices has many inputs).
+        by_alloc: dict[int, list[int]] = {}
+        for i, root in enumerate(self.inputs):
+            by_alloc.setdefault(root.alloc_id, []).append(i)
+        none: tuple[tuple[int, int], ...] = ()
+        self.item_inputs: list[Sequence[tuple[int, int]]] = [none] * len(self.items)
         for j, item in enumerate(self.items):
             for slot, buf in enumerate(item.bufs):
-                source = self._input_of(buf, j)
+                candidates = by_alloc.get(buf.alloc_id)
+                source = self._input_of(buf, j, candidates) if candidates else None
                 if source is not None:
-                    self.item_inputs[j].append((slot, source))
-        self.free_vars: frozenset[Var] = frozenset().union(*(i.free_vars() for i in self.items))
-        self.dynamic = [
-            j for j, item in enumerate(self.items) if self.item_inputs[j] or item.free_vars()
-        ]
+                    self.item_inputs[j] = (*self.item_inputs[j], (slot, source))
+        item_vars = [item.free_vars() for item in self.items]
+        self.free_vars: frozenset[Var] = frozenset().union(*item_vars)
+        self.dynamic = [j for j, free in enumerate(item_vars) if self.item_inputs[j] or free]
         # Where each item's op is: (queue, op index).
         self.where: dict[int, tuple[int, int]] = {}
         index = (
@@ -214,7 +248,11 @@ class Program:
         templates = [self._template(qi, p, *index) for qi, p in enumerate(plan.programs)]
         self._mark_host_signals(templates)
         self.templates = templates
-        self.linear_order = self._linear_order(templates)
+        # A LinearRun runs EXEC ops only: a plan with an item op of another kind (a
+        # SIM_RUN, a CUDA_ITEM) that no call re-lowers never has one, so needs no order.
+        self.linear_order = (
+            self._linear_order(templates) if self._may_run_linear(templates) else None
+        )
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
         complete = all(op is not None for t in templates for op in t)
         # A program with nothing to bind per call has one binding, made once (else None).
@@ -255,6 +293,17 @@ class Program:
             elif isinstance(msg, WaitKick):
                 ops.append(wait_op(self.runtime.kick, KICK, 0))
         return ops
+
+    def _may_run_linear(self, templates: list[list[Op | None]]) -> bool:
+        """Whether every queue runs the plain loop and every item op lowered at compile is
+        an EXEC (the ops a LinearRun runs)."""
+        if not self.runs_inline:
+            return False
+        for qi, pos in self.where.values():
+            op = templates[qi][pos]
+            if op is not None and op[0] != EXEC:
+                return False
+        return True
 
     def _linear_order(self, templates: list[list[Op | None]]) -> tuple[tuple[int, int], ...] | None:
         """Every item op of the plan as (queue, op index), in an order one task can run
@@ -329,8 +378,11 @@ class Program:
                     ops[k] = signal_op(op.signal, op.slot, op.rel, reached > 0)
                     del pending[:reached]
 
-    def _input_of(self, buf: Buffer, index: int) -> int | None:
-        for i, root in enumerate(self.inputs):
+    def _input_of(self, buf: Buffer, index: int, candidates: Sequence[int]) -> int | None:
+        """The input `buf` is (or a view of), among the inputs `candidates` (indices, in
+        order); a buffer that only overlaps one is refused."""
+        for i in candidates:
+            root = self.inputs[i]
             if buf is root or (not root.is_view and buf.base is root):
                 return i
             if buf.overlaps(root):
@@ -358,25 +410,28 @@ class Program:
         """Lower item j for these inputs and var values. `rebased` memoises, for one
         call, the buffers moved onto the call's inputs (many items share them)."""
         item = self.items[j]
-        bufs = list(item.bufs)
-        for slot, source in self.item_inputs[j]:
-            captured = bufs[slot]
-            key = (captured, source)
-            moved = rebased.get(key) if rebased is not None else None
-            if moved is None:
-                moved = captured.rebased(self.inputs[source], inputs[source])
-                if rebased is not None:
-                    rebased[key] = moved
-            bufs[slot] = moved
+        bufs: Sequence[Buffer] = item.bufs
+        from_inputs = self.item_inputs[j]
+        if from_inputs:
+            bufs = list(bufs)
+            for slot, source in from_inputs:
+                captured = bufs[slot]
+                key = (captured, source)
+                moved = rebased.get(key) if rebased is not None else None
+                if moved is None:
+                    moved = captured.rebased(self.inputs[source], inputs[source])
+                    if rebased is not None:
+                        rebased[key] = moved
+                bufs[slot] = moved
         qi = self.plan.item_queue[j]
-        queue = self.plan.queues[qi]
-        device = self.runtime.device(queue.device)
+        device = self._queue_device[qi]
         index = self.item_numbers[j]
         if isinstance(item, Launch):
             values: Mapping[Var, int] = var_vals
             if item.fixedvars:
                 values = {**var_vals, **dict(item.fixedvars)}
             var_values = [values[v] if v in values else v.evaluate(values) for v in item.vars]
+            dims = item.global_size, item.local_size
             # tuple.__new__: half the cost of the NamedTuple constructor, on a per-call path.
             return device.lower_launch(
                 _new_request(
@@ -386,17 +441,22 @@ class Program:
                         item.kernel,
                         bufs,
                         var_values,
-                        _dims_of(item.global_size, values, index, item, "global_size"),
-                        _dims_of(item.local_size, values, index, item, "local_size"),
-                        queue.kind,
+                        _ONE
+                        if dims[0] is None
+                        else _dims_of(dims[0], values, index, item, "global_size"),
+                        _ONE
+                        if dims[1] is None
+                        else _dims_of(dims[1], values, index, item, "local_size"),
+                        self.plan.queues[qi].kind,
                     ),
                 )
             )
+        kind = self.plan.queues[qi].kind
         for buf in bufs:
             owner = buf.device_object
             if owner is not device and owner.lowers_foreign_copies:
-                return owner.lower_copy(index, bufs[0], bufs[1], queue.kind)
-        return device.lower_copy(index, bufs[0], bufs[1], queue.kind)
+                return owner.lower_copy(index, bufs[0], bufs[1], kind)
+        return device.lower_copy(index, bufs[0], bufs[1], kind)
 
     def bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]) -> Bound:
         """The op lists for these inputs and var values, with what is derived from them."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import difflib
+import inspect
+import itertools
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,18 +14,19 @@ import numpy as np
 import trio
 
 from actorgraph.devices import (
-    DEVICE_OPTIONS,
     NOT_RUN,
     Device,
     RemoteConnectionError,
     Signal,
     Submission,
     find_deadlock,
+    join_sim_devices,
     open_devices,
 )
 from actorgraph.scheduler import (
     Access,
     ItemKind,
+    Plan,
     PlanItem,
     QueueKind,
     build_plan,
@@ -31,28 +34,40 @@ from actorgraph.scheduler import (
 )
 
 from . import _capture
-from ._await import Pending, described
-from ._buffer import Allocation, Buffer, _shape_of, check_buffer_size
+from ._await import Hinted, Pending, described, listed
+from ._buffer import (
+    Allocation,
+    Buffer,
+    _shape_of,
+    buffer_dtype,
+    check_buffer_size,
+)
+from ._collector import collector_paused
 from ._errors import (
     ClosedError,
     DeadlockError,
     InputError,
     UsageError,
 )
-from ._foreign import space_uid, wrap_memory
+from ._foreign import HostMemory, space_uid, wrap_memory
 from ._graph import Graph, ReplayCounts, check_var_vals
 from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
+from ._options import check_max_sizes, check_options
 from ._profile import Profile, ReplayRecord, build_profile
 from ._program import (
     Bound,
     Program,
     check_item,
     plan_item,
+    plan_items,
     raise_failure,
     raise_item_failure,
 )
+
+# Numbers runtimes in messages that name two of them (a buffer of one passed to another).
+_runtime_numbers = itertools.count(1)
 
 
 @attrs.frozen
@@ -90,18 +105,16 @@ class Runtime:
                 f"open_runtime needs a list of device names like ['CPU:0', 'CPU:1'], "
                 f"got {device_names!r}"
             )
-        check_options(options)
         seen: set[str] = set()
         for name in device_names:
             if name in seen:
                 raise UsageError(f"device {name!r} is listed twice in open_runtime(...)")
             seen.add(name)
+        check_options(device_names, options)
         timeline_start = int(options.pop("timeline_start", 0))
         self.verify_plans = bool(options.pop("verify_plans", False))
         self.profiling = bool(options.pop("profile", False))
         self.max_in_flight = int(options.pop("max_in_flight", 256))
-        if self.max_in_flight < 1:
-            raise UsageError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         self.deadlock_check = float(options.pop("deadlock_check", 0.25))
         watchdog = options.pop("watchdog", None)
         self.watchdog: float | None = None if watchdog is None else float(watchdog)
@@ -126,14 +139,18 @@ class Runtime:
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
         self._profiled: list[ReplayRecord] = []
+        self.number = next(_runtime_numbers)
         self._devices: dict[str, Device] = open_devices(
             device_names, timeline_start=timeline_start, **options
         )
+        # Its SIM devices are one simulated machine: their copies share its links.
+        join_sim_devices(self._devices.values())
         self.caps = {name: dev.caps for name, dev in self._devices.items()}
         # KICK: a submission's queues start once the runtime admits it.
         self.kick = Signal("KICK", 0)
         # Per device: the address space every rt.wrap(...) buffer on it shares.
         self._foreign_spaces: dict[str, int] = {}
+        self._host_memory = HostMemory()
 
     # -- lifecycle --
 
@@ -202,10 +219,36 @@ class Runtime:
         """Whether the runtime's `async with` block has exited."""
         return self._closed
 
+    def __repr__(self) -> str:
+        state = " (closed)" if self._closed else ""
+        return f"<Runtime {self.number} on {', '.join(self._devices)}{state}>"
+
     def owns(self, buffer: Buffer) -> bool:
-        """Whether `buffer` lives on a device of this runtime (not on another runtime's
+        """Whether this runtime made `buffer` (not another runtime, which may have a
         device of the same name)."""
-        return buffer.device_object is self._devices.get(buffer.device)
+        return buffer.runtime is self
+
+    def check_own(
+        self, buffer: Buffer, what: str = "", error: type[UsageError] = UsageError
+    ) -> None:
+        """Refuse a buffer that another runtime made. Each runtime orders only its own
+        work on its devices' memory, so taking another's buffer would race with that
+        runtime's work on it (and free or read memory that is not this runtime's)."""
+        if buffer.runtime is self:
+            return
+        owner = buffer.runtime
+        if owner is not None and owner.closed:
+            raise error(
+                f"{what}{buffer!r} was allocated by {owner!r}, which has closed, so the "
+                f"buffer went with it; this is {self!r}: allocate a new buffer here with "
+                f"rt.alloc(...) (and copyin its data again)"
+            )
+        raise error(
+            f"{what}{buffer!r} was allocated by {owner!r}, not by this runtime {self!r}: "
+            f"a runtime orders only its own work on a buffer, so the two runtimes' work on "
+            f"it would race; use a buffer of this runtime, moving the data through the host "
+            f"(copyout from the one, copyin to the other)"
+        )
 
     def keep_profile(self, record: ReplayRecord) -> None:
         """Keep a profiled replay's record for `rt.profile()`."""
@@ -261,17 +304,15 @@ class Runtime:
         self.check_open()
         dev = self.device(device)
         dims = _shape_of(shape)
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise UsageError(f"alloc: {dtype!r} is not a numpy dtype") from None
+        dt = buffer_dtype("alloc", dtype)
         nelems = check_buffer_size("alloc", dims, dt)
         try:
             memory = dev.allocate(nelems, dt)
         except RemoteConnectionError as exc:
             # Its worker is gone: as for every other later use of its devices, ClosedError.
             raise ClosedError(f"alloc on {device}: {exc}") from exc
-        alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory)
+        alloc = Allocation(device=dev, nelems=nelems, dtype=dt, memory=memory, runtime=self)
+        self._host_memory.add(alloc)
         return Buffer(device=device, shape=dims, dtype=dt, offset=0, alloc=alloc)
 
     def wrap(
@@ -287,16 +328,25 @@ class Runtime:
 
         `source` is an address (with `nbytes=`), or an object exporting host memory through
         `__dlpack__` or the buffer protocol (kept alive by the Buffer). Buffers made by
-        wrap compare by address: two wrappers of overlapping memory alias, so the planner
-        orders items that use them. `rt.free(buf)` forgets the wrapper; the memory stays
-        its owner's, who must keep it alive while work that uses it may run.
+        wrap on one device compare by address: two wrappers of overlapping memory alias,
+        so the planner orders items that use them. Memory wrapped on another device, or
+        an rt.alloc buffer's, is refused (see HostMemory). `rt.free(buf)` forgets the
+        wrapper; the memory stays its owner's, who must keep it alive while work that
+        uses it may run.
         """
         self.check_open()
+        if isinstance(source, Buffer):
+            self.check_own(source, "wrap: ")
+            raise UsageError(
+                f"wrap: {source!r} is a Buffer of this runtime already; wrap takes memory "
+                f"that actorgraph did not allocate: use the buffer, or a view of it "
+                f"(buf.view(...)), instead of a wrapper of its memory"
+            )
         dev = self.device(device)
         uid = self._foreign_spaces.get(device)
         if uid is None:
             uid = self._foreign_spaces[device] = space_uid()
-        return wrap_memory(dev, uid, source, nbytes, dtype, shape)
+        return wrap_memory(dev, uid, source, nbytes, dtype, shape, self, self._host_memory)
 
     def free(self, buffer: Buffer) -> None:
         """Release a base buffer's memory; later use of it or its views is an error."""
@@ -304,6 +354,7 @@ class Runtime:
             raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
+        self.check_own(buffer, "free: ")
         buffer.check_live("free: ")
         alloc = buffer._alloc
         alloc.freed = True
@@ -489,6 +540,7 @@ class Runtime:
         _capture.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
             raise UsageError(f"copyout takes a Buffer, got {described(buffer)}")
+        self.check_own(buffer, "copyout: ")
         buffer.check_live("copyout: ")
         out = np.empty(buffer.shape, dtype=buffer.dtype)
         program = self._host_program(buffer, write=False)
@@ -518,7 +570,18 @@ class Runtime:
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
         if not isinstance(buffer, Buffer):
             raise UsageError(f"copyin takes a Buffer, got {described(buffer)}")
+        self.check_own(buffer, "copyin: ")
         buffer.check_live("copyin: ")
+        if isinstance(array, (Buffer, Hinted, Pending)) or inspect.iscoroutine(array):
+            # Not data: an un-awaited copyout (a coroutine), a buffer, a graph... (a
+            # background runtime's Call says what to wait for itself, as an array)
+            what = (
+                f"{array!r}, a Buffer: copy between buffers with `await rt.copy(dst, src)` "
+                f"or an ag.Copy item"
+                if isinstance(array, Buffer)
+                else described(array)
+            )
+            raise UsageError(f"copyin takes host data (a numpy array) for {buffer!r}, got {what}")
         data = np.asarray(array)
         if data.dtype != buffer.dtype:
             raise UsageError(
@@ -535,7 +598,7 @@ class Runtime:
     async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> None:
         """Run items eagerly, one after another: the reference semantics for graphs."""
         self.check_open()
-        checked = [check_item(item, i) for i, item in enumerate(items)]
+        checked = self._checked_items(items, "rt.run")
         scope = _capture.current_scope()
         if scope is not None:
             # Inside an @ag.jit function: the scope records the items and supplies the
@@ -552,6 +615,19 @@ class Runtime:
             program = Program(self, (item,), (), plan, index_offset=index)
             own = {var: values[var] for var in program.free_vars}
             await self._run_now_or_submit(program, program.bind((), own))
+
+    def _checked_items(self, items: Sequence[Item], call: str) -> list[Item]:
+        """The items of a run or compile, each a Launch or Copy of live buffers that
+        this runtime made."""
+        checked = []
+        takes = f"{call}(items) takes a list of items (ag.Launch, ag.Copy)"
+        for i, item in enumerate(listed(items, takes, f"`{call}([item, ...])`")):
+            if isinstance(item, (Launch, Copy)):
+                for buf in item.bufs:
+                    if buf.runtime is not self:  # the message is made only for the error
+                        self.check_own(buf, f"item {i} ({item.label}): buffer ")
+            checked.append(check_item(item, i))
+        return checked
 
     async def launch(
         self,
@@ -582,14 +658,28 @@ class Runtime:
     async def _build_kernels(self, items: Sequence[Item]) -> None:
         """Compile the kernels that would compile slowly on first lowering (NVRTC for
         CUDA) on a worker thread, so the runtime's other work goes on meanwhile."""
+        await self._build_slow(self._slow_builds(items))
+
+    @staticmethod
+    def _slow_builds(items: Sequence[Item]) -> list[tuple[Device, list[Any]]]:
+        """Per device, the kernels of `items` that would compile slowly on first lowering."""
         wanted: dict[Device, set[Kernel]] = {}
         for item in items:
             if isinstance(item, Launch) and item.bufs:
-                wanted.setdefault(item.bufs[0].device_object, set()).add(item.kernel)
-        for device, kernels in wanted.items():
-            slow = device.slow_builds(kernels)
-            if slow:
-                await trio.to_thread.run_sync(device.build_kernels, slow)
+                device = item.bufs[0].device_object
+                if not device.builds_kernels:
+                    continue
+                kernels = wanted.get(device)
+                if kernels is None:
+                    kernels = wanted[device] = set()
+                kernels.add(item.kernel)
+        builds = [(device, device.slow_builds(kernels)) for device, kernels in wanted.items()]
+        return [(device, slow) for device, slow in builds if slow]
+
+    @staticmethod
+    async def _build_slow(builds: Sequence[tuple[Device, list[Any]]]) -> None:
+        for device, slow in builds:
+            await trio.to_thread.run_sync(device.build_kernels, slow)
 
     def compile(
         self,
@@ -643,7 +733,30 @@ class Runtime:
         self.check_open()
         if order not in ("jit", "cost"):
             raise UsageError(f"compile(order=...) is 'jit' or 'cost', got {order!r}")
-        checked = [check_item(item, i) for i, item in enumerate(items)]
+        # One pause of the collector for all the synchronous work: kernels that compile
+        # slowly (CUDA's) are built between two, with the collector on.
+        with collector_paused():
+            checked, inputs, limits, widen, plan = self._plan(items, inputs, verify, max_sizes)
+            builds = self._slow_builds(checked)
+            if not builds:
+                return self._graph(
+                    checked, inputs, plan, verify, aliasing, order, var_vals, limits, widen
+                )
+        await self._build_slow(builds)
+        with collector_paused():
+            return self._graph(
+                checked, inputs, plan, verify, aliasing, order, var_vals, limits, widen
+            )
+
+    def _plan(
+        self,
+        items: Sequence[Item],
+        inputs: Sequence[Buffer],
+        verify: bool | None,
+        max_sizes: Sequence[int | None] | None,
+    ) -> tuple[list[Item], list[Buffer], dict[int, int], dict[Buffer, int], Plan]:
+        """The checked items and inputs, the inputs' size limits (and in bytes), the plan."""
+        checked = self._checked_items(items, "rt.compile")
         if not checked:
             raise UsageError("compile() got no items; a graph needs at least one Launch or Copy")
         for device in {buf.device_object for item in checked for buf in item.bufs}:
@@ -651,10 +764,12 @@ class Runtime:
                 device.check_reachable()
             except RemoteConnectionError as exc:
                 raise ClosedError(f"compile for {device.name}: {exc}") from exc
-        inputs = list(inputs)
+        takes = "compile(..., inputs=...) takes a list of Buffers"
+        inputs = list(listed(inputs, takes, "`rt.compile(items, inputs=[x, ...])`"))
         for i, buf in enumerate(inputs):
             if not isinstance(buf, Buffer):
                 raise UsageError(f"input {i} must be a Buffer, got {described(buf)}")
+            self.check_own(buf, f"input {i}: ")
             buf.check_live(f"input {i}: ")
             for j, other in enumerate(inputs[:i]):
                 if buf.overlaps(other):
@@ -664,21 +779,36 @@ class Runtime:
                     )
         limits = check_max_sizes(inputs, max_sizes)
         widen = {inputs[i]: n * inputs[i].dtype.itemsize for i, n in limits.items()}
-        plan = build_plan([plan_item(item, widen) for item in checked], self.caps)
+        plan = build_plan(plan_items(checked, widen), self.caps)
         if self.verify_plans if verify is None else verify:
             plan.verify()
-        await self._build_kernels(checked)
+        return checked, inputs, limits, widen, plan
+
+    def _graph(
+        self,
+        checked: list[Item],
+        inputs: list[Buffer],
+        plan: Plan,
+        verify: bool | None,
+        aliasing: str,
+        order: str,
+        var_vals: Mapping[Any, int] | None,
+        limits: dict[int, int],
+        widen: dict[Buffer, int],
+    ) -> Graph:
+        """The plan lowered onto the actors (list-scheduled first for order="cost")."""
         program = Program(self, checked, inputs, plan)
         if order == "cost":
             program = self._cost_ordered(program, var_vals, widen)
             if self.verify_plans if verify is None else verify:
                 program.plan.verify()
-        _log.debug(
-            "compiled %d items onto %d queues with %d cross-queue waits",
-            len(checked),
-            len(program.plan.queues),
-            program.plan.wait_count,
-        )
+        if _log.isEnabledFor(logging.DEBUG):  # counting the waits walks the whole plan
+            _log.debug(
+                "compiled %d items onto %d queues with %d cross-queue waits",
+                len(checked),
+                len(program.plan.queues),
+                program.plan.wait_count,
+            )
         program.max_sizes = limits
         return Graph(self, program, aliasing=aliasing)
 
@@ -695,60 +825,8 @@ class Runtime:
             )
         order = list_schedule_order(program.plan, durations)
         items = [program.items[j] for j in order]
-        plan = build_plan([plan_item(item, widen) for item in items], self.caps)
+        plan = build_plan(plan_items(items, widen), self.caps)
         return Program(self, items, program.inputs, plan, item_numbers=order)
-
-
-# The options of open_runtime(...) the runtime reads itself (the devices read the others).
-RUNTIME_OPTIONS = frozenset(
-    ["timeline_start", "verify_plans", "profile", "max_in_flight", "deadlock_check", "watchdog"]
-)
-
-
-def check_options(options: Mapping[str, Any]) -> None:
-    """Refuse an option of open_runtime(...) that neither the runtime nor any kind of
-    device reads (a typo would otherwise be ignored), naming the closest known one."""
-    known = RUNTIME_OPTIONS | DEVICE_OPTIONS
-    for name in options:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UsageError(
-            f"open_runtime(...) got an option {name!r} that neither the runtime nor any kind "
-            f"of device takes; {hint}the options are {', '.join(sorted(known))}"
-        )
-
-
-def check_max_sizes(
-    inputs: Sequence[Buffer], max_sizes: Sequence[int | None] | None
-) -> dict[int, int]:
-    if max_sizes is None:
-        return {}
-    limits = list(max_sizes)
-    if len(limits) != len(inputs):
-        raise UsageError(
-            f"max_sizes has {len(limits)} entries for {len(inputs)} inputs; give one per "
-            f"input (None for an input of fixed shape)"
-        )
-    out: dict[int, int] = {}
-    for i, limit in enumerate(limits):
-        if limit is None:
-            continue
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise UsageError(f"max_sizes[{i}] must be an int >= 1 or None, got {limit!r}")
-        if inputs[i].is_view:
-            raise UsageError(
-                f"max_sizes[{i}]: input {i} {inputs[i]!r} is a view; only a base buffer may "
-                f"vary in size"
-            )
-        if inputs[i].size > limit:
-            raise UsageError(
-                f"max_sizes[{i}]={limit} but input {i} {inputs[i]!r} already holds "
-                f"{inputs[i].size} elements; declare a maximum at least that large"
-            )
-        out[i] = limit
-    return out
 
 
 @contextlib.asynccontextmanager
@@ -763,7 +841,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     watchdog (seconds without progress before a stall is logged and recorded; off),
     profile (record item times of every graph replay; read them with `rt.profile()`),
     sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel),
-    remote_token / remote_token_file (the token of the workers of remote devices),
+    remote_token / remote_token_file (the token of the workers of remote devices; with
+    neither, the file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
     remote_timeout (seconds to connect to a worker, default 10).
     """
     runtime = Runtime(devices, **options)

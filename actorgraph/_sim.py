@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from actorgraph.devices import SIMDevice, SimRecord, sim_op_seconds
+from actorgraph.devices import SIMDevice, SimRecord, sim_op_links, sim_op_seconds
 from actorgraph.scheduler import Bounds, list_schedule_order, lower_bounds
 
 from ._buffer import Buffer
@@ -22,16 +22,27 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 
-def _durations(
+def _costs(
     graph: Graph, inputs: Sequence[Buffer] | None, var_vals: Mapping[Any, int] | None, what: str
-) -> tuple[Program, list[float]]:
+) -> tuple[Program, list[float], list[list[tuple[str, float]]]]:
+    """Each item's simulated seconds alone, and the shared links it holds for how long."""
     check_graph(graph, what)
     bound = graph.bind(graph._program.inputs if inputs is None else inputs, var_vals)
     program, ops = bound.program, bound.ops
     durations = []
+    links: list[list[tuple[str, float]]] = []
     for j in range(len(program.items)):
         qi, pos = program.where[j]
-        durations.append(sim_op_seconds(ops[qi][pos]))
+        op = ops[qi][pos]
+        durations.append(sim_op_seconds(op))
+        links.append(sim_op_links(op))
+    return program, durations, links
+
+
+def _durations(
+    graph: Graph, inputs: Sequence[Buffer] | None, var_vals: Mapping[Any, int] | None, what: str
+) -> tuple[Program, list[float]]:
+    program, durations, _ = _costs(graph, inputs, var_vals, what)
     return program, durations
 
 
@@ -48,9 +59,10 @@ def sim_durations(
 def sim_bounds(
     graph: Graph, inputs: Sequence[Buffer] | None = None, var_vals: Mapping[Any, int] | None = None
 ) -> Bounds:
-    """Lower bounds on one replay's makespan: critical path, busiest queue, queue window."""
-    program, durations = _durations(graph, inputs, var_vals, "sim_bounds()")
-    return lower_bounds(program.plan, durations)
+    """Lower bounds on one replay's makespan: critical path, busiest queue, queue window,
+    and the busiest shared link (a GPU's port, a node's NIC) and its window."""
+    program, durations, links = _costs(graph, inputs, var_vals, "sim_bounds()")
+    return lower_bounds(program.plan, durations, links)
 
 
 def sim_reorder(
@@ -65,6 +77,17 @@ def sim_reorder(
     program, durations = _durations(graph, inputs, var_vals, "sim_reorder()")
     order = list_schedule_order(program.plan, durations)
     return [program.items[j] for j in order]
+
+
+def sim_nodes(runtime: Runtime) -> dict[str, int]:
+    """The node each SIM device of `runtime` sits in, by name (SIM:N is in node
+    N // gpus_per_node of its cost model's topology; 0 without one)."""
+    nodes: dict[str, int] = {}
+    for name in runtime.devices:
+        device = runtime.device(name)
+        if isinstance(device, SIMDevice):
+            nodes[name] = device.node
+    return nodes
 
 
 def sim_timeline(runtime: Runtime, submission: int | None = None) -> tuple[SimRecord, ...]:

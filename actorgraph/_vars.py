@@ -69,7 +69,9 @@ def _check(value: object) -> IntLike:
     return value
 
 
-@attrs.frozen(eq=True)
+# cache_hash: a Var is looked up in the call's values for every var of every item a rebound
+# replay lowers (a decode step with a new position each call lowers 16).
+@attrs.frozen(eq=True, cache_hash=True)
 class Var(Expr):
     """A named symbolic int with inclusive bounds, bound to a value per call."""
 

@@ -11,8 +11,10 @@
 
     python benchmarks/cuda_replay.py                 # real GPU
     python benchmarks/cuda_replay.py --driver fake   # the same code on the fake driver (a smoke run)
+    python benchmarks/cuda_replay.py --quick         # tiny sizes: checks the script runs
 
-Prints the figures and writes them as JSON (benchmarks/results/cuda.json by default).
+Prints the figures and writes them as JSON (benchmarks/results/cuda.json by default;
+results/quick/ with --quick). The driver defaults to ACTORGRAPH_CUDA_DRIVER, else real.
 """
 
 from __future__ import annotations
@@ -220,16 +222,23 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--driver", default="real", choices=["real", "fake"])
+    driver = os.environ.get("ACTORGRAPH_CUDA_DRIVER", "real")
+    parser.add_argument("--driver", default=driver, choices=["real", "fake"])
     parser.add_argument("--kernels", type=int, default=1000)
     parser.add_argument("--elems", type=int, default=1 << 14)
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--copy-mb", type=int, default=256)
     parser.add_argument("--spin-elems", type=int, default=1 << 20)
     parser.add_argument(
-        "--json", default=os.path.join(os.path.dirname(__file__), "results", "cuda.json")
+        "--quick", action="store_true", help="tiny sizes: checks the script runs, measures nothing"
     )
+    parser.add_argument("--json", default=None, help="the JSON to write (default: results/)")
     args = parser.parse_args()
+    if args.quick:
+        args.kernels, args.elems, args.replays = 16, 1 << 10, 4
+        args.copy_mb, args.spin_elems = 1, 1 << 12
+    results = os.path.join(os.path.dirname(__file__), "results", "quick" if args.quick else "")
+    args.json = args.json or os.path.join(results, "cuda.json")
     result = trio.run(main, args)
     r, o = result["replay"], result["overlap"]
     print(

@@ -21,7 +21,7 @@ The replay rows also give one trio scheduler pass, timed in the same rounds: eve
 it is the part of a row's gap that no replay can close.
 
 Writes benchmarks/results/floor.json. `--quick` runs tiny sizes: it checks the script,
-it measures nothing.
+it measures nothing (and writes to results/quick/).
 """
 
 from __future__ import annotations
@@ -239,10 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs")
-    parser.add_argument(
-        "--out", default=str(pathlib.Path(__file__).parent / "results" / "floor.json")
-    )
+    parser.add_argument("--out", default=None, help="the JSON to write (default: results/)")
     args = parser.parse_args(argv)
+    results_dir = pathlib.Path(__file__).parent / "results" / ("quick" if args.quick else "")
+    args.out = args.out or str(results_dir / "floor.json")
     rounds = 2 if args.quick else args.rounds
     scale = 1 if args.quick else 10
 

@@ -1,13 +1,14 @@
 """actorgraph side by side with what users would pick instead, in one run on one machine.
 
-    pip install -e ".[bench]"           # dask, matplotlib, tinygrad 0.11.0
+    pip install -e ".[bench]"           # dask, matplotlib, tinygrad (0.14.0; 0.11.0 works too)
     apt-get install clang               # tinygrad's CPU devices compile kernels with clang
     python benchmarks/peers.py          # table on stdout, benchmarks/results/peers.{json,png}
 
 Peers, each given the same workloads (benchmarks/_workloads.py):
 - actorgraph on CPU devices: one compiled graph, `await graph(inputs)` per run;
-- tinygrad 0.11.0 on its CPU devices: the same xor kernels and copies written as tensors,
-  realized one kernel at a time inside a TinyJit, so replays go through its HCQGraph
+- tinygrad on its CPU devices: the same xor kernels and copies written as tensors,
+  realized one kernel at a time inside a TinyJit, so replays go through its graph runner
+  (0.11.0: HCQGraph; 0.14.0 has none for CPU devices: its jit calls them one by one)
   (the runners it used are printed); skipped, with a message, without clang or tinygrad;
 - Dask's threaded scheduler on the same DAG of numpy calls, one worker per device;
 - plain sequential numpy calls: the floor for per-item overhead.
@@ -217,25 +218,38 @@ async def open_dask(stack: AsyncExitStack, workload: wl.Workload, inputs: Sequen
     return DaskPeer(workload, inputs)
 
 
-TINYGRAD_VERSION = "0.11.0"
+TINYGRAD_VERSIONS = "0.11.0 or 0.14.0"
 
 
 def _tinygrad_device(index: int) -> str:
     return "CPU" if index == 0 else f"CPU:{index}"
 
 
-def describe_runners(jit_cache: Sequence[Any]) -> str:
-    """What tinygrad replays: graph runners with their batch sizes, then loose items."""
+def describe_runners(jit: Any) -> str:
+    """What a captured TinyJit replays: graph runners with their batch sizes, then loose
+    items (tinygrad 0.11: a jit cache of ExecItems; 0.13 on: a LINEAR of calls)."""
     batches: dict[str, list[int]] = {}
     loose: Counter[str] = Counter()
-    for item in jit_cache:
-        runner = item.prg
-        name = type(runner).__name__
-        inner = getattr(runner, "jit_cache", None)
-        if inner is not None and name.endswith("Graph"):
-            batches.setdefault(name, []).append(len(inner))
-        else:
-            loose[name] += 1
+    cache = getattr(jit, "jit_cache", None)
+    if cache is not None:
+        for item in cache:
+            runner = item.prg
+            name = type(runner).__name__
+            inner = getattr(runner, "jit_cache", None)
+            if inner is not None and name.endswith("Graph"):
+                batches.setdefault(name, []).append(len(inner))
+            else:
+                loose[name] += 1
+    else:
+        from tinygrad.engine.realize import graph_cache
+
+        for call in jit.captured.linear.src:
+            ast = call.src[0]
+            if ast.op.name == "CUSTOM_FUNCTION" and ast.arg == "graph":
+                name = type(graph_cache.get(ast)).__name__
+                batches.setdefault(name, []).append(len(ast.src[0].src))
+            else:
+                loose[f"{ast.op.name.lower()} call"] += 1
     parts = []
     for name, sizes in batches.items():
         shown = "+".join(map(str, sizes[:12])) + ("+..." if len(sizes) > 12 else "")
@@ -247,7 +261,8 @@ def describe_runners(jit_cache: Sequence[Any]) -> str:
 class TinygradPeer(Peer):
     """The workload as tinygrad tensors on its CPU devices, one realize per item inside a
     TinyJit: the jit captures one kernel per xor and one copy per move, and from its
-    third call on replays them through its graph runner (HCQGraph for CPU devices)."""
+    third call on replays them through its graph runner (HCQGraph for 0.11's CPU devices;
+    0.14's have none, and its jit calls their kernels one by one)."""
 
     name = "tinygrad"
 
@@ -284,7 +299,7 @@ class TinygradPeer(Peer):
             device.synchronize()
 
     def describe(self) -> str:
-        return f"tinygrad {self.version}: {describe_runners(self.jit.jit_cache)}"
+        return f"tinygrad {self.version}: {describe_runners(self.jit)}"
 
     async def outputs(self) -> tuple[np.ndarray[Any, Any], ...]:
         return tuple(t.numpy() for t in self.result)
@@ -301,7 +316,7 @@ async def open_tinygrad(
         )
     if importlib.util.find_spec("tinygrad") is None:
         raise Skip(
-            f'tinygrad is not installed: pip install -e ".[bench]" (tinygrad=={TINYGRAD_VERSION})'
+            f'tinygrad is not installed: pip install -e ".[bench]" (tinygrad {TINYGRAD_VERSIONS})'
         )
     return TinygradPeer(workload, inputs)
 
@@ -560,12 +575,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="timed runs per peer and row")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first")
     parser.add_argument(
-        "--quick", action="store_true", help="tiny sizes: a smoke run, not a measurement"
+        "--quick",
+        action="store_true",
+        help="tiny sizes: a smoke run, not a measurement (writes to results/quick/)",
     )
-    parser.add_argument("--json", type=Path, default=RESULTS / "peers.json")
-    parser.add_argument("--png", type=Path, default=RESULTS / "peers.png")
+    parser.add_argument("--json", type=Path, default=None, help="default: results/peers.json")
+    parser.add_argument("--png", type=Path, default=None, help="default: results/peers.png")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
+    results = RESULTS / "quick" if args.quick else RESULTS
+    args.json = args.json or results / "peers.json"
+    args.png = args.png or results / "peers.png"
 
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = [p for p in peers if p not in OPEN]

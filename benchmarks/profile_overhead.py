@@ -4,9 +4,10 @@ Replays the same graph with profiling off and on, in alternating rounds (so drif
 the machine's speed hits both alike), and reports the best round of each in us/item,
 their ratio, and what turning a recorded replay into a Profile costs afterwards.
 
-    python benchmarks/profile_overhead.py [--replays N] [--rounds N] [--off-only]
+    python benchmarks/profile_overhead.py [--replays N] [--rounds N] [--off-only] [--quick]
 
-Prints the figures and writes them to benchmarks/results/profile_overhead.json.
+Prints the figures and writes them to benchmarks/results/profile_overhead.json
+(`--quick`: a few replays, to check the script runs, to results/quick/).
 """
 
 from __future__ import annotations
@@ -104,9 +105,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30, help="alternating rounds (default 30)")
     parser.add_argument("--off-only", action="store_true", help="measure profiling off only")
     parser.add_argument(
-        "--out", default=os.path.join(os.path.dirname(__file__), "results", "profile_overhead.json")
+        "--quick",
+        action="store_true",
+        help="3 replays, 2 rounds: checks the script runs, measures nothing (results/quick/)",
     )
+    parser.add_argument("--out", default=None, help="the JSON to write (default: results/)")
     args = parser.parse_args()
+    if args.quick:
+        args.replays, args.rounds = 3, 2
+    results = os.path.join(os.path.dirname(__file__), "results", "quick" if args.quick else "")
+    args.out = args.out or os.path.join(results, "profile_overhead.json")
     result = trio.run(measure, args.replays, args.rounds, args.off_only)
     for key, value in result.items():
         print(f"{key:28s} {value}")

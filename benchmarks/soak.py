@@ -3,7 +3,8 @@
 Prints RSS and Python-heap figures at checkpoints and writes benchmarks/results/soak.json.
 With --remote, the graph lives on a loopback worker (two of its devices, and a copy back
 to a local one): RSS of the client and of the worker process at each checkpoint, written
-to benchmarks/results/soak_remote.json.
+to benchmarks/results/soak_remote.json. `--quick`: 300 replays, to check the script runs;
+it writes to results/quick/.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def main_remote(args: argparse.Namespace) -> int:
         f"worker {growth['worker']:.2f} MiB; {rows[-1]['seconds'] / rows[-1]['replays'] * 1e6:.0f} "
         f"us per replay"
     )
-    out = pathlib.Path(args.out or pathlib.Path(__file__).parent / "results" / "soak_remote.json")
+    out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoints": rows, "rss_growth_mib": growth}, indent=2))
     print(f"wrote {out}")
@@ -140,13 +141,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="soak a graph on a loopback worker; RSS of client and worker",
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="300 replays, 3 checkpoints: checks the script runs"
+    )
     parser.add_argument("--out", default=None, help="the JSON to write")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.replays, args.checkpoints = 300, 3
+    results = pathlib.Path(__file__).parent / "results" / ("quick" if args.quick else "")
     if args.remote:
         args.replays = args.replays or 10_000
+        args.out = args.out or str(results / "soak_remote.json")
         return main_remote(args)
     args.replays = args.replays or 100_000
-    args.out = args.out or str(pathlib.Path(__file__).parent / "results" / "soak.json")
+    args.out = args.out or str(results / "soak.json")
     rows = trio.run(soak, args.replays, args.checkpoints)
     # Flat means: from the second checkpoint on (caches warm), the heap does not climb.
     growth = rows[-1]["py_heap_kib"] - rows[1]["py_heap_kib"] if len(rows) > 1 else 0.0

@@ -26,6 +26,9 @@ from ._inline import Resumer as Resumer
 from ._inline import run_inline as run_inline
 from ._linear import NOT_RUN as NOT_RUN
 from ._linear import LinearRun as LinearRun
+from ._links import LinkStatistics as LinkStatistics
+from ._links import SharedLinks as SharedLinks
+from ._links import Transfer as Transfer
 from ._monitor import find_deadlock as find_deadlock
 from ._names import parse_remote_name as parse_remote_name
 from ._ops import AWAIT as AWAIT
@@ -58,9 +61,15 @@ from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice
 from ._sim import SimQueueActor as SimQueueActor
 from ._sim import SimRecord as SimRecord
+from ._sim import join_sim_devices as join_sim_devices
+from ._sim import sim_op_links as sim_op_links
 from ._sim import sim_op_seconds as sim_op_seconds
 from ._step import run_calls as run_calls
 from ._step import step as step
+from ._topology import Link as Link
+from ._topology import Network as Network
+from ._topology import Route as Route
+from ._topology import Topology as Topology
 from .cuda import CUDADevice as CUDADevice
 from .remote import RemoteConnectionError as RemoteConnectionError
 from .remote import RemoteDevice as RemoteDevice

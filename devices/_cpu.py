@@ -33,10 +33,10 @@ def host_launch_call(device: Device, launch: LaunchRequest) -> tuple[Any, tuple[
         fn = functools.partial(fn, global_size=global_size, local_size=local_size)
     args: tuple[Any, ...]
     if getattr(kernel, "cpu_args", "arrays") == "addresses":
-        args = tuple([b.address for b in buffers]) + tuple(var_values)
+        args = tuple([b.address for b in buffers])
     else:
-        args = tuple([b.host_view() for b in buffers]) + tuple(var_values)
-    return fn, args
+        args = tuple([b.host_view() for b in buffers])
+    return fn, (args + tuple(var_values) if var_values else args)
 
 
 def copy_args(

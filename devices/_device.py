@@ -102,6 +102,8 @@ class Device:
     host_io: ClassVar[bool] = False  # its memory is reached through I/O (see DeviceCaps)
     # The options of open_runtime(...) this kind of device reads (when it is opened).
     options_taken: ClassVar[frozenset[str]] = frozenset()
+    # Its kernels may build slowly on first lowering (compile): see `slow_builds`.
+    builds_kernels: ClassVar[bool] = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         self.name = name
@@ -206,7 +208,8 @@ class Device:
 
     def slow_builds(self, kernels: Iterable[Any]) -> list[Any]:
         """The kernels whose first lowering here would build them slowly (compile), so
-        the runtime builds them first with `build_kernels` on a worker thread."""
+        the runtime builds them first with `build_kernels` on a worker thread. Only asked
+        of a kind of device that says `builds_kernels`."""
         return []
 
     def build_kernels(self, kernels: Sequence[Any]) -> None:

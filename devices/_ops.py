@@ -16,8 +16,10 @@ replay loops still index them at tuple speed). Field 0 is always the op code:
     RunOp(AWAIT, fn, args, item)         await fn(job, *args) in the actor, for ops that
                                          do I/O (REMOTE transfers). It runs even after the
                                          submission failed: fn checks job.submission.error
-    SimRun(SIM_RUN, fn, args, item, seconds)
+    SimRun(SIM_RUN, fn, args, item, seconds, transfer)
                                          SIM queues: fn(*args) now, `seconds` simulated
+                                         (a copy over shared links: `transfer` takes its
+                                         share of them instead; `seconds` is its time alone)
     CudaItem(CUDA_ITEM, commands, keep, item)
                                          CUDA queues: stream commands; `keep` holds what
                                          they point into (staging memory) while the op lives
@@ -121,6 +123,7 @@ class SimRun(NamedTuple):
     args: tuple[Any, ...]
     item: int
     seconds: float
+    transfer: Any = None  # devices._links.Transfer, or None
 
 
 class CudaItem(NamedTuple):
@@ -172,8 +175,10 @@ def run_op(code: int, fn: Callable[..., Any], args: tuple[Any, ...], item: int) 
     return _new(RunOp, (code, fn, args, item))
 
 
-def sim_run(fn: Callable[..., Any], args: tuple[Any, ...], item: int, seconds: float) -> SimRun:
-    return _new(SimRun, (SIM_RUN, fn, args, item, seconds))
+def sim_run(
+    fn: Callable[..., Any], args: tuple[Any, ...], item: int, seconds: float, transfer: Any = None
+) -> SimRun:
+    return _new(SimRun, (SIM_RUN, fn, args, item, seconds, transfer))
 
 
 def cuda_item(commands: tuple[Any, ...], item: int, keep: Any = None) -> CudaItem:

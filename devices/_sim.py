@@ -18,7 +18,7 @@ clock, so profile spans are the simulated start and end of each item.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -30,8 +30,10 @@ from ._actor import QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
 from ._device import Device, DeviceBuffer, LaunchRequest, nothing, same_bytes
+from ._links import SharedLinks, Transfer
 from ._ops import HOST_OPS, ITEM, KICK, SIM_RUN, Job, Op, sim_run
 from ._step import run_calls
+from ._topology import Route
 
 
 @attrs.frozen
@@ -92,12 +94,15 @@ class SimQueueActor(QueueActor):
         kick = job.bases[KICK]  # numbers submissions runtime-wide
         for op in job.ops[at:end]:
             start = busy if busy > now else now
-            busy = start + op[4]
+            transfer = op[5]
+            # A copy over shared links ends when its share of them has moved its bytes
+            # (trio's time is then its end).
+            busy = start + op[4] if transfer is None else await transfer.run(start)
             self._records.append((kick, op[ITEM], start, busy))
         self._busy_until = busy
         # Something observable comes next (a signal, a wait, the job's end): let
         # simulated time catch up first.
-        if busy > now:
+        if busy > trio.current_time():
             await trio.sleep_until(busy)
         return end
 
@@ -112,9 +117,14 @@ class SIMDevice(Device):
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
         self.cost_model: CostModel = resolve_cost_model(options.get("sim_preset", DEFAULT_PRESET))
+        self.cost_model.check_index(name, index)
         self.device_cost = self.cost_model.device(self.kind)
-        # Every SIM device of one runtime sits in the same simulated node.
+        # Every SIM device of one runtime sits in the same simulated machine.
         self.peer_group = f"SIM/{self.cost_model.name}"
+        self.node = self.cost_model.node_of(index)
+        # The links its copies share; the runtime gives all its SIM devices one (`join`).
+        self.links = SharedLinks()
+        self._routes: dict[int, Route] = {}
         self._sim_queues = {
             QueueKind.COMPUTE: SimQueueActor(f"{name}/compute", timeline_start),
             QueueKind.COPY: SimQueueActor(f"{name}/copy", timeline_start),
@@ -142,10 +152,14 @@ class SIMDevice(Device):
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
         return np.zeros(nelems, dtype=dtype)
 
+    def join(self, links: SharedLinks) -> None:
+        """Share `links` with the other SIM devices of the runtime (before any copy runs)."""
+        self.links = links
+
     # -- costs --
 
     def link_to(self, other: Device) -> LinkCost:
-        """The link a copy between this device and `other` goes over."""
+        """The kind of link a copy between this device and `other` goes over."""
         model = self.cost_model
         if other is self:
             return model.same_device
@@ -153,16 +167,37 @@ class SIMDevice(Device):
             return model.peer
         return model.host
 
+    def route_to(self, other: Device) -> Route:
+        """The route of a copy between this device and `other`, whichever way it goes
+        (its links are named for the direction from this device to `other`)."""
+        if (
+            isinstance(other, SIMDevice)
+            and other is not self
+            and other.peer_group == self.peer_group
+        ):
+            route = self._routes.get(other.index)
+            if route is None:
+                route = self._routes[other.index] = self.cost_model.peer_route(
+                    self.index, other.index, self.kind
+                )
+            return route
+        link = self.link_to(other)
+        return Route(link.latency, link.bandwidth)
+
     def launch_duration(
         self, kernel: Any, buffers: Sequence[DeviceBuffer], var_values: Sequence[int]
     ) -> float:
-        return self.cost_model.kernel_duration(
-            self.kind, kernel, [b.nbytes for b in buffers], var_values
-        )
+        return self.device_cost.kernel_duration(kernel, [b.nbytes for b in buffers], var_values)
+
+    def copy_route(self, dst: DeviceBuffer, src: DeviceBuffer) -> Route:
+        """The route of a copy this device's queue runs, from `src` to `dst`."""
+        source, target = src.device_object, dst.device_object
+        if isinstance(source, SIMDevice):
+            return source.route_to(target)
+        return self.route_to(source)  # from the host: the host link, either way
 
     def copy_duration(self, dst: DeviceBuffer, src: DeviceBuffer) -> float:
-        far = src.device_object if dst.device_object is self else dst.device_object
-        return self.link_to(far).duration(dst.nbytes)
+        return self.copy_route(dst, src).duration(dst.nbytes)
 
     def estimate_seconds(self, op: Op) -> float:
         return sim_op_seconds(op)
@@ -178,7 +213,10 @@ class SIMDevice(Device):
         if same_bytes(dst, src):
             return sim_run(nothing, (), item, 0.0)
         args = copy_args(dst.host_view(), src.host_view())
-        return sim_run(np.copyto, args, item, self.copy_duration(dst, src))
+        route = self.copy_route(dst, src)
+        nbytes = dst.nbytes
+        transfer = Transfer(self.links, route, nbytes) if route.links else None
+        return sim_run(np.copyto, args, item, route.duration(nbytes), transfer)
 
     def lower_host_write(
         self, buffer: DeviceBuffer, array: np.ndarray[Any, Any], queue: QueueKind
@@ -196,3 +234,23 @@ class SIMDevice(Device):
 def sim_op_seconds(op: Op) -> float:
     """Simulated seconds of a lowered op: its duration for SIM ops, 0 for any other."""
     return float(op[4]) if op[0] == SIM_RUN else 0.0
+
+
+def sim_op_links(op: Op) -> list[tuple[str, float]]:
+    """The shared links a lowered op crosses and how long it holds each at full speed
+    (a copy between SIM GPUs of a topology); [] for any other op."""
+    if op[0] != SIM_RUN or op[5] is None:
+        return []
+    return op[5].link_seconds()  # type: ignore[no-any-return]
+
+
+def join_sim_devices(devices: Iterable[Device]) -> SharedLinks | None:
+    """Make the SIM devices among `devices` (one runtime's) one simulated machine: their
+    copies share one set of links. Returns it (None without SIM devices)."""
+    sims = [d for d in devices if isinstance(d, SIMDevice)]
+    if not sims:
+        return None
+    links = SharedLinks()
+    for device in sims:
+        device.join(links)
+    return links

@@ -7,19 +7,15 @@ nothing of trio, buffers' memory, or how a device runs an item.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Union
+from typing import Any
+
+import numpy as np
 
 from ._errors import PlanError
 from ._messages import Message, Run, Signal, SyncDevice, Wait, WaitKick
 from ._plan import Plan
 from ._ranges import RangeTracker
-from ._records import Access, DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind
-
-# What one queue knows is complete, as a vector clock. Keys are queue indices (value:
-# how many of that queue's items are done) and ("sync", device) for "this queue has
-# synchronised with that device's timeline" (value 1).
-_ClockKey = Union[int, tuple[str, str]]
-_Clock = dict[_ClockKey, int]
+from ._records import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind
 
 
 def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
@@ -71,143 +67,149 @@ def _queue_order(queue: QueueId, device_order: Mapping[str, int]) -> tuple[int, 
 
 def build_plan(items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps]) -> Plan:
     device_order = {name: i for i, name in enumerate(caps)}
-    queues, item_queue, position, counts = _queues(items, caps, device_order)
-    tracker = RangeTracker()
+    # Where an item runs depends only on its kind and devices: assign each pair once.
+    assigned: dict[tuple[bool, str, str | None], QueueId] = {}
+    keys = []
+    for item in items:
+        key = (item.kind is ItemKind.EXEC, item.device, item.src_device)  # bools hash fast
+        if key not in assigned:
+            assigned[key] = assign_queue(item, caps)
+        keys.append(key)
+    queues = sorted(set(assigned.values()), key=lambda q: _queue_order(q, device_order))
+    queue_index = {q: i for i, q in enumerate(queues)}
+    key_queue = {key: queue_index[q] for key, q in assigned.items()}
+    item_queue = [key_queue[key] for key in keys]
+    nqueues = len(queues)
+
+    # Vector clocks: what one queue knows is complete. Entry q < nqueues: how many of
+    # queue q's items are done; entry nqueues + d: 1 once the queue has synchronised with
+    # device d's timeline (every device an item touches gets a slot). Numpy arrays: a
+    # graph over many devices has clocks of a few hundred entries, merged per wait.
+    sync_slot: dict[str, int] = {}
+    for device in caps:
+        sync_slot[device] = nqueues + len(sync_slot)
+    for item in items:
+        for access in item.accesses:
+            if access.device not in sync_slot:
+                sync_slot[access.device] = nqueues + len(sync_slot)
+    width = nqueues + len(sync_slot)
     # known[q]: what queue q knows of *other* queues (and device syncs) so far; its own
-    # progress is implied by position. Snapshots share the dict until it next changes
-    # (copy on write), so runs of items without new waits cost no copies.
-    known: list[_Clock] = [{("sync", q.device): 1} for q in queues]
-    shared = [False] * len(queues)
-    clock_after: list[_Clock] = [{}] * len(items)
-    item_waits: list[list[tuple[int, int]]] = [[] for _ in items]
-    item_syncs: list[list[str]] = [[] for _ in items]
+    # progress is implied by position. Snapshots share the array until it next changes
+    # (copy on write), so runs of items without new waits cost no copies. An entry a
+    # queue holds of itself (learned through others) is never read, and never more than
+    # what a queue waiting on it sets directly, so merges take every entry's maximum.
+    known: list[np.ndarray[Any, np.dtype[np.int64]]] = []
+    for q in queues:
+        clock = np.zeros(width, np.int64)
+        clock[sync_slot[q.device]] = 1
+        known.append(clock)
+    shared = [False] * nqueues
+    clock_after: list[np.ndarray[Any, np.dtype[np.int64]]] = []
     waited_on: set[tuple[int, int]] = set()
     touched: list[set[str]] = [{q.device} for q in queues]
-
-    def writable(qi: int) -> _Clock:
-        if shared[qi]:
-            known[qi] = dict(known[qi])
-            shared[qi] = False
-        return known[qi]
+    counts = [0] * nqueues
+    position = [0] * len(items)
+    programs: list[list[Message]] = [[WaitKick(), SyncDevice(q.device)] for q in queues]
+    # run_end[q][p]: the length of queue q's program just after its item at position p
+    # runs, where a Signal goes if a later item waits for it.
+    run_end: list[list[int]] = [[] for _ in queues]
+    tracker = RangeTracker()
 
     for j, item in enumerate(items):
         qi = item_queue[j]
+        position[j] = counts[qi]
+        counts[qi] += 1
         accesses = item.accesses
-        # Reads first, so that an item that reads and writes one range depends on the
-        # range's earlier readers only through its write.
-        if len(accesses) > 1:
-            accesses = tuple(sorted(accesses, key=lambda a: a.write))
-        deps, source_deps = _dependencies(tracker, j, item, accesses, caps)
+        # A copy from a device reached by I/O (a worker's) may have its bytes sent ahead,
+        # on the wait that says they are ready: the waits on what wrote them are kept
+        # even where known complete through another queue, so that its own waits say it.
+        from_io = item.src_device is not None and caps[item.src_device].host_io
+        source_deps: set[int] = set()
+        if from_io:
+            # Reads first, so that a read of the source finds what wrote it even where the
+            # copy writes those bytes too (onto itself).
+            deps: set[int] = set()
+            for access in sorted(accesses, key=lambda a: a.write):
+                found = tracker.access(access.alloc, access.start, access.stop, access.write, j)
+                deps |= found
+                if not access.write and access.device == item.src_device:
+                    source_deps |= found
+        else:
+            deps = tracker.item(accesses, j)
+        waits: list[tuple[int, int]] = []
+        clock = known[qi]
         # Latest dependency first: its clock often covers the earlier ones (pruning).
         for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
             dq = item_queue[dep]
             if dq == qi:
                 continue  # queues run in order
             value = position[dep] + 1
-            waits = item_waits[j]
-            if known[qi].get(dq, 0) >= value:
-                # Already known complete, directly or through another wait; a copy from
-                # a device reached by I/O keeps its own wait on what wrote its source.
+            if clock[dq] >= value:
+                # Already known complete, directly or through another wait.
                 if dep in source_deps and not any(q == dq and v >= value for q, v in waits):
                     waits.append((dq, value))
                     waited_on.add((dq, value))
                 continue
             waits.append((dq, value))
             waited_on.add((dq, value))
-            _merge(writable(qi), qi, dq, value, clock_after[dep])
+            if shared[qi]:
+                clock = known[qi] = clock.copy()
+                shared[qi] = False
+            clock[dq] = value
+            np.maximum(clock, clock_after[dep], out=clock)
+        program = programs[qi]
+        syncs: list[str] = []
+        seen = touched[qi]
         for access in accesses:
             device = access.device
-            touched[qi].add(device)
-            if ("sync", device) not in known[qi]:
-                item_syncs[j].append(device)
-                writable(qi)[("sync", device)] = 1
-        clock_after[j] = known[qi]
+            if device in seen:
+                continue  # the queue synchronised with it, or knew it complete, before
+            seen.add(device)
+            slot = sync_slot[device]
+            if not clock[slot]:
+                syncs.append(device)
+                if shared[qi]:
+                    clock = known[qi] = clock.copy()
+                    shared[qi] = False
+                clock[slot] = 1
+        if syncs:
+            program.extend(SyncDevice(device) for device in sorted(syncs))
+        for dq, value in waits:
+            program.append(Wait(queues[dq], value))
+        program.append(Run(j))
+        run_end[qi].append(len(program))
+        clock_after.append(clock)
         shared[qi] = True
 
-    programs = _programs(queues, item_queue, position, counts, item_syncs, item_waits, waited_on)
+    # A queue signals after an item only where a later item waits for it (and at its end).
+    signalled: list[list[int]] = [[] for _ in queues]
+    for dq, value in waited_on:
+        if value < counts[dq]:
+            signalled[dq].append(value)
+    for qi, values in enumerate(signalled):
+        program = programs[qi]
+        if values:
+            values.sort()
+            spliced: list[Message] = []
+            cut = 0
+            for value in values:
+                end = run_end[qi][value - 1]
+                spliced.extend(program[cut:end])
+                spliced.append(Signal(value))
+                cut = end
+            spliced.extend(program[cut:])
+            program = programs[qi] = spliced
+        program.append(Signal(counts[qi]))
+
     devices = sorted({d for t in touched for d in t}, key=lambda d: device_order.get(d, 1 << 30))
     device_queues = tuple(
-        tuple(qi for qi in range(len(queues)) if device in touched[qi]) for device in devices
+        tuple(qi for qi in range(nqueues) if device in touched[qi]) for device in devices
     )
     return Plan(
         items=tuple(items),
         queues=tuple(queues),
-        programs=programs,
+        programs=tuple(tuple(p) for p in programs),
         item_queue=tuple(item_queue),
         devices=tuple(devices),
         device_queues=device_queues,
     )
-
-
-def _queues(
-    items: Sequence[PlanItem], caps: Mapping[str, DeviceCaps], device_order: Mapping[str, int]
-) -> tuple[list[QueueId], list[int], list[int], list[int]]:
-    """The queues the items run on (in device order), each item's queue, its position in
-    that queue (item j completing sets its queue to position+1), and each queue's count."""
-    item_queue_ids = [assign_queue(item, caps) for item in items]
-    queues = sorted(set(item_queue_ids), key=lambda q: _queue_order(q, device_order))
-    queue_index = {q: i for i, q in enumerate(queues)}
-    item_queue = [queue_index[q] for q in item_queue_ids]
-    counts = [0] * len(queues)
-    position = [0] * len(items)
-    for j, qi in enumerate(item_queue):
-        position[j] = counts[qi]
-        counts[qi] += 1
-    return queues, item_queue, position, counts
-
-
-def _dependencies(
-    tracker: RangeTracker,
-    j: int,
-    item: PlanItem,
-    accesses: Sequence[Access],
-    caps: Mapping[str, DeviceCaps],
-) -> tuple[set[int], set[int]]:
-    """The earlier items item j depends on, and those of them that wrote what it copies
-    from a device reached by I/O (a worker's): its bytes may be sent ahead, on the wait
-    that says they are ready, so the waits on what wrote them are kept even where known
-    complete through another queue (its own waits say it)."""
-    src = item.src_device
-    from_io = src is not None and caps[src].host_io
-    deps: set[int] = set()
-    source_deps: set[int] = set()
-    for access in accesses:
-        found = tracker.access(access.alloc, access.start, access.stop, access.write, j)
-        deps |= found
-        if from_io and not access.write and access.device == src:
-            source_deps |= found
-    return deps, source_deps
-
-
-def _merge(clock: _Clock, qi: int, dq: int, value: int, theirs: _Clock) -> None:
-    """Queue qi's clock, waiting for queue dq to reach `value`, learns what dq knew then
-    (`theirs`) of the others."""
-    clock[dq] = value
-    for key, seen in theirs.items():
-        if key != qi and clock.get(key, 0) < seen:
-            clock[key] = seen
-
-
-def _programs(
-    queues: Sequence[QueueId],
-    item_queue: Sequence[int],
-    position: Sequence[int],
-    counts: Sequence[int],
-    item_syncs: Sequence[list[str]],
-    item_waits: Sequence[list[tuple[int, int]]],
-    waited_on: set[tuple[int, int]],
-) -> tuple[tuple[Message, ...], ...]:
-    """Each queue's messages: its kickoff, then per item its syncs, waits and run, and a
-    signal where another queue waits for it; its completion last."""
-    programs: list[list[Message]] = [[WaitKick(), SyncDevice(queue.device)] for queue in queues]
-    for j, qi in enumerate(item_queue):
-        program = programs[qi]
-        program.extend(SyncDevice(device) for device in sorted(item_syncs[j]))
-        program.extend(Wait(queues[dq], value) for dq, value in item_waits[j])
-        program.append(Run(j))
-        done = position[j] + 1
-        if (qi, done) in waited_on and done < counts[qi]:
-            program.append(Signal(done))
-    for qi, program in enumerate(programs):
-        program.append(Signal(counts[qi]))
-    return tuple(tuple(p) for p in programs)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+
+from ._records import Access
 
 
 class _Segment:
@@ -53,6 +55,55 @@ class RangeTracker:
             for seg in covered:
                 if not seg.readers or seg.readers[-1] != who:
                     seg.readers.append(who)
+        deps.discard(who)
+        return deps
+
+    def item(self, accesses: Sequence[Access], who: int) -> set[int]:
+        """Record all of item `who`'s accesses; return the earlier items it must come after.
+
+        The same as `access` for each of them, with the common cases (an allocation's
+        first access, an access to exactly one known segment) done inline: the planner
+        calls this once per item. The order of one item's accesses does not change what
+        it comes after: a write adds the writer and the readers of what it covers as they
+        were before the item, and a later access of the item to those bytes finds only
+        the item itself there (it may stay listed as a reader of bytes it wrote, which
+        adds nothing: whoever writes them next comes after it as their writer).
+        """
+        deps: set[int] = set()
+        segments = self._segments
+        for access in accesses:
+            alloc, start, stop = access.alloc, access.start, access.stop
+            if stop <= start:
+                continue
+            segs = segments.get(alloc)
+            if segs is None:
+                first = (
+                    _Segment(start, stop, who, [])
+                    if access.write
+                    else _Segment(start, stop, None, [who])
+                )
+                segments[alloc] = [first]
+                self._starts[alloc] = [start]
+                continue
+            if len(segs) == 1:  # an allocation only ever accessed whole, say
+                seg = segs[0]
+                if seg.start != start or seg.stop != stop:
+                    deps |= self.access(alloc, start, stop, access.write, who)
+                    continue
+            else:
+                idx = bisect.bisect_left(self._starts[alloc], start)
+                if idx == len(segs) or segs[idx].start != start or segs[idx].stop != stop:
+                    deps |= self.access(alloc, start, stop, access.write, who)
+                    continue
+                seg = segs[idx]
+            if seg.writer is not None:
+                deps.add(seg.writer)
+            if access.write:
+                deps.update(seg.readers)
+                seg.writer = who
+                seg.readers = []
+            elif not seg.readers or seg.readers[-1] != who:
+                seg.readers.append(who)
         deps.discard(who)
         return deps
 

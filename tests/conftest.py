@@ -38,3 +38,10 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "gate"
     monkeypatch.setenv("ACTORGRAPH_TEST_GATE", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _no_token_file_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime would read the workers' token from ACTORGRAPH_TOKEN_FILE when a test gives
+    none: tests set it themselves where they mean to."""
+    monkeypatch.delenv("ACTORGRAPH_TOKEN_FILE", raising=False)

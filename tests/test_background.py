@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import re
 import threading
 import time
@@ -507,3 +508,130 @@ def test_the_loop_lock_is_free_only_while_the_run_waits_for_io() -> None:
     token[0].run_sync_soon(scope.cancel)
     thread.join(10)
     assert not thread.is_alive()
+
+
+# What of Runtime's public surface a background runtime does not offer, and why. Every
+# other public name of Runtime (methods, properties, attributes) has a counterpart.
+NOT_MIRRORED = {
+    "admit": "waits in the calling trio task for room in the in-flight window: a hook of "
+    "Graph on the runtime's thread (calls from other threads wait their turn instead)",
+    "track": "bookkeeping Program calls on the runtime's thread for each submission it posts",
+    "count_done": "bookkeeping Program calls on the runtime's thread",
+    "adopt": "bookkeeping Graph calls on the runtime's thread when it is compiled",
+    "epoch": "a count the fast path of a graph call reads on the runtime's thread (a free, a "
+    "break or a close moves it)",
+    "keep_profile": "bookkeeping Graph calls on the runtime's thread; profile() reads it",
+    "check_open": "every call checks the runtime on its thread; a closed background runtime "
+    "raises ClosedError from any call, and `closed` says so without raising",
+    "check_own": "a check the runtime's calls make on its thread; owns() asks the same",
+    "device": "returns a Device, whose actors are trio state of the runtime's thread: "
+    "rt.runtime.device(name) in a function given to call()",
+    "kick": "the KICK signal, trio state of the runtime's thread",
+    "usable": "a flag the runtime's fast path reads on its thread; `closed` answers from others",
+}
+
+
+def _public_names(runtime: ag.Runtime) -> set[str]:
+    names = {n for n in dir(type(runtime)) if not n.startswith("_")}
+    return names | {n for n in vars(runtime) if not n.startswith("_")}
+
+
+def test_a_background_runtime_mirrors_the_whole_public_surface_of_runtime(
+    brt: ag.BackgroundRuntime,
+) -> None:
+    names = _public_names(brt.runtime)
+    assert set(NOT_MIRRORED) <= names, "a name listed as not mirrored left Runtime: drop it"
+    missing = sorted(n for n in names - set(NOT_MIRRORED) if not hasattr(ag.BackgroundRuntime, n))
+    assert not missing, f"Runtime's {missing} have no counterpart on BackgroundRuntime"
+    for name in sorted(names - set(NOT_MIRRORED)):
+        ours, theirs = getattr(ag.BackgroundRuntime, name), getattr(ag.Runtime, name, None)
+        if not callable(theirs) or isinstance(theirs, property):
+            continue  # a fact: compared by value below
+        # Each of Runtime's parameters is taken by name, or by **options passed through.
+        params = inspect.signature(ours).parameters
+        passes_through = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for param in list(inspect.signature(theirs).parameters)[1:]:
+            assert param in params or passes_through, (name, param)
+    for name in sorted(names - set(NOT_MIRRORED)):
+        mirrored = getattr(brt, name)
+        if not callable(mirrored):
+            assert mirrored == getattr(brt.runtime, name), name
+
+
+def test_the_mirrored_facts_and_calls_work(brt: ag.BackgroundRuntime) -> None:
+    memory = np.arange(8, dtype=np.int32)
+    wrapped = brt.wrap("CPU:0", memory, dtype=np.int32)
+    assert brt.owns(wrapped) and wrapped.runtime is brt.runtime
+    out = brt.alloc("CPU:1", 8, np.int32)
+    graph = brt.compile([ag.Copy(dst=out, src=wrapped)], inputs=[wrapped]).result()
+    assert brt.graphs_compiled == 1 and brt.in_flight == 0
+    graph([wrapped], profile=True).result()
+    np.testing.assert_array_equal(brt.copyout(out).result(), memory)
+    assert brt.replays == brt.replays_done == 1
+    assert len(brt.profile().events) == 1
+    assert len(brt.profile(clear=True).events) == 1 and not brt.profile().events
+    assert brt.frees_pending == 0 and brt.frees == 0
+    assert brt.stalls == [] and brt.actor_names() == brt.runtime.actor_names()
+    assert brt.caps == brt.runtime.caps and not brt.verify_plans
+    brt.free(out)
+    brt.copyout(wrapped).result()  # runs after the free
+    assert brt.frees == 1
+    brt.close()
+    # Facts stay readable once it has closed.
+    assert brt.submissions == brt.runtime.submissions and brt.in_flight == 0
+
+
+@pytest.mark.parametrize("name", ["submit", "submit_nowait"])
+def test_a_background_graph_says_calling_it_is_the_submission(
+    brt: ag.BackgroundRuntime, name: str
+) -> None:
+    graph, inputs, _ = _graph(brt)
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            f"graph.{name}(...) on a background runtime's graph: calling the graph is the "
+            f"submission here, it returns at once and runs in order: write `call = "
+            f"graph(inputs)`, then `await call` or `call.result()` when needed"
+        ),
+    ):
+        getattr(graph, name)(inputs)
+    assert graph.replays == 0
+
+
+def test_call_here_replays_on_the_callers_thread_or_says_it_cannot(
+    brt: ag.BackgroundRuntime,
+) -> None:
+    seen: list[int] = []
+    graph, (a, b, c, d) = _thread_recording_graph(brt, seen)
+    here = threading.get_ident()
+    brt.copyin(a, np.full(8, 6, np.int32)).result(timeout=10)
+    for _ in range(1000):  # until a call finds the runtime's loop idle
+        seen.clear()
+        if graph.call_here([a, b]):
+            break
+        assert not seen  # it did nothing
+    else:
+        raise AssertionError("call_here never found the runtime idle")
+    assert seen == [here, here]  # ran before it returned, on this thread
+    np.testing.assert_array_equal(brt.copyout(c).result(timeout=10), np.full(8, 6))
+    with holding(brt):  # a call made before it still runs: it must not pass that call
+        seen.clear()
+        assert graph.call_here([a, b]) is False and not seen
+
+    # A failing item raises its ItemError at once, to the caller that ran it.
+    def boom(out: np.ndarray, x: np.ndarray) -> None:
+        raise ValueError("bad block")
+
+    bad = brt.compile(
+        [ag.Launch(ag.Kernel("boom", cpu=boom, outs=(0,), ins=(1,)), [c, a])], inputs=[a]
+    ).result(timeout=10)
+    for _ in range(1000):
+        try:
+            if bad.call_here([a]):
+                raise AssertionError("a failing replay ran without raising")
+        except ag.ItemError as error:
+            assert "item 0 (boom) on CPU:0/compute raised ValueError: bad block" in str(error)
+            break
+    else:
+        raise AssertionError("call_here never found the runtime idle")
+    brt.copyout(c).result(timeout=10)  # nothing left for a later call to raise

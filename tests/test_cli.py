@@ -9,11 +9,16 @@ import re
 import select
 import subprocess
 import sys
+from collections.abc import Iterator
 
+import numpy as np
 import pytest
+import trio
 from _paths import child_pythonpath
 
+import actorgraph as ag
 from actorgraph import _bench
+from actorgraph import testing as ag_testing
 from actorgraph._cli import build_parser, main
 from actorgraph._inventory import GPUInfo, Inventory, probe_cuda, render
 
@@ -54,7 +59,7 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
         (("bench", "--replays", "-3"), r"actorgraph bench: --replays must be >= 1, got -3"),
         (
             ("bench", "--items", "5"),
-            r"--items and --replays apply to the built-in benchmark; add --builtin",
+            r"--items, --replays, --device and --token-file apply to the built-in benchmark; add --builtin",
         ),
         (("demo", "--replays", "0"), r"actorgraph demo: --replays must be >= 1"),
         (("demo", "--devices", ","), r"give at least one device, e.g. CPU:0,CPU:1"),
@@ -85,6 +90,32 @@ def test_devices_lists_cpu_and_never_needs_cuda(capsys: pytest.CaptureFixture[st
     assert re.fullmatch(r"\d+\.\d+, builds sm_\d+ to sm_\d+|not installed: .*", data["nvrtc_note"])
 
 
+def test_devices_lists_cuda_among_the_kinds_it_can_open_only_with_a_gpu(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actorgraph import _inventory
+
+    no_driver = "no NVIDIA driver on this machine (libcuda not found)"
+    monkeypatch.setattr(_inventory, "probe_cuda", lambda: ((), no_driver))
+    code, out, _ = run_cli(capsys, "devices")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "device kinds this machine can open: CPU, SIM"
+    assert lines[1] == (
+        "         (CUDA only through the fake driver, which runs without a GPU: "
+        'open_runtime(..., cuda_driver="fake") or ACTORGRAPH_CUDA_DRIVER=fake)'
+    )
+    assert f"CUDA     none: {no_driver}" in out
+    code, out, _ = run_cli(capsys, "devices", "--json")
+    data = json.loads(out)
+    assert (data["kinds"], data["fake_driver_only"]) == (["CPU", "SIM"], ["CUDA"])
+    gpu = GPUInfo(0, "NVIDIA H200", 141 << 30, (9, 0))
+    monkeypatch.setattr(_inventory, "probe_cuda", lambda: ((gpu,), "driver 13.0"))
+    code, out, _ = run_cli(capsys, "devices", "--json")
+    data = json.loads(out)
+    assert (data["kinds"], data["fake_driver_only"]) == (["CPU", "SIM", "CUDA"], [])
+
+
 def test_devices_text_names_gpus_and_sim_presets() -> None:
     inv = Inventory(
         kinds=("CPU", "SIM", "CUDA"),
@@ -94,11 +125,13 @@ def test_devices_text_names_gpus_and_sim_presets() -> None:
         sim_presets=("a100x8", "nvlink8"),
         sim_default="nvlink8",
         nvrtc_note="13.0, builds sm_75 to sm_121",
+        sim_machines=(("a100x8", "8 A100"), ("nvlink8", "8 H100")),
     )
     text = render(inv)
     assert "CUDA:0   NVIDIA H200, 141 GiB, compute capability 9.0" in text
     assert "NVRTC    13.0, builds sm_75 to sm_121" in text
-    assert "cost-model presets: a100x8, nvlink8 (default)" in text
+    assert "cost-model presets (sim_preset=...): a100x8, nvlink8 (default)" in text
+    assert "           a100x8   8 A100\n           nvlink8  8 H100" in text
     assert json.loads(json.dumps(inv.as_json()))["cuda_gpus"][0]["name"] == "CUDA:0"
 
 
@@ -209,6 +242,93 @@ def test_demo_runs_on_remote_devices_of_any_worker(
         assert "2 replays checked against eager: OK" in out
     finally:
         worker.stop()
+
+
+# -- workers with a token --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def token_worker() -> Iterator[ag_testing.Worker]:
+    """A worker on loopback that requires its token (in `token_worker.token_file`)."""
+    with ag_testing.start_worker(["CPU:0", "CPU:1"]) as worker:
+        yield worker
+
+
+def test_demo_reaches_a_worker_with_a_token(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    token_worker: ag_testing.Worker,
+) -> None:
+    monkeypatch.delenv("ACTORGRAPH_TOKEN_FILE", raising=False)
+    devices = ",".join(["CPU:0", *token_worker.devices])
+    demo = ("demo", "--devices", devices, "--replays", "2")
+    # Without the token, the refusal says how to give one from the command line.
+    code, _, err = run_cli(capsys, *demo)
+    assert code == 2
+    assert (
+        "requires a token; pass open_runtime(..., remote_token_file=PATH) naming its "
+        "--token-file, or set ACTORGRAPH_TOKEN_FILE=PATH (the actorgraph command: "
+        "--token-file PATH)"
+    ) in err
+    code, out, err = run_cli(capsys, *demo, "--token-file", str(token_worker.token_file))
+    assert (code, err) == (0, "") and "2 replays checked against eager: OK" in out
+    # From the environment, as for any program that opens a runtime.
+    monkeypatch.setenv("ACTORGRAPH_TOKEN_FILE", str(token_worker.token_file))
+    code, out, err = run_cli(capsys, *demo)
+    assert (code, err) == (0, "") and "2 replays checked against eager: OK" in out
+
+
+def test_builtin_bench_reaches_a_worker_with_a_token(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    token_worker: ag_testing.Worker,
+) -> None:
+    monkeypatch.delenv("ACTORGRAPH_TOKEN_FILE", raising=False)
+    device = token_worker.devices[0]
+    bench = ("bench", "--builtin", "--device", device, "--items", "4", "--replays", "2")
+    code, out, err = run_cli(capsys, *bench, "--token-file", str(token_worker.token_file))
+    assert (code, err) == (0, "")
+    assert f"built-in replay benchmark: 4 tiny xor kernels on {device}" in out
+    monkeypatch.setenv("ACTORGRAPH_TOKEN_FILE", str(token_worker.token_file))
+    code, out, err = run_cli(capsys, *bench)
+    assert (code, err) == (0, "") and "graph replay:" in out
+    # The core benchmarks run on this machine only: the options say where they apply.
+    monkeypatch.setattr(_bench, "core_script", lambda: pathlib.Path("core.py"))
+    code, _, err = run_cli(capsys, "bench", "--token-file", "t")
+    assert code == 2
+    assert "--items, --replays, --device and --token-file apply to the built-in" in err
+
+
+async def test_open_runtime_takes_the_token_file_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path, token_worker: ag_testing.Worker
+) -> None:
+    names = list(token_worker.devices)
+    monkeypatch.setenv("ACTORGRAPH_TOKEN_FILE", str(token_worker.token_file))
+    with trio.fail_after(30):
+        async with ag.open_runtime(names) as rt:
+            buf = rt.alloc(names[0], 4, np.int32)
+            await rt.copyin(buf, np.arange(4, dtype=np.int32))
+            assert (await rt.copyout(buf)).tolist() == [0, 1, 2, 3]
+        # A token option of the program's own comes first.
+        wrong = tmp_path / "wrong"
+        wrong.write_text("not the token")
+        with pytest.raises(ag.DeviceError, match="refused this client's token"):
+            async with ag.open_runtime(names, remote_token_file=str(wrong)):
+                pass  # pragma: no cover
+        # A file that is not there is named, with the variable that named it.
+        missing = tmp_path / "missing"
+        monkeypatch.setenv("ACTORGRAPH_TOKEN_FILE", str(missing))
+        with pytest.raises(
+            ag.UsageError,
+            match=re.escape(
+                f"ACTORGRAPH_TOKEN_FILE={str(missing)!r} is not a file; name the file holding "
+                f"the token the workers were started with (their --token-file)"
+            ),
+        ):
+            async with ag.open_runtime(names):
+                pass  # pragma: no cover
+        async with ag.open_runtime(["CPU:0"]):  # a local runtime never reads it
+            pass
 
 
 # -- the worker's kernel modules --------------------------------------------------------------

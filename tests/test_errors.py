@@ -304,6 +304,80 @@ async def test_freed_buffer_in_copyin_copyout_view_and_free(rt: ag.Runtime) -> N
         rt.free(b.view(offset=1, size=1))
 
 
+# -- buffers of another runtime -------------------------------------------------------------
+
+
+def other_runtime(buffer: ag.Buffer, owner: ag.Runtime, rt: ag.Runtime, what: str = "") -> str:
+    return f"{what}{buffer!r} was allocated by {owner!r}, not by this runtime {rt!r}"
+
+
+async def test_every_call_refuses_a_buffer_another_runtime_allocated() -> None:
+    async with (
+        ag.open_runtime(["CPU:0", "CPU:1"]) as mine,
+        ag.open_runtime(["CPU:0", "CPU:1"]) as other,
+        ag.open_runtime(["CPU:2"]) as third,
+    ):
+        assert repr(mine) == f"<Runtime {mine.number} on CPU:0, CPU:1>"
+        x = other.alloc("CPU:0", 64, I32)
+        await other.copyin(x, np.arange(64, dtype=I32))
+        half = x.view(offset=0, size=32)
+        a, b, c = bufs(mine, 3)
+        foreign = other_runtime(x, other, mine)
+        with raises(ag.UsageError, f"copyin: {foreign}"):
+            await mine.copyin(x, np.zeros(64, I32))
+        with raises(ag.UsageError, f"copyout: {half!r} was allocated by {other!r}, not by"):
+            await mine.copyout(half)
+        with raises(ag.UsageError, f"item 0 (xor): buffer {foreign}"):
+            await mine.run([ag.Launch(XOR, [c, x, b])])
+        with raises(ag.UsageError, f"item 1 (copy CPU:0->CPU:0): buffer {foreign}"):
+            await mine.run([ag.Launch(XOR, [c, a, b]), ag.Copy(dst=c, src=x)])
+        with raises(ag.UsageError, f"item 0 (xor): buffer {foreign}"):
+            await mine.compile([ag.Launch(XOR, [x, a, b])])
+        with raises(ag.UsageError, f"input 0: {foreign}"):
+            await mine.compile([ag.Launch(XOR, [c, a, b])], inputs=[x])
+        graph = await mine.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
+        with raises(ag.InputError, f"input 1: {foreign}"):
+            await graph([a, x])
+        with raises(ag.InputError, f"input 0: {half!r} was allocated by {other!r}"):
+            await graph.submit([half, b])
+        with raises(ag.InputError, f"input 0: {foreign}"):
+            graph.submit_nowait([x, b])
+        with raises(ag.UsageError, f"wrap: {foreign}"):
+            mine.wrap("CPU:0", x)
+        with raises(ag.UsageError, f"free: {foreign}"):
+            mine.free(x)
+        # A runtime without the buffer's device names the runtimes, not a missing device.
+        with raises(ag.UsageError, f"copyout: {other_runtime(x, other, third)}"):
+            await third.copyout(x)
+        # Nothing was freed or written: the buffer is still its runtime's, intact.
+        assert not x.freed
+        np.testing.assert_array_equal(await other.copyout(x), np.arange(64))
+        assert mine.in_flight == other.in_flight == 0
+
+
+async def test_a_buffer_of_a_closed_runtime_is_named_as_such() -> None:
+    async with ag.open_runtime(["CPU:0"]) as old:
+        x = old.alloc("CPU:0", 64, I32)
+    async with ag.open_runtime(["CPU:0"]) as new:
+        message = f"copyin: {x!r} was allocated by {old!r}, which has closed"
+        assert repr(old).endswith("(closed)>")
+        with raises(ag.UsageError, message):
+            await new.copyin(x, np.zeros(64, I32))
+        with raises(ag.UsageError, "allocate a new buffer here with rt.alloc(...)"):
+            await new.run([ag.Launch(INC, [x])])
+
+
+def test_a_background_runtime_refuses_another_runtimes_buffer_at_once() -> None:
+    with ag.start_runtime(["CPU:0"]) as mine, ag.start_runtime(["CPU:0"]) as other:
+        x = other.alloc("CPU:0", 64, I32)
+        foreign = other_runtime(x, other.runtime, mine.runtime)
+        with raises(ag.UsageError, f"free: {foreign}"):
+            mine.free(x)  # at once, not on the runtime's thread later
+        with raises(ag.UsageError, f"copyin: {foreign}"):
+            mine.copyin(x, np.zeros(64, I32)).result()
+        assert not x.freed
+
+
 # -- kernels, launches, copies, views --------------------------------------------------------
 
 
@@ -403,6 +477,86 @@ async def test_view_past_end(rt: ag.Runtime) -> None:
         a.view(size=6, shape=(2, 2))
 
 
+BAD_DTYPES = [
+    (object, "Python objects"),
+    (np.dtype("U4"), "strings"),
+    (np.dtype("S8"), "strings"),
+    (np.dtype([("x", np.int32), ("y", np.float32)]), "structured records"),
+    (np.dtype((np.int32, (2,))), "sub-arrays"),
+    (np.dtype("datetime64[s]"), "dates and times"),
+    (np.dtype("V0"), "zero-size items"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "kind"), BAD_DTYPES, ids=lambda v: str(v))
+async def test_buffers_hold_numbers_or_raw_bytes_only(
+    rt: ag.Runtime, dtype: object, kind: str
+) -> None:
+    rule = (
+        f"holds {kind}; a buffer holds fixed-size numbers (bool, int, uint, float or complex "
+        f"dtypes) or raw bytes ('V8')"
+    )
+    with raises(ag.UsageError, f"alloc: dtype {np.dtype(dtype)!r} {rule}"):
+        rt.alloc("CPU:0", 4, dtype)
+    with raises(ag.UsageError, f"wrap: dtype {np.dtype(dtype)!r} {rule}"):
+        rt.wrap("CPU:0", np.zeros(64, np.uint8), dtype=dtype)
+    (a,) = bufs(rt, 1)
+    with raises(ag.UsageError, f"view(): dtype {np.dtype(dtype)!r} {rule}"):
+        a.view(byte_offset=0, dtype=dtype, shape=(2,))
+    with raises(ag.UsageError, f"view(): dtype {np.dtype(dtype)!r} {rule}"):
+        a.view(dtype=dtype)
+
+
+async def test_numbers_and_raw_bytes_make_buffers(rt: ag.Runtime) -> None:
+    for dtype in (bool, np.int8, np.uint64, np.float16, np.complex128, "V16", ">i4"):
+        buf = rt.alloc("CPU:0", 4, dtype)
+        assert buf.dtype == np.dtype(dtype)
+        assert buf.view(byte_offset=0, dtype=np.uint8).nbytes == buf.nbytes
+
+
+async def test_offsets_and_sizes_are_ints_never_bools(rt: ag.Runtime) -> None:
+    (a,) = bufs(rt, 1)
+    for call, message in [
+        (lambda: a.view(offset=True), "view offset must be an int >= 0, got True"),
+        (
+            lambda: a.view(offset=True, dtype=np.int32, shape=(2,)),
+            "view offset must be an int >= 0, got True",
+        ),
+        (lambda: a.view(offset=1.0, size=2), "view offset must be an int >= 0, got 1.0"),
+        (lambda: a.view(offset=0, size=True), "view size must be an int >= 0, got True"),
+        (lambda: a.view(size=True, shape=(1,)), "view size must be an int >= 0, got True"),
+        (
+            lambda: a.view(byte_offset=True, dtype=np.uint8),
+            "view byte_offset must be an int >= 0, got True",
+        ),
+        (
+            lambda: a.view(byte_offset=np.False_, dtype=np.uint8),
+            "view byte_offset must be an int >= 0, got np.False_",
+        ),
+        (
+            lambda: rt.wrap("CPU:0", np.zeros(1, np.uint8), nbytes=True),
+            "wrap: nbytes must be an int >= 0, got True",
+        ),
+        (
+            lambda: rt.wrap("CPU:0", True, nbytes=8),
+            "wrap: address must be a positive int, got True",
+        ),
+    ]:
+        with raises(ag.UsageError, message):
+            call()
+    assert a.view(offset=np.int64(2), size=np.int32(3)).shape == (3,)  # numpy ints are ints
+    for option, value in [
+        ("max_in_flight", True),
+        ("max_in_flight", 2.5),
+        ("timeline_start", True),
+        ("timeline_start", 1.5),
+        ("cpu_thread_bytes", False),
+    ]:
+        with raises(ag.UsageError, f"{option} must be an int >= 0, got {value!r}"):
+            async with ag.open_runtime(["CPU:0"], **{option: value}):
+                pass
+
+
 async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
     with raises(ag.UsageError, "a buffer shape is an int or a tuple of ints >= 0, got -3"):
         rt.alloc("CPU:0", -3, I32)
@@ -480,17 +634,16 @@ async def test_device_not_opened_in_the_runtime(rt: ag.Runtime) -> None:
         "device 'CPU:3' is not open in this runtime (open: ['CPU:0', 'CPU:1']); add it to open_runtime([...])",
     ):
         rt.alloc("CPU:3", 4, I32)
-    # A buffer from another runtime, on a device this one did not open.
+    # A buffer from another runtime, on a device this one did not open: the runtimes are
+    # what is wrong, not a missing device.
     async with ag.open_runtime(["CPU:5"]) as other:
         stranger = other.alloc("CPU:5", 64, I32)
         (mine,) = bufs(rt, 1)
         items = [ag.Copy(dst=mine, src=stranger)]
-        with raises(
-            ag.PlanError,
-            "uses device 'CPU:5', which this runtime did not open; open it with open_runtime([... 'CPU:5' ...])",
-        ):
+        message = f"buffer {stranger!r} was allocated by {other!r}, not by this runtime {rt!r}"
+        with raises(ag.UsageError, message):
             await rt.compile(items)
-        with raises(ag.PlanError, "which this runtime did not open"):
+        with raises(ag.UsageError, message):
             await rt.run(items)
 
 
@@ -752,9 +905,56 @@ async def test_every_option_some_device_or_the_runtime_takes_is_accepted() -> No
     # set of devices), and each one the runtime or a device reads is known.
     from actorgraph.devices import DEVICE_OPTIONS
 
-    from actorgraph._runtime import RUNTIME_OPTIONS
+    from actorgraph._options import RUNTIME_OPTIONS
 
     assert {"cpu_thread_bytes", "sim_preset", "cuda_driver", "remote_token"} <= DEVICE_OPTIONS
     assert {"timeline_start", "profile", "watchdog"} <= RUNTIME_OPTIONS
     async with ag.open_runtime(["CPU:0"], sim_preset="pcie8", cuda_graphs=False) as rt:
         assert rt.devices == ("CPU:0",)
+
+
+async def test_an_unawaited_copyout_passed_as_copyin_data(rt: ag.Runtime) -> None:
+    a, b = bufs(rt, 2)
+    data = rt.copyout(b)  # forgot await
+    with raises(
+        ag.UsageError,
+        f"copyin takes host data (a numpy array) for {a!r}, got {data!r}, a coroutine: the "
+        f"async call Runtime.copyout(...) that made it was not awaited; write `await` before it",
+    ):
+        await rt.copyin(a, data)
+    data.close()  # we never ran it
+    with raises(
+        ag.UsageError,
+        f"copyin takes host data (a numpy array) for {a!r}, got {b!r}, a Buffer: copy "
+        f"between buffers with `await rt.copy(dst, src)` or an ag.Copy item",
+    ):
+        await rt.copyin(a, b)
+    graph, _ = await xor_graph(rt)
+    with raises(ag.UsageError, f"got {graph!r}, a Graph: a graph's call writes into its buffers"):
+        await rt.copyin(a, graph)
+
+
+async def test_one_buffer_where_a_list_belongs(rt: ag.Runtime) -> None:
+    graph, (a, b, c) = await xor_graph(rt)
+    takes = "a graph call takes its inputs as a list of Buffers, one per input in compile() order"
+    for call in (graph, graph.submit):
+        with raises(ag.InputError, f"{takes}, got {a!r}; write `await graph([x, ...])`"):
+            await call(a)  # type: ignore[operator, arg-type]
+    with raises(ag.InputError, f"{takes}, got None; write `await graph([x, ...])`"):
+        graph.submit_nowait(None)  # type: ignore[arg-type]
+    item = ag.Launch(XOR, [c, a, b])
+    for call, name in ((rt.run, "rt.run"), (rt.compile, "rt.compile")):
+        with raises(
+            ag.UsageError,
+            f"{name}(items) takes a list of items (ag.Launch, ag.Copy), got {item!r}; write "
+            f"`{name}([item, ...])`",
+        ):
+            await call(item)  # type: ignore[operator, arg-type]
+    with raises(
+        ag.UsageError,
+        f"compile(..., inputs=...) takes a list of Buffers, got {a!r}; write "
+        f"`rt.compile(items, inputs=[x, ...])`",
+    ):
+        await rt.compile([item], inputs=a)  # type: ignore[arg-type]
+    await graph([a, b])  # the right way
+    assert graph.replays == 1

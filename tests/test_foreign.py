@@ -74,6 +74,117 @@ async def test_two_wrappers_of_one_region_alias() -> None:
                 await rt.compile([ag.Launch(add_one, [tmp, whole])], inputs=[whole, half])
 
 
+def _gated_add_one(gate: threading.Event) -> ag.Kernel:
+    """add_one that waits (on its device's worker thread) until `gate` is set: work that
+    is not ordered after it runs meanwhile, and reads what the replay before left."""
+
+    def body(out: np.ndarray, a: np.ndarray) -> None:
+        if not gate.wait(10):
+            raise TimeoutError("the test never opened the gate")
+        np.add(a, 1, out=out)
+
+    return ag.Kernel("gated_add_one", cpu=body, outs=(0,), ins=(1,))
+
+
+async def _replays_read_this_replays_data(
+    rt: ag.Runtime,
+    items: list[ag.Launch | ag.Copy],
+    src: ag.Buffer,
+    out: ag.Buffer,
+    gate: threading.Event,
+) -> None:
+    graph = await rt.compile(items, inputs=[src], verify=True)
+    for value in (10, 20, 30):
+        await rt.copyin(src, np.full(src.size, value, np.int32))
+        gate.clear()
+        replay = await graph.submit([src])
+        # Everything not ordered after the gated kernel runs now, while it waits.
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+        await replay.wait()
+        np.testing.assert_array_equal(await rt.copyout(out), value + 1)
+
+
+async def test_wrappers_on_one_device_alias_across_replays() -> None:
+    # A kernel writes through one wrapper while a copy on another queue reads through a
+    # second wrapper of part of the same memory: the copy waits for the kernel, replay
+    # after replay, and reads this replay's data.
+    gate = threading.Event()
+    with trio.fail_after(20):
+        async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=0) as rt:
+            memory = np.zeros(64, np.int32)
+            whole = rt.wrap("CPU:0", memory, dtype=np.int32)
+            half = rt.wrap("CPU:0", memory[32:], dtype=np.int32)
+            src = rt.alloc("CPU:0", 64, np.int32)
+            out = rt.alloc("CPU:1", 32, np.int32)
+            items = [ag.Launch(_gated_add_one(gate), [whole, src]), ag.Copy(dst=out, src=half)]
+            await _replays_read_this_replays_data(rt, items, src, out, gate)
+
+
+async def test_one_memory_wrapped_on_two_devices_is_refused() -> None:
+    # Each device orders the work on its own wrappers, so a wrapper of the same memory on
+    # a second device would race with the first one's work (stale reads): refused, and
+    # what the replays do instead (one wrapper, a Copy to the other device) reads fresh data.
+    gate = threading.Event()
+    with trio.fail_after(20):
+        async with ag.open_runtime(["CPU:0", "CPU:1"], cpu_thread_bytes=0) as rt:
+            memory = np.zeros(64, np.int32)
+            first = rt.wrap("CPU:0", memory, dtype=np.int32)
+            for source in (memory, memory[8:16], memory.ctypes.data + 4):
+                with pytest.raises(
+                    ag.UsageError,
+                    match=(
+                        rf"wrap: that memory \(bytes 0x[0-9a-f]+\.\.0x[0-9a-f]+\) is wrapped on "
+                        rf"CPU:0 already \(buffer #{first.alloc_id}\); host memory is one address "
+                        rf"space, but a runtime orders work on wrapped memory per device, so "
+                        rf"wrappers on CPU:0 and CPU:1 would race: wrap it on one device and move "
+                        rf"the data with Copy items, or rt.free the other wrapper first"
+                    ),
+                ):
+                    rt.wrap(
+                        "CPU:1",
+                        source,
+                        dtype=np.int32,
+                        nbytes=8 if isinstance(source, int) else None,
+                    )
+            beside = rt.wrap("CPU:1", np.zeros(64, np.int32), dtype=np.int32)  # other memory
+            assert not first.overlaps(beside)
+            src = rt.alloc("CPU:0", 64, np.int32)
+            out = rt.alloc("CPU:1", 64, np.int32)
+            items = [ag.Launch(_gated_add_one(gate), [first, src]), ag.Copy(dst=out, src=first)]
+            await _replays_read_this_replays_data(rt, items, src, out, gate)
+            rt.free(first)  # the memory is free to be wrapped elsewhere now
+            assert rt.wrap("CPU:1", memory, dtype=np.int32).overlaps(beside) is False
+
+
+@pytest.mark.parametrize("device", ["CPU:0", "SIM:0"])
+async def test_a_wrapper_of_an_allocated_buffers_memory_is_refused(device: str) -> None:
+    # np.from_dlpack(b) is b's memory: a wrapper of it would alias nothing (a kernel on b
+    # and a copy from the wrapper would race, and the two as graph inputs would pass).
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0", device] if device != "CPU:0" else ["CPU:0"]) as rt:
+            b = rt.alloc(device, 64, np.int32)
+            for memory in (np.from_dlpack(b), np.from_dlpack(b)[16:32], b.address + 8):
+                with pytest.raises(
+                    ag.UsageError,
+                    match=(
+                        rf"wrap: that memory \(bytes 0x[0-9a-f]+\.\.0x[0-9a-f]+\) belongs to "
+                        rf"buffer #{b.alloc_id} on {device}, which rt.alloc made: use that buffer, "
+                        rf"or a view of it \(buf.view\(...\)\), whose work the runtime orders"
+                    ),
+                ):
+                    rt.wrap(
+                        "CPU:0",
+                        memory,
+                        dtype=np.int32,
+                        nbytes=8 if isinstance(memory, int) else None,
+                    )
+            with pytest.raises(ag.UsageError, match=r"is a Buffer of this runtime already"):
+                rt.wrap("CPU:0", b)
+            rt.free(b)
+            rt.wrap("CPU:0", np.zeros(4, np.int32))  # unrelated memory still wraps
+
+
 async def test_wrap_refuses_bad_memory() -> None:
     with trio.fail_after(10):
         async with ag.open_runtime(["CPU:0", "SIM:0"]) as rt:

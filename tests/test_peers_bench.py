@@ -5,6 +5,7 @@ This checks the script, not performance: figures from a smoke run mean nothing.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import shutil
@@ -69,7 +70,10 @@ def test_tinygrad_peer_replays_through_its_graph_runner(tmp_path: Path) -> None:
     report = run_quick(tmp_path, "actorgraph,tinygrad")
     check_report(report, ["actorgraph", "tinygrad"])
     note = report["rows"]["tiny_1dev"]["peers"]["tinygrad"]["note"]
-    assert "HCQGraph" in note and "ungraphed" not in note
+    if importlib.metadata.version("tinygrad") == "0.11.0":
+        assert "HCQGraph" in note and "ungraphed" not in note
+    else:  # tinygrad 0.14's CPU devices have no graph runner: its jit calls each kernel
+        assert "program call x" in note and "Graph" not in note
 
 
 def test_a_missing_compiler_skips_tinygrad_with_how_to_install(

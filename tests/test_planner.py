@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import re
 
+import attrs
 import pytest
 from actorgraph.scheduler import (
     Access,
@@ -502,3 +504,18 @@ def test_every_plan_of_random_items_verifies(items: list[PlanItem]) -> None:
     for qi, prog in enumerate(plan.programs):
         assert prog[-1] == Signal(sum(isinstance(m, Run) for m in prog))
         assert all(m.queue != plan.queues[qi] for m in prog if isinstance(m, Wait))
+
+
+@given(random_items(), st.randoms(use_true_random=False))
+def test_the_order_of_an_items_accesses_changes_nothing_in_its_plan(
+    items: list[PlanItem], rnd: random.Random
+) -> None:
+    # Reads and writes of one item, in any order: the same waits (a write covers what an
+    # earlier read of the item would wait for), the same syncs and signals.
+    shuffled = [
+        attrs.evolve(item, accesses=tuple(rnd.sample(item.accesses, len(item.accesses))))
+        for item in items
+    ]
+    plan, other = build_plan(items, CAPS), build_plan(shuffled, CAPS)
+    assert other.programs == plan.programs and other.item_queue == plan.item_queue
+    assert other.devices == plan.devices and other.device_queues == plan.device_queues

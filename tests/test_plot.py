@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 import actorgraph as ag
 
@@ -100,7 +102,9 @@ def test_the_zoomed_profile_keeps_only_those_replays() -> None:
     assert len(part.events) == len(profile.events) // 3
 
 
-def test_the_legend_sits_beside_the_axes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The matplotlib Figures plot_timeline saves, kept to look into."""
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
@@ -112,9 +116,99 @@ def test_the_legend_sits_beside_the_axes(tmp_path: Path, monkeypatch: pytest.Mon
         real_savefig(self, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+def test_the_legend_sits_beside_the_axes(tmp_path: Path, saved_figures: list[Any]) -> None:
+    saved = saved_figures
     ag.plot_timeline(trio.run(_profile), tmp_path / "legend.png")
     (ax,) = saved[0].axes
     saved[0].canvas.draw()
     legend_box = ax.get_legend().get_window_extent()
     axes_box = ax.get_window_extent()
     assert legend_box.x0 >= axes_box.x1  # right of the plotting area: never over the bars
+
+
+async def _replays_seconds_apart() -> ag.Profile:
+    # SIM devices keep time on trio's clock: with the autojump clock the replays take
+    # simulated microseconds, and the seconds between them cost no wall time.
+    async with ag.open_runtime(["SIM:0", "SIM:1"], profile=True) as rt:
+        a, b, c = (rt.alloc("SIM:0", N, np.int32) for _ in range(3))
+        d = rt.alloc("SIM:1", N, np.int32)
+        graph = await rt.compile([ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c)])
+        for _ in range(3):
+            await graph()
+            await trio.sleep(2.0)  # a person between two notebook cells
+        return rt.profile()
+
+
+async def test_idle_time_between_replays_is_cut_from_the_axis(
+    tmp_path: Path, saved_figures: list[Any], autojump_clock: trio.testing.MockClock
+) -> None:
+    from actorgraph._plot import _time_axis
+
+    profile = await _replays_seconds_apart()
+    busy = sum(r.done - r.submitted for r in profile.replays)
+    assert profile.end - profile.start > 4.0 > 1000 * busy  # microseconds in seconds
+    place, cuts, width = _time_axis(profile)
+    assert [round(idle) for _, idle in cuts] == [2, 2]
+    assert width == pytest.approx(busy * 1.1)  # the replays, and a sliver per cut
+    starts = [place(e.start) for e in sorted(profile.events, key=lambda e: e.start)]
+    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] < width
+    for event in profile.events:  # an item keeps its length
+        assert place(event.end) - place(event.start) == pytest.approx(event.end - event.start)
+
+    ag.plot_timeline(profile, tmp_path / "apart.png")
+    (ax,) = saved_figures[0].axes
+    low, high = ax.get_xlim()
+    kernels = [e for e in profile.events if e.kind is ag.EventKind.KERNEL]
+    shortest = min(e.end - e.start for e in kernels) * 1e6  # us, the axis's unit here
+    assert shortest / (high - low) > 0.02  # a bar, not a hairline
+    assert "idle time between replays cut at the dashed lines" in ax.get_xlabel()
+    assert [t.get_text() for t in ax.texts] == [" 2 s idle cut", " 2 s idle cut"]
+
+
+def _cluster_profile() -> tuple[ag.Profile, dict[str, int]]:
+    """A replay on 16 SIM GPUs of two nodes in which SIM:3 and SIM:11 run nothing."""
+    names = [f"SIM:{i}" for i in range(16)]
+    busy = [n for n in names if n not in ("SIM:3", "SIM:11")]
+    kernel = ag.Kernel("k", cpu=lambda out, x: np.add(x, 1, out=out), outs=(0,), ins=(1,))
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def main() -> tuple[ag.Profile, dict[str, int]]:
+        async with ag.open_runtime(names, sim_preset="nvlink8x8", profile=True) as rt:
+            bufs = {n: (rt.alloc(n, 64, np.float32), rt.alloc(n, 64, np.float32)) for n in busy}
+            items: list[ag.Launch | ag.Copy] = [
+                ag.Launch(kernel, [bufs[n][1], bufs[n][0]]) for n in busy
+            ]
+            items += [ag.Copy(dst=bufs[b][0], src=bufs[a][1]) for a, b in zip(busy, busy[1:])]
+            graph = await rt.compile(items)
+            await graph()
+            return rt.profile(), ag.sim_nodes(rt)
+
+    return trio.run(main, clock=clock)
+
+
+def test_plot_timeline_groups_rows_by_node_and_folds_idle_queues(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from actorgraph._plot import _grouping, _rows
+
+    profile, nodes = _cluster_profile()
+    events: dict[str, list[ag.ProfileEvent]] = {a: [] for a in profile.actors}
+    for event in profile.events:
+        events[event.actor].append(event)
+    layout = _rows(list(profile.actors), events, _grouping(nodes), True, True)
+    # One row per device that ran something, in node order; the idle devices' two queues
+    # (and the copy queue of SIM:0, which receives nothing) are folded and counted.
+    assert layout.labels == [f"SIM:{i}" for i in range(16) if i not in (3, 11)]
+    assert layout.bands == [("node 0 (3 idle folded)", 0, 6), ("node 1 (2 idle folded)", 7, 13)]
+    assert layout.rows["SIM:1/compute"] == layout.rows["SIM:1/copy"] == 1
+    per_queue = _rows(list(profile.actors), events, _grouping(nodes), False, False)
+    assert len(per_queue.labels) == 32 and per_queue.bands[1] == ("node 1", 16, 31)
+    path = tmp_path / "cluster.png"
+    ag.plot_timeline(profile, path, groups=nodes, fold_idle=True, row_per_device=True)
+    assert path.read_bytes().startswith(b"\x89PNG")
+    by_name = _grouping(lambda actor: "first" if actor < "SIM:5" else "second")
+    assert by_name is not None and by_name("SIM:10/copy") == "first"
+    with pytest.raises(ag.UsageError, match=r"groups=...\) takes a mapping or a function"):
+        ag.plot_timeline(profile, path, groups=3)  # type: ignore[arg-type]

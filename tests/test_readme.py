@@ -18,9 +18,11 @@ so; GitHub does not show it. The forms:
     <!-- readme-test: env NAME=VALUE -->
         Run the block with this environment variable set.
     <!-- readme-test: worker DEVICES PORT -->
-        Do what the README's `actorgraph worker` shell block does: write the file `token`
-        in the block's folder and start a worker for DEVICES on loopback with it. The
-        worker takes a free port; PORT where the block names it becomes that port.
+        Run the README's `actorgraph worker` shell block as written, in the block's
+        folder (with the checkout's `examples` folder in it, which the block's kernels
+        module comes from), but for its port: the worker takes a free one, and PORT
+        where the python block names it becomes that port. The shell block must start a
+        worker for DEVICES on PORT.
     <!-- readme-test: requires NAME ... -->
         The block needs these optional modules or programs (tinygrad, clang); without one
         of them the block's test is skipped, saying which is missing.
@@ -33,12 +35,14 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -177,17 +181,46 @@ def test_parser_refuses_what_it_cannot_honour(text: str, message: str) -> None:
         parse_blocks(text)
 
 
+def test_the_readme_shows_the_example_kernels_module_as_it_is() -> None:
+    # The worker's shell block names examples/remote_kernels.py; the README shows it whole.
+    shown = (ROOT / "examples" / "remote_kernels.py").read_text()
+    assert any(block.source == shown for block in BLOCKS)
+    assert "--kernels remote_kernels" in worker_shell_block(README.read_text())[-1]
+
+
 # -- running the blocks --
 
 
-class _Worker:
-    """`actorgraph worker` on loopback, as the README's shell block starts it."""
+def worker_shell_block(text: str) -> list[str]:
+    """The lines of the README's ```bash block that starts `actorgraph worker`."""
+    found = re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    blocks = [b.splitlines() for b in found if re.search(r"^\S*.*actorgraph worker ", b, re.M)]
+    assert len(blocks) == 1, f"expected one shell block starting a worker, found {len(blocks)}"
+    return blocks[0]
 
-    def __init__(self, devices: str, token_file: Path) -> None:
-        cmd = [sys.executable, "-m", "actorgraph", "worker", "--port", "0"]
-        cmd += ["--devices", devices, "--token-file", str(token_file)]
-        env = dict(os.environ, PYTHONPATH=child_pythonpath())
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+
+class _Worker:
+    """`actorgraph worker` on loopback, started by the README's own shell block, as
+    written but for the port (0: a free one) and the folder it runs in (`folder`)."""
+
+    def __init__(self, devices: str, port: str, folder: Path) -> None:
+        lines = worker_shell_block(README.read_text())
+        command = lines[-1]
+        assert f" --devices {devices} " in command and f" --port {port} " in command, command
+        (folder / "examples").symlink_to(ROOT / "examples")
+        script = "\n".join([*lines[:-1], command.replace(f" --port {port} ", " --port 0 ")])
+        # `actorgraph` as the user's shell finds it: this interpreter's scripts first.
+        bindir = os.path.dirname(sys.executable)
+        env = dict(os.environ, PATH=os.pathsep.join([bindir, os.environ.get("PATH", "")]))
+        # A session of its own: stop() ends the shell and the worker it started.
+        self.proc = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], GUARD)
         line = self.proc.stdout.readline() if ready else ""
@@ -198,7 +231,8 @@ class _Worker:
         self.port = int(match.group(1))
 
     def stop(self) -> None:
-        self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
 
@@ -264,10 +298,9 @@ def test_readme_block(block: Block, in_tmp: Path, monkeypatch: pytest.MonkeyPatc
     workers = []
     try:
         for devices, port in block.options("worker"):
-            token = in_tmp / "token"
-            token.write_text(TOKEN_TEXT)
-            worker = _Worker(devices, token)
+            worker = _Worker(devices, port, in_tmp)
             workers.append(worker)
+            assert (in_tmp / "token").read_text() == TOKEN_TEXT  # as the block wrote it
             code = code.replace(f"127.0.0.1:{port}", f"127.0.0.1:{worker.port}")
         namespace: dict[str, object] = {"__name__": "__main__"}
         padded = "\n" * block.line + code  # tracebacks give README.md's own line numbers

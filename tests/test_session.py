@@ -85,7 +85,9 @@ async def test_refuses_missing_and_wrong_tokens(
             remote.RemoteConnectionError,
             match=re.escape(
                 f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker is running and "
-                f"requires a token; pass open_runtime(..., remote_token_file=PATH) naming its --token-file"
+                f"requires a token; pass open_runtime(..., remote_token_file=PATH) naming its "
+                f"--token-file, or set ACTORGRAPH_TOKEN_FILE=PATH (the actorgraph command: "
+                f"--token-file PATH)"
             ),
         ) as info:
             async with ag.open_runtime([worker.name("CPU:0")]):

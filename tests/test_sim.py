@@ -483,7 +483,8 @@ async def test_cost_function_returning_nonsense_fails_the_compile() -> None:
 
 async def test_unknown_preset_is_refused() -> None:
     with pytest.raises(
-        ag.DeviceError, match=r"unknown sim_preset 'dgx': use one of \['nvlink8', 'pcie8'\]"
+        ag.DeviceError,
+        match=r"unknown sim_preset 'dgx': use one of \['nvlink8', 'nvlink8x8', 'pcie4x4', 'pcie8'\]",
     ):
         async with ag.open_runtime(["SIM:0"], sim_preset="dgx"):
             pass

@@ -1,287 +1,289 @@
-"""A tinygrad jit cache as actorgraph items: kernels, copies and buffers.
+"""Captured tinygrad work in actorgraph's terms, whatever the tinygrad release.
+
+Each adapter (`_v011`, `_v014`) reads its release's captured batch into the neutral form
+here: `KernelCall`s and `CopyCall`s over `Region`s. A region is bytes of host memory:
+either part of an input root (a buffer passed anew on every call, numbered in the batch)
+or part of memory the jit holds (its weights, its arena of intermediates), known by
+address. Everything is bytes (uint8 views): kernels take addresses and copies move
+bytes, so no dtype has to survive the trip, and the planner orders items by the bytes
+they touch.
 
 tinygrad's CPU devices (`CPU`, `CPU:1`, ...) map to actorgraph's `CPU:0`, `CPU:1`, ...
-Their memory is host memory that tinygrad allocated, so it becomes `rt.wrap` buffers
-(views of a wrapped base for tinygrad's views, which its memory planner makes of one
-arena); a compiled kernel becomes an address kernel that calls tinygrad's compiled
-function directly through ctypes with the buffers' addresses and the var values.
+This module imports no tinygrad.
 """
 
 from __future__ import annotations
 
 import ctypes
-import platform
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
-from tinygrad.device import Buffer as TinyBuffer
-from tinygrad.device import Device
-from tinygrad.dtype import DType, _to_np_dtype
-from tinygrad.engine.realize import BufferCopy, BufferXfer, CompiledRunner, ExecItem, ViewOp
 
 from .._buffer import Buffer
 from .._errors import InputError, UsageError
-from .._foreign import ExternalTimeline
 from .._kernel import Copy, Item, Kernel, Launch
 from .._runtime import Runtime
 from .._vars import Var
 
-# Plans kept per jit, one per set of input sizes (symbolic shapes): the latest ones.
-PLANS_KEPT = 16
-
-# On arm64 tinygrad's CPU kernels take their int args as 64-bit.
-_VAL_TYPE = ctypes.c_int64 if platform.machine() in ("arm64", "aarch64") else ctypes.c_int32
+U8 = np.dtype(np.uint8)
 
 
 def device_name(tiny_device: str) -> str:
     """actorgraph's name for a tinygrad CPU device ("CPU" -> "CPU:0", "CPU:2" -> "CPU:2")."""
     kind, _, index = tiny_device.partition(":")
-    if kind != "CPU":
+    if kind != "CPU" or not (index == "" or index.isdigit()):
         raise UsageError(
             f"tinygrad device {tiny_device!r} is not a CPU device; actorgraph runs tinygrad "
             f"work on CPU devices only (CPU, CPU:1, ...)"
         )
-    return f"CPU:{index or 0}"
+    return f"CPU:{int(index or 0)}"
 
 
-def numpy_dtype(dtype: DType) -> np.dtype[Any]:
-    """The numpy dtype with the same bytes: tinygrad's own, or an unsigned int of its
-    size for dtypes numpy lacks (bfloat16, fp8): kernels get addresses, copies bytes."""
-    found = _to_np_dtype(dtype) if dtype.fmt is not None else None
-    if found is not None:
-        return np.dtype(found)
-    if dtype.itemsize in (1, 2, 4, 8):
-        return np.dtype(f"u{dtype.itemsize}")
-    return np.dtype(f"V{dtype.itemsize}")
+def device_index(tiny_device: str) -> int:
+    return int(device_name(tiny_device).split(":")[1])
 
 
-def check_allocated(buf: TinyBuffer, what: str) -> None:
-    if not buf.is_allocated():
-        raise InputError(
-            f"{what}: tinygrad buffer {buf!r} (on {buf.device}, {buf.size} x {buf.dtype}) is "
-            f"not allocated (freed, or never realized); realize the tensor before the call"
-        )
+@attrs.frozen
+class Region:
+    """Bytes one argument of a call touches: `nbytes` from `offset` into input root
+    `root` (>= 0; nbytes -1: the whole root, however large it is on a call), or, with
+    root -1, into the memory the jit holds at `address` (a base of `base_nbytes` bytes,
+    which stays the jit's)."""
+
+    device: str  # actorgraph's name
+    root: int
+    offset: int
+    nbytes: int
+    address: int = 0
+    base_nbytes: int = 0
 
 
-def tiny_var(var: Any) -> Var:
-    name, lo, hi = var.arg
-    return Var(str(name), int(lo), int(hi))
+@attrs.frozen
+class KernelCall:
+    """A compiled kernel over regions. `values` are its value arguments in order: an
+    ag.Var bound per call, or a fixed int (a lane's device number)."""
+
+    kernel: Kernel
+    args: tuple[Region, ...]
+    values: tuple[Var | int, ...]
+
+
+@attrs.frozen
+class CopyCall:
+    dst: Region
+    src: Region
+
+
+Call = KernelCall | CopyCall
+
+
+@attrs.frozen
+class Root:
+    """An input root of a batch: a buffer of `nbytes` on `device` passed on every call."""
+
+    device: str
+    nbytes: int
 
 
 class Wrapper:
-    """tinygrad buffers -> actorgraph buffers of one runtime.
+    """Host memory tinygrad owns, as actorgraph buffers of one runtime (`rt.wrap`).
 
-    Base buffers are wrapped by address (cached by address, size and dtype, so a buffer
-    tinygrad hands out again at the same place maps to the same Buffer); views become
-    views of their wrapped base.
+    Bases are wrapped as bytes by (device, address, size), cached, so a buffer tinygrad
+    hands out again at the same place maps to the same Buffer, whose bound replays a
+    graph keeps. Thread-safe: a miss may wrap twice, and both wrappers alias by address.
     """
 
     def __init__(self, runtime: Runtime, limit: int = 256) -> None:
         self.runtime = runtime
-        self._bases: dict[tuple[str, int, int, str], Buffer] = {}
+        self._bases: dict[tuple[str, int, int], Buffer] = {}
         self._limit = limit
 
-    def base(self, buf: TinyBuffer, what: str) -> Buffer:
-        check_allocated(buf, what)
-        device = device_name(buf.device)
-        address = int(buf._buf.va_addr)
-        key = (device, address, buf.nbytes, buf.dtype.name)
+    def base(self, device: str, address: int, nbytes: int) -> Buffer:
+        key = (device, address, nbytes)
         found = self._bases.get(key)
-        if found is not None and not found.freed:
+        if found is not None:
             return found
-        wrapped = self.runtime.wrap(
-            device, address, nbytes=buf.nbytes, dtype=numpy_dtype(buf.dtype), shape=(buf.size,)
-        )
-        if len(self._bases) >= self._limit:
-            self._bases.pop(next(iter(self._bases)))
-        self._bases[key] = wrapped
+        wrapped = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
+        bases = self._bases
+        if len(bases) >= self._limit:
+            try:
+                del bases[next(iter(bases))]  # the oldest; wrapped again if seen again
+            except (KeyError, StopIteration, RuntimeError):
+                pass  # another thread took it first
+        bases[key] = wrapped
         return wrapped
 
-    def buffer(self, buf: TinyBuffer, what: str, root: Buffer | None = None) -> Buffer:
-        """`buf` as an actorgraph buffer; a view of `root` (its base's wrapper) if given."""
-        if buf._base is None:
-            return root if root is not None else self.base(buf, what)
-        base = root if root is not None else self.base(buf._base, what)
-        check_allocated(buf, what)
-        dtype = numpy_dtype(buf.dtype)
-        if buf.offset % dtype.itemsize:
-            raise UsageError(
-                f"{what}: tinygrad view {buf!r} starts {buf.offset} bytes into its base, not "
-                f"a multiple of its {dtype.itemsize}-byte items; actorgraph cannot view it"
+
+def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> Buffer:
+    if region.root >= 0:
+        base = roots[region.root]
+        if region.nbytes < 0:
+            return base
+    else:
+        base = wrapper.base(region.device, region.address, region.base_nbytes)
+    if region.offset == 0 and region.nbytes == base.nbytes:
+        return base
+    return base.view(region.offset, region.nbytes)
+
+
+def build_items(calls: Sequence[Call], roots: Sequence[Buffer], wrapper: Wrapper) -> list[Item]:
+    """The batch's calls as actorgraph items over these roots and the jit's own memory."""
+    items: list[Item] = []
+    for call in calls:
+        if isinstance(call, KernelCall):
+            bufs = [region_buffer(r, roots, wrapper) for r in call.args]
+            variables = tuple(_value_var(v, k) for k, v in enumerate(call.values))
+            fixed = {
+                var: value
+                for var, value in zip(variables, call.values)
+                if not isinstance(value, Var)
+            }
+            items.append(Launch(call.kernel, bufs, vars=variables, fixedvars=fixed))
+        else:
+            dst = region_buffer(call.dst, roots, wrapper)
+            src = region_buffer(call.src, roots, wrapper)
+            items.append(Copy(dst=dst, src=src))
+    return items
+
+
+def _value_var(value: Var | int, position: int) -> Var:
+    """The Var a kernel's value argument is passed as: its own, or for a fixed value a
+    Var of its position bound through the launch's fixedvars (Vars compare by value)."""
+    if isinstance(value, Var):
+        return value
+    return Var(f"fixed_{position}", value, value)
+
+
+def cpu_kernel(
+    name: str,
+    address: int,
+    nbufs: int,
+    nvalues: int,
+    value_type: Any,
+    outs: Sequence[int],
+    ins: Sequence[int],
+    *,
+    keep: Any,
+    core_id: int | None = None,
+    cores: int = 1,
+) -> Kernel:
+    """A Kernel that calls tinygrad's compiled CPU function at `address` with the buffers'
+    addresses (uint64) and the values (`value_type` each). `keep` owns the code's memory
+    (tinygrad's program object); the function holds it. A kernel with a `core_id` value
+    (position `core_id` among the values) is called once per core, core_id 0..cores-1,
+    one after another, as tinygrad calls it; the Kernel's callers pass every value but
+    that one."""
+    signature = ctypes.CFUNCTYPE(None, *([ctypes.c_uint64] * nbufs + [value_type] * nvalues))
+    function = signature(address)
+    function.keep = keep  # type: ignore[attr-defined]  # the code lives as long as its caller
+    body: Callable[..., Any]
+    if core_id is None:
+        body = function  # called straight from the replay loop: no Python frame between
+    else:
+        slot = nbufs + core_id
+
+        def body(*args: int, _fn: Any = function, _cores: int = cores, _slot: int = slot) -> None:
+            values = list(args)
+            values.insert(_slot, 0)
+            for core in range(_cores):
+                values[_slot] = core
+                _fn(*values)
+
+    outs_set = sorted(set(outs))
+    ins_set = sorted(set(ins) | (set(range(nbufs)) - set(outs_set)))
+    if not outs_set:
+        raise UsageError(f"tinygrad kernel {name!r} writes no buffer; actorgraph cannot order it")
+    kernel_name = name if name.isidentifier() else "tinygrad_kernel"
+    return Kernel(kernel_name, cpu=body, cpu_args="addresses", outs=outs_set, ins=ins_set)
+
+
+def regions_of(call: Call) -> tuple[Region, ...]:
+    return call.args if isinstance(call, KernelCall) else (call.dst, call.src)
+
+
+def jit_name(jit: Any) -> str:
+    """How a message names a TinyJit: by the function it jits (its repr names only its
+    class and address)."""
+    name = getattr(getattr(jit, "fxn", None), "__name__", None)
+    return f"jit {name!r}" if isinstance(name, str) else "this jit"
+
+
+def layout_key(uop: Any, base: Any, base_key: Any) -> tuple[Any, ...] | None:
+    """A tensor argument's layout: its view chain from `uop` down to its buffer `base`
+    (each view's op, arg, dtype and other operands) and `base_key` (the buffer's dtype,
+    size and device), never the buffer's identity; None for a chain too long to bother."""
+    parts = [base_key]
+    node = uop
+    for _ in range(32):
+        if node is base:
+            return tuple(parts)
+        parts.append((node.op, node.arg, node.dtype, node.src[1:]))
+        node = node.src[0]
+    return None
+
+
+class Layouts:
+    """Argument layouts a jit's own check accepted, so a call whose tensor arguments all
+    have known layouts needs no second check. tinygrad walks every tensor argument's
+    views on every call of a jit (about 17 us a call on 0.11, 66 us on 0.14); a new
+    tensor of a layout seen before gets the same answer, so it is checked once per
+    layout. A symbolic layout carries its bound values (checked once per value), and
+    the var values tinygrad read from it are kept with it. The latest `limit` are kept.
+
+    A call's layout, as an adapter reads it: (inputs, var values from its non-tensor
+    arguments, layout key), or None for a call it cannot read so."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._known: dict[tuple[Any, ...], dict[str, int]] = {}
+        self._limit = limit
+
+    def answer(self, found: Found | None) -> tuple[list[Any], dict[str, int]] | None:
+        """(inputs, var values) for a call of a known layout, else None."""
+        if found is None:
+            return None
+        bound = self._known.get(found[2])
+        if bound is None:
+            return None
+        return found[0], {**bound, **found[1]}
+
+    def accept(self, found: Found | None, var_vals: dict[str, int]) -> None:
+        """tinygrad's check accepted this call: the next of its layout skips the check,
+        taking the values of the variables its layouts bind from here."""
+        if found is None:
+            return
+        known = self._known
+        if len(known) >= self._limit:
+            del known[next(iter(known))]
+        known[found[2]] = {k: v for k, v in var_vals.items() if k not in found[1]}
+
+
+Found = tuple[list[Any], dict[str, int], tuple[Any, ...]]
+
+
+def check_live(jit: str, named: Iterable[tuple[Any, Any]]) -> None:
+    """Refuse a tensor argument whose tinygrad buffer was freed ((name, buffer) pairs)."""
+    for name, buf in named:
+        if not buf.is_allocated():
+            raise InputError(
+                f"tensor argument {name!r} of {jit}: its tinygrad buffer {buf!r} was freed; "
+                f"pass a realized tensor"
             )
-        return base.view(byte_offset=buf.offset, dtype=dtype, shape=(buf.size,))
 
 
-def _kernel_for(runner: CompiledRunner) -> Kernel:
-    program = runner.p
-    nbufs = len(program.globals)
-    nvals = len(program.vars)
-    raw = runner._prg
-    fxn = getattr(raw, "fxn", None)
-    if fxn is None:
-        raise UsageError(
-            f"kernel {program.name!r} has no compiled CPU function (a {type(raw).__name__}); "
-            f"actorgraph runs tinygrad CPU kernels only"
+def check_arguments(jit: str, names: Any, expected_names: Any, layouts: Any, expected: Any) -> None:
+    """Refuse arguments TinyJit would refuse: other tensor arguments than it captured, or
+    one of another layout ((view, vars, dtype, device) as tinygrad describes it)."""
+    if names != expected_names:
+        raise InputError(
+            f"{jit} was captured with tensor arguments {expected_names} but got {names}; "
+            f"pass the same arguments"
         )
-    address = int(ctypes.cast(fxn, ctypes.c_void_p).value or 0)
-    typed = ctypes.CFUNCTYPE(None, *([ctypes.c_uint64] * nbufs + [_VAL_TYPE] * nvals))(address)
-
-    def call(*args: int, _fn: Any = typed, _keep: Any = raw) -> None:
-        _fn(*args)  # the program object (_keep) owns the code's memory
-
-    outs = sorted(set(program.outs))
-    ins = sorted(set(program.ins) | (set(range(nbufs)) - set(outs)))
-    if not outs:
-        raise UsageError(f"tinygrad kernel {program.function_name!r} writes no buffer")
-    name = program.function_name if program.function_name.isidentifier() else "tinygrad_kernel"
-    return Kernel(name, cpu=call, cpu_args="addresses", outs=outs, ins=ins)
-
-
-class Converter:
-    """Turns jit-cache items into actorgraph items, one Kernel per tinygrad program."""
-
-    def __init__(self, wrapper: Wrapper) -> None:
-        self.wrapper = wrapper
-        self._kernels: dict[int, tuple[CompiledRunner, Kernel]] = {}
-        self.vars: dict[Any, Var] = {}
-
-    def kernel(self, runner: CompiledRunner) -> Kernel:
-        hit = self._kernels.get(id(runner))
-        if hit is None or hit[0] is not runner:
-            hit = (runner, _kernel_for(runner))
-            self._kernels[id(runner)] = hit
-        return hit[1]
-
-    def var(self, tiny: Any) -> Var:
-        found = self.vars.get(tiny)
-        if found is None:
-            found = self.vars[tiny] = tiny_var(tiny)
-        return found
-
-    def check(
-        self, jit_cache: Sequence[ExecItem], input_slots: Mapping[tuple[int, int], int]
-    ) -> None:
-        """Refuse item kinds actorgraph cannot run and captured buffers that are gone;
-        build the kernels."""
-        for j, ei in enumerate(jit_cache):
-            prg = ei.prg
-            if isinstance(prg, CompiledRunner):
-                self.kernel(prg)
-            elif not isinstance(prg, (BufferCopy, BufferXfer, ViewOp)):
-                self._refuse(j, prg)
-            for i, buf in enumerate(ei.bufs):
-                if buf is not None and (j, i) not in input_slots:
-                    self.wrapper.buffer(buf, f"jit cache item {j} buffer {i}")
-
-    @staticmethod
-    def _refuse(j: int, prg: Any) -> None:
-        raise UsageError(
-            f"jit cache item {j} is a {type(prg).__name__} "
-            f"({getattr(prg, 'display_name', prg)}); actorgraph runs compiled CPU kernels, "
-            f"BufferCopy, BufferXfer and ViewOp items only"
-        )
-
-    def convert(
-        self,
-        jit_cache: Sequence[ExecItem],
-        slot_buffers: Callable[[int, int, TinyBuffer | None], Buffer],
-    ) -> list[Item]:
-        """Items for `jit_cache`; slot_buffers(j, i, tinygrad buffer) gives item j's
-        buffer i (inputs bound to the graph's input buffers)."""
-        items: list[Item] = []
-        for j, ei in enumerate(jit_cache):
-            prg = ei.prg
-            if isinstance(prg, CompiledRunner):
-                bufs = [slot_buffers(j, i, b) for i, b in enumerate(ei.bufs)]
-                program = prg.p
-                fixed = {self.var(v): int(val) for v, val in ei.fixedvars.items()}
-                kernel = self.kernel(prg)
-                kernel_vars = tuple(self.var(v) for v in program.vars)
-                items.append(Launch(kernel, bufs, vars=kernel_vars, fixedvars=fixed))
-            elif isinstance(prg, (BufferCopy, BufferXfer)):
-                dst, src = (slot_buffers(j, i, b) for i, b in enumerate(ei.bufs[:2]))
-                if dst.dtype != src.dtype or dst.size != src.size:
-                    dst = dst.view(dtype=np.uint8)
-                    src = src.view(dtype=np.uint8)
-                items.append(Copy(dst=dst, src=src))
-            elif isinstance(prg, ViewOp):
-                continue  # a view is a layout, not work: its buffers are views already
-            else:
-                self._refuse(j, prg)
-        return items
-
-    def var_values(self, var_vals: Mapping[Any, int], needed: Iterable[Var]) -> dict[Var, int]:
-        wanted = set(needed)
-        out: dict[Var, int] = {}
-        for tiny, value in var_vals.items():
-            var = self.vars.get(tiny)
-            if var is not None and var in wanted:
-                out[var] = int(value)
-        return out
-
-
-class Timelines:
-    """tinygrad's device timelines as ag.ExternalTimelines: a replay waits for the work
-    tinygrad queued before it and takes its own timeline value, so tinygrad's later work
-    and its synchronize() wait for the replay, with no synchronize before it.
-
-    One per runtime (`Timelines.of_runtime`): when the value a replay would wait for is
-    the one this runtime's previous replay on that device took, the runtime's own device
-    timeline already orders the two, and the replay does not wait for it.
-    """
-
-    def __init__(self) -> None:
-        self._timelines: dict[str, ExternalTimeline] = {}
-        self._taken: dict[str, int] = {}
-
-    @staticmethod
-    def of_runtime(runtime: Runtime) -> Timelines:
-        found = _BY_RUNTIME.get(runtime)
-        if found is None:
-            found = _BY_RUNTIME[runtime] = Timelines()
-        return found
-
-    def of(self, tiny_device: str) -> ExternalTimeline:
-        found = self._timelines.get(tiny_device)
-        if found is None:
-            dev = Device[tiny_device]
-
-            def read(dev: Any = dev) -> int:
-                return int(dev.timeline_signal.value)
-
-            def write(value: int, dev: Any = dev) -> None:
-                dev.timeline_signal.value = value
-
-            # Waiting polls the word: tinygrad's own signal wait joins the device's whole
-            # task queue, which may hold work that waits for this very replay.
-            found = ExternalTimeline(f"tinygrad {tiny_device}", read, write)
-            self._timelines[tiny_device] = found
-        return found
-
-    def points(
-        self, tiny_devices: Iterable[str]
-    ) -> tuple[list[tuple[ExternalTimeline, int]], list[tuple[ExternalTimeline, int]]]:
-        """(after, then) for one replay on these devices; takes their next values."""
-        after, then = [], []
-        taken = self._taken
-        for name in tiny_devices:
-            dev: Any = Device[name]
-            timeline = self.of(name)
-            before = dev.timeline_value - 1
-            if taken.get(name) != before:
-                after.append((timeline, before))
-            value = dev.next_timeline()
-            taken[name] = value
-            then.append((timeline, value))
-        return after, then
-
-
-_BY_RUNTIME: weakref.WeakKeyDictionary[Runtime, Timelines] = weakref.WeakKeyDictionary()
-
-
-def devices_of(jit_cache: Sequence[ExecItem], inputs: Sequence[TinyBuffer]) -> list[str]:
-    names = {b.device for ei in jit_cache for b in ei.bufs if b is not None}
-    names.update(b.device for b in inputs)
-    return sorted(names)
+    for name, got, want in zip(names, layouts, expected):
+        if got != want:
+            raise InputError(
+                f"tensor argument {name!r} of {jit} has shape {got[0].shape} {got[2]} on "
+                f"{got[3]} but the jit was captured for {want[0].shape} {want[2]} on "
+                f"{want[3]}; pass a tensor of the captured layout (symbolic dims may vary)"
+            )

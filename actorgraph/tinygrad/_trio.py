@@ -2,151 +2,111 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
 from typing import Any
 
-from tinygrad.device import Buffer as TinyBuffer
-from tinygrad.engine.jit import TinyJit, _prepare_jit_inputs
-from tinygrad.tensor import Tensor
-from tinygrad.uop import Ops
+import trio
 
-from .._buffer import Buffer
-from .._errors import InputError, UsageError
+from .._errors import UsageError
 from .._graph import Graph
 from .._runtime import Runtime
 from .._vars import Var
-from ._convert import PLANS_KEPT, Converter, Timelines, Wrapper, devices_of, numpy_dtype
+from ._batch import Batch
+from ._convert import Wrapper
+from ._version import adapter_for, installed_version
+
+_adapter: Any = importlib.import_module(f"{__package__}.{adapter_for(installed_version())}")
 
 
 class JitGraph:
     """A captured TinyJit replayed by actorgraph: `await jit_graph(*args, **kwargs)` takes
-    the jit's own arguments (tensors, bound Variables), replays the captured work on the
-    runtime's CPU devices and returns what the jit returns (its output tensors, which the
-    replay wrote). `jit_graph.graph` is the ag.Graph (plan, statistics, profiles).
+    the jit's own arguments (tensors, bound Variables), checks them as TinyJit does,
+    replays the captured work on the runtime's CPU devices and returns what the jit
+    returns (its output tensors, which the replay wrote). `jit_graph.graph` is the
+    ag.Graph (plan, statistics, profiles).
 
-    Inputs whose size changes per call (symbolic shapes) get a graph per set of input
-    sizes, planned on first use (`graphs` counts them).
+    Symbolic shapes replay with one plan, made for the largest sizes the jit allows
+    (`graphs` counts the plans made).
     """
 
-    def __init__(self, runtime: Runtime, jit: TinyJit[Any], *, verify: bool | None = None) -> None:
-        captured = jit.captured
-        if captured is None:
-            raise UsageError(
-                f"{jit!r} has not captured its work yet; call it twice first (tinygrad's "
-                f"TinyJit captures on its second call)"
-            )
+    def __init__(self, runtime: Runtime, jit: Any, *, verify: bool | None = None) -> None:
         self.runtime = runtime
         self.jit = jit
-        self._captured = captured
-        self._cache = list(captured.jit_cache)
-        self._input_replace = dict(captured.input_replace)
-        self._views = list(captured.extra_view_inputs)
         self._wrapper = Wrapper(runtime)
-        self._converter = Converter(self._wrapper)
-        self._timelines = Timelines.of_runtime(runtime)
+        # Every call kind and captured buffer is checked now, not on the first call.
+        self._source = _adapter.JitSource(jit, self._wrapper)
         self._verify = verify
-        self._graphs: dict[tuple[int, ...], Graph] = {}
-        self._latest: Graph | None = None
-        # Every item kind and captured buffer is checked now, not on the first call.
-        self._converter.check(self._cache, self._input_replace)
 
     def __repr__(self) -> str:
-        return f"<JitGraph {len(self._cache)} items, {len(self._graphs)} graphs>"
+        return f"<JitGraph of {self._source.name}: {self._source.size} calls, {self.graphs} plans>"
 
     @property
     def graph(self) -> Graph:
-        """The Graph of the latest call (the first input sizes before any call)."""
-        if self._latest is None:
+        """The Graph of the latest call."""
+        batch = self._source.batch
+        if batch is None or batch.graph is None:
             raise UsageError("this JitGraph has not been called yet; await it once first")
-        return self._latest
+        graph: Graph = batch.graph
+        return graph
 
     @property
     def graphs(self) -> int:
-        return len(self._graphs)
+        batch = self._source.batch
+        return 0 if batch is None else int(batch.plans)
 
-    def _inputs(
-        self, args: Sequence[Any], kwargs: dict[str, Any]
-    ) -> tuple[list[TinyBuffer], dict[Any, int]]:
-        named = [*enumerate(args), *sorted(kwargs.items())]
-        for name, value in named:
-            if isinstance(value, Tensor):
-                uop = value.uop
-                for part in uop.src if uop.op is Ops.MULTI else (uop,):
-                    base = part.base
-                    if base.op is Ops.BUFFER and not base.buffer.is_allocated():
-                        raise InputError(
-                            f"tensor argument {name!r}: its tinygrad buffer {base.buffer!r} was "
-                            f"freed; pass a realized tensor"
-                        )
-        buffers, var_vals, names, layouts = _prepare_jit_inputs(tuple(args), kwargs)  # type: ignore[no-untyped-call]
-        captured = self._captured
-        if names != captured.expected_names:
-            raise InputError(
-                f"{self.jit!r} was captured with tensor arguments {captured.expected_names} "
-                f"but got {names}; pass the same arguments"
-            )
-        for k, (got, want) in enumerate(zip(layouts, captured.expected_st_vars_dtype_device)):
-            if got != want:
-                raise InputError(
-                    f"tensor argument {names[k]!r} has shape {got[0].shape} {got[2]} on "
-                    f"{got[3]} but {self.jit!r} was captured for {want[0].shape} {want[2]} on "
-                    f"{want[3]}; pass a tensor of the captured layout (symbolic dims may vary)"
-                )
-        return list(buffers), dict(var_vals)
-
-    async def inputs(self, *args: Any, **kwargs: Any) -> tuple[Graph, list[Buffer], dict[Var, int]]:
+    async def inputs(self, *args: Any, **kwargs: Any) -> tuple[Graph, list[Any], dict[Var, int]]:
         """(graph, input buffers, var values) for a call with these arguments, so that
         `await graph(buffers, values)` is the replay (with profile=, submit(), ...).
         Order it after tinygrad's own work yourself (or call the JitGraph instead)."""
-        graph, roots, values, _ = await self._prepare(args, kwargs)
-        return graph, roots, values
+        batch, roots, values = await self._prepare(args, kwargs)
+        return batch.graph, roots, values
 
     async def _prepare(
-        self, args: Sequence[Any], kwargs: dict[str, Any]
-    ) -> tuple[Graph, list[Buffer], dict[Var, int], list[TinyBuffer]]:
-        tiny_inputs, tiny_vals = self._inputs(args, kwargs)
-        roots = [
-            self._wrapper.base(buf, f"tensor argument {k}") for k, buf in enumerate(tiny_inputs)
-        ]
-        key = tuple(b.nbytes for b in roots)
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = await self._compile(roots)
-            if len(self._graphs) >= PLANS_KEPT:
-                self._graphs.pop(next(iter(self._graphs)))  # the oldest; planned again if needed
-            self._graphs[key] = graph
-        self._latest = graph
-        values = self._converter.var_values(tiny_vals, graph._program.free_vars)
-        return graph, roots, values, tiny_inputs
-
-    async def _compile(self, roots: list[Buffer]) -> Graph:
-        base_count = len(roots)
-
-        def slot(j: int, i: int, buf: TinyBuffer | None) -> Buffer:
-            index = self._input_replace.get((j, i))
-            if index is None:
-                if buf is None:
-                    raise InputError(f"jit cache item {j} buffer {i} is missing (freed?)")
-                return self._wrapper.buffer(buf, f"jit cache item {j} buffer {i}")
-            if index < base_count:
-                return roots[index]
-            base, offset, _device, size, dtype = self._views[index - base_count]
-            return roots[base].view(byte_offset=offset, dtype=numpy_dtype(dtype), shape=(size,))
-
-        items = self._converter.convert(self._cache, slot)
-        return await self.runtime.compile(items, inputs=roots, verify=self._verify)
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Batch, list[Any], dict[Var, int]]:
+        batch, roots, given = await self._source.prepare(self.runtime, args, kwargs)
+        if batch.graph_for(roots) is None:
+            items, limits = batch.plan(roots)
+            graph = await self.runtime.compile(
+                items, inputs=roots, max_sizes=limits, verify=self._verify, aliasing="replan"
+            )
+            batch.keep_plan(graph, limits)
+        return batch, roots, batch.values(given, f"{self._source.name}")
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        graph, roots, values, tiny_inputs = await self._prepare(args, kwargs)
-        after, then = self._timelines.points(devices_of(self._cache, tiny_inputs))
-        await graph(roots, values, after=after, then=then)
-        return self._captured.ret
+        """Replay with the jit's own arguments; return what the jit returns, written.
+
+        Cancelled before the replay starts, it starts nothing; cancelled once it has
+        started, it still returns only when the replay is done (tinygrad's own work
+        after the call, inline on this thread, must not pass it)."""
+        batch, roots, values = await self._prepare(args, kwargs)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        after, then = self._source.points(batch)  # values taken: from here, they are written
+        graph = batch.graph
+        try:
+            if after or then:
+                await graph(roots, values, after=after, then=then)
+            else:
+                await graph(roots, values)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await _replays_done(graph)
+            for timeline, value in then:  # (written already, unless it never started)
+                timeline.advance(value)
+            raise
+        return self._source.ret
 
 
-async def graph_from_jit(
-    runtime: Runtime, jit: TinyJit[Any], *, verify: bool | None = None
-) -> JitGraph:
+async def _replays_done(graph: Graph) -> None:
+    """Return once none of the graph's replays is in flight (a cancelled caller's
+    replay goes on on the actors; only this rare path polls)."""
+    while graph.statistics().in_flight:
+        await trio.sleep(0.0005)
+
+
+async def graph_from_jit(runtime: Runtime, jit: Any, *, verify: bool | None = None) -> JitGraph:
     """A captured TinyJit as a JitGraph on `runtime` (which opens the CPU devices the jit
     uses: tinygrad's CPU is CPU:0, CPU:1 is CPU:1, ...). The jit must have captured
-    (been called twice). `verify=True` proves each plan deadlock- and race-free."""
+    (tinygrad captures on a jit's second call). `verify=True` proves each plan
+    deadlock- and race-free."""
     return JitGraph(runtime, jit, verify=verify)

@@ -89,6 +89,7 @@ class CUDADevice(Device):
         ["cuda_driver", "cuda_graphs", "cuda_graph_min_items", "cuda_mem_ops", "cuda_no_peer"]
     )
     host_visible = False
+    builds_kernels = True  # NVRTC: see slow_builds
     host_backed = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:

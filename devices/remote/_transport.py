@@ -229,7 +229,8 @@ class Transport:
         except TokenRequired:
             raise RemoteError(
                 "the worker is running and requires a token; pass "
-                "open_runtime(..., remote_token_file=PATH) naming its --token-file"
+                "open_runtime(..., remote_token_file=PATH) naming its --token-file, or set "
+                "ACTORGRAPH_TOKEN_FILE=PATH (the actorgraph command: --token-file PATH)"
             ) from None
         except HandshakeRefused as exc:
             reason = str(exc)

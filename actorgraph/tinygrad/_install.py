@@ -1,0 +1,219 @@
+"""install(): actorgraph as the graph runner of every tinygrad CPU device.
+
+What every tinygrad release shares: a background runtime (`ag.start_runtime`) on CPU:0 ..
+CPU:N-1 owned by this module, the tinygrad devices patched to use the release's runner
+class, the counters of statistics(), and the replay itself (`Installed.replay`).
+
+A replay is synchronous: the runner's call returns once the batch's work is done. It
+runs on the caller's own thread as one loop over the kernels' calls whenever it can (a
+background runtime runs a replay of inline items on idle CPU queues where it is called,
+while its loop is stopped), else it goes to the runtime's thread and the caller waits
+for it. So a replay stands where tinygrad would have run the batch's kernels itself,
+between the tinygrad work before and after it on the same thread, and ordering against
+tinygrad's own work is the caller's program order; where a release queues its own work
+asynchronously (0.11's device timelines), its adapter's `Ordering` waits for that work
+first and advances the timeline after.
+
+Replays from several threads take one lock, so they run one at a time: a replay takes
+the devices' next values of tinygrad's timelines, runs and advances them before the
+next replay takes any, and tinygrad's later work never passes a replay.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from .._background import BackgroundRuntime, start_runtime
+from .._errors import ClosedError, UsageError
+from ._batch import Batch
+from ._convert import Wrapper
+from ._private import patch_cpu_devices, patched_devices
+
+
+class Ordering(Protocol):
+    """How one release orders a replay with the work tinygrad queues on its own.
+    `queues`: whether tinygrad queues work at all (else replays run as they are)."""
+
+    queues: bool
+
+    def replay(self, devices: Sequence[str], run: Callable[[], None]) -> None:
+        """Call run() where it is ordered after tinygrad's earlier work on these
+        (tinygrad) devices and before its later work."""
+
+
+class Inline:
+    """tinygrad runs its own work inline on the caller's thread (0.14's CPU devices):
+    program order is the order; nothing to wait for."""
+
+    queues = False
+
+    def replay(self, devices: Sequence[str], run: Callable[[], None]) -> None:
+        run()
+
+
+@attrs.frozen
+class TinygradStatistics:
+    """`graphs`: runners tinygrad built (one per graphed batch of a jit); `plans`: their
+    plans (one per batch, plus one per new largest input size where tinygrad does not
+    say the largest); `replays`: runner calls; `handed_off`: replays that ran on the
+    runtime's thread (items on a worker thread, or the runtime busy), the rest ran on
+    the caller's thread; `version`: the tinygrad release."""
+
+    installed: bool
+    version: str
+    graphs: int
+    plans: int
+    replays: int
+    handed_off: int
+    devices: tuple[str, ...]
+
+
+class Installed:
+    """What install() owns: the background runtime, the patched devices, the counters."""
+
+    def __init__(
+        self, runtime: BackgroundRuntime, ndevices: int, ordering: Ordering, version: str
+    ) -> None:
+        self.runtime = runtime
+        self.ndevices = ndevices
+        self.ordering = ordering
+        self.version = version
+        self.wrapper = Wrapper(runtime.runtime)
+        # Held by every replay and plan, and by uninstall(): see the module's docstring.
+        self.lock = threading.RLock()
+        self.graphs = 0
+        self.plans = 0
+        self.replays = 0
+        self.handed_off = 0
+        self.restore: Callable[[], None] | None = None
+
+    def check_usable(self) -> None:
+        if _installed is not self or self.runtime.closed:
+            raise ClosedError(
+                "actorgraph.tinygrad was uninstalled (or its runtime closed) after this jit "
+                "captured; capture it again (jit.reset()) or install() first"
+            )
+
+    def replay(
+        self,
+        batch: Batch,
+        places: Sequence[tuple[int, int]],
+        given: Mapping[Any, int],
+        tiny_devices: Sequence[str],
+        wait: bool,
+    ) -> float | None:
+        """Replay `batch` with its roots at these (address, nbytes) places and these
+        tinygrad var values; return the seconds it took when `wait`."""
+        start = time.perf_counter() if wait else 0.0
+        with self.lock:
+            if _installed is not self:
+                self.check_usable()
+            roots = batch.wrap_roots(places)
+            graph = batch.graph_for(roots)
+            if graph is None:
+                graph = self._plan(batch, roots)
+            values = batch.values(given, "this jit") if batch.variables else None
+            self.replays += 1
+            if self.ordering.queues:
+                self.ordering.replay(tiny_devices, lambda: self._run(graph, roots, values))
+            else:
+                self._run(graph, roots, values)
+        return time.perf_counter() - start if wait else None
+
+    def _run(self, graph: Any, roots: Sequence[Any], values: dict[Any, int] | None) -> None:
+        # On this thread as one loop where the runtime allows it (the usual case), else on
+        # the runtime's thread while this one waits.
+        if not graph.call_here(roots, values):
+            self.handed_off += 1
+            graph(roots, values).result()
+
+    def _plan(self, batch: Batch, roots: Sequence[Any]) -> Any:
+        self.check_usable()
+        items, limits = batch.plan(roots)
+        graph = self.runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+        planned = graph.result()
+        batch.keep_plan(planned, limits)
+        self.plans += 1
+        return planned
+
+    def check_devices(self, devices: Sequence[str]) -> bool:
+        """Whether every (actorgraph) device is one this runtime opened."""
+        return all(int(name.split(":")[1]) < self.ndevices for name in devices)
+
+
+# cpu_thread_bytes that no kernel reaches: every kernel runs inline.
+INLINE_BYTES = 1 << 62
+
+_installed: Installed | None = None
+_install_lock = threading.Lock()
+
+
+def current() -> Installed | None:
+    return _installed
+
+
+def install(
+    runner: Callable[..., Any],
+    ordering: Ordering,
+    version: str,
+    devices: int,
+    options: dict[str, Any],
+) -> None:
+    global _installed
+    with _install_lock:
+        if _installed is not None:
+            return
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise UsageError(f"install(devices=N) needs an int N >= 1, got {devices!r}")
+        # Every kernel on the caller's thread, as tinygrad runs its own, unless asked
+        # otherwise: a kernel on a worker thread sends the whole replay through the
+        # runtime's thread, a hop a kernel big enough to need a thread rarely repays
+        # unless devices run in parallel (cpu_thread_bytes=N lets them).
+        options = {"cpu_thread_bytes": INLINE_BYTES, **options}
+        runtime = start_runtime([f"CPU:{i}" for i in range(devices)], **options)
+        state = Installed(runtime, devices, ordering, version)
+        for i in range(devices):
+            # Wrapped memory of each device shares one address space: made once here,
+            # on no replay's path.
+            runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
+        state.restore = patch_cpu_devices(runner)
+        _installed = state
+
+
+def uninstall(synchronize: Callable[[str], None]) -> None:
+    global _installed
+    with _install_lock:
+        state = _installed
+        if state is None:
+            return
+        with state.lock:  # no replay is running; none starts (check_usable)
+            _installed = None
+            assert state.restore is not None
+            devices = patched_devices(state.restore)
+            state.restore()
+    for name in devices:
+        synchronize(name)
+    state.runtime.close()
+
+
+def statistics() -> TinygradStatistics:
+    state = _installed
+    if state is None:
+        from ._version import installed_version
+
+        return TinygradStatistics(False, installed_version() or "", 0, 0, 0, 0, ())
+    assert state.restore is not None
+    return TinygradStatistics(
+        installed=True,
+        version=state.version,
+        graphs=state.graphs,
+        plans=state.plans,
+        replays=state.replays,
+        handed_off=state.handed_off,
+        devices=tuple(patched_devices(state.restore)),
+    )
