@@ -793,7 +793,9 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     profile (record item times of every graph replay; read them with `rt.profile()`),
     sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel),
     remote_token / remote_token_file (the token of the workers of remote devices),
-    remote_timeout (seconds to connect to a worker, default 10).
+    remote_tls_ca (the CA file the certificates of workers that speak TLS are checked
+    against: connections to workers go over TLS), remote_timeout (seconds to connect to
+    a worker, default 10).
     """
     runtime = Runtime(devices, **options)
     single: BaseException | None = None

@@ -1,6 +1,7 @@
 """REMOTE benchmark: a step between hosts, a replay on one worker, and copy bandwidth.
 
     python benchmarks/remote.py        # prints the table, writes benchmarks/results/remote.json
+    python benchmarks/remote.py --quick  # tiny sizes: checks the script runs (results/quick/)
 
 Starts two workers on loopback (`actorgraph worker --port 0`, devices CPU:0,CPU:1). Figures:
 - chains alternating between two devices (a kernel, then a copy to the other device): the
@@ -24,6 +25,7 @@ Starts two workers on loopback (`actorgraph worker --port 0`, devices CPU:0,CPU:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -379,37 +381,47 @@ async def replay_beside_a_slow_kernel(device: str, n: int = 200) -> dict[str, An
     }
 
 
-async def main() -> dict[str, Any]:
+async def main(quick: bool = False) -> dict[str, Any]:
+    """Every figure; `quick`: tiny sizes and counts, to check the script runs."""
+    steps = 4 if quick else CHAIN_STEPS
+    trips = 200 if quick else 2000
+    replays = 20 if quick else 400
+    nbytes = 1 << 20 if quick else 64 << 20
     wa, port_a = start_worker("CPU:0,CPU:1")
     wb, port_b = start_worker("CPU:0,CPU:1")
     try:
         a, b = f"CPU:0@127.0.0.1:{port_a}", f"CPU:0@127.0.0.1:{port_b}"
         a1 = f"CPU:1@127.0.0.1:{port_a}"
-        floor = await tcp_round_trip()
-        process_floor = await process_round_trip()
+        floor = await tcp_round_trip(trips)
+        process_floor = await process_round_trip(trips)
         async with ag.open_runtime(["CPU:0", "CPU:1", a, a1, b]) as rt:
             chains = {
-                "two local CPU devices": await chain_step(rt, "CPU:0", "CPU:1"),
-                "two devices of one worker": await chain_step(rt, a, a1),
-                "a local CPU device and a worker": await chain_step(rt, "CPU:0", a),
-                "two workers": await chain_step(rt, a, b),
+                "two local CPU devices": await chain_step(rt, "CPU:0", "CPU:1", steps),
+                "two devices of one worker": await chain_step(rt, a, a1, steps),
+                "a local CPU device and a worker": await chain_step(rt, "CPU:0", a, steps),
+                "two workers": await chain_step(rt, a, b, steps),
             }
-            r100 = await per_replay(rt, a, 100, 400, wa.pid)
-            r1 = await per_replay(rt, a, 1, 400, wa.pid)
-            bw = await bandwidth(rt, a, b, 64 << 20)
-        isolation = await replay_beside_a_slow_kernel(a)
+            r100 = await per_replay(rt, a, 100, replays, wa.pid)
+            r1 = await per_replay(rt, a, 1, replays, wa.pid)
+            bw = await bandwidth(rt, a, b, nbytes, reps=2 if quick else 8)
+        isolation = await replay_beside_a_slow_kernel(a, n=replays // 2 if quick else 200)
     finally:
         wa.kill()
         wb.kill()
+    loops = 20 if quick else 400
     return {
         "tcp_round_trip_us": floor,
         "process_round_trip_us": process_floor,
-        "kernels_in_a_loop_us": {"1": kernels_in_a_loop(1), "100": kernels_in_a_loop(100)},
-        "chain_steps": CHAIN_STEPS,
+        "kernels_in_a_loop_us": {
+            "1": kernels_in_a_loop(1, loops),
+            "100": kernels_in_a_loop(100, loops),
+        },
+        "chain_steps": steps,
         "chains": chains,
-        "ray_compiled_graphs": ray_chain(),
+        "ray_compiled_graphs": "skipped with --quick" if quick else ray_chain(),
         "replay_100_items": r100,
         "replay_1_item": r1,
+        "bandwidth_bytes": nbytes,
         "bandwidth_GBps_64MiB": bw,
         "replay_beside_a_slow_kernel": isolation,
         "targets": {
@@ -477,8 +489,9 @@ def report(results: dict[str, Any]) -> None:
             f"  CPU per {name} replay: client {r['client_cpu_us_per_replay']:.1f} us, worker "
             + ("(not known)" if worker is None else f"{worker:.1f} us")
         )
+    size = results["bandwidth_bytes"] >> 20
     for key, value in bw.items():
-        print(f"copy {key.replace('_', ' '):36s} {value:6.2f} GB/s (64 MiB; target >= 2 GB/s)")
+        print(f"copy {key.replace('_', ' '):36s} {value:6.2f} GB/s ({size} MiB; target >= 2 GB/s)")
     iso = results["replay_beside_a_slow_kernel"]
     median = iso["us_per_replay_median"]
     print(
@@ -490,9 +503,17 @@ def report(results: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    results = trio.run(main)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes: checks the script runs, measures nothing (writes results/quick/)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default: results/remote.json")
+    args = parser.parse_args()
+    results = trio.run(main, args.quick)
     report(results)
-    out = HERE / "results" / "remote.json"
-    out.parent.mkdir(exist_ok=True)
+    out = args.out or HERE / "results" / ("quick" if args.quick else "") / "remote.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")
