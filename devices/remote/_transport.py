@@ -293,6 +293,11 @@ class Transport:
         return self._stream is not None and self.error is None
 
     @property
+    def tls(self) -> bool:
+        """Whether the connection speaks TLS."""
+        return self._stream is not None and self._stream.tls
+
+    @property
     def read_by_a_caller(self) -> bool:
         """Whether a caller reads the worker's frames now (`wait_done`)."""
         return self._driver is not None
