@@ -19,12 +19,15 @@ import pytest
 import trio
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import DeviceError
+from actorgraph.devices.remote._tls import client_context
 from actorgraph.devices.remote._transport import RemoteConnectionError
 from actorgraph.devices.remote.frames import encode
+from actorgraph.devices.remote.wire import Limits
 
 import actorgraph as ag
 from actorgraph.testing import Worker
 from actorgraph.worker import run_worker
+from actorgraph.worker._peers import PeerRefusedError, Peers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import INC  # noqa: E402
@@ -140,8 +143,8 @@ async def test_a_plain_client_at_a_tls_worker_is_told_to_use_tls(
             RemoteConnectionError,
             match=re.escape(
                 f"cannot connect to the worker at 127.0.0.1:{a.port}: the worker is running but "
-                f"refused this client: this worker speaks TLS: open the runtime with "
-                f"remote_tls_ca=FILE, the CA that signed the worker's --tls-cert"
+                f"refused this client: this worker speaks TLS: a client opens the runtime "
+                f"with remote_tls_ca=FILE, the CA that signed the worker's --tls-cert"
             ),
         ):
             async with runtime([a.name("CPU:0")]):
@@ -163,6 +166,44 @@ async def test_a_tls_client_at_a_plain_worker_is_told_it_does_not_speak_tls(
         ):
             async with runtime([worker.name("CPU:0")], remote_tls_ca=certs.ca):
                 pass
+
+
+async def test_a_link_to_a_tls_worker_checks_its_certificate(
+    certs: Certificates, tls_workers: tuple[Worker, Worker]
+) -> None:
+    # A worker linking to a TLS worker: with a CA that did not sign its certificate, and
+    # without TLS at all, the link is refused saying why; with the CA it reads.
+    a, _ = tls_workers
+    with trio.fail_after(GUARD):
+        async with runtime([a.name("CPU:0")], remote_tls_ca=certs.ca) as rt:
+            x = rt.alloc(a.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(a.name("CPU:0")).connection
+            ref = (x.memory.handle, 0, (4,))
+            args = ("127.0.0.1", a.port, conn.session_id, ref, conn.ticket(ref[0]))
+            refusals = {
+                certs.other_ca: r"the worker's certificate was refused \(.+\); give this "
+                r"worker's --tls-ca the CA that signed the worker's --tls-cert",
+                None: r"this worker speaks TLS: .* a worker linking to it needs --tls-cert "
+                r"and --tls-key of its own",
+            }
+            async with trio.open_nursery() as nursery:
+                for ca in (certs.other_ca, None, certs.ca):
+                    tls = None if ca is None else client_context(ca, "--tls-ca")
+                    peers = Peers(Limits(), TOKEN, tls)
+                    peers.start(nursery)
+                    out = bytearray(16)
+                    if ca == certs.ca:
+                        await peers.pull(*args, memoryview(out))
+                        np.testing.assert_array_equal(np.frombuffer(out, np.int32), np.arange(4))
+                        continue
+                    with pytest.raises(
+                        PeerRefusedError,
+                        match=rf"worker-to-worker link to 127.0.0.1:{a.port} refused: "
+                        + refusals[ca],
+                    ):
+                        await peers.pull(*args, memoryview(out))
+                nursery.cancel_scope.cancel()
 
 
 async def test_tls_files_that_cannot_be_used_are_named(

@@ -211,9 +211,9 @@ class Peers:
                 tls = await connect_tls(sock, self.tls, host)
             except (ssl.SSLError, trio.BrokenResourceError) as exc:
                 sock.close()
+                why = handshake_failure(exc, "this worker's --tls-ca")
                 raise PeerRefusedError(
-                    f"worker-to-worker link to {host}:{port} refused: {handshake_failure(exc)} "
-                    f"(this worker checks its peers' certificates against its --tls-ca)"
+                    f"worker-to-worker link to {host}:{port} refused: {why}"
                 ) from None
             return FrameStream(tls, self.limits)
         raw = socket.socket(fileno=sock.detach())

@@ -43,11 +43,11 @@ import trio
 
 from actorgraph.devices import Resumer
 from actorgraph.devices.remote._tls import (
+    PLAIN_REFUSED,
     TLS_HANDSHAKE_TIMEOUT_S,
     TLSSetupError,
     accept_tls,
     client_context,
-    refuse_plain_reason,
     server_context,
     speaks_plain,
 )
@@ -131,7 +131,7 @@ class Worker:
         try:
             with trio.fail_after(TLS_HANDSHAKE_TIMEOUT_S):
                 if await speaks_plain(sock):
-                    refusal = encode(Error("hello", 0, refuse_plain_reason()))
+                    refusal = encode(Error("hello", 0, PLAIN_REFUSED))
                     await trio.SocketStream(sock).send_all(refusal)
                     sock.close()
                     return

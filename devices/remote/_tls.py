@@ -10,7 +10,7 @@ checked as well, inside TLS (_handshake.py): TLS says the worker is the one the 
 names and keeps the bytes private and whole; the token says who may use it.
 
 The connecting side speaks first (its hello), so a client that does not speak TLS
-meets a TLS worker's clear refusal (`refuse_plain`), and a TLS client a plain worker's
+meets a TLS worker's clear refusal (`PLAIN_REFUSED`), and a TLS client a plain worker's
 first frame in place of the TLS handshake (`handshake_failure` says so).
 """
 
@@ -105,23 +105,24 @@ async def speaks_plain(sock: trio.socket.SocketType) -> bool:
     return first == MAGIC[:1]
 
 
-def refuse_plain_reason() -> str:
-    """What a TLS worker answers (in a plain frame) a client that does not speak TLS."""
-    return (
-        "this worker speaks TLS: open the runtime with remote_tls_ca=FILE, the CA that "
-        "signed the worker's --tls-cert"
-    )
+# What a TLS worker answers (in a plain frame) a client that does not speak TLS.
+PLAIN_REFUSED = (
+    "this worker speaks TLS: a client opens the runtime with remote_tls_ca=FILE, the CA "
+    "that signed the worker's --tls-cert; a worker linking to it needs --tls-cert and "
+    "--tls-key of its own"
+)
 
 
-def handshake_failure(exc: BaseException) -> str:
-    """Why a TLS handshake with a worker failed, with the fix."""
+def handshake_failure(exc: BaseException, ca_option: str = "remote_tls_ca=") -> str:
+    """Why a TLS handshake with a worker failed, with the fix (`ca_option`: where this
+    side's CA comes from)."""
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, ssl.SSLError):
         cause = cause.__cause__ or cause.__context__
     if isinstance(cause, ssl.SSLCertVerificationError):
         return (
             f"the worker's certificate was refused ({cause.verify_message}); give "
-            f"remote_tls_ca= the CA that signed the worker's --tls-cert, and a certificate "
+            f"{ca_option} the CA that signed the worker's --tls-cert, and a certificate "
             f"that names the host connected to"
         )
     if isinstance(cause, ssl.SSLError) and cause.reason in (
@@ -131,7 +132,7 @@ def handshake_failure(exc: BaseException) -> str:
     ):
         return (
             "the worker does not speak TLS (it answered the TLS handshake with plain "
-            "frames); start it with --tls-cert and --tls-key, or leave out remote_tls_ca"
+            f"frames); start it with --tls-cert and --tls-key, or leave out {ca_option}"
         )
     detail = (
         f"{type(cause).__name__}: {cause}" if cause is not None else f"{type(exc).__name__}: {exc}"

@@ -31,6 +31,7 @@ HEADER = struct.Struct(">2sHIQ")
 
 _SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
 _STREAM_READ = 1 << 18  # the most a read of a trio stream (TLS) asks for at once
+_STREAM_WRITE = 1 << 16  # the most a write to a trio stream (TLS) hands it at once
 
 
 class ConnectionLostError(ConnectionError):
@@ -297,7 +298,10 @@ class FrameStream:
         view = memoryview(data).cast("B")
         raw = self.raw
         if raw is None and self._stream is not None:
-            await self._stream.send_all(view)
+            # In pieces: TLS encrypts what it is given into memory before sending any of
+            # it, which for one large tail is slow (and holds a second copy of it).
+            for off in range(0, len(view), _STREAM_WRITE):
+                await self._stream.send_all(view[off : off + _STREAM_WRITE])
             return
         while view:
             if raw is None:
