@@ -33,6 +33,13 @@ from actorgraph.devices.remote.wire import (
 from actorgraph.testing import Worker
 from actorgraph.worker._peers import PeerRefusedError, Peers
 
+# What the worker answers a relayed answer, by the role the stranger asked for.
+REFUSALS = {
+    "client": "authentication failed: wrong or missing token",
+    "peer": "authentication failed: a worker-to-worker link needs this worker's token; "
+    "start every worker of a runtime with the same --token-file",
+}
+
 
 async def _connect(port: int) -> FrameStream:
     sock = trio.socket.socket()
@@ -113,13 +120,7 @@ async def test_a_client_answer_relayed_by_a_stranger_gets_it_nowhere(
             ):
                 async with runtime([f"CPU:0@127.0.0.1:{port}"]):
                     pass
-    refusal = (
-        "authentication failed: wrong or missing token"
-        if role == "client"
-        else "authentication failed: a worker-to-worker link needs this worker's token; "
-        "start every worker of a runtime with the same --token-file"
-    )
-    assert seen == {"answer": ["error", "frame", 0, refusal], "then": "closed"}
+    assert seen == {"answer": ["error", "frame", 0, REFUSALS[role]], "then": "closed"}
 
 
 @pytest.mark.parametrize("own_nonce", [True, False], ids=["as-itself", "with-its-nonce"])
@@ -147,13 +148,7 @@ async def test_a_link_answer_relayed_by_a_stranger_gets_it_nowhere(
             ):
                 await peers.pull("127.0.0.1", port, 1, (1, 0, (4,)), b"t" * 16, memoryview(b""))
             nursery.cancel_scope.cancel()
-    refusal = (
-        "authentication failed: wrong or missing token"
-        if role == "client"
-        else "authentication failed: a worker-to-worker link needs this worker's token; "
-        "start every worker of a runtime with the same --token-file"
-    )
-    assert seen == {"answer": ["error", "frame", 0, refusal], "then": "closed"}
+    assert seen == {"answer": ["error", "frame", 0, REFUSALS[role]], "then": "closed"}
 
 
 async def test_the_worker_proves_it_holds_the_token(workers: tuple[Worker, Worker]) -> None:

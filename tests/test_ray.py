@@ -234,7 +234,8 @@ async def test_workers_that_speak_tls(cluster: Any, tmp_path: Any) -> None:
                 np.testing.assert_array_equal(await rt.copyout(y), np.arange(64) + 1)
             # Without the CA, a client is told the workers speak TLS.
             with pytest.raises(remote.RemoteConnectionError, match=r"this worker speaks TLS"):
-                async with ag.open_runtime([a0], remote_token=tls_workers._token):
+                token = tls_workers.runtime_options()["remote_token"]
+                async with ag.open_runtime([a0], remote_token=token):
                     pass
 
 
