@@ -72,6 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the token shared by clients and the other workers of a runtime",
     )
     worker.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="FILE",
+        help="PEM certificate of this worker: every connection speaks TLS (clients pass "
+        "open_runtime(..., remote_tls_ca=CA)), links to other workers too",
+    )
+    worker.add_argument(
+        "--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert"
+    )
+    worker.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="FILE",
+        help="CA the other workers' certificates are checked against on this worker's links "
+        "to them (default: --tls-cert itself, for workers that share one certificate)",
+    )
+    worker.add_argument(
         "--kernels",
         action="append",
         default=[],
@@ -242,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
             args.kernels,
             limits,
             args.thread_bytes,
+            (args.tls_cert, args.tls_key, args.tls_ca),
         )
     return 2  # pragma: no cover - argparse rejects unknown commands
 

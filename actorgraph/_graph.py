@@ -367,14 +367,24 @@ class Graph(Hinted):
         waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
         then = check_points(then, "then")
         runtime = self._runtime
-        await runtime.admit()
-        for timeline, value in waits:
-            # Cancelling abandons the wait (nothing is submitted); the thread polls on
-            # until the timeline moves or its timeout.
-            await trio.to_thread.run_sync(timeline.wait_for, value, abandon_on_cancel=True)
-        if self._closed:
-            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
-        return self._post(bound, inputs, profile, then)
+        if not waits:
+            await runtime.admit()
+            if self._closed:
+                raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+            return self._post(bound, inputs, profile, then)
+        # Its place in the window is held while it waits for the timelines: replays that
+        # wait so must not all be posted at once when what they wait for comes.
+        await runtime.reserve()
+        try:
+            for timeline, value in waits:
+                # Cancelling abandons the wait (nothing is submitted); the thread polls on
+                # until the timeline moves or its timeout.
+                await trio.to_thread.run_sync(timeline.wait_for, value, abandon_on_cancel=True)
+            if self._closed:
+                raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+            return self._post(bound, inputs, profile, then)
+        finally:
+            runtime.unreserve()
 
     def submit_nowait(
         self,
@@ -395,7 +405,7 @@ class Graph(Hinted):
                 raise trio.WouldBlock
         runtime = self._runtime
         runtime.check_open()
-        if runtime.in_flight >= runtime.max_in_flight:
+        if not runtime.has_room():
             raise trio.WouldBlock
         if self._closed:
             raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")

@@ -94,6 +94,10 @@ class RuntimeStatistics:
     waits_parked: int = 0
     time_blocked: float = 0.0
     bytes_copied: int = 0
+    # Tasks waiting for room in the in-flight window, and places in it held for replays
+    # that wait for an external timeline before they are posted.
+    waiting_for_room: int = 0
+    reserved: int = 0
 
 
 class Runtime:
@@ -136,6 +140,10 @@ class Runtime:
         self._pending: dict[Submission, Callable[[Submission], None] | None] = {}
         # (submissions still running, device, memory): frees waiting for that work.
         self._deferred_frees: list[tuple[set[Submission], Device, Any]] = []
+        # Places in the window taken by replays not posted yet (`reserve`); callers wait
+        # in `_space` for room. Invariant: len(_pending) + _reserved <= max_in_flight,
+        # except for work posted without waiting for room (never in flight, or eager).
+        self._reserved = 0
         self._space = trio.lowlevel.ParkingLot()
         self._activity = trio.Event()
         self._profiled: list[ReplayRecord] = []
@@ -277,6 +285,8 @@ class Runtime:
             waits_parked=sum(a.waits_parked for a in actors),
             time_blocked=sum(a.time_blocked for a in actors),
             bytes_copied=sum(a.bytes_copied for a in actors),
+            waiting_for_room=self._space.statistics().tasks_waiting,
+            reserved=self._reserved,
         )
 
     def actor_names(self) -> tuple[str, ...]:
@@ -390,12 +400,31 @@ class Runtime:
     # -- in-flight submissions: back-pressure, completion, deadlock watch --
 
     async def admit(self) -> None:
-        """Wait for room in the in-flight window (submissions posted, not yet complete)."""
+        """Wait for room in the in-flight window (submissions posted, not yet complete,
+        and places reserved for replays waiting to be posted); the caller posts its
+        submission before its next checkpoint, taking that room."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self.check_open()
-        while len(self._pending) >= self.max_in_flight:
+        while not self.has_room():
             await self._space.park()
             self.check_open()
+
+    def has_room(self) -> bool:
+        """Whether a submission posted now fits in the in-flight window."""
+        return len(self._pending) + self._reserved < self.max_in_flight
+
+    async def reserve(self) -> None:
+        """`admit`, keeping the room taken until `unreserve`: for a replay that waits for
+        something else (an external timeline) before it is posted, so the replays waiting
+        so never pass the window when what they wait for comes."""
+        await self.admit()
+        self._reserved += 1
+
+    def unreserve(self) -> None:
+        """Give back a place `reserve` took (its replay is posted now, or never will be)."""
+        self._reserved -= 1
+        if self._space:
+            self._space.unpark()
 
     def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
         """Keep a posted submission in flight until it completes (back-pressure, deferred
@@ -843,7 +872,9 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel),
     remote_token / remote_token_file (the token of the workers of remote devices; with
     neither, the file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
-    remote_timeout (seconds to connect to a worker, default 10).
+    remote_tls_ca (the CA file the certificates of workers that speak TLS are checked
+    against: connections to workers go over TLS), remote_timeout (seconds to connect to
+    a worker, default 10).
     """
     runtime = Runtime(devices, **options)
     single: BaseException | None = None

@@ -48,6 +48,7 @@ import trio
 from ._background import BackgroundRuntime
 from ._errors import ActorGraphError, MissingExtraError, UsageError
 from ._runtime import Runtime, open_runtime
+from .devices.remote._tls import TLSSetupError, client_context
 
 try:
     import ray
@@ -108,6 +109,16 @@ def _host_part(host: str) -> str:
 # -- the actor --
 
 
+@attrs.frozen
+class WorkerTLSFiles:
+    """Where each worker finds its certificate, key and (for its links) CA: paths on
+    the worker's own node."""
+
+    cert: str
+    key: str
+    ca: str | None
+
+
 class WorkerServer:
     """The body of a worker actor: `actorgraph worker` on a thread with its own trio run.
 
@@ -131,13 +142,14 @@ class WorkerServer:
         token: bytes,
         kernels: Sequence[str],
         limits: Any,
+        tls: WorkerTLSFiles | None = None,
     ) -> dict[str, Any] | str:
         """Serve `devices`; the worker's place and address, or why it could not start."""
         bind = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         ready: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._main,
-            args=(list(devices), bind, token, list(kernels), limits, ready),
+            args=(list(devices), bind, token, list(kernels), limits, tls, ready),
             name="actorgraph worker",
             daemon=True,
         )
@@ -167,6 +179,7 @@ class WorkerServer:
         token: bytes,
         kernels: list[str],
         limits: Any,
+        tls: WorkerTLSFiles | None,
         ready: concurrent.futures.Future[tuple[str, int]],
     ) -> None:
         from actorgraph.worker import run_worker
@@ -183,6 +196,9 @@ class WorkerServer:
                         token=token,
                         kernel_modules=kernels,
                         limits=limits,
+                        tls_cert=None if tls is None else tls.cert,
+                        tls_key=None if tls is None else tls.key,
+                        tls_ca=None if tls is None else tls.ca,
                         task_status=task_status,
                     )
                 )
@@ -229,11 +245,14 @@ class RayWorkers:
         actors: Sequence[Any],
         group: Any,
         token: bytes,
+        tls_ca: str | None = None,
     ) -> None:
         self.workers = tuple(workers)
         self._actors = list(actors)
         self._group = group
         self._token = token
+        # The client's CA for the workers' certificates: their connections speak TLS.
+        self._tls_ca = tls_ca
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._lost: dict[int, str] = {}
@@ -261,13 +280,20 @@ class RayWorkers:
         return tuple(self._actors)
 
     def runtime_options(self) -> dict[str, Any]:
-        """The options `ag.open_runtime` needs to reach these workers (their token).
+        """The options `ag.open_runtime` needs to reach these workers (their token, and
+        the CA their certificates are checked against when they speak TLS).
 
         A runtime opened this way is not told by Ray that a worker died (it still sees the
         connection break); `open_runtime` and `start_runtime` of this handle are.
         """
         self._check_running("runtime_options()")
-        return {"remote_token": self._token}
+        return self._options()
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"remote_token": self._token}
+        if self._tls_ca is not None:
+            options["remote_tls_ca"] = self._tls_ca
+        return options
 
     def statistics(self) -> RayWorkersStatistics:
         with self._lock:
@@ -303,7 +329,7 @@ class RayWorkers:
         self, names: list[str], stop_workers: bool, options: Mapping[str, Any]
     ) -> AsyncIterator[Runtime]:
         try:
-            async with open_runtime(names, remote_token=self._token, **options) as runtime:
+            async with open_runtime(names, **self._options(), **options) as runtime:
                 hook = _closer(runtime, trio.lowlevel.current_trio_token())
                 self._add_hook(hook)
                 try:
@@ -323,18 +349,16 @@ class RayWorkers:
         stops the workers."""
         self._check_running("start_runtime()")
         names = self._names(local, options)
-        return RayBackgroundRuntime(
-            self, names, dict(options, remote_token=self._token), stop_workers
-        )
+        return RayBackgroundRuntime(self, names, dict(options, **self._options()), stop_workers)
 
     def _names(self, local: Sequence[str], options: Mapping[str, Any]) -> list[str]:
         if isinstance(local, str):
             raise UsageError(f"local devices are a list of names, e.g. [{local!r}]; got a string")
-        for key in ("remote_token", "remote_token_file"):
+        for key in ("remote_token", "remote_token_file", "remote_tls_ca"):
             if key in options:
                 raise UsageError(
-                    f"{key}= is not for a runtime on Ray workers: their token comes from the "
-                    f"handle; leave it out"
+                    f"{key}= is not for a runtime on Ray workers: their token (and their TLS "
+                    f"CA) comes from the handle; leave it out"
                 )
         names = [*local, *self.devices]
         for name in local:
@@ -569,6 +593,9 @@ def start_workers(
     limits: Any = None,
     address: str | None = None,
     timeout: float = 120.0,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
 ) -> RayWorkers:
     """Start worker actors on the Ray cluster this process is connected to; returns once
     every worker listens.
@@ -585,8 +612,14 @@ def start_workers(
     strategy: the placement group strategy (default STRICT_SPREAD for "node", else SPREAD).
     address: a cluster to connect to when Ray is not initialised yet (ray.init(address)).
     timeout: seconds to wait for Ray to place and start the workers.
+    tls_cert / tls_key: the workers speak TLS (`actorgraph worker --tls-cert --tls-key`),
+    with the certificate and key at these paths on each worker's node (each naming its
+    node's address); tls_ca: the CA that signed them, at this path here (the runtimes'
+    remote_tls_ca) and on every node (the workers' links to each other); by default
+    tls_cert itself (workers that share one certificate). The token is kept as well.
     """
     devices = _check_request(devices, placement, kernels)
+    tls = _tls_files(tls_cert, tls_key, tls_ca)
     bundle = _bundle(placement, num_cpus, num_gpus, resources)
     if not ray.is_initialized():
         if address is None:
@@ -610,13 +643,33 @@ def start_workers(
             ) from None
         token = secrets.token_hex(32).encode()
         actors.extend(_worker_actors(group, count, bundle, runtime_env))
-        workers = _started(actors, devices, host, token, list(kernels), limits, timeout)
+        workers = _started(actors, devices, host, token, list(kernels), limits, tls, timeout)
     except BaseException:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         remove_placement_group(group)
         raise
-    return RayWorkers(workers, actors, group, token)
+    return RayWorkers(workers, actors, group, token, None if tls is None else tls.ca or tls.cert)
+
+
+def _tls_files(cert: Any, key: Any, ca: Any) -> WorkerTLSFiles | None:
+    """The workers' TLS files, checked here before anything starts: both of a
+    certificate and its key, and a CA this process can load."""
+    if cert is None and key is None:
+        if ca is not None:
+            raise UsageError("tls_ca= is for workers that speak TLS: add tls_cert= and tls_key=")
+        return None
+    if cert is None or key is None:
+        raise UsageError(
+            "workers speak TLS with both tls_cert= and tls_key= (a certificate and its "
+            "private key, paths on each worker's node); give both"
+        )
+    files = WorkerTLSFiles(os.fspath(cert), os.fspath(key), None if ca is None else os.fspath(ca))
+    try:
+        client_context(files.ca or files.cert, "tls_ca")
+    except TLSSetupError as exc:
+        raise UsageError(f"start_workers: {exc}") from None
+    return files
 
 
 def _check_request(
@@ -677,12 +730,13 @@ def _started(
     token: bytes,
     kernels: list[str],
     limits: Any,
+    tls: WorkerTLSFiles | None,
     timeout: float,
 ) -> list[RayWorker]:
     """Start every worker; what each listens on, once all do."""
     try:
         started = ray.get(
-            [a.start.remote(devices, host, token, kernels, limits) for a in actors],
+            [a.start.remote(devices, host, token, kernels, limits, tls) for a in actors],
             timeout=timeout,
         )
     except ray.exceptions.GetTimeoutError:

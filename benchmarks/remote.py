@@ -20,7 +20,11 @@ Starts two workers on loopback (`actorgraph worker --port 0`, devices CPU:0,CPU:
 - isolation: a client's 1-item replays on a worker device while another client's small
   kernel on that device runs until the benchmark ends it (default worker options): how
   many of them finish, and their median time (a worker that runs the slow kernel on its
-  event loop finishes none until it returns; the row cuts them off after 5 s).
+  event loop finishes none until it returns; the row cuts them off after 5 s);
+- what TLS costs: the step between two workers, a 1-item replay on a worker and the copy
+  bandwidths, over plain connections and over TLS (two more workers started with
+  `--tls-cert/--tls-key`, a certificate made for the run with trustme), measured in
+  alternating rounds in this one run; without trustme the rows say they were skipped.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from remote_kernels import GATED, INC  # noqa: E402
 import actorgraph as ag  # noqa: E402
 
 
-def start_worker(devices: str) -> tuple[subprocess.Popen[str], int]:
+def start_worker(devices: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
     proc = subprocess.Popen(
         [
@@ -63,6 +67,7 @@ def start_worker(devices: str) -> tuple[subprocess.Popen[str], int]:
             devices,
             "--kernels",
             "remote_kernels",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         env=env,
@@ -342,7 +347,80 @@ async def bandwidth(rt: ag.Runtime, a: str, b: str, nbytes: int, reps: int = 8) 
             timings[key].append(time.perf_counter() - t0)
     if not np.array_equal(out, src) or not np.array_equal(await rt.copyout(local), src):
         raise SystemExit("bandwidth check: data did not arrive intact")
+    for buf in (xa, xb, local):
+        rt.free(buf)
     return {k: nbytes / min(v) / 1e9 for k, v in timings.items()}
+
+
+def tls_files(folder: Path) -> tuple[Path, Path, Path] | str:
+    """A CA and a certificate for 127.0.0.1 signed by it: (cert, key, CA) files, or why
+    there are none."""
+    try:
+        import trustme
+    except ImportError:
+        return "skipped: needs trustme (pip install trustme) to make a certificate"
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key, ca_file = folder / "cert.pem", folder / "key.pem", folder / "ca.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    return cert, key, ca_file
+
+
+async def tls_cost(
+    plain_ports: tuple[int, int], steps: int, replays: int, nbytes: int, rounds: int
+) -> dict[str, Any] | str:
+    """The same figures over plain connections (the workers at `plain_ports`) and over
+    TLS (two workers started here with a certificate), in alternating rounds, best of
+    the rounds; and TLS's over plain's."""
+    with tempfile.TemporaryDirectory() as folder:
+        files = tls_files(Path(folder))
+        if isinstance(files, str):
+            return files
+        cert, key, ca_file = files
+        extra = ("--tls-cert", str(cert), "--tls-key", str(key))
+        started = [start_worker("CPU:0", extra) for _ in range(2)]
+        try:
+            names = {
+                "plain": [f"CPU:0@127.0.0.1:{port}" for port in plain_ports],
+                "tls": [f"CPU:0@127.0.0.1:{port}" for _, port in started],
+            }
+            async with (
+                ag.open_runtime(["CPU:0", *names["plain"]]) as plain,
+                ag.open_runtime(["CPU:0", *names["tls"]], remote_tls_ca=ca_file) as tls,
+            ):
+                runtimes = {"plain": plain, "tls": tls}
+                assert tls.device(names["tls"][0]).connection.statistics().tls
+                samples: dict[str, dict[str, list[float]]] = {"plain": {}, "tls": {}}
+                for index in range(rounds):
+                    order = ("plain", "tls") if index % 2 == 0 else ("tls", "plain")
+                    for kind in order:
+                        rt, (a, b) = runtimes[kind], names[kind]
+                        chain = await chain_step(rt, a, b, steps)
+                        replay = await per_replay(rt, a, 1, replays)
+                        figures = {
+                            "step_between_two_workers_us": chain["us_per_step"],
+                            "replay_1_item_us": replay["us_per_replay"],
+                        }
+                        for key, value in (await bandwidth(rt, a, b, nbytes, reps=2)).items():
+                            figures[f"{key}_GBps"] = value
+                        for key, value in figures.items():
+                            samples[kind].setdefault(key, []).append(value)
+        finally:
+            for proc, _ in started:
+                proc.kill()
+    # The best of the rounds: the least time, the most bandwidth.
+    results: dict[str, Any] = {
+        kind: {k: (min(v) if k.endswith("_us") else max(v)) for k, v in figures.items()}
+        for kind, figures in samples.items()
+    }
+    results["tls_over_plain"] = {
+        key: results["tls"][key] / results["plain"][key] for key in results["plain"]
+    }
+    results["bytes"] = nbytes
+    results["rounds"] = rounds
+    return results
 
 
 # Set before the workers start: they read it when the gated kernel runs.
@@ -405,6 +483,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
             r1 = await per_replay(rt, a, 1, replays, wa.pid)
             bw = await bandwidth(rt, a, b, nbytes, reps=2 if quick else 8)
         isolation = await replay_beside_a_slow_kernel(a, n=replays // 2 if quick else 200)
+        tls = await tls_cost((port_a, port_b), steps, replays, nbytes, 2 if quick else 4)
     finally:
         wa.kill()
         wb.kill()
@@ -424,6 +503,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
         "bandwidth_bytes": nbytes,
         "bandwidth_GBps_64MiB": bw,
         "replay_beside_a_slow_kernel": isolation,
+        "tls_cost": tls,
         "targets": {
             "step_one_worker_us": 10,
             "step_between_hosts_us": 100,
@@ -500,6 +580,23 @@ def report(results: dict[str, Any]) -> None:
         + (f", median {median:.1f} us" if median is not None else "")
         + (" (cut off after 5 s)" if iso["cut_off_after_5s"] else "")
     )
+    tls = results["tls_cost"]
+    if isinstance(tls, str):
+        print(f"(TLS rows {tls})")
+        return
+    print(
+        f"\nwhat TLS costs (two plain workers, two TLS workers; best of {tls['rounds']} "
+        f"alternating rounds; copies of {tls['bytes'] >> 20} MiB):"
+    )
+    print("| figure | plain | TLS | TLS / plain |")
+    print("| --- | ---: | ---: | ---: |")
+    for key, plain in tls["plain"].items():
+        unit = "us" if key.endswith("_us") else "GB/s"
+        name = key.rsplit("_", 1)[0].replace("_", " ")
+        print(
+            f"| {name} ({unit}) | {plain:.2f} | {tls['tls'][key]:.2f} | "
+            f"{tls['tls_over_plain'][key]:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import trio
-from actorgraph.devices.remote.wire import as_meta
+from actorgraph.devices.remote.wire import NONCE_BYTES, TO_WORKER, as_meta, handshake_mac
 
 import actorgraph as ag
 from actorgraph.testing import Worker, start_worker
@@ -49,3 +51,29 @@ class Replies:
         while len(self.sent) < count:
             await self.changed.wait()
         return self.sent
+
+
+async def hello(stream: Any, role: str) -> tuple[bytes, bytes, bool]:
+    """The first half of a handshake over the raw protocol, as the connecting side: say
+    hello as `role`, read the worker's challenge; (our nonce, its nonce, needs token)."""
+    from actorgraph.devices.remote.frames import encode
+
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    await stream.send([encode(["hello", role, nonce])])
+    meta, _ = await stream.receive()
+    assert meta[0] == "challenge", meta
+    return nonce, meta[1], meta[2]
+
+
+async def handshake(
+    stream: Any, role: str, devices: Sequence[str] = (), token: bytes = TOKEN
+) -> list[Any]:
+    """A whole handshake over the raw protocol, as a client ("client") or a linking
+    worker ("peer") holding `token`: the worker's answer (a welcome, or an error)."""
+    from actorgraph.devices.remote.frames import encode
+
+    ours, theirs, _ = await hello(stream, role)
+    mac = handshake_mac(token, role, ours, theirs, TO_WORKER)
+    await stream.send([encode(["auth", mac, list(devices)])])
+    meta, _ = await stream.receive()
+    return meta  # type: ignore[no-any-return]

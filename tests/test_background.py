@@ -515,6 +515,10 @@ def test_the_loop_lock_is_free_only_while_the_run_waits_for_io() -> None:
 NOT_MIRRORED = {
     "admit": "waits in the calling trio task for room in the in-flight window: a hook of "
     "Graph on the runtime's thread (calls from other threads wait their turn instead)",
+    "has_room": "a check of the in-flight window Graph makes on the runtime's thread",
+    "reserve": "holds a place in the in-flight window for a replay that waits for its "
+    "timelines: a hook of Graph.submit on the runtime's thread",
+    "unreserve": "gives back the place reserve took, on the runtime's thread",
     "track": "bookkeeping Program calls on the runtime's thread for each submission it posts",
     "count_done": "bookkeeping Program calls on the runtime's thread",
     "adopt": "bookkeeping Graph calls on the runtime's thread when it is compiled",

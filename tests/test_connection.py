@@ -553,16 +553,14 @@ async def test_reconnect_to_a_restarted_worker() -> None:
         worker.kill()
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "graph"])
-async def test_a_peer_link_refused_for_its_token_fails_the_replay(
-    workers: tuple[Worker, Worker], compiled: bool
+async def test_a_runtime_holding_a_token_refuses_a_worker_without_one(
+    workers: tuple[Worker, Worker],
 ) -> None:
-    # B serves loopback without a token, so this client may use it; A holds the runtime's
-    # token. B's link to A, for the copy A -> B, is refused (B cannot answer A's challenge):
-    # the replay fails with an error that says why and what to do, and nothing hangs
-    # (in a graph, B asks for the bytes as the batch arrives, and its queue waits on them).
+    # B serves loopback without a token; the runtime holds A's. B cannot prove it holds
+    # the token, so it may be anything listening there (a stranger that would take this
+    # client's data): the runtime refuses it, saying why and what to check, before a
+    # byte of work goes to it.
     a_worker, _ = workers
-    ra = a_worker.name("CPU:0")
     serving = trio.CancelScope()
 
     async def serve_b(task_status: trio.TaskStatus[tuple[str, int]]) -> None:
@@ -573,23 +571,19 @@ async def test_a_peer_link_refused_for_its_token_fails_the_replay(
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(serve_b)
             rb = f"CPU:0@{host}:{port}"
-            async with runtime([ra, rb]) as rt:
-                x, y = rt.alloc(ra, 8, np.int32), rt.alloc(rb, 8, np.int32)
-                await rt.copyin(x, np.arange(8, dtype=np.int32))
-                items = [ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y])]
-                with pytest.raises(
-                    ag.ItemError,
-                    match=rf"worker-to-worker link to 127.0.0.1:{a_worker.port} refused: that "
-                    r"worker requires a token and this one was started without --token-file; "
-                    r"start every worker of a runtime with the same --token-file",
-                ):
-                    if compiled:
-                        await (await rt.compile(items))()
-                    else:
-                        await rt.run(items)
-                # Both workers go on: the other way round needs no token, B has none.
-                await rt.run([ag.Copy(dst=x, src=y), ag.Launch(INC, [x, x])])
-                assert (await rt.copyout(x)).shape == (8,)
+            with pytest.raises(
+                remote_connection.RemoteConnectionError,
+                match=rf"cannot connect to the worker at {host}:{port}: what answers there "
+                r"could not prove it holds this client's token \(it asks for no token, so it "
+                r"cannot prove it holds this side's token\), so it may not be the worker meant",
+            ):
+                async with runtime([a_worker.name("CPU:0"), rb]):
+                    pass
+            # Without a token, B serves this client (loopback).
+            async with ag.open_runtime([rb]) as rt:
+                y = rt.alloc(rb, 8, np.int32)
+                await rt.copyin(y, np.arange(8, dtype=np.int32))
+                assert (await rt.copyout(y)).shape == (8,)
                 # B stops before this client leaves: its tasks end cancelled, not as a
                 # disconnect racing the cancellation.
                 serving.cancel()
@@ -607,11 +601,17 @@ async def test_a_worker_answers_a_peer_with_its_own_token(workers: tuple[Worker,
             conn = rt.device(ra).connection
             ref = [x.memory.handle, 0, [4]]
             out = bytearray(16)
-            for token, fine in ((b"wrong-token", False), (TOKEN, True)):
+            refusals = {
+                b"wrong-token": r"authentication failed: a worker-to-worker link needs this "
+                r"worker's token; start every worker of a runtime with the same --token-file",
+                None: r"that worker requires a token and this one was started without "
+                r"--token-file; start every worker of a runtime with the same --token-file",
+            }
+            for token in (b"wrong-token", None, TOKEN):
                 peers = Peers(Limits(), token)
                 peers.start(nursery)
                 args = ("127.0.0.1", a_worker.port, conn.session_id, ref, conn.ticket(ref[0]))
-                if fine:
+                if token == TOKEN:
                     await peers.pull(*args, memoryview(out))
                     np.testing.assert_array_equal(np.frombuffer(out, np.int32), np.arange(4))
                     continue
@@ -619,8 +619,7 @@ async def test_a_worker_answers_a_peer_with_its_own_token(workers: tuple[Worker,
                     with pytest.raises(
                         PeerRefusedError,
                         match=rf"worker-to-worker link to 127.0.0.1:{a_worker.port} refused: "
-                        r"authentication failed: a worker-to-worker link needs this worker's "
-                        r"token; start every worker of a runtime with the same --token-file",
+                        + refusals[token],
                     ):
                         await peers.pull(*args, memoryview(out))
                     assert not peers.links
@@ -781,8 +780,10 @@ async def _fake_peer(
     stream = FrameStream(conn, Limits())
     await stream.send([encode(["challenge", b"n" * 32, False])])
     meta, _ = await stream.receive()
-    assert meta[:2] == ["auth", "peer"]
-    await stream.send([encode(["welcome", 0, b"", Limits().as_wire()])])
+    assert meta[:2] == ["hello", "peer"]
+    meta, _ = await stream.receive()
+    assert meta == ["auth", b"", []]
+    await stream.send([encode(["welcome", 0, b"", Limits().as_wire(), b""])])
     while True:
         meta, _ = await stream.receive()
         frames.append(meta)

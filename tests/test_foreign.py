@@ -321,3 +321,52 @@ async def test_external_timeline_polls_and_times_out() -> None:
             graph = await rt.compile([ag.Launch(add_one, [buf, rt.alloc("CPU:0", 1, np.int32)])])
             with pytest.raises(TimeoutError, match="stuck did not reach 1"):
                 await graph(after=[(timeline, 1)])
+
+
+async def test_replays_waiting_for_a_timeline_hold_their_place_in_the_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Six submits wait for one timeline with room for two in flight: once it moves, two
+    # are posted and the other four wait for room, as submit says it blocks once
+    # max_in_flight are in flight (they must not all be posted at once).
+    # The timeline's waits and the held kernel run on threads: the clock jumps only once
+    # nothing has happened for a while in real time, so it stands still while they work.
+    autojump_clock.autojump_threshold = 0.01
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"], max_in_flight=2, cpu_thread_bytes=0) as rt:
+            word = [0]
+            released, gate = threading.Event(), threading.Event()
+
+            def wait(value: int) -> None:
+                released.wait(10)
+
+            timeline = ag.ExternalTimeline(
+                "other", lambda: word[0], lambda v: word.__setitem__(0, v), wait=wait
+            )
+            held = ag.Kernel("held", cpu=lambda out: gate.wait(10), outs=(0,))
+            graph = await rt.compile([ag.Launch(held, [rt.alloc("CPU:0", 1, np.int32)])])
+            posted: list[int] = []  # rt.in_flight as each submit returned
+
+            async def submit_one() -> None:
+                replay = await graph.submit(after=[(timeline, 1)])
+                posted.append(rt.in_flight)
+                await replay.wait()
+
+            try:
+                async with trio.open_nursery() as nursery:
+                    for _ in range(6):
+                        nursery.start_soon(submit_one)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert rt.in_flight == 0 and rt.statistics().reserved <= 2
+                    word[0] = 1
+                    released.set()
+                    # Until every submit has been posted or waits for room (the held
+                    # kernel keeps what is posted in flight).
+                    while len(posted) + rt.statistics().waiting_for_room < 6:
+                        await trio.sleep(0.001)
+                    assert rt.in_flight == 2 and len(posted) == 2
+                    gate.set()
+            finally:
+                gate.set()
+            assert len(posted) == 6 and max(posted) <= 2 and rt.in_flight == 0
+            assert rt.statistics().reserved == 0

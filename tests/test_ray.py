@@ -197,6 +197,48 @@ async def test_each_set_of_workers_has_its_own_token(workers: Any) -> None:
     # Leaving open_workers stops them again: nothing to do, no error.
 
 
+async def test_workers_that_speak_tls(cluster: Any, tmp_path: Any) -> None:
+    # The handle passes the certificate and key to every worker and the CA to its
+    # runtimes: data between the client and the workers, and between the workers (a
+    # TLS worker refuses a link that is not), goes over TLS; the token is kept.
+    trustme = pytest.importorskip("trustme", reason="the TLS test makes its certificates")
+    ca = trustme.CA()
+    leaf = ca.issue_cert(LOOPBACK)
+    cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    with pytest.raises(ag.UsageError, match=r"both tls_cert= and tls_key="):
+        agray.start_workers(tls_cert=cert)
+    async with agray.open_workers(
+        placement=2,
+        resources={"node_a": 0.25},
+        num_cpus=0,
+        kernels=["remote_kernels"],
+        host=LOOPBACK,
+        timeout=GUARD,
+        tls_cert=cert,
+        tls_key=key,
+        tls_ca=ca_file,
+    ) as tls_workers:
+        assert tls_workers.runtime_options()["remote_tls_ca"] == str(ca_file)
+        with pytest.raises(ag.UsageError, match=r"remote_tls_ca= is not for a runtime on Ray"):
+            tls_workers.open_runtime(remote_tls_ca=ca_file)
+        a0, b0 = tls_workers.workers[0].devices[0], tls_workers.workers[1].devices[0]
+        with trio.fail_after(GUARD):
+            async with tls_workers.open_runtime() as rt:
+                assert rt.device(a0).connection.statistics().tls
+                x, y = rt.alloc(a0, 64, np.int32), rt.alloc(b0, 64, np.int32)
+                await rt.copyin(x, np.arange(64, dtype=np.int32))
+                await rt.run([ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x)])
+                np.testing.assert_array_equal(await rt.copyout(y), np.arange(64) + 1)
+            # Without the CA, a client is told the workers speak TLS.
+            with pytest.raises(remote.RemoteConnectionError, match=r"this worker speaks TLS"):
+                token = tls_workers.runtime_options()["remote_token"]
+                async with ag.open_runtime([a0], remote_token=token):
+                    pass
+
+
 # -- lifecycle --
 
 

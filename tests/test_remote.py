@@ -19,12 +19,12 @@ import pytest
 import trio
 import trio.testing
 from _op_samples import OpSampler
-from _workers import GUARD, TOKEN, runtime, start
+from _workers import GUARD, handshake, runtime, start
 from actorgraph.devices import Op
 from actorgraph.devices.remote import _connection as remote_connection
 from actorgraph.devices.remote import _programs as remote_programs
 from actorgraph.devices.remote.frames import FrameStream, encode
-from actorgraph.devices.remote.wire import Get, Limits, auth_mac
+from actorgraph.devices.remote.wire import Get, Limits
 from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
@@ -570,9 +570,7 @@ async def _told_when(port: int, conn: Any, queue: str, value: int) -> None:
     sock = trio.socket.socket()
     await sock.connect(("127.0.0.1", port))
     stream = FrameStream(sock, Limits())
-    meta, _ = await stream.receive()
-    await stream.send([encode(["auth", "peer", auth_mac(TOKEN, meta[1]), []])])
-    assert (await stream.receive())[0][0] == "welcome"
+    assert (await handshake(stream, "peer"))[0] == "welcome"
     await stream.send(
         [encode(["pwatch", 1, conn.session_id, queue, value, conn.watch_ticket(queue)])]
     )

@@ -15,17 +15,18 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from _workers import GUARD, TOKEN, runtime, start
+from _workers import GUARD, TOKEN, handshake, hello, runtime, start
 from _workers import Replies as _Replies
 from actorgraph.devices import Job, QueueActor, Submission
 from actorgraph.devices.remote.frames import HEADER, FrameStream, encode
 from actorgraph.devices.remote.wire import (
+    TO_WORKER,
     VERSION,
     Limits,
     WireError,
     as_meta,
-    auth_mac,
     decode,
+    handshake_mac,
     read_ticket,
 )
 from actorgraph.scheduler import QueueKind
@@ -43,28 +44,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import GATED, INC, INC_GPU
 
 
-async def _raw(port: int, limits: Limits | None = None) -> tuple[FrameStream, bytes]:
+async def _raw(port: int, limits: Limits | None = None) -> FrameStream:
     sock = trio.socket.socket()
     await sock.connect(("127.0.0.1", port))
-    stream = FrameStream(sock, limits or Limits())
-    meta, _ = await stream.receive()
-    assert meta[0] == "challenge" and meta[2] is True
-    return stream, meta[1]
+    return FrameStream(sock, limits or Limits())
 
 
 async def _session(port: int, devices: tuple[str, ...] = ("CPU:0",)) -> FrameStream:
-    stream, nonce = await _raw(port)
-    await stream.send([encode(["auth", "client", auth_mac(TOKEN, nonce), list(devices)])])
-    meta, _ = await stream.receive()
+    stream = await _raw(port)
+    meta = await handshake(stream, "client", devices)
     assert meta[0] == "welcome"
     return stream
 
 
 async def _peer(port: int, token: bytes = TOKEN) -> FrameStream:
     """A worker-to-worker link, as a worker holding `token` opens it."""
-    stream, nonce = await _raw(port)
-    await stream.send([encode(["auth", "peer", auth_mac(token, nonce), []])])
-    meta, _ = await stream.receive()
+    stream = await _raw(port)
+    meta = await handshake(stream, "peer", (), token)
     assert meta[0] == "welcome", meta
     return stream
 
@@ -104,8 +100,9 @@ async def test_refuses_missing_and_wrong_tokens(
             async with ag.open_runtime([worker.name("CPU:0")], remote_token=b"wrong"):
                 pass
         assert "start one" not in str(info.value)
-        stream, _ = await _raw(worker.port)
-        await stream.send([encode(["auth", "client", b"", ["CPU:0"]])])
+        stream = await _raw(worker.port)
+        await hello(stream, "client")
+        await stream.send([encode(["auth", b"", ["CPU:0"]])])
         meta, _ = await stream.receive()
         assert meta[0] == "error" and "authentication failed" in meta[-1]
         await _still_serves(worker)
@@ -503,10 +500,11 @@ async def test_a_peer_link_needs_the_token(workers: tuple[Worker, Worker]) -> No
     # wrong one; and a link that did authenticate still only reads, with tickets.
     worker, _ = workers
     with trio.fail_after(GUARD):
-        for mac in (b"", auth_mac(b"wrong-token", b"any nonce"), None):
-            stream, nonce = await _raw(worker.port)
-            answer = auth_mac(b"wrong-token", nonce) if mac is None else mac
-            await stream.send([encode(["auth", "peer", answer, []])])
+        for token in (b"", b"wrong-token", None):
+            stream = await _raw(worker.port)
+            ours, theirs, _ = await hello(stream, "peer")
+            answer = b"" if token is None else handshake_mac(token, "peer", ours, theirs, TO_WORKER)
+            await stream.send([encode(["auth", answer, []])])
             meta, _ = await stream.receive()
             assert meta[0] == "error"
             assert re.search(
@@ -964,9 +962,8 @@ async def test_a_read_asked_before_its_buffer_is_allocated_waits_for_it(
     # connection). The ticket is good: the read waits for the queue, then finds the buffer.
     worker, _ = workers
     with trio.fail_after(GUARD):
-        client, nonce = await _raw(worker.port)
-        await client.send([encode(["auth", "client", auth_mac(TOKEN, nonce), ["CPU:0"]])])
-        welcome, _ = await client.receive()
+        client = await _raw(worker.port)
+        welcome = await handshake(client, "client", ["CPU:0"])
         sid, key = welcome[1], welcome[2]
         peer = await _peer(worker.port)
         ref = [1, 0, [4]]

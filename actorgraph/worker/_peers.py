@@ -6,8 +6,9 @@ actorgraph/devices/remote/__init__.py, "How order crosses hosts"). A link to a w
 once and kept; many reads share it, each answered under its own request id. A batch's
 requests to one worker leave together, in one send, from the task that takes the batch.
 A link is authenticated as a client is: the worker answers its peer's challenge with its
-own token (`PeerRefusedError` names the fix when they differ), and each read carries the
-ticket.
+own token, and checks the peer's proof that it holds it too (`PeerRefusedError` names
+the fix when they differ), and each read carries the ticket. A worker that speaks TLS
+opens its links over TLS, checking the peer's certificate (`tls`).
 
 Two kinds of read:
 - "pread": the bytes now (the copy runs once its waits say the source is ready);
@@ -29,13 +30,20 @@ from __future__ import annotations
 import functools
 import itertools
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
-from actorgraph.devices.remote._handshake import HandshakeRefused, TokenRequired, greet
+from actorgraph.devices.remote._handshake import (
+    HandshakeRefused,
+    TokenRequired,
+    WorkerUnproven,
+    greet,
+)
+from actorgraph.devices.remote._tls import connect_tls, handshake_failure
 from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
 from actorgraph.devices.remote.wire import (
     CHUNK,
@@ -51,6 +59,15 @@ from actorgraph.devices.remote.wire import (
 )
 
 KEEPALIVE = (30, 10, 3)
+
+# What ends a link: its peer went away, broke the protocol, or its TLS broke.
+_LINK_LOST = (
+    OSError,
+    ConnectionLostError,
+    WireError,
+    trio.ClosedResourceError,
+    trio.BrokenResourceError,
+)
 
 # A read request, made once its id on the link is known.
 Request = Callable[[int], PRead | PWhen | PWatch]  # idle seconds, seconds between probes, probes
@@ -131,17 +148,20 @@ class _PeerLink:
             read.fail(self.error)
         self.reads.clear()
         if self.stream is not None:
-            self.stream.sock.close()
+            self.stream.close()
 
 
 class Peers:
     """This worker's links to other workers, for the copies it reads."""
 
-    def __init__(self, limits: Limits, token: bytes | None = None) -> None:
+    def __init__(
+        self, limits: Limits, token: bytes | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         # Data on a link we opened is what we asked for, checked against its destination
         # before it is read: accept the sender's chunks even where our --max-frame is lower.
         self.limits = attrs.evolve(limits, max_tail=max(CHUNK, limits.max_tail))
         self.token = token  # this worker's: it answers its peers' challenges with it
+        self.tls = tls  # links go over TLS, peers' certificates checked with it
         self.links: dict[tuple[str, int], _PeerLink] = {}
         self._nursery: trio.Nursery | None = None
         self._held = 0
@@ -162,21 +182,15 @@ class Peers:
                 except BaseException:
                     sock.close()
                     raise
-                # The stream reads and writes the plain socket itself (see FrameStream):
-                # an answer already there costs no trip through trio's scheduler.
-                raw = socket.socket(fileno=sock.detach())
-                raw.setblocking(False)
-                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                keep_alive(raw)
-                stream = FrameStream(raw, self.limits)
-                link.stream = stream
                 with trio.move_on_after(30) as handshake:
+                    stream = link.stream = await self._stream(sock, host, port)
                     await self._authenticate(stream, host, port)
                 if handshake.cancelled_caught:
+                    sock.close()
                     raise ConnectionLostError(f"{host}:{port} did not finish the handshake in 30 s")
                 assert self._nursery is not None  # started with the worker
                 self._nursery.start_soon(self._read_loop, (host, port), link)
-            except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
+            except _LINK_LOST as exc:
                 self.links.pop((host, port), None)
                 link.fail(exc)
             link.opened.set()
@@ -185,6 +199,26 @@ class Peers:
         if link.error is not None:
             raise link.error
         return link
+
+    async def _stream(self, sock: trio.socket.SocketType, host: str, port: int) -> FrameStream:
+        """The link's stream on its connected socket: the plain socket, which the stream
+        reads and writes itself (an answer already there costs no trip through trio's
+        scheduler), or TLS over it."""
+        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        keep_alive(sock)
+        if self.tls is not None:
+            try:
+                tls = await connect_tls(sock, self.tls, host)
+            except (ssl.SSLError, trio.BrokenResourceError) as exc:
+                sock.close()
+                why = handshake_failure(exc, "this worker's --tls-ca")
+                raise PeerRefusedError(
+                    f"worker-to-worker link to {host}:{port} refused: {why}"
+                ) from None
+            return FrameStream(tls, self.limits)
+        raw = socket.socket(fileno=sock.detach())
+        raw.setblocking(False)
+        return FrameStream(raw, self.limits)
 
     async def _authenticate(self, stream: FrameStream, host: str, port: int) -> None:
         """Answer the peer's challenge as a client does, with this worker's token."""
@@ -196,6 +230,11 @@ class Peers:
                 f"{where} refused: that worker requires a token and this one was started "
                 f"without --token-file; start every worker of a runtime with the same "
                 f"--token-file"
+            ) from None
+        except WorkerUnproven as exc:
+            raise PeerRefusedError(
+                f"{where} refused: what answers there could not prove it holds this worker's "
+                f"token ({exc}); start every worker of a runtime with the same --token-file"
             ) from None
         except HandshakeRefused as exc:
             raise PeerRefusedError(f"{where} refused: {exc}") from None
@@ -218,7 +257,7 @@ class Peers:
                 if type(answer) is not Data or answer.read not in link.reads:
                     raise WireError(f"peer {link.address} answered {meta[0]!r} out of turn")
                 await self._land(link, answer, tail)
-        except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
+        except _LINK_LOST as exc:
             if self.links.get(key) is link:
                 del self.links[key]
             link.fail(ConnectionError(f"worker-to-worker link to {link.address} failed: {exc}"))
@@ -268,14 +307,17 @@ class Peers:
         if link.writing or not link.pending:
             return
         stream = link.stream
-        assert stream is not None and stream.raw is not None  # an open link
+        assert stream is not None  # an open link
         data = link.pending[0] if len(link.pending) == 1 else b"".join(link.pending)
         link.pending.clear()
-        try:
-            sent = stream.send_nowait(data)
-        except OSError as exc:
-            self._lost(link, exc)
-            return
+        if stream.raw is None:
+            sent = 0  # TLS: its writer task sends
+        else:
+            try:
+                sent = stream.send_nowait(data)
+            except OSError as exc:
+                self._lost(link, exc)
+                return
         if sent < len(data):
             link.pending.append(memoryview(data)[sent:])
             link.writing = True
@@ -289,7 +331,7 @@ class Peers:
             while link.pending:
                 parts, link.pending = link.pending, []
                 await stream.send(parts)
-        except (OSError, ConnectionLostError, trio.ClosedResourceError) as exc:
+        except _LINK_LOST as exc:
             self._lost(link, exc)
         finally:
             link.writing = False
@@ -320,7 +362,7 @@ class Peers:
             self._request(link, read, request)
         except PeerRefusedError as exc:
             read.fail(exc)
-        except (OSError, ConnectionLostError, WireError, trio.ClosedResourceError) as exc:
+        except _LINK_LOST as exc:
             read.fail(ConnectionError(f"worker-to-worker read from {host}:{port} failed: {exc}"))
 
     async def pull(

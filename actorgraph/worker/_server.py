@@ -8,7 +8,10 @@ Kernels are never shipped: a launch names a kernel, resolved in the registry bui
 the modules given with `--kernels` (each defines `KERNELS`, an iterable of `ag.Kernel`
 or a mapping name -> `ag.Kernel`).
 
-Safety: a client must answer an HMAC challenge with the worker's token (when it has one);
+Safety: a client must answer an HMAC challenge with the worker's token (when it has one),
+and the worker proves it holds the token too (_handshake.py; both bound to the role and
+both sides' nonces); with a certificate (`--tls-cert`, `--tls-key`) every connection,
+links to other workers included, speaks TLS (actorgraph/devices/remote/_tls.py);
 every frame and allocation is checked against `Limits`; every id is looked up in the
 client's own session, so another client's buffer ids are simply unknown; a bad request
 gets an ["error", what, id, message] reply and the session goes on; a frame that breaks
@@ -31,13 +34,24 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import ssl
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
 from actorgraph.devices import Resumer
-from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, no_delay
+from actorgraph.devices.remote._tls import (
+    PLAIN_REFUSED,
+    TLS_HANDSHAKE_TIMEOUT_S,
+    TLSSetupError,
+    accept_tls,
+    client_context,
+    server_context,
+    speaks_plain,
+)
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
 from actorgraph.devices.remote.wire import (
     Blob,
     Error,
@@ -78,14 +92,20 @@ class Worker:
     """The server: its runtime, its kernels, its clients' sessions, its links."""
 
     def __init__(
-        self, runtime: Runtime, kernels: dict[str, Kernel], token: bytes | None, limits: Limits
+        self,
+        runtime: Runtime,
+        kernels: dict[str, Kernel],
+        token: bytes | None,
+        limits: Limits,
+        tls: WorkerTLS | None = None,
     ) -> None:
         self.runtime = runtime
         self.kernels = kernels
         self.token = token
         self.limits = limits
+        self.tls = tls
         self.sessions: dict[int, Session] = {}
-        self.peers = Peers(limits, token)
+        self.peers = Peers(limits, token, tls.links if tls is not None else None)
         self.staging = StagingPool()
         self.times = KernelTimes()
         self.resumer = Resumer()  # held jobs run on where their waits are met
@@ -97,26 +117,45 @@ class Worker:
             while True:
                 accepted, _ = await listener.accept()
                 no_delay(accepted)
+                if self.tls is not None:
+                    nursery.start_soon(self._tls_connection, accepted, self.tls.accept)
+                    continue
                 # The stream reads and writes the plain socket itself (see FrameStream).
                 sock = socket.socket(fileno=accepted.detach())
                 sock.setblocking(False)
-                nursery.start_soon(self._connection, sock)
+                nursery.start_soon(self._connection, FrameStream(sock, self.limits))
 
-    async def _connection(self, sock: socket.socket) -> None:
-        stream = FrameStream(sock, self.limits)
+    async def _tls_connection(self, sock: trio.socket.SocketType, context: ssl.SSLContext) -> None:
+        """A connection to a TLS worker: its TLS handshake, then as any other. What sends
+        a plain frame first (a client without TLS) is refused in a plain frame."""
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT_S):
+                if await speaks_plain(sock):
+                    refusal = encode(Error("hello", 0, PLAIN_REFUSED))
+                    await trio.SocketStream(sock).send_all(refusal)
+                    sock.close()
+                    return
+                tls = await accept_tls(sock, context)
+        except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError):
+            sock.close()  # not a TLS client of ours: nothing to answer it in
+            return
+        await self._connection(FrameStream(tls, self.limits))
+
+    async def _connection(self, stream: FrameStream) -> None:
         session: Session | None = None
         try:
             async with trio.open_nursery() as nursery:
                 out = Outbox(stream)
                 nursery.start_soon(out.run)
                 try:
-                    role = await challenge(
+                    greeted = await challenge(
                         stream, out, self.token, self.limits, self.runtime.devices
                     )
-                    if role == "client":
+                    if greeted.role == "client":
                         session = Session(self, next(self._sids), out, nursery)
                         self.sessions[session.sid] = session
-                        out.send(Welcome(session.sid, session.key, self.limits.as_wire()))
+                        limits = self.limits.as_wire()
+                        out.send(Welcome(session.sid, session.key, limits, greeted.proof))
                         await self._client_loop(stream, session)
                     else:
                         await serve_link(self, self.sessions, stream, out)
@@ -134,7 +173,7 @@ class Worker:
                 for buf in session.buffers.values():
                     self.runtime.free(buf)
                 session.buffers.clear()
-            stream.sock.close()
+            stream.close()
 
     async def _client_loop(self, stream: FrameStream, session: Session) -> None:
         while True:
@@ -184,6 +223,16 @@ class Worker:
             send_data(session.out, request.read, bytes_of(session.buffer(request.src, "get src")))
 
 
+class WorkerTLS:
+    """A worker's TLS: the context it accepts connections with (its certificate and
+    key), and the one its links to other workers check their certificates with (its
+    `tls_ca`, by default its own certificate: workers that share one)."""
+
+    def __init__(self, cert: Any, key: Any, ca: Any = None) -> None:
+        self.accept = server_context(cert, key)
+        self.links = client_context(cert if ca is None else ca, "--tls-ca")
+
+
 async def run_worker(
     devices: Sequence[str],
     host: str = "127.0.0.1",
@@ -193,9 +242,17 @@ async def run_worker(
     kernel_modules: Sequence[str] = (),
     limits: Limits | None = None,
     thread_bytes: int | None = None,
+    tls_cert: Any = None,
+    tls_key: Any = None,
+    tls_ca: Any = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `devices` on host:port until cancelled; reports the bound (host, port).
+
+    `tls_cert`, `tls_key`: PEM files of the worker's certificate and key: every
+    connection speaks TLS, links to other workers too, whose certificates are checked
+    against `tls_ca` (default: `tls_cert` itself). Raises TLSSetupError if one cannot be
+    loaded.
 
     `thread_bytes`: CPU kernels touching at least this many bytes run on their client's
     actor thread (the runtime's cpu_thread_bytes); a smaller one runs on the worker's
@@ -204,6 +261,7 @@ async def run_worker(
     a thread, at a thread hop per run of kernels.
     """
     kernels = load_kernels(kernel_modules)
+    tls = _worker_tls(tls_cert, tls_key, tls_ca)
     options = {} if thread_bytes is None else {"cpu_thread_bytes": thread_bytes}
     async with open_runtime(list(devices), **options) as runtime:
         family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
@@ -212,12 +270,27 @@ async def run_worker(
         await listener.bind((host, port))
         listener.listen(128)
         bound = listener.getsockname()
-        worker = Worker(runtime, kernels, token, limits or Limits())
+        worker = Worker(runtime, kernels, token, limits or Limits(), tls)
         task_status.started((bound[0], bound[1]))
         try:
             await worker.serve(listener)
         finally:
             listener.close()
+
+
+def _worker_tls(cert: Any, key: Any, ca: Any) -> WorkerTLS | None:
+    if cert is None and key is None:
+        if ca is not None:
+            raise TLSSetupError(
+                "--tls-ca is for a worker that speaks TLS: add --tls-cert and --tls-key"
+            )
+        return None
+    if cert is None or key is None:
+        raise TLSSetupError(
+            "a worker speaks TLS with both --tls-cert and --tls-key (its certificate and "
+            "its private key); give both"
+        )
+    return WorkerTLS(cert, key, ca)
 
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -231,7 +304,13 @@ def worker_main(
     kernels: Sequence[str],
     limits: Limits,
     thread_bytes: int | None = None,
+    tls: tuple[str | None, str | None, str | None] = (None, None, None),
 ) -> int:
+    try:
+        _worker_tls(*tls)  # before serving: a bad file is one clear line
+    except TLSSetupError as exc:
+        print(f"actorgraph worker: {exc}", file=sys.stderr)
+        return 2
     token = None
     if token_file is not None:
         with open(token_file, "rb") as f:
@@ -262,11 +341,14 @@ def worker_main(
                     kernel_modules=kernels,
                     limits=limits,
                     thread_bytes=thread_bytes,
+                    tls_cert=tls[0],
+                    tls_key=tls[1],
+                    tls_ca=tls[2],
                     task_status=task_status,
                 )
             )
             print(
-                f"actorgraph worker listening on {bound[0]}:{bound[1]} "
+                f"actorgraph worker listening on {bound[0]}:{bound[1]}{' (TLS)' if tls[0] else ''} "
                 f"(devices {','.join(devices)}, pid {os.getpid()})",
                 flush=True,
             )

@@ -17,7 +17,9 @@ The files:
     _connection.py  the connection actor: batches, mirrored signals, reports
     _programs.py    op lists as programs a worker keeps; copies asked for ahead
     _transport.py   its socket: sending in order, the reader task, a caller's own reads
-    _handshake.py   the connecting side of the handshake (a client, or a worker linking)
+    _handshake.py   the connecting side of the handshake (a client, or a worker linking):
+                    mutual, each MAC bound to the role, both nonces and its direction
+    _tls.py         TLS under a connection: contexts, and its handshakes and refusals
     wire.py         the protocol's messages, typed and versioned, and their checks
     frames.py       frames over a socket: header, msgpack meta, raw tail
 

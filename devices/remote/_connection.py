@@ -104,6 +104,7 @@ class ConnectionStatistics:
     # whether a caller reads the worker's frames now.
     ends_read_by_callers: int = 0
     read_by_a_caller: bool = False
+    tls: bool = False  # the connection speaks TLS (remote_tls_ca)
 
 
 class Connection:
@@ -193,6 +194,7 @@ class Connection:
             allocated_bytes=self.allocated,
             ends_read_by_callers=transport.ends_read_by_callers,
             read_by_a_caller=transport.read_by_a_caller,
+            tls=transport.tls,
         )
 
     # -- lifecycle --

@@ -131,7 +131,9 @@ class RemoteDevice(Device):
     """
 
     kind = "REMOTE"
-    options_taken = frozenset(["remote_token", "remote_token_file", "remote_timeout"])
+    options_taken = frozenset(
+        ["remote_token", "remote_token_file", "remote_timeout", "remote_tls_ca"]
+    )
     host_visible = False
     host_backed = False
     lowers_foreign_copies = True

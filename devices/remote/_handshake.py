@@ -1,18 +1,45 @@
 """The connecting side of the REMOTE handshake: a client, or a worker linking to another.
 
-The worker speaks first (`Challenge`: a nonce, and whether it needs a token); the other
-side answers (`Auth`: its role, its MAC of the nonce under the shared token, and, for a
-client, the worker's devices it will use); the worker says `Welcome` (a session) or
-`Error`. `greet` is that exchange, from the connecting side, on a stream already open:
-what is checked of the worker lives here, so a stronger exchange (mutual
-authentication, TLS under the stream) changes this module and the worker's
-(actorgraph/worker/_handshake.py), not their callers.
+Both sides speak at once: the connecting side says `Hello` (its role and a fresh nonce),
+the worker its `Challenge` (a fresh nonce, and whether it needs a token). The
+connecting side answers with `Auth`: its MAC under the shared token of the role, both
+nonces and the direction (`handshake_mac`, TO_WORKER), and a client's devices. The
+worker checks it and says `Welcome` (with its own MAC of the same, TO_CONNECTOR: its
+proof that it holds the token as well) or `Error`. The connecting side checks that
+proof before it trusts the worker with anything.
+
+So a MAC is good for one connection only, in one role and one direction: a stranger
+that hands a token holder a worker's nonce as its own challenge gets an answer bound to
+the holder's nonce, which the worker did not get from the stranger; a client's answer
+does not open a worker-to-worker link; and the worker's proof is no answer. A stranger
+posing as a worker cannot make the proof: the client refuses it. What the token does
+not do is hide or seal what follows the handshake: a relay that passes a whole
+connection on, byte for byte, sees and can change it. TLS under the stream does that
+(the worker's certificate, checked against the client's CA: _tls.py).
+
+`greet` is this exchange on a stream already open; the worker's side is
+actorgraph/worker/_handshake.py.
 """
 
 from __future__ import annotations
 
+import hmac
+import secrets
+
 from .frames import FrameStream, encode
-from .wire import Auth, Challenge, Error, Welcome, WireError, auth_mac, decode
+from .wire import (
+    NONCE_BYTES,
+    TO_CONNECTOR,
+    TO_WORKER,
+    Auth,
+    Challenge,
+    Error,
+    Hello,
+    Welcome,
+    WireError,
+    decode,
+    handshake_mac,
+)
 
 
 class HandshakeRefused(Exception):
@@ -23,18 +50,35 @@ class TokenRequired(Exception):
     """The worker needs a token and this side has none."""
 
 
+class WorkerUnproven(Exception):
+    """This side holds a token and what answered could not prove it holds it too: the
+    message says how (it asks for no token, or its proof is wrong)."""
+
+
 async def greet(stream: FrameStream, token: bytes | None, role: str, devices: list[str]) -> Welcome:
-    """Answer the worker's challenge as `role` ("client" or "peer"), naming `devices` (a
-    client's; a peer names none); return its Welcome. Raises HandshakeRefused with its
-    reason, TokenRequired, or WireError when what answers does not speak this protocol."""
+    """Say hello as `role` ("client" or "peer"), answer the worker's challenge naming
+    `devices` (a client's; a peer names none), check the worker's proof when this side
+    holds a token; return its Welcome. Raises HandshakeRefused with the worker's reason,
+    TokenRequired, WorkerUnproven, or WireError when what answers does not speak this
+    protocol."""
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    await stream.send([encode(Hello(role, nonce))])
     challenge = await _receive(stream, Challenge, "a challenge")
     assert isinstance(challenge, Challenge)
     if challenge.needs_token and token is None:
         raise TokenRequired()
-    mac = auth_mac(token, challenge.nonce) if token is not None and challenge.needs_token else b""
-    await stream.send([encode(Auth(role, mac, devices))])
+    if token is not None and not challenge.needs_token:
+        raise WorkerUnproven("it asks for no token, so it cannot prove it holds this side's token")
+    mac = b""
+    if token is not None:
+        mac = handshake_mac(token, role, nonce, challenge.nonce, TO_WORKER)
+    await stream.send([encode(Auth(mac, devices))])
     welcome = await _receive(stream, Welcome, "a welcome")
     assert isinstance(welcome, Welcome)
+    if token is not None:
+        proof = handshake_mac(token, role, nonce, challenge.nonce, TO_CONNECTOR)
+        if not hmac.compare_digest(welcome.proof, proof):
+            raise WorkerUnproven("its proof of the token is wrong")
     return welcome
 
 

@@ -16,6 +16,7 @@ import collections
 import itertools
 import os
 import socket
+import ssl
 from typing import Any, Protocol
 
 import trio
@@ -23,7 +24,8 @@ import trio
 from .._device import DeviceError
 from .._ops import Job, Submission
 from .._signal import Doorbell
-from ._handshake import HandshakeRefused, TokenRequired, greet
+from ._handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
+from ._tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
 from .wire import (
     CHUNK,
@@ -107,6 +109,17 @@ def _token_from(options: dict[str, Any]) -> bytes | None:
     return token
 
 
+def _tls_from(options: dict[str, Any]) -> ssl.SSLContext | None:
+    """The TLS context of `remote_tls_ca` (None: connections without TLS)."""
+    ca_file = options.get("remote_tls_ca")
+    if ca_file is None:
+        return None
+    try:
+        return client_context(ca_file, "remote_tls_ca")
+    except TLSSetupError as exc:
+        raise DeviceError(str(exc)) from None
+
+
 class Read:
     __slots__ = ("done", "error", "left", "staged", "view")
 
@@ -133,11 +146,13 @@ class Transport:
         self.port = port
         self.address = f"{host}:{port}"
         self._token = _token_from(options)
+        self._tls = _tls_from(options)
         self._timeout = float(options.get("remote_timeout", 10.0))
         self.limits = Limits()
         self.session_id = 0
         self._key = b""
         self._stream: FrameStream | None = None
+        self._socket: trio.socket.SocketType | None = None  # before its TLS stream is made
         self.error: RemoteConnectionError | None = None
         self._pending: collections.deque[Any] = collections.deque()
         self._doorbell = Doorbell()
@@ -177,7 +192,9 @@ class Transport:
 
     def _close_socket(self) -> None:
         if self._stream is not None:
-            self._stream.sock.close()
+            self._stream.close()
+        elif self._socket is not None:
+            self._socket.close()  # a TLS handshake under way
 
     @property
     def chunk(self) -> int:
@@ -204,7 +221,7 @@ class Transport:
             raise RemoteConnectionError(
                 f"cannot connect to the worker at {self.address}: {exc}"
             ) from None
-        except (WireError, ConnectionLostError) as exc:
+        except (WireError, ConnectionLostError, trio.BrokenResourceError) as exc:
             self._close_socket()
             raise RemoteConnectionError(
                 f"cannot connect to the worker at {self.address}: {type(exc).__name__}: {exc}; "
@@ -220,10 +237,7 @@ class Transport:
             ) from None
 
     async def _handshake(self, devices: list[str]) -> None:
-        family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
-        stream = self._stream = FrameStream(plain_socket(family), self.limits)
-        await stream.sock.connect((self.host, self.port))
-        no_delay(stream.sock)
+        stream = await self._open()
         try:
             welcome = await greet(stream, self._token, "client", devices)
         except TokenRequired:
@@ -231,6 +245,13 @@ class Transport:
                 "the worker is running and requires a token; pass "
                 "open_runtime(..., remote_token_file=PATH) naming its --token-file, or set "
                 "ACTORGRAPH_TOKEN_FILE=PATH (the actorgraph command: --token-file PATH)"
+            ) from None
+        except WorkerUnproven as exc:
+            raise RemoteError(
+                f"what answers there could not prove it holds this client's token ({exc}), "
+                f"so it may not be the worker meant; check the address, and that the worker "
+                f"was started with --token-file holding the token given as remote_token= or "
+                f"remote_token_file="
             ) from None
         except HandshakeRefused as exc:
             reason = str(exc)
@@ -245,6 +266,24 @@ class Transport:
         self._key = welcome.key
         self.limits = Limits.from_wire(welcome.limits)
 
+    async def _open(self) -> FrameStream:
+        """Connect: a plain socket the stream reads itself, or TLS (`remote_tls_ca`)."""
+        family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
+        if self._tls is None:
+            stream = self._stream = FrameStream(plain_socket(family), self.limits)
+            await stream.sock.connect((self.host, self.port))
+            no_delay(stream.sock)
+            return stream
+        sock = self._socket = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+        await sock.connect((self.host, self.port))
+        no_delay(sock)
+        try:
+            tls = await connect_tls(sock, self._tls, self.host)
+        except (ssl.SSLError, trio.BrokenResourceError) as exc:
+            raise RemoteError(handshake_failure(exc)) from None
+        self._stream = FrameStream(tls, self.limits)
+        return self._stream
+
     async def start(self, nursery: trio.Nursery) -> None:
         """Start the writer and the reader task (once connected)."""
         await nursery.start(self._serve)
@@ -253,6 +292,11 @@ class Transport:
     @property
     def connected(self) -> bool:
         return self._stream is not None and self.error is None
+
+    @property
+    def tls(self) -> bool:
+        """Whether the connection speaks TLS."""
+        return self._stream is not None and self._stream.tls
 
     @property
     def read_by_a_caller(self) -> bool:

@@ -10,8 +10,8 @@ Both lengths are checked against `Limits` before a byte of the body is read, so 
 oversized frame costs the receiver nothing, and a frame of another protocol version is
 refused at its header. What a meta part may hold is the wire module's (wire.py: typed
 messages, each field checked); this one moves them. `decode_frame` is pure, so it can
-be fuzzed on its own. A TLS layer would go under `FrameStream`: it reads and writes one
-socket, and nothing above it does.
+be fuzzed on its own. TLS goes under `FrameStream`: it reads and writes one socket, or
+one trio stream (a `trio.SSLStream`), and nothing above it does.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ MAGIC = b"AG"
 HEADER = struct.Struct(">2sHIQ")
 
 _SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
+_STREAM_READ = 1 << 18  # the most a read of a trio stream (TLS) asks for at once
+_STREAM_WRITE = 1 << 16  # the most a write to a trio stream (TLS) hands it at once
 
 
 class ConnectionLostError(ConnectionError):
@@ -99,30 +101,42 @@ def decode_frame(data: bytes, limits: Limits) -> tuple[list[Any], bytes]:
 
 
 class FrameStream:
-    """Frames over one connected socket. One reader task and one writer at a time.
+    """Frames over one connected socket, or one trio stream. One reader task and one
+    writer at a time.
 
     Given a plain (stdlib) socket, it reads and writes it directly, non-blocking, and
     waits on trio only when the socket has nothing to read or no room to write: a frame
     that is already there costs no trip through trio's scheduler, and `send_nowait` lets
-    a task send a small frame at once, without a writer task. A trio socket (tests that
-    speak the raw protocol) goes through trio's own socket methods.
+    a task send a small frame at once, without a writer task. A trio stream (a
+    `trio.SSLStream` for TLS) or a trio socket (tests that speak the raw protocol) goes
+    through trio's own methods: `raw` is None, so its users send by a writer task and
+    never cancel a read (a TLS stream cancelled in a read is broken).
     """
 
-    def __init__(self, sock: trio.socket.SocketType | socket.socket, limits: Limits) -> None:
+    def __init__(
+        self, sock: trio.socket.SocketType | socket.socket | trio.abc.Stream, limits: Limits
+    ) -> None:
+        self.raw: socket.socket | None = None
+        self.tls = isinstance(sock, trio.SSLStream)
         if isinstance(sock, socket.socket):
-            self.raw: socket.socket | None = sock
+            self.raw = sock
             sock = trio.socket.from_stdlib_socket(sock)
+        if isinstance(sock, trio.abc.Stream):
+            self._stream: trio.abc.Stream | None = sock
+            self.sock: trio.socket.SocketType = _socket_under(sock)
         else:
-            self.raw = None
-        self.sock: trio.socket.SocketType = sock
+            self._stream = None
+            self.sock = sock
         self.limits = limits
         self._buf = bytearray()
         self._pos = 0
         self._eager = 0  # reads in a row that found data waiting: see _recv
 
-    async def _recv(self, n: int) -> bytes:
+    async def _recv(self, n: int) -> bytes | bytearray:
         raw = self.raw
         if raw is None:
+            if self._stream is not None:
+                return await self._stream.receive_some(n)
             return await self.sock.recv(n)
         while True:
             try:
@@ -141,6 +155,11 @@ class FrameStream:
     async def _recv_into(self, view: memoryview) -> int:
         raw = self.raw
         if raw is None:
+            if self._stream is not None:
+                # At most a few TLS records at a time: a read allocates what it asks for.
+                data = await self._stream.receive_some(min(len(view), _STREAM_READ))
+                view[: len(data)] = data
+                return len(data)
             return await self.sock.recv_into(view, len(view))
         while True:
             try:
@@ -202,12 +221,18 @@ class FrameStream:
 
     async def wait_more(self) -> None:
         """Receive at least one more byte into the buffer (next_frame takes frames from
-        it). Cancelling it loses nothing: bytes received are kept. A plain socket only."""
+        it). Cancelling it loses nothing on a plain socket: bytes received are kept (a
+        TLS stream cancelled here is broken: its users never cancel it)."""
         raw = self.raw
-        assert raw is not None  # the client's connection, which reads its plain socket
         if self._pos:
             del self._buf[: self._pos]
             self._pos = 0
+        if raw is None:
+            chunk = await self._recv(1 << 16)
+            if not chunk:
+                raise ConnectionLostError("the connection was closed by the other side")
+            self._buf += chunk
+            return
         while True:
             try:
                 chunk = raw.recv(1 << 16)
@@ -272,6 +297,12 @@ class FrameStream:
     async def _send_all(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         raw = self.raw
+        if raw is None and self._stream is not None:
+            # In pieces: TLS encrypts what it is given into memory before sending any of
+            # it, which for one large tail is slow (and holds a second copy of it).
+            for off in range(0, len(view), _STREAM_WRITE):
+                await self._stream.send_all(view[off : off + _STREAM_WRITE])
+            return
         while view:
             if raw is None:
                 sent = await self.sock.send(view)
@@ -282,6 +313,20 @@ class FrameStream:
                     await trio.lowlevel.wait_writable(raw)
                     continue
             view = view[sent:]
+
+    def close(self) -> None:
+        """Close the connection at once (no TLS goodbye): a task reading or writing it
+        wakes with an error."""
+        self.sock.close()
+
+
+def _socket_under(stream: trio.abc.Stream) -> trio.socket.SocketType:
+    """The socket a trio stream (a SocketStream, or a TLS stream over one) runs on."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    if not isinstance(stream, trio.SocketStream):
+        raise TypeError(f"a FrameStream runs on a socket, got {type(stream).__name__}")
+    return stream.socket
 
 
 def plain_socket(family: int = socket.AF_INET) -> socket.socket:

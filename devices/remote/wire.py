@@ -13,12 +13,14 @@ frame, naming both. It moves whenever a message's fields change.
 
     version 2: every message has the schema below; a program names its queue kind, a
                copy from another worker the queue it follows (`PullEntry.follows`)
+    version 3: the handshake is mutual (`Hello`, `Challenge`, `Auth`, `Welcome` with the
+               worker's proof), each MAC bound to the role, both nonces and its direction
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
 worker lowers them (`decode_entry`), so a refusal names the item it is about.
 
-The handshake is three messages (`Challenge`, `Auth`, `Welcome`): the MACs and tickets
-below are HMAC-SHA256 under the worker's token or a session's key.
+The handshake is four messages (`Hello`, `Challenge`, `Auth`, `Welcome`): the MACs and
+tickets below are HMAC-SHA256 under the worker's token or a session's key.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
-VERSION = 2
+VERSION = 3
 
 # The dtypes a buffer may have on the wire: fixed-size numeric types only.
 DTYPES = frozenset(
@@ -329,10 +331,21 @@ def entry(kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
     return _schema(_ENTRIES, kind, *fields)
 
 
-# The handshake. A worker sends a Challenge; a client or another worker answers with
-# Auth (its MAC of the nonce under the token, if the worker asks for one); the worker
-# says Welcome (a client's session: its id, the key its tickets are made with, the
-# worker's limits) or Error, and closes the connection after an Error.
+# The handshake (see devices/remote/_handshake.py). The connecting side (a client, or a
+# worker opening a link) says Hello (its role and its nonce) and the worker its Challenge
+# (its nonce, and whether it needs a token), each at once; the connecting side answers
+# with Auth (its MAC, `handshake_mac`, and a client's devices); the worker says Welcome
+# (a client's session: its id, the key its tickets are made with, the worker's limits,
+# and the worker's own MAC, its proof that it holds the token too) or Error, and closes
+# the connection after an Error.
+
+NONCE_BYTES = 32
+
+
+@message("hello", ("role", text(16)), ("hello nonce", blob(64)))
+class Hello(NamedTuple):
+    role: str  # "client" or "peer"
+    nonce: bytes
 
 
 @message("challenge", ("challenge nonce", blob(64)), ("needs token", flag))
@@ -341,23 +354,24 @@ class Challenge(NamedTuple):
     needs_token: bool
 
 
-@message(
-    "auth",
-    ("role", text(16)),
-    ("mac", blob(64)),
-    ("devices", list_of("device", text(), 1024)),
-)
+@message("auth", ("mac", blob(64)), ("devices", list_of("device", text(), 1024)))
 class Auth(NamedTuple):
-    role: str  # "client" or "peer"
     mac: bytes
     devices: list[str]  # a client's devices of the worker; a peer names none
 
 
-@message("welcome", ("session id", integer()), ("session key", blob(64)), ("limits", anything))
+@message(
+    "welcome",
+    ("session id", integer()),
+    ("session key", blob(64)),
+    ("limits", anything),
+    ("proof", blob(64)),
+)
 class Welcome(NamedTuple):
     session: int
     key: bytes
     limits: dict[str, int]
+    proof: bytes  # the worker's MAC (empty when it has no token)
 
 
 @message(
@@ -798,9 +812,28 @@ def kind_of(message_class: type) -> str:
 # -- authentication --
 
 
-def auth_mac(token: bytes, nonce: bytes) -> bytes:
-    """The answer to a worker's challenge: HMAC-SHA256 of its nonce under the shared token."""
-    return hmac.new(token, b"actorgraph-auth\0" + nonce, hashlib.sha256).digest()
+# The two directions a handshake MAC is made in: the connecting side's answer to the
+# worker, and the worker's proof to the connecting side. Neither can stand for the other.
+TO_WORKER = "connecting side to worker"
+TO_CONNECTOR = "worker to connecting side"
+
+
+def handshake_mac(
+    token: bytes, role: str, connector_nonce: bytes, worker_nonce: bytes, direction: str
+) -> bytes:
+    """A handshake's MAC: HMAC-SHA256 under the shared token of the role the connection
+    asked for, the connecting side's nonce, the worker's nonce and the direction it is
+    sent in, each length-prefixed. A MAC made for one connection, role or direction is
+    worth nothing on another: each side's nonce is fresh, and each side checks its own."""
+    parts = (
+        b"actorgraph handshake",
+        direction.encode(),
+        role.encode(),
+        connector_nonce,
+        worker_nonce,
+    )
+    message = b"".join(len(part).to_bytes(2, "big") + part for part in parts)
+    return hmac.digest(token, message, hashlib.sha256)
 
 
 def watch_ticket(session_key: bytes, queue: str) -> bytes:

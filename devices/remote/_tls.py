@@ -1,0 +1,140 @@
+"""TLS under REMOTE connections: the standard library's `ssl` with `trio.SSLStream`.
+
+A worker started with a certificate and its key (`actorgraph worker --tls-cert F
+--tls-key F`) speaks TLS on every connection it accepts; a client reaches it with
+`open_runtime(..., remote_tls_ca=F)`, the CA (or the self-signed certificate itself)
+that its certificate is checked against, host name included. A worker with a
+certificate links to other workers over TLS as well, checking theirs against its
+`--tls-ca` (by default its own certificate: workers that share one). The token is
+checked as well, inside TLS (_handshake.py): TLS says the worker is the one the CA
+names and keeps the bytes private and whole; the token says who may use it.
+
+The connecting side speaks first (its hello), so a client that does not speak TLS
+meets a TLS worker's clear refusal (`PLAIN_REFUSED`), and a TLS client a plain worker's
+first frame in place of the TLS handshake (`handshake_failure` says so).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+from typing import Any
+
+import trio
+
+from .frames import MAGIC
+
+TLS_HANDSHAKE_TIMEOUT_S = 30
+
+
+class TLSSetupError(ValueError):
+    """A certificate, key or CA file could not be loaded: the message names it."""
+
+
+def client_context(ca_file: Any, what: str) -> ssl.SSLContext:
+    """A context that checks a worker's certificate against the CA in `ca_file` (and
+    that it names the host connected to). `what` names the option, for errors."""
+    path = _existing(ca_file, what)
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_verify_locations(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSSetupError(
+            f"{what}={path!r} holds no CA certificate that can be loaded ({exc}); give "
+            f"the PEM file of the CA that signed the workers' certificates"
+        ) from None
+    # A worker's own certificate may be the anchor (workers sharing one certificate).
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
+
+
+def server_context(cert_file: Any, key_file: Any) -> ssl.SSLContext:
+    """A worker's context: its certificate chain and key."""
+    cert = _existing(cert_file, "--tls-cert")
+    key = _existing(key_file, "--tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSSetupError(
+            f"--tls-cert {cert} with --tls-key {key} cannot be loaded ({exc}); give the "
+            f"PEM certificate and the PEM private key that goes with it"
+        ) from None
+    return context
+
+
+def _existing(path: Any, what: str) -> str:
+    try:
+        name = os.fspath(path)
+    except TypeError:
+        raise TLSSetupError(f"{what} takes a file path, got {type(path).__name__}") from None
+    if not isinstance(name, str):
+        name = os.fsdecode(name)
+    if not os.path.isfile(name):
+        raise TLSSetupError(f"{what}={name!r}: no such file")
+    return name
+
+
+async def connect_tls(
+    sock: trio.socket.SocketType, context: ssl.SSLContext, host: str
+) -> trio.SSLStream[trio.SocketStream]:
+    """TLS over a connected socket, its handshake done (the worker's certificate checked
+    against `context`'s CA, for `host`). Raises ssl.SSLError or trio.BrokenResourceError
+    (see `handshake_failure`)."""
+    stream = trio.SSLStream(trio.SocketStream(sock), context, server_hostname=host)
+    await stream.do_handshake()
+    return stream
+
+
+async def accept_tls(
+    sock: trio.socket.SocketType, context: ssl.SSLContext
+) -> trio.SSLStream[trio.SocketStream]:
+    """TLS over an accepted socket, its handshake done."""
+    stream = trio.SSLStream(trio.SocketStream(sock), context, server_side=True)
+    await stream.do_handshake()
+    return stream
+
+
+async def speaks_plain(sock: trio.socket.SocketType) -> bool:
+    """Whether what connected to a TLS worker sent an actorgraph frame (a client without
+    TLS) rather than a TLS handshake: its first byte, peeked."""
+    first = await sock.recv(1, socket.MSG_PEEK)
+    return first == MAGIC[:1]
+
+
+# What a TLS worker answers (in a plain frame) a client that does not speak TLS.
+PLAIN_REFUSED = (
+    "this worker speaks TLS: a client opens the runtime with remote_tls_ca=FILE, the CA "
+    "that signed the worker's --tls-cert; a worker linking to it needs --tls-cert and "
+    "--tls-key of its own"
+)
+
+
+def handshake_failure(exc: BaseException, ca_option: str = "remote_tls_ca=") -> str:
+    """Why a TLS handshake with a worker failed, with the fix (`ca_option`: where this
+    side's CA comes from)."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return (
+            f"the worker's certificate was refused ({cause.verify_message}); give "
+            f"{ca_option} the CA that signed the worker's --tls-cert, and a certificate "
+            f"that names the host connected to"
+        )
+    if isinstance(cause, ssl.SSLError) and cause.reason in (
+        "WRONG_VERSION_NUMBER",
+        "RECORD_LAYER_FAILURE",
+        "PACKET_LENGTH_TOO_LONG",
+    ):
+        return (
+            "the worker does not speak TLS (it answered the TLS handshake with plain "
+            f"frames); start it with --tls-cert and --tls-key, or leave out {ca_option}"
+        )
+    detail = (
+        f"{type(cause).__name__}: {cause}" if cause is not None else f"{type(exc).__name__}: {exc}"
+    )
+    return f"the TLS handshake failed ({detail})"

@@ -1,0 +1,329 @@
+"""TLS under REMOTE connections (actorgraph/devices/remote/_tls.py): real workers started
+with `--tls-cert`/`--tls-key`, clients with `remote_tls_ca=`, links between workers over
+TLS; the refusals when one side does not speak it or the certificate is not trusted;
+and a relay in the middle sees none of the data and can put nothing in.
+
+The certificates are made here: a CA and a certificate for 127.0.0.1 signed by it
+(trustme), and a second CA that signed nothing of the workers'.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+from _workers import GUARD, TOKEN, runtime, start
+from actorgraph.devices import DeviceError
+from actorgraph.devices.remote._tls import client_context
+from actorgraph.devices.remote._transport import RemoteConnectionError
+from actorgraph.devices.remote.frames import encode
+from actorgraph.devices.remote.wire import Limits
+
+import actorgraph as ag
+from actorgraph.testing import Worker
+from actorgraph.worker import run_worker
+from actorgraph.worker._peers import PeerRefusedError, Peers
+
+sys.path.insert(0, str(Path(__file__).parent))
+from remote_kernels import INC  # noqa: E402
+
+trustme = pytest.importorskip(
+    "trustme", reason="the TLS tests make their certificates with trustme"
+)
+
+
+class Certificates:
+    def __init__(self, folder: Path) -> None:
+        ca = trustme.CA()
+        self.ca = folder / "ca.pem"
+        ca.cert_pem.write_to_path(str(self.ca))
+        leaf = ca.issue_cert("127.0.0.1", "localhost")
+        self.cert = folder / "cert.pem"
+        self.key = folder / "key.pem"
+        leaf.private_key_pem.write_to_path(str(self.key))
+        for pem in leaf.cert_chain_pems:
+            pem.write_to_path(str(self.cert), append=True)
+        elsewhere = ca.issue_cert("elsewhere.example")
+        self.elsewhere_cert = folder / "elsewhere.pem"
+        self.elsewhere_key = folder / "elsewhere-key.pem"
+        elsewhere.cert_chain_pems[0].write_to_path(str(self.elsewhere_cert))
+        elsewhere.private_key_pem.write_to_path(str(self.elsewhere_key))
+        self.other_ca = folder / "other-ca.pem"
+        trustme.CA().cert_pem.write_to_path(str(self.other_ca))
+
+    def worker_args(self) -> list[str]:
+        return ["--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return Certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def tls_workers(certs: Certificates) -> Iterator[tuple[Worker, Worker]]:
+    """Two TLS workers sharing one certificate: A with CPU:0 and CPU:1, B with CPU:0."""
+    a = start("CPU:0,CPU:1", extra_args=certs.worker_args())
+    b = start("CPU:0", extra_args=certs.worker_args())
+    yield a, b
+    a.kill()
+    b.kill()
+
+
+async def test_data_goes_over_tls_between_clients_and_workers(
+    certs: Certificates, tls_workers: tuple[Worker, Worker]
+) -> None:
+    # Copies in and out, a kernel, and copies between the two workers (over their own
+    # TLS link: a TLS worker refuses a plain one) all give the right bytes.
+    a, b = tls_workers
+    ra, ra1, rb = a.name("CPU:0"), a.name("CPU:1"), b.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([ra, ra1, rb], remote_tls_ca=certs.ca) as rt:
+            assert all(rt.device(name).connection.statistics().tls for name in (ra, rb))
+            x = rt.alloc(ra, 1 << 16, np.int32)
+            y = rt.alloc(rb, 1 << 16, np.int32)
+            data = np.arange(1 << 16, dtype=np.int32)
+            await rt.copyin(x, data)
+            graph = await rt.compile(
+                [ag.Launch(INC, [x, x]), ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y])]
+            )
+            for n in range(1, 3):
+                await graph()
+                np.testing.assert_array_equal(await rt.copyout(y), data + n + 1)
+            np.testing.assert_array_equal(await rt.copyout(x), data + 2)
+            await rt.run([ag.Copy(dst=x, src=y)])
+            np.testing.assert_array_equal(await rt.copyout(x), data + 3)
+
+
+async def test_a_client_that_does_not_trust_the_certificate_refuses_the_worker(
+    certs: Certificates, tls_workers: tuple[Worker, Worker]
+) -> None:
+    a, _ = tls_workers
+    with trio.fail_after(GUARD):
+        with pytest.raises(
+            RemoteConnectionError,
+            match=re.escape(f"cannot connect to the worker at 127.0.0.1:{a.port}: ")
+            + r"the worker's certificate was refused \(.+\); give remote_tls_ca= the CA that "
+            r"signed the worker's --tls-cert, and a certificate that names the host connected to",
+        ):
+            async with runtime([a.name("CPU:0")], remote_tls_ca=certs.other_ca):
+                pass
+        # A certificate the CA signed for another host is refused as well.
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(
+                lambda task_status: run_worker(
+                    ["CPU:0"],
+                    token=TOKEN,
+                    tls_cert=certs.elsewhere_cert,
+                    tls_key=certs.elsewhere_key,
+                    task_status=task_status,
+                )
+            )
+            with pytest.raises(
+                RemoteConnectionError,
+                match=r"the worker's certificate was refused \(IP address mismatch, certificate "
+                r"is not valid for '127.0.0.1'.\)",
+            ):
+                async with runtime([f"CPU:0@{host}:{port}"], remote_tls_ca=certs.ca):
+                    pass
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_plain_client_at_a_tls_worker_is_told_to_use_tls(
+    tls_workers: tuple[Worker, Worker],
+) -> None:
+    a, _ = tls_workers
+    with trio.fail_after(GUARD):
+        with pytest.raises(
+            RemoteConnectionError,
+            match=re.escape(
+                f"cannot connect to the worker at 127.0.0.1:{a.port}: the worker is running but "
+                f"refused this client: this worker speaks TLS: a client opens the runtime "
+                f"with remote_tls_ca=FILE, the CA that signed the worker's --tls-cert"
+            ),
+        ):
+            async with runtime([a.name("CPU:0")]):
+                pass
+
+
+async def test_a_tls_client_at_a_plain_worker_is_told_it_does_not_speak_tls(
+    certs: Certificates, workers: tuple[Worker, Worker]
+) -> None:
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        with pytest.raises(
+            RemoteConnectionError,
+            match=re.escape(
+                f"cannot connect to the worker at 127.0.0.1:{worker.port}: the worker does not "
+                f"speak TLS (it answered the TLS handshake with plain frames); start it with "
+                f"--tls-cert and --tls-key, or leave out remote_tls_ca"
+            ),
+        ):
+            async with runtime([worker.name("CPU:0")], remote_tls_ca=certs.ca):
+                pass
+
+
+async def test_a_link_to_a_tls_worker_checks_its_certificate(
+    certs: Certificates, tls_workers: tuple[Worker, Worker]
+) -> None:
+    # A worker linking to a TLS worker: with a CA that did not sign its certificate, and
+    # without TLS at all, the link is refused saying why; with the CA it reads.
+    a, _ = tls_workers
+    with trio.fail_after(GUARD):
+        async with runtime([a.name("CPU:0")], remote_tls_ca=certs.ca) as rt:
+            x = rt.alloc(a.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(a.name("CPU:0")).connection
+            ref = (x.memory.handle, 0, (4,))
+            args = ("127.0.0.1", a.port, conn.session_id, ref, conn.ticket(ref[0]))
+            refusals = {
+                certs.other_ca: r"the worker's certificate was refused \(.+\); give this "
+                r"worker's --tls-ca the CA that signed the worker's --tls-cert",
+                None: r"this worker speaks TLS: .* a worker linking to it needs --tls-cert "
+                r"and --tls-key of its own",
+            }
+            async with trio.open_nursery() as nursery:
+                for ca in (certs.other_ca, None, certs.ca):
+                    tls = None if ca is None else client_context(ca, "--tls-ca")
+                    peers = Peers(Limits(), TOKEN, tls)
+                    peers.start(nursery)
+                    out = bytearray(16)
+                    if ca == certs.ca:
+                        await peers.pull(*args, memoryview(out))
+                        np.testing.assert_array_equal(np.frombuffer(out, np.int32), np.arange(4))
+                        continue
+                    with pytest.raises(
+                        PeerRefusedError,
+                        match=rf"worker-to-worker link to 127.0.0.1:{a.port} refused: "
+                        + refusals[ca],
+                    ):
+                        await peers.pull(*args, memoryview(out))
+                nursery.cancel_scope.cancel()
+
+
+async def test_tls_files_that_cannot_be_used_are_named(
+    certs: Certificates, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(DeviceError, match=r"remote_tls_ca='/no/such/ca.pem': no such file"):
+        async with runtime(["CPU:0@127.0.0.1:1"], remote_tls_ca="/no/such/ca.pem"):
+            pass
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate\n")
+    with pytest.raises(DeviceError, match=r"remote_tls_ca=.* holds no CA certificate"):
+        async with runtime(["CPU:0@127.0.0.1:1"], remote_tls_ca=not_pem):
+            pass
+    from actorgraph._cli import main
+
+    for args, error in (
+        (["--tls-cert", str(certs.cert)], "give both"),
+        (["--tls-cert", str(certs.cert), "--tls-key", str(certs.cert)], "cannot be loaded"),
+        (["--tls-ca", str(certs.ca)], "--tls-ca is for a worker that speaks TLS"),
+        (["--tls-cert", "/no/cert.pem", "--tls-key", str(certs.key)], "no such file"),
+    ):
+        assert main(["worker", "--port", "0", *args]) == 2
+        assert error in capsys.readouterr().err
+
+
+class Relay:
+    """A stranger in the middle: passes one connection on to a worker byte for byte,
+    keeping what goes by in `seen`; `inject` puts bytes of its own into the stream to
+    the worker."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.seen: list[bytes] = []
+        self.to_worker: trio.socket.SocketType | None = None
+        self.sending = trio.Lock()  # one send at a time on the worker's socket
+
+    async def serve(self, task_status: trio.TaskStatus[int]) -> None:
+        listener = trio.socket.socket()
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        task_status.started(listener.getsockname()[1])
+        client, _ = await listener.accept()
+        worker = self.to_worker = trio.socket.socket()
+        await worker.connect(("127.0.0.1", self.target))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._copy, client, worker)
+            nursery.start_soon(self._copy, worker, client)
+        listener.close()
+
+    async def _copy(self, src: trio.socket.SocketType, dst: trio.socket.SocketType) -> None:
+        try:
+            while data := await src.recv(1 << 16):
+                self.seen.append(data)
+                async with self.sending:
+                    await _send_all(dst, data)
+        except (OSError, trio.ClosedResourceError):
+            pass  # one side hung up: the other goes too
+        finally:
+            dst.close()
+            src.close()
+
+    async def inject(self, data: bytes) -> None:
+        assert self.to_worker is not None
+        async with self.sending:
+            await _send_all(self.to_worker, data)
+
+
+async def _send_all(sock: trio.socket.SocketType, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[await sock.send(view) :]
+
+
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "plain"])
+async def test_a_relay_in_the_middle_sees_the_data_only_without_tls(
+    certs: Certificates,
+    tls_workers: tuple[Worker, Worker],
+    workers: tuple[Worker, Worker],
+    tls: bool,
+) -> None:
+    # A stranger that passes the whole connection on, byte for byte, gets through the
+    # handshake (the token does not seal what follows it): without TLS it reads the
+    # buffers that go by; with TLS it reads nothing of them.
+    target = tls_workers[0] if tls else workers[0]
+    options = {"remote_tls_ca": certs.ca} if tls else {}
+    secret = np.frombuffer(b"actorgraph-secret-bytes!" * 64, np.uint8)
+    relay = Relay(target.port)
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(relay.serve)
+            name = f"CPU:0@127.0.0.1:{port}"
+            async with runtime([name], **options) as rt:
+                x = rt.alloc(name, secret.size, np.uint8)
+                await rt.copyin(x, secret)
+                np.testing.assert_array_equal(await rt.copyout(x), secret)
+    assert (secret.tobytes()[:64] in b"".join(relay.seen)) is not tls
+
+
+async def test_a_relay_in_the_middle_cannot_put_requests_into_a_tls_connection(
+    certs: Certificates, tls_workers: tuple[Worker, Worker]
+) -> None:
+    # The stranger adds an alloc and a get of its own to the stream to the worker: the
+    # worker's TLS refuses them (they are no TLS records of this connection) and drops
+    # the connection, so the client's next call fails, and nothing answers the get.
+    a, _ = tls_workers
+    relay = Relay(a.port)
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(relay.serve)
+            name = f"CPU:0@127.0.0.1:{port}"
+            with pytest.raises(ag.ClosedError, match="lost"):
+                async with runtime([name], remote_tls_ca=certs.ca) as rt:
+                    x = rt.alloc(name, 4, np.int32)
+                    await rt.copyin(x, np.arange(4, dtype=np.int32))
+                    passed = len(relay.seen)
+                    await relay.inject(
+                        encode(["alloc", 99, "CPU:0", 4, "int32"])
+                        + encode(["get", 7, [99, 0, [4]]])
+                    )
+                    while True:  # until the worker's dropped connection is noticed
+                        await rt.copyin(x, np.arange(4, dtype=np.int32))
+    # Nothing came back for the get: no frame in the clear after the injection.
+    assert b"data" not in b"".join(relay.seen[passed:])
