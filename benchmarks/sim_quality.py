@@ -23,6 +23,7 @@ writes everything to benchmarks/results/sim_quality.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import pathlib
 import random
@@ -39,6 +40,20 @@ import actorgraph as ag
 
 FloatArray = np.ndarray[Any, Any]
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def _example(name: str) -> Any:
+    """examples/NAME.py as a module, loaded from its file: the examples folder is not put
+    on sys.path, where its modules (remote_kernels.py) would stand in for others of the
+    same name for the rest of the process and the workers it starts."""
+    module = sys.modules.get(f"_example_{name}")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"_example_{name}", EXAMPLES / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # attrs and dataclasses look their module up
+        spec.loader.exec_module(module)
+    return module
 
 
 def _scale_add(out: FloatArray, x: FloatArray) -> None:
@@ -209,10 +224,7 @@ def training_step(
 
     Returns (items, the first stage's inputs, the gradients).
     """
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    import sim_cluster
-
+    sim_cluster = _example("sim_cluster")
     step = sim_cluster.build_training_step(
         rt,
         sim_cluster.Model(micro_batches=micro_batches),

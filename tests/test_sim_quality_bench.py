@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +19,11 @@ from benchmarks import core, sim_quality
 @pytest.mark.parametrize("cluster", ["nvlink8x8", "pcie4x4"])
 def test_sim_quality_quick_run_has_the_cluster_rows(tmp_path: pathlib.Path, cluster: str) -> None:
     out = tmp_path / "sim_quality.json"
+    path = list(sys.path)
     assert sim_quality.main(["--quick", "--cluster", cluster, "--out", str(out)]) == 0
+    # The example it builds on is loaded from its file: a folder put on sys.path would
+    # let its modules (examples/remote_kernels.py) stand in for the tests' own.
+    assert sys.path == path
     result = json.loads(out.read_text())
     assert result["quick"] and result["cluster"] == cluster
     names = [row["name"] for row in result["results"]]
