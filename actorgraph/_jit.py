@@ -161,16 +161,15 @@ class _Signature:
 
 
 def _aliasing(leaves: list[_Leaf]) -> tuple[int, ...]:
-    """For each Buffer leaf, the index of the first leaf holding the same Buffer object."""
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(id(leaf.value), i) for i, leaf in enumerate(leaves))
+    """For each Buffer leaf, the index of the first leaf holding the same Buffer object
+    (Buffers compare by identity)."""
+    first: dict[Buffer, int] = {}
+    return tuple(first.setdefault(leaf.value, i) for i, leaf in enumerate(leaves))
 
 
 def _unique_buffers(leaves: list[_Leaf]) -> list[Buffer]:
-    seen: dict[int, Buffer] = {}
-    for leaf in leaves:
-        seen.setdefault(id(leaf.value), leaf.value)
-    return list(seen.values())
+    """The Buffer leaves' Buffers, each once, in order."""
+    return list(dict.fromkeys(leaf.value for leaf in leaves))
 
 
 # -- structural traces: what a call issued, comparable across calls --
