@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import attrs
 
 from ._buffer import Buffer
+from ._call import Call
 from ._capture import _SCOPE, Mode, _Scope
 from ._errors import ActorGraphError, InputError, UsageError, VarError
 from ._kernel import Item, Launch
@@ -385,7 +386,7 @@ class JitFunction:
 
         handle = forward_target(args, kwargs)
         if handle is not None:
-            return handle._call(f"{self.name}(...)", self, *args, var_vals=var_vals, **kwargs)
+            return Call(handle, self, args, {"var_vals": var_vals, **kwargs}, f"{self.name}(...)")
         coroutine = self._call(args, kwargs, var_vals)
         # "step" in messages about a missing await (a coroutine object has the attribute;
         # the Coroutine type mypy gives an async def's result does not say so).
