@@ -45,6 +45,15 @@ class Allocation:
     # outside a runtime.
     runtime: Home | None = None
 
+    def release(self) -> Any:
+        """Mark the memory freed and let go of it (and of a wrapper's exporter); returns
+        the memory, which the device takes back unless it is foreign."""
+        self.freed = True
+        memory, self.memory = self.memory, None
+        if self.foreign:
+            self.owner = None  # the memory is its owner's: nothing goes back to the device
+        return memory
+
 
 def new_alloc_id() -> int:
     return next(_alloc_ids)
@@ -366,6 +375,11 @@ class Buffer:
     @property
     def memory(self) -> Any:
         return self._alloc.memory
+
+    def release_memory(self) -> Any:
+        """The buffer's part of `rt.free(buffer)` (call that): mark this base buffer's
+        memory freed, for it and every view of it, and return the memory."""
+        return self._alloc.release()
 
     @property
     def device_object(self) -> Device:

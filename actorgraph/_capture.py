@@ -8,9 +8,10 @@ capture are refused, since a replay cannot repeat them.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -29,12 +30,12 @@ class Mode(enum.Enum):
     TRACE = "trace"  # record only (check_trace): the graph runs the work
 
 
-_SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar(
+_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
     "actorgraph_jit_scope", default=None
 )
 
 
-def current_scope() -> _Scope | None:
+def current_scope() -> Scope | None:
     """The capture scope of the calling task, if it is inside an @ag.jit function."""
     return _SCOPE.get()
 
@@ -47,6 +48,17 @@ def check_host_transfer(what: str) -> None:
             f"captured: a graph replay cannot repeat host transfers; move the {what} "
             f"outside the function (or do it only on the first call, which runs eagerly)"
         )
+
+
+@contextlib.contextmanager
+def entered(scope: Scope) -> Iterator[None]:
+    """The calling task inside `scope` until the block ends: one call of a jitted
+    function (actorgraph/_jit.py)."""
+    token = _SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
 
 
 # current_scope() without the Python call around it, for the hot path of graph calls.
@@ -69,7 +81,7 @@ def check_graph_call() -> None:
 
 
 @attrs.define(eq=False)
-class _Scope:
+class Scope:
     """What one call of a jitted function issued. Lives in a contextvar for that call."""
 
     name: str

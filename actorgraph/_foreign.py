@@ -28,47 +28,62 @@ def _host_bytes(source: Any, nbytes: int | None) -> tuple[int, int, Any]:
     memory through DLPack or the buffer protocol."""
     if nbytes is not None:
         nbytes = check_count("wrap: nbytes", nbytes)
-    if isinstance(source, bool):
-        raise UsageError(f"wrap: address must be a positive int, got {source!r}")
     if isinstance(source, (int, np.integer)):
-        if source <= 0:
-            raise UsageError(f"wrap: address must be a positive int, got {source!r}")
-        if nbytes is None:
-            raise UsageError(
-                f"wrap: an address needs its size in bytes: rt.wrap(device, address, "
-                f"nbytes=N) with N >= 0, got nbytes={nbytes!r}"
-            )
-        return int(source), nbytes, None
+        return _address_bytes(source, nbytes)
     if hasattr(source, "__dlpack__"):
-        try:
-            array = np.from_dlpack(source)
-        except Exception as exc:  # e.g. GPU memory, which numpy cannot view
-            raise UsageError(
-                f"wrap: {type(source).__name__} exports DLPack memory numpy cannot view "
-                f"({exc}); wrap takes host memory"
-            ) from None
-        if not array.flags.writeable:
-            raise UsageError(f"wrap: the DLPack memory of {type(source).__name__} is read-only")
+        array = _dlpack_array(source)
     else:
-        try:
-            view = memoryview(source)
-        except TypeError:
-            raise UsageError(
-                f"wrap takes an address (with nbytes=), or an object with the buffer "
-                f"protocol or __dlpack__; got {type(source).__name__}"
-            ) from None
-        if view.readonly:
-            raise UsageError(
-                f"wrap: the memory of {type(source).__name__} is read-only; kernels write "
-                f"their buffers, so pass writable memory (a bytearray, a numpy array, ...)"
-            )
-        array = np.asarray(view)
+        array = _buffer_array(source)
     if not array.flags.c_contiguous:
         raise UsageError(f"wrap: the memory of {type(source).__name__} is not contiguous")
     size = array.nbytes
     if nbytes is not None and nbytes != size:
         raise UsageError(f"wrap: nbytes={nbytes} but {type(source).__name__} holds {size} bytes")
     return int(array.ctypes.data) if size else 0, size, (source, array)
+
+
+def _address_bytes(address: int | np.integer[Any], nbytes: int | None) -> tuple[int, int, None]:
+    """(address, nbytes, no owner) of a raw address given to wrap, checked: positive, and
+    with its size."""
+    if isinstance(address, bool) or address <= 0:
+        raise UsageError(f"wrap: address must be a positive int, got {address!r}")
+    if nbytes is None:
+        raise UsageError(
+            f"wrap: an address needs its size in bytes: rt.wrap(device, address, "
+            f"nbytes=N) with N >= 0, got nbytes={nbytes!r}"
+        )
+    return int(address), nbytes, None
+
+
+def _dlpack_array(source: Any) -> np.ndarray[Any, Any]:
+    """A writable numpy view of the host memory `source` exports through DLPack."""
+    try:
+        array = np.from_dlpack(source)
+    except Exception as exc:  # e.g. GPU memory, which numpy cannot view
+        raise UsageError(
+            f"wrap: {type(source).__name__} exports DLPack memory numpy cannot view "
+            f"({exc}); wrap takes host memory"
+        ) from None
+    if not array.flags.writeable:
+        raise UsageError(f"wrap: the DLPack memory of {type(source).__name__} is read-only")
+    return array
+
+
+def _buffer_array(source: Any) -> np.ndarray[Any, Any]:
+    """A numpy view of the writable memory `source` exports through the buffer protocol."""
+    try:
+        view = memoryview(source)
+    except TypeError:
+        raise UsageError(
+            f"wrap takes an address (with nbytes=), or an object with the buffer "
+            f"protocol or __dlpack__; got {type(source).__name__}"
+        ) from None
+    if view.readonly:
+        raise UsageError(
+            f"wrap: the memory of {type(source).__name__} is read-only; kernels write "
+            f"their buffers, so pass writable memory (a bytearray, a numpy array, ...)"
+        )
+    return np.asarray(view)
 
 
 def _host_range(alloc: Allocation) -> tuple[int, int] | None:

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import attrs
 
 from ._buffer import Buffer
-from ._capture import _SCOPE, Mode, _Scope
+from ._call import Call
+from ._capture import Mode, Scope, current_scope, entered
 from ._errors import ActorGraphError, InputError, UsageError, VarError
 from ._kernel import Item, Launch
 from ._vars import Var
@@ -161,16 +162,15 @@ class _Signature:
 
 
 def _aliasing(leaves: list[_Leaf]) -> tuple[int, ...]:
-    """For each Buffer leaf, the index of the first leaf holding the same Buffer object."""
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(id(leaf.value), i) for i, leaf in enumerate(leaves))
+    """For each Buffer leaf, the index of the first leaf holding the same Buffer object
+    (Buffers compare by identity)."""
+    first: dict[Buffer, int] = {}
+    return tuple(first.setdefault(leaf.value, i) for i, leaf in enumerate(leaves))
 
 
 def _unique_buffers(leaves: list[_Leaf]) -> list[Buffer]:
-    seen: dict[int, Buffer] = {}
-    for leaf in leaves:
-        seen.setdefault(id(leaf.value), leaf.value)
-    return list(seen.values())
+    """The Buffer leaves' Buffers, each once, in order."""
+    return list(dict.fromkeys(leaf.value for leaf in leaves))
 
 
 # -- structural traces: what a call issued, comparable across calls --
@@ -386,7 +386,7 @@ class JitFunction:
 
         handle = forward_target(args, kwargs)
         if handle is not None:
-            return handle._call(f"{self.name}(...)", self, *args, var_vals=var_vals, **kwargs)
+            return Call(handle, self, args, {"var_vals": var_vals, **kwargs}, f"{self.name}(...)")
         coroutine = self._call(args, kwargs, var_vals)
         # "step" in messages about a missing await (a coroutine object has the attribute;
         # the Coroutine type mypy gives an async def's result does not say so).
@@ -396,7 +396,7 @@ class JitFunction:
     async def _call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], var_vals: Mapping[Var, int] | None
     ) -> Any:
-        outer = _SCOPE.get()
+        outer = current_scope()
         if outer is not None:
             # Called from inside another jitted function: its work becomes part of that one.
             if var_vals:
@@ -465,19 +465,16 @@ class JitFunction:
             why = why or reason
         return None, why
 
-    async def _run(self, scope: _Scope, args: Any, kwargs: Any) -> Any:
-        token = _SCOPE.set(scope)
-        try:
+    async def _run(self, scope: Scope, args: Any, kwargs: Any) -> Any:
+        with entered(scope):
             return await self._fn(*args, **kwargs)
-        finally:
-            _SCOPE.reset(token)
 
     async def _eager(
         self, signature: _Signature, values: dict[Var, int], args: Any, kwargs: Any
     ) -> Any:
         # The first call records too, only to compare the capture call against it.
         first = self._state is State.FRESH and not self._capturing
-        scope = _Scope(self.name, Mode.EAGER, values, record=first)
+        scope = Scope(self.name, Mode.EAGER, values, record=first)
         result = await self._run(scope, args, kwargs)
         self._eager_calls += 1
         if first:
@@ -498,7 +495,7 @@ class JitFunction:
                     )
         self._capturing = True
         try:
-            scope = _Scope(self.name, Mode.CAPTURE, values)
+            scope = Scope(self.name, Mode.CAPTURE, values)
             result = await self._run(scope, args, kwargs)
         finally:
             self._capturing = False
@@ -559,7 +556,7 @@ class JitFunction:
     ) -> Any:
         inputs = _unique_buffers(signature.buffers)
         if self.check_trace:
-            scope = _Scope(self.name, Mode.TRACE, values)
+            scope = Scope(self.name, Mode.TRACE, values)
             await self._run(scope, args, kwargs)
             trace = _trace(scope.items, inputs)
             if trace != capture.trace:

@@ -74,7 +74,7 @@ def plot_timeline(
     for event in profile.events:
         by_actor.setdefault(event.actor, []).append(event)
     layout = _rows(list(by_actor), by_actor, group_of, fold_idle, row_per_device)
-    rows, labels, bands = layout.rows, layout.labels, layout.bands
+    labels, bands = layout.labels, layout.bands
     place, cuts, width = _time_axis(profile)
     width = max(width, 1e-9)
     scale, unit = (1e3, "ms") if width >= 1e-3 else (1e6, "us")
@@ -82,82 +82,23 @@ def plot_timeline(
     row_height = 0.45 if not many else max(0.14, 14.0 / len(labels))
     figure = figure_class(figsize=(12, 1.4 + row_height * max(len(labels), 1)), dpi=100)
     ax = figure.add_subplot(1, 1, 1)
-    height = 0.8 if row_per_device else 0.7
-
-    def span(start: float, end: float) -> tuple[float, float]:
-        # A minimum width keeps microsecond items visible on a long timeline.
-        return (place(start) * scale, max((end - start) * scale, width * scale * 1e-4))
-
-    def lane(actor: str) -> tuple[float, float]:
-        row = rows[actor]
-        if not row_per_device:
-            return (row - height / 2, height)
-        # Kernels in the upper half of their device's row, copies in the lower half.
-        upper = _kind_of(actor) != "copy"
-        return (row - height / 2, height / 2) if upper else (row, height / 2)
-
-    for index, (_, first, last) in enumerate(bands):
-        if index % 2:
-            ax.axhspan(first - 0.5, last + 0.5, color="#f2f2f2", zorder=0)
-    for actor, events in by_actor.items():
-        if actor not in rows:
-            continue
-        where = lane(actor)
-        waits = [
-            span(w.start, w.end)
-            for e in events
-            for w in e.waits
-            if w.start is not None and w.end is not None
-        ]
-        if waits:
-            ax.broken_barh(waits, where, facecolors=WAIT_COLOR)
-        for kind, color in ((EventKind.KERNEL, KERNEL_COLOR), (EventKind.COPY, COPY_COLOR)):
-            spans = [span(e.start, e.end) for e in events if e.kind is kind]
-            if spans:
-                ax.broken_barh(spans, where, facecolors=color)
+    chart = _Chart(ax, layout.rows, place, scale, width, row_per_device)
+    chart.draw_bands(bands)
+    chart.draw_events(by_actor)
     legend = [
         Patch(facecolor=KERNEL_COLOR, label="kernel"),
         Patch(facecolor=COPY_COLOR, label="copy"),
         Patch(facecolor=WAIT_COLOR, label="parked wait"),
     ]
     if critical_path and profile.events:
-        path_events = [e for e in profile.critical_path() if e.actor in rows]
-        spans = [span(e.start, e.end) for e in path_events]
-        # A red strip under each item on the path leaves the item's own colour visible.
-        strip = 0.14
-        for event, (x, w) in zip(path_events, spans):
-            ax.broken_barh(
-                [(x, w)], (rows[event.actor] + height / 2, strip), facecolors=CRITICAL_COLOR
-            )
-        # Join the items of each replay's path so the chain reads as one line.
-        chains: dict[tuple[int, int], list[tuple[float, int]]] = {}
-        for event, (x, w) in zip(path_events, spans):
-            chains.setdefault((event.graph, event.replay), []).append(
-                (x + w / 2, rows[event.actor])
-            )
-        for chain in chains.values():
-            ax.plot(
-                [x for x, _ in chain],
-                [y for _, y in chain],
-                color=CRITICAL_COLOR,
-                linewidth=0.8,
-                alpha=0.4,
-            )
+        chart.draw_critical_path(profile.critical_path())
         legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels, fontsize=6 if many else None)
     ax.set_ylim(len(labels) - 0.3, -0.6)
     if group_of is not None:
-        for _, first, _last in bands[1:]:
-            ax.axhline(first - 0.5, color="#808080", linewidth=0.6)
-        side = ax.twinx()
-        side.set_ylim(ax.get_ylim())
-        side.set_yticks([(first + last) / 2 for _, first, last in bands])
-        side.set_yticklabels([label for label, _, _ in bands], fontsize="small")
-        side.tick_params(length=0)
-    for x, idle in cuts:
-        ax.axvline(x * scale, color="0.45", linestyle=(0, (3, 3)), linewidth=0.8)
-        ax.text(x * scale, -0.45, f" {_seconds(idle)} idle cut", fontsize=7, color="0.3")
+        chart.draw_group_labels(bands)
+    chart.draw_cuts(cuts)
     cut = "; idle time between replays cut at the dashed lines" if cuts else ""
     ax.set_xlabel(f"time since first submission ({unit}{cut})")
     ax.set_title(title or f"{len(profile.replays)} replays, {len(profile.events)} items")
@@ -173,6 +114,109 @@ def plot_timeline(
     figure.savefig(path, bbox_inches="tight")
     logger.info("wrote a timeline of %d items to %s", len(profile.events), os.fspath(path))
     return os.fspath(path)
+
+
+@attrs.frozen
+class _Chart:
+    """The chart's axes, and where an actor's row and a stretch of time go on them."""
+
+    ax: Any
+    rows: dict[str, int]  # actor -> row
+    place: Callable[[float], float]  # a moment -> seconds along the (cut) time axis
+    scale: float  # seconds -> the axis unit
+    width: float  # the time axis's seconds
+    row_per_device: bool
+
+    @property
+    def height(self) -> float:
+        """A row's bar height (its two halves' together where a device has one row)."""
+        return 0.8 if self.row_per_device else 0.7
+
+    def span(self, start: float, end: float) -> tuple[float, float]:
+        # A minimum width keeps microsecond items visible on a long timeline.
+        return (
+            self.place(start) * self.scale,
+            max((end - start) * self.scale, self.width * self.scale * 1e-4),
+        )
+
+    def lane(self, actor: str) -> tuple[float, float]:
+        row, height = self.rows[actor], self.height
+        if not self.row_per_device:
+            return (row - height / 2, height)
+        # Kernels in the upper half of their device's row, copies in the lower half.
+        upper = _kind_of(actor) != "copy"
+        return (row - height / 2, height / 2) if upper else (row, height / 2)
+
+    def draw_bands(self, bands: list[tuple[str, int, int]]) -> None:
+        """Every other group's rows on a grey background."""
+        for index, (_, first, last) in enumerate(bands):
+            if index % 2:
+                self.ax.axhspan(first - 0.5, last + 0.5, color="#f2f2f2", zorder=0)
+
+    def draw_events(self, by_actor: Mapping[str, list[ProfileEvent]]) -> None:
+        """Each drawn actor's parked waits, kernels and copies in its lane."""
+        for actor, events in by_actor.items():
+            if actor not in self.rows:
+                continue
+            where = self.lane(actor)
+            waits = [
+                self.span(w.start, w.end)
+                for e in events
+                for w in e.waits
+                if w.start is not None and w.end is not None
+            ]
+            if waits:
+                self.ax.broken_barh(waits, where, facecolors=WAIT_COLOR)
+            for kind, color in ((EventKind.KERNEL, KERNEL_COLOR), (EventKind.COPY, COPY_COLOR)):
+                spans = [self.span(e.start, e.end) for e in events if e.kind is kind]
+                if spans:
+                    self.ax.broken_barh(spans, where, facecolors=color)
+
+    def draw_critical_path(self, path: Iterable[ProfileEvent]) -> None:
+        """A red strip under each item of the path (in a drawn row), and a line joining
+        each replay's items."""
+        path_events = [e for e in path if e.actor in self.rows]
+        spans = [self.span(e.start, e.end) for e in path_events]
+        # A red strip under each item on the path leaves the item's own colour visible.
+        strip = 0.14
+        for event, (x, w) in zip(path_events, spans):
+            self.ax.broken_barh(
+                [(x, w)],
+                (self.rows[event.actor] + self.height / 2, strip),
+                facecolors=CRITICAL_COLOR,
+            )
+        # Join the items of each replay's path so the chain reads as one line.
+        chains: dict[tuple[int, int], list[tuple[float, int]]] = {}
+        for event, (x, w) in zip(path_events, spans):
+            chains.setdefault((event.graph, event.replay), []).append(
+                (x + w / 2, self.rows[event.actor])
+            )
+        for chain in chains.values():
+            self.ax.plot(
+                [x for x, _ in chain],
+                [y for _, y in chain],
+                color=CRITICAL_COLOR,
+                linewidth=0.8,
+                alpha=0.4,
+            )
+
+    def draw_group_labels(self, bands: list[tuple[str, int, int]]) -> None:
+        """A line between groups, and each group's label on the right."""
+        for _, first, _last in bands[1:]:
+            self.ax.axhline(first - 0.5, color="#808080", linewidth=0.6)
+        side = self.ax.twinx()
+        side.set_ylim(self.ax.get_ylim())
+        side.set_yticks([(first + last) / 2 for _, first, last in bands])
+        side.set_yticklabels([label for label, _, _ in bands], fontsize="small")
+        side.tick_params(length=0)
+
+    def draw_cuts(self, cuts: list[tuple[float, float]]) -> None:
+        """A dashed line where idle time was cut out, saying how much."""
+        for x, idle in cuts:
+            self.ax.axvline(x * self.scale, color="0.45", linestyle=(0, (3, 3)), linewidth=0.8)
+            self.ax.text(
+                x * self.scale, -0.45, f" {_seconds(idle)} idle cut", fontsize=7, color="0.3"
+            )
 
 
 def _time_axis(

@@ -366,22 +366,22 @@ class Runtime:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
         self.check_own(buffer, "free: ")
         buffer.check_live("free: ")
-        alloc = buffer._alloc
-        alloc.freed = True
-        memory, alloc.memory = alloc.memory, None
+        device = buffer.device_object
+        memory = buffer.release_memory()
         self.frees += 1
         self.epoch += 1
-        if alloc.foreign:
-            alloc.owner = None  # the memory is its owner's: nothing goes back to the device
-            return  # graphs re-check their buffers' liveness when this moves
+        if buffer.foreign:
+            # The memory is its owner's (rt.wrap): nothing goes back to the device. Graphs
+            # re-check their buffers' liveness when the epoch moves.
+            return
         # Work submitted before may still use the memory (no later work can): the device
         # gets it back once that work is done. Never wait for it here, on the trio thread
         # that the work itself may need.
         waiting = {sub for sub in self._pending if not sub.done.is_set()}
         if waiting:
-            self._deferred_frees.append((waiting, alloc.device, memory))
+            self._deferred_frees.append((waiting, device, memory))
         else:
-            self._release(alloc.device, memory)
+            self._release(device, memory)
 
     @staticmethod
     def _release(device: Device, memory: Any) -> None:

@@ -67,7 +67,7 @@ class SharedLinks:
     def statistics(self) -> LinkStatistics:
         """Copies that crossed these links, how many of them shared one for a while, and
         how many are moving now."""
-        moving = len({id(flow) for flows in self._on.values() for flow in flows})
+        moving = len({flow for flows in self._on.values() for flow in flows})
         return LinkStatistics(self._copies, self._contended, moving, len(self._on))
 
     async def transfer(self, route: Route, nbytes: int, start: float) -> float:
@@ -108,19 +108,19 @@ class SharedLinks:
 
     def _component(self, seeds: list[_Flow]) -> list[_Flow]:
         """The flows that share links with `seeds`, directly or through each other."""
-        seen: set[int] = set()
+        seen: set[_Flow] = set()  # flows compare by identity
         out = []
         for flow in seeds:  # a flow on several of the seeds' links comes once
-            if id(flow) not in seen:
-                seen.add(id(flow))
+            if flow not in seen:
+                seen.add(flow)
                 out.append(flow)
         todo = list(out)
         while todo:
             flow = todo.pop()
             for link in flow.links:
                 for other in self._on.get(link, ()):
-                    if id(other) not in seen:
-                        seen.add(id(other))
+                    if other not in seen:
+                        seen.add(other)
                         out.append(other)
                         todo.append(other)
         return out

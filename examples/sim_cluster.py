@@ -222,31 +222,63 @@ def build_training_step(
     for kind, m, s in schedule(stages, micro, order):
         for r in range(replicas):  # every replica runs the same schedule on its own GPUs
             if kind == "F":
-                out, src = y[s][r][m], x[s][r][m]
-                if s > 0:  # the previous stage's output comes in
-                    items.append(ag.Copy(dst=src, src=y[s - 1][r][m]))
-                for _ in range(model.layers_per_stage):
-                    items.append(ag.Launch(k["attention"], [out, src]))
-                    items.append(ag.Launch(k["mlp"], [out, out]))
-                    src = out
-                if s + 1 == stages:
-                    items.append(ag.Launch(k["loss_grad"], [out]))
-                continue
-            g = y[s][r][m]
-            if s + 1 < stages:  # the gradient of the next stage's input comes back
-                items.append(ag.Copy(dst=g, src=x[s + 1][r][m]))
-            for layer in reversed(range(model.layers_per_stage)):
-                items.append(ag.Launch(k["mlp_backward"], [g, g]))
-                if layer:
-                    items.append(ag.Launch(k["attention_backward"], [g, g]))
-            items.append(ag.Launch(k["weight_grad"], [grads[s][r], g]))
-            items.append(ag.Launch(k["input_grad"], [x[s][r][m], g]))
+                came = y[s - 1][r][m] if s > 0 else None  # the previous stage's output
+                items += forward_pass(k, model, x[s][r][m], y[s][r][m], came, s + 1 == stages)
+            else:  # the gradient of the next stage's input comes back
+                came = x[s + 1][r][m] if s + 1 < stages else None
+                items += backward_pass(k, model, y[s][r][m], x[s][r][m], grads[s][r], came)
     for s in range(stages):  # data parallel: the replicas of a stage add up their gradients
         items += ag.all_reduce(rt, grads[s], algorithm=all_reduce)
         for r in range(replicas):
             items.append(ag.Launch(k["sgd"], [weights[s][r], grads[s][r]]))
     batches = [[x[0][r][m] for m in range(micro)] for r in range(replicas)]
     return Step(items, batches, weights, grads)
+
+
+def forward_pass(
+    k: dict[str, ag.Kernel],
+    model: Model,
+    src: ag.Buffer,
+    out: ag.Buffer,
+    came: ag.Buffer | None,
+    last: bool,
+) -> list[ag.Launch | ag.Copy]:
+    """One stage's forward pass of one micro-batch on one GPU: its input `src` comes in
+    from `came` (None on the first stage), its layers write `out`, and the last stage
+    starts the backward pass with the loss gradient."""
+    items: list[ag.Launch | ag.Copy] = []
+    if came is not None:
+        items.append(ag.Copy(dst=src, src=came))
+    for _ in range(model.layers_per_stage):
+        items.append(ag.Launch(k["attention"], [out, src]))
+        items.append(ag.Launch(k["mlp"], [out, out]))
+        src = out
+    if last:
+        items.append(ag.Launch(k["loss_grad"], [out]))
+    return items
+
+
+def backward_pass(
+    k: dict[str, ag.Kernel],
+    model: Model,
+    g: ag.Buffer,
+    x: ag.Buffer,
+    grad: ag.Buffer,
+    came: ag.Buffer | None,
+) -> list[ag.Launch | ag.Copy]:
+    """One stage's backward pass of one micro-batch on one GPU: the output gradient `g`
+    comes back from `came` (None on the last stage), its layers' gradients run back,
+    the weight gradient adds into `grad` and the input gradient goes into `x`."""
+    items: list[ag.Launch | ag.Copy] = []
+    if came is not None:
+        items.append(ag.Copy(dst=g, src=came))
+    for layer in reversed(range(model.layers_per_stage)):
+        items.append(ag.Launch(k["mlp_backward"], [g, g]))
+        if layer:
+            items.append(ag.Launch(k["attention_backward"], [g, g]))
+    items.append(ag.Launch(k["weight_grad"], [grad, g]))
+    items.append(ag.Launch(k["input_grad"], [x, g]))
+    return items
 
 
 def reference_grads(

@@ -186,53 +186,104 @@ def lower_bounds(plan: Plan, durations: Sequence[float], link_use: LinkUse | Non
     seconds it would hold the link at the link's full bandwidth); its duration must
     cover each of them, and the longest ends it (what comes before is its latency).
     """
-    count = check_durations(plan, durations, "lower_bounds")
+    check_durations(plan, durations, "lower_bounds")
     if link_use is not None:
         check_link_use(plan, link_use)
     deps = item_dependencies(plan.items)
+    head, parent = _heads(deps, durations)
+    tail = _tails(deps, durations)
+    critical, chain = _critical_chain(head, parent, durations)
+    busiest, busiest_name, window, window_name = _queue_bounds(plan, durations, head, tail)
+    link, link_name, link_window, link_window_name = _link_bounds(
+        link_use or (), durations, head, tail
+    )
+    return Bounds(
+        critical_path=critical,
+        busiest_queue=busiest,
+        busiest_queue_name=busiest_name,
+        queue_window=window,
+        queue_window_name=window_name,
+        critical_items=chain,
+        busiest_link=link,
+        busiest_link_name=link_name,
+        link_window=link_window,
+        link_window_name=link_window_name,
+    )
 
-    # head[j]: earliest start of j; finish[j] = head[j] + durations[j]. Jit order is a
-    # topological order (an item only depends on earlier ones).
-    head = [0.0] * count
-    parent = [-1] * count
-    for j in range(count):
-        for d in deps[j]:
+
+def _heads(
+    deps: Sequence[Sequence[int]], durations: Sequence[float]
+) -> tuple[list[float], list[int]]:
+    """head[j]: the earliest start of item j (the longest chain before it), and parent[j]:
+    the dependency that ends last before it (-1 where none). Jit order is a topological
+    order: an item only depends on earlier ones."""
+    head = [0.0] * len(deps)
+    parent = [-1] * len(deps)
+    for j, before in enumerate(deps):
+        for d in before:
             done = head[d] + durations[d]
             if done > head[j]:
                 head[j] = done
                 parent[j] = d
-    # tail[j]: the longest chain that must still run after j finishes.
-    tail = [0.0] * count
-    for j in range(count - 1, -1, -1):
+    return head, parent
+
+
+def _tails(deps: Sequence[Sequence[int]], durations: Sequence[float]) -> list[float]:
+    """tail[j]: the longest chain that must still run after item j finishes."""
+    tail = [0.0] * len(deps)
+    for j in range(len(deps) - 1, -1, -1):
         after = tail[j] + durations[j]
         for d in deps[j]:
             if after > tail[d]:
                 tail[d] = after
+    return tail
 
+
+def _critical_chain(
+    head: Sequence[float], parent: Sequence[int], durations: Sequence[float]
+) -> tuple[float, tuple[int, ...]]:
+    """The critical path's length and its items, first to last."""
     critical = 0.0
     last = -1
-    for j in range(count):
-        if head[j] + durations[j] > critical:
-            critical = head[j] + durations[j]
+    for j, start in enumerate(head):
+        if start + durations[j] > critical:
+            critical = start + durations[j]
             last = j
     chain: list[int] = []
     while last >= 0:
         chain.append(last)
         last = parent[last]
+    return critical, tuple(reversed(chain))
 
+
+def _queue_bounds(
+    plan: Plan, durations: Sequence[float], head: Sequence[float], tail: Sequence[float]
+) -> tuple[float, str, float, str]:
+    """The busiest queue's work and the widest queue window, each with its queue's name
+    (0 and "" for a plan without queues)."""
     nqueues = len(plan.queues)
     work = [0.0] * nqueues
     on_queue: list[list[int]] = [[] for _ in range(nqueues)]
-    for j in range(count):
-        qi = plan.item_queue[j]
+    for j, qi in enumerate(plan.item_queue):
         work[qi] += durations[j]
         on_queue[qi].append(j)
-    busiest = max(range(nqueues), key=lambda q: work[q], default=-1)
+    if not nqueues:
+        return 0.0, "", 0.0, ""
+    busiest = max(range(nqueues), key=lambda q: work[q])
     window = [_window(on_queue[q], durations, head, tail) for q in range(nqueues)]
-    widest = max(range(nqueues), key=lambda q: window[q], default=-1)
+    widest = max(range(nqueues), key=lambda q: window[q])
+    return work[busiest], str(plan.queues[busiest]), window[widest], str(plan.queues[widest])
+
+
+def _link_bounds(
+    link_use: LinkUse, durations: Sequence[float], head: Sequence[float], tail: Sequence[float]
+) -> tuple[float, str, float, str]:
+    """The busiest link's work and the widest link window, each with its link's name
+    (0 and "" where no item crosses a link)."""
+    count = len(durations)
     link_work: dict[str, list[float]] = {}
     link_items: dict[str, list[int]] = {}
-    for j, uses in enumerate(link_use or ()):
+    for j, uses in enumerate(link_use):
         for name, seconds in uses:
             if name not in link_work:
                 link_work[name] = [0.0] * count
@@ -240,22 +291,11 @@ def lower_bounds(plan: Plan, durations: Sequence[float], link_use: LinkUse | Non
             link_work[name][j] += seconds
             link_items[name].append(j)
     link_total = {name: sum(seconds) for name, seconds in link_work.items()}
-    busiest_link = max(sorted(link_total), key=lambda name: link_total[name], default="")
+    busiest = max(sorted(link_total), key=lambda name: link_total[name], default="")
     # An item's bytes start moving once the rest of its duration (its latency) is over.
     released = list(head)
-    for j, uses in enumerate(link_use or ()):
+    for j, uses in enumerate(link_use):
         if uses:
             released[j] += max(0.0, durations[j] - max(seconds for _, seconds in uses))
-    link_window, link_window_name = _widest_window(link_items, link_work, released, tail)
-    return Bounds(
-        critical_path=critical,
-        busiest_queue=work[busiest] if busiest >= 0 else 0.0,
-        busiest_queue_name=str(plan.queues[busiest]) if busiest >= 0 else "",
-        queue_window=window[widest] if widest >= 0 else 0.0,
-        queue_window_name=str(plan.queues[widest]) if widest >= 0 else "",
-        critical_items=tuple(reversed(chain)),
-        busiest_link=link_total.get(busiest_link, 0.0),
-        busiest_link_name=busiest_link,
-        link_window=link_window,
-        link_window_name=link_window_name,
-    )
+    window, window_name = _widest_window(link_items, link_work, released, tail)
+    return link_total.get(busiest, 0.0), busiest, window, window_name

@@ -160,30 +160,74 @@ def describe(
     """The cache's items as calls; the roots (with the input each is, by its number in
     `inputs`) and the variables. An input that is a view of another input is a region
     of that one's root."""
-    ids = {id(b): k for k, b in enumerate(inputs)}
-    root_of: dict[int, int] = {}
-    roots: list[Root] = []
-    sources: list[int] = []
-    variables: dict[str, Var] = {}
+    reader = _Reader(inputs, input_replace)
+    for j, ei in enumerate(jit_cache):
+        prg = ei.prg
+        if isinstance(prg, CompiledRunner):
+            reader.calls.append(reader.kernel_call(j, ei))
+        elif isinstance(prg, (BufferCopy, BufferXfer)):
+            reader.calls.append(reader.copy_call(j, ei))
+        elif not isinstance(prg, ViewOp):
+            raise UsageError(
+                f"jit cache item {j} is a {type(prg).__name__} "
+                f"({getattr(prg, 'display_name', prg)}); actorgraph runs compiled CPU kernels, "
+                f"BufferCopy, BufferXfer and ViewOp items only"
+            )
+    return reader.calls, reader.roots, reader.sources, reader.variables
 
-    def root(k: int) -> int:
-        found = root_of.get(k)
-        if found is None:
-            found = root_of[k] = len(roots)
-            roots.append(Root(device_name(inputs[k].device), inputs[k].nbytes))
-            sources.append(k)
-        return found
 
-    def region(j: int, i: int, buf: TinyBuffer | None, whole: bool) -> Region:
-        k = input_replace.get((j, i))
+class _Reader:
+    """Reads a jit cache's items against one call's input buffers (tinygrad Buffers hash
+    by identity: an input is found by the Buffer itself)."""
+
+    def __init__(
+        self, inputs: Sequence[TinyBuffer], input_replace: dict[tuple[int, int], int]
+    ) -> None:
+        self.inputs = inputs
+        self.input_replace = input_replace
+        self.number: dict[TinyBuffer, int] = {b: k for k, b in enumerate(inputs)}
+        self.calls: list[Call] = []
+        self.roots: list[Root] = []
+        self.sources: list[int] = []  # per root: its input's number
+        self.variables: dict[str, Var] = {}
+        self._root_of: dict[int, int] = {}  # input number -> root
+        self._kernels: dict[CompiledRunner, Any] = {}
+
+    def kernel_call(self, j: int, ei: Any) -> KernelCall:
+        prg = ei.prg
+        kernel = self._kernels.get(prg)
+        if kernel is None:
+            kernel = self._kernels[prg] = _kernel(prg)
+        fixed = {v.expr: int(value) for v, value in ei.fixedvars.items()}
+        values: list[Var | int] = []
+        for var in prg.p.vars:
+            if var.expr in fixed:
+                values.append(fixed[var.expr])
+            else:
+                values.append(self.variables.setdefault(var.expr, _var(var)))
+        args = tuple(self.region(j, i, b, True) for i, b in enumerate(ei.bufs))
+        return KernelCall(kernel, args, tuple(values))
+
+    def copy_call(self, j: int, ei: Any) -> CopyCall:
+        dst, src = (self.region(j, i, b, False) for i, b in enumerate(ei.bufs[:2]))
+        return CopyCall(
+            dst, Region(src.device, src.root, src.offset, dst.nbytes, src.address, src.base_nbytes)
+        )
+
+    def region(self, j: int, i: int, buf: TinyBuffer | None, whole: bool) -> Region:
+        """Where buffer `i` of item `j` lies: in an input's root, or in the jit's own
+        memory. `whole`: an argument that is a whole input covers all of it on every call
+        (a copy moves a fixed number of bytes instead)."""
+        k = self.input_replace.get((j, i))
         if k is not None:
-            given = inputs[k]
+            given = self.inputs[k]
             base = buffer_base(given)
-            if base is not None and id(base) in ids:  # a view of another input
-                return Region(
-                    device_name(given.device), root(ids[id(base)]), given.offset, given.nbytes
-                )
-            return Region(device_name(given.device), root(k), 0, -1 if whole else given.nbytes)
+            if base is not None and base in self.number:  # a view of another input
+                root = self._root(self.number[base])
+                return Region(device_name(given.device), root, given.offset, given.nbytes)
+            return Region(
+                device_name(given.device), self._root(k), 0, -1 if whole else given.nbytes
+            )
         if buf is None:
             raise InputError(f"jit cache item {j} buffer {i} is missing (freed?)")
         if not buf.is_allocated():
@@ -198,40 +242,14 @@ def describe(
             device_name(buf.device), -1, offset, buf.nbytes, buffer_address(held), held.nbytes
         )
 
-    kernels: dict[int, tuple[Any, Any]] = {}
-    calls: list[Call] = []
-    for j, ei in enumerate(jit_cache):
-        prg = ei.prg
-        if isinstance(prg, CompiledRunner):
-            hit = kernels.get(id(prg))
-            if hit is None or hit[0] is not prg:
-                hit = kernels[id(prg)] = (prg, _kernel(prg))
-            program = prg.p
-            fixed = {v.expr: int(value) for v, value in ei.fixedvars.items()}
-            values: list[Var | int] = []
-            for var in program.vars:
-                if var.expr in fixed:
-                    values.append(fixed[var.expr])
-                else:
-                    values.append(variables.setdefault(var.expr, _var(var)))
-            args = tuple(region(j, i, b, True) for i, b in enumerate(ei.bufs))
-            calls.append(KernelCall(hit[1], args, tuple(values)))
-        elif isinstance(prg, (BufferCopy, BufferXfer)):
-            dst, src = (region(j, i, b, False) for i, b in enumerate(ei.bufs[:2]))
-            nbytes = dst.nbytes
-            calls.append(
-                CopyCall(
-                    dst,
-                    Region(src.device, src.root, src.offset, nbytes, src.address, src.base_nbytes),
-                )
-            )
-        elif not isinstance(prg, ViewOp):
-            raise UsageError(
-                f"jit cache item {j} is a {type(prg).__name__} "
-                f"({getattr(prg, 'display_name', prg)}); actorgraph runs compiled CPU kernels, "
-                f"BufferCopy, BufferXfer and ViewOp items only"
-            )
-    return calls, roots, sources, variables
+    def _root(self, k: int) -> int:
+        """The root of input `k`, made the first time it is met."""
+        found = self._root_of.get(k)
+        if found is None:
+            found = self._root_of[k] = len(self.roots)
+            self.roots.append(Root(device_name(self.inputs[k].device), self.inputs[k].nbytes))
+            self.sources.append(k)
+        return found
 
 
 def _kernel(runner: Any) -> Any:

@@ -118,9 +118,10 @@ class _Reader:
     def __init__(self, inputs: Sequence[Any], held: dict[int, Any] | None = None) -> None:
         self.inputs = tuple(inputs)
         self.out = Described()
-        # id(base Buffer) -> [(slot, lane, lane Buffer)] of the inputs' lanes. Inputs in
-        # `held` are the jit's own memory instead (a copy it makes of them).
-        self._lanes: dict[int, list[tuple[int, int, Any]]] = {}
+        # base Buffer (they hash by identity) -> [(slot, lane, lane Buffer)] of the
+        # inputs' lanes. Inputs in `held` are the jit's own memory instead (a copy it
+        # makes of them).
+        self._lanes: dict[Any, list[tuple[int, int, Any]]] = {}
         held = held or {}
         for slot, uop in enumerate(self.inputs):
             if slot in held:
@@ -129,7 +130,7 @@ class _Reader:
             lanes = buf.bufs if isinstance(buf, MultiBuffer) else [buf]
             for lane, lane_buf in enumerate(lanes):
                 entry = (slot, lane if isinstance(buf, MultiBuffer) else -1, lane_buf)
-                self._lanes.setdefault(id(_base_of(lane_buf)), []).append(entry)
+                self._lanes.setdefault(_base_of(lane_buf), []).append(entry)
         self._root_of: dict[tuple[int, int], int] = {}
         self._kernels: dict[tuple[str, bytes], Any] = {}
 
@@ -138,7 +139,7 @@ class _Reader:
         on every call (a copy moves a fixed number of bytes instead)."""
         device = device_name(buf.device)
         start = _offset_of(buf)
-        for slot, lane, lane_buf in self._lanes.get(id(_base_of(buf)), ()):
+        for slot, lane, lane_buf in self._lanes.get(_base_of(buf), ()):
             lane_start = _offset_of(lane_buf)
             if lane_start <= start and start + buf.nbytes <= lane_start + lane_buf.nbytes:
                 root = self._root(slot, lane, lane_buf)
