@@ -301,15 +301,32 @@ class JobProfile:
     `spans` holds (op index, start, end); times come from `clock`, the clock of the actor
     the job went to (`QueueActor._now`), which sets it before the job runs. Appending is
     atomic, so an item timed on an actor's worker thread lands here as it ends.
+
+    A job that ran on another host (a worker's queue) is timed there; its times come
+    back put on this host's clock (`ran_elsewhere`), off by at most `clock_error` seconds.
     """
 
-    __slots__ = ("clock", "end", "spans", "start")
+    __slots__ = ("clock", "clock_error", "end", "spans", "start")
 
     def __init__(self) -> None:
         self.spans: list[tuple[int, float, float]] = []
         self.start: float | None = None  # None until the job starts / finishes
         self.end: float | None = None
         self.clock: Callable[[], float] = time.perf_counter
+        self.clock_error = 0.0
+
+    def ran_elsewhere(
+        self,
+        spans: Sequence[tuple[int, float, float]],
+        start: float | None,
+        end: float | None,
+        clock_error: float,
+    ) -> None:
+        """The job ran on another host: its times there, on this host's clock."""
+        self.spans.extend(spans)
+        self.start = start
+        self.end = end
+        self.clock_error = clock_error
 
     def call(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run op `index`'s call, timed (a raise is recorded, then passed on)."""

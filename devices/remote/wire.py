@@ -13,6 +13,11 @@ frame, naming both. It moves whenever a message's fields change.
 
     version 2: every message has the schema below; a program names its queue kind, a
                copy from another worker the queue it follows (`PullEntry.follows`)
+    version 3: a batch may ask to be profiled (`Batch.profile`), and the worker then
+               sends each job's times (`JobTimes`) before its "done"; a client measures
+               the worker's clock against its own with `Ping` and `Pong`. Optional
+               fields left at their defaults are not sent (`as_meta`), so a batch that
+               is not profiled goes as in version 2
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
 worker lowers them (`decode_entry`), so a refusal names the item it is about.
@@ -25,12 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
-VERSION = 2
+VERSION = 3
 
 # The dtypes a buffer may have on the wire: fixed-size numeric types only.
 DTYPES = frozenset(
@@ -200,6 +206,29 @@ def flag(value: Any, what: str) -> bool:
     return value is True
 
 
+def seconds(value: Any, what: str) -> float:
+    """A time on a clock of the sender's, in seconds: a finite float."""
+    if type(value) is not float or not math.isfinite(value):
+        raise WireError(f"{what} must be a finite float (seconds), got {value!r:.40}")
+    return value
+
+
+def _spans(value: Any, what: str) -> list[tuple[int, float, float]]:
+    """[[entry index, start, end], ...]: when each entry of a program ran or parked."""
+    spans = []
+    for span in want_list(value, what, 1 << 20):
+        if type(span) is not list or len(span) != 3:
+            want_list(span, "span", 3, size=3)
+        index, start, end = span
+        if type(index) is not int or not 0 <= index <= ID_MAX:
+            want_int(index, "span entry index")
+        if type(start) is not float or type(end) is not float:
+            seconds(start, "span start")
+            seconds(end, "span end")
+        spans.append((index, start, end))
+    return spans
+
+
 class Ref(NamedTuple):
     """A buffer (view) of a client's: its allocation's handle, the offset (elements) and
     the shape of the view; no shape: the whole allocation."""
@@ -271,6 +300,8 @@ _Schema = tuple[Decoder, int, int, tuple[Any, ...]]
 _MESSAGES: dict[str, _Schema] = {}
 _ENTRIES: dict[str, _Schema] = {}
 _KINDS: dict[type, str] = {}
+# A class whose last fields are optional -> (how many are required, their defaults)
+_OPTIONAL: dict[type, tuple[int, tuple[Any, ...]]] = {}
 
 
 def _field_code(index: int, check: Check, names: dict[str, Any]) -> str:
@@ -314,6 +345,8 @@ def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) ->
         optional_defaults = tuple(defaults[name] for name in names[required:])
         table[kind] = (_decoder(cls, fields), required, len(fields), optional_defaults)
         _KINDS[cls] = kind
+        if optional_defaults:
+            _OPTIONAL[cls] = (required, optional_defaults)
         return cls
 
     return register
@@ -433,15 +466,18 @@ class Prog(NamedTuple):
     ("bases", list_of("base", integer(0, VALUE_MAX), 1 << 17)),
     ("program ids", list_of("program id", integer(), 1 << 16)),
     ("mirror values", _EXT),
+    ("profile", flag),
 )
 class Batch(NamedTuple):
     """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
-    mirrored signals' values as of now."""
+    mirrored signals' values as of now. `profile`: time the jobs and send their
+    `JobTimes` (left out when False, so an unprofiled batch carries nothing for it)."""
 
     batch: int
     bases: list[int]
     programs: list[int]
     ext: list[tuple[int, int]]
+    profile: bool = False
 
 
 @message(
@@ -495,7 +531,55 @@ class Get(NamedTuple):
     src: Ref
 
 
+@message("ping", ("ping id", integer()))
+class Ping(NamedTuple):
+    """Answer with a Pong at once: one round trip of a clock measurement."""
+
+    ping: int
+
+
 # A worker's reports to its client (and the answers of a link between workers).
+
+
+@message(
+    "pong",
+    ("ping id", integer()),
+    ("ping received", seconds),
+    ("pong sent", seconds),
+)
+class Pong(NamedTuple):
+    """The answer to a Ping: when the worker received it and when it answered, on the
+    worker's clock (its `time.perf_counter`)."""
+
+    ping: int
+    received: float
+    sent: float
+
+
+@message(
+    "times",
+    ("batch id", integer()),
+    ("signal slot", _SLOT),
+    ("batch received", seconds),
+    ("times sent", seconds),
+    ("job start", optional(seconds)),
+    ("job end", optional(seconds)),
+    ("spans", _spans),
+)
+class JobTimes(NamedTuple):
+    """A profiled batch's job, as it ran, on the worker's clock (its `time.perf_counter`):
+    sent before the job's Done. `spans` holds [entry index, start, end] for each entry of
+    its program that ran an item or parked on a wait (indices into `Prog.entries`, which
+    are the client's op indices); `received` (when the batch arrived) and `sent` (now)
+    make this report one round trip of a clock measurement."""
+
+    batch: int
+    slot: int
+    received: float
+    sent: float
+    start: float | None
+    end: float | None
+    spans: list[tuple[int, float, float]]
 
 
 @message("sig", ("batch id", integer()), ("signal slot", _SLOT), ("signal value", _REL))
@@ -784,10 +868,22 @@ def decode_entry(value: Any) -> Any:
 
 
 def as_meta(message: Any) -> Any:
-    """What goes on the wire for `message`: [kind, *fields]; anything that is not a
-    message of this module goes as it is (a list made by hand, say)."""
-    kind = _KINDS.get(type(message))
-    return message if kind is None else [kind, *message]
+    """What goes on the wire for `message`: [kind, *fields], less the optional fields at
+    its end that hold their defaults (the receiver puts the defaults back); anything that
+    is not a message of this module goes as it is (a list made by hand, say)."""
+    cls = type(message)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        return message
+    meta = [kind, *message]
+    optional = _OPTIONAL.get(cls)
+    if optional is not None:
+        required, defaults = optional
+        end = len(meta)
+        while end > required + 1 and meta[end - 1] == defaults[end - 2 - required]:
+            end -= 1
+        del meta[end:]
+    return meta
 
 
 def kind_of(message_class: type) -> str:
