@@ -115,7 +115,9 @@ def plot_timeline(
             )
         legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
     ax.set_yticks(range(len(actors)))
-    ax.set_yticklabels(actors)
+    # A worker's queue is timed there: its row says how far off this host's clock it can be.
+    errors = profile.clock_errors()
+    ax.set_yticklabels([f"{a} (+-{errors[a] * 1e6:.0f} us)" if a in errors else a for a in actors])
     ax.set_ylim(len(actors) - 0.3, -0.6)
     ax.set_xlabel(f"time since first submission ({unit})")
     ax.set_title(title or f"{len(profile.replays)} replays, {len(profile.events)} items")

@@ -74,10 +74,6 @@ class ClockEstimate:
     offset: float
     error: float
 
-    def to_client(self, worker_time: float) -> float:
-        """A time on the worker's clock, on the client's."""
-        return worker_time - self.offset
-
 
 class PeerClock:
     """What a connection knows of its worker's clock: the samples that may still be the
@@ -113,6 +109,14 @@ class PeerClock:
             return None
         best = min(self._samples, key=lambda s: s.error_at(when))
         return ClockEstimate(best.offset, best.error_at(when))
+
+    def offset_at(self, when: float) -> tuple[float, float]:
+        """(offset, how far off it can be) for a moment `when`, as `estimate` says; once
+        a round trip was measured (as it was for any job timed on the worker)."""
+        estimate = self.estimate(when)
+        if estimate is None:
+            raise RuntimeError("no round trip to this worker was measured yet")
+        return estimate.offset, estimate.error
 
     def due(self, now: float) -> bool:
         """Whether a burst of pings is due at `now`: none yet, or the last one was

@@ -300,7 +300,13 @@ class Connection:
         """A push followed at once by its queue's signal: send that signal's new value to
         the worker's mirror with the bytes, instead of after them once the signal is set
         here. The worker takes frames in order, so its mirror rises only once the bytes
-        have landed: what waits on it there runs in the same wake-up as the put."""
+        have landed: what waits on it there runs in the same wake-up as the put.
+
+        Not in a profiled replay: there the push is timed until it returns, and what
+        waits on it on the worker must start after that, as its profile will say (the
+        signal then goes once it is set here, one message later)."""
+        if job.observer is not None:
+            return
         signal_op = self.ahead.plan(job.script).signal_after.get(job.at)
         if signal_op is None:
             return
@@ -501,14 +507,10 @@ class Connection:
         # The batch and this report are a round trip too, the work between them left out.
         sample = ClockSample(batch.sent, times.received, times.sent, back)
         self.clock.add(sample)
-        estimate = self.clock.estimate(sample.at)
-        assert estimate is not None  # it has a sample now
-        here = estimate.to_client
+        # Placed with the best offset for the moment of this batch, as known when the
+        # profile is read (the pings that follow the first profiled batch refine it).
         observer.ran_elsewhere(
-            [(index, here(start), here(end)) for index, start, end in times.spans],
-            None if times.start is None else here(times.start),
-            None if times.end is None else here(times.end),
-            estimate.error,
+            times.spans, times.start, times.end, functools.partial(self.clock.offset_at, sample.at)
         )
 
     # -- reports from the worker --
