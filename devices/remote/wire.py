@@ -294,21 +294,24 @@ M = TypeVar("M", bound=type)
 
 # A message's decoder: from the received [kind, *fields], every field there, the message.
 Decoder = Callable[[list[Any]], Any]
-# kind -> (its decoder, how many fields are required, how many there are, the defaults
-# of the optional ones)
-_Schema = tuple[Decoder, int, int, tuple[Any, ...]]
+# kind -> (its decoder, how many fields are required, how many there are, and per count
+# of fields sent from `required` on, the defaults of those left out)
+_Schema = tuple[Decoder, int, int, tuple[list[Any], ...]]
 _MESSAGES: dict[str, _Schema] = {}
 _ENTRIES: dict[str, _Schema] = {}
 _KINDS: dict[type, str] = {}
-# A class whose last fields are optional -> (how many are required, their defaults)
-_OPTIONAL: dict[type, tuple[int, tuple[Any, ...]]] = {}
+# A message class -> (its kind, its length on the wire with no optional field, the
+# defaults of its optional fields): what `as_meta` writes.
+_WRITE: dict[type, tuple[str, int, tuple[Any, ...]]] = {}
 
 
 def _field_code(index: int, check: Check, names: dict[str, Any]) -> str:
-    """The decoder's line for field `index` (in `f{index}`): an Integer's range and an
-    Optional's None are checked inline; any other value goes through the check, as does
-    an int out of range (the check raises, naming the field)."""
+    """The decoder's line for field `index` (in `f{index}`): an Integer's range, an
+    Optional's None and a flag are checked inline; any other value goes through the
+    check, as does an int out of range (the check raises, naming the field)."""
     call = f"f{index} = _check{index}(f{index}, _label{index})"
+    if check is flag:
+        return f"    f{index} = f{index} is True"
     if type(check) is Integer:
         return (
             f"    if type(f{index}) is not int or not {check.lo} <= f{index} <= {check.hi}: {call}"
@@ -343,10 +346,10 @@ def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) ->
         assert len(fields) == len(names), (cls, fields)
         required = len(fields) - len(defaults)
         optional_defaults = tuple(defaults[name] for name in names[required:])
-        table[kind] = (_decoder(cls, fields), required, len(fields), optional_defaults)
+        pads = tuple(list(optional_defaults[sent:]) for sent in range(len(optional_defaults)))
+        table[kind] = (_decoder(cls, fields), required, len(fields), pads)
         _KINDS[cls] = kind
-        if optional_defaults:
-            _OPTIONAL[cls] = (required, optional_defaults)
+        _WRITE[cls] = (kind, required + 1, optional_defaults)
         return cls
 
     return register
@@ -844,13 +847,13 @@ def _decode(table: dict[str, _Schema], meta: Any, what: str) -> Any:
     schema = table.get(kind)
     if schema is None:
         raise WireError(f"unknown {what} {kind!r}")
-    decoder, required, most, defaults = schema
+    decoder, required, most, pads = schema
     count = len(meta) - 1
     if count != most:
         if not required <= count < most:
             wanted = required if required == most else f"{required} to {most}"
             raise WireError(f"message {kind!r} has {wanted} fields, got {count}")
-        meta = meta + list(defaults[count - required :])  # an older form: the defaults
+        meta = meta + pads[count - required]  # optional fields left out: their defaults
     try:
         return decoder(meta)
     except WireError as exc:
@@ -871,16 +874,14 @@ def as_meta(message: Any) -> Any:
     """What goes on the wire for `message`: [kind, *fields], less the optional fields at
     its end that hold their defaults (the receiver puts the defaults back); anything that
     is not a message of this module goes as it is (a list made by hand, say)."""
-    cls = type(message)
-    kind = _KINDS.get(cls)
-    if kind is None:
+    write = _WRITE.get(type(message))
+    if write is None:
         return message
+    kind, shortest, defaults = write
     meta = [kind, *message]
-    optional = _OPTIONAL.get(cls)
-    if optional is not None:
-        required, defaults = optional
+    if defaults:
         end = len(meta)
-        while end > required + 1 and meta[end - 1] == defaults[end - 2 - required]:
+        while end > shortest and meta[end - 1] == defaults[end - 1 - shortest]:
             end -= 1
         del meta[end:]
     return meta
