@@ -405,6 +405,27 @@ async def test_a_profiled_replay_shows_the_work_of_its_workers_in_order(
     assert "clock +-" not in lines["CPU:0/compute"]
 
 
+async def test_a_workers_queue_with_a_clock_of_its_own_is_put_on_the_clients_clock() -> None:
+    # A SIM queue's actor times with trio's clock: the worker puts its times on its
+    # perf_counter before they go, so they order with the client's like a CPU queue's.
+    worker = start("SIM:0")
+    try:
+        name = worker.name("SIM:0")
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", name]) as rt:
+                x, y = rt.alloc("CPU:0", 8, np.int32), rt.alloc(name, 8, np.int32)
+                items = [ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y]), ag.Copy(dst=x, src=y)]
+                graph = await rt.compile(items)
+                for _ in range(3):
+                    await graph(profile=True)
+                profile = rt.profile()
+                np.testing.assert_array_equal(await rt.copyout(x), np.full(8, 3))
+    finally:
+        worker.kill()
+    assert [e.actor for e in profile.events if "@" in e.actor] == [f"{name}/compute"] * 3
+    assert _assert_ordered_by_waits(profile) == 3 * 2  # there and back, each replay
+
+
 async def test_only_a_profiled_replay_has_its_worker_send_times(
     workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
