@@ -94,7 +94,12 @@ def plot_timeline(
         chart.draw_critical_path(profile.critical_path())
         legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
     ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels, fontsize=6 if many else None)
+    # A worker's queue is timed there: its row says how far off this host's clock it can be.
+    errors = profile.clock_errors()
+    ax.set_yticklabels(
+        [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
+        fontsize=6 if many else None,
+    )
     ax.set_ylim(len(labels) - 0.3, -0.6)
     if group_of is not None:
         chart.draw_group_labels(bands)

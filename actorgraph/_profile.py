@@ -4,6 +4,10 @@ Recording is split in two so that replays stay fast: while a replay runs, each j
 observer (devices._ops.JobProfile) only gets (op index, start, end) tuples appended.
 Turning those into `ProfileEvent`s, with labels, buffers and the waits that gated each
 item, happens later and only when asked for (`rt.profile()`, `graph.last_profile`).
+
+A worker's queues are timed on the worker, and their times come back put on this host's
+clock (devices/remote/_clock.py): each of their events says how far off that clock they
+can be (`ProfileEvent.clock_error`), and so do the summary and the trace.
 """
 
 from __future__ import annotations
@@ -64,7 +68,12 @@ class WaitRecord:
 
 @attrs.frozen
 class ProfileEvent:
-    """One item of one replay as it ran: times are seconds on the actor's clock."""
+    """One item of one replay as it ran: times are seconds on the actor's clock.
+
+    A worker's queue is timed on the worker, and its times are put on this host's clock
+    (`time.perf_counter`, the clock of its CPU queues) with an offset measured over the
+    connection: `clock_error` is how far off they can be (seconds; 0 on this host).
+    """
 
     actor: str
     device: str
@@ -78,6 +87,7 @@ class ProfileEvent:
     buffers: tuple[str, ...]
     writes: tuple[bool, ...]
     waits: tuple[WaitRecord, ...]
+    clock_error: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -126,6 +136,15 @@ class Profile:
     def __len__(self) -> int:
         return len(self.events)
 
+    def clock_errors(self) -> dict[str, float]:
+        """Per actor timed on another host (a worker's queue), how far its times can be
+        off this host's clock (the largest of its events' `clock_error`, seconds)."""
+        errors: dict[str, float] = {}
+        for event in self.events:
+            if event.clock_error > errors.get(event.actor, 0.0):
+                errors[event.actor] = event.clock_error
+        return errors
+
     def events_of(self, graph: int, replay: int) -> tuple[ProfileEvent, ...]:
         return tuple(e for e in self.events if e.graph == graph and e.replay == replay)
 
@@ -153,17 +172,27 @@ class Profile:
         return chrome_trace(self)
 
     def summary(self) -> str:
-        """Busy time and parked waits per actor, as text."""
+        """Busy time and parked waits per actor, as text; for a worker's queue, how far
+        its times can be off this host's clock."""
         lines = [f"{len(self.replays)} replays, {len(self.events)} items"]
         width = max((len(a) for a in self.actors), default=0)
+        errors = self.clock_errors()
         for actor in self.actors:
             mine = [e for e in self.events if e.actor == actor]
             busy = sum(e.duration for e in mine)
             parked = [w for e in mine for w in e.waits if w.parked]
             blocked = sum(w.blocked for w in parked)
-            lines.append(
+            line = (
                 f"{actor.ljust(width)}  {len(mine):6d} items  {busy * 1e3:9.3f} ms busy  "
                 f"{len(parked):5d} waits parked  {blocked * 1e3:9.3f} ms blocked"
+            )
+            if actor in errors:
+                line += f"  clock +-{errors[actor] * 1e6:.1f} us"
+            lines.append(line)
+        if errors:
+            lines.append(
+                "(a worker's queues are timed there and put on this host's clock: "
+                "'clock +-' is how far off they can be)"
             )
         return "\n".join(lines)
 
@@ -222,6 +251,8 @@ def build_profile(actors: Sequence[str], records: Iterable[ReplayRecord]) -> Pro
     spans: list[ReplaySpan] = []
     layouts: dict[Program, _Layout] = {}  # per program, shared by its replays
     for record in records:
+        for job in record.jobs:
+            job.settle()  # a worker's job: on this host's clock, with what is known now
         layout = layouts.get(record.program)
         if layout is None:
             layout = layouts[record.program] = _Layout(record.program)
@@ -300,7 +331,9 @@ class _Layout:
                     pending.append(meaning)
                     continue
                 if got is not None:
-                    out.append(self._event(record, rebound, actor, device, meaning, got, pending))
+                    out.append(
+                        self._event(record, rebound, actor, device, meaning, got, pending, job)
+                    )
                 pending = []
         return out
 
@@ -313,6 +346,7 @@ class _Layout:
         j: int,
         times: tuple[float, float],
         waits: list[WaitRecord],
+        job: JobProfile,
     ) -> ProfileEvent:
         program = self.program
         label, kind, writes, names = self.items[j]
@@ -341,4 +375,5 @@ class _Layout:
             buffers=tuple(names),
             writes=writes,
             waits=tuple(waits),
+            clock_error=job.clock_error,
         )

@@ -4,7 +4,9 @@ Layout: one process per device, one thread (track) per queue actor; each item of
 replay is a complete ("X") slice named by its kernel or copy and its buffers; a parked
 wait is a "wait" slice on the waiting actor; each cross-queue wait is a flow arrow from
 the item waited for to the item that waited; a counter track counts replays in flight.
-Timestamps are microseconds since the profile's first event.
+Timestamps are microseconds since the profile's first event. A worker's queues are timed
+there and put on this host's clock: their slices say how far off they can be
+(`clock_error_us`), and so does the trace's metadata, per actor.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
     for event in profile.events:
         pid, tid = tracks[event.actor]
         start = us(event.start)
+        # Timed on a worker: how far off this host's clock its slices can be.
+        clock_error = (
+            {"clock_error_us": round(event.clock_error * 1e6, 3)} if event.clock_error else {}
+        )
         trace.append(
             {
                 "ph": "X",
@@ -66,6 +72,7 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
                     "graph": event.graph,
                     "replay": event.replay,
                     "buffers": list(event.buffers),
+                    **clock_error,
                 },
             }
         )
@@ -85,6 +92,7 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
                             "for_item": wait.item,
                             "value": wait.value,
                             "kind": wait.kind.value,
+                            **clock_error,
                         },
                     }
                 )
@@ -141,7 +149,14 @@ def chrome_trace(profile: Profile) -> dict[str, Any]:
     return {
         "traceEvents": trace,
         "displayTimeUnit": "ms",
-        "otherData": {"producer": "actorgraph", "replays": len(profile.replays)},
+        "otherData": {
+            "producer": "actorgraph",
+            "replays": len(profile.replays),
+            # Per actor timed on a worker: how far its times can be off this host's clock.
+            "clock_error_us": {
+                actor: round(error * 1e6, 3) for actor, error in profile.clock_errors().items()
+            },
+        },
     }
 
 

@@ -306,15 +306,45 @@ class JobProfile:
     `spans` holds (op index, start, end); times come from `clock`, the clock of the actor
     the job went to (`QueueActor._now`), which sets it before the job runs. Appending is
     atomic, so an item timed on an actor's worker thread lands here as it ends.
+
+    A job that ran on another host (a worker's queue) was timed there, on that host's
+    clock (`ran_elsewhere`): its times are put on this host's clock with the best offset
+    known when they are read (`settle`), off by at most `clock_error` seconds.
     """
 
-    __slots__ = ("clock", "end", "spans", "start")
+    __slots__ = ("_elsewhere", "clock", "clock_error", "end", "spans", "start")
 
     def __init__(self) -> None:
         self.spans: list[tuple[int, float, float]] = []
         self.start: float | None = None  # None until the job starts / finishes
         self.end: float | None = None
         self.clock: Callable[[], float] = time.perf_counter
+        self.clock_error = 0.0
+        self._elsewhere: tuple[Any, ...] | None = None
+
+    def ran_elsewhere(
+        self,
+        spans: Sequence[tuple[int, float, float]],
+        start: float | None,
+        end: float | None,
+        offset: Callable[[], tuple[float, float]],
+    ) -> None:
+        """The job ran on another host, with these times on its clock: `offset()` says
+        what that clock reads minus this one's, and how far off that can be (it may
+        know better later, as more round trips are measured)."""
+        self._elsewhere = (tuple(spans), start, end, offset)
+        self.settle()
+
+    def settle(self) -> None:
+        """Put the times of a job that ran on another host on this host's clock, with
+        the offset known now (nothing to do for a job timed here)."""
+        if self._elsewhere is None:
+            return
+        spans, start, end, offset = self._elsewhere
+        shift, self.clock_error = offset()
+        self.spans = [(index, s - shift, e - shift) for index, s, e in spans]
+        self.start = None if start is None else start - shift
+        self.end = None if end is None else end - shift
 
     def call(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run op `index`'s call, timed (a raise is recorded, then passed on)."""

@@ -36,8 +36,8 @@ What the codes every queue shares mean (devices/_ops.py has the format):
 - AWAIT: `await fn(job, *args)`, even after a failure (fn checks the submission).
 
 Profiling is an observer, not another loop: a job that carries one (`job.observer`, a
-JobProfile) has each call of its runs timed (`run_calls`), and its drivers time the
-waits they park on and the ops they await.
+JobProfile) has each call of its runs timed (`run_calls`) and each `Quick` op done at
+once, and its drivers time the waits they park on and the ops they await.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from operator import length_hint
 from typing import Any
 
-from ._ops import AWAIT, EXEC, ITEM, SIGNAL, WAIT, Job, JobProfile, Op, Quick
+from ._ops import AWAIT, EXEC, ITEM, SIGNAL, WAIT, Job, JobProfile, Quick
 
 Calls = Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]
 
@@ -96,7 +96,7 @@ def step(job: Job, at: int, name: str, end: int = -1) -> int:
             op[1].set(job.bases[op[2]] + op[3])
             at += 1
         elif code == AWAIT and type(op[1]) is Quick:
-            if not _quick_now(job, op, name):
+            if not _quick_now(job, at, name):
                 return at
             at += 1
         else:
@@ -104,11 +104,18 @@ def step(job: Job, at: int, name: str, end: int = -1) -> int:
     return at
 
 
-def _quick_now(job: Job, op: Op, name: str) -> bool:
-    """Try a `Quick` AWAIT op at once: whether it is done (a raise fails the submission,
-    as if awaited, and the op is done)."""
+def _quick_now(job: Job, at: int, name: str) -> bool:
+    """Try op `at`, a `Quick` AWAIT op, at once: whether it is done (a raise fails the
+    submission, as if awaited, and the op is done). Timed into the job's observer when
+    it is done here (else its driver times it as it awaits it)."""
+    op = job.ops[at]
+    observer = job.observer
+    start = 0.0 if observer is None else observer.clock()
     try:
-        return bool(op[1].now(job, *op[2]))
+        done = bool(op[1].now(job, *op[2]))
     except Exception as exc:
         job.submission.fail(op[ITEM], name, exc)
-        return True
+        done = True
+    if done and observer is not None:
+        observer.spans.append((at, start, observer.clock()))
+    return done

@@ -329,6 +329,39 @@ async def test_open_runtime_takes_the_token_file_the_environment_names(
                 pass  # pragma: no cover
         async with ag.open_runtime(["CPU:0"]):  # a local runtime never reads it
             pass
+def test_the_demos_profile_shows_the_work_on_a_worker(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    worker = Worker(tmp_path, "--devices", "CPU:0,CPU:1")
+    try:
+        where = worker.address()
+        devices = f"CPU:0,CPU:0@{where},CPU:1@{where}"
+        trace, plot = tmp_path / "trace.json", tmp_path / "timeline.png"
+        code, out, err = run_cli(
+            capsys,
+            "demo",
+            "--devices",
+            devices,
+            "--replays",
+            "3",
+            "--trace",
+            str(trace),
+            "--plot",
+            str(plot),
+        )
+        assert (code, err) == (0, "")
+    finally:
+        worker.stop()
+    summary = out[out.index("3 replays, ") :].splitlines()
+    rows = {line.split()[0]: line.split() for line in summary[1:] if "items" in line}
+    for device in (f"CPU:0@{where}", f"CPU:1@{where}"):
+        row = rows[f"{device}/compute"]
+        assert int(row[1]) > 0 and int(row[1]) % 3 == 0, row  # its kernels, in 3 replays
+        assert "clock" in row and row[row.index("clock") + 1].startswith("+-"), row
+    assert "'clock +-' is how far off they can be" in out
+    slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert any("@" in e["name"] or "clock_error_us" in e["args"] for e in slices)
+    assert plot.stat().st_size > 0
 
 
 # -- the worker's kernel modules --------------------------------------------------------------

@@ -24,7 +24,7 @@ from actorgraph.devices import Op
 from actorgraph.devices.remote import _connection as remote_connection
 from actorgraph.devices.remote import _programs as remote_programs
 from actorgraph.devices.remote.frames import FrameStream, encode
-from actorgraph.devices.remote.wire import Get, Limits
+from actorgraph.devices.remote.wire import Batch, Get, Limits, as_meta
 from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
@@ -316,6 +316,164 @@ async def test_profiled_replay_copies_between_local_and_remote(
     assert copies == [0, 2]
 
 
+# -- profiles: a worker's queues timed there, put on the client's clock --
+
+
+def _assert_ordered_by_waits(profile: ag.Profile) -> int:
+    """Every item starts after each item it waited for ended, within the two events'
+    clock errors; returns how many such waits cross hosts."""
+    by_item = {(e.graph, e.replay, e.item): e for e in profile.events}
+    crossing = 0
+    for event in profile.events:
+        for wait in event.waits:
+            if wait.kind is not ag.WaitKind.QUEUE or wait.item is None:
+                continue
+            source = by_item[(event.graph, event.replay, wait.item)]
+            bound = event.clock_error + source.clock_error
+            assert event.start >= source.end - bound, (source, event)
+            crossing += _host(event.actor) != _host(source.actor)
+    return crossing
+
+
+def _host(actor: str) -> str:
+    device = actor.split("/")[0]
+    return device.partition("@")[2] or "client"
+
+
+async def test_a_profiled_replay_shows_the_work_of_its_workers_in_order(
+    workers: tuple[Worker, Worker],
+) -> None:
+    """A replay over this host and two workers, profiled: every remote queue that ran
+    items has their events, on the client's clock; no item starts before one it waited
+    for ended (within the clock errors the events state), across hosts too; the trace's
+    flow arrows cross hosts and the summary counts the remote items."""
+    a, b = workers
+    a0, a1, b0 = a.name("CPU:0"), a.name("CPU:1"), b.name("CPU:0")
+    devices = ["CPU:0", a0, a1, b0]
+    with trio.fail_after(GUARD):
+        async with runtime(devices) as rt:
+            bufs = [rt.alloc(d, 64, np.int32) for d in devices]
+            items: list[Any] = []
+            for i, buf in enumerate(bufs):  # round the ring, back to CPU:0
+                nxt = bufs[(i + 1) % len(bufs)]
+                items += [ag.Launch(INC, [buf, buf]), ag.Copy(dst=nxt, src=buf)]
+            graph = await rt.compile(items)
+            await rt.copyin(bufs[0], np.zeros(64, np.int32))
+            await graph()  # not profiled: not in the profile
+            for _ in range(8):
+                await graph(profile=True)
+            np.testing.assert_array_equal(await rt.copyout(bufs[0]), np.full(64, 36))
+            profile = rt.profile()
+            trace = profile.to_chrome_trace()
+            summary = profile.summary()
+    assert len(profile.replays) == 8
+    assert len(profile.events) == 8 * len(items)
+    ran = {e.actor for e in profile.events}
+    assert {f"{d}/compute" for d in devices} <= ran
+    assert {f"{d}/copy" for d in (a1, b0)} <= ran  # copies into a worker device from another
+    for event in profile.events:
+        remote = "@" in event.actor
+        assert (event.clock_error > 0) == remote, event
+        assert event.clock_error < 0.5  # a bound measured on loopback, not a guess
+        assert event.end >= event.start
+    assert _assert_ordered_by_waits(profile) >= 8 * 3  # CPU:0 -> A, A -> B, B -> CPU:0
+    # Each replay's critical path runs through the workers' queues.
+    path_actors = {e.actor for e in profile.critical_path()}
+    assert {f"{a0}/compute", f"{b0}/compute"} <= path_actors
+    # The trace: a process per device, worker devices included, and arrows between hosts.
+    pids = {
+        e["pid"]: e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    starts = {e["id"]: e for e in trace["traceEvents"] if e["ph"] == "s"}
+    hosts_crossed = {
+        (_host(pids[starts[e["id"]]["pid"]]), _host(pids[e["pid"]]))
+        for e in trace["traceEvents"]
+        if e["ph"] == "f"
+    }
+    here, at_a, at_b = "client", _host(a0), _host(b0)
+    assert {(here, at_a), (at_a, at_b), (at_b, here)} <= hosts_crossed
+    errors = trace["otherData"]["clock_error_us"]
+    assert set(errors) == {a for a in ran if "@" in a}
+    remote_slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and "@" in pids[e["pid"]]]
+    assert remote_slices and all(e["args"]["clock_error_us"] > 0 for e in remote_slices)
+    # The summary counts the workers' items, and says how far off their clocks may be.
+    lines = {line.split()[0]: line for line in summary.splitlines()[1:-1]}
+    assert " 8 items" in lines[f"{a0}/compute"] and "clock +-" in lines[f"{a0}/compute"]
+    assert " 8 items" in lines[f"{b0}/copy"] and "clock +-" in lines[f"{b0}/copy"]
+    assert "clock +-" not in lines["CPU:0/compute"]
+
+
+async def test_a_workers_queue_with_a_clock_of_its_own_is_put_on_the_clients_clock() -> None:
+    # A SIM queue's actor times with trio's clock: the worker puts its times on its
+    # perf_counter before they go, so they order with the client's like a CPU queue's.
+    worker = start("SIM:0")
+    try:
+        name = worker.name("SIM:0")
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", name]) as rt:
+                x, y = rt.alloc("CPU:0", 8, np.int32), rt.alloc(name, 8, np.int32)
+                items = [ag.Copy(dst=y, src=x), ag.Launch(INC, [y, y]), ag.Copy(dst=x, src=y)]
+                graph = await rt.compile(items)
+                for _ in range(3):
+                    await graph(profile=True)
+                profile = rt.profile()
+                np.testing.assert_array_equal(await rt.copyout(x), np.full(8, 3))
+    finally:
+        worker.kill()
+    assert [e.actor for e in profile.events if "@" in e.actor] == [f"{name}/compute"] * 3
+    assert _assert_ordered_by_waits(profile) == 3 * 2  # there and back, each replay
+
+
+async def test_only_a_profiled_replay_has_its_worker_send_times(
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unprofiled replay's batch is what it was before profiles crossed hosts (no
+    profile field) and its worker sends no times; a profiled one asks (profile: true),
+    and each of its jobs' times come back before the job's done."""
+    batches: list[list[Any]] = []
+    received: list[str] = []
+    real_encode = remote_connection.encode
+    real_report = remote_connection.Connection.report
+
+    def encode_spy(message: Any, tail_len: int = 0) -> bytes:
+        if type(message) is Batch:
+            batches.append(as_meta(message))
+        return real_encode(message, tail_len)
+
+    async def report_spy(self: Any, message: Any, tail: int) -> None:
+        received.append(type(message).__name__)
+        await real_report(self, message, tail)
+
+    monkeypatch.setattr(remote_connection, "encode", encode_spy)
+    monkeypatch.setattr(remote_connection.Connection, "report", report_spy)
+    name = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([name]) as rt:
+            x = rt.alloc(name, 8, np.int32)
+            graph = await rt.compile([ag.Launch(INC, [x, x])])  # lives on the worker alone
+            for _ in range(3):
+                await graph()
+            assert [len(meta) for meta in batches] == [5] * 3  # kind and 4 fields, as before
+            assert "JobTimes" not in received and "Pong" not in received
+            assert len(rt.profile().replays) == 0
+            del batches[:], received[:]
+            await graph(profile=True)
+            assert [meta[-1] for meta in batches] == [True]
+            assert received.index("JobTimes") < received.index("Done")
+            profile = graph.last_profile
+            assert profile is not None
+            (event,) = profile.events
+            assert event.actor == f"{name}/compute" and event.clock_error > 0
+            del batches[:], received[:]
+            await graph()
+            assert [len(meta) for meta in batches] == [5]
+            assert "JobTimes" not in received
+            np.testing.assert_array_equal(await rt.copyout(x), np.full(8, 5))
+            assert rt.device(name).connection.statistics().clock_error is not None
+
+
 # -- the fuzzer: random graphs over local and remote devices, against a numpy model --
 
 _KERNELS = {"xor": (XOR, np.bitwise_xor), "add": (ADD, np.add)}
@@ -488,10 +646,12 @@ async def test_chains_across_workers_equal_numpy(
                 if profiled:
                     profile = graph.last_profile
                     assert profile is not None
-                    # The client times what its own actors run: the local copy queue's
-                    # pushes and pulls (a worker's queues run their items there).
+                    # Every copy queue that ran a copy shows it: the local one's pushes and
+                    # pulls, and the copies into each worker device the ring reaches from
+                    # another worker device (timed on its worker).
                     copies = {e.actor for e in profile.events if e.kind is ag.EventKind.COPY}
-                    assert copies == {"CPU:0/copy"}
+                    assert copies == {f"{d}/copy" for d in ["CPU:0", *ring[2:]]}
+                    assert len(profile.events) == len(items)
     finally:
         if extra is not None:
             extra.kill()

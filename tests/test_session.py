@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import trio.testing
 from _workers import GUARD, TOKEN, handshake, hello, runtime, start
 from _workers import Replies as _Replies
 from actorgraph.devices import Job, QueueActor, Submission
-from actorgraph.devices.remote.frames import HEADER, FrameStream, encode
+from actorgraph.devices.remote.frames import HEADER, FrameStream, decode_frame, encode
 from actorgraph.devices.remote.wire import (
     TO_WORKER,
     VERSION,
@@ -1251,3 +1252,48 @@ async def test_a_peer_is_told_how_far_a_queue_got_only_with_its_ticket(
             meta, tail = await peer.receive()
             assert meta == ["data", 3, 0, None] and tail == 0
             peer.sock.close()
+
+
+async def test_a_profiled_batch_sends_each_jobs_times_before_its_done() -> None:
+    """A batch that asks to be profiled: its job goes to its actor, which times its items
+    and the wait it parks on; their times, named by program entry (the worker's report
+    op left out), leave before the job's done, with when the batch came. One that does
+    not ask sends nothing of this. A ping is answered at once, saying when."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            inc = ["k", 7, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
+            last = ["k", 8, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
+            # entries: 0 wait, 1 item 7, 2 signal (reported), 3 item 8, 4 signal
+            program = [["w", 9, 0, 1], inc, ["s", 2, 1], last, ["s", 2, 2]]
+            session.handle(["prog", 1, "CPU:0", program, True])
+            session.handle(["batch", 3, [0, 0, 0], [1], []])  # not profiled
+            assert (await replies.wait_for(0)) == []
+            session.handle(["ext", [[9, 1]]])
+            sent = await replies.wait_for(2)
+            assert [m[0] for m in sent] == ["sig", "done"]
+            del replies.sent[:]
+            before = time.perf_counter()
+            session.handle(["batch", 4, [1, 0, 0], [1], [], True])  # waits for 2
+            await trio.testing.wait_all_tasks_blocked()  # parked on the mirror
+            session.handle(["ext", [[9, 2]]])
+            sent = await replies.wait_for(3)
+            after = time.perf_counter()
+            assert [m[0] for m in sent] == ["sig", "times", "done"]
+            times = decode(decode_frame(encode(sent[1]), Limits())[0])  # as it arrives
+            assert (times.batch, times.slot) == (4, 2)
+            assert before <= times.received <= times.sent <= after
+            assert [span[0] for span in times.spans] == [0, 1, 3]  # the wait, then items
+            wait, first, second = times.spans
+            assert times.start is not None and times.end is not None
+            assert times.start <= wait[1] <= wait[2] <= first[1] <= first[2]
+            assert first[2] <= second[1] <= second[2] <= times.end
+            np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 4))
+            del replies.sent[:]
+            session.handle(["ping", 5])
+            (pong,) = await replies.wait_for(1)
+            assert pong[:2] == ["pong", 5] and after <= pong[2] <= pong[3]
+            nursery.cancel_scope.cancel()

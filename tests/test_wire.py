@@ -5,7 +5,19 @@ from __future__ import annotations
 import msgpack
 import pytest
 from actorgraph.devices.remote.frames import HEADER, decode_frame, encode
-from actorgraph.devices.remote.wire import VERSION, Limits, WireError, want_int, want_list
+from actorgraph.devices.remote.wire import (
+    VERSION,
+    Batch,
+    Limits,
+    PullEntry,
+    Ref,
+    SignalEntry,
+    WireError,
+    as_meta,
+    decode,
+    want_int,
+    want_list,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -91,3 +103,31 @@ def test_corrupted_valid_frames_never_crash(noise: bytes, at: int) -> None:
         decode_frame(bytes(frame), LIMITS)
     except WireError:
         pass
+
+
+def test_optional_fields_at_their_defaults_are_not_sent() -> None:
+    # An unprofiled batch goes as before profiles crossed hosts: four fields.
+    assert as_meta(Batch(1, [0, 0], [3], [])) == ["batch", 1, [0, 0], [3], []]
+    assert as_meta(Batch(1, [0, 0], [3], [], True)) == ["batch", 1, [0, 0], [3], [], True]
+    assert decode(["batch", 1, [0, 0], [3], []]).profile is False
+    assert as_meta(SignalEntry(2, 1)) == ["s", 2, 1]
+    assert as_meta(SignalEntry(2, 1, 0)) == ["s", 2, 1, 0]
+    ref = Ref(1, 0, ())
+    assert len(as_meta(PullEntry(0, ref, "h", 1, 2, ref, b"t", "CPU:0"))) == 9  # no follows
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        (["times", 1, 2, 1, 2.0, None, None, []], "batch received must be a finite float"),
+        (["times", 1, 2, 1.0, 2.0, None, float("inf"), []], "job end must be a finite float"),
+        (["times", 1, 2, 1.0, 2.0, None, None, [[0, 1.0]]], "span must have 3 entries"),
+        (["times", 1, 2, 1.0, 2.0, None, None, [[-1, 1.0, 2.0]]], "span entry index = -1"),
+        (["times", 1, 2, 1.0, 2.0, None, None, [[0, 1.0, "x"]]], "span end must be a finite"),
+        (["pong", 1, 1.0, True], "pong sent must be a finite float"),
+        (["ping", "a"], "ping id must be an int"),
+    ],
+)
+def test_a_workers_times_are_checked_field_by_field(meta: list[object], message: str) -> None:
+    with pytest.raises(WireError, match=f"message '{meta[0]}': {message}"):
+        decode(meta)

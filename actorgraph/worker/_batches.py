@@ -8,11 +8,19 @@ time), takes each program's timeline values on its actor, asks other workers for
 its jobs wait on (copies' bytes read ahead, watches of their queues), and posts its
 jobs, or runs them where it arrived when its queues are idle (devices/_inline.py). Each
 job's end is reported to the client as it ends ("done"), wherever it ran.
+
+A batch the client profiles (`Batch.profile`) has each job carry an observer and go to
+its actor, which times its items and the waits it parks on, as a profiled replay does
+on the client; before each job's "done" go its times (`JobTimes`), on this worker's
+`time.perf_counter`, each span named by its program entry, with when the batch came and
+when they were sent (a round trip of the client's clock measurement). A batch that is
+not profiled records and sends nothing of this.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from actorgraph.devices import (
@@ -20,11 +28,12 @@ from actorgraph.devices import (
     FIRST_QUEUE_SLOT,
     InlineRun,
     Job,
+    JobProfile,
     QueueActor,
     Quick,
     Submission,
 )
-from actorgraph.devices.remote.wire import Batch, Done, Ref, Relay, Sig
+from actorgraph.devices.remote.wire import Batch, Done, JobTimes, Ref, Relay, Sig
 
 from ._lowered import Program, Refused
 from ._peers import PeerRefusedError
@@ -39,18 +48,27 @@ Failure = tuple[int, str]
 
 class _BatchSubmission(Submission):
     """The submission of one batch: each job's end is reported to the client as it ends,
-    wherever it ran (inline in the reader's task, or on its actor)."""
+    wherever it ran (inline in the reader's task, or on its actor). A profiled batch's
+    jobs (`profiled`, by slot) and when it came (`received`) go with their reports."""
 
-    __slots__ = ("batch_id", "batches", "programs")
+    __slots__ = ("batch_id", "batches", "profiled", "programs", "received")
 
-    def __init__(self, batches: Batches, batch_id: int, programs: list[Program]) -> None:
+    def __init__(
+        self,
+        batches: Batches,
+        batch_id: int,
+        programs: list[Program],
+        received: float | None = None,
+    ) -> None:
         super().__init__(len(programs), [], [], [()] * len(programs), [])
         self.batches = batches
         self.batch_id = batch_id
         self.programs = programs
+        self.received = received
+        self.profiled: list[Job] | None = None
 
     def job_done(self, slot: int) -> None:
-        self.batches.job_done(self.batch_id, self.programs[slot], self)
+        self.batches.job_done(self.batch_id, self.programs[slot], self, slot)
         super().job_done(slot)
 
 
@@ -85,6 +103,7 @@ class Batches:
     # -- a batch, as it arrives --
 
     def run(self, batch: Batch) -> None:
+        received = time.perf_counter() if batch.profile else None
         session = self.session
         programs = self._seen(batch)
         error: Failure | None = None
@@ -105,7 +124,7 @@ class Batches:
             self._ask_peers(batch.batch, programs, batch.bases)
         finally:
             peers.release()
-        self._start(batch, programs, bases)
+        self._start(batch, programs, bases, received)
 
     def _seen(self, batch: Batch) -> list[Program] | None:
         """The programs of a batch of kept programs that passed every check together
@@ -218,21 +237,32 @@ class Batches:
                     lost = functools.partial(self.link_lost, batch_id, host, port)
                     peers.watch(host, port, sid, queue, ticket, value, arrived, lost)
 
-    def _start(self, batch: Batch, programs: list[Program], bases: list[int]) -> None:
-        """Post the batch's jobs, or run them here when its queues are idle."""
+    def _start(
+        self, batch: Batch, programs: list[Program], bases: list[int], received: float | None
+    ) -> None:
+        """Post the batch's jobs, or run them here when its queues are idle (never a
+        profiled batch's: their actors time them, as a profiled replay's on the client)."""
         session = self.session
         for p in programs:
             p.track(bases[p.slot], batch.bases[p.slot])
         bases[BATCH] = batch.batch  # the id the worker's reports name
-        sub = _BatchSubmission(self, batch.batch, programs)
+        sub = _BatchSubmission(self, batch.batch, programs, received)
         self.running.add(sub)
         sub.on_done = functools.partial(self._batch_done, batch.batch, programs)
         times = session.worker.times
         for p in programs:
             p.recode(times)  # a kernel changed sides since it was coded
         actors = [p.queue() for p in programs]
-        jobs = [Job(p.script, bases, sub, i) for i, p in enumerate(programs)]
-        if all(a.idle and a.runs_inline for a in actors) and len(set(actors)) == len(actors):
+        if received is not None:
+            jobs = [Job(p.script, bases, sub, i, JobProfile()) for i, p in enumerate(programs)]
+            sub.profiled = jobs
+        else:
+            jobs = [Job(p.script, bases, sub, i) for i, p in enumerate(programs)]
+        if (
+            received is None
+            and all(a.idle and a.runs_inline for a in actors)
+            and len(set(actors)) == len(actors)
+        ):
             # Every queue of the batch is idle: run it here, in the reader's task, as the
             # client runs a replay on idle queues; a job that waits for another worker or
             # the client is held and runs on in the task that moves what it waits on, and
@@ -262,12 +292,15 @@ class Batches:
     def report(self, job: Job, slot: int, rel: int) -> None:
         self.session.out.send(Sig(job.bases[BATCH], slot, rel))
 
-    def job_done(self, batch_id: int, program: Program, sub: Submission) -> None:
+    def job_done(self, batch_id: int, program: Program, sub: _BatchSubmission, slot: int) -> None:
         """A job of a batch ended (ran to its end, or skipped its items after a failure):
-        tell the client, with the submission's failure if there is one."""
+        tell the client, with the submission's failure if there is one (and, for a
+        profiled batch, the job's times first)."""
         out = self.session.out
         out.hold()  # what the job's end makes due leaves with its report, in one send
         try:
+            if sub.profiled is not None and sub.received is not None:
+                out.send(_times(batch_id, program, sub.profiled[slot], sub.received))
             client_bases = self.client_bases.get(batch_id)
             if client_bases is not None:
                 self.session.progress(program.device).set(
@@ -337,3 +370,33 @@ class Batches:
             await peers.pull(host, port, sid, ref, ticket, dst)
             return
         dst[:] = staging
+
+
+def _times(batch_id: int, program: Program, job: Job, received: float) -> JobTimes:
+    """A profiled job's times, on this worker's `time.perf_counter`, each span named by
+    the program entry its op runs (ops of the worker's own are left out)."""
+    observer = job.observer
+    assert observer is not None  # a profiled batch's jobs all carry one
+    now = time.perf_counter()
+    clock = program.queue().clock
+    # An actor with a clock of its own (SIM's is trio's): put its times on perf_counter.
+    shift = 0.0 if clock is time.perf_counter else now - clock()
+    entries = program.entries_of(job.script)
+    spans: dict[int, tuple[float, float]] = {}
+    for index, start, end in observer.spans:
+        entry = entries[index] if index < len(entries) else -1
+        if entry < 0:
+            continue
+        got = spans.get(entry)
+        if got is not None:  # an entry run as several ops: one span over them all
+            start, end = min(start, got[0]), max(end, got[1])
+        spans[entry] = (start, end)
+    return JobTimes(
+        batch_id,
+        program.slot,
+        received,
+        now,
+        None if observer.start is None else observer.start + shift,
+        None if observer.end is None else observer.end + shift,
+        [(entry, s + shift, e + shift) for entry, (s, e) in sorted(spans.items())],
+    )

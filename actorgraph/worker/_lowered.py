@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from actorgraph.devices import Op, QueueActor, Script
+from actorgraph.devices import ITEM, SIGNAL, WAIT, Op, QueueActor, Script
 from actorgraph.devices.remote.wire import Ref
 from actorgraph.scheduler import QueueKind
 
@@ -54,6 +54,7 @@ class Program:
         "device",
         "early",
         "error",
+        "item_entries",
         "kind",
         "local_waits",
         "max_slot",
@@ -62,6 +63,7 @@ class Program:
         "store",
         "template",
         "version",
+        "wait_entries",
         "watches",
     )
 
@@ -85,6 +87,10 @@ class Program:
         # Waits on a queue of another worker, which tells this one when it gets there:
         # (slot, value, mirror id, (host, port, session, queue, ticket))
         self.watches: list[tuple[int, int, int, tuple[str, int, int, str, bytes]]] = []
+        # Where its ops came from, for a profiled job's times (`entries_of`): the entry
+        # index of each wait, in order, and of each item, by item index.
+        self.wait_entries: list[int] = []
+        self.item_entries: dict[int, int] = {}
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -111,6 +117,26 @@ class Program:
         if self.template is not None and times.stale(self.version):
             coded, self.version = times.code(self.template)
             self.script = Script(coded)
+
+    def entries_of(self, script: Script) -> list[int]:
+        """For each op of `script` (its ops as coded, now or at an earlier batch), the
+        index of the program entry it runs (what the client's op list has at that index),
+        or -1 for an op of the worker's own (a report, a run's bookkeeping, a signal).
+        Worked out once per coding, and kept with the script."""
+        entries: list[int] | None = script.kept(self)
+        if entries is None:
+            entries = []
+            waits = iter(self.wait_entries)
+            for op in script.ops:
+                code = op[0]
+                if code == WAIT:
+                    entries.append(next(waits, -1))
+                elif code == SIGNAL:
+                    entries.append(-1)
+                else:
+                    entries.append(self.item_entries.get(op[ITEM], -1))
+            script.keep(self, entries)
+        return entries
 
     def track(self, base: int, client_base: int) -> None:
         """A job of it starts at `base` of its actor's values, `client_base` of the

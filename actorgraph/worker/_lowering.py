@@ -101,9 +101,9 @@ class _Lowering:
         self.quiet: set[int] = set()  # reports of signals nobody off the worker needs
 
     def lower(self, entries: list[Any]) -> None:
-        for raw in entries:
+        for index, raw in enumerate(entries):
             try:
-                self._entry(decode_entry(raw))
+                self._entry(decode_entry(raw), index)
             except (Refused, WireError) as exc:
                 item = _item_of(raw)
                 if item is not None:
@@ -111,18 +111,22 @@ class _Lowering:
                 raise
         self._finish()
 
-    def _entry(self, entry: Any) -> None:
+    def _entry(self, entry: Any, index: int) -> None:
         program = self.program
         if isinstance(entry, _ITEM_ENTRIES):
             program.count += 1
+            if entry.item >= 0:
+                program.item_entries[entry.item] = index
             lowered = _ITEMS[type(entry)](self, entry)
             if isinstance(lowered, list):  # a host step and a CUDA item
                 self.ops.extend(lowered)
             else:
                 self.ops.append(lowered)
         elif type(entry) is WaitEntry:
+            program.wait_entries.append(index)
             self._wait(entry)
         elif type(entry) is LocalWaitEntry:
+            program.wait_entries.append(index)
             self._local_wait(entry)
         else:
             assert type(entry) is SignalEntry

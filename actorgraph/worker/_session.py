@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import secrets
 import sys
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,6 +32,8 @@ from actorgraph.devices.remote.wire import (
     Forget,
     Free,
     GetWhen,
+    Ping,
+    Pong,
     Prog,
     Ref,
     Watch,
@@ -362,6 +365,12 @@ class Session:
         self.reads_waiting -= 1
         send_data(self.out, read_id, memoryview(b""))
 
+    def _ping(self, request: Ping) -> None:
+        """Answer at once, saying when on this worker's clock: a round trip of the
+        client's measurement of it (devices/remote/_clock.py)."""
+        received = time.perf_counter()
+        self.out.send(Pong(request.ping, received, time.perf_counter()))
+
     _handlers: ClassVar[dict[str, Callable[[Session, Any], None]]] = {
         kind_of(Alloc): _alloc,
         kind_of(Free): _free,
@@ -371,6 +380,7 @@ class Session:
         kind_of(Batch): _batch,
         kind_of(GetWhen): _getwhen,
         kind_of(Watch): _watch,
+        kind_of(Ping): _ping,
     }
 
     # -- AWAIT ops run by the worker's actors --

@@ -20,6 +20,7 @@ The files:
     _handshake.py   the connecting side of the handshake (a client, or a worker linking):
                     mutual, each MAC bound to the role, both nonces and its direction
     _tls.py         TLS under a connection: contexts, and its handshakes and refusals
+    _clock.py       the worker's clock against the client's, for profiles
     wire.py         the protocol's messages, typed and versioned, and their checks
     frames.py       frames over a socket: header, msgpack meta, raw tail
 
@@ -135,6 +136,17 @@ staging memory and raise the destination's mirror of the source queue: the depen
 costs one message from worker to worker, and none through the client. The client still
 forwards that signal too, later, which is what lets the destination go on if the source
 worker dies. Copies over 1 MiB are read when they run ("pread"), into the destination.
+
+Profiles
+--------
+A profiled replay's batch says so (`Batch.profile`): the worker posts its jobs to their
+actors with observers, as the client does for a profiled replay, and before each job's
+"done" sends its times (`JobTimes`: per program entry, which is the client's op index,
+when it ran or parked, on the worker's clock). The connection puts them on the client's
+clock with an offset measured from round trips (`Ping`/`Pong`, and each profiled batch
+with its times), keeping the one with the least round trip (_clock.py), so the client's
+profile has the worker's queues, each event saying how far off it can be. An unprofiled
+batch carries nothing of this, and its worker records nothing.
 
 A lost connection fails every job in flight with `RemoteConnectionError` and advances the
 remote queues' signals, so client-local queues waiting on them finish (skipping their

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ import trio
 from .._device import DeviceError
 from .._ops import Job
 from .._signal import Signal
+from ._clock import PINGS, ClockSample, PeerClock
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
 from ._transport import Posted, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
@@ -34,6 +36,9 @@ from .wire import (
     Ext,
     Free,
     Get,
+    JobTimes,
+    Ping,
+    Pong,
     Put,
     Ref,
     Relay,
@@ -67,11 +72,13 @@ def flat_bytes(array: np.ndarray[Any, Any]) -> memoryview:
 
 
 class _Batch:
-    __slots__ = ("bases", "jobs", "relayed", "submission", "watchers")
+    __slots__ = ("bases", "jobs", "relayed", "sent", "submission", "watchers")
 
-    def __init__(self, submission: Any, bases: Sequence[int]) -> None:
+    def __init__(self, submission: Any, bases: Sequence[int], sent: float | None) -> None:
         self.submission = submission
         self.bases = bases
+        # A profiled batch: when it left (before it was sent), on this host's clock.
+        self.sent = sent
         self.jobs: dict[int, tuple[Job, KeptProgram]] = {}
         # Set when the batch's jobs have all ended, or when the worker asks to relay.
         self.watchers: list[trio.Event] = []
@@ -105,6 +112,10 @@ class ConnectionStatistics:
     ends_read_by_callers: int = 0
     read_by_a_caller: bool = False
     tls: bool = False  # the connection speaks TLS (remote_tls_ca)
+    # The worker's clock minus this host's (seconds), and how far off that can be, as
+    # measured for profiles (None before a profiled replay measured it).
+    clock_offset: float | None = None
+    clock_error: float | None = None
 
 
 class Connection:
@@ -132,6 +143,10 @@ class Connection:
         self.ahead = PullsAhead(self)
         self.allocated = 0
         self.batches_sent = 0
+        # The worker's clock against this host's (for profiles), and the pings out:
+        # ping id -> (when it left, set when its Pong came or the connection was lost).
+        self.clock = PeerClock()
+        self._pings: dict[int, tuple[float, trio.Event]] = {}
         self._eager = 0  # transfers in a row that needed no wait: see push
         # A caller that reads its replay's end itself (the connection is its queues'
         # `end_reader`) does so through the transport: its own methods, bound here.
@@ -183,6 +198,7 @@ class Connection:
     def statistics(self) -> ConnectionStatistics:
         transport = self.transport
         transport.probe()
+        clock = self.clock.estimate(time.perf_counter())
         return ConnectionStatistics(
             address=self.address,
             connected=transport.connected,
@@ -195,6 +211,8 @@ class Connection:
             ends_read_by_callers=transport.ends_read_by_callers,
             read_by_a_caller=transport.read_by_a_caller,
             tls=transport.tls,
+            clock_offset=None if clock is None else clock.offset,
+            clock_error=None if clock is None else clock.error,
         )
 
     # -- lifecycle --
@@ -284,7 +302,13 @@ class Connection:
         """A push followed at once by its queue's signal: send that signal's new value to
         the worker's mirror with the bytes, instead of after them once the signal is set
         here. The worker takes frames in order, so its mirror rises only once the bytes
-        have landed: what waits on it there runs in the same wake-up as the put."""
+        have landed: what waits on it there runs in the same wake-up as the put.
+
+        Not in a profiled replay: there the push is timed until it returns, and what
+        waits on it on the worker must start after that, as its profile will say (the
+        signal then goes once it is set here, one message later)."""
+        if job.observer is not None:
+            return
         signal_op = self.ahead.plan(job.script).signal_after.get(job.at)
         if signal_op is None:
             return
@@ -349,7 +373,9 @@ class Connection:
         first: Job = group[0][0]
         bases = first.bases
         batch_id = next(self._ids)
-        batch = _Batch(first.submission, bases)
+        # A profiled submission's jobs all carry observers: the worker times its jobs.
+        profiled = first.observer is not None
+        batch = _Batch(first.submission, bases, time.perf_counter() if profiled else None)
         prog_ids = []
         ext: list[tuple[int, int]] = []
         direct: list[tuple[Signal, int, int]] = []  # waits the source's worker tells of
@@ -373,11 +399,13 @@ class Connection:
             assert nursery is not None  # started before any job can arrive
             nursery.start_soon(self._forward_direct, batch, direct)
         self._batches[batch_id] = batch
-        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext)))
+        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled)))
         self.batches_sent += 1
+        if profiled:
+            self._measure_clock_if_due()
 
     def in_flight(self) -> bool:
-        return bool(self._batches)
+        return bool(self._batches) or bool(self._pings)
 
     def _forwarded(self, signal: Signal, ext_id: int) -> None:
         self._send_ext(ext_id, signal.value)
@@ -438,6 +466,55 @@ class Connection:
         if self.error is None and self.mirrors.due(ext_id, value):
             self.transport.send_ext(ext_id, value)
 
+    # -- the worker's clock, for profiles (see _clock.py) --
+
+    def _measure_clock_if_due(self) -> None:
+        """A profiled batch goes out: measure the worker's clock with a burst of pings, the
+        first time and once the last burst is old."""
+        if self._nursery is not None and self.clock.due(time.perf_counter()):
+            self._nursery.start_soon(self._measure_clock)
+
+    async def _measure_clock(self) -> None:
+        """`PINGS` round trips, one after another, each a sample of the worker's clock."""
+        for _ in range(PINGS):
+            if self.error is not None:
+                return
+            ping_id = self.new_id()
+            answered = trio.Event()
+            self._pings[ping_id] = (time.perf_counter(), answered)
+            self.transport.queue_now(Frame([encode(Ping(ping_id))]))
+            await answered.wait()
+
+    def _ponged(self, pong: Pong) -> None:
+        back = time.perf_counter()
+        ping = self._pings.pop(pong.ping, None)
+        if ping is None:
+            raise WireError(f"worker answered a ping it was not sent: {pong.ping}")
+        sent, answered = ping
+        self.clock.add(ClockSample(sent, pong.received, pong.sent, back))
+        answered.set()
+
+    def _timed(self, times: JobTimes) -> None:
+        """A profiled batch's job as it ran on the worker: its times go on this host's
+        clock, into the job's observer, before its Done ends it."""
+        back = time.perf_counter()
+        batch = self._batches.get(times.batch)
+        if batch is None or times.slot not in batch.jobs or batch.sent is None:
+            raise WireError(
+                f"worker sent times of a job of no profiled batch: {[times.batch, times.slot]}"
+            )
+        job = batch.jobs[times.slot][0]
+        observer = job.observer
+        assert observer is not None  # a profiled batch's jobs all carry one
+        # The batch and this report are a round trip too, the work between them left out.
+        sample = ClockSample(batch.sent, times.received, times.sent, back)
+        self.clock.add(sample)
+        # Placed with the best offset for the moment of this batch, as known when the
+        # profile is read (the pings that follow the first profiled batch refine it).
+        observer.ran_elsewhere(
+            times.spans, times.start, times.end, functools.partial(self.clock.offset_at, sample.at)
+        )
+
     # -- reports from the worker --
 
     async def report(self, message: Any, tail: int) -> None:
@@ -450,6 +527,10 @@ class Connection:
                 program.queue.signal.set(batch.bases[message.slot] + message.rel)
         elif kind is Done:
             self._job_reported(message)
+        elif kind is JobTimes:
+            self._timed(message)
+        elif kind is Pong:
+            self._ponged(message)
         elif kind is Relay:
             # This worker's link to the worker at host:port failed while a job of the
             # batch waited on it.
@@ -493,6 +574,9 @@ class Connection:
             batch.end()
         self._batches.clear()
         self.ahead.clear()
+        for _, answered in self._pings.values():
+            answered.set()  # never answered: the burst ends
+        self._pings.clear()
         for job, queue in unsent:
             self._fail_job(job, queue, error)
 

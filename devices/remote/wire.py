@@ -14,7 +14,12 @@ frame, naming both. It moves whenever a message's fields change.
     version 2: every message has the schema below; a program names its queue kind, a
                copy from another worker the queue it follows (`PullEntry.follows`)
     version 3: the handshake is mutual (`Hello`, `Challenge`, `Auth`, `Welcome` with the
-               worker's proof), each MAC bound to the role, both nonces and its direction
+               worker's proof), each MAC bound to the role, both nonces and its
+               direction; a batch may ask to be profiled (`Batch.profile`), and the
+               worker then sends each job's times (`JobTimes`) before its "done"; a
+               client measures the worker's clock against its own with `Ping` and
+               `Pong`. Optional fields left at their defaults are not sent (`as_meta`),
+               so a batch that is not profiled goes as in version 2
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
 worker lowers them (`decode_entry`), so a refusal names the item it is about.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -202,6 +208,29 @@ def flag(value: Any, what: str) -> bool:
     return value is True
 
 
+def seconds(value: Any, what: str) -> float:
+    """A time on a clock of the sender's, in seconds: a finite float."""
+    if type(value) is not float or not math.isfinite(value):
+        raise WireError(f"{what} must be a finite float (seconds), got {value!r:.40}")
+    return value
+
+
+def _spans(value: Any, what: str) -> list[tuple[int, float, float]]:
+    """[[entry index, start, end], ...]: when each entry of a program ran or parked."""
+    spans = []
+    for span in want_list(value, what, 1 << 20):
+        if type(span) is not list or len(span) != 3:
+            want_list(span, "span", 3, size=3)
+        index, start, end = span
+        if type(index) is not int or not 0 <= index <= ID_MAX:
+            want_int(index, "span entry index")
+        if type(start) is not float or type(end) is not float:
+            seconds(start, "span start")
+            seconds(end, "span end")
+        spans.append((index, start, end))
+    return spans
+
+
 class Ref(NamedTuple):
     """A buffer (view) of a client's: its allocation's handle, the offset (elements) and
     the shape of the view; no shape: the whole allocation."""
@@ -267,19 +296,24 @@ M = TypeVar("M", bound=type)
 
 # A message's decoder: from the received [kind, *fields], every field there, the message.
 Decoder = Callable[[list[Any]], Any]
-# kind -> (its decoder, how many fields are required, how many there are, the defaults
-# of the optional ones)
-_Schema = tuple[Decoder, int, int, tuple[Any, ...]]
+# kind -> (its decoder, how many fields are required, how many there are, and per count
+# of fields sent from `required` on, the defaults of those left out)
+_Schema = tuple[Decoder, int, int, tuple[list[Any], ...]]
 _MESSAGES: dict[str, _Schema] = {}
 _ENTRIES: dict[str, _Schema] = {}
 _KINDS: dict[type, str] = {}
+# A message class -> (its kind, its length on the wire with no optional field, the
+# defaults of its optional fields): what `as_meta` writes.
+_WRITE: dict[type, tuple[str, int, tuple[Any, ...]]] = {}
 
 
 def _field_code(index: int, check: Check, names: dict[str, Any]) -> str:
-    """The decoder's line for field `index` (in `f{index}`): an Integer's range and an
-    Optional's None are checked inline; any other value goes through the check, as does
-    an int out of range (the check raises, naming the field)."""
+    """The decoder's line for field `index` (in `f{index}`): an Integer's range, an
+    Optional's None and a flag are checked inline; any other value goes through the
+    check, as does an int out of range (the check raises, naming the field)."""
     call = f"f{index} = _check{index}(f{index}, _label{index})"
+    if check is flag:
+        return f"    f{index} = f{index} is True"
     if type(check) is Integer:
         return (
             f"    if type(f{index}) is not int or not {check.lo} <= f{index} <= {check.hi}: {call}"
@@ -314,8 +348,10 @@ def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) ->
         assert len(fields) == len(names), (cls, fields)
         required = len(fields) - len(defaults)
         optional_defaults = tuple(defaults[name] for name in names[required:])
-        table[kind] = (_decoder(cls, fields), required, len(fields), optional_defaults)
+        pads = tuple(list(optional_defaults[sent:]) for sent in range(len(optional_defaults)))
+        table[kind] = (_decoder(cls, fields), required, len(fields), pads)
         _KINDS[cls] = kind
+        _WRITE[cls] = (kind, required + 1, optional_defaults)
         return cls
 
     return register
@@ -447,15 +483,18 @@ class Prog(NamedTuple):
     ("bases", list_of("base", integer(0, VALUE_MAX), 1 << 17)),
     ("program ids", list_of("program id", integer(), 1 << 16)),
     ("mirror values", _EXT),
+    ("profile", flag),
 )
 class Batch(NamedTuple):
     """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
-    mirrored signals' values as of now."""
+    mirrored signals' values as of now. `profile`: time the jobs and send their
+    `JobTimes` (left out when False, so an unprofiled batch carries nothing for it)."""
 
     batch: int
     bases: list[int]
     programs: list[int]
     ext: list[tuple[int, int]]
+    profile: bool = False
 
 
 @message(
@@ -509,7 +548,55 @@ class Get(NamedTuple):
     src: Ref
 
 
+@message("ping", ("ping id", integer()))
+class Ping(NamedTuple):
+    """Answer with a Pong at once: one round trip of a clock measurement."""
+
+    ping: int
+
+
 # A worker's reports to its client (and the answers of a link between workers).
+
+
+@message(
+    "pong",
+    ("ping id", integer()),
+    ("ping received", seconds),
+    ("pong sent", seconds),
+)
+class Pong(NamedTuple):
+    """The answer to a Ping: when the worker received it and when it answered, on the
+    worker's clock (its `time.perf_counter`)."""
+
+    ping: int
+    received: float
+    sent: float
+
+
+@message(
+    "times",
+    ("batch id", integer()),
+    ("signal slot", _SLOT),
+    ("batch received", seconds),
+    ("times sent", seconds),
+    ("job start", optional(seconds)),
+    ("job end", optional(seconds)),
+    ("spans", _spans),
+)
+class JobTimes(NamedTuple):
+    """A profiled batch's job, as it ran, on the worker's clock (its `time.perf_counter`):
+    sent before the job's Done. `spans` holds [entry index, start, end] for each entry of
+    its program that ran an item or parked on a wait (indices into `Prog.entries`, which
+    are the client's op indices); `received` (when the batch arrived) and `sent` (now)
+    make this report one round trip of a clock measurement."""
+
+    batch: int
+    slot: int
+    received: float
+    sent: float
+    start: float | None
+    end: float | None
+    spans: list[tuple[int, float, float]]
 
 
 @message("sig", ("batch id", integer()), ("signal slot", _SLOT), ("signal value", _REL))
@@ -774,13 +861,13 @@ def _decode(table: dict[str, _Schema], meta: Any, what: str) -> Any:
     schema = table.get(kind)
     if schema is None:
         raise WireError(f"unknown {what} {kind!r}")
-    decoder, required, most, defaults = schema
+    decoder, required, most, pads = schema
     count = len(meta) - 1
     if count != most:
         if not required <= count < most:
             wanted = required if required == most else f"{required} to {most}"
             raise WireError(f"message {kind!r} has {wanted} fields, got {count}")
-        meta = meta + list(defaults[count - required :])  # an older form: the defaults
+        meta = meta + pads[count - required]  # optional fields left out: their defaults
     try:
         return decoder(meta)
     except WireError as exc:
@@ -798,10 +885,20 @@ def decode_entry(value: Any) -> Any:
 
 
 def as_meta(message: Any) -> Any:
-    """What goes on the wire for `message`: [kind, *fields]; anything that is not a
-    message of this module goes as it is (a list made by hand, say)."""
-    kind = _KINDS.get(type(message))
-    return message if kind is None else [kind, *message]
+    """What goes on the wire for `message`: [kind, *fields], less the optional fields at
+    its end that hold their defaults (the receiver puts the defaults back); anything that
+    is not a message of this module goes as it is (a list made by hand, say)."""
+    write = _WRITE.get(type(message))
+    if write is None:
+        return message
+    kind, shortest, defaults = write
+    meta = [kind, *message]
+    if defaults:
+        end = len(meta)
+        while end > shortest and meta[end - 1] == defaults[end - 1 - shortest]:
+            end -= 1
+        del meta[end:]
+    return meta
 
 
 def kind_of(message_class: type) -> str:
