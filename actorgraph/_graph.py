@@ -508,13 +508,19 @@ class Graph(Hinted):
             if overlap is not None:
                 return self._replan(inputs, overlap, var_vals)
         checked = check_var_vals(self._program.free_vars, var_vals or {}, "this graph")
-        bound = self._program.bind(inputs, checked)
+        # Made from the binding kept for these inputs (new var values only), else from
+        # the latest one: what the change leaves alone is taken from it (Program.bind).
+        bound = self._program.bind(inputs, checked, bound or self._latest())
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
         self._bound[inputs] = bound
         if not self._profiling:
             self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
         return bound
+
+    def _latest(self) -> Bound | None:
+        """The binding kept last, if any."""
+        return next(reversed(self._bound.values())) if self._bound else None
 
     def _freed_since(self) -> None:
         """A buffer was freed somewhere since the last call: before any kept binding is

@@ -79,16 +79,21 @@ class Bound:
     what the queue that runs them made of them), and the binding's linear schedule
     (`linear`: the whole submission as one run of calls, or None where some item does
     not run inline), worked out when it is bound. `var_vals` are the values it was
-    bound with, None for none."""
+    bound with, None for none; `inputs` the input buffers."""
 
-    __slots__ = ("linear", "program", "scripts", "var_vals")
+    __slots__ = ("inputs", "linear", "program", "scripts", "var_vals")
 
     def __init__(
-        self, program: Program, scripts: tuple[Script, ...], var_vals: Mapping[Var, int]
+        self,
+        program: Program,
+        scripts: tuple[Script, ...],
+        var_vals: Mapping[Var, int],
+        inputs: Sequence[Buffer] = (),
     ) -> None:
         self.program = program
         self.scripts = scripts
         self.var_vals: Mapping[Var, int] | None = var_vals or None
+        self.inputs = tuple(inputs)
         self.linear = program.linear_run(scripts)
 
     @property
@@ -239,6 +244,8 @@ class Program:
         item_vars = [item.free_vars() for item in self.items]
         self.free_vars: frozenset[Var] = frozenset().union(*item_vars)
         self.dynamic = [j for j, free in enumerate(item_vars) if self.item_inputs[j] or free]
+        # Items whose ops depend on the call's var values (their values, their dims).
+        self.reads_vars = frozenset(j for j, free in enumerate(item_vars) if free)
         # Where each item's op is: (queue, op index).
         self.where: dict[int, tuple[int, int]] = {}
         index = (
@@ -406,9 +413,13 @@ class Program:
         inputs: Sequence[Buffer],
         var_vals: Mapping[Var, int],
         rebased: dict[tuple[Buffer, int], Buffer] | None = None,
+        like: Op | None = None,
     ) -> Op:
         """Lower item j for these inputs and var values. `rebased` memoises, for one
-        call, the buffers moved onto the call's inputs (many items share them)."""
+        call, the buffers moved onto the call's inputs (many items share them). `like`:
+        the op item j (a launch) was lowered to on these same buffers for other var
+        values, from which its device takes what the values do not change
+        (`Device.lower_values`)."""
         item = self.items[j]
         bufs: Sequence[Buffer] = item.bufs
         from_inputs = self.item_inputs[j]
@@ -433,24 +444,25 @@ class Program:
             var_values = [values[v] if v in values else v.evaluate(values) for v in item.vars]
             dims = item.global_size, item.local_size
             # tuple.__new__: half the cost of the NamedTuple constructor, on a per-call path.
-            return device.lower_launch(
-                _new_request(
-                    LaunchRequest,
-                    (
-                        index,
-                        item.kernel,
-                        bufs,
-                        var_values,
-                        _ONE
-                        if dims[0] is None
-                        else _dims_of(dims[0], values, index, item, "global_size"),
-                        _ONE
-                        if dims[1] is None
-                        else _dims_of(dims[1], values, index, item, "local_size"),
-                        self.plan.queues[qi].kind,
-                    ),
-                )
+            request = _new_request(
+                LaunchRequest,
+                (
+                    index,
+                    item.kernel,
+                    bufs,
+                    var_values,
+                    _ONE
+                    if dims[0] is None
+                    else _dims_of(dims[0], values, index, item, "global_size"),
+                    _ONE
+                    if dims[1] is None
+                    else _dims_of(dims[1], values, index, item, "local_size"),
+                    self.plan.queues[qi].kind,
+                ),
             )
+            if like is None:
+                return device.lower_launch(request)
+            return device.lower_values(like, request)
         kind = self.plan.queues[qi].kind
         for buf in bufs:
             owner = buf.device_object
@@ -458,18 +470,41 @@ class Program:
                 return owner.lower_copy(index, bufs[0], bufs[1], kind)
         return device.lower_copy(index, bufs[0], bufs[1], kind)
 
-    def bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]) -> Bound:
-        """The op lists for these inputs and var values, with what is derived from them."""
+    def bind(
+        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int], kept: Bound | None = None
+    ) -> Bound:
+        """The op lists for these inputs and var values, with what is derived from them.
+
+        `kept`, a binding of this program made before (for any inputs and values), saves
+        lowering what does not change: an item on the same buffers in both (the
+        program's own buffers, or inputs `kept` was bound to as well) takes its op from
+        `kept` as it is if it reads no var, else has its device lower only what the new
+        values change (a decode step's new position re-lowers only the values of the
+        launches that read it). Items on new input buffers are lowered anew."""
         if self.static_bound is not None:
             return self.static_bound
         ops = [t for t in self.templates]
         for qi in self.dynamic_queues:
             ops[qi] = list(ops[qi])
         rebased: dict[tuple[Buffer, int], Buffer] = {}
+        old = None
+        same_inputs = False
+        if kept is not None and kept.program is self:
+            old = kept.scripts
+            same_inputs = kept.inputs == tuple(inputs)  # Buffers compare by identity
+        reads_vars = self.reads_vars
         for j in self.dynamic:
             qi, pos = self.where[j]
-            ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
-        return Bound(self, tuple(Script(o) for o in ops), dict(var_vals))  # type: ignore[arg-type]
+            if old is not None and (same_inputs or not self.item_inputs[j]):
+                like = old[qi].ops[pos]
+                if j in reads_vars:
+                    ops[qi][pos] = self.lower(j, inputs, var_vals, rebased, like)
+                else:
+                    ops[qi][pos] = like
+            else:
+                ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
+        scripts = tuple(Script(o) for o in ops)  # type: ignore[arg-type]
+        return Bound(self, scripts, dict(var_vals), inputs)
 
     def bind_host(self, op: Op) -> Bound:
         """The op lists of a host copy's program: `op` fills its one item's place."""
