@@ -259,8 +259,6 @@ class Program:
         item_vars = [item.free_vars() for item in self.items]
         self.free_vars: frozenset[Var] = frozenset().union(*item_vars)
         self.dynamic = [j for j, free in enumerate(item_vars) if self.item_inputs[j] or free]
-        # Items whose ops depend on the call's var values (their values, their dims).
-        self.reads_vars = frozenset(j for j, free in enumerate(item_vars) if free)
         # Where each item's op is: (queue, op index).
         self.where: dict[int, tuple[int, int]] = {}
         index = (
@@ -278,6 +276,11 @@ class Program:
         # What every binding's LinearRun shares (devices.Schedule), made with the first.
         self._schedule: Schedule | None = None
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
+        # Per item lowered per call: (item, its queue, its op's place there, whether its
+        # buffers come from the inputs, whether its op depends on var values).
+        self._dynamic_at = [
+            (j, *self.where[j], bool(self.item_inputs[j]), bool(item_vars[j])) for j in self.dynamic
+        ]
         complete = all(op is not None for t in templates for op in t)
         # A program with nothing to bind per call has one binding, made once (else None).
         self.static_bound: Bound | None = None
@@ -512,12 +515,10 @@ class Program:
         if kept is not None and kept.program is self:
             old = kept.ops
             same_inputs = kept.inputs == tuple(inputs)  # Buffers compare by identity
-        reads_vars = self.reads_vars
-        for j in self.dynamic:
-            qi, pos = self.where[j]
-            if old is not None and (same_inputs or not self.item_inputs[j]):
+        for j, qi, pos, on_inputs, reads_vars in self._dynamic_at:
+            if old is not None and (same_inputs or not on_inputs):
                 like = old[qi][pos]
-                if j in reads_vars:
+                if reads_vars:
                     ops[qi][pos] = self.lower(j, inputs, var_vals, rebased, like)
                 else:
                     ops[qi][pos] = like

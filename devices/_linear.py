@@ -202,13 +202,11 @@ class LinearRun:
     def of(cls, schedule: Schedule, ops: Sequence[Sequence[Op]]) -> LinearRun | None:
         """The bound op lists `ops` (one per queue) in `schedule`'s order, or None when
         an op it names does not run inline (a worker thread, I/O)."""
-        calls = []
-        for q, i in schedule.order:
-            op = ops[q][i]
+        ordered = [ops[q][i] for q, i in schedule.order]
+        for op in ordered:
             if op[0] != EXEC:
                 return None
-            calls.append((op[1], op[2]))
-        return cls(schedule, tuple(calls))
+        return cls(schedule, tuple([(op[1], op[2]) for op in ordered]))
 
     @property
     def copy_bytes(self) -> int:
