@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -79,6 +81,30 @@ def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
         advance()
 
     sub.on_done = on_done
+
+
+class Spans:
+    """Byte ranges [start, stop) of buffers, each non-empty, asked which overlaps a
+    range in a binary search: sorted by start, with the farthest stop reached by each
+    prefix, so only ranges that start before the asked one stops and reach past where
+    it starts are looked at."""
+
+    __slots__ = ("_reach", "_spans", "_starts")
+
+    def __init__(self, spans: Sequence[tuple[int, int, Buffer]]) -> None:
+        self._spans = sorted(spans, key=lambda span: span[0])
+        self._starts = [start for start, _, _ in self._spans]
+        self._reach = list(itertools.accumulate((stop for _, stop, _ in self._spans), max))
+
+    def overlapping(self, start: int, stop: int) -> Buffer | None:
+        """A buffer whose range shares a byte with [start, stop), or None."""
+        before = bisect.bisect_left(self._starts, stop)  # these start before `stop`
+        if start >= stop or before == 0 or self._reach[before - 1] <= start:
+            return None
+        for _, end, buf in self._spans[:before]:
+            if end > start:
+                return buf
+        return None  # (unreachable: some range reaches past `start`)
 
 
 class ReplayCounts:
@@ -199,7 +225,7 @@ class Graph(Hinted):
         # checked against them (_overlap), and wrapped memory puts every wrapped buffer
         # of a device in one allocation, so there may be many.
         self._internal_spans = {
-            alloc: tuple((*buf.byte_range, buf) for buf in bufs if buf.nbytes)
+            alloc: Spans([(*buf.byte_range, buf) for buf in bufs if buf.nbytes])
             for alloc, bufs in self._internal.items()
         }
         # Replays finished and in flight, counted as they happen.
@@ -518,13 +544,19 @@ class Graph(Hinted):
             if overlap is not None:
                 return self._replan(inputs, overlap, var_vals)
         checked = check_var_vals(self._program.free_vars, var_vals or {}, "this graph")
-        bound = self._program.bind(inputs, checked)
+        # Made from the binding kept for these inputs (new var values only), else from
+        # the latest one: what the change leaves alone is taken from it (Program.bind).
+        bound = self._program.bind(inputs, checked, bound or self._latest())
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
         self._bound[inputs] = bound
         if not self._profiling:
             self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
         return bound
+
+    def _latest(self) -> Bound | None:
+        """The binding kept last, if any."""
+        return next(reversed(self._bound.values())) if self._bound else None
 
     def _freed_since(self) -> None:
         """A buffer was freed somewhere since the last call: before any kept binding is
@@ -621,13 +653,13 @@ class Graph(Hinted):
         for j, other in by_alloc.get(new.alloc_id, ()):
             if new.overlaps(other):
                 return f"inputs {j} and {i} share memory ({other!r} and {new!r})"
-        a0, a1 = new.byte_range
-        for b0, b1, internal in self._internal_spans.get(new.alloc_id, ()):
-            if a0 < b1 and b0 < a1 and a0 < a1:  # (as Buffer.overlaps)
-                return (
-                    f"input {i} {new!r} shares memory with {internal!r}, which the graph "
-                    f"uses internally"
-                )
+        spans = self._internal_spans.get(new.alloc_id)
+        internal = None if spans is None else spans.overlapping(*new.byte_range)
+        if internal is not None:
+            return (
+                f"input {i} {new!r} shares memory with {internal!r}, which the graph "
+                f"uses internally"
+            )
         return None
 
     async def aclose(self) -> None:

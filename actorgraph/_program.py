@@ -2,9 +2,11 @@
 
 Lowering happens once per graph; binding a call (`Program.bind`) only re-lowers the
 items whose buffers come from the call's inputs or whose var values / launch dims depend
-on the call's vars. A binding is a `Bound`: a Script per queue (devices/_ops.py), which
-owns what is derived from its ops, and the binding's linear schedule. A graph keeps the
-Bound of each input set it sees, so a replay with the same bindings finds all of it made.
+on the call's vars, and of those, made from a binding kept before, only what changed (an
+item on the same buffers has its device lower its new values alone). A binding is a
+`Bound`: an op list per queue, a Script per queue (devices/_ops.py), which owns what is
+derived from its ops, and the binding's linear schedule. A graph keeps the Bound of each
+input set it sees, so a replay with the same bindings finds all of it made.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from actorgraph.devices import (
     Op,
     QueueActor,
     RemoteConnectionError,
+    Schedule,
     Script,
     SignalOp,
     Submission,
@@ -75,30 +78,42 @@ _new_request = tuple.__new__
 
 class Bound:
     """A program's op lists bound to one call's inputs and var values (`Program.bind`):
-    one Script per queue, each owning what is derived from its ops (its runs of calls,
-    what the queue that runs them made of them), and the binding's linear schedule
-    (`linear`: the whole submission as one run of calls, or None where some item does
-    not run inline), worked out when it is bound. `var_vals` are the values it was
-    bound with, None for none."""
+    `ops`, one op list per queue; one Script per queue, each owning what is derived from
+    its ops (its runs of calls, what the queue that runs them made of them), made when
+    first asked for (a submission posted to the actors runs them; a LinearRun does
+    not); and the binding's linear schedule (`linear`: the whole submission as one run
+    of calls, or None where some item does not run inline), worked out when it is
+    bound. `var_vals` are the values it was bound with, None for none; `inputs` the
+    input buffers."""
 
-    __slots__ = ("linear", "program", "scripts", "var_vals")
+    __slots__ = ("_scripts", "inputs", "linear", "ops", "program", "var_vals")
 
     def __init__(
-        self, program: Program, scripts: tuple[Script, ...], var_vals: Mapping[Var, int]
+        self,
+        program: Program,
+        ops: tuple[tuple[Op, ...], ...],
+        var_vals: Mapping[Var, int],
+        inputs: Sequence[Buffer] = (),
     ) -> None:
         self.program = program
-        self.scripts = scripts
+        self.ops = ops
         self.var_vals: Mapping[Var, int] | None = var_vals or None
-        self.linear = program.linear_run(scripts)
+        self.inputs = tuple(inputs)
+        self._scripts: tuple[Script, ...] | None = None
+        self.linear = program.linear_run(ops)
 
     @property
-    def ops(self) -> tuple[tuple[Op, ...], ...]:
-        """The op lists, one per queue."""
-        return tuple(script.ops for script in self.scripts)
+    def scripts(self) -> tuple[Script, ...]:
+        """One Script per queue (the same ones every time: queues keep what they make
+        of them with them)."""
+        scripts = self._scripts
+        if scripts is None:
+            scripts = self._scripts = tuple(Script(ops) for ops in self.ops)
+        return scripts
 
     def __getitem__(self, queue: int) -> tuple[Op, ...]:
         """Queue `queue`'s op list."""
-        return self.scripts[queue].ops
+        return self.ops[queue]
 
 
 def plan_item(item: Item, widen: Mapping[Buffer, int] | None = None) -> PlanItem:
@@ -204,6 +219,11 @@ class Program:
         self.end_reader: Any = next(iter(readers)) if len(readers) == 1 else None
         # The device each queue's items are lowered by.
         self._queue_device = [runtime.device(q.device) for q in plan.queues]
+        # Per item: the device that lowers it, its number, its queue's kind.
+        self._lowered_by = [
+            (self._queue_device[qi], number, plan.queues[qi].kind)
+            for qi, number in zip(plan.item_queue, self.item_numbers)
+        ]
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
         self.counts = [0] * nqueues
@@ -253,13 +273,20 @@ class Program:
         self.linear_order = (
             self._linear_order(templates) if self._may_run_linear(templates) else None
         )
+        # What every binding's LinearRun shares (devices.Schedule), made with the first.
+        self._schedule: Schedule | None = None
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
+        # Per item lowered per call: (item, its queue, its op's place there, whether its
+        # buffers come from the inputs, whether its op depends on var values).
+        self._dynamic_at = [
+            (j, *self.where[j], bool(self.item_inputs[j]), bool(item_vars[j])) for j in self.dynamic
+        ]
         complete = all(op is not None for t in templates for op in t)
         # A program with nothing to bind per call has one binding, made once (else None).
         self.static_bound: Bound | None = None
         if complete:
-            scripts = tuple(Script([op for op in t if op is not None]) for t in templates)
-            self.static_bound = Bound(self, scripts, {})
+            ops = tuple(tuple(op for op in t if op is not None) for t in templates)
+            self.static_bound = Bound(self, ops, {})
 
     def _template(
         self,
@@ -338,22 +365,25 @@ class Program:
             return None
         return tuple(order)
 
-    def linear_run(self, scripts: Sequence[Script]) -> LinearRun | None:
-        """The bound `scripts` as one run of calls in linear_order (a LinearRun), or None
-        when some item does not run inline (a worker thread, I/O) or a queue's actor
-        does not run jobs as QueueActor does."""
+    def linear_run(self, ops: Sequence[Sequence[Op]]) -> LinearRun | None:
+        """The bound op lists `ops` (one per queue) as one run of calls in linear_order
+        (a LinearRun), or None when some item does not run inline (a worker thread,
+        I/O) or a queue's actor does not run jobs as QueueActor does."""
         order = self.linear_order
-        if not self.runs_inline or order is None or not LinearRun.inline(scripts, order):
+        if not self.runs_inline or order is None:
             return None
-        return LinearRun(
-            self.runtime.kick,
-            self.actors,
-            self.devices,
-            scripts,
-            order,
-            self.counts,
-            self.copy_bytes,
-        )
+        schedule = self._schedule
+        if schedule is None:  # the same for every binding: made from the first
+            schedule = self._schedule = Schedule(
+                self.runtime.kick,
+                self.actors,
+                self.devices,
+                ops,
+                order,
+                self.counts,
+                self.copy_bytes,
+            )
+        return LinearRun.of(schedule, ops)
 
     def _mark_host_signals(self, templates: list[list[Op | None]]) -> None:
         """Flag each SIGNAL by whether an actor waits on it through the trio side: the
@@ -406,9 +436,13 @@ class Program:
         inputs: Sequence[Buffer],
         var_vals: Mapping[Var, int],
         rebased: dict[tuple[Buffer, int], Buffer] | None = None,
+        like: Op | None = None,
     ) -> Op:
         """Lower item j for these inputs and var values. `rebased` memoises, for one
-        call, the buffers moved onto the call's inputs (many items share them)."""
+        call, the buffers moved onto the call's inputs (many items share them). `like`:
+        the op item j (a launch) was lowered to on these same buffers for other var
+        values, from which its device takes what the values do not change
+        (`Device.lower_values`)."""
         item = self.items[j]
         bufs: Sequence[Buffer] = item.bufs
         from_inputs = self.item_inputs[j]
@@ -423,58 +457,79 @@ class Program:
                     if rebased is not None:
                         rebased[key] = moved
                 bufs[slot] = moved
-        qi = self.plan.item_queue[j]
-        device = self._queue_device[qi]
-        index = self.item_numbers[j]
+        device, index, kind = self._lowered_by[j]
         if isinstance(item, Launch):
             values: Mapping[Var, int] = var_vals
             if item.fixedvars:
                 values = {**var_vals, **dict(item.fixedvars)}
-            var_values = [values[v] if v in values else v.evaluate(values) for v in item.vars]
+            try:
+                var_values = [values[v] for v in item.vars]
+            except KeyError:  # Var.evaluate names the var that has no value
+                var_values = [v.evaluate(values) for v in item.vars]
             dims = item.global_size, item.local_size
             # tuple.__new__: half the cost of the NamedTuple constructor, on a per-call path.
-            return device.lower_launch(
-                _new_request(
-                    LaunchRequest,
-                    (
-                        index,
-                        item.kernel,
-                        bufs,
-                        var_values,
-                        _ONE
-                        if dims[0] is None
-                        else _dims_of(dims[0], values, index, item, "global_size"),
-                        _ONE
-                        if dims[1] is None
-                        else _dims_of(dims[1], values, index, item, "local_size"),
-                        self.plan.queues[qi].kind,
-                    ),
-                )
+            request = _new_request(
+                LaunchRequest,
+                (
+                    index,
+                    item.kernel,
+                    bufs,
+                    var_values,
+                    _ONE
+                    if dims[0] is None
+                    else _dims_of(dims[0], values, index, item, "global_size"),
+                    _ONE
+                    if dims[1] is None
+                    else _dims_of(dims[1], values, index, item, "local_size"),
+                    kind,
+                ),
             )
-        kind = self.plan.queues[qi].kind
+            if like is None:
+                return device.lower_launch(request)
+            return device.lower_values(like, request)
         for buf in bufs:
             owner = buf.device_object
             if owner is not device and owner.lowers_foreign_copies:
                 return owner.lower_copy(index, bufs[0], bufs[1], kind)
         return device.lower_copy(index, bufs[0], bufs[1], kind)
 
-    def bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int]) -> Bound:
-        """The op lists for these inputs and var values, with what is derived from them."""
+    def bind(
+        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int], kept: Bound | None = None
+    ) -> Bound:
+        """The op lists for these inputs and var values, with what is derived from them.
+
+        `kept`, a binding of this program made before (for any inputs and values), saves
+        lowering what does not change: an item on the same buffers in both (the
+        program's own buffers, or inputs `kept` was bound to as well) takes its op from
+        `kept` as it is if it reads no var, else has its device lower only what the new
+        values change (a decode step's new position re-lowers only the values of the
+        launches that read it). Items on new input buffers are lowered anew."""
         if self.static_bound is not None:
             return self.static_bound
         ops = [t for t in self.templates]
         for qi in self.dynamic_queues:
             ops[qi] = list(ops[qi])
         rebased: dict[tuple[Buffer, int], Buffer] = {}
-        for j in self.dynamic:
-            qi, pos = self.where[j]
-            ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
-        return Bound(self, tuple(Script(o) for o in ops), dict(var_vals))  # type: ignore[arg-type]
+        old = None
+        same_inputs = False
+        if kept is not None and kept.program is self:
+            old = kept.ops
+            same_inputs = kept.inputs == tuple(inputs)  # Buffers compare by identity
+        for j, qi, pos, on_inputs, reads_vars in self._dynamic_at:
+            if old is not None and (same_inputs or not on_inputs):
+                like = old[qi][pos]
+                if reads_vars:
+                    ops[qi][pos] = self.lower(j, inputs, var_vals, rebased, like)
+                else:
+                    ops[qi][pos] = like
+            else:
+                ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
+        return Bound(self, tuple(map(tuple, ops)), dict(var_vals), inputs)  # type: ignore[arg-type]
 
     def bind_host(self, op: Op) -> Bound:
         """The op lists of a host copy's program: `op` fills its one item's place."""
-        scripts = tuple(Script([op if o is None else o for o in t]) for t in self.templates)
-        return Bound(self, scripts, {})
+        ops = tuple(tuple(op if o is None else o for o in t) for t in self.templates)
+        return Bound(self, ops, {})
 
     def submit(
         self,

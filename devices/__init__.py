@@ -26,6 +26,7 @@ from ._inline import Resumer as Resumer
 from ._inline import run_inline as run_inline
 from ._linear import NOT_RUN as NOT_RUN
 from ._linear import LinearRun as LinearRun
+from ._linear import Schedule as Schedule
 from ._links import LinkStatistics as LinkStatistics
 from ._links import SharedLinks as SharedLinks
 from ._links import Transfer as Transfer

@@ -76,6 +76,15 @@ class CPUDevice(Device):
         fn, args = host_launch_call(self, launch)
         return run_op(self._code(sum([b.nbytes for b in launch[2]])), fn, args, launch[0])
 
+    def lower_values(self, op: Op, launch: LaunchRequest) -> Op:
+        # The op's call is (body, buffer args + var values) with its code chosen by the
+        # buffers' bytes: only the values change, unless the body takes the dims.
+        if launch[1].pass_dims:
+            return self.lower_launch(launch)
+        values = launch[3]
+        args = op[2][: len(launch[2])]
+        return run_op(op[0], op[1], args + tuple(values) if values else args, launch[0])
+
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         # np.copyto copies overlapping views as if through a temporary (memmove).
         if same_bytes(dst, src):

@@ -219,6 +219,14 @@ class Device:
     def lower_launch(self, launch: LaunchRequest) -> Op:
         raise NotImplementedError
 
+    def lower_values(self, op: Op, launch: LaunchRequest) -> Op:
+        """Lower `launch`, given `op`: what this device lowered a launch to that differed
+        from `launch` at most in its var values and dims (the same item on the same
+        buffers, bound for other values). Must give what `lower_launch(launch)` gives;
+        a kind of device whose ops keep the values apart from what the buffers give
+        takes the rest from `op` (the base lowers it anew)."""
+        return self.lower_launch(launch)
+
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         raise NotImplementedError
 

@@ -4,9 +4,10 @@ When every item of a bound op list runs inline (EXEC), there is an order in whic
 task can run all of them, each queue's waits met by the queues before it (the caller
 works it out from the plan once: `Program._linear_order`). On idle queues of devices
 done with earlier work, nothing else can run while that task runs them, so nobody can
-see the signals in between: the submission is then one run of EXEC calls, worked out
-when the op lists were bound, and run as `step` (devices/_step.py) runs any run of EXEC
-calls (`run_calls`, the floor's own loop: the first failure is the submission's, the
+see the signals in between: the submission is then one run of EXEC calls, in an order
+worked out once per plan (a `Schedule`, which every binding's run shares, with the
+bookkeeping below), its calls taken from the op lists when they are bound (a
+`LinearRun`), and run as `step` (devices/_step.py) runs any run of EXEC calls (`run_calls`, the floor's own loop: the first failure is the submission's, the
 calls after it are skipped). The bookkeeping the actors would have done is done once,
 after it, by the owners of what it moves: the runtime's KICK (`Signal.set`),
 each queue (`QueueActor.complete`: its timeline values, its signal, its counts) and
@@ -29,9 +30,9 @@ from typing import Any
 
 from ._actor import QueueActor
 from ._device import Device
-from ._ops import EXEC, ITEM, Script, own_signal
+from ._ops import EXEC, ITEM, Op, own_signal
 from ._signal import Signal
-from ._step import run_calls
+from ._step import Calls, run_calls
 
 _VALUE_MAX = (1 << 64) - 1
 
@@ -42,19 +43,18 @@ Failure = tuple[int, str, BaseException]
 NOT_RUN: Any = object()
 
 
-class LinearRun:
-    """One binding of a plan's op lists, every item inline, as one run of calls in a
-    fixed order, worked out once (a schedule).
+class Schedule:
+    """What every LinearRun of one plan shares, worked out once (from its first binding):
+    the order of its item ops, the items they run and the actors that run them, the
+    owners' bookkeeping of a run, and whether the devices are known to be ready for one.
 
-    Invariants: `_calls` are the calls of the EXEC ops of the queues' op lists in the
-    schedule's order (`_items`: their items); running them in this order meets every wait
-    between the plan's queues (the caller's order guarantees it). `ready()` true means no other work of the devices is
-    queued, running or unfinished, so `run()` may stand for posting the jobs.
+    Invariant: `_ready_at` >= 0 means `ready()` held when the kick had that value, and
+    since no submission has moved the kick, it still holds (see `run`); it is the plan's
+    queues and devices that are ready or not, whichever binding runs next.
     """
 
     __slots__ = (
         "_advances",
-        "_calls",
         "_completes",
         "_devices",
         "_items",
@@ -65,6 +65,7 @@ class LinearRun:
         "_ready_at",
         "_single",
         "copy_bytes",
+        "order",
     )
 
     def __init__(
@@ -72,29 +73,24 @@ class LinearRun:
         kick: Signal,
         actors: Sequence[QueueActor],
         devices: Sequence[Device],
-        scripts: Sequence[Script],
+        ops: Sequence[Sequence[Op]],
         order: Sequence[tuple[int, int]],
         counts: Sequence[int],
         copy_bytes: Sequence[int],
     ) -> None:
-        calls = []
+        self.order = tuple(order)
         items = []
         self._names: dict[int, str] = {}  # item -> the actor it belongs to, for failures
         for q, i in order:
-            op = scripts[q].ops[i]
-            if op[0] != EXEC:
-                raise ValueError(f"op {i} of queue {q} is not inline; no LinearRun for it")
-            calls.append((op[1], op[2]))
-            items.append(op[ITEM])
-            self._names[op[ITEM]] = actors[q].name
+            item = ops[q][i][ITEM]
+            items.append(item)
+            self._names[item] = actors[q].name
         self._kick = kick
-        # The schedule: the submission as one run of EXEC calls.
-        self._calls = tuple(calls)
-        self._items = tuple(items)
+        self._items = tuple(items)  # the item of each call, in the order's order
         # Per queue: (actor, values it reserves, its job's last signal or -1, bytes copied).
         queues = []
         for q, actor in enumerate(actors):
-            last = own_signal(scripts[q].ops)
+            last = own_signal(ops[q])
             queues.append((actor, counts[q], -1 if last is None else last[3], copy_bytes[q]))
         self._queues = tuple(queues)
         self._devices = tuple(devices)
@@ -111,19 +107,14 @@ class LinearRun:
             else None
         )
         self.copy_bytes = sum(copy_bytes)
-        # The kick's value right after this run last ran, while ready() is known to hold
+        # The kick's value right after a run last ran, while ready() is known to hold
         # (see run), else -1: every submission moves the kick, and only a submission
         # posts jobs, takes tickets or parks a task on a timeline value.
         self._ready_at = -1
         self._kick_limit = -1  # the kick value at which the values near 2**64-1
 
-    @staticmethod
-    def inline(scripts: Sequence[Script], order: Sequence[tuple[int, int]]) -> bool:
-        """Whether every op that `order` names runs inline (no worker thread, no I/O)."""
-        return all(scripts[q].ops[i][0] == EXEC for q, i in order)
-
     def ready(self) -> bool:
-        """Whether the run may happen now, in place of posting the jobs: every queue
+        """Whether a run may happen now, in place of posting the jobs: every queue
         idle, every device's timeline at its next ticket (all earlier work on it done),
         and no timeline value it would take past 2**64-1 (the posting path says why)."""
         for actor, count, _, _ in self._queues:
@@ -136,7 +127,7 @@ class LinearRun:
         return True
 
     def quiet(self) -> bool:
-        """Whether no task waits on a signal the run moves: then moving them wakes
+        """Whether no task waits on a signal a run moves: then moving them wakes
         nobody, and the run may happen off the trio thread (a background runtime's
         caller, while its loop is stopped)."""
         if self._kick.waiting:
@@ -156,17 +147,18 @@ class LinearRun:
             left = min(left, _VALUE_MAX - 1 - device.next_ticket)
         return left
 
-    def run(self) -> Any:
-        """If `ready()`, run the calls, then have the owners do the actors' bookkeeping,
-        and return the first failure (later calls are skipped, as the actors skip the
-        execs after one) or None. If not, do nothing and return NOT_RUN."""
+    def run(self, calls: Calls) -> Any:
+        """If `ready()`, run `calls` (a binding's calls, in the order), then have the
+        owners do the actors' bookkeeping, and return the first failure (later calls
+        are skipped, as the actors skip the execs after one) or None. If not, do
+        nothing and return NOT_RUN."""
         kick = self._kick
         if kick.value != self._ready_at:
             if not self.ready():
                 return NOT_RUN
             self._kick_limit = kick.value + self._runs_clear()
         # The schedule is one run of EXEC calls: run as `step` runs a run of them.
-        failed = run_calls(self._calls, 0, None)
+        failed = run_calls(calls, 0, None)
         kicked = kick.value + 1  # numbers the submission, as posting it would
         kick.set(kicked)
         single = self._single
@@ -188,3 +180,47 @@ class LinearRun:
         index, error = failed
         item = self._items[index]
         return (item, self._names.get(item, ""), error)
+
+
+class LinearRun:
+    """One binding of a plan's op lists, every item inline, as one run of calls in its
+    Schedule's order.
+
+    Invariant: `_calls` are the calls of the EXEC ops of the queues' op lists in the
+    schedule's order; running them in this order meets every wait between the plan's
+    queues (the caller's order guarantees it).
+    """
+
+    __slots__ = ("_calls", "_schedule")
+
+    def __init__(self, schedule: Schedule, calls: Calls) -> None:
+        self._schedule = schedule
+        # The submission as one run of EXEC calls.
+        self._calls = calls
+
+    @classmethod
+    def of(cls, schedule: Schedule, ops: Sequence[Sequence[Op]]) -> LinearRun | None:
+        """The bound op lists `ops` (one per queue) in `schedule`'s order, or None when
+        an op it names does not run inline (a worker thread, I/O)."""
+        ordered = [ops[q][i] for q, i in schedule.order]
+        for op in ordered:
+            if op[0] != EXEC:
+                return None
+        return cls(schedule, tuple([(op[1], op[2]) for op in ordered]))
+
+    @property
+    def copy_bytes(self) -> int:
+        return self._schedule.copy_bytes
+
+    def ready(self) -> bool:
+        """Whether the run may happen now (Schedule.ready)."""
+        return self._schedule.ready()
+
+    def quiet(self) -> bool:
+        """Whether the run moves no signal a task waits on (Schedule.quiet)."""
+        return self._schedule.quiet()
+
+    def run(self) -> Any:
+        """Run the calls if the devices are ready (Schedule.run): the first failure, None,
+        or NOT_RUN having done nothing."""
+        return self._schedule.run(self._calls)

@@ -329,6 +329,8 @@ async def test_open_runtime_takes_the_token_file_the_environment_names(
                 pass  # pragma: no cover
         async with ag.open_runtime(["CPU:0"]):  # a local runtime never reads it
             pass
+
+
 def test_the_demos_profile_shows_the_work_on_a_worker(
     capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
 ) -> None:

@@ -3,11 +3,16 @@ refused or replanned, and what a graph counts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 import actorgraph as ag
+from actorgraph._graph import Spans
 
 INC = ag.Kernel("inc", cpu=lambda x: np.add(x, 1, out=x), outs=(0,), ins=(0,))
 
@@ -101,3 +106,20 @@ async def test_statistics_count_replays_in_flight_and_done() -> None:
         await graph.aclose()
         with pytest.raises(ag.ClosedError, match="closed with aclose"):
             await graph()
+
+
+_RANGE = st.tuples(st.integers(0, 60), st.integers(1, 20)).map(lambda r: (r[0], r[0] + r[1]))
+
+
+@given(st.lists(_RANGE, max_size=12), st.integers(0, 70), st.integers(0, 30))
+def test_spans_find_a_range_that_overlaps_exactly_when_one_does(
+    ranges: list[tuple[int, int]], start: int, length: int
+) -> None:
+    spans = Spans([(a, b, k) for k, (a, b) in enumerate(ranges)])  # ints stand for buffers
+    stop = start + length
+    found: Any = spans.overlapping(start, stop)
+    overlapping = [k for k, (a, b) in enumerate(ranges) if start < b and a < stop and length]
+    if overlapping:
+        assert found in overlapping
+    else:
+        assert found is None

@@ -6,6 +6,9 @@ when nothing in a call changes them; signals say whether the trio side waits on 
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 from actorgraph.devices import FIRST_QUEUE_SLOT, KICK, SIGNAL, WAIT, SignalOp, WaitOp
 
@@ -70,3 +73,79 @@ async def test_op_lists_are_lowered_once_and_rebound_only_where_inputs_go() -> N
         assert np.shares_memory(first[qi][pos][2][0], a.host_view())
         assert np.shares_memory(second[qi][pos][2][0], other.host_view())
         assert dynamic.bind([a], {})[qi][pos] is not first[qi][pos]  # (Graph caches, not Program)
+
+
+ADD_N = ag.Kernel("add_n", cpu=lambda x, n: np.add(x, n, out=x), outs=(0,), ins=(0,))
+COPY = ag.Kernel("copy", cpu=lambda out, x: np.copyto(out, x), outs=(0,), ins=(1,))
+TIMES_N = ag.Kernel("times_n", cpu=lambda x, n: np.multiply(x, n, out=x), outs=(0,), ins=(0,))
+DIMS = ag.Kernel(  # y = w + n * global_size[0]: a body that takes its launch dims
+    "dims",
+    cpu=lambda y, w, n, global_size, local_size: np.add(w, n * global_size[0], out=y),
+    outs=(0,),
+    ins=(1,),
+    pass_dims=True,
+)
+
+
+def _items(x: ag.Buffer, w: ag.Buffer, y: ag.Buffer, n: ag.Var) -> list[Any]:
+    return [
+        ag.Launch(ADD_N, [x], vars=[n]),  # on the input, reads n
+        ag.Launch(COPY, [w, x]),  # reads the input, no var
+        ag.Launch(TIMES_N, [w], vars=[n]),  # on the graph's own buffer, reads n
+        ag.Launch(DIMS, [y, w], vars=[n], global_size=(n,)),
+    ]
+
+
+def _same_op(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
+    """Two lowered CPU ops call the same body on the same memory with the same values."""
+    if got[0] != want[0] or got[3] != want[3] or len(got[2]) != len(want[2]):
+        return False
+    if got[1] != want[1] and not (  # a body given its dims is a new partial per lowering
+        isinstance(got[1], functools.partial)
+        and isinstance(want[1], functools.partial)
+        and (got[1].func, got[1].keywords) == (want[1].func, want[1].keywords)
+    ):
+        return False
+    for a, b in zip(got[2], want[2]):
+        if isinstance(b, np.ndarray):
+            if not (isinstance(a, np.ndarray) and a.shape == b.shape and np.shares_memory(a, b)):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+async def test_a_binding_made_from_a_kept_one_lowers_only_what_the_change_touches() -> None:
+    n = ag.Var("n", 1, 8)
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        x, w, y, other = (rt.alloc("CPU:0", 4, np.int64) for _ in range(4))
+        program = (await rt.compile(_items(x, w, y, n), inputs=[x]))._program
+        first = program.bind([x], {n: 2})
+        for inputs, value in (([x], 5), ([other], 2), ([other], 7), ([x], 2)):
+            kept = program.bind(inputs, {n: value}, first)
+            fresh = program.bind(inputs, {n: value})
+            for j in range(4):
+                qi, pos = program.where[j]
+                assert _same_op(kept[qi][pos], fresh[qi][pos]), (inputs, value, j)
+            qi, pos = program.where[1]
+            # The copy reads no var: on the same input it is the kept op itself.
+            assert (kept[qi][pos] is first[qi][pos]) == (inputs[0] is x)
+
+
+async def test_replays_with_new_inputs_and_values_match_eager_runs() -> None:
+    n = ag.Var("n", 1, 8)
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        pool = [rt.alloc("CPU:0", 4, np.int64) for _ in range(3)]
+        w, y = rt.alloc("CPU:0", 4, np.int64), rt.alloc("CPU:0", 4, np.int64)
+        graph = await rt.compile(_items(pool[0], w, y, n), inputs=[pool[0]])
+        # New inputs, the same inputs with new values, and back again.
+        for call in range(12):
+            x, value = pool[call % len(pool)], 1 + (call * 5) % 8
+            start = np.arange(4, dtype=np.int64) * (call + 1)
+            await rt.copyin(x, start)
+            await graph([x], {n: value})
+            got = [(await rt.copyout(b)).tolist() for b in (x, w, y)]
+            await rt.copyin(x, start)
+            await rt.run(_items(x, w, y, n), {n: value})
+            assert got == [(await rt.copyout(b)).tolist() for b in (x, w, y)]
+            assert got[2] == [(s + value) * value + value * value for s in start.tolist()]

@@ -108,6 +108,33 @@ def _sharded_input() -> Callable[[Tensor], Tensor]:
     return forward
 
 
+VP = Variable("start_pos", 0, 15)
+_TOKENS = [Tensor(_data(60 + k, 1, 8)).realize() for k in range(3)]
+
+
+def _decoder() -> Callable[[Tensor, Any], Tensor]:
+    """A decode step: attention over a KV cache it fills at a symbolic position."""
+    wq, wk, wv, wo = (Tensor(_data(50 + i, 8, 8)).realize() for i in range(4))
+    cache_k = Tensor.zeros(16, 8).contiguous().realize()
+    cache_v = Tensor.zeros(16, 8).contiguous().realize()
+
+    def step(x: Tensor, pos: Any) -> Tensor:
+        q, k, v = x @ wq, x @ wk, x @ wv
+        cache_k[pos : pos + 1].assign(k).realize()
+        cache_v[pos : pos + 1].assign(v).realize()
+        keys, values = cache_k[0 : pos + 1], cache_v[0 : pos + 1]
+        att = ((q @ keys.T) / 8**0.5).softmax(-1) @ values
+        return (x + att @ wo).realize()
+
+    return step
+
+
+def _decoder_args(seed: int) -> tuple[Tensor, Any]:
+    # A new position every call; the tokens come round again (a kept binding's inputs
+    # with new values) after new ones.
+    return _TOKENS[seed % len(_TOKENS)], VP.bind(seed)
+
+
 def _reference(
     fn: Callable[..., Tensor], calls: Sequence[tuple[Any, ...]]
 ) -> list[np.ndarray[Any, Any]]:
@@ -128,6 +155,7 @@ def installed() -> Iterator[None]:
 
 CASES: dict[str, tuple[Callable[[], Callable[..., Tensor]], Callable[[int], tuple[Any, ...]]]] = {
     "mlp": (_mlp, lambda s: (Tensor(_data(s, 4, 16)).realize(),)),
+    "decoder": (_decoder, _decoder_args),
     "symbolic": (_symbolic, _symbolic_args),
     "view_input": (_view_input, lambda s: (Tensor(_data(s, 4, 6)).realize(),)),
     "bitcast_input": (_bitcast_input, lambda s: (Tensor(_data(s, 4, 8)).realize(),)),
