@@ -221,13 +221,11 @@ class Graph(Hinted):
         # One buffer per internal allocation: checked on every call, as a buffer may be
         # freed between two calls with the same inputs.
         self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
-        # The byte ranges of those buffers, worked out once: every new input set is
-        # checked against them (_overlap), and wrapped memory puts every wrapped buffer
-        # of a device in one allocation, so there may be many.
-        self._internal_spans = {
-            alloc: Spans([(*buf.byte_range, buf) for buf in bufs if buf.nbytes])
-            for alloc, bufs in self._internal.items()
-        }
+        # The byte ranges of those buffers by allocation, worked out the first time an
+        # input is in that allocation (most never are): every new input set is checked
+        # against them (_overlap), and wrapped memory puts every wrapped buffer of a
+        # device in one allocation, so there may be many.
+        self._internal_spans: dict[int, Spans] = {}
         # Replays finished and in flight, counted as they happen.
         self._counts = ReplayCounts()
         self._in_flight = self._counts.in_flight  # replays submitted and not done
@@ -653,8 +651,15 @@ class Graph(Hinted):
         for j, other in by_alloc.get(new.alloc_id, ()):
             if new.overlaps(other):
                 return f"inputs {j} and {i} share memory ({other!r} and {new!r})"
-        spans = self._internal_spans.get(new.alloc_id)
-        internal = None if spans is None else spans.overlapping(*new.byte_range)
+        alloc = new.alloc_id
+        spans = self._internal_spans.get(alloc)
+        if spans is None:
+            bufs = self._internal.get(alloc)
+            if bufs is None:
+                return None
+            spans = Spans([(*buf.byte_range, buf) for buf in bufs if buf.nbytes])
+            self._internal_spans[alloc] = spans
+        internal = spans.overlapping(*new.byte_range)
         if internal is not None:
             return (
                 f"input {i} {new!r} shares memory with {internal!r}, which the graph "
