@@ -355,8 +355,7 @@ class Graph(Hinted):
     ) -> None:
         """The replay, submitted once the in-flight window has room, and waited for."""
         await self._runtime.admit()
-        if self._closed:
-            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+        self._check_not_closed()
         program = bound.program
         reader = program.end_reader
         if reader is None:
@@ -393,8 +392,7 @@ class Graph(Hinted):
         runtime = self._runtime
         if not waits:
             await runtime.admit()
-            if self._closed:
-                raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+            self._check_not_closed()
             return self._post(bound, inputs, profile, then)
         # Its place in the window is held while it waits for the timelines: replays that
         # wait so must not all be posted at once when what they wait for comes.
@@ -404,8 +402,7 @@ class Graph(Hinted):
                 # Cancelling abandons the wait (nothing is submitted); the thread polls on
                 # until the timeline moves or its timeout.
                 await trio.to_thread.run_sync(timeline.wait_for, value, abandon_on_cancel=True)
-            if self._closed:
-                raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+            self._check_not_closed()
             return self._post(bound, inputs, profile, then)
         finally:
             runtime.unreserve()
@@ -431,8 +428,7 @@ class Graph(Hinted):
         runtime.check_open()
         if not runtime.has_room():
             raise trio.WouldBlock
-        if self._closed:
-            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+        self._check_not_closed()
         return self._post(bound, inputs, profile, then)
 
     def _post(
@@ -513,8 +509,7 @@ class Graph(Hinted):
         """The binding a call with these inputs and var values runs: the one kept for
         these very inputs (and values) if there is one, else checked and made (and
         kept). Raises what the call would raise for them."""
-        if self._closed:
-            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
+        self._check_not_closed()
         runtime = self._runtime
         if not runtime.usable:
             runtime.check_open()
@@ -666,6 +661,10 @@ class Graph(Hinted):
                 f"uses internally"
             )
         return None
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self!r} was closed with aclose(); compile a new graph")
 
     async def aclose(self) -> None:
         """Refuse further calls, then wait for the replays already submitted."""
