@@ -325,7 +325,7 @@ class Graph(Hinted):
         # (and raises what the call raises for them).
         try:
             bound = self._bound.get(tuple(inputs))
-        except TypeError:  # an input that cannot be hashed is no Buffer: bind says so
+        except (TypeError, ValueError):  # no Buffer, as it cannot be hashed: bind says so
             bound = None
         if (
             bound is None
@@ -523,7 +523,7 @@ class Graph(Hinted):
             self._freed_since()
         try:
             bound = self._bound.get(inputs)
-        except TypeError:  # an input that cannot be hashed is no Buffer: checked below
+        except (TypeError, ValueError):  # no Buffer, as it cannot be hashed: checked below
             bound = None
         if bound is not None and (var_vals or None) == bound.var_vals:
             return bound

@@ -90,11 +90,15 @@ async def test_wrong_input_device(rt: ag.Runtime) -> None:
 
 async def test_input_that_is_not_a_buffer(rt: ag.Runtime) -> None:
     graph, (a, _, _) = await xor_graph(rt)
-    with raises(ag.InputError, "input 1 must be a Buffer, got array("):
+    with raises(
+        ag.InputError, "input 1 must be a Buffer, got a numpy array (shape (64,), dtype int32): "
+    ):
         await graph([a, np.zeros(64, I32)])  # type: ignore[list-item]
     b = rt.alloc("CPU:0", 64, I32)
     await graph([a, b])  # bound: the next calls look their inputs up first
-    with raises(ag.InputError, "input 1 must be a Buffer, got array("):
+    with raises(
+        ag.InputError, "input 1 must be a Buffer, got a numpy array (shape (64,), dtype int32): "
+    ):
         await graph([a, np.zeros(64, I32)])  # type: ignore[list-item]
     with raises(ag.InputError, "input 1 must be a Buffer, got 7"):
         await graph([a, 7])  # type: ignore[list-item]
@@ -958,3 +962,58 @@ async def test_one_buffer_where_a_list_belongs(rt: ag.Runtime) -> None:
         await rt.compile([item], inputs=a)  # type: ignore[arg-type]
     await graph([a, b])  # the right way
     assert graph.replays == 1
+
+
+# -- host arrays where Buffers belong ---------------------------------------------------------
+
+ARRAY_HINT = (
+    "a numpy array (shape (64,), dtype int32): actorgraph's calls take Buffers; make one "
+    "from it with `buf = rt.alloc(device, arr.shape, arr.dtype)` and "
+    "`await rt.copyin(buf, arr)`, or use its memory in place with "
+    '`buf = rt.wrap("CPU:0", arr)`'
+)
+
+
+async def test_a_numpy_array_where_a_buffer_belongs_says_how_to_make_one(
+    rt: ag.Runtime,
+) -> None:
+    graph, (a, b, c) = await xor_graph(rt)
+    arr = np.arange(64, dtype=I32)
+    with raises(ag.InputError, f"input 0 must be a Buffer, got {ARRAY_HINT}"):
+        await graph([arr, b])  # type: ignore[list-item]
+    with raises(ag.UsageError, f"input 0 must be a Buffer, got {ARRAY_HINT}"):
+        await rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[arr])  # type: ignore[list-item]
+    with raises(ag.UsageError, f"buffer slot 1 must be an actorgraph Buffer, got {ARRAY_HINT}"):
+        ag.Launch(XOR, [c, arr, b])  # type: ignore[list-item]
+    with raises(ag.UsageError, f"Copy src must be an actorgraph Buffer, got {ARRAY_HINT}"):
+        ag.Copy(dst=c, src=arr)  # type: ignore[arg-type]
+    with raises(ag.UsageError, f"copyout takes a Buffer, got {ARRAY_HINT}"):
+        await rt.copyout(arr)  # type: ignore[arg-type]
+    with raises(ag.UsageError, f"all_reduce: buffers[0] must be a Buffer, got {ARRAY_HINT}"):
+        ag.all_reduce(rt, [arr, b])  # type: ignore[list-item]
+    # The array itself where the list of inputs belongs: not 64 inputs, one array.
+    with raises(
+        ag.InputError,
+        "a graph call takes its inputs as a list of Buffers, one per input in compile() "
+        f"order, got {ARRAY_HINT}; write `await graph([x, ...])`",
+    ):
+        await graph(arr)  # type: ignore[arg-type]
+    await graph([a, b])  # the right way
+    assert graph.replays == 1
+
+
+async def test_another_host_array_where_a_buffer_belongs_says_how_to_make_one(
+    rt: ag.Runtime,
+) -> None:
+    # Anything numpy can read (here a memoryview) is named as an array, with the way in.
+    graph, (_, b, _) = await xor_graph(rt)
+    view = memoryview(bytearray(256)).cast("i")
+    with raises(
+        ag.InputError,
+        "input 0 must be a Buffer, got a memoryview, an array of host data: actorgraph's "
+        "calls take Buffers; make one from it with `arr = np.asarray(x)`, "
+        "`buf = rt.alloc(device, arr.shape, arr.dtype)` and `await rt.copyin(buf, arr)`, or "
+        'use its memory in place with `buf = rt.wrap("CPU:0", x)`',
+    ):
+        await graph([view, b])  # type: ignore[list-item]
+
