@@ -79,6 +79,7 @@ def _ag_under_trio(request: pytest.FixtureRequest) -> None:
 
 
 def _marker_options(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any]]:
+    from actorgraph._options import refuse_unknown
     from actorgraph.testing import DEFAULT_COUNT
 
     options: dict[str, Any] = {}
@@ -90,6 +91,7 @@ def _marker_options(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any]
                 f"options), got positional {marker.args!r}"
             )
         options.update(marker.kwargs)
+    refuse_unknown(options, f"@pytest.mark.{_MARKER}(...)", own=["devices"])
     count = options.pop("devices", DEFAULT_COUNT)
     return count, options
 

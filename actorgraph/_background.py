@@ -38,6 +38,7 @@ from ._errors import ClosedError, UsageError
 from ._graph import NOT_HERE, Graph
 from ._kernel import Item, Kernel
 from ._log import logger as _log
+from ._options import refuse_unknown
 from ._profile import Profile
 from ._program import raise_item_failure
 from ._runtime import Runtime, RuntimeStatistics, StallReport, open_runtime
@@ -744,6 +745,7 @@ def start_runtime(
     Use it where an `async with` block cannot span the work: notebooks (await its calls
     from any cell), synchronous scripts (`.result()`).
     """
+    refuse_unknown(options, "start_runtime(...)", own=["clock"])
     return BackgroundRuntime(devices, options, clock)
 
 

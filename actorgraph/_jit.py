@@ -33,6 +33,7 @@ JitTraceError when it issues anything different from the capture.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import functools
 import inspect
@@ -413,7 +414,10 @@ class JitFunction:
             return await self._replay(last.capture, last.signature, last.values, args, kwargs)
 
         values = self._check_var_vals(var_vals)
-        bound = self._signature.bind(*args, **kwargs)
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise self._call_error(exc, kwargs) from None
         bound.apply_defaults()
         leaves: list[_Leaf] = []
         for pname, value in bound.arguments.items():
@@ -438,6 +442,24 @@ class JitFunction:
         if self._state is State.FRESH or self._capturing:
             return await self._eager(signature, values, args, kwargs)
         return await self._capture(signature, values, args, kwargs)
+
+    def _call_error(self, exc: TypeError, kwargs: Mapping[str, Any]) -> TypeError:
+        """Python's word on arguments that do not fit the function, naming the function,
+        its parameters and, for a keyword it does not take, the nearest name it (or
+        @ag.jit, whose own keyword is var_vals) takes."""
+        params = list(self._signature.parameters)
+        hint = ""
+        for name in kwargs:
+            if name not in params:
+                close = difflib.get_close_matches(name, [*params, "var_vals"], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                break
+        said = str(exc)
+        lead = f"{self.name}() " if said.startswith("got ") else f"{self.name}(): "
+        return TypeError(
+            f"{lead}{said}{hint} ({self.name} takes {', '.join(params)}; var_vals= "
+            f"is @ag.jit's own: the calls' Var values)"
+        )
 
     def _check_var_vals(self, var_vals: Mapping[Var, int] | None) -> dict[Var, int]:
         values = dict(var_vals or {})

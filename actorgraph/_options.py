@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from actorgraph.devices import DEVICE_OPTIONS
@@ -24,18 +24,33 @@ RUNTIME_OPTIONS = frozenset(
 )
 
 
-def _refuse_unknown(options: Mapping[str, Any]) -> None:
-    """Refuse an option of open_runtime(...) that neither the runtime nor any kind of
-    device reads (a typo would otherwise be ignored), naming the closest known one."""
-    known = RUNTIME_OPTIONS | DEVICE_OPTIONS
+def refuse_unknown(
+    options: Iterable[str], where: str = "open_runtime(...)", own: Iterable[str] = ()
+) -> None:
+    """Refuse an option that neither the runtime nor any kind of device reads (a typo
+    would otherwise be ignored), naming the closest known one.
+
+    Args:
+        options: the names of the options given.
+        where: the call that took them, as the message names it: a call that hands its
+            other options on to open_runtime (say `start_runtime(...)`) checks them itself,
+            before anything starts.
+        own: that call's own keywords, which are known names (and near names) too.
+
+    Raises:
+        UsageError: for the first unknown name, with the closest known one if any.
+    """
+    mine = frozenset(own)
+    known = RUNTIME_OPTIONS | DEVICE_OPTIONS | mine
     for name in options:
         if name in known:
             continue
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
+        takers = f"{where} nor open_runtime(...)" if mine else "the runtime nor any kind of device"
         raise UsageError(
-            f"open_runtime(...) got an option {name!r} that neither the runtime nor any kind "
-            f"of device takes; {hint}the options are {', '.join(sorted(known))}"
+            f"{where} got an option {name!r} that neither {takers} takes; {hint}the options "
+            f"are {', '.join(sorted(known))}"
         )
 
 
@@ -61,7 +76,7 @@ def _token_file_option(names: Sequence[str], options: dict[str, Any]) -> None:
 def check_options(names: Sequence[str], options: dict[str, Any]) -> None:
     """Check open_runtime's options in place (counts, sizes, the workers' token file),
     before any device opens; those that go to the devices stay in `options`."""
-    _refuse_unknown(options)
+    refuse_unknown(options)
     _token_file_option(names, options)
     for name in ("timeline_start", "cpu_thread_bytes", "max_in_flight"):
         if name in options:

@@ -47,6 +47,7 @@ import trio
 
 from ._background import BackgroundRuntime
 from ._errors import ActorGraphError, MissingExtraError, UsageError
+from ._options import refuse_unknown
 from ._runtime import Runtime, open_runtime
 from .devices.remote._tls import TLSSetupError, client_context
 
@@ -322,6 +323,7 @@ class RayWorkers:
         connections close as soon as Ray reports a worker lost. With `stop_workers=True`
         leaving the block also stops the workers."""
         self._check_running("open_runtime()")
+        refuse_unknown(options, "workers.open_runtime(...)", own=["stop_workers"])
         return self._runtime_block(self._names(local, options), stop_workers, options)
 
     @asynccontextmanager
@@ -348,6 +350,7 @@ class RayWorkers:
         told by Ray when a worker is lost. With `stop_workers=True`, its `close()` also
         stops the workers."""
         self._check_running("start_runtime()")
+        refuse_unknown(options, "workers.start_runtime(...)", own=["stop_workers"])
         names = self._names(local, options)
         return RayBackgroundRuntime(self, names, dict(options, **self._options()), stop_workers)
 

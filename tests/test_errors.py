@@ -1017,3 +1017,40 @@ async def test_another_host_array_where_a_buffer_belongs_says_how_to_make_one(
     ):
         await graph([view, b])  # type: ignore[list-item]
 
+
+# -- keyword typos where our own code reads the keywords ---------------------------------------
+
+
+def test_start_runtime_suggests_its_own_keyword_beside_open_runtimes() -> None:
+    with raises(
+        ag.UsageError,
+        "start_runtime(...) got an option 'clok' that neither start_runtime(...) nor "
+        "open_runtime(...) takes; did you mean 'clock'? the options are ",
+    ):
+        ag.start_runtime(["CPU:0"], clok=trio.testing.MockClock())
+    with raises(ag.UsageError, "got an option 'profil' that neither start_runtime(...) nor"):
+        ag.start_runtime(["CPU:0"], profil=True)  # refused before any thread starts
+
+
+async def test_a_jit_call_keyword_typo_names_the_function_and_the_near_name(
+    rt: ag.Runtime,
+) -> None:
+    @ag.jit
+    async def step(rt: ag.Runtime, x: ag.Buffer, *, scale: int = 1) -> None:
+        await rt.launch(XOR, [x, x, x])
+
+    (a,) = bufs(rt, 1)
+    with raises(
+        TypeError,
+        "step() got an unexpected keyword argument 'var_val'; did you mean 'var_vals'? "
+        "(step takes rt, x, scale; var_vals= is @ag.jit's own: the calls' Var values)",
+    ):
+        await step(rt, a, var_val={N: 3})
+    with raises(
+        TypeError, "step() got an unexpected keyword argument 'scal'; did you mean 'scale'?"
+    ):
+        await step(rt, a, scal=2)
+    with raises(TypeError, "step(): missing a required argument: 'x' (step takes rt, x, scale;"):
+        await step(rt)
+    await step(rt, a, scale=2)  # the right way
+    assert step.statistics().calls == 1

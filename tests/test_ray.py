@@ -365,6 +365,14 @@ def test_bad_requests_are_refused_clearly(
         workers.start_runtime(remote_token=b"x")
     with pytest.raises(ag.UsageError, match=r"names a remote device"):
         workers.start_runtime([workers.devices[0]])
+    for call in ("start_runtime", "open_runtime"):
+        with pytest.raises(
+            ag.UsageError,
+            match=rf"workers\.{call}\(\.\.\.\) got an option 'stop_worker' that neither "
+            rf"workers\.{call}\(\.\.\.\) nor open_runtime\(\.\.\.\) takes; did you mean "
+            r"'stop_workers'\?",
+        ):
+            getattr(workers, call)(stop_worker=True)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ag.UsageError, match=r"Ray is not initialised; call ray.init\(\)"):
         agray.start_workers()

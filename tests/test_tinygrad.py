@@ -526,6 +526,14 @@ async def test_bad_input_is_refused_with_its_name() -> None:
 def test_install_checks_its_arguments_and_is_idempotent() -> None:
     with pytest.raises(ag.UsageError, match="devices=N"):
         agt.install(devices=0)
+    # install's own keyword is among the near names it suggests, beside open_runtime's.
+    with pytest.raises(
+        ag.UsageError,
+        match=r"agt\.install\(\.\.\.\) got an option 'device' that neither agt\.install\(\.\.\.\) "
+        r"nor open_runtime\(\.\.\.\) takes; did you mean 'devices'\? the options are ",
+    ):
+        agt.install(device=4)
+    assert not agt.installed()
     agt.install(devices=4)
     try:
         agt.install()  # already installed: nothing changes

@@ -30,6 +30,7 @@ import attrs
 
 from .._background import BackgroundRuntime, start_runtime
 from .._errors import ClosedError, UsageError
+from .._options import refuse_unknown
 from ._batch import Batch
 from ._convert import Wrapper
 from ._private import patch_cpu_devices, patched_devices
@@ -170,6 +171,7 @@ def install(
             return
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise UsageError(f"install(devices=N) needs an int N >= 1, got {devices!r}")
+        refuse_unknown(options, "agt.install(...)", own=["devices"])
         # Every kernel on the caller's thread, as tinygrad runs its own, unless asked
         # otherwise: a kernel on a worker thread sends the whole replay through the
         # runtime's thread, a hop a kernel big enough to need a thread rarely repays
