@@ -366,6 +366,30 @@ def test_the_demos_profile_shows_the_work_on_a_worker(
     assert plot.stat().st_size > 0
 
 
+def test_the_demos_picture_labels_each_of_its_replays(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved: list[Figure] = []
+    real_savefig = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(self)
+        real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    plot = tmp_path / "timeline.png"
+    code, out, _ = run_cli(capsys, "demo", "--replays", "2", "--plot", str(plot))
+    assert code == 0
+    (ax,) = saved[0].axes
+    labels = [t.get_text() for t in ax.texts if t.get_text().startswith("replay ")]
+    # The picture's two replays, submitted back to back after the two checked ones.
+    assert labels == ["replay 3", "replay 4"]
+    assert "timeline of replays 3 and 4 written to" in out
+
+
 # -- the worker's kernel modules --------------------------------------------------------------
 
 
