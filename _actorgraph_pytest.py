@@ -35,7 +35,7 @@ _MARKER = "actorgraph"
 _ASYNC_FIXTURES = ("ag_cpu_runtime", "ag_sim_runtime", "ag_cuda_runtime", "ag_remote_runtime")
 _NO_TRIO = (
     "{fixture} is an async fixture: it needs pytest-trio (`pip install pytest-trio`, or "
-    "`pip install 'actorgraph[test]'`) and a test that runs under trio: set "
+    '`pip install -e ".[test]"` in a checkout of actorgraph) and a test that runs under trio: set '
     "`trio_mode = true` in the pytest configuration or mark the test `@pytest.mark.trio`"
 )
 

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from actorgraph import devices as _devices
+from actorgraph.devices import install_hint
 
 # How a device of a worker is named (see `actorgraph worker`).
 REMOTE_NAMES = "KIND:N@HOST:PORT"
@@ -107,7 +108,7 @@ def probe_nvrtc() -> str:
         _, major, minor = nvrtc.nvrtcVersion()
         _, archs = nvrtc.nvrtcGetSupportedArchs()
     except Exception:  # noqa: BLE001 - no cuda-python or no NVRTC library
-        return "not installed: pip install 'actorgraph[cuda]' to compile CUDA kernels"
+        return f"not installed: to compile CUDA kernels, {install_hint('cuda')}"
     archs = sorted(int(a) for a in archs)
     return f"{major}.{minor}, builds sm_{archs[0]} to sm_{archs[-1]}"
 

@@ -1,6 +1,6 @@
 """Timeline pictures of a Profile: a Gantt chart with one row per queue actor.
 
-matplotlib is an optional extra (`pip install 'actorgraph[plot]'`), imported only here and
+matplotlib comes with the plot extra (`pip install -e ".[plot]"` in a checkout), imported only here and
 only when a plot is asked for, so the default install stays lean.
 """
 
@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Union
 
 import attrs
+
+from actorgraph.devices import install_hint
 
 from ._errors import MissingExtraError, UsageError
 from ._log import logger
@@ -32,7 +34,7 @@ def require_matplotlib() -> Any:
     except ImportError as exc:
         raise MissingExtraError(
             "plot_timeline needs matplotlib, which is not installed; "
-            "install the plot extra: pip install 'actorgraph[plot]'"
+            f"install the plot extra: {install_hint('plot')}"
         ) from exc
     return Figure
 

@@ -45,6 +45,8 @@ from typing import Any
 import attrs
 import trio
 
+from actorgraph.devices import install_hint
+
 from ._background import BackgroundRuntime
 from ._errors import ActorGraphError, MissingExtraError, UsageError
 from ._options import refuse_unknown
@@ -57,7 +59,7 @@ try:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 except ImportError as _missing:  # pragma: no cover - depends on what is installed
     raise MissingExtraError(
-        f"actorgraph.ray needs Ray ({_missing}); install it with: pip install 'actorgraph[ray]'"
+        f"actorgraph.ray needs Ray ({_missing}); install the ray extra: {install_hint('ray')}"
     ) from None
 
 __all__ = [

@@ -20,6 +20,7 @@ from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
+from ._extras import install_hint as install_hint
 from ._inline import HoldingSignal as HoldingSignal
 from ._inline import InlineRun as InlineRun
 from ._inline import Resumer as Resumer

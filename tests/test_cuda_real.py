@@ -102,7 +102,10 @@ def test_a_missing_nvrtc_library_says_what_to_install(monkeypatch: pytest.Monkey
             raise OSError("libnvrtc.so.13: cannot open shared object file")
 
     driver = RealDriver(cu, NoLibrary())
-    with pytest.raises(CudaError, match=r"NVRTC_NOT_FOUND: .*pip install 'actorgraph\[cuda\]'"):
+    with pytest.raises(
+        CudaError,
+        match=r'NVRTC_NOT_FOUND: .*install the cuda extra: pip install -e "\.\[cuda\]" in a checkout',
+    ):
         driver.compile(XOR_SRC, "xor_k", "sm_90")
 
 

@@ -68,7 +68,9 @@ async def test_plot_timeline_without_matplotlib_names_the_extra(
     profile = await _profile()
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ag.MissingExtraError, match=r"pip install 'actorgraph\[plot\]'"):
+    with pytest.raises(
+        ag.MissingExtraError, match=r'install the plot extra: pip install -e "\.\[plot\]" in a'
+    ):
         ag.plot_timeline(profile, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
 

@@ -139,7 +139,9 @@ def test_cli_demo_plot_without_matplotlib_fails_early(
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     code = cli_main(["demo", "--replays", "1", "--plot", str(tmp_path / "x.png")])
     assert code == 2
-    assert "pip install 'actorgraph[plot]'" in capsys.readouterr().err
+    assert (
+        'install the plot extra: pip install -e ".[plot]" in a checkout' in capsys.readouterr().err
+    )
     assert not (tmp_path / "x.png").exists()
 
 

@@ -1,4 +1,4 @@
-"""Run tinygrad's captured work on actorgraph (`pip install 'actorgraph[tinygrad]'`).
+"""Run tinygrad's captured work on actorgraph (the tinygrad extra: `pip install -e ".[tinygrad]"`).
 
 - `install()` / `uninstall()`: actorgraph becomes the graph runner of every tinygrad CPU
   device, so `TinyJit` replays through actorgraph's planner and actors unchanged.
