@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import trio
+from _extras import importorskip
 from _paths import child_pythonpath
 
 import actorgraph as ag
@@ -369,7 +370,7 @@ def test_the_demos_profile_shows_the_work_on_a_worker(
 def test_the_demos_picture_labels_each_of_its_replays(
     capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from matplotlib.figure import Figure
 
     saved: list[Figure] = []

@@ -20,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
+from _extras import importorskip
 from _model import ProgramSpec, check_program, random_programs
 from _paths import ROOT, child_pythonpath
 from actorgraph.devices.cuda import CopyKind, FakeDriver
@@ -800,7 +801,7 @@ async def test_gpu_graph_replay_and_dlpack() -> None:
         device = rt.device("CUDA:0")
         # CUDA graphs need 64-bit stream memory operations; without them, plain streams.
         assert device.queues[QueueKind.COMPUTE].graph_launches == (3 if device.mem_ops else 0)
-        torch = pytest.importorskip("torch")
+        torch = importorskip("torch")
         tensor = torch.from_dlpack(c)
         assert tensor.device.type == "cuda"
         assert tensor.cpu().numpy().tolist() == ((np.arange(SIZE) ^ 3) + 10).tolist()

@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 from _cuda_kernels import INC_SRC, XOR_SRC
+from _extras import importorskip
 from actorgraph.devices.cuda import CopyKind
 from actorgraph.devices.cuda._driver import CudaError
 from actorgraph.devices.cuda._real import RealDriver
 
-cu = pytest.importorskip("cuda.bindings.driver")
-nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+cu = importorskip("cuda.bindings.driver")
+nvrtc = importorskip("cuda.bindings.nvrtc")
 
 
 @functools.cache

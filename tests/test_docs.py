@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from _paths import ROOT
+from _paths import ROOT, TESTS, child_pythonpath
+
+GUARD = 300  # seconds: a hang guard for a child pytest run
 
 # Where the project's texts live: its packages, tests, examples, benchmarks, scripts, CI
 # and documents (never a virtual environment or a build).
@@ -41,3 +46,44 @@ def test_no_text_installs_actorgraph_from_a_package_index() -> None:
         'pip install -e ".[EXTRA]" in a checkout (devices.install_hint words it):\n'
         + "\n".join(found)
     )
+
+
+# -- skip reasons: a test skipped for want of an extra says the command that runs it --------
+
+_HIDE = """\
+import sys
+
+# As if these extras were not installed: importing them raises ImportError.
+for name in ("tinygrad", "ray"):
+    sys.modules[name] = None
+"""
+
+
+def test_tests_skipped_for_want_of_an_extra_name_the_command_that_runs_them(
+    tmp_path: Path,
+) -> None:
+    # The README's test command installs the test extra only: the tests of the tinygrad
+    # and ray extras skip there, and each skip must say how to run them.
+    (tmp_path / "hide_extras.py").write_text(_HIDE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), child_pythonpath()]))
+    files = ["test_tinygrad.py", "test_tinygrad_private.py", "test_ray.py", "test_notebooks.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "hide_extras", "-p", "no:cacheprovider", "-q"]
+        + ["-rs", "-k", "tinygrad or ray", *(str(TESTS / f) for f in files)]
+        + [str(TESTS / "test_readme.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GUARD,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    # The two tinygrad modules, the Ray module, the Ray notebook and script, and the
+    # README's tinygrad and Ray blocks.
+    assert sum(int(re.search(r"\[(\d+)\]", line)[1]) for line in skips) >= 7, done.stdout
+    for extra in ("tinygrad", "ray"):
+        mine = [line for line in skips if extra in line.lower()]
+        assert mine, (extra, skips)
+        for line in mine:
+            assert f'pip install -e ".[test,{extra}]"' in line, line

@@ -10,11 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from _extras import importorskip
 from _paths import ROOT, child_pythonpath
 
-nbformat = pytest.importorskip("nbformat", reason="needs the test extra (nbclient, ipykernel)")
-nbclient = pytest.importorskip("nbclient", reason="needs the test extra (nbclient, ipykernel)")
-pytest.importorskip("ipykernel", reason="needs the test extra (nbclient, ipykernel)")
+nbformat = importorskip("nbformat")
+nbclient = importorskip("nbclient")
+importorskip("ipykernel")
 
 EXAMPLES = ROOT / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
@@ -59,9 +60,7 @@ NEEDS = {"05_ray": "ray", "ray_cluster": "ray"}
 def needs(path: pathlib.Path) -> None:
     module = NEEDS.get(path.stem)
     if module is not None:
-        pytest.importorskip(
-            module, reason=f"needs the {module} extra: pip install -e '.[{module}]'"
-        )
+        importorskip(module)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

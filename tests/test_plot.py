@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _extras import importorskip
 
 import actorgraph as ag
 
@@ -31,7 +32,7 @@ async def _profile() -> ag.Profile:
 
 
 async def test_plot_timeline_writes_a_real_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from matplotlib.image import imread
 
     path = tmp_path / "timeline.png"
@@ -46,7 +47,7 @@ async def test_plot_timeline_writes_a_real_png(tmp_path: Path) -> None:
 
 
 async def test_plot_timeline_draws_svg_and_empty_profiles(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     ag.plot_timeline(await _profile(), tmp_path / "t.svg", critical_path=False)
     assert "<svg" in (tmp_path / "t.svg").read_text()
     async with ag.open_runtime(["CPU:0"]) as rt:
@@ -76,7 +77,7 @@ async def test_plot_timeline_without_matplotlib_names_the_extra(
 
 
 async def test_plot_timeline_zooms_to_chosen_replays(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from matplotlib.image import imread
 
     profile = await _profile()
@@ -107,7 +108,7 @@ def test_the_zoomed_profile_keeps_only_those_replays() -> None:
 @pytest.fixture
 def saved_figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The matplotlib Figures plot_timeline saves, kept to look into."""
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from matplotlib.figure import Figure
 
     saved: list[Figure] = []
@@ -232,7 +233,7 @@ def _cluster_profile() -> tuple[ag.Profile, dict[str, int]]:
 
 
 def test_plot_timeline_groups_rows_by_node_and_folds_idle_queues(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from actorgraph._plot import _grouping, _rows
 
     profile, nodes = _cluster_profile()

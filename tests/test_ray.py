@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _extras import importorskip
 from _paths import child_pythonpath
 from remote_kernels import ADD, INC, SLEEPY, XOR
 
 import actorgraph as ag
 from actorgraph import remote
 
-ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
-cluster_utils = pytest.importorskip("ray.cluster_utils", reason="needs the ray extra")
+ray = importorskip("ray")
+cluster_utils = importorskip("ray.cluster_utils")
 agray = pytest.importorskip("actorgraph.ray")
 
 GUARD = 30  # seconds: a hang guard only
@@ -201,7 +202,7 @@ async def test_workers_that_speak_tls(cluster: Any, tmp_path: Any) -> None:
     # The handle passes the certificate and key to every worker and the CA to its
     # runtimes: data between the client and the workers, and between the workers (a
     # TLS worker refuses a link that is not), goes over TLS; the token is kept.
-    trustme = pytest.importorskip("trustme", reason="the TLS test makes its certificates")
+    trustme = importorskip("trustme")  # the TLS test makes its certificates with it
     ca = trustme.CA()
     leaf = ca.issue_cert(LOOPBACK)
     cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"

@@ -49,6 +49,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
+import _extras
 import attrs
 import pytest
 from _paths import ROOT, child_pythonpath
@@ -300,7 +301,15 @@ def test_readme_block(block: Block, in_tmp: Path, monkeypatch: pytest.MonkeyPatc
             if (shutil.which(n) if n in PROGRAMS else importlib.util.find_spec(n)) is None
         ]
         if missing:
-            pytest.skip(f"this README block needs {', '.join(missing)}, which is not installed")
+            pytest.skip(
+                "this README block needs "
+                + "; ".join(
+                    f"{n}, which is not installed: apt-get install {n}"
+                    if n in PROGRAMS
+                    else _extras.missing(n, "it")
+                    for n in missing
+                )
+            )
     for (assignment,) in block.options("env"):
         name, _, value = assignment.partition("=")
         monkeypatch.setenv(name, value)

@@ -15,17 +15,14 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _extras import NO_CLANG, importorskip
 
 import actorgraph as ag
 
 os.environ.setdefault("DEV", "CPU")  # before tinygrad picks its default device
-tinygrad = pytest.importorskip(
-    "tinygrad", reason="tinygrad is not installed (actorgraph[tinygrad])"
-)
+tinygrad = importorskip("tinygrad")
 if shutil.which(os.environ.get("CC", "clang")) is None:
-    pytest.skip(
-        "clang is not installed: tinygrad's CPU devices compile with it", allow_module_level=True
-    )
+    pytest.skip(NO_CLANG, allow_module_level=True)
 
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
+from _extras import importorskip
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import DeviceError
 from actorgraph.devices.remote._tls import client_context
@@ -32,9 +33,7 @@ from actorgraph.worker._peers import PeerRefusedError, Peers
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import INC  # noqa: E402
 
-trustme = pytest.importorskip(
-    "trustme", reason="the TLS tests make their certificates with trustme"
-)
+trustme = importorskip("trustme")  # the TLS tests make their certificates with it
 
 
 class Certificates:
