@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from _paths import ROOT, TESTS, child_pythonpath
 
 GUARD = 300  # seconds: a hang guard for a child pytest run
@@ -87,3 +88,52 @@ def test_tests_skipped_for_want_of_an_extra_name_the_command_that_runs_them(
         assert mine, (extra, skips)
         for line in mine:
             assert f'pip install -e ".[test,{extra}]"' in line, line
+
+
+# -- what the documented shell steps write stays out of git's way ---------------------------
+
+_SHELL_BLOCK = re.compile(r"^[ \t]*```(?:bash|sh|shell)[ \t]*\n(.*?)^[ \t]*```", re.M | re.S)
+# A file a shell line writes: a redirection, or openssl's -out / -keyout.
+_WRITES = re.compile(r"(?:(?<![0-9&])>|\s-(?:key)?out)\s*([\w./~-]+)")
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def written_by_shell_steps(text: str) -> set[str]:
+    """The relative paths the text's shell blocks write (secrets, certificates, ...)."""
+    return {
+        name
+        for block in _SHELL_BLOCK.findall(text)
+        for line in block.splitlines()
+        if not line.lstrip().startswith("#")
+        for name in _WRITES.findall(line.split(" #")[0])
+        if not name.startswith(("/", "~", "$", "-"))
+    }
+
+
+def test_the_parser_finds_what_shell_steps_write() -> None:
+    text = (
+        '```bash\necho "secret" > token\nopenssl req -x509 -keyout worker.key -out worker.pem'
+        " -days 1\nls 2>&1 >/dev/null\ncat x > /tmp/y  # outside\n```\n"
+    )
+    assert written_by_shell_steps(text) == {"token", "worker.key", "worker.pem"}
+
+
+def test_files_the_documented_shell_steps_write_are_git_ignored() -> None:
+    # A newcomer runs the steps in the checkout: the token and certificates they write
+    # must not show up as untracked files (nor be committed by accident).
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing to ignore files for")
+    names = sorted({n for doc in documents() for n in written_by_shell_steps(doc.read_text())})
+    assert "token" in names
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", "-v", "-n", *names],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    unignored = [line.split("\t")[-1] for line in done.stdout.splitlines() if line.startswith("::")]
+    assert not unignored, f"add these to .gitignore (the docs' shell steps write them): {unignored}"
