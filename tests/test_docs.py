@@ -137,3 +137,18 @@ def test_files_the_documented_shell_steps_write_are_git_ignored() -> None:
     )
     unignored = [line.split("\t")[-1] for line in done.stdout.splitlines() if line.startswith("::")]
     assert not unignored, f"add these to .gitignore (the docs' shell steps write them): {unignored}"
+
+
+# -- plain words: no shorthand a newcomer must decode ----------------------------------------
+
+# A release-keyed aside such as "from call 3 on (0.14: 2)": say what each release does.
+_RELEASE_SHORTHAND = re.compile(r"\((?:on\s+|tinygrad\s+)?\d+\.\d+(?:\.\d+)?\s*:\s*[^)]*\)")
+
+
+def test_no_document_keys_an_aside_by_release_in_shorthand() -> None:
+    found = [
+        f"{doc.relative_to(ROOT)}: {match.group()}"
+        for doc in documents()
+        for match in _RELEASE_SHORTHAND.finditer(doc.read_text())
+    ]
+    assert not found, f"write these out (what each release does, in words): {found}"
