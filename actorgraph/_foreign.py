@@ -213,14 +213,21 @@ def _poll(read: Callable[[], int], value: int, timeout: float, name: str) -> Non
 
 @attrs.frozen(eq=False)
 class ExternalTimeline:
-    """A monotonic counter another runtime owns (say, a tinygrad device's timeline
-    signal), that replays can wait for and advance: `graph.submit(inputs,
-    after=[(timeline, v)], then=[(timeline, w)])` starts the replay once `read() >= v`
-    and calls `write(w)` when the replay is complete (failed or not, so the other side
-    never hangs), never moving the counter backwards.
+    """A counter that only grows, owned by another runtime (say, a tinygrad device's
+    timeline signal), that replays can wait for and advance.
 
-    `wait(value)`, if given, blocks the calling (worker) thread until `read() >= value`;
-    by default `read()` is polled, backing off to 1 ms, for at most `timeout` seconds.
+    `graph.submit(inputs, after=[(timeline, v)], then=[(timeline, w)])` starts the replay
+    once `read() >= v` and calls `write(w)` when the replay is complete (failed or not,
+    so the other side never hangs), never moving the counter backwards. Nothing waits on
+    the runtime's own loop: waits run on a worker thread.
+
+    Args:
+        name: what messages call it.
+        read: returns the counter's value now.
+        write: sets the counter to a value.
+        wait: blocks the calling (worker) thread until `read() >= value`; if None, `read()`
+            is polled, backing off to 1 ms.
+        timeout: the most seconds a poll waits before it gives up.
     """
 
     name: str
@@ -230,15 +237,36 @@ class ExternalTimeline:
     timeout: float = 60.0
 
     def reached(self, value: int) -> bool:
+        """Whether the counter has reached `value`.
+
+        Args:
+            value: the value waited for.
+
+        Returns:
+            True when `read() >= value`.
+        """
         return self.read() >= value
 
     def wait_for(self, value: int) -> None:
+        """Block the calling thread until the counter reaches `value` (with `wait`, or polling).
+
+        Args:
+            value: the value waited for.
+
+        Raises:
+            TimeoutError: polling gave up after `timeout` seconds.
+        """
         if self.wait is not None:
             self.wait(value)
         else:
             _poll(self.read, value, self.timeout, self.name)
 
     def advance(self, value: int) -> None:
+        """Move the counter up to `value`, never backwards.
+
+        Args:
+            value: the value to write, if the counter is below it.
+        """
         if self.read() < value:
             self.write(value)
 

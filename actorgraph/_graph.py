@@ -120,8 +120,15 @@ class ReplayCounts:
 
 
 class Replay:
-    """A submitted replay. `await replay.wait()` returns when it is complete (or raises
-    its failure)."""
+    """A submitted replay: `await replay.wait()` returns when it is complete.
+
+    `graph.submit(...)` returns one. Replays of a runtime complete in submission order.
+
+    Attributes:
+        graph: the Graph it replays.
+        number: its number among the graph's replays (1, 2, ...), as profiles and
+            `plot_timeline(replays=...)` count them.
+    """
 
     __slots__ = ("_program", "_sub", "graph", "number")
 
@@ -136,9 +143,17 @@ class Replay:
 
     @property
     def done(self) -> bool:
+        """Whether the replay is complete (finished or failed)."""
         return bool(self._sub.done.is_set())
 
     async def wait(self) -> None:
+        """Wait until the replay is complete.
+
+        Raises:
+            ItemError: an item of the replay raised; the original error is its `__cause__`.
+            ClosedError: the runtime closed, or a worker the replay used was lost.
+            DeadlockError: the runtime found the replay's waits can never be met.
+        """
         await self._sub.done.wait()
         raise_failure(self._program, self._sub)
 
@@ -170,7 +185,12 @@ def check_graph(value: object, what: str) -> None:
 
 
 class Graph(Hinted):
-    """A jit cache planned once. Replays are ordered with all other work on its devices."""
+    """Items planned once, replayed with new inputs and Var values by every call.
+
+    Made by `await rt.compile(items, inputs=[...])`; use it as `await graph(inputs)`.
+    Replays are ordered with all other work on its devices; `async with graph:` closes it
+    at the end of the block.
+    """
 
     def argument_hint(self) -> str:
         return (
@@ -239,11 +259,16 @@ class Graph(Hinted):
 
     @property
     def plan(self) -> Plan:
+        """The plan, which holds each queue actor's messages (waits, runs, signals).
+
+        `print(graph.plan)` shows one column per actor; `graph.plan.verify()` proves it
+        deadlock-free and race-free; `graph.plan.to_dot()` is Graphviz text.
+        """
         return self._program.plan
 
     @property
     def replays(self) -> int:
-        """Replays submitted: those finished and those in flight."""
+        """Replays submitted, finished or still in flight."""
         return self._counts.done + len(self._in_flight)
 
     @property
@@ -257,8 +282,19 @@ class Graph(Hinted):
         return self._counts.done * self._copy_bytes
 
     def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
-        """This graph's plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is
-        missing); written to `path` too when given. `graph.plan.to_dot()` is the text."""
+        """This graph's plan drawn as SVG by Graphviz's `dot`.
+
+        `graph.plan.to_dot()` is the text it draws.
+
+        Args:
+            path: where to write the SVG too, if given.
+
+        Returns:
+            The SVG text.
+
+        Raises:
+            GraphvizError: Graphviz's `dot` is not installed or could not draw the plan.
+        """
         return plan_to_svg(self.plan, path)
 
     def __repr__(self) -> str:
@@ -269,6 +305,12 @@ class Graph(Hinted):
         )
 
     def statistics(self) -> GraphStatistics:
+        """A frozen snapshot of the graph's counts.
+
+        Returns:
+            Its items and queues, replays submitted, in flight and done, waits parked and the
+            seconds blocked on them, and the bytes its Copy items moved.
+        """
         return GraphStatistics(
             items=len(self._program.items),
             queues=len(self.plan.queues),
@@ -297,18 +339,30 @@ class Graph(Hinted):
         after: TimelinePoints = (),
         then: TimelinePoints = (),
     ) -> None:
-        """Replay with these inputs and var values; return when the replay is complete.
+        """Replay with these inputs and Var values; return when the replay is complete.
 
-        `profile=True` records this replay's item times (see `graph.last_profile`,
-        `rt.profile()`); None follows `open_runtime(..., profile=...)`.
-        Cancelling the call before the replay is submitted submits nothing; cancelling it
-        after abandons only the waiting: the replay completes in order on the devices.
-        `after=[(timeline, v)]` starts the replay only once that ag.ExternalTimeline has
-        reached v; `then=[(timeline, w)]` advances it to w when the replay is complete.
+        As trio's `send`: a cancel point first, then the replay, run here and now where its
+        queues are idle, else submitted and waited for. Cancelling the call before the
+        replay is submitted submits nothing; cancelling it after abandons only the waiting:
+        the replay completes in order on the devices.
 
-        As trio's `send`: a cancel point first, then the replay run here and now if it
-        can be (`run_here`: it then takes one cancel-shielded scheduler pass, so a replay
-        that ran is never lost to a cancellation), else submitted and waited for.
+        Args:
+            inputs: one buffer (or view) per input given to compile, in that order, of the
+                same device, dtype and shape (or at most `max_sizes` elements).
+            var_vals: the value of every Var the items read, `{n: 1000}`.
+            profile: record this replay's item times (see `last_profile`, `rt.profile()`);
+                None follows `open_runtime(..., profile=...)`.
+            after: `[(timeline, v)]`: start the replay only once that ExternalTimeline has
+                reached `v` (waited for on a worker thread).
+            then: `[(timeline, w)]`: advance that ExternalTimeline to `w` when the replay is
+                complete, failed or not.
+
+        Raises:
+            InputError: the inputs do not match the compiled ones (count, type, device,
+                dtype, shape), overlap each other or the graph's own buffers, or were freed.
+            VarError: a Var has no value, or one outside its bounds.
+            ItemError: an item raised; the original error is its `__cause__`.
+            ClosedError: the graph or the runtime was closed, or a worker it uses was lost.
         """
         if after or then:
             replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
@@ -382,9 +436,26 @@ class Graph(Hinted):
         after: TimelinePoints = (),
         then: TimelinePoints = (),
     ) -> Replay:
-        """Submit a replay without waiting for it; blocks only while the runtime's
-        in-flight window (`max_in_flight`) is full, or (on a worker thread) until the
-        external timelines in `after` are reached. Replays complete in submission order."""
+        """Submit a replay without waiting for it.
+
+        It blocks only while the runtime's in-flight window (`max_in_flight`) is full, or
+        until the timelines in `after` are reached. Replays complete in submission order.
+
+        Args:
+            inputs: as for a call of the graph.
+            var_vals: as for a call of the graph.
+            profile: as for a call of the graph.
+            after: as for a call of the graph.
+            then: as for a call of the graph.
+
+        Returns:
+            The Replay; `await replay.wait()` for its end.
+
+        Raises:
+            InputError: see the call of the graph.
+            VarError: see the call of the graph.
+            ClosedError: the graph or the runtime was closed.
+        """
         _capture.check_graph_call()
         bound = self.bind(inputs, var_vals)
         waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
@@ -416,8 +487,24 @@ class Graph(Hinted):
         after: TimelinePoints = (),
         then: TimelinePoints = (),
     ) -> Replay:
-        """`submit` that never blocks: raises trio.WouldBlock (submitting nothing) when the
-        in-flight window is full or a timeline in `after` is not reached yet."""
+        """`submit` that never blocks.
+
+        Args:
+            inputs: as for a call of the graph.
+            var_vals: as for a call of the graph.
+            profile: as for a call of the graph.
+            after: as for a call of the graph.
+            then: as for a call of the graph.
+
+        Returns:
+            The Replay.
+
+        Raises:
+            trio.WouldBlock: the in-flight window is full or a timeline in `after` has not
+                been reached; nothing was submitted.
+            InputError: see the call of the graph.
+            ClosedError: the graph or the runtime was closed.
+        """
         _capture.check_graph_call()
         bound = self.bind(inputs, var_vals)
         then = check_points(then, "then")

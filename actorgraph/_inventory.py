@@ -27,7 +27,20 @@ class GPUInfo:
 
 @attrs.frozen
 class Inventory:
-    """What this machine offers: device kinds, CPU cores, CUDA GPUs, SIM presets."""
+    """What this machine offers (device kinds, CPU cores, CUDA GPUs, SIM presets), as
+    `local_devices()` finds it.
+
+    Attributes:
+        kinds: the device kinds this machine can open ("CPU", "SIM", "CUDA").
+        cpu_cores: the CPU cores the process may use.
+        gpus: each CUDA GPU the driver sees: its index, name, memory and compute capability.
+        gpu_note: why no GPU is listed, or the driver's version.
+        sim_presets: the names of the SIM cost-model presets.
+        sim_default: the preset SIM devices use unless told otherwise.
+        nvrtc_note: which NVRTC compiles CUDA kernels here, or why none does.
+        fake_only: kinds that open here only through the fake CUDA driver (no GPU).
+        sim_machines: per SIM preset, the machine it simulates (shape, links, device names).
+    """
 
     kinds: tuple[str, ...]  # device kinds this machine can open ("CPU", "SIM", ...)
     cpu_cores: int
@@ -42,6 +55,11 @@ class Inventory:
     sim_machines: tuple[tuple[str, str], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
+        """The inventory as plain data, as `actorgraph devices --json` prints it.
+
+        Returns:
+            A dict of lists, strings and numbers that json.dumps writes.
+        """
         return {
             "kinds": list(self.kinds),
             "fake_driver_only": list(self.fake_only),
@@ -114,10 +132,14 @@ def probe_nvrtc() -> str:
 
 
 def local_devices() -> Inventory:
-    """What this machine offers (`actorgraph devices`): device kinds, CUDA GPUs, SIM presets.
+    """What this machine offers, as `actorgraph devices` prints it: device kinds, CUDA GPUs,
+    SIM presets.
 
-    Opens nothing; without cuda-python, a driver or a GPU, `gpus` is empty and `gpu_note`
-    says why.
+    It opens nothing; without cuda-python, a driver or a GPU, `gpus` is empty and
+    `gpu_note` says why.
+
+    Returns:
+        The Inventory.
     """
     gpus, note = probe_cuda()
     # SIM's cost-model presets, where this install has SIM devices.

@@ -56,11 +56,15 @@ if TYPE_CHECKING:
 
 
 class JitWarning(UserWarning):
-    """A jitted function's capture looks different from its first (eager) call."""
+    """A jitted function's capture call (its second) issued different work than its first,
+    eager call: the replays repeat the capture call's.
+    """
 
 
 class JitTraceError(ActorGraphError):
-    """With check_trace=True: a replayed call's Python issued different work than the capture."""
+    """With `@ag.jit(check_trace=True)`, a replayed call's Python issued different work than
+    the capture: its control flow depends on something the jit does not check.
+    """
 
 
 # -- argument signatures --
@@ -316,8 +320,10 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 class JitFunction:
     """An async function whose calls after the first two replay a captured Graph.
 
-    Call it like the function, plus an optional `var_vals={var: value}` keyword (reserved)
-    for the Vars its launches use. See the module docstring for the stages and rules.
+    Made by `@ag.jit`. Call 1 runs the function eagerly, call 2 runs it eagerly and
+    records its work, which is planned into a Graph; calls 3 and later check the arguments
+    and replay that graph with the call's buffers and Var values, without running the
+    function's Python.
     """
 
     def __init__(
@@ -356,10 +362,16 @@ class JitFunction:
 
     @property
     def graph(self) -> Graph | None:
-        """The most recently used captured Graph (print(f.graph.plan) to see it), or None."""
+        """The most recently used captured Graph (`print(f.graph.plan)`), or None."""
         return self._captures[-1].graph if self._captures else None
 
     def statistics(self) -> JitStatistics:
+        """A frozen snapshot of the function's counts.
+
+        Returns:
+            Its state (fresh, warm, captured), calls, eager calls, captures, replays and the
+            graphs kept.
+        """
         return JitStatistics(
             state=self._state,
             calls=self._calls,
@@ -377,11 +389,31 @@ class JitFunction:
         self._first_trace = None
 
     def __call__(self, *args: Any, var_vals: Mapping[Var, int] | None = None, **kwargs: Any) -> Any:
-        """`await f(...)`; with a background runtime among the arguments, a Call.
+        """`await f(...)`, as the decorated function is called.
 
-        A background runtime's work must run on its thread, so the whole call goes there
-        as one Call: submitted at once, in order with the runtime's other calls, and
-        awaitable from asyncio or trio or waited for with `.result()` from plain code.
+        With a background runtime (`ag.start_runtime`) among the arguments, the whole call
+        runs on that runtime's thread and this returns a Call: await it from any loop, or
+        `.result()` from plain code.
+
+        Args:
+            *args: the function's own arguments; Buffers (also inside lists, tuples and dicts)
+                are the graph's inputs, anything else a constant of the capture.
+            var_vals: the values of the Vars its launches use, `{n: 1000}` (a keyword of
+                @ag.jit's own).
+            **kwargs: the function's own keyword arguments.
+
+        Returns:
+            An awaitable of the function's result (a Call on a background runtime). A returned
+            Buffer that lies inside an input is the call's input's; any other is the capture's
+            own, which every replay writes again.
+
+        Raises:
+            InputError: the arguments differ from the capture's (structure, a Buffer's device,
+                dtype or shape, a constant, which Vars have values) and `recapture` is off.
+            TypeError: the arguments do not fit the function's signature; the message names the
+                nearest keyword.
+            JitTraceError: with `check_trace=True`, a replay's Python issued different work.
+            VarError: a Var has no value, or one outside its bounds.
         """
         from ._background import forward_target
 
@@ -614,15 +646,27 @@ def jit(
 ) -> Any:
     """Capture an async function's eager work once, then replay it as a Graph.
 
-    `@ag.jit` or `@ag.jit(recapture=True, max_captures=4, check_trace=False)`.
-    Call 1 runs eagerly, call 2 runs eagerly and captures, calls 3+ replay. Buffer
-    arguments are the graph's inputs; other arguments are constants of the capture;
-    `var_vals={var: value}` gives the Vars' values. A call whose arguments differ from
-    the capture raises InputError, or, with recapture=True, is captured in its turn (up
-    to max_captures graphs kept, least recently used dropped). Returned buffers that
-    lie in an input follow the call's input; other returned buffers are the capture's
-    own, and each replay writes them again. check_trace=True re-runs the function's
-    Python on each replay (without its work) and raises JitTraceError on a difference.
+    `@ag.jit`, or `@ag.jit(recapture=True, max_captures=4, check_trace=False)`. Write the
+    function with the runtime's eager calls (`rt.launch`, `rt.copy`, `rt.run`). Call 1 runs
+    eagerly, call 2 runs eagerly and captures, calls 3 and later replay. Buffer arguments
+    are the graph's inputs; other arguments are constants of the capture. Buffers the
+    function allocates are allocated once, at capture. The replay repeats the capture
+    call's path: branches on buffer contents or globals are frozen at capture.
+
+    Args:
+        fn: the async function (when used as `@ag.jit` without parentheses).
+        recapture: capture a call whose arguments differ from the captures' instead of
+            raising InputError, keeping one graph per signature.
+        max_captures: with `recapture`, the most graphs kept (the least recently used is
+            dropped).
+        check_trace: re-run the function's Python on each replay (without its work) and
+            raise JitTraceError on any difference.
+
+    Returns:
+        The JitFunction, or (called with options only) a decorator that makes one.
+
+    Raises:
+        UsageError: `fn` is not an async function, or `max_captures` is not an int >= 1.
     """
 
     def wrap(f: Any) -> JitFunction:

@@ -1,7 +1,7 @@
 """Timeline pictures of a Profile: a Gantt chart with one row per queue actor.
 
-matplotlib comes with the plot extra (`pip install -e ".[plot]"` in a checkout), imported only here and
-only when a plot is asked for, so the default install stays lean.
+matplotlib comes with the plot extra (`pip install -e ".[plot]"` in a checkout), imported
+only here and only when a plot is asked for, so the default install stays lean.
 """
 
 from __future__ import annotations
@@ -53,21 +53,39 @@ def plot_timeline(
     fold_idle: bool = False,
     row_per_device: bool = False,
 ) -> str:
-    """Draw `profile` as a Gantt chart and save it to `path` (format from its suffix).
+    """Draw `profile` as a Gantt chart and save it to `path`.
 
-    One row per actor; kernels and copies in different colours, parked waits in grey,
-    the critical path of each replay underlined in red. Above the rows each replay's span
-    is labelled ("replay 3", or "graph 2, replay 3" when the profile holds replays of
-    several graphs), and every other replay's items are hatched, so replays that overlap
-    (submitted back to back) can be told apart; a profile of more than 16 replays is
-    drawn without them. `replays=[9, 10]` draws only those replays (by number, of every
-    graph), so the axis spans them alone. Returns the path written.
+    One row per queue actor; kernels blue, copies orange, parked waits grey, each replay's
+    critical path underlined in red, the legend beside the axes. Above the rows each
+    replay's span is labelled ("replay 3", or "graph 2, replay 3" when the profile holds
+    replays of several graphs) and every other replay's items are hatched, so replays that
+    overlap (submitted back to back) can be told apart; a profile of more than 16 replays
+    is drawn without them. An idle stretch longer than the longest run of work is cut from
+    the time axis at a dashed line that says how long it was. Needs the plot extra
+    (matplotlib).
 
-    For many devices: `groups` (a mapping or a function of a device or actor name, say
-    `ag.sim_nodes(rt)`) draws the rows of one group together, in bands labelled with the
-    group on the right (an int group is labelled "node N"); `fold_idle=True` leaves out the rows that ran nothing (each
-    group's label counts them); `row_per_device=True` draws a device's queues in one
-    row, kernels in its upper half and copies in its lower half.
+    Args:
+        profile: the Profile to draw (`rt.profile()`).
+        path: the picture's file; its suffix (.png, .svg, .pdf) chooses the format.
+        title: the chart's title (default: how many replays and items).
+        critical_path: underline each replay's critical path.
+        replays: draw only these replays (numbers as in Replay.number, of every graph), on
+            an axis that spans them alone.
+        groups: for many devices, a mapping or a function of device or actor names to a
+            group (say `ag.sim_nodes(rt)`; an int group is labelled "node N"): each group's
+            rows are drawn together in a labelled band.
+        fold_idle: leave out the rows that ran nothing (each band counts them).
+        row_per_device: draw a device's queues in one row, kernels in its upper half and
+            copies in its lower half.
+
+    Returns:
+        The path written, as a string.
+
+    Raises:
+        UsageError: `profile` is no Profile, `replays` names no replay of it, or `groups`
+            is neither a mapping nor a function.
+        MissingExtraError: matplotlib is not installed (the message says how to install the
+            plot extra).
     """
     if not isinstance(profile, Profile):
         raise UsageError(f"plot_timeline takes a Profile (from rt.profile()), got {profile!r}")

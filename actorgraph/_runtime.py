@@ -101,7 +101,11 @@ class RuntimeStatistics:
 
 
 class Runtime:
-    """Devices and their actors, alive inside `async with open_runtime(...)`."""
+    """Devices and their queue actors, alive inside `async with open_runtime(...)`.
+
+    Open one with `open_runtime`; every call below is ordered with all other work on the
+    devices it touches (each device keeps a timeline that every submission advances).
+    """
 
     def __init__(self, device_names: Sequence[str], **options: Any) -> None:
         if isinstance(device_names, str) or not device_names:
@@ -194,17 +198,21 @@ class Runtime:
 
     @property
     def devices(self) -> tuple[str, ...]:
+        """The names of the devices this runtime opened, in the order given."""
         return tuple(self._devices)
 
     @property
     def submissions(self) -> int:
-        """Submissions made (replays, eager items, host copies): each moves the KICK by one
-        as it is made, posted or run where it was made."""
+        """How many submissions were made (replays, eager items and host copies).
+
+        Each moves the runtime's KICK timeline by one as it is made, posted or run where it
+        was made.
+        """
         return self.kick.value
 
     @property
     def replays(self) -> int:
-        """Graph replays submitted: those finished and those in flight, over every graph."""
+        """Graph replays submitted over every graph, finished or still in flight."""
         return sum(c.done + len(c.in_flight) for c in self._graph_counts)
 
     @property
@@ -214,6 +222,7 @@ class Runtime:
 
     @property
     def graphs_compiled(self) -> int:
+        """How many graphs this runtime has compiled."""
         return len(self._graph_counts)
 
     def adopt(self, counts: ReplayCounts) -> int:
@@ -232,8 +241,15 @@ class Runtime:
         return f"<Runtime {self.number} on {', '.join(self._devices)}{state}>"
 
     def owns(self, buffer: Buffer) -> bool:
-        """Whether this runtime made `buffer` (not another runtime, which may have a
-        device of the same name)."""
+        """Whether this runtime made `buffer`.
+
+        Args:
+            buffer: a Buffer, of this runtime or another (which may have a device of the same
+                name).
+
+        Returns:
+            True when this runtime allocated or wrapped it.
+        """
         return buffer.runtime is self
 
     def check_own(
@@ -263,6 +279,17 @@ class Runtime:
         self._profiled.append(record)
 
     def device(self, name: str) -> Device:
+        """The open device of this name (its queues, its statistics, a worker's connection).
+
+        Args:
+            name: a device name given to open_runtime, say "CPU:0".
+
+        Returns:
+            The device object.
+
+        Raises:
+            UsageError: no device of that name is open in this runtime.
+        """
         try:
             return self._devices[name]
         except KeyError:
@@ -272,6 +299,12 @@ class Runtime:
             ) from None
 
     def statistics(self) -> RuntimeStatistics:
+        """A frozen snapshot of the runtime's counts.
+
+        Returns:
+            Replays submitted and done, submissions in flight, waits parked and the seconds
+            blocked on them, bytes copied, and each actor's own statistics (`.actors`).
+        """
         actors = tuple(
             actor.statistics() for d in self._devices.values() for actor in d.queues.values()
         )
@@ -290,12 +323,24 @@ class Runtime:
         )
 
     def actor_names(self) -> tuple[str, ...]:
+        """The names of the queue actors, in device order: "CPU:0/compute", "CPU:0/copy", ...
+
+        Returns:
+            One name per queue actor of every device, as profiles and timelines name rows.
+        """
         return tuple(a.name for d in self._devices.values() for a in d.queues.values())
 
     def profile(self, *, clear: bool = False) -> Profile:
-        """Every profiled replay so far, as one Profile (`clear=True` starts afresh after).
+        """Every profiled replay so far, as one Profile.
 
-        Replays are profiled with `open_runtime(..., profile=True)` or `graph(..., profile=True)`.
+        Replays are profiled with `open_runtime(..., profile=True)` (every replay) or
+        `graph(..., profile=True)` (that replay).
+
+        Args:
+            clear: forget the records after reading them, so the next profile starts afresh.
+
+        Returns:
+            The Profile: an event per item per profiled replay.
         """
         profile = build_profile(self.actor_names(), self._profiled)
         if clear:
@@ -307,9 +352,26 @@ class Runtime:
     def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Buffer:
         """A new buffer on `device`, filled with zeros.
 
-        `shape` (an int or a tuple) counts elements of `dtype`, never bytes:
-        `rt.alloc("CPU:0", 1024, np.float32)` holds 1024 floats, 4096 bytes (`buf.nbytes`).
-        Memory starts as zeros on every device kind (a CUDA device sets it with a memset).
+        Memory starts as zeros on every device kind (a CUDA device sets it with a memset that
+        finishes before alloc returns).
+
+        Args:
+            device: the name of an open device, say "CPU:0".
+            shape: an int or a tuple of ints >= 0 (numpy ints too): how many elements of
+                `dtype`, never bytes. `rt.alloc("CPU:0", 1024, np.float32)` holds 1024 floats,
+                4096 bytes (`buf.nbytes`).
+            dtype: a numpy dtype of fixed-size numbers (bool, int, uint, float, complex) or raw
+                bytes ("V8").
+
+        Returns:
+            The Buffer, owned by this runtime.
+
+        Raises:
+            UsageError: the device is not open, the shape is not one of ints >= 0 or holds more
+                than 2**63 - 1 bytes, or the dtype is an object, string, structured, sub-array
+                or date dtype.
+            ClosedError: the runtime has closed (or an earlier fault broke it), or the device
+                is a worker's whose connection is lost.
         """
         self.check_open()
         dev = self.device(device)
@@ -336,13 +398,28 @@ class Runtime:
     ) -> Buffer:
         """A Buffer over host memory actorgraph did not allocate, on a CPU device.
 
-        `source` is an address (with `nbytes=`), or an object exporting host memory through
-        `__dlpack__` or the buffer protocol (kept alive by the Buffer). Buffers made by
-        wrap on one device compare by address: two wrappers of overlapping memory alias,
-        so the planner orders items that use them. Memory wrapped on another device, or
-        an rt.alloc buffer's, is refused (see HostMemory). `rt.free(buf)` forgets the
-        wrapper; the memory stays its owner's, who must keep it alive while work that
-        uses it may run.
+        Buffers made by wrap on one device compare by address: two wrappers of overlapping
+        memory alias, so the planner orders items that use them. `rt.free(buf)` forgets the
+        wrapper; the memory stays its owner's, who must keep it alive while work that uses
+        it may run.
+
+        Args:
+            device: the CPU device whose work the memory joins, say "CPU:0".
+            source: an address (an int, with `nbytes=`), or an object exporting host memory
+                through `__dlpack__` or the buffer protocol (a numpy array, say), which the
+                Buffer keeps alive. Read-only memory is refused.
+            nbytes: the size in bytes of the memory at an address.
+            dtype: the numpy dtype of the Buffer's elements.
+            shape: the Buffer's shape in elements (default: all of the memory, flat).
+
+        Returns:
+            The Buffer.
+
+        Raises:
+            UsageError: `source` is a Buffer of this runtime (use it, or a view of it), memory
+                already wrapped on another device or allocated by `rt.alloc`, read-only memory,
+                or a size, dtype or shape that does not fit it.
+            ClosedError: the runtime has closed, or an earlier fault broke it.
         """
         self.check_open()
         if isinstance(source, Buffer):
@@ -359,7 +436,19 @@ class Runtime:
         return wrap_memory(dev, uid, source, nbytes, dtype, shape, self, self._host_memory)
 
     def free(self, buffer: Buffer) -> None:
-        """Release a base buffer's memory; later use of it or its views is an error."""
+        """Release a base buffer's memory; later use of it or of its views is an error.
+
+        It returns at once: work submitted before it (a `graph.submit()` not yet awaited, say)
+        still finishes with the memory, which goes back to the device when that work is done
+        (`rt.frees_pending` counts the wait). A wrapped buffer's memory stays its owner's.
+
+        Args:
+            buffer: a base Buffer (not a view) of this runtime.
+
+        Raises:
+            UsageError: `buffer` is no Buffer, is a view, belongs to another runtime, or was
+                freed already (BufferFreedError).
+        """
         if not isinstance(buffer, Buffer):
             raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
@@ -465,6 +554,7 @@ class Runtime:
 
     @property
     def in_flight(self) -> int:
+        """Submissions posted to the actors and not complete yet."""
         return len(self._pending)
 
     def _break(self, error: BaseException) -> None:
@@ -554,7 +644,19 @@ class Runtime:
         return program
 
     async def copyin(self, buffer: Buffer, array: Any) -> None:
-        """Copy a host array into `buffer` (after all earlier work on its device)."""
+        """Copy a host array into `buffer`, after all earlier work on its device.
+
+        Args:
+            buffer: the Buffer to write, of this runtime.
+            array: host data of the buffer's size (a numpy array, or anything numpy turns into
+                one), cast to the buffer's dtype.
+
+        Raises:
+            UsageError: `buffer` is no live Buffer of this runtime, or `array` is no host data
+                of its size; or an @ag.jit function being captured calls it (a replay cannot
+                repeat it).
+            ClosedError: the runtime has closed, or the buffer's worker is lost.
+        """
         self.check_open()
         _capture.check_host_transfer("copyin")
         data = self._host_array(buffer, array)
@@ -564,7 +666,19 @@ class Runtime:
         await self._run_host(program, op)
 
     async def copyout(self, buffer: Buffer) -> np.ndarray[Any, Any]:
-        """A host copy of `buffer`'s contents (after all earlier work on its device)."""
+        """A host copy of `buffer`'s contents, after all earlier work on its device.
+
+        Args:
+            buffer: the Buffer to read, of this runtime.
+
+        Returns:
+            A new numpy array of the buffer's shape and dtype.
+
+        Raises:
+            UsageError: `buffer` is no live Buffer of this runtime; or an @ag.jit function
+                being captured calls it.
+            ClosedError: the runtime has closed, or the buffer's worker is lost.
+        """
         self.check_open()
         _capture.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
@@ -625,7 +739,19 @@ class Runtime:
         return np.array(data.reshape(buffer.shape), copy=True)
 
     async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> None:
-        """Run items eagerly, one after another: the reference semantics for graphs."""
+        """Run items eagerly, one after another: the reference semantics for graphs.
+
+        Inside an @ag.jit function the items are recorded into the capture too.
+
+        Args:
+            items: a list of Launch and Copy items on this runtime's buffers.
+            var_vals: the value of every Var the items' launches read, `{n: 1000}`.
+
+        Raises:
+            UsageError: an item is no Launch or Copy, or uses a buffer of another runtime.
+            VarError: a Var the items need has no value, or one outside its bounds.
+            ItemError: an item raised while it ran; the original error is its `__cause__`.
+        """
         self.check_open()
         checked = self._checked_items(items, "rt.run")
         scope = _capture.current_scope()
@@ -669,7 +795,22 @@ class Runtime:
         local_size: Any = None,
         var_vals: Mapping[Any, int] | None = None,
     ) -> None:
-        """Launch one kernel now: `rt.run([Launch(...)])`; recorded inside an @ag.jit function."""
+        """Launch one kernel now: `rt.run([Launch(...)])`, recorded inside an @ag.jit function.
+
+        Args:
+            kernel: the Kernel to run.
+            bufs: its buffers, in the kernel's slot order.
+            vars: the Vars the kernel body takes after the buffers.
+            fixedvars: Var values fixed for this launch, `{n: 4096}`.
+            global_size: the launch's grid (an int, a tuple, or expressions of Vars).
+            local_size: the launch's block (likewise).
+            var_vals: the call's values of the Vars that are not fixed.
+
+        Raises:
+            UsageError: see `run` and `Launch`.
+            VarError: a Var has no value, or one outside its bounds.
+            ItemError: the kernel raised.
+        """
         item = Launch(
             kernel,
             bufs,
@@ -681,7 +822,16 @@ class Runtime:
         await self.run([item], var_vals)
 
     async def copy(self, dst: Buffer, src: Buffer) -> None:
-        """Copy `src` into `dst` now: `rt.run([Copy(dst, src)])`; recorded inside @ag.jit."""
+        """Copy `src` into `dst` now: `rt.run([Copy(dst, src)])`, recorded inside @ag.jit.
+
+        Args:
+            dst: the Buffer written.
+            src: the Buffer read: the same dtype and size, on any device of this runtime.
+
+        Raises:
+            UsageError: see `run` and `Copy`.
+            ItemError: the copy failed.
+        """
         await self.run([Copy(dst=dst, src=src)])
 
     async def _build_kernels(self, items: Sequence[Item]) -> None:
@@ -721,10 +871,35 @@ class Runtime:
         var_vals: Mapping[Any, int] | None = None,
         max_sizes: Sequence[int | None] | None = None,
     ) -> Pending[Graph]:
-        """`graph = await rt.compile(items, inputs)`: plan `items` once.
+        """Plan `items` once: `graph = await rt.compile(items, inputs=[...])`.
 
-        Returns an awaitable; any other use of it (`async with`, `.plan`, a call) raises
-        a UsageError saying to await it. See _compile for the options.
+        The Graph replays the items with new input buffers and Var values on every call.
+
+        Args:
+            items: a list of Launch and Copy items on this runtime's buffers.
+            inputs: the buffers a call may replace, in the order calls pass them.
+            verify: prove the plan deadlock-free and race-free (default: the runtime's
+                `verify_plans`).
+            aliasing: "refuse" (inputs sharing memory with each other or with a buffer the
+                graph uses internally are an error) or "replan" (plan again for that aliasing,
+                cached per set of input buffers).
+            order: "jit" keeps each queue's items in list order; "cost" lets a list scheduler
+                order them by the devices' cost estimates (SIM's cost model; items elsewhere
+                count as 0 s), keeping the order of items that touch the same bytes, so
+                results are the same.
+            var_vals: Var values for the cost estimates of `order="cost"`.
+            max_sizes: one entry per input: `n` lets that input be any buffer of its dtype and
+                device with at most `n` elements per call (the plan treats it as holding `n`);
+                None keeps the compiled shape.
+
+        Returns:
+            An awaitable of the Graph; any other use of it (`async with`, `.plan`, a call)
+            raises a UsageError saying to await it.
+
+        Raises:
+            UsageError: no items, an item or input that is no Buffer of this runtime, inputs
+                that overlap, or a bad option (checked when awaited).
+            PlanError: the plan fails its verification (`verify=True`).
         """
         options = {
             "verify": verify,
@@ -862,19 +1037,42 @@ class Runtime:
 async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[Runtime]:
     """Open devices and run their queue actors for the duration of the block.
 
-    Options: timeline_start (int, initial device/queue timeline value, < 2**64),
-    cpu_thread_bytes (kernels touching at least this many bytes run on the device's
-    worker thread), verify_plans (check every compiled plan for deadlocks and races),
-    max_in_flight (submissions posted but not complete before submit blocks; 256),
-    deadlock_check (seconds between checks of in-flight work; 0.25),
-    watchdog (seconds without progress before a stall is logged and recorded; off),
-    profile (record item times of every graph replay; read them with `rt.profile()`),
-    sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel),
-    remote_token / remote_token_file (the token of the workers of remote devices; with
-    neither, the file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
-    remote_tls_ca (the CA file the certificates of workers that speak TLS are checked
-    against: connections to workers go over TLS), remote_timeout (seconds to connect to
-    a worker, default 10).
+    `async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:` gives the Runtime; leaving the
+    block cancels and joins every actor (work they never ran fails with ClosedError). An
+    error raised in the block comes out as itself; several at once as an ExceptionGroup.
+
+    Args:
+        devices: device names: "CPU:N", "SIM:N", "CUDA:N", or "KIND:N@HOST:PORT" for a
+            device of a worker.
+        **options: the runtime's and the device kinds' options (an option of a kind not
+            opened is no error):
+            `timeline_start` (the first timeline value, below 2**64),
+            `verify_plans` (prove every compiled plan deadlock- and race-free),
+            `profile` (record the item times of every replay; read them with
+            `rt.profile()`),
+            `max_in_flight` (submissions posted and not complete before submitting
+            blocks; 256),
+            `deadlock_check` (seconds between checks of in-flight work; 0.25),
+            `watchdog` (seconds without progress before a stall is logged and recorded
+            in `rt.stalls`; off),
+            `cpu_thread_bytes` (CPU kernels touching at least this many bytes run on the
+            device's worker thread; 1 MiB),
+            `sim_preset` (SIM devices' cost model: "nvlink8", "pcie8", "nvlink8x8",
+            "pcie4x4" or an ag.CostModel),
+            `cuda_driver` ("fake" runs CUDA devices without a GPU), `cuda_graphs`,
+            `cuda_graph_min_items`, `cuda_mem_ops`, `cuda_no_peer`,
+            `remote_token` / `remote_token_file` (the workers' token; with neither, the
+            file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
+            `remote_tls_ca` (the CA file workers' certificates are checked against: the
+            connections speak TLS), `remote_timeout` (seconds to connect; 10).
+
+    Yields:
+        The open Runtime.
+
+    Raises:
+        UsageError: no devices, a device listed twice, an option that nothing takes (the
+            message names the closest one), or a bad option value.
+        DeviceError: a device name of no known kind, or a device that cannot open here.
     """
     runtime = Runtime(devices, **options)
     single: BaseException | None = None

@@ -81,7 +81,9 @@ class LaunchRequest(NamedTuple):
 
 
 class DeviceError(ActorGraphError):
-    """A device cannot be opened, or cannot run what it was given."""
+    """A device cannot be opened (an unknown name, no GPU, a worker that refuses), or cannot
+    run what it was given.
+    """
 
 
 class Device:

@@ -38,11 +38,16 @@ from ._topology import Route
 
 @attrs.frozen
 class SimRecord:
-    """One item as a SIM queue ran it.
+    """One item as a SIM queue ran it, in simulated seconds on trio's clock.
 
-    `submission` numbers the runtime's submissions (graph replays, eager items, host
-    copies) in the order they were made; `item` is the item's index in its jit cache
-    (or in the `rt.run` list), -1 for a host copy.
+    Attributes:
+        queue: the queue actor, "SIM:0/compute".
+        submission: which of the runtime's submissions (graph replays, eager items, host
+            copies) it belongs to, numbered in the order they were made; `rt.kick.value`
+            is the latest.
+        item: the item's index in its graph (or in the `rt.run` list), -1 for a host copy.
+        start: when it started.
+        end: when it ended.
     """
 
     queue: str

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
+import inspect
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 from _paths import ROOT, TESTS, child_pythonpath
 
@@ -152,3 +159,158 @@ def test_no_document_keys_an_aside_by_release_in_shorthand() -> None:
         for match in _RELEASE_SHORTHAND.finditer(doc.read_text())
     ]
     assert not found, f"write these out (what each release does, in words): {found}"
+
+
+# -- the API reference: every public name, with parameters, returns and raises ---------------
+
+_DIRECTIVE_RST = re.compile(
+    r"^\.\. (?P<kind>auto\w+|py:\w+):: (?P<name>\S+)\n(?P<options>(?:   :[\w-]+:.*\n)*)", re.M
+)
+
+
+def api_entries() -> list[tuple[str, str, list[str]]]:
+    """(directive, dotted name, members listed) of every entry of the API pages."""
+    entries = []
+    for page in sorted((ROOT / "docs" / "api").glob("*.md")):
+        for match in _DIRECTIVE_RST.finditer(page.read_text()):
+            members = re.search(r":members: (.*)", match.group("options"))
+            listed = [m.strip() for m in members.group(1).split(",")] if members else []
+            entries.append((match.group("kind"), match.group("name"), listed))
+    return entries
+
+
+def resolve(dotted: str) -> object:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_the_api_reference_has_every_public_name() -> None:
+    import actorgraph
+
+    documented = {name for _, name, _ in api_entries()}
+    wanted = {f"actorgraph.{n}" for n in actorgraph.__all__}
+    if importlib.util.find_spec("tinygrad") is not None:
+        import actorgraph.tinygrad
+
+        wanted |= {f"actorgraph.tinygrad.{n}" for n in actorgraph.tinygrad.__all__}
+    assert not wanted - documented, f"not in docs/api/*.md: {sorted(wanted - documented)}"
+
+
+def _params(fn: Any) -> list[str]:
+    """The parameters a caller passes, as a docstring names them (`*args`, `**options`)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    return [
+        prefix.get(p.kind, "") + p.name
+        for p in signature.parameters.values()
+        if p.name not in ("self", "cls")
+    ]
+
+
+def _section(doc: str, title: str) -> str | None:
+    """The text of a Google-style section (`Args:`, `Returns:`, ...), or None."""
+    match = re.search(rf"^{title}:\n((?:[ \t]+.*\n?|\n)+)", doc, re.M)
+    return None if match is None else match.group(1)
+
+
+def _raises_itself(fn: Any) -> bool:
+    """Whether `fn`'s own body (not a function nested in it) has a raise statement."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return False
+    tree = ast.parse(source).body[0]
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+    def walk(node: ast.AST) -> Iterator[ast.AST]:
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, nested):
+                yield child
+                yield from walk(child)
+
+    return any(isinstance(node, ast.Raise) for node in walk(tree))
+
+
+def callable_faults(where: str, fn: Any) -> list[str]:
+    """What a function's or method's docstring lacks: a summary, an `Args:` entry per
+    parameter, `Returns:` (or `Yields:`) unless it returns None, `Raises:` where it raises."""
+    doc = inspect.getdoc(fn) or ""
+    if not doc:
+        return [f"{where}: no docstring"]
+    faults = []
+    params = _params(fn)
+    args = _section(doc, "Args") or ""
+    for name in params:
+        if not re.search(rf"^\s+{re.escape(name)}\b[^\n]*:", args, re.M):
+            faults.append(f"{where}: parameter {name!r} is not under Args:")
+    returns = inspect.signature(fn).return_annotation
+    if returns not in ("None", None, inspect.Signature.empty):
+        if _section(doc, "Returns") is None and _section(doc, "Yields") is None:
+            faults.append(f"{where}: no Returns: section (it returns {returns})")
+    if _raises_itself(fn) and _section(doc, "Raises") is None:
+        faults.append(f"{where}: it raises, but has no Raises: section")
+    return faults
+
+
+def _first_line_types_itself(doc: str) -> bool:
+    # napoleon reads a property's "text: more" first line as "type: description".
+    first = re.sub(r"`[^`]*`|\([^)]*\)", "", doc.splitlines()[0])
+    return bool(re.search(r":\s", first))
+
+
+# Classes whose objects actorgraph makes and hands out (a user never constructs one), so
+# their constructors are no part of the API: only what they offer is.
+MADE_FOR_YOU = frozenset(
+    [
+        "Runtime", "Buffer", "Graph", "Replay", "BackgroundRuntime", "BackgroundGraph",
+        "Call", "JitFunction", "JitGraph", "ActorGraph",
+    ]
+)  # fmt: skip
+
+
+def class_faults(kind: str, where: str, cls: Any, members: list[str]) -> list[str]:
+    """What a class's docstring lacks: a summary, an `Args:` or `Attributes:` entry per
+    constructor parameter (for classes users make or read fields of), and what
+    `callable_faults` asks of each method listed; a property needs a docstring whose
+    first line napoleon does not read as a type."""
+    doc = inspect.getdoc(cls) or ""
+    faults = [] if doc else [f"{where}: no docstring"]
+    own_init = "__init__" in vars(cls) or attrs.has(cls)
+    made_here = cls.__name__ in MADE_FOR_YOU
+    fields = (
+        [p for p in _params(cls) if not p.startswith("*")] if own_init and not made_here else []
+    )
+    if kind == "autoexception":
+        fields = [f for f in fields if f != "message"]
+    section = (_section(doc, "Args") or "") + (_section(doc, "Attributes") or "")
+    for name in fields:
+        if not re.search(rf"^\s+{re.escape(name)}\b[^\n]*:", section, re.M):
+            faults.append(f"{where}: {name!r} is under neither Args: nor Attributes:")
+    for member in members:
+        value = inspect.getattr_static(cls, member)
+        if not (isinstance(value, property) or inspect.isfunction(value)):
+            faults.append(f"{where}.{member}: a field; say it under the class's Attributes:")
+        elif isinstance(value, property):
+            text = inspect.getdoc(value) or ""
+            if not text:
+                faults.append(f"{where}.{member}: no docstring")
+            elif _first_line_types_itself(text):
+                faults.append(f"{where}.{member}: a colon in the first line reads as a type")
+        elif inspect.isfunction(value):
+            faults += callable_faults(f"{where}.{member}", value)
+    return faults
+
+
+def test_every_documented_name_has_its_parameters_returns_and_raises() -> None:
+    faults: list[str] = []
+    for kind, name, members in api_entries():
+        if name.startswith("actorgraph.tinygrad") and importlib.util.find_spec("tinygrad") is None:
+            continue
+        if kind in ("autofunction",):
+            faults += callable_faults(name, resolve(name))
+        elif kind in ("autoclass", "autoexception"):
+            faults += class_faults(kind, name, resolve(name), members)
+    assert not faults, f"{len(faults)} docstrings to complete:\n" + "\n".join(faults)

@@ -59,11 +59,19 @@ class Inline:
 
 @attrs.frozen
 class TinygradStatistics:
-    """`graphs`: runners tinygrad built (one per graphed batch of a jit); `plans`: their
-    plans (one per batch, plus one per new largest input size where tinygrad does not
-    say the largest); `replays`: runner calls; `handed_off`: replays that ran on the
-    runtime's thread (items on a worker thread, or the runtime busy), the rest ran on
-    the caller's thread; `version`: the tinygrad release."""
+    """What install() has done, as `agt.statistics()` reports it.
+
+    Attributes:
+        installed: whether install() is in effect.
+        version: the installed tinygrad release.
+        graphs: runners tinygrad built (one per graphed batch of a jit).
+        plans: their plans (one per batch, plus one per new largest input size where
+            tinygrad does not say the largest).
+        replays: runner calls.
+        handed_off: replays that ran on the runtime's thread (items on a worker thread, or
+            the runtime busy); the rest ran on the caller's thread.
+        devices: the CPU devices the runtime opened.
+    """
 
     installed: bool
     version: str
