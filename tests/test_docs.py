@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import ast
+import html
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from _extras import importorskip
 from _paths import ROOT, TESTS, child_pythonpath
+from test_readme import Block, parse_blocks, run_block
 
 GUARD = 300  # seconds: a hang guard for a child pytest run
 
@@ -314,3 +319,202 @@ def test_every_documented_name_has_its_parameters_returns_and_raises() -> None:
         elif kind in ("autoclass", "autoexception"):
             faults += class_faults(kind, name, resolve(name), members)
     assert not faults, f"{len(faults)} docstrings to complete:\n" + "\n".join(faults)
+
+
+# -- every page's code runs, as the README's does ---------------------------------------------
+
+DOCS = ROOT / "docs"
+
+
+def doc_pages() -> list[Path]:
+    """The site's Markdown pages, and the front page kept for the README."""
+    return [
+        page
+        for page in sorted(DOCS.rglob("*.md"))
+        if not {"_build", "notebooks"} & set(page.relative_to(DOCS).parts)
+    ]
+
+
+PAGE_BLOCKS = [
+    (page, block) for page in doc_pages() for block in parse_blocks(page.read_text(), page.name)
+]
+
+
+@pytest.mark.parametrize(
+    ("page", "block"),
+    PAGE_BLOCKS,
+    ids=[f"{p.relative_to(DOCS).with_suffix('')}-{b.name}" for p, b in PAGE_BLOCKS],
+)
+def test_docs_page_block(
+    page: Path, block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_block(block, page, tmp_path, monkeypatch)
+
+
+def test_every_page_with_code_is_run() -> None:
+    # Counted a second, cruder way, so a parser slip cannot leave a page's code unrun.
+    for page in doc_pages():
+        fences = re.findall(r"^[ \t]*```(?:python|py)[ \t]*$", page.read_text(), re.M)
+        assert len([b for p, b in PAGE_BLOCKS if p == page]) == len(fences), page.name
+
+
+def _readme_set_up_commands() -> list[str]:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    commands = [line for line in lines if line.startswith("python3 -m venv .venv && ")]
+    assert len(commands) == 2, commands  # set up and run the demo; set up and run the tests
+    return commands
+
+
+def test_the_docs_give_the_readmes_two_set_up_commands_as_written() -> None:
+    # They run the demo and the tests on a fresh machine (CI runs the second as written).
+    for name in ("index.md", "getting-started.md", "README-front.md"):
+        blocks = "".join(_SHELL_BLOCK.findall((DOCS / name).read_text()))
+        for command in _readme_set_up_commands():
+            assert f"{command}\n" in blocks, f"{name} lacks {command!r}"
+
+
+def test_the_docs_build_command_is_the_readmes_everywhere() -> None:
+    # CI runs the README's as written; the pages that tell it must say the same.
+    lines = (ROOT / "README.md").read_text().splitlines()
+    (command,) = [line for line in lines if "python -m sphinx" in line]
+    assert command.startswith('pip install -e ".[docs]" && ') and " -W " in command
+    for name in ("README-front.md", "how-it-is-built.md"):
+        blocks = "".join(_SHELL_BLOCK.findall((DOCS / name).read_text()))
+        assert f"{command}\n" in blocks, f"{name} lacks {command!r}"
+
+
+def test_the_pictures_are_drawn_by_the_pages_code(tmp_path: Path) -> None:
+    importorskip("matplotlib")
+    done = subprocess.run(
+        [sys.executable, str(DOCS / "make_pictures.py"), "--out", str(tmp_path)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=child_pythonpath(), MPLBACKEND="Agg"),
+        capture_output=True,
+        text=True,
+        timeout=GUARD,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for picture in ("concepts-timeline.png",):
+        drawn = (tmp_path / picture).read_bytes()
+        assert drawn.startswith(b"\x89PNG\r\n\x1a\n") and len(drawn) > 10_000
+        assert (DOCS / "_static" / picture).read_bytes().startswith(b"\x89PNG")  # committed
+
+
+# -- the site: built with warnings as errors, then looked at in a browser ----------------------
+
+_DOCS_EXTRA = ("sphinx", "myst_nb", "furo")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site built from docs/ with warnings as errors; its html folder."""
+    missing = [m for m in _DOCS_EXTRA if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(
+            f'{", ".join(missing)} not installed: pip install -e ".[docs]" in the checkout '
+            f"installs what builds the docs"
+        )
+    out = tmp_path_factory.mktemp("site") / "html"
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html"]
+        + [str(DOCS), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=GUARD * 2,
+    )
+    assert done.returncode == 0, f"the docs build failed:\n{done.stdout}\n{done.stderr}"
+    return out
+
+
+def test_the_site_builds_with_warnings_as_errors(site: Path) -> None:
+    for page in ("index", "getting-started", "concepts", "howto/tinygrad", "api/runtime"):
+        assert (site / f"{page}.html").is_file(), page
+    notebooks = sorted(p.stem for p in (ROOT / "examples").glob("*.ipynb"))
+    assert sorted(p.stem for p in (site / "notebooks").glob("*.html")) == notebooks
+    # A notebook is shown with its committed outputs: its printed lines and its plots.
+    for name in notebooks:
+        cells = json.loads((ROOT / "examples" / f"{name}.ipynb").read_text())["cells"]
+        printed = [
+            line.strip()
+            for cell in cells
+            for output in cell.get("outputs", [])
+            if output.get("output_type") == "stream"
+            for line in output["text"]
+            if len(line.strip()) > 12
+        ]
+        shown = html.unescape((site / "notebooks" / f"{name}.html").read_text())
+        assert printed and printed[0] in shown, (name, printed[:1])
+    assert "<img" in (site / "notebooks" / "01_quickstart.html").read_text()
+
+
+# What a person sees on three pages: the landing page, a how-to, the API reference.
+LOOKED_AT = {
+    "index": ("actorgraph", 2),
+    "howto/tinygrad": ("tinygrad", 5),
+    "api/runtime": ("Runtime, buffers and graphs", 0),
+}
+_LINKS = "Array.from(document.querySelectorAll('a[href]')).map(a => a.href)"
+_CODE = "document.querySelectorAll('div.highlight pre').length"
+_HEADINGS = "Array.from(document.querySelectorAll('h1, h2, h3')).map(h => h.textContent)"
+_API = "document.querySelectorAll('dl.py.function, dl.py.class, dl.py.method').length"
+
+
+def _ids(page: Path, cache: dict[Path, set[str]]) -> set[str]:
+    if page not in cache:
+        cache[page] = set(re.findall(r'\bid="([^"]+)"', page.read_text(errors="replace")))
+    return cache[page]
+
+
+def test_the_site_as_a_person_sees_it(site: Path) -> None:
+    from _chromium import CHROMIUM, Browser
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    shots = DOCS / "_build" / "screenshots"  # git-ignored, for a person to look at
+    shots.mkdir(parents=True, exist_ok=True)
+    pages = sorted(site.rglob("*.html"))
+    broken: list[str] = []
+    ids: dict[Path, set[str]] = {}
+    with Browser(guard=GUARD) as browser:
+        for page in pages:
+            browser.open(page.as_uri())
+            name = page.relative_to(site).with_suffix("").as_posix()
+            if name in LOOKED_AT:
+                title, code_blocks = LOOKED_AT[name]
+                headings = browser.evaluate(_HEADINGS)
+                assert headings and headings[0].rstrip("¶#") == title, (name, headings)
+                assert len(headings) > 1, (name, headings)
+                assert browser.evaluate(_CODE) >= code_blocks, name
+                shot = browser.screenshot()
+                assert shot.startswith(b"\x89PNG") and len(shot) > 20_000, name
+                (shots / f"{name.replace('/', '-')}.png").write_bytes(shot)
+            if name == "api/runtime":
+                assert browser.evaluate(_API) >= 20  # the entries rendered, not raw text
+                assert ".. py:" not in browser.evaluate("document.body.innerText")
+            for link in browser.evaluate(_LINKS):
+                if not link.startswith("file://"):
+                    continue  # another site's page
+                target, _, anchor = link.removeprefix("file://").partition("#")
+                target_path = Path(urllib.parse.unquote(target))
+                if target_path.is_dir():
+                    target_path = target_path / "index.html"
+                if not target_path.is_file():
+                    broken.append(f"{name}: {link} (no such page)")
+                elif anchor and target_path.suffix == ".html":
+                    if urllib.parse.unquote(anchor) not in _ids(target_path, ids):
+                        broken.append(f"{name}: {link} (no such anchor)")
+    assert len(pages) >= 20
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_front_pages_links_lead_to_pages() -> None:
+    # docs/README-front.md becomes README.md at the top of the checkout: its links are
+    # relative to there.
+    text = (DOCS / "README-front.md").read_text()
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    assert len(links) >= 15
+    missing = [link for link in links if not (ROOT / link).is_file()]
+    assert not missing, missing
+    assert len(text.splitlines()) <= 200
