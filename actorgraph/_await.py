@@ -129,6 +129,9 @@ def listed(
     where a list of them belongs, or a host array, whose elements are no Buffers) or
     anything else that is no sequence raises `error` saying what the call takes (`takes`)
     and how to write it (`write`)."""
+    kind = type(value)
+    if kind is list or kind is tuple:  # what calls are given: no more to check, per replay
+        return tuple(value)  # type: ignore[arg-type]
     if (
         isinstance(value, (str, bytes))
         or not hasattr(value, "__iter__")
