@@ -354,6 +354,7 @@ def run_block(block: Block, page: Path, folder: Path, monkeypatch: pytest.Monkey
         name, _, value = assignment.partition("=")
         monkeypatch.setenv(name, value)
     workers = []
+    saved_path = list(sys.path)
     try:
         for devices, port in block.options("worker"):
             worker = _Worker(devices, port, folder, page.read_text())
@@ -379,3 +380,16 @@ def run_block(block: Block, page: Path, folder: Path, monkeypatch: pytest.Monkey
     finally:
         for worker in workers:
             worker.stop()
+        _forget_imports(saved_path, folder)
+
+
+def _forget_imports(saved_path: list[str], folder: Path) -> None:
+    """Undo what a block did to this process's imports: its changes to sys.path, and the
+    modules it imported from its folder (a kernels module, say), which later tests, and
+    the workers they start with this process's path, must not see."""
+    sys.path[:] = saved_path
+    here = os.path.abspath(folder) + os.sep
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and os.path.abspath(file).startswith(here):
+            del sys.modules[name]
