@@ -48,7 +48,11 @@ def _missing_driver_error() -> type[BaseException] | None:
     return None
 
 
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_archs(), reason="the NVRTC library is not installed")
+needs_nvrtc = pytest.mark.skipif(
+    not _nvrtc_archs(),
+    reason='the NVRTC library is not installed: pip install -e ".[test]" in the checkout '
+    "(it brings nvidia-cuda-nvrtc) runs these tests",
+)
 needs_no_driver = pytest.mark.skipif(
     _missing_driver_error() is None, reason="libcuda is present: the gpu tests check these calls"
 )

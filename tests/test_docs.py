@@ -67,7 +67,7 @@ _HIDE = """\
 import sys
 
 # As if these extras were not installed: importing them raises ImportError.
-for name in ("tinygrad", "ray"):
+for name in ("tinygrad", "ray", "dask"):
     sys.modules[name] = None
 """
 
@@ -80,9 +80,10 @@ def test_tests_skipped_for_want_of_an_extra_name_the_command_that_runs_them(
     (tmp_path / "hide_extras.py").write_text(_HIDE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), child_pythonpath()]))
     files = ["test_tinygrad.py", "test_tinygrad_private.py", "test_ray.py", "test_notebooks.py"]
+    files += ["test_peers_bench.py"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "hide_extras", "-p", "no:cacheprovider", "-q"]
-        + ["-rs", "-k", "tinygrad or ray", *(str(TESTS / f) for f in files)]
+        + ["-rs", "-k", "tinygrad or ray or dask", *(str(TESTS / f) for f in files)]
         + [str(TESTS / "test_readme.py")],
         cwd=ROOT,
         env=env,
@@ -95,11 +96,12 @@ def test_tests_skipped_for_want_of_an_extra_name_the_command_that_runs_them(
     # The two tinygrad modules, the Ray module, the Ray notebook and script, and the
     # README's tinygrad and Ray blocks.
     assert sum(int(re.search(r"\[(\d+)\]", line)[1]) for line in skips) >= 7, done.stdout
-    for extra in ("tinygrad", "ray"):
-        mine = [line for line in skips if extra in line.lower()]
-        assert mine, (extra, skips)
+    for module, extra in (("tinygrad", "tinygrad"), ("ray", "ray"), ("dask", "bench")):
+        mine = [line for line in skips if f"{module} is not installed" in line]
+        assert mine, (module, skips)
         for line in mine:
             assert f'pip install -e ".[test,{extra}]"' in line, line
+    assert not [line for line in skips if "pip install -e" not in line], skips
 
 
 # -- what the documented shell steps write stays out of git's way ---------------------------
