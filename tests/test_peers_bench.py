@@ -64,9 +64,9 @@ def test_dask_peer(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("tinygrad") is None or shutil.which("clang") is None,
-    reason=f"{_extras.missing('tinygrad', 'this test')}; it needs clang too ({_extras.NO_CLANG})",
+    importlib.util.find_spec("tinygrad") is None, reason=_extras.missing("tinygrad", "this test")
 )
+@pytest.mark.skipif(shutil.which("clang") is None, reason=_extras.NO_CLANG)
 def test_tinygrad_peer_replays_through_its_graph_runner(tmp_path: Path) -> None:
     report = run_quick(tmp_path, "actorgraph,tinygrad")
     check_report(report, ["actorgraph", "tinygrad"])

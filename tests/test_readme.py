@@ -341,12 +341,13 @@ def run_block(block: Block, page: Path, folder: Path, monkeypatch: pytest.Monkey
             if (shutil.which(n) if n in PROGRAMS else importlib.util.find_spec(n)) is None
         ]
         if missing:
+            where = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name
             pytest.skip(
-                f"this block of {page.name} needs "
+                f"the block at {where} line {block.line} cannot run here: "
                 + "; ".join(
-                    f"{n}, which is not installed: apt-get install {n}"
+                    f"{n} is not installed: apt-get install {n} installs it"
                     if n in PROGRAMS
-                    else _extras.missing(n, "it")
+                    else _extras.missing(n, "the block")
                     for n in missing
                 )
             )
