@@ -392,3 +392,28 @@ def test_importing_actorgraph_does_not_import_ray() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=GUARD
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/howto/ray.md", "examples/ray_cluster.py"])
+def test_the_documented_example_starts_a_ray_of_its_own_beside_a_running_one(
+    cluster: Any, page: str, tmp_path: Any
+) -> None:
+    # A user may have a Ray cluster running (`ray start`, found through RAY_ADDRESS or as
+    # the machine's current cluster); the example says it starts a local Ray of its own
+    # (ray.init(num_cpus=2, ...)), so it must, and not join that one.
+    from _paths import ROOT
+    from test_readme import parse_blocks
+
+    if page.endswith(".py"):
+        command = [sys.executable, str(ROOT / page), "--replays", "2"]
+        where = ROOT / "examples"
+    else:
+        text = (ROOT / page).read_text()
+        (block,) = [b for b in parse_blocks(text, page) if "ray.init(" in b.source]
+        command, where = [sys.executable, "-c", block.source], tmp_path
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), RAY_ADDRESS=cluster.address)
+    env["MPLBACKEND"] = "Agg"
+    done = subprocess.run(
+        command, cwd=where, env=env, capture_output=True, text=True, timeout=GUARD * 4
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
