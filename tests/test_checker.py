@@ -6,7 +6,10 @@ kernels with hidden state, and a runner that skips a kernel, are caught and name
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -415,3 +418,109 @@ def test_a_shadow_offset_fits_every_member_or_there_is_none() -> None:
     assert at is not None and at % 4 == 0 and (at + 6) % 3 == 0
     (clash,) = clusters([("m", 0, 8, "a"), ("m", 1, 9, "b")])
     assert shadow_offset(clash, [2, 2], 64, 0) is None
+
+
+# -- tinygrad: install(check_replays=N) checks against tinygrad running the batch --
+
+os.environ.setdefault("DEV", "CPU")  # before tinygrad picks its default device
+
+
+def _tinygrad() -> Any:
+    tinygrad = pytest.importorskip("tinygrad", reason="tinygrad is not installed")
+    if shutil.which(os.environ.get("CC", "clang")) is None:
+        pytest.skip("clang is not installed: tinygrad's CPU devices compile with it")
+    from actorgraph import tinygrad as agt
+
+    if agt.TINYGRAD_VERSION == "0.11.0":
+        tinygrad.Device.DEFAULT = "CPU"
+    else:
+        from tinygrad.helpers import DEV
+
+        DEV.value = "CPU"
+    return tinygrad
+
+
+@pytest.fixture
+def mlp() -> Iterator[tuple[Callable[[], Any], list[Any]]]:
+    """A fresh two-layer jit (one per test: a jit captured while installed is the
+    runtime's) and inputs for it."""
+    tinygrad = _tinygrad()
+    from actorgraph import tinygrad as agt
+
+    Tensor = tinygrad.Tensor
+    w1, w2 = Tensor.randn(16, 32).realize(), Tensor.randn(32, 4).realize()
+
+    def make() -> Any:
+        return tinygrad.TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
+
+    xs = [Tensor.randn(8, 16).realize() for _ in range(6)]
+    yield make, xs
+    agt.uninstall()
+
+
+def test_tinygrad_install_checks_its_replays_on_a_real_model(
+    mlp: tuple[Callable[[], Any], list[Any]],
+) -> None:
+    from actorgraph import tinygrad as agt
+
+    make, xs = mlp
+    alone = make()
+    want = [alone(x).numpy() for x in xs]
+    agt.install(check_replays=2)
+    jit = make()
+    got = [jit(x).numpy() for x in xs]
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    stats = agt.statistics()
+    assert stats.checked == 2 and stats.replays > 2
+
+
+def test_tinygrad_install_catches_a_replay_that_skips_a_kernel(
+    mlp: tuple[Callable[[], Any], list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actorgraph import tinygrad as agt
+    from actorgraph.tinygrad import _batch
+
+    build = _batch.build_items
+
+    def without_the_last(*args: Any) -> list[Any]:
+        return build(*args)[:-1]  # the runner forgets the batch's last kernel
+
+    monkeypatch.setattr(_batch, "build_items", without_the_last)
+    make, xs = mlp
+    agt.install(check_replays=1)
+    jit = make()
+    with pytest.raises(ag.ReplayMismatchError) as caught:
+        for x in xs:
+            jit(x)
+    message = str(caught.value)
+    assert message.startswith("checked replay 1 of a tinygrad batch of 2 calls")
+    assert re.search(r"call 1 \(\w+\) is the first call, in program order, whose output", message)
+    assert caught.value.item == 1 and caught.value.index == 0
+    assert "bug of actorgraph.tinygrad" in message
+
+
+def test_tinygrad_install_refuses_a_bad_check_replays() -> None:
+    _tinygrad()
+    from actorgraph import tinygrad as agt
+
+    with pytest.raises(ag.UsageError, match=r"install\(check_replays=N\) needs an int N >= 0"):
+        agt.install(check_replays=-1)
+    assert not agt.installed()
+
+
+async def test_tinygrad_jit_graph_checked_on_a_runtime(
+    mlp: tuple[Callable[[], Any], list[Any]],
+) -> None:
+    from actorgraph import tinygrad as agt
+
+    make, xs = mlp
+    jit = make()
+    want = [jit(x).numpy() for x in xs]  # it captures on its second call
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"], check_replays=3) as rt:
+            graph = await agt.graph_from_jit(rt, jit)
+            for x, expected in zip(xs, want):
+                out = await graph(x)
+                np.testing.assert_array_equal(out.numpy(), expected)
+            assert graph.graph.statistics().checked == 3
