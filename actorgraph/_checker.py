@@ -74,17 +74,48 @@ def _real_address(cluster: Cluster[Buffer]) -> int:
     return cluster.start
 
 
+class _Arena:
+    """The shadows of the clusters of one device and dtype, side by side in one
+    allocation, and a second allocation of the same layout for the replay's result.
+    One dtype per arena, so its views are plain ones, as every device kind takes them
+    (a worker's views keep their allocation's dtype); clusters whose buffers mix
+    dtypes go to a raw-bytes arena, viewed with each buffer's own dtype."""
+
+    def __init__(self, device: str, dtype: np.dtype[Any]) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.clusters: list[tuple[Cluster[Buffer], int, int, bool]] = []  # and slot, room
+        self.nbytes = 0
+        self.shadow: Buffer | None = None  # the reference's memory
+        self.result: Buffer | None = None  # the replay's result, copied after it
+
+    def add(self, cluster: Cluster[Buffer], written: bool) -> None:
+        sizes = [buf.dtype.itemsize for _, _, buf in cluster.members]
+        room = math.lcm(_ALIGN, self.dtype.itemsize, *sizes)
+        slot = -(-self.nbytes // room) * room  # a multiple of every item size and _ALIGN
+        self.clusters.append((cluster, slot, room, written))
+        self.nbytes = slot + cluster.stop - cluster.start + room
+
+    def view(self, arena: Buffer, offset: int, buf: Buffer) -> Buffer:
+        """The view of `arena` at byte `offset` that stands for `buf`."""
+        if self.dtype == buf.dtype:
+            return arena.view(offset // self.dtype.itemsize, shape=buf.shape)
+        return arena.view(byte_offset=offset, dtype=buf.dtype, shape=buf.shape)
+
+
 class Shadows:
-    """Shadow memory for one checked replay: one allocation per cluster of overlapping
-    bytes that the items touch, on the cluster's device, and per buffer the view of it
-    that mirrors the buffer (`of`)."""
+    """Shadow memory for one checked replay: per cluster of overlapping bytes that the
+    items touch, a copy in an arena of its device (`of` gives the view that mirrors a
+    buffer), and room of the same layout for the replay's result (`result_of`)."""
 
     def __init__(self, runtime: Runtime, items: Sequence[Item]) -> None:
         self._runtime = runtime
         self._of: dict[Buffer, Buffer] = {}
-        # (cluster, its shadow allocation, where the cluster starts in it, whether an
-        # item writes it)
-        self.placed: list[tuple[Cluster[Buffer], Buffer, int, bool]] = []
+        self._result_of: dict[Buffer, Buffer] = {}
+        # Per written cluster: (cluster, its arena, where the cluster starts in it).
+        self.written: list[tuple[Cluster[Buffer], _Arena, int]] = []
+        self.covers: list[Buffer] = []  # real buffers whose bytes cover every cluster
+        self.arenas: list[_Arena] = []
         self._allocations: list[Buffer] = []
         written: set[Buffer] = set()
         used: dict[Buffer, None] = {}
@@ -93,14 +124,23 @@ class Shadows:
                 used[buf] = None
                 if writes:
                     written.add(buf)
-        spans = [(buf.alloc_id, *buf.byte_range, buf) for buf in used]
+        arenas: dict[tuple[str, np.dtype[Any]], _Arena] = {}
+        for cluster in clusters([(buf.alloc_id, *buf.byte_range, buf) for buf in used]):
+            bufs = [buf for _, _, buf in cluster.members]
+            dtypes = {buf.dtype for buf in bufs}
+            key = (bufs[0].device, bufs[0].dtype if len(dtypes) == 1 else U8)
+            arena = arenas.get(key)
+            if arena is None:
+                arena = arenas[key] = _Arena(*key)
+            arena.add(cluster, any(buf in written for buf in bufs))
+        self.arenas = list(arenas.values())
         try:
-            for cluster in clusters(spans):
-                self._place(cluster, any(b in written for _, _, b in cluster.members))
+            for arena in self.arenas:
+                self._place(arena)
             for buf in used:
                 if buf not in self._of:  # holds no byte: any shadow memory of its device
                     empty = self._allocate(buf.device, 1, buf.dtype)
-                    self._of[buf] = empty.view(0, shape=buf.shape)
+                    self._of[buf] = self._result_of[buf] = empty.view(0, shape=buf.shape)
         except BaseException:
             self.free()
             raise
@@ -110,38 +150,38 @@ class Shadows:
         self._allocations.append(shadow)
         return shadow
 
-    def _place(self, cluster: Cluster[Buffer], written: bool) -> None:
-        bufs = [buf for _, _, buf in cluster.members]
-        sizes = [buf.dtype.itemsize for buf in bufs]
-        room = math.lcm(_ALIGN, *sizes)
-        # One dtype throughout (the usual case): the shadow is of that dtype and its views
-        # are plain ones, as every device kind takes them (a worker's views keep their
-        # allocation's dtype); else raw bytes, viewed with each buffer's own dtype.
-        dtypes = {buf.dtype for buf in bufs}
-        dtype = bufs[0].dtype if len(dtypes) == 1 else U8
-        count = -(-(cluster.stop - cluster.start + room) // dtype.itemsize)
-        shadow = self._allocate(bufs[0].device, count, dtype)
-        host = shadow.device_object.host_visible
-        preferred = (_real_address(cluster) - (shadow.address if host else 0)) % _ALIGN
-        at = place_cluster(cluster, sizes, room, preferred)
-        if at is None:
-            raise UsageError(
-                f"check_replays: buffers {bufs!r} share memory but start at offsets that "
-                f"disagree modulo their item sizes, so no one shadow can mirror them; "
-                f"open the runtime without check_replays to replay this graph"
-            )
-        for start, _, buf in cluster.members:
-            offset = at + start - cluster.start
-            if dtype == buf.dtype:
-                view = shadow.view(offset // dtype.itemsize, shape=buf.shape)
-            else:
-                view = shadow.view(byte_offset=offset, dtype=buf.dtype, shape=buf.shape)
-            self._of[buf] = view
-        self.placed.append((cluster, shadow, at, written))
+    def _place(self, arena: _Arena) -> None:
+        count = -(-arena.nbytes // arena.dtype.itemsize)
+        shadow = arena.shadow = self._allocate(arena.device, count, arena.dtype)
+        result = arena.result = self._allocate(arena.device, count, arena.dtype)
+        base = shadow.address if shadow.device_object.host_visible else 0
+        for cluster, slot, room, written in arena.clusters:
+            sizes = [buf.dtype.itemsize for _, _, buf in cluster.members]
+            preferred = (_real_address(cluster) - base - slot) % _ALIGN
+            at = place_cluster(cluster, sizes, room, preferred)
+            if at is None:
+                raise UsageError(
+                    f"check_replays: buffers {[m[2] for m in cluster.members]!r} share "
+                    f"memory but start at offsets that disagree modulo their item sizes, "
+                    f"so no one shadow can mirror them; open the runtime without "
+                    f"check_replays to replay this graph"
+                )
+            at += slot
+            for start, _, buf in cluster.members:
+                offset = at + start - cluster.start
+                self._of[buf] = arena.view(shadow, offset, buf)
+                self._result_of[buf] = arena.view(result, offset, buf)
+            self.covers += cluster.cover()
+            if written:
+                self.written.append((cluster, arena, at))
 
     def of(self, buf: Buffer) -> Buffer:
         """The shadow of `buf` (a buffer of the items)."""
         return self._of[buf]
+
+    def result_of(self, buf: Buffer) -> Buffer:
+        """Where the replay's result in `buf` is copied to."""
+        return self._result_of[buf]
 
     def item(self, item: Item) -> Item:
         """`item` on the shadows of its buffers."""
@@ -169,10 +209,9 @@ class ReplayCheck:
         self._replay: Submission | None = None
         self._trouble: tuple[str, BaseException] | None = None  # a part failed (not an item)
         self._eager_failure: tuple[int, BaseException] | None = None
-        # Per written cluster: the cluster, where it starts in its shadow, the host reads
-        # of the real buffers that cover it; then, in the same order, of its shadow.
-        self._got: list[tuple[Cluster[Buffer], int, list[tuple[Buffer, np.ndarray[Any, Any]]]]] = []
-        self._expected: list[np.ndarray[Any, Any]] = []
+        # Per arena: the host reads of the replay's result and of the reference's.
+        self._reads: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
+        self._written: list[tuple[Cluster[Buffer], _Arena, int]] = []
         self._writes: list[Written] = []
 
     def start(self, inputs: Sequence[Buffer], replay: Callable[[], Submission]) -> Submission:
@@ -183,13 +222,13 @@ class ReplayCheck:
         order = sorted(range(len(items)), key=lambda j: program.item_numbers[j])
         shadows = Shadows(self._runtime, items)
         try:
-            self._post_snapshot(shadows)
+            self._post_copies([(shadows.of(buf), buf) for buf in shadows.covers])
             self._replay = replay()
             self._count(self._replay)
-            self._post_reads(shadows)
+            self._post_copies([(shadows.result_of(buf), buf) for buf in shadows.covers])
             for j in order:
                 self._post_eager(shadows.item(items[j]), program.item_numbers[j])
-            self._post_reference_reads(shadows)
+            self._post_reads(shadows)
         finally:
             shadows.free()
         for j in order:
@@ -217,10 +256,11 @@ class ReplayCheck:
         self._left += 1
         program.submit(bound, then=self._part_failed_or_done)
 
-    def _post_snapshot(self, shadows: Shadows) -> None:
-        copies: list[Item] = []
-        for cluster, _, _, _ in shadows.placed:
-            copies += [Copy(dst=shadows.of(buf), src=buf) for buf in cluster.cover()]
+    def _post_copies(self, pairs: Sequence[tuple[Buffer, Buffer]]) -> None:
+        """Post one program of Copy items (dst, src): a snapshot, or the result."""
+        copies: list[Item] = [Copy(dst=dst, src=src) for dst, src in pairs]
+        if not copies:
+            return
         runtime = self._runtime
         program = Program(runtime, copies, (), build_plan(plan_items(copies), runtime.caps))
         self._post(program, program.bind((), {}))
@@ -235,10 +275,11 @@ class ReplayCheck:
         return out
 
     def _post_reads(self, shadows: Shadows) -> None:
-        for cluster, _, at, written in shadows.placed:
-            if written:
-                reads = [(buf, self._read(buf)) for buf in cluster.cover()]
-                self._got.append((cluster, at, reads))
+        """Post host reads of every arena that holds a written cluster, both halves."""
+        self._written = shadows.written
+        for arena in {id(a): a for _, a, _ in shadows.written}.values():
+            assert arena.result is not None and arena.shadow is not None
+            self._reads[id(arena)] = (self._read(arena.result), self._read(arena.shadow))
 
     def _post_eager(self, item: Item, number: int) -> None:
         runtime = self._runtime
@@ -247,11 +288,6 @@ class ReplayCheck:
         values = {var: self._values[var] for var in program.free_vars}
         self._left += 1
         program.submit(program.bind((), values), then=self._eager_done)
-
-    def _post_reference_reads(self, shadows: Shadows) -> None:
-        for _, shadow, _, written in shadows.placed:
-            if written:
-                self._expected.append(self._read(shadow).reshape(-1).view(U8))
 
     # -- completion --
 
@@ -332,15 +368,18 @@ class ReplayCheck:
 
     def _compare(self) -> ReplayMismatchError | None:
         compared = []
-        for (cluster, at, reads), shadow in zip(self._got, self._expected, strict=True):
+        for cluster, arena, at in self._written:
+            got, expected = (a.reshape(-1).view(U8) for a in self._reads[id(arena)])
             size = cluster.stop - cluster.start
-            got = np.empty(size, dtype=U8)
-            for buf, out in reads:
-                start, stop = buf.byte_range
-                got[start - cluster.start : stop - cluster.start] = out.reshape(-1).view(U8)
             name = f"allocation #{cluster.space} (bytes {cluster.start}..{cluster.stop})"
             compared.append(
-                Compared(cluster.space, cluster.start, got, shadow[at : at + size], name)
+                Compared(
+                    cluster.space,
+                    cluster.start,
+                    got[at : at + size],
+                    expected[at : at + size],
+                    name,
+                )
             )
         mismatch = first_mismatch(self._writes, compared)
         if mismatch is None:
