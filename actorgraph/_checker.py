@@ -8,16 +8,18 @@ so nothing else runs between its parts on any device (a device runs submissions 
 order they are posted):
 
 1. shadows: per cluster of overlapping bytes the call's items touch (its buffers: the
-   call's inputs and views of them, the graph's own buffers), one allocation on the
-   same device, placed so its bytes keep the real memory's alignment;
+   call's inputs and views of them, the graph's own buffers), a copy in an arena of its
+   device (one allocation per device and dtype), placed so its bytes keep the real
+   memory's alignment, and a twin arena of the same layout for the replay's result;
 2. the snapshot: one program of Copy items from the real buffers into the shadows, so
    the shadows hold the memory as the replay finds it;
 3. the replay itself, as it runs unchecked (here and now as one loop where it can be,
    else submitted, profiled if asked);
-4. host reads of the real memory of every cluster an item writes: the replay's result;
+4. one program of Copy items from the real buffers into the twin arenas: the replay's
+   result, kept before any later work can change it;
 5. the items on the shadows, one submission each, in program order (as `rt.run` runs
-   them), with the call's var values;
-6. host reads of those shadows: the reference result.
+   them), with the call's var values: the reference result;
+6. host reads of both arenas of every device where an item writes.
 
 When all of it is done the two results are compared on the host and the shadows go
 back to their devices. The replay's own failure is raised as it would be unchecked; an
@@ -199,10 +201,10 @@ class ReplayCheck:
     """One checked replay from its posting to its verdict (the module's steps 1-6).
     `gate` is done when every part is, failed with what the call raises."""
 
-    def __init__(self, runtime: Runtime, what: str, program: Program, bound: Bound) -> None:
+    def __init__(self, runtime: Runtime, what: str, bound: Bound) -> None:
         self._runtime = runtime
         self._what = what
-        self._program = program
+        self._program = bound.program
         self._values: Mapping[Var, int] = bound.var_vals or {}
         self.gate = Submission(1, (), (), ((),), ())
         self._left = 1  # parts not done, plus one held while they are being posted
@@ -436,13 +438,15 @@ class CheckedGraph(Graph):
         return NOT_HERE
 
     def _start(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
-        if self._checks_left <= 0:  # a call that waited while the last check started
-            return Graph._start(self, bound, inputs, profile)
+        what = f"replay {self.replays + 1} of graph {self.number} {self!r}"
+        check = ReplayCheck(self._runtime, what, bound)
+        gate = check.start(tuple(inputs), lambda: Graph._start(self, bound, inputs, profile))
+        # Counted once it is under way (a call refused before it ran is not one). A call
+        # of this class that waited while the last check started finds the class set
+        # back, so its `self._start` is Graph's.
         self._checks_left -= 1
         self.checked += 1
         if self._checks_left == 0:
             self.runs_off_thread = self._off_thread
             self.__class__ = Graph  # type: ignore[assignment]
-        what = f"replay {self.replays + 1} of graph {self.number} {self!r}"
-        check = ReplayCheck(self._runtime, what, bound.program, bound)
-        return check.start(tuple(inputs), lambda: Graph._start(self, bound, inputs, profile))
+        return gate
