@@ -652,6 +652,10 @@ class BackgroundRuntime:
     def watchdog(self) -> float | None:
         return self.runtime.watchdog
 
+    @property
+    def check_replays(self) -> int:
+        return self.runtime.check_replays
+
     def current_time(self) -> float:
         """trio.current_time() of the runtime's run (its clock: see start_runtime(clock=)).
 

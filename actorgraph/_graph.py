@@ -151,7 +151,8 @@ class Replay:
 class GraphStatistics:
     """`replays` counts calls submitted; `replays_done` those finished. `waits_parked` and
     `time_blocked` (seconds) add up the waits its queues parked on; `bytes_copied` the
-    bytes its Copy items moved."""
+    bytes its Copy items moved; `checked` the replays checked against eager
+    (`open_runtime(check_replays=N)`: its first N)."""
 
     items: int
     queues: int
@@ -161,6 +162,7 @@ class GraphStatistics:
     waits_parked: int = 0
     time_blocked: float = 0.0
     bytes_copied: int = 0
+    checked: int = 0
 
 
 def check_graph(value: object, what: str) -> None:
@@ -236,6 +238,8 @@ class Graph(Hinted):
         self.number = runtime.adopt(self._counts)
         self._profiling = runtime.profiling
         self._last_record: ReplayRecord | None = None
+        # Replays checked against eager (see _checker.CheckedGraph, which counts them).
+        self.checked = 0
 
     @property
     def plan(self) -> Plan:
@@ -278,6 +282,7 @@ class Graph(Hinted):
             waits_parked=self.waits_parked,
             time_blocked=self.time_blocked,
             bytes_copied=self.bytes_copied,
+            checked=self.checked,
         )
 
     @property
@@ -575,13 +580,7 @@ class Graph(Hinted):
             )
         from actorgraph.scheduler import build_plan
 
-        program = self._program
-        items = []
-        for j, item in enumerate(program.items):
-            bufs = list(item.bufs)
-            for slot, source in program.item_inputs[j]:
-                bufs[slot] = bufs[slot].rebased(program.inputs[source], inputs[source])
-            items.append(item.with_buffers(bufs))
+        items = self._program.call_items(inputs)
         plan = build_plan([plan_item(item) for item in items], self._runtime.caps)
         if self._runtime.verify_plans:
             plan.verify()

@@ -23,15 +23,7 @@ from actorgraph.devices import (
     join_sim_devices,
     open_devices,
 )
-from actorgraph.scheduler import (
-    Access,
-    ItemKind,
-    Plan,
-    PlanItem,
-    QueueKind,
-    build_plan,
-    list_schedule_order,
-)
+from actorgraph.scheduler import Plan, build_plan, list_schedule_order
 
 from . import _capture
 from ._await import Hinted, Pending, described, listed
@@ -42,6 +34,7 @@ from ._buffer import (
     buffer_dtype,
     check_buffer_size,
 )
+from ._checker import CheckedGraph
 from ._collector import collector_paused
 from ._errors import (
     ClosedError,
@@ -60,6 +53,7 @@ from ._program import (
     Bound,
     Program,
     check_item,
+    host_program,
     plan_item,
     plan_items,
     raise_failure,
@@ -119,6 +113,8 @@ class Runtime:
         self.verify_plans = bool(options.pop("verify_plans", False))
         self.profiling = bool(options.pop("profile", False))
         self.max_in_flight = int(options.pop("max_in_flight", 256))
+        # How many replays of each graph are checked against eager (0: none, no cost).
+        self.check_replays = int(options.pop("check_replays", 0))
         self.deadlock_check = float(options.pop("deadlock_check", 0.25))
         watchdog = options.pop("watchdog", None)
         self.watchdog: float | None = None if watchdog is None else float(watchdog)
@@ -539,26 +535,12 @@ class Runtime:
                     ", ".join(stall.actors),
                 )
 
-    def _host_program(self, buffer: Buffer, write: bool) -> Program:
-        dev = self.device(buffer.device)
-        start, stop = buffer.byte_range
-        kind = QueueKind.COPY if QueueKind.COPY in dev.queues else QueueKind.COMPUTE
-        item = PlanItem(
-            "host write" if write else "host read",
-            ItemKind.COPY if kind is QueueKind.COPY else ItemKind.EXEC,
-            buffer.device,
-            (Access(buffer.device, buffer.alloc_id, start, stop, write),),
-        )
-        program = Program(self, (), (), build_plan([item], self.caps))
-        program.copy_bytes[0] = buffer.nbytes
-        return program
-
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer` (after all earlier work on its device)."""
         self.check_open()
         _capture.check_host_transfer("copyin")
         data = self._host_array(buffer, array)
-        program = self._host_program(buffer, write=True)
+        program = host_program(self, self.caps, buffer, write=True)
         queue = program.plan.queues[0]
         op = self.device(buffer.device).lower_host_write(buffer, data, queue.kind)
         await self._run_host(program, op)
@@ -572,7 +554,7 @@ class Runtime:
         self.check_own(buffer, "copyout: ")
         buffer.check_live("copyout: ")
         out = np.empty(buffer.shape, dtype=buffer.dtype)
-        program = self._host_program(buffer, write=False)
+        program = host_program(self, self.caps, buffer, write=False)
         queue = program.plan.queues[0]
         op = self.device(buffer.device).lower_host_read(buffer, out, queue.kind)
         await self._run_host(program, op)
@@ -839,6 +821,8 @@ class Runtime:
                 program.plan.wait_count,
             )
         program.max_sizes = limits
+        if self.check_replays:
+            return CheckedGraph(self, program, aliasing=aliasing, checks=self.check_replays)
         return Graph(self, program, aliasing=aliasing)
 
     def _cost_ordered(
@@ -869,6 +853,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     deadlock_check (seconds between checks of in-flight work; 0.25),
     watchdog (seconds without progress before a stall is logged and recorded; off),
     profile (record item times of every graph replay; read them with `rt.profile()`),
+    check_replays (N: the first N replays of every graph also run its items eagerly on
+    shadow copies of its memory and compare; a difference raises ReplayMismatchError),
     sim_preset (the cost model of SIM devices: "nvlink8", "pcie8" or an ag.CostModel),
     remote_token / remote_token_file (the token of the workers of remote devices; with
     neither, the file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),

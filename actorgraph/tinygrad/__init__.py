@@ -31,15 +31,23 @@ SUPPORTED_VERSIONS = tuple(SUPPORTED)
 ActorGraph: Any = _adapter.ActorGraph
 
 
-def install(*, devices: int = 16, **options: Any) -> None:
+def install(*, devices: int = 16, check_replays: int = 0, **options: Any) -> None:
     """Make actorgraph the graph runner of every tinygrad CPU device, open or opened later.
 
     Starts a background runtime (`ag.start_runtime`) on CPU:0 ... CPU:devices-1 (options
     go to it); TinyJit then replays through actorgraph's planner and actors with no change
     to the caller's code. A runner call returns once its replay is done. Calling install()
     again while installed does nothing.
+
+    `check_replays=N`: the first N replays of every graphed batch also run the batch the
+    way tinygrad runs it itself, on shadow copies of the memory they touch, and a
+    difference raises `ag.ReplayMismatchError` naming the call and the first differing
+    element (see `statistics().checked`). Raises UsageError for a `devices` or
+    `check_replays` that is not an int in range.
     """
-    _install.install(_adapter.ActorGraph, _adapter.ORDERING, _adapter.VERSION, devices, options)
+    runners = (_adapter.ActorGraph, _adapter.CheckedActorGraph)
+    options = {"check_replays": check_replays, **options}
+    _install.install(runners, _adapter.ORDERING, _adapter.VERSION, devices, options)
 
 
 def uninstall() -> None:

@@ -22,7 +22,7 @@ from .._buffer import Buffer
 from .._errors import InputError
 from .._kernel import Item
 from .._vars import Var
-from ._convert import Call, Root, Wrapper, build_items, regions_of
+from ._convert import Call, KernelCall, Root, Wrapper, build_items, regions_of
 
 
 class Batch:
@@ -52,6 +52,21 @@ class Batch:
         self.graph: Any = None
         self.limits: tuple[int, ...] = ()
         self.plans = 0
+        self.checked = 0  # replays checked (install(check_replays=N))
+
+    def take_check(self, limit: int) -> int:
+        """The number of this replay among the batch's checked ones (1, 2, ...), or 0
+        when `limit` replays have been checked already."""
+        if self.checked >= limit:
+            return 0
+        self.checked += 1
+        return self.checked
+
+    def describe(self) -> str:
+        """The batch as a message names it: its size and first kernels."""
+        names = [c.kernel.name if isinstance(c, KernelCall) else "copy" for c in self.calls]
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return f"tinygrad batch of {len(names)} calls ({shown}) on {', '.join(self.devices)}"
 
     @property
     def devices(self) -> list[str]:

@@ -31,6 +31,7 @@ import attrs
 from .._background import BackgroundRuntime, start_runtime
 from .._errors import ClosedError, UsageError
 from ._batch import Batch
+from ._check import Reference, TinyCheck
 from ._convert import Wrapper
 from ._private import patch_cpu_devices, patched_devices
 
@@ -71,6 +72,7 @@ class TinygradStatistics:
     replays: int
     handed_off: int
     devices: tuple[str, ...]
+    checked: int = 0
 
 
 class Installed:
@@ -91,6 +93,11 @@ class Installed:
         self.replays = 0
         self.handed_off = 0
         self.restore: Callable[[], None] | None = None
+        # install(check_replays=N): each batch's first N replays are checked, through
+        # the release's checked runner (which calls replay_checked); 0: none, and the
+        # plain runner, which knows nothing of checks.
+        self.check_replays = 0
+        self.checked = 0
 
     def check_usable(self) -> None:
         if _installed is not self or self.runtime.closed:
@@ -141,6 +148,43 @@ class Installed:
         self.plans += 1
         return planned
 
+    def replay_checked(
+        self,
+        batch: Batch,
+        places: Sequence[tuple[int, int]],
+        given: Mapping[Any, int],
+        tiny_devices: Sequence[str],
+        wait: bool,
+        reference: Callable[[], Reference],
+    ) -> float | None:
+        """`replay`, checked while the batch has had fewer than `check_replays` checked
+        replays (see _check): `reference()` is the batch as tinygrad runs it."""
+        number = batch.take_check(self.check_replays)
+        if not number:
+            return self.replay(batch, places, given, tiny_devices, wait)
+        start = time.perf_counter() if wait else 0.0
+        with self.lock:
+            if _installed is not self:
+                self.check_usable()
+            roots = batch.wrap_roots(places)
+            graph = batch.graph_for(roots)
+            if graph is None:
+                graph = self._plan(batch, roots)
+            values = batch.values(given, "this jit") if batch.variables else None
+            self.replays += 1
+            self.checked += 1
+            check = TinyCheck(f"checked replay {number} of a {batch.describe()}", reference())
+
+            def run() -> None:
+                check.around(lambda: self._run(graph, roots, values))
+
+            if self.ordering.queues:
+                self.ordering.replay(tiny_devices, run)
+            else:
+                run()
+            check.verdict()
+        return time.perf_counter() - start if wait else None
+
     def check_devices(self, devices: Sequence[str]) -> bool:
         """Whether every (actorgraph) device is one this runtime opened."""
         return all(int(name.split(":")[1]) < self.ndevices for name in devices)
@@ -158,18 +202,28 @@ def current() -> Installed | None:
 
 
 def install(
-    runner: Callable[..., Any],
+    runners: tuple[Callable[..., Any], Callable[..., Any]],
     ordering: Ordering,
     version: str,
     devices: int,
     options: dict[str, Any],
 ) -> None:
+    """Install `runners[0]` (or `runners[1]`, the checked runner, with a check_replays
+    option > 0) as every tinygrad CPU device's graph runner, on a new background
+    runtime opened with the other options."""
     global _installed
     with _install_lock:
         if _installed is not None:
             return
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise UsageError(f"install(devices=N) needs an int N >= 1, got {devices!r}")
+        options = dict(options)
+        checks = options.pop("check_replays", 0)
+        if isinstance(checks, bool) or not isinstance(checks, int) or checks < 0:
+            raise UsageError(
+                f"install(check_replays=N) needs an int N >= 0 (how many replays of each "
+                f"batch to check against tinygrad running it), got {checks!r}"
+            )
         # Every kernel on the caller's thread, as tinygrad runs its own, unless asked
         # otherwise: a kernel on a worker thread sends the whole replay through the
         # runtime's thread, a hop a kernel big enough to need a thread rarely repays
@@ -177,11 +231,12 @@ def install(
         options = {"cpu_thread_bytes": INLINE_BYTES, **options}
         runtime = start_runtime([f"CPU:{i}" for i in range(devices)], **options)
         state = Installed(runtime, devices, ordering, version)
+        state.check_replays = checks
         for i in range(devices):
             # Wrapped memory of each device shares one address space: made once here,
             # on no replay's path.
             runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
-        state.restore = patch_cpu_devices(runner)
+        state.restore = patch_cpu_devices(runners[1] if checks else runners[0])
         _installed = state
 
 
@@ -216,4 +271,5 @@ def statistics() -> TinygradStatistics:
         replays=state.replays,
         handed_off=state.handed_off,
         devices=tuple(patched_devices(state.restore)),
+        checked=state.checked,
     )

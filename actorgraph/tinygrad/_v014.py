@@ -29,7 +29,13 @@ from typing import Any
 import attrs
 from tinygrad.device import Device, MultiBuffer
 from tinygrad.engine.jit import MultiGraphRunner
-from tinygrad.engine.realize import get_call_arg_uops, get_runtime, resolve_params, unwrap_multi
+from tinygrad.engine.realize import (
+    get_call_arg_uops,
+    get_runtime,
+    resolve_params,
+    run_linear,
+    unwrap_multi,
+)
 from tinygrad.helpers import to_tuple
 from tinygrad.tensor import Tensor
 from tinygrad.uop.ops import Ops, UOp, buffers
@@ -37,6 +43,7 @@ from tinygrad.uop.ops import Ops, UOp, buffers
 from .._errors import ClosedError, InputError, UsageError
 from .._vars import Var
 from ._batch import Batch
+from ._check import TinyCall
 from ._convert import (
     U8,
     Call,
@@ -320,6 +327,58 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
     ) -> float | None:
         return self._state.replay(
             self._batch, places(self._sources, input_uops), var_vals, self._tiny_devices, wait
+        )
+
+
+class Reference:
+    """One replay's batch as tinygrad 0.14 runs it, for install(check_replays=N): each
+    CALL resolved against the replay's input UOps as its own `exec_kernel` and
+    `exec_copy` resolve it, one lane per device."""
+
+    def __init__(self, calls: Sequence[Any], input_uops: Sequence[Any], var_vals: Any) -> None:
+        self._var_vals = dict(var_vals)
+        self._lanes: list[tuple[TinyCall, Any, dict[str, int]]] = []
+        inputs = tuple(input_uops)
+        for number, call in enumerate(calls):
+            ast = call.src[0]
+            if ast.op is Ops.COPY:
+                name, outs = "copy", (0,)
+            else:
+                name, outs = ast.arg.function_name, tuple(ast.arg.outs)
+            for bufs, device_vars in unwrap_multi(call, resolve_params(call, inputs)):
+                lane = [b.ensure_allocated() for b in bufs]
+                self._lanes.append((TinyCall(number, name, lane, outs), call, device_vars))
+
+    def calls(self) -> list[TinyCall]:
+        return [tiny for tiny, _, _ in self._lanes]
+
+    def run(self, shadow: Any) -> None:
+        """tinygrad's run_linear over each lane's CALL with its buffers swapped for
+        their shadows (CPU devices run it inline: done when it returns)."""
+        for tiny, call, device_vars in self._lanes:
+            bufs = iter(tiny.bufs)
+            args = [
+                s if s.is_bound_var else UOp.from_buffer(shadow(next(bufs))) for s in call.src[1:]
+            ]
+            linear = UOp(Ops.LINEAR, src=(call.replace(src=(call.src[0], *args)),))
+            run_linear(linear, {**self._var_vals, **device_vars}, update_stats=False, jit=True)
+
+
+class CheckedActorGraph(ActorGraph):
+    """The runner while install(check_replays=N) is on: a replay also hands install() the
+    batch as tinygrad runs it, for the check."""
+
+    def __call__(
+        self, input_uops: tuple[Any, ...], var_vals: dict[str, int], wait: bool = False
+    ) -> float | None:
+        calls = self.linear.src
+        return self._state.replay_checked(
+            self._batch,
+            places(self._sources, input_uops),
+            var_vals,
+            self._tiny_devices,
+            wait,
+            lambda: Reference(calls, input_uops, var_vals),
         )
 
 
