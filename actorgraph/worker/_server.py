@@ -82,10 +82,11 @@ _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.Clo
 _REFUSALS = (Refused, WireError, ValueError, TypeError, KeyError, IndexError)
 
 
-def _is_disconnect(exc: BaseException) -> bool:
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in `exc`, nested groups opened."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(_is_disconnect(e) for e in exc.exceptions)
-    return isinstance(exc, _DISCONNECTS)
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 class Worker:
@@ -163,9 +164,14 @@ class Worker:
                     # The framing itself is broken: answer, then drop this connection only.
                     await out.send(Error("frame", 0, str(exc))).wait()
                 nursery.cancel_scope.cancel()
-        except Exception as exc:  # one connection's trouble must never stop the worker
-            if not _is_disconnect(exc):
-                print(f"actorgraph worker: dropped a connection: {exc!r}", file=sys.stderr)
+        # One connection's trouble must never stop the worker, nor join what stops it: a
+        # disconnect met while the worker is cancelled comes grouped with the Cancelled,
+        # and only the Cancelled (or a KeyboardInterrupt) goes on.
+        except* _DISCONNECTS:
+            pass  # the other side went away: a connection's end like any other
+        except* Exception as group:
+            for failure in _leaves(group):
+                print(f"actorgraph worker: dropped a connection: {failure!r}", file=sys.stderr)
         finally:
             if session is not None:
                 self.sessions.pop(session.sid, None)
@@ -296,6 +302,15 @@ def _worker_tls(cert: Any, key: Any, ca: Any) -> WorkerTLS | None:
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def _stopped(group: BaseExceptionGroup[BaseException]) -> int:
+    """The worker was stopped (Ctrl-C) while other things ended: a stop is quiet, and
+    connections that broke meanwhile are part of it; anything else is said in a line."""
+    for exc in _leaves(group):
+        if not isinstance(exc, (KeyboardInterrupt, *_DISCONNECTS)):
+            print(f"actorgraph worker: stopped; meanwhile this failed: {exc!r}", file=sys.stderr)
+    return 0
+
+
 def worker_main(
     devices: Sequence[str],
     host: str,
@@ -358,11 +373,11 @@ def worker_main(
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:
+            return _stopped(group)
         single = sole_exception(group)
         if single is None:
             raise
-        if isinstance(single, KeyboardInterrupt):
-            return 0
         if isinstance(single, OSError) and not isinstance(single, ActorGraphError):
             print(
                 f"actorgraph worker: cannot listen on {host}:{port}: {single.strerror or single}",
