@@ -6,7 +6,12 @@ left gives back, and a stop that is quiet. Real worker subprocesses on loopback.
 
 from __future__ import annotations
 
+import os
+import resource
+import secrets
+import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +19,16 @@ import pytest
 import remote_kernels
 import trio
 import trio.testing
-from _workers import GUARD, TOKEN, runtime
-from actorgraph.devices.remote.frames import HEADER, FrameStream
-from actorgraph.devices.remote.wire import HANDSHAKE_LIMITS, VERSION, Limits
+from _workers import GUARD, TOKEN, runtime, start
+from actorgraph.devices.remote.frames import HEADER, FrameStream, encode
+from actorgraph.devices.remote.wire import (
+    HANDSHAKE_LIMITS,
+    NONCE_BYTES,
+    TO_WORKER,
+    VERSION,
+    Limits,
+    handshake_mac,
+)
 
 import actorgraph as ag
 from actorgraph.testing import Worker
@@ -26,11 +38,38 @@ from actorgraph.worker import run_worker
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import HELD
 
+MiB = 1 << 20
+
 
 async def _raw(port: int) -> FrameStream:
     sock = trio.socket.socket()
     await sock.connect(("127.0.0.1", port))
     return FrameStream(sock, Limits())
+
+
+def _rss(pid: int) -> int:
+    """A process's resident memory in bytes, as the kernel counts it now."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
+
+
+def _open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def _served_within(worker: Worker, seconds: float) -> float:
+    """A real client opens a session, writes and reads back a buffer: its seconds, which
+    must stay under `seconds`."""
+    start_time = time.monotonic()
+    with trio.fail_after(seconds):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+    return time.monotonic() - start_time
 
 
 async def test_a_handshake_frame_over_its_small_limit_is_refused_unread(
@@ -55,6 +94,111 @@ async def test_a_handshake_frame_over_its_small_limit_is_refused_unread(
                 f"actorgraph client of this version?"
             )
             assert await stream.sock.recv(1) == b""  # and that connection is closed
+
+
+async def _flood(port: int, count: int, kind: int, held: list[trio.socket.SocketType]) -> None:
+    """Open `count` connections that never authenticate, of three kinds in turn: idle,
+    half a frame header, a hello and no answer to the challenge. Connections the worker
+    has not taken in yet wait in its listen queue; one that waits too long is given up."""
+
+    async def one(i: int) -> None:
+        sock = trio.socket.socket()
+        with trio.move_on_after(2):
+            try:
+                await sock.connect(("127.0.0.1", port))
+                if (kind + i) % 3 == 1:
+                    await sock.send(HEADER.pack(b"AG", VERSION, 40, 0)[:7])
+                elif (kind + i) % 3 == 2:
+                    await sock.send(encode(["hello", "client", b"n" * 32]))
+            except OSError:
+                pass  # shed by the worker before it was in: what a flood meets
+        held.append(sock)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(count):
+            nursery.start_soon(one, i)
+
+
+async def test_a_flood_of_idle_and_half_open_connections_at_the_file_limit() -> None:
+    # The worker's file limit is lowered to a few dozen above what it holds; far more
+    # connections than that come and never authenticate. It sheds them and backs off
+    # where accept finds no file left, never exits, keeps answering a real client
+    # within a second, holds little memory for them, and says what it shed in a few
+    # lines, not one per connection.
+    worker = start("CPU:0")
+    held: list[trio.socket.SocketType] = []
+    try:
+        pid = worker.process.pid
+        limit = _open_files(pid) + 16
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+        with trio.fail_after(GUARD):
+            await _served_within(worker, GUARD)  # warm: its first session's one-time work
+            rss = _rss(pid)
+            for round_ in range(4):
+                await _flood(worker.port, 150, round_, held)
+                assert worker.process.poll() is None, worker.output
+                await _served_within(worker, 1.0)
+            assert _rss(pid) - rss < 32 * MiB
+            assert _open_files(pid) <= limit
+    finally:
+        for sock in held:
+            sock.close()
+        worker.stop()
+    shed = [line for line in worker.output.splitlines() if "not authenticated" in line]
+    assert 1 <= len(shed) <= 6, worker.output
+    assert "Traceback" not in worker.output, worker.output
+
+
+async def _stranger(port: int, source: str) -> tuple[FrameStream, bytes]:
+    """A connection from `source` (a loopback address) that has read its challenge, and
+    the challenge's nonce."""
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    stream = FrameStream(sock, Limits())
+    meta, _ = await stream.receive()
+    assert meta[0] == "challenge", meta
+    return stream, meta[1]
+
+
+async def _authenticate(stream: FrameStream, theirs: bytes) -> list[object]:
+    """The rest of a client's handshake: the worker's answer."""
+    ours = secrets.token_bytes(NONCE_BYTES)
+    mac = handshake_mac(TOKEN, "client", ours, theirs, TO_WORKER)
+    await stream.send([encode(["hello", "client", ours]), encode(["auth", mac, ["CPU:0"]])])
+    meta, _ = await stream.receive()
+    return meta
+
+
+async def test_connections_not_yet_authenticated_are_bounded_the_oldest_shed() -> None:
+    # At most 4 from one address and 6 in all: the fifth from 127.0.0.1 sheds its
+    # oldest, then a third from 127.0.0.2 sheds the oldest of all. Those kept can still
+    # authenticate; the worker says what it shed, and the rest of the count at its stop.
+    worker = start(
+        "CPU:0", extra_args=["--max-handshakes", "6", "--max-handshakes-per-address", "4"]
+    )
+    try:
+        with trio.fail_after(GUARD):
+            ones = [await _stranger(worker.port, "127.0.0.1") for _ in range(6)]
+            twos = [await _stranger(worker.port, "127.0.0.2") for _ in range(3)]
+            for stream, _ in ones[:3]:
+                assert await stream.sock.recv(1) == b"", "a shed connection is closed"
+            for stream, nonce in ones[3:] + twos:
+                assert (await _authenticate(stream, nonce))[0] == "welcome"
+                stream.close()
+            await _served_within(worker, GUARD)
+        worker.process.send_signal(signal.SIGINT)
+        assert worker.process.wait(GUARD) == 0
+    finally:
+        worker.stop()
+    lines = [line for line in worker.output.splitlines() if "not authenticated" in line]
+    bounds = "bounds: --max-handshakes 6, --max-handshakes-per-address 4)"
+    assert lines == [
+        "actorgraph worker: shed 1 connection(s) that had not authenticated, the oldest "
+        f"first (the latest from 127.0.0.1, as its address had 4 such; {bounds}",
+        "actorgraph worker: shed 2 connection(s) that had not authenticated, the oldest "
+        f"first (the latest from 127.0.0.1, as there were 6 such in all; {bounds}",
+    ], worker.output
 
 
 async def test_a_worker_stopped_while_a_connection_ends_stops_and_raises_nothing() -> None:
