@@ -13,6 +13,7 @@ import re
 import socket
 import sys
 import tempfile
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -905,3 +906,21 @@ async def test_a_listener_that_never_answers_the_handshake_is_named(
                 )
             nursery.cancel_scope.cancel()
     listener.close()
+
+
+async def test_a_connection_keeps_no_data_it_sent(workers: tuple[Worker, Worker]) -> None:
+    # A copyin's data goes by the connection's writer task: once sent it is let go
+    # of, not kept until the next send (64 MiB here, then 4 bytes).
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 16 << 20, np.int32)
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                await rt.copyin(x, np.ones(16 << 20, np.int32))
+                held = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert held < 8 << 20, f"{held} bytes still held after the copyin"
+            assert (await rt.copyout(x)).sum() == 16 << 20

@@ -10,6 +10,7 @@ import os
 import resource
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -261,3 +262,107 @@ def test_a_stop_grouped_with_connections_reset_meanwhile_is_quiet(
         0,
         "actorgraph worker: stopped; meanwhile this failed: RuntimeError('a bug')\n",
     )
+
+
+_CLIENT = """
+import sys, trio, numpy as np
+import actorgraph as ag
+
+sys.path.insert(0, sys.argv[3])
+from remote_kernels import GATED
+
+
+async def main(name, token, gated):
+    async with ag.open_runtime([name], remote_token=token) as rt:
+        for _ in range(4):
+            x = rt.alloc(name, 16 << 20, np.int32)
+            await rt.copyin(x, np.ones(16 << 20, np.int32))
+        if gated:  # a kernel of it runs on the worker until the test opens the gate
+            graph = await rt.compile([ag.Launch(GATED, [x, x])])
+            await graph.submit()
+        print("allocated", flush=True)
+        await trio.sleep_forever()
+
+trio.run(main, sys.argv[1], sys.argv[2].encode(), sys.argv[4] == "gated")
+"""
+
+
+async def _rss_back_to(pid: int, bound: int) -> None:
+    """Wait until process `pid`'s resident memory is at most `bound` bytes."""
+    while _rss(pid) > bound:
+        await trio.sleep(0.05)
+
+
+async def _client_killed(worker: Worker, how: str) -> None:
+    """A client process allocates and writes 256 MiB on `worker` (and, `how` =
+    "gated", leaves a kernel running there), then is killed."""
+    here = str(Path(__file__).parent)
+    client = await trio.lowlevel.open_process(
+        [sys.executable, "-c", _CLIENT, worker.name("CPU:0"), TOKEN.decode(), here, how],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert client.stdout is not None
+        said = b""
+        while b"allocated" not in said:
+            said += await client.stdout.receive_some()
+    finally:
+        client.kill()
+        await client.wait()
+
+
+async def test_a_departed_clients_memory_is_given_back_at_once(gate: Path) -> None:
+    # A client allocates 256 MiB on the worker and writes all of it, then leaves: by
+    # closing its runtime, killed, and killed while a kernel of it runs there. Each
+    # time the worker's resident memory is back within 32 MiB of what it was before
+    # within seconds (once that kernel returned), not whenever Python's cycle collector
+    # happens to run.
+    worker = start("CPU:0")
+    try:
+        pid = worker.process.pid
+        with trio.fail_after(GUARD):
+            await _served_within(worker, GUARD)  # its first session's one-time work
+            base = _rss(pid)
+            async with runtime([worker.name("CPU:0")]) as rt:
+                for _ in range(4):
+                    x = rt.alloc(worker.name("CPU:0"), 16 << 20, np.int32)
+                    await rt.copyin(x, np.ones(16 << 20, np.int32))
+                assert _rss(pid) > base + 200 * MiB
+            with trio.fail_after(5):
+                await _rss_back_to(pid, base + 32 * MiB)
+            await _client_killed(worker, "idle")
+            with trio.fail_after(5):
+                await _rss_back_to(pid, base + 32 * MiB)
+            await _client_killed(worker, "gated")
+            # Its connection ends once its kernel returns (a thread cannot be stopped):
+            # until then the memory stays, as it does for a client still there.
+            assert _rss(pid) > base + 200 * MiB
+            gate.touch()
+            with trio.fail_after(5):
+                await _rss_back_to(pid, base + 32 * MiB)
+    finally:
+        worker.stop()
+
+
+async def test_a_departed_clients_memory_read_by_another_worker_is_given_back() -> None:
+    # Another worker read the client's buffers over its link to this one (a copy
+    # between the two workers); the link stays, the client leaves: what the link read
+    # is not kept.
+    a, b = start("CPU:0"), start("CPU:0")
+    try:
+        pid = a.process.pid
+        with trio.fail_after(GUARD):
+            await _served_within(a, GUARD)
+            base = _rss(pid)
+            async with runtime([a.name("CPU:0"), b.name("CPU:0")]) as rt:
+                for _ in range(4):
+                    x = rt.alloc(a.name("CPU:0"), 16 << 20, np.int32)
+                    y = rt.alloc(b.name("CPU:0"), 16 << 20, np.int32)
+                    await rt.copyin(x, np.ones(16 << 20, np.int32))
+                    await rt.run([ag.Copy(dst=y, src=x)])
+                assert _rss(pid) > base + 200 * MiB
+            with trio.fail_after(5):
+                await _rss_back_to(pid, base + 32 * MiB)
+    finally:
+        a.stop()
+        b.stop()

@@ -258,10 +258,9 @@ class Worker:
             self.admission.leave(stranger)
             if session is not None:
                 self.sessions.pop(session.sid, None)
-                session.abandon()
-                for buf in session.buffers.values():
-                    self.runtime.free(buf)
-                session.buffers.clear()
+                session.close()
+                if not self.sessions:
+                    self.staging.clear()  # no client left to land host writes in it
             stream.close()
 
     async def _handshake(

@@ -444,21 +444,26 @@ class Transport:
             if not pending and self._unsent is None:
                 await self._doorbell.wait()
                 continue
-            parts: list[bytes | memoryview] = []
-            frames: list[Frame] = []
-            if self._unsent is not None:
-                (parts, frames), self._unsent = self._unsent, None
-            more, more_frames = self._take_pending()
-            parts += more
-            frames += more_frames
-            self._writing = True
-            try:
-                await self._stream.send(parts)  # type: ignore[union-attr]
-            except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
-                self.lose(exc)
-            finally:
-                self._writing = False
-            self._frames_sent(frames)
+            await self._send_pending()
+
+    async def _send_pending(self) -> None:
+        """Send what is queued, by the writer task. What it sent is let go of once it has
+        left (a copyin's data is the caller's array), not kept until the next send."""
+        parts: list[bytes | memoryview] = []
+        frames: list[Frame] = []
+        if self._unsent is not None:
+            (parts, frames), self._unsent = self._unsent, None
+        more, more_frames = self._take_pending()
+        parts += more
+        frames += more_frames
+        self._writing = True
+        try:
+            await self._stream.send(parts)  # type: ignore[union-attr]
+        except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            self.lose(exc)
+        finally:
+            self._writing = False
+        self._frames_sent(frames)
 
     # -- reading --
 
