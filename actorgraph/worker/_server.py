@@ -22,8 +22,9 @@ challenge with the same token (the workers of a runtime share it; a worker witho
 serves loopback only, as for clients) and can then only read allocations named by a
 ticket (an HMAC under the owning session's key, which only that client knows).
 
-This module accepts connections, has them answer the handshake (_handshake.py) and routes
-their frames: one client's state and requests are a `Session` (_session.py), what this
+This module accepts connections, holds those not yet authenticated within the bounds of
+`Admission` (_admission.py: the oldest shed, accept backing off where files run out), has
+them answer the handshake (_handshake.py) and routes their frames: one client's state and requests are a `Session` (_session.py), what this
 worker answers another on a link it opened is a `Link` (_links.py), and the links this
 worker opens to other workers are `Peers` (_peers.py). Every message is one of
 actorgraph/devices/remote/wire.py, decoded and checked there.
