@@ -378,7 +378,9 @@ class Buffer:
 
     def release_memory(self) -> Any:
         """The buffer's part of `rt.free(buffer)` (call that): mark this base buffer's
-        memory freed, for it and every view of it, and return the memory."""
+        memory freed, for it and every view of it, and return the memory. Its cached host
+        view goes too: a freed buffer holds none of its memory."""
+        object.__setattr__(self, "_host", None)
         return self._alloc.release()
 
     @property

@@ -404,9 +404,8 @@ class Graph(Hinted):
         await runtime.reserve()
         try:
             for timeline, value in waits:
-                # Cancelling abandons the wait (nothing is submitted); the thread polls on
-                # until the timeline moves or its timeout.
-                await trio.to_thread.run_sync(timeline.wait_for, value, abandon_on_cancel=True)
+                # Cancelling ends the wait at once (nothing is submitted).
+                await runtime.wait_timeline(timeline, value)
             self._check_not_closed()
             return self._post(bound, inputs, profile, then)
         finally:

@@ -42,7 +42,7 @@ from ._errors import (
     InputError,
     UsageError,
 )
-from ._foreign import HostMemory, space_uid, wrap_memory
+from ._foreign import ExternalTimeline, HostMemory, TimelineWaits, space_uid, wrap_memory
 from ._graph import Graph, ReplayCounts, check_var_vals
 from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
@@ -155,6 +155,8 @@ class Runtime:
         # Per device: the address space every rt.wrap(...) buffer on it shares.
         self._foreign_spaces: dict[str, int] = {}
         self._host_memory = HostMemory()
+        # Replays waiting for external timelines (graph.submit(after=...)): one watcher.
+        self._timeline_waits = TimelineWaits()
 
     # -- lifecycle --
 
@@ -162,6 +164,7 @@ class Runtime:
         for device in self._devices.values():
             await device.start(nursery)
         nursery.start_soon(self._monitor)
+        self._timeline_waits.start(nursery)
         self._open = True
         self.usable = self._broken is None
 
@@ -415,6 +418,14 @@ class Runtime:
         so never pass the window when what they wait for comes."""
         await self.admit()
         self._reserved += 1
+
+    async def wait_timeline(self, timeline: ExternalTimeline, value: int) -> None:
+        """Return once `timeline` reached `value` (for a replay that waits for it, its
+        place in the window reserved): the runtime's watcher wakes it, no thread is held
+        for it, and cancelling it ends it at once. Raises TimeoutError after the
+        timeline's `timeout` (one without `wait`), what its `read` or `wait` raised, or
+        ClosedError if the runtime closes meanwhile."""
+        await self._timeline_waits.wait_for(timeline, value)
 
     def unreserve(self) -> None:
         """Give back a place `reserve` took (its replay is posted now, or never will be)."""

@@ -370,3 +370,114 @@ async def test_replays_waiting_for_a_timeline_hold_their_place_in_the_window(
                 gate.set()
             assert len(posted) == 6 and max(posted) <= 2 and rt.in_flight == 0
             assert rt.statistics().reserved == 0
+
+
+async def test_cancelled_timeline_waits_leave_nothing_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 45 submits wait for a timeline that never moves, and are cancelled: their waits
+    # end at once. A later replay, whose timeline is reached 0.3 s after it was
+    # submitted, runs then (the watcher polls at least every millisecond), not after
+    # the cancelled waits' 60 s timeout.
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            stuck = ag.ExternalTimeline("stuck", lambda: 0, lambda v: None)
+            word = [0]
+            later = ag.ExternalTimeline("later", lambda: word[0], word.__setitem__)
+            out = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(add_one, [out, out])])
+
+            async def wait_for_stuck() -> None:
+                await graph.submit(after=[(stuck, 1)])
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(45):
+                    nursery.start_soon(wait_for_stuck)
+                await trio.testing.wait_all_tasks_blocked()
+                assert rt.statistics().reserved == 45
+                nursery.cancel_scope.cancel()
+            assert rt.statistics().reserved == 0 and rt.in_flight == 0
+            submitted = trio.current_time()
+
+            async def move_later() -> None:
+                await trio.sleep(0.3)
+                word[0] = 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(move_later)
+                await graph(after=[(later, 1)])
+            assert trio.current_time() - submitted < 0.3 + 0.002
+            assert (await rt.copyout(out))[0] == 1
+
+
+async def test_waits_on_a_timeline_share_one_helper_thread_and_take_no_trio_thread() -> None:
+    # Twenty replays wait for values of a timeline with a `wait` function: one helper
+    # thread at a time blocks in it, off trio's thread limiter (to_thread callers never
+    # wait behind it). Its return wakes the waits for that value or less, and the next
+    # helper waits for the lowest of the rest: the wait function alone (its word never
+    # moves here) lets every replay run.
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            lock = threading.Lock()
+            inside = [0, 0]  # threads in the wait function now, most at once
+            go = threading.Event()
+
+            def wait(value: int) -> None:
+                with lock:
+                    inside[0] += 1
+                    inside[1] = max(inside)
+                go.wait(10)
+                with lock:
+                    inside[0] -= 1
+
+            timeline = ag.ExternalTimeline("other", lambda: 0, lambda v: None, wait=wait)
+            out = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(add_one, [out, out])])
+            async with trio.open_nursery() as nursery:
+                for value in range(1, 21):
+                    nursery.start_soon(lambda v=value: graph(after=[(timeline, v)]))
+                while inside[0] == 0:
+                    await trio.sleep(0.001)
+                await trio.sleep(0.01)
+                assert trio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
+                go.set()
+            assert inside == [0, 1]
+            assert (await rt.copyout(out))[0] == 20
+
+
+async def test_a_timeline_whose_read_or_wait_raises_fails_its_waits() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+
+            def broken(*args: object) -> int:
+                raise OSError("the other runtime is gone")
+
+            out = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(add_one, [out, out])])
+            for timeline in (
+                ag.ExternalTimeline("gone", broken, lambda v: None),
+                ag.ExternalTimeline("gone", lambda: 0, lambda v: None, wait=broken),
+            ):
+                with pytest.raises(OSError, match="the other runtime is gone"):
+                    await graph(after=[(timeline, 1)])
+            assert rt.statistics().reserved == 0 and (await rt.copyout(out))[0] == 0
+
+
+async def test_a_timeline_wait_ends_with_its_runtime() -> None:
+    # A replay waits, in a task outside the runtime's block, for a timeline that never
+    # moves; the block ends: the wait fails, saying why.
+    stuck = ag.ExternalTimeline("stuck", lambda: 0, lambda v: None)
+    ended: list[str] = []
+
+    async def wait(graph: ag.Graph) -> None:
+        with pytest.raises(ag.ClosedError) as info:
+            await graph(after=[(stuck, 1)])
+        ended.append(str(info.value))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            async with ag.open_runtime(["CPU:0"]) as rt:
+                out = rt.alloc("CPU:0", 1, np.int32)
+                nursery.start_soon(wait, await rt.compile([ag.Launch(add_one, [out, out])]))
+                await trio.testing.wait_all_tasks_blocked()
+    assert ended == ["the runtime closed while a replay waited for an external timeline"]

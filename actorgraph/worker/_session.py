@@ -154,6 +154,30 @@ class Session:
             self.worker.runtime.device(name).forget_signals(self.mirrors.values(), idle=not stuck)
         self.queues.clear()
 
+    def close(self) -> None:
+        """The connection ended: after `abandon`, free every buffer of this client through
+        the runtime (its memory goes back at once), give back its pending host writes,
+        and let go of its programs, mirrors and reads, so that nothing of this client
+        holds memory, whatever still refers to this session (a job or a frame that a
+        reference cycle keeps until the cycle collector runs)."""
+        self.abandon()
+        runtime = self.worker.runtime
+        for buf in self.buffers.values():
+            runtime.free(buf)
+        self.buffers.clear()
+        self.refused.clear()
+        self._tickets.clear()
+        self._peer_views.clear()
+        for program in self.programs.values():
+            program.release()
+        self.programs.clear()
+        for blob_id in list(self._blobs):
+            self.drop_blob(blob_id)
+        self.batches.release()
+        self.mirrors.clear()
+        self._progress.clear()
+        self.bytes_used = 0
+
     # -- lookups, each with a refusal that names the id --
 
     def holds(self, handle: int) -> bool:

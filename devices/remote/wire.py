@@ -85,6 +85,12 @@ class Limits:
         return cls(**kwargs)
 
 
+# Before a connection proves the token its frames are handshake messages (`Hello`,
+# `Challenge`, `Auth`, `Welcome`, `Error`): a few hundred bytes, never a tail. Both sides
+# read them with these limits, so a stranger cannot make the other hold a large frame.
+HANDSHAKE_LIMITS = Limits(max_meta=8 << 10, max_tail=0)
+
+
 # -- field checks: each names the field and the rule it broke --
 
 
