@@ -46,12 +46,14 @@ class Allocation:
     runtime: Home | None = None
 
     def release(self) -> Any:
-        """Mark the memory freed and let go of it (and of a wrapper's exporter); returns
-        the memory, which the device takes back unless it is foreign."""
+        """Mark the memory freed and let go of it (and of a wrapper's exporter). Returns
+        what work submitted before may still use until it is done: the device's memory,
+        which then goes back to the device, or a wrapper's exporter (with the view of its
+        memory), which is then let go of, since the memory is its owner's."""
         self.freed = True
         memory, self.memory = self.memory, None
         if self.foreign:
-            self.owner = None  # the memory is its owner's: nothing goes back to the device
+            memory, self.owner = (self.owner, memory), None
         return memory
 
 
@@ -178,7 +180,17 @@ class Buffer:
 
     @property
     def alloc_id(self) -> int:
+        """The address space this buffer's byte ranges are in: its allocation's, or for
+        rt.wrap memory its device's, which every wrapper on that device shares."""
         return self._alloc.uid
+
+    @property
+    def allocation(self) -> Allocation:
+        """The allocation this buffer is (a view) of: what `rt.free` of its base frees.
+        Wrappers on one device share an `alloc_id` but each is an allocation of its own,
+        freed on its own, so a check of liveness looks at every allocation, not one
+        buffer per `alloc_id`."""
+        return self._alloc
 
     @property
     def byte_range(self) -> tuple[int, int]:
@@ -208,14 +220,21 @@ class Buffer:
     def __repr__(self) -> str:
         dims = "x".join(map(str, self.shape))
         where = f" view@{self.offset}" if self.is_view else ""
+        if self._alloc.foreign:  # wrappers on a device share its #number: say where
+            where += f" wrapping {self.byte_range[0]:#x}"
         gone = " freed" if self.freed else ""
         return f"<Buffer {self.device} {dims} {self.dtype.name}{where}{gone} #{self.alloc_id}>"
 
     def check_live(self, what: str = "") -> None:
+        """Raise BufferFreedError (its message starting with `what`) if `rt.free` freed
+        this buffer's allocation."""
         if self._alloc.freed:
-            raise BufferFreedError(
-                f"{what}{self!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+            fix = (
+                "wrap the memory again with rt.wrap(...)"
+                if self._alloc.foreign
+                else "allocate a new buffer with rt.alloc(...)"
             )
+            raise BufferFreedError(f"{what}{self!r} was freed; {fix} instead")
 
     def view(
         self,
