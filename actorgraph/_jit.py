@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 
-from ._buffer import Buffer
+from ._buffer import Allocation, Buffer
 from ._call import Call
 from ._capture import Mode, Scope, current_scope, entered
 from ._errors import ActorGraphError, InputError, UsageError, VarError
@@ -177,15 +177,16 @@ def _unique_buffers(leaves: list[_Leaf]) -> list[Buffer]:
 
 
 def _trace(items: Sequence[Item], inputs: Sequence[Buffer]) -> tuple[Any, ...]:
-    """Items with buffers named by role: input i (+offset) or the k-th other allocation."""
-    own: dict[int, int] = {}
+    """Items with buffers named by role: input i (+offset) or the k-th other allocation
+    (the allocation itself, not its address space: wrappers on one device share one)."""
+    own: dict[Allocation, int] = {}
 
     def canon(buf: Buffer) -> tuple[Any, ...]:
         where = (buf.shape, buf.dtype.str, buf.device)
         for i, root in enumerate(inputs):
             if buf.within(root):
                 return ("input", i, buf.offset - root.offset, *where)
-        return ("own", own.setdefault(buf.alloc_id, len(own)), buf.offset, *where)
+        return ("own", own.setdefault(buf.allocation, len(own)), buf.offset, *where)
 
     out: list[tuple[Any, ...]] = []
     for item in items:
