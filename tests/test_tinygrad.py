@@ -633,3 +633,78 @@ async def test_a_replay_between_queued_tinygrad_work_never_deadlocks() -> None:
                 release.set()
             assert result[0].numpy().tobytes() == want.tobytes()
             assert (late.numpy() == a.numpy() * 3).all() and (early.numpy() == a.numpy() + 1).all()
+
+
+def _weighted() -> tuple[Callable[[Tensor], Tensor], Tensor]:
+    # Two kernels, so tinygrad hands the batch to a graph runner.
+    w = Tensor((2 * np.eye(4)).astype(np.float32)).realize()
+
+    def forward(x: Tensor) -> Tensor:
+        return ((x @ w).realize() + 1).realize()
+
+    return forward, w
+
+
+def _accumulating() -> tuple[Callable[[Tensor], Tensor], Tensor]:
+    acc = Tensor.ones(8).contiguous().realize()
+
+    def step(x: Tensor) -> Tensor:
+        acc.assign(acc + x).realize()
+        return (acc * 2).realize()
+
+    return step, acc
+
+
+def _full(value: float, *shape: int) -> Tensor:
+    return Tensor(np.full(shape, value, np.float32)).realize()
+
+
+async def test_graph_from_jit_reads_its_inputs_from_the_jits_own_record() -> None:
+    # A first call that passes a tensor the jit itself uses (its weight, or its own state)
+    # makes that call's input the same memory as the jit's: only the jit's slots are the
+    # input, so later calls with other tensors still read the jit's own memory there.
+    # Small whole numbers in float32: the expected values are exact.
+    forward, w = _weighted()
+    jit = TinyJit(forward)
+    for s in range(2):
+        jit(_full(s, 4, 4))  # captures
+    step, acc = _accumulating()
+    jit_state = TinyJit(step)
+    for s in range(2):
+        jit_state(_full(s, 8))  # captures: acc is 1 + 0 + 1 = 2 now
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"], verify_plans=True) as rt:
+            graph = await agt.graph_from_jit(rt, jit)
+            np.testing.assert_array_equal((await graph(w)).numpy(), 4 * np.eye(4) + 1)
+            for value in (3, 5):
+                np.testing.assert_array_equal(
+                    (await graph(_full(value, 4, 4))).numpy(), 2 * value + 1
+                )
+            np.testing.assert_array_equal((await graph(w)).numpy(), 4 * np.eye(4) + 1)
+            state = await agt.graph_from_jit(rt, jit_state)
+            # acc doubles (it is passed as x: the jit copies it first), then grows by 3.
+            np.testing.assert_array_equal((await state(acc)).numpy(), 2 * 4)
+            np.testing.assert_array_equal((await state(_full(3, 8))).numpy(), 2 * 7)
+            np.testing.assert_array_equal((await state(acc)).numpy(), 2 * 14)
+
+
+@pytest.mark.skipif(
+    V011,
+    reason="tinygrad 0.11's TinyJit itself reads a first replay's inputs by identity "
+    "(get_input_replace), and install() runs what it hands over",
+)
+def test_install_reads_inputs_from_the_jits_own_record_when_a_runner_is_rebuilt() -> None:
+    # free_intermediates() drops the jit's graph runners: the next call builds them again
+    # from its own arguments, here the jit's weight.
+    forward, w = _weighted()
+    agt.install(devices=1)
+    try:
+        jit = TinyJit(forward)
+        for s in range(2):
+            jit(_full(s, 4, 4))
+        jit.captured.free_intermediates()
+        np.testing.assert_array_equal(jit(w).numpy(), 4 * np.eye(4) + 1)
+        np.testing.assert_array_equal(jit(_full(3, 4, 4)).numpy(), 7)
+        assert agt.statistics().graphs >= 2
+    finally:
+        agt.uninstall()

@@ -49,6 +49,13 @@ class Batch:
         # Whether Root.nbytes is each root's largest size (else: the capture's size).
         self.sizes_known = sizes_known
         self.keep = keep  # what the calls' code and memory belong to (tinygrad's objects)
+        # The bases of memory the jit holds: (device, address, nbytes), each once.
+        self._held = {
+            (r.device, r.address, r.base_nbytes)
+            for call in self.calls
+            for r in regions_of(call)
+            if r.root < 0
+        }
         self.graph: Any = None
         self.limits: tuple[int, ...] = ()
         self.plans = 0
@@ -78,9 +85,15 @@ class Batch:
                 return None
         return graph
 
-    def plan(self, roots: Sequence[Buffer]) -> tuple[list[Item], list[int]]:
-        """Items over these roots and the root limits to compile them with (max_sizes,
-        in bytes); then keep() the compiled graph."""
+    def plan(self, roots: Sequence[Buffer]) -> tuple[list[Item], list[Buffer], list[int]]:
+        """(items, inputs, limits) to compile: the items over `inputs`, which are these
+        roots, and the root limits (max_sizes, in bytes); then keep() the compiled graph.
+
+        A root in memory the jit holds itself (a call passing its weight or its state)
+        would make the jit's own uses of that memory part of the input for every later
+        call: such a root is planned as memory of its own instead (`Wrapper.placeholder`),
+        and the call with it aliases the jit's memory, which the graph plans for
+        (aliasing="replan")."""
         limits = []
         for k, (buf, root) in enumerate(zip(roots, self.roots)):
             limit = max(buf.nbytes, root.nbytes)
@@ -94,7 +107,20 @@ class Batch:
                     f"was captured for at most {root.nbytes}; pass the inputs it was captured for"
                 )
             limits.append(max(limit, 1))
-        return build_items(self.calls, roots, self.wrapper), limits
+        inputs = list(roots)
+        for k, given in enumerate(roots):
+            if self._held_overlaps(given):
+                inputs[k] = self.wrapper.placeholder(given.device, limits[k])
+        return build_items(self.calls, inputs, self.wrapper), inputs, limits
+
+    def _held_overlaps(self, root: Buffer) -> bool:
+        """Whether `root` shares bytes with memory the jit holds (its calls' regions
+        outside the roots, each a base of the jit's)."""
+        start, stop = root.byte_range
+        for device, address, nbytes in self._held:
+            if device == root.device and address < stop and start < address + nbytes:
+                return True
+        return False
 
     def keep_plan(self, graph: Any, limits: Sequence[int]) -> None:
         self.graph = graph

@@ -115,6 +115,12 @@ class Wrapper:
         bases[key] = wrapped
         return wrapped
 
+    def placeholder(self, device: str, nbytes: int) -> Buffer:
+        """A buffer of `nbytes` on `device` in memory of its own, which nothing else
+        uses: what a graph is planned with for an input that must not be taken for
+        memory the jit holds (see Batch.plan). Its pages are mapped only if written."""
+        return self.runtime.wrap(device, np.zeros(nbytes, np.uint8), dtype=U8)
+
 
 def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> Buffer:
     if region.root >= 0:

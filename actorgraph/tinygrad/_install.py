@@ -134,8 +134,8 @@ class Installed:
 
     def _plan(self, batch: Batch, roots: Sequence[Any]) -> Any:
         self.check_usable()
-        items, limits = batch.plan(roots)
-        graph = self.runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+        items, inputs, limits = batch.plan(roots)
+        graph = self.runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
         planned = graph.result()
         batch.keep_plan(planned, limits)
         self.plans += 1

@@ -66,9 +66,9 @@ class JitGraph:
     ) -> tuple[Batch, list[Any], dict[Var, int]]:
         batch, roots, given = await self._source.prepare(self.runtime, args, kwargs)
         if batch.graph_for(roots) is None:
-            items, limits = batch.plan(roots)
+            items, inputs, limits = batch.plan(roots)
             graph = await self.runtime.compile(
-                items, inputs=roots, max_sizes=limits, verify=self._verify, aliasing="replan"
+                items, inputs=inputs, max_sizes=limits, verify=self._verify, aliasing="replan"
             )
             batch.keep_plan(graph, limits)
         return batch, roots, batch.values(given, f"{self._source.name}")
