@@ -136,7 +136,8 @@ async def test_one_memory_wrapped_on_two_devices_is_refused() -> None:
                     ag.UsageError,
                     match=(
                         rf"wrap: that memory \(bytes 0x[0-9a-f]+\.\.0x[0-9a-f]+\) is wrapped on "
-                        rf"CPU:0 already \(buffer #{first.alloc_id}\); host memory is one address "
+                        rf"CPU:0 already \(by the wrapper of {memory.ctypes.data:#x}\.\."
+                        rf"{memory.ctypes.data + memory.nbytes:#x}\); host memory is one address "
                         rf"space, but a runtime orders work on wrapped memory per device, so "
                         rf"wrappers on CPU:0 and CPU:1 would race: wrap it on one device and move "
                         rf"the data with Copy items, or rt.free the other wrapper first"

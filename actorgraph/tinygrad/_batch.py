@@ -56,6 +56,11 @@ class Batch:
             for r in regions_of(call)
             if r.root < 0
         }
+        # The wrappers of that memory the newest plan uses, and whether tinygrad let go
+        # of any (as of the Wrapper's count of such wrappers let go of, `_checked`).
+        self._held_bufs: list[Buffer] = []
+        self._checked = 0
+        self._stale = False
         self.graph: Any = None
         self.limits: tuple[int, ...] = ()
         self.plans = 0
@@ -69,9 +74,9 @@ class Batch:
 
     def wrap_roots(self, places: Sequence[tuple[int, int]]) -> list[Buffer]:
         """This call's roots, as (address, nbytes) per root, wrapped."""
-        base = self.wrapper.base
+        wrap = self.wrapper.root
         return [
-            base(root.device, address, nbytes)
+            wrap(root.device, address, nbytes)
             for root, (address, nbytes) in zip(self.roots, places)
         ]
 
@@ -111,7 +116,19 @@ class Batch:
         for k, given in enumerate(roots):
             if self._held_overlaps(given):
                 inputs[k] = self.wrapper.placeholder(given.device, limits[k])
-        return build_items(self.calls, inputs, self.wrapper), inputs, limits
+        items = build_items(self.calls, inputs, self.wrapper)
+        self._held_bufs = [self.wrapper.held(*key) for key in self._held]
+        return items, inputs, limits
+
+    def stale(self) -> bool:
+        """Whether tinygrad let go of memory this batch's jit held since it was planned
+        (`free_intermediates()`, a buffer deallocated): its plan must never run again,
+        and its calls must be read again from the jit."""
+        freed = self.wrapper.held_freed
+        if freed != self._checked:
+            self._checked = freed
+            self._stale = self._stale or any(buf.freed for buf in self._held_bufs)
+        return self._stale
 
     def _held_overlaps(self, root: Buffer) -> bool:
         """Whether `root` shares bytes with memory the jit holds (its calls' regions

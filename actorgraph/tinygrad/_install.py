@@ -33,6 +33,7 @@ from .._errors import ClosedError, UsageError
 from ._batch import Batch
 from ._convert import Wrapper
 from ._private import patch_cpu_devices, patched_devices
+from ._watch import watched
 
 
 class Ordering(Protocol):
@@ -83,7 +84,7 @@ class Installed:
         self.ndevices = ndevices
         self.ordering = ordering
         self.version = version
-        self.wrapper = Wrapper(runtime.runtime)
+        self.wrapper = watched(Wrapper(runtime.runtime, free=runtime.free_now))
         # Held by every replay and plan, and by uninstall(): see the module's docstring.
         self.lock = threading.RLock()
         self.graphs = 0
@@ -113,6 +114,14 @@ class Installed:
         with self.lock:
             if _installed is not self:
                 self.check_usable()
+            wrapper = self.wrapper
+            wrapper.forget_freed()
+            if wrapper.held_freed and batch.stale():
+                raise UsageError(
+                    "tinygrad freed memory this jit's batch holds (free_intermediates(), or "
+                    "a buffer of it deallocated) while its runner stayed: capture the jit "
+                    "again (jit.reset())"
+                )
             roots = batch.wrap_roots(places)
             graph = batch.graph_for(roots)
             if graph is None:

@@ -434,6 +434,8 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._check(args, kwargs)
+        if self.batch is not None and self.batch.stale():
+            self.batch = None  # tinygrad let go of memory the jit held: read it again
         if self.batch is None:
             described = describe(self._calls, inputs)
             self._sources = described.sources
