@@ -1026,7 +1026,7 @@ async def test_each_client_of_a_worker_gets_a_stream_of_its_own() -> None:
             async with trio.open_nursery() as nursery:
                 a, b = (Session(server, i + 1, replies[i], nursery) for i in range(2))  # type: ignore[arg-type]
                 for session in (a, b):
-                    session.handle(["alloc", 1, "CUDA:0", SIZE, "int32"])
+                    session.handle(["alloc", 1, "CUDA:0", SIZE, "<i4"])
                 # A waits for its mirror 7 on base slot 3: on the stream, on a mapped word.
                 a.handle(["prog", 1, "CUDA:0", [["w", 7, 3, 1], inc_all, ["s", 2, 1]], False])
                 a.handle(["batch", 5, [0, 0, 0, 0], [1], []])
