@@ -477,6 +477,15 @@ async def test_dlpack_views_cpu_and_cuda_buffers_without_a_copy() -> None:
             g.__dlpack__(copy=True)
         with pytest.raises(BufferError, match=r"lives on DLPack device \(1, 0\), not \(2, 0\)"):
             g.__dlpack__(dl_device=(2, 0))
+        # DLPack has no byte order: a big-endian buffer would be read as other numbers.
+        big = rt.alloc("CUDA:0", 4, ">i4")
+        await rt.copyin(big, np.arange(4, dtype=">i4"))
+        with pytest.raises(
+            BufferError,
+            match=r"dtype >i4 is not in this machine's byte order, and DLPack tensors are: "
+            r"export a buffer of dtype int32, or copy it out with rt.copyout\(\)",
+        ):
+            np.from_dlpack(big)
 
 
 # -- errors --

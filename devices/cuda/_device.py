@@ -660,8 +660,9 @@ class CUDADevice(Device):
         wait on the GPU for all work submitted to this device so far: the host never
         blocks, as that work may wait on signals this very thread moves. Fake-driver
         memory is host memory that the consumer reads at once: there the streams drain."""
-        from ._dlpack import make_capsule
+        from ._dlpack import dlpack_code, make_capsule
 
+        dlpack_code(buffer.dtype)  # refused before anything is waited for
         if buffer.memory.released:
             raise BufferError(
                 f"{buffer!r}: its runtime has closed and its GPU memory is gone; export "
