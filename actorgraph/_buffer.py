@@ -114,6 +114,15 @@ def buffer_dtype(what: str, dtype: Any) -> np.dtype[Any]:
     )
 
 
+def dtype_text(dtype: np.dtype[Any]) -> str:
+    """How messages and reprs print a dtype: its name, and its byte order where it is
+    not this machine's ("int32 big-endian"), since a name alone does not tell '>i4'
+    from '<i4'."""
+    if dtype.isnative:
+        return dtype.name
+    return f"{dtype.name} {'big' if dtype.byteorder == '>' else 'little'}-endian"
+
+
 def check_count(what: str, value: Any) -> int:
     """An element or byte count, offset or size: an int (numpy's too) >= 0, never a bool."""
     number = _dim(value)
@@ -223,7 +232,8 @@ class Buffer:
         if self._alloc.foreign:  # wrappers on a device share its #number: say where
             where += f" wrapping {self.byte_range[0]:#x}"
         gone = " freed" if self.freed else ""
-        return f"<Buffer {self.device} {dims} {self.dtype.name}{where}{gone} #{self.alloc_id}>"
+        kind = dtype_text(self.dtype)
+        return f"<Buffer {self.device} {dims} {kind}{where}{gone} #{self.alloc_id}>"
 
     def check_live(self, what: str = "") -> None:
         """Raise BufferFreedError (its message starting with `what`) if `rt.free` freed

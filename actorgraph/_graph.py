@@ -16,7 +16,7 @@ from actorgraph.scheduler import Plan
 
 from . import _capture
 from ._await import Hinted, described, listed
-from ._buffer import Allocation, Buffer
+from ._buffer import Allocation, Buffer, dtype_text
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
@@ -630,7 +630,8 @@ class Graph(Hinted):
             )
         if new.dtype != old.dtype:
             raise InputError(
-                f"input {i} has dtype {new.dtype} but the graph was compiled for {old.dtype}"
+                f"input {i} has dtype {dtype_text(new.dtype)} but the graph was compiled for "
+                f"{dtype_text(old.dtype)}; pass a buffer of that dtype"
             )
         limit = self._program.max_sizes.get(i)
         if limit is None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 
-from ._buffer import Allocation, Buffer
+from ._buffer import Allocation, Buffer, dtype_text
 from ._call import Call
 from ._capture import Mode, Scope, current_scope, entered
 from ._errors import ActorGraphError, InputError, UsageError, VarError
@@ -139,8 +139,8 @@ class _Signature:
                 for what in ("device", "dtype", "shape"):
                     if getattr(was, what) != getattr(now, what):
                         return (
-                            f"{name}(): argument {old.path} has {what} {getattr(now, what)} "
-                            f"but the capture used {getattr(was, what)}"
+                            f"{name}(): argument {old.path} has {what} {_text(now, what)} but "
+                            f"the capture used {_text(was, what)}"
                         )
                 if not runtime.owns(now):
                     return (
@@ -159,6 +159,11 @@ class _Signature:
             got = sorted(v.name for v in other.var_keys)
             return f"{name}() was captured with values for Vars {had} but got values for {got}"
         return None
+
+
+def _text(buf: Buffer, what: str) -> Any:
+    """A buffer's device, dtype or shape as a message prints it."""
+    return dtype_text(buf.dtype) if what == "dtype" else getattr(buf, what)
 
 
 def _aliasing(leaves: list[_Leaf]) -> tuple[int, ...]:

@@ -41,6 +41,7 @@ from ._buffer import (
     _shape_of,
     buffer_dtype,
     check_buffer_size,
+    dtype_text,
 )
 from ._collector import collector_paused
 from ._errors import (
@@ -78,6 +79,12 @@ class StallReport:
     stalled_for: float
     in_flight: int
     actors: tuple[str, ...]
+
+
+def _dtype_code(dtype: np.dtype[Any]) -> str:
+    """How to write `dtype` in Python: np.int32, or '>i4' when its byte order is not
+    this machine's."""
+    return f"np.{dtype.name}" if dtype.isnative else repr(dtype.str)
 
 
 @attrs.frozen
@@ -620,8 +627,8 @@ class Runtime:
         data = np.asarray(array)
         if data.dtype != buffer.dtype:
             raise UsageError(
-                f"copyin: array dtype {data.dtype} does not match {buffer!r}; "
-                f"convert with array.astype(np.{buffer.dtype.name})"
+                f"copyin: array dtype {dtype_text(data.dtype)} does not match {buffer!r}; "
+                f"convert with array.astype({_dtype_code(buffer.dtype)})"
             )
         if data.size != buffer.size:
             raise UsageError(
