@@ -294,6 +294,12 @@ class Buffer:
         self, offset: int, size: int | None, shape: Any, dtype: Any, byte_offset: int | None
     ) -> Buffer:
         dt = self.dtype if dtype is None else buffer_dtype("view()", dtype)
+        if not dt.isnative and self._alloc.device.native_byte_order:
+            raise UsageError(
+                f"view(dtype={dt.str!r}) of {self!r}: {self.device}'s kernels read memory in "
+                f"this machine's byte order, so as {dtype_text(dt)} the view would hold other "
+                f"numbers; view it as {dt.newbyteorder('=')} and convert on the host"
+            )
         if byte_offset is None:
             byte_offset = offset * self.dtype.itemsize
         elif offset:

@@ -477,15 +477,31 @@ async def test_dlpack_views_cpu_and_cuda_buffers_without_a_copy() -> None:
             g.__dlpack__(copy=True)
         with pytest.raises(BufferError, match=r"lives on DLPack device \(1, 0\), not \(2, 0\)"):
             g.__dlpack__(dl_device=(2, 0))
-        # DLPack has no byte order: a big-endian buffer would be read as other numbers.
-        big = rt.alloc("CUDA:0", 4, ">i4")
-        await rt.copyin(big, np.arange(4, dtype=">i4"))
+
+
+@fake_only
+async def test_a_gpu_refuses_a_dtype_of_the_other_byte_order() -> None:
+    # A GPU's kernels read memory in its own byte order: a big-endian buffer or view would
+    # hold other numbers there than its dtype says.
+    async with runtime(["CPU:0", "CUDA:0"]) as rt:
         with pytest.raises(
-            BufferError,
-            match=r"dtype >i4 is not in this machine's byte order, and DLPack tensors are: "
-            r"export a buffer of dtype int32, or copy it out with rt.copyout\(\)",
+            ag.DeviceError,
+            match=r"CUDA:0: dtype >i4 is not in this machine's byte order, and a GPU's kernels "
+            r"read memory in theirs: allocate int32 and convert on the host "
+            r"\(array.astype\(np.int32\)\)",
         ):
-            np.from_dlpack(big)
+            rt.alloc("CUDA:0", 4, ">i4")
+        g = rt.alloc("CUDA:0", 4, np.int32)
+        with pytest.raises(
+            ag.UsageError,
+            match=r"view\(dtype='>i2'\) of <Buffer CUDA:0 4 int32 #\d+>: CUDA:0's kernels "
+            r"read memory in this machine's byte order, so as int16 big-endian the view would hold "
+            r"other numbers; view it as int16 and convert on the host",
+        ):
+            g.view(dtype=">i2")
+        assert g.view(dtype="<i2").size == 8  # its own byte order: a view as any other
+        big = rt.alloc("CPU:0", 4, ">i4")  # a CPU kernel reads it through its dtype
+        assert big.view(dtype=">i2").size == 8
 
 
 # -- errors --

@@ -29,6 +29,7 @@ from actorgraph.devices.remote.wire import (
     decode,
     handshake_mac,
     read_ticket,
+    ref,
 )
 from actorgraph.scheduler import QueueKind
 
@@ -750,6 +751,29 @@ async def test_a_clients_gpu_queue_reports_its_own_faults_and_goes_with_it() -> 
             session.abandon()
             assert len(device.all_queues()) == 2
             assert own.stream.closed  # the fake driver's stream, destroyed
+
+
+async def test_a_dtype_a_workers_device_refuses_is_refused_and_the_session_goes_on() -> None:
+    """A GPU's kernels read memory in its own byte order: a worker's CUDA device refuses a
+    big-endian buffer, the client's request is refused naming why (and the buffer id is
+    known as refused), and the session goes on."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CUDA:0"], cuda_driver="fake") as rt:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            async with trio.open_nursery() as nursery:
+                session = Session(server, 1, _Replies(), nursery)  # type: ignore[arg-type]
+                with pytest.raises(
+                    Refused,
+                    match=r"CUDA:0: dtype >i4 is not in this machine's byte order, and a GPU's "
+                    r"kernels read memory in theirs: allocate int32",
+                ):
+                    session.handle(["alloc", 1, "CUDA:0", 4, ">i4"])
+                with pytest.raises(Refused, match=r"buffer 1 was refused: CUDA:0: dtype >i4"):
+                    session.buffer(ref([1, 0, [4]], "get src"), "get src")
+                session.handle(["alloc", 2, "CUDA:0", 4, "<i4"])
+                assert session.buffers[2].dtype == np.dtype("<i4")
+                nursery.cancel_scope.cancel()
+            session.abandon()
 
 
 async def test_copies_with_a_workers_gpu_run_on_it_or_are_refused_clearly(

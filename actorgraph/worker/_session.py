@@ -46,7 +46,7 @@ from actorgraph.devices.remote.wire import (
 from actorgraph.scheduler import QueueKind
 
 from .._buffer import Buffer
-from .._errors import UsageError
+from .._errors import ActorGraphError, UsageError
 from ._batches import Batches
 from ._lowered import Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
@@ -294,7 +294,10 @@ class Session:
             raise Refused(
                 f"{nbytes} more bytes would pass this client's limit of {limits.max_session_bytes}"
             )
-        buffer = self.worker.runtime.alloc(request.device, request.elements, request.dtype)
+        try:
+            buffer = self.worker.runtime.alloc(request.device, request.elements, request.dtype)
+        except ActorGraphError as exc:  # its device refused it (its memory, its dtypes)
+            raise Refused(str(exc)) from None
         self.bytes_used += nbytes
         return buffer
 

@@ -120,22 +120,6 @@ _DELETE_VERSIONED_FN = _DELETER(_delete_versioned)
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_capsule_gone)
 
 
-def dlpack_code(dtype: np.dtype[Any]) -> int:
-    """DLPack's type code of `dtype`. DLPack has no byte order (a tensor is in its
-    machine's), so a dtype of the other byte order would be read as other numbers:
-    refused (BufferError), as is a dtype DLPack has no code for (TypeError)."""
-    if not dtype.isnative:
-        raise BufferError(
-            f"dtype {dtype} is not in this machine's byte order, and DLPack tensors are: "
-            f"export a buffer of dtype {dtype.newbyteorder('=')}, or copy it out with "
-            f"rt.copyout()"
-        )
-    code = _CODES.get(dtype.kind)
-    if code is None:
-        raise TypeError(f"dtype {dtype} has no DLPack type code")
-    return code
-
-
 def make_capsule(
     pointer: int,
     shape: Sequence[int],
@@ -146,7 +130,9 @@ def make_capsule(
 ) -> Any:
     """A capsule over `pointer` (C-contiguous `shape` of `dtype` on `device`): DLPack 1.0
     ("dltensor_versioned") when the consumer takes it, else the older "dltensor"."""
-    code = dlpack_code(dtype)
+    code = _CODES.get(dtype.kind)
+    if code is None:
+        raise TypeError(f"dtype {dtype} has no DLPack type code")
     versioned = max_version is not None and tuple(max_version) >= (1, 0)
     holder = _Holder(owner, shape, versioned)
     tensor = holder.managed.dl_tensor
