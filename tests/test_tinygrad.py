@@ -763,6 +763,11 @@ async def test_graph_from_jit_forgets_memory_tinygrad_let_go_of() -> None:
                 gc.collect()
 
 
+@pytest.mark.skipif(
+    V011,
+    reason="tinygrad 0.11 under LRU=0 unmaps a buffer's memory while its device thread may "
+    "still run a queued kernel on it (a crash of tinygrad's own)",
+)
 def test_install_forgets_memory_tinygrad_freed_and_handed_out_again() -> None:
     # LRU=0: tinygrad gives a tensor's memory back when it goes; the next tensors may get
     # the same address, here on another device.

@@ -194,6 +194,7 @@ def test_watch_cpu_memory_tells_what_tinygrad_lets_go_of() -> None:
             with Context(LRU=lru):
                 t = Tensor(np.arange(1000, dtype=np.float32), device="CPU:1").realize()
                 address = _private.buffer_address(t.uop.base.buffer)
+                Device["CPU:1"].synchronize()  # 0.11: no queued work may use it once freed
                 del t
                 gc.collect()
             told = {kind for kind, *place in seen if place == ["CPU:1", address, 4000]}
@@ -204,6 +205,7 @@ def test_watch_cpu_memory_tells_what_tinygrad_lets_go_of() -> None:
         memory = np.zeros(10, np.float32)
         blob = Tensor.from_blob(memory.ctypes.data, (10,), dtype=dtypes.float32, device="CPU")
         (blob + 1).realize()
+        Device["CPU"].synchronize()
         del blob
         gc.collect()
         told = {kind for kind, *place in seen if place == ["CPU", memory.ctypes.data, 40]}

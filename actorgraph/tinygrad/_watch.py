@@ -22,8 +22,19 @@ _lock = threading.Lock()
 _watching = False
 
 
+# tinygrad's device names as actorgraph's: every free of a buffer asks.
+_names: dict[str, str] = {}
+
+
+def _name(tiny_device: str) -> str:
+    name = _names.get(tiny_device)
+    if name is None:
+        name = _names[tiny_device] = device_name(tiny_device)
+    return name
+
+
 def _deallocated(tiny_device: str, address: int, nbytes: int) -> None:
-    key = (device_name(tiny_device), address, nbytes)
+    key = (_name(tiny_device), address, nbytes)
     for ref in _wrappers:
         wrapper = ref()
         if wrapper is not None:
@@ -31,7 +42,7 @@ def _deallocated(tiny_device: str, address: int, nbytes: int) -> None:
 
 
 def _released(tiny_device: str, address: int, nbytes: int) -> None:
-    key = (device_name(tiny_device), address, nbytes)
+    key = (_name(tiny_device), address, nbytes)
     for ref in _wrappers:
         wrapper = ref()
         if wrapper is not None:
