@@ -79,7 +79,7 @@ async def _stranger(
         # Use the connection as if it were in: allocate, and read back.
         try:
             await worker.send(
-                [encode(["alloc", 1, "CPU:0", 4, "int32"]), encode(["get", 1, [1, 0, [4]]])]
+                [encode(["alloc", 1, "CPU:0", 4, "<i4"]), encode(["get", 1, [1, 0, [4]]])]
             )
             seen["then"], _ = await worker.receive()
         except (ConnectionLostError, OSError):

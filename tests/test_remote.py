@@ -105,6 +105,38 @@ async def test_alloc_copy_run_graph(ag_remote_runtime: ag.Runtime) -> None:
         np.testing.assert_array_equal(await rt.copyout(view), [8, 9, 10, 11])
 
 
+@pytest.mark.actorgraph(devices=1)
+async def test_a_dtype_holds_the_same_numbers_on_a_worker(ag_remote_runtime: ag.Runtime) -> None:
+    # A dtype goes to the worker with its byte order: a big-endian buffer's numbers are
+    # the same numbers there, and a view with a dtype of its own reads its own bytes.
+    rt = ag_remote_runtime
+    (r0,) = rt.devices
+    with trio.fail_after(GUARD):
+        for dtype in (">i4", "<i4", ">u2", ">f8", "<f2", ">c8", "|u1"):
+            buf = rt.alloc(r0, 4, dtype)
+            await rt.copyin(buf, np.arange(4, dtype=dtype))
+            await rt.run([ag.Launch(INC, [buf, buf])])
+            got = await rt.copyout(buf)
+            assert got.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got, np.arange(4) + 1)
+        host = np.arange(8, dtype=">i4")
+        buf = rt.alloc(r0, 8, ">i4")
+        await rt.copyin(buf, host)
+        # Bytes 8..16 as four big-endian uint16, and all 32 bytes as little-endian int64.
+        halves = buf.view(byte_offset=8, dtype=">u2", shape=4)
+        longs = buf.view(dtype="<i8")
+        await rt.run([ag.Launch(INC, [halves, halves])])
+        host.view(np.uint8)[8:16].view(">u2")[:] += 1
+        np.testing.assert_array_equal(
+            await rt.copyout(halves), host.view(np.uint8)[8:16].view(">u2")
+        )
+        await rt.run([ag.Launch(INC, [longs, longs])])
+        host.view("<i8")[:] += 1
+        np.testing.assert_array_equal(await rt.copyout(buf), host)
+        with pytest.raises(ag.DeviceError, match=r"dtype >f16 \(>f16\) cannot live on a worker"):
+            rt.alloc(r0, 4, ">f16")
+
+
 async def test_one_round_trip_per_replay(ag_remote_runtime: ag.Runtime) -> None:
     rt = ag_remote_runtime
     r0, r1 = rt.devices

@@ -34,6 +34,7 @@ from ._batch import Batch
 from ._check import Reference, TinyCheck
 from ._convert import Wrapper
 from ._private import patch_cpu_devices, patched_devices
+from ._watch import watched
 
 
 class Ordering(Protocol):
@@ -85,7 +86,7 @@ class Installed:
         self.ndevices = ndevices
         self.ordering = ordering
         self.version = version
-        self.wrapper = Wrapper(runtime.runtime)
+        self.wrapper = watched(Wrapper(runtime.runtime, free=runtime.free_now))
         # Held by every replay and plan, and by uninstall(): see the module's docstring.
         self.lock = threading.RLock()
         self.graphs = 0
@@ -120,6 +121,14 @@ class Installed:
         with self.lock:
             if _installed is not self:
                 self.check_usable()
+            wrapper = self.wrapper
+            wrapper.forget_freed()
+            if wrapper.held_freed and batch.stale():
+                raise UsageError(
+                    "tinygrad freed memory this jit's batch holds (free_intermediates(), or "
+                    "a buffer of it deallocated) while its runner stayed: capture the jit "
+                    "again (jit.reset())"
+                )
             roots = batch.wrap_roots(places)
             graph = batch.graph_for(roots)
             if graph is None:
@@ -141,8 +150,8 @@ class Installed:
 
     def _plan(self, batch: Batch, roots: Sequence[Any]) -> Any:
         self.check_usable()
-        items, limits = batch.plan(roots)
-        graph = self.runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+        items, inputs, limits = batch.plan(roots)
+        graph = self.runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
         planned = graph.result()
         batch.keep_plan(planned, limits)
         self.plans += 1

@@ -231,11 +231,9 @@ class _Reader:
             )
         if buf is None:
             raise InputError(f"jit cache item {j} buffer {i} is missing (freed?)")
-        if not buf.is_allocated():
-            raise InputError(
-                f"jit cache item {j} buffer {i}: tinygrad buffer {buf!r} is not allocated "
-                f"(freed, or never realized); capture the jit again (jit.reset())"
-            )
+        # Memory the jit holds, allocated as tinygrad's first run of a jit allocates it
+        # (after free_intermediates(), say).
+        buf.ensure_allocated()
         base = buffer_base(buf)
         held = buf if base is None else base
         offset = 0 if base is None else buf.offset
@@ -503,6 +501,8 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._inputs(args, kwargs)
+        if self.batch is not None and self.batch.stale():
+            self.batch = None  # tinygrad let go of memory the jit held: read it again
         if self.batch is None:
             captured = self._captured
             every = list(inputs)  # with the views of inputs the jit reads, for reading it

@@ -119,20 +119,26 @@ class Described:
     programs: list[Any] = attrs.field(factory=list)
 
 
-class _Reader:
-    """Reads CALLs against one set of input UOps (`inputs`: slot -> UOp)."""
+def stand_ins(inputs: Sequence[Any]) -> list[Any]:
+    """A fresh buffer UOp like each input (never allocated), to read a jit's calls
+    against. The jit's own record says which arguments are its inputs: a PARAM of an
+    input slot (or a view of one) resolves to that slot's stand-in, and nothing else
+    can, while a buffer the jit holds stays its own even when the very same buffer is
+    what a call passes (its weight, its state)."""
+    return [UOp.new_buffer(u.device, u.max_numel(), u.dtype) for u in inputs]
 
-    def __init__(self, inputs: Sequence[Any], held: dict[int, Any] | None = None) -> None:
+
+class _Reader:
+    """Reads CALLs against stand-ins for a call's inputs (`inputs`: slot -> UOp, see
+    stand_ins), which no call uses but through the jit's input slots."""
+
+    def __init__(self, inputs: Sequence[Any]) -> None:
         self.inputs = tuple(inputs)
         self.out = Described()
         # base Buffer (they hash by identity) -> [(slot, lane, lane Buffer)] of the
-        # inputs' lanes. Inputs in `held` are the jit's own memory instead (a copy it
-        # makes of them).
+        # inputs' lanes.
         self._lanes: dict[Any, list[tuple[int, int, Any]]] = {}
-        held = held or {}
         for slot, uop in enumerate(self.inputs):
-            if slot in held:
-                continue
             buf = uop.buffer
             lanes = buf.bufs if isinstance(buf, MultiBuffer) else [buf]
             for lane, lane_buf in enumerate(lanes):
@@ -140,6 +146,11 @@ class _Reader:
                 self._lanes.setdefault(_base_of(lane_buf), []).append(entry)
         self._root_of: dict[tuple[int, int], int] = {}
         self._kernels: dict[tuple[str, bytes], Any] = {}
+
+    def _ready(self, buf: Any) -> Any:
+        """`buf`, allocated as tinygrad's own call would, unless it lies in an input's
+        stand-in (its memory is each call's input)."""
+        return buf if _base_of(buf) in self._lanes else buf.ensure_allocated()
 
     def region(self, buf: Any, what: str, whole: bool = True) -> Region:
         """Where `buf` lies; `whole`: an argument that is a whole input covers all of it
@@ -178,7 +189,7 @@ class _Reader:
         what = f"call {number}"
         if ast.op is Ops.COPY:
             for bufs, _ in unwrap_multi(call, resolved):
-                dst, src = bufs[0].ensure_allocated(), bufs[1].ensure_allocated()
+                dst, src = self._ready(bufs[0]), self._ready(bufs[1])
                 dst_region = self.region(dst, what, whole=False)
                 src_region = attrs.evolve(self.region(src, what, whole=False), nbytes=dst.nbytes)
                 self.out.calls.append(CopyCall(dst_region, src_region))
@@ -188,7 +199,7 @@ class _Reader:
         lanes = unwrap_multi(call, [resolved[i] for i in info.globals])
         for device, (bufs, device_vars) in zip(devices, lanes):
             kernel = self._kernel(device, ast)
-            regions = tuple(self.region(b.ensure_allocated(), what) for b in bufs)
+            regions = tuple(self.region(self._ready(b), what) for b in bufs)
             values: list[Var | int] = []
             for var in info.vars:
                 name = var.expr
@@ -250,10 +261,9 @@ def flatten(linear: Any) -> list[Any]:
     return calls
 
 
-def describe(
-    calls: Sequence[Any], inputs: Sequence[Any], held: dict[int, Any] | None = None
-) -> Described:
-    reader = _Reader(inputs, held)
+def describe(calls: Sequence[Any], inputs: Sequence[Any]) -> Described:
+    """`calls` read against stand-ins for `inputs` (a call's input UOps): see stand_ins."""
+    reader = _Reader(stand_ins(inputs))
     for number, call in enumerate(calls):
         reader.read(number, call)
     return reader.out
@@ -483,26 +493,15 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._check(args, kwargs)
-        written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
+        if self.batch is not None and self.batch.stale():
+            self.batch = None  # tinygrad let go of memory the jit held: read it again
         if self.batch is None:
-            # Read the calls against stand-ins for inputs that are the jit's own written
-            # memory (its output passed back in, say): the jit copies those first, so
-            # they are roots like any input, never its own memory.
-            stand_ins = [
-                UOp.new_buffer(u.device, u.max_numel(), u.dtype) if u in self._written else u
-                for u in inputs
-            ]
-            for u, stand_in in zip(inputs, stand_ins):
-                if stand_in is not u:
-                    buf = stand_in.buffer
-                    for lane in buf.bufs if isinstance(buf, MultiBuffer) else [buf]:
-                        lane.ensure_allocated()
-            described = describe(self._calls, stand_ins)
+            described = describe(self._calls, inputs)
             self._sources = described.sources
-            self.batch = batch_of(described, self._wrapper, (self._captured, stand_ins))
-            written = [
-                k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written
-            ]
+            self.batch = batch_of(described, self._wrapper, self._captured)
+        # Inputs that are memory the jit writes (its output passed back in, say) are
+        # copied first, as TinyJit copies them, so they are roots like any input.
+        written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
         roots = self.batch.wrap_roots(places(self._sources, inputs))
         for k in written:
             scratch = self._scratch.get(k)
