@@ -636,6 +636,50 @@ async def test_a_replay_between_queued_tinygrad_work_never_deadlocks() -> None:
             assert (late.numpy() == a.numpy() * 3).all() and (early.numpy() == a.numpy() + 1).all()
 
 
+@pytest.mark.skipif(not V011, reason="tinygrad 0.11 only: its CPU devices queue work")
+def test_a_replay_waits_for_the_value_taken_just_before_its_own_by_another_thread() -> None:
+    # Another thread's tinygrad kernel takes the device's next timeline value just before
+    # a replay takes its own. The replay must wait for that value too: waiting for less,
+    # it may write its own value first, tinygrad's kernel then writes its earlier one,
+    # the timeline goes back and tinygrad's later work waits for good.
+    from actorgraph.tinygrad._v011 import ORDERING
+
+    dev: Any = Device["CPU"]
+    a = Tensor(_data(1, 8)).realize()
+    want = (a + 1).numpy()  # compiled here: tinygrad's compile cache is this thread's
+    replaying = threading.current_thread()
+    own_take = dev.next_timeline
+    out: list[Tensor] = []
+    theirs: list[int] = []
+
+    def take() -> int:
+        # The replay's take: the other thread's kernel gets in first (a real thread, a
+        # real kernel, queued on tinygrad's device thread as its own work is).
+        if threading.current_thread() is replaying and not out:
+            other = threading.Thread(target=lambda: out.append((a + 1).realize()))
+            other.start()
+            other.join(30)
+        value = int(own_take())
+        if threading.current_thread() is not replaying:
+            theirs.append(value)
+        return value
+
+    dev.next_timeline = take
+    try:
+        after, then = ORDERING.take(["CPU"])
+    finally:
+        del dev.next_timeline
+    [(timeline, wait)], [(_, own)] = after, then
+    try:
+        assert theirs, "the other thread's kernel took no timeline value"
+        assert wait == own - 1 == max(theirs), (wait, own, theirs)
+    finally:  # as a replay does: tinygrad's later work must never wait forever
+        timeline.wait_for(wait)
+        timeline.advance(own)
+    assert out[0].numpy().tobytes() == want.tobytes()
+    assert dev.timeline_signal.value == dev.timeline_value - 1
+
+
 def _weighted() -> tuple[Callable[[Tensor], Tensor], Tensor]:
     # Two kernels, so tinygrad hands the batch to a graph runner.
     w = Tensor((2 * np.eye(4)).astype(np.float32)).realize()
