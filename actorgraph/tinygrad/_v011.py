@@ -96,15 +96,20 @@ class Timelines:
     def take(
         self, tiny_devices: Iterable[str]
     ) -> tuple[list[tuple[ExternalTimeline, int]], list[tuple[ExternalTimeline, int]]]:
-        """(after, then) for one replay on these devices: it starts once tinygrad's
-        earlier work wrote the value before its own, and writes its own when done."""
+        """(after, then) for one replay on these devices: it starts once the value just
+        before its own is written, and writes its own when done.
+
+        The value waited for comes from the value taken, never from a look at the device
+        before taking: tinygrad's own work on another thread may take a value in
+        between, and a replay that did not wait for it could write its value first
+        (tinygrad's then writes an earlier one, and the timeline goes back)."""
         after, then = [], []
         with self._lock:
             for name in tiny_devices:
-                dev = Device[name]
                 timeline = self.of(name)
-                after.append((timeline, timeline_pending(dev)))
-                then.append((timeline, timeline_take(dev)))
+                value = timeline_take(Device[name])
+                after.append((timeline, value - 1))
+                then.append((timeline, value))
         return after, then
 
     def replay(self, devices: Sequence[str], run: Callable[[], None]) -> None:
