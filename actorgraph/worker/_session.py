@@ -51,6 +51,7 @@ from ._lowered import Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._lowering import lower
+from ._machine_code import CodeStore
 from ._outbox import Outbox, send_data
 from ._progress import Progress, TrackedSignal
 from ._staging import bytes_of
@@ -76,6 +77,8 @@ class Session:
         self.key = secrets.token_bytes(32)
         self.out = out
         self.buffers: dict[int, Buffer] = {}
+        # This client's shipped programs (--allow-programs): its ids, its alone.
+        self.codes = CodeStore(worker.cpu, worker.limits, "this worker")
         # What other workers' reads of this client's buffers look up, kept while a buffer
         # lives: its read ticket, and its bytes by (offset, shape).
         self._tickets: dict[int, bytes] = {}

@@ -16,6 +16,7 @@ The files:
     _device.py      RemoteDevice and RemoteQueue: lowering items to program entries
     _connection.py  the connection actor: batches, mirrored signals, reports
     _programs.py    op lists as programs a worker keeps; copies asked for ahead
+    _machine.py     compiled CPU programs shipped to a worker, and the CPU they need
     _transport.py   its socket: sending in order, the reader task, a caller's own reads
     _handshake.py   the connecting side of the handshake (a client, or a worker linking):
                     mutual, each MAC bound to the role, both nonces and its direction
@@ -39,6 +40,7 @@ and the worker's (actorgraph/worker/):
     _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
     _staging.py     host memory a worker's host writes land in
     _kernels.py     the worker's kernel registry (--kernels)
+    _machine_code.py  shipped programs a session keeps (--allow-programs): checked, loaded
 
 Jobs a worker holds on a wait, and runs on in the task that satisfies it, are the
 devices' own (devices/_inline.py).
@@ -161,5 +163,7 @@ from ._connection import Connection as Connection
 from ._device import RemoteDevice as RemoteDevice
 from ._device import RemoteQueue as RemoteQueue
 from ._device import open_remote_devices as open_remote_devices
+from ._machine import MachineCode as MachineCode
+from ._machine import WorkerCPU as WorkerCPU
 from ._transport import RemoteConnectionError as RemoteConnectionError
 from ._transport import RemoteError as RemoteError

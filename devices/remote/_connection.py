@@ -24,6 +24,7 @@ from .._device import DeviceError
 from .._ops import Job
 from .._signal import Signal
 from ._clock import PINGS, ClockSample, PeerClock
+from ._machine import MachineCode, WorkerCPU, refusal
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
 from ._transport import Posted, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
@@ -31,6 +32,7 @@ from .wire import (
     DTYPES,
     Alloc,
     Batch,
+    Code,
     Done,
     Error,
     Ext,
@@ -116,6 +118,9 @@ class ConnectionStatistics:
     # measured for profiles (None before a profiled replay measured it).
     clock_offset: float | None = None
     clock_error: float | None = None
+    # Compiled programs shipped to the worker (each once), and what it runs on.
+    programs_shipped: int = 0
+    worker_cpu: WorkerCPU | None = None
 
 
 class Connection:
@@ -148,6 +153,9 @@ class Connection:
         self.clock = PeerClock()
         self._pings: dict[int, tuple[float, trio.Event]] = {}
         self._eager = 0  # transfers in a row that needed no wait: see push
+        # Programs shipped to the worker on this connection: content hash -> code id.
+        self._codes: dict[bytes, int] = {}
+        self.code_bytes = 0  # their bytes
         # A caller that reads its replay's end itself (the connection is its queues'
         # `end_reader`) does so through the transport: its own methods, bound here.
         self.coming = self.transport.coming
@@ -213,6 +221,8 @@ class Connection:
             tls=transport.tls,
             clock_offset=None if clock is None else clock.offset,
             clock_error=None if clock is None else clock.error,
+            programs_shipped=len(self._codes),
+            worker_cpu=self.cpu,
         )
 
     # -- lifecycle --
@@ -262,6 +272,52 @@ class Connection:
 
     def next_blob(self) -> int:
         return self.new_id()
+
+    @property
+    def cpu(self) -> WorkerCPU:
+        """What the worker said at connect it runs on (and whether it runs programs)."""
+        return self.transport.cpu
+
+    def code_id(self, code: MachineCode, device: str) -> int:
+        """The id the worker knows `code` by, shipped now (once per content hash) if it
+        was not yet. Raises DeviceError, sending nothing, if the worker would refuse it:
+        it runs no shipped programs, or its CPU cannot run this one."""
+        found = self._codes.get(code.digest)
+        if found is not None:
+            return found
+        self.transport.check()
+        where = f"worker {self.address} (of {device})"
+        why = refusal(code.name, code.image, code.machine, code.features, self.cpu, where)
+        if why is None:
+            limits = self.transport.limits
+            if len(self._codes) >= limits.max_code_count:
+                why = (
+                    f"{where} keeps at most {limits.max_code_count} programs per client, "
+                    f"and this one ({code.name!r}) would be one more; raise its --max-programs"
+                )
+            elif self.code_bytes + len(code.image) > limits.max_code_bytes:
+                why = (
+                    f"{where} keeps at most {limits.max_code_bytes} bytes of programs per "
+                    f"client, and program {code.name!r} ({len(code.image)} bytes) would pass "
+                    f"that; raise its --max-program-bytes"
+                )
+        if why is not None:
+            raise DeviceError(why)
+        code_id = self.new_id()
+        message = Code(
+            code_id,
+            code.digest,
+            code.name,
+            code.machine,
+            sorted(code.features),
+            code.buffers,
+            code.values,
+            code.core_id,
+        )
+        self.transport.queue(Frame([encode(message, len(code.image)), code.image]))
+        self._codes[code.digest] = code_id
+        self.code_bytes += len(code.image)
+        return code_id
 
     # -- AWAIT ops of client-local queues: transfers between the client and the worker --
 

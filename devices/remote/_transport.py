@@ -25,6 +25,7 @@ from .._device import DeviceError
 from .._ops import Job, Submission
 from .._signal import Doorbell
 from ._handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
+from ._machine import WorkerCPU
 from ._tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
 from .wire import (
@@ -149,6 +150,7 @@ class Transport:
         self._tls = _tls_from(options)
         self._timeout = float(options.get("remote_timeout", 10.0))
         self.limits = Limits()
+        self.cpu = WorkerCPU("")  # what the worker said at connect it runs on
         self.session_id = 0
         self._key = b""
         self._stream: FrameStream | None = None
@@ -265,6 +267,8 @@ class Transport:
         self.session_id = welcome.session
         self._key = welcome.key
         self.limits = Limits.from_wire(welcome.limits)
+        machine, features = welcome.cpu
+        self.cpu = WorkerCPU(machine, frozenset(features), welcome.programs)
 
     async def _open(self) -> FrameStream:
         """Connect: a plain socket the stream reads itself, or TLS (`remote_tls_ca`)."""

@@ -20,6 +20,10 @@ frame, naming both. It moves whenever a message's fields change.
                client measures the worker's clock against its own with `Ping` and
                `Pong`. Optional fields left at their defaults are not sent (`as_meta`),
                so a batch that is not profiled goes as in version 2
+    version 4: a worker says at connect what CPU it runs on and whether it runs shipped
+               programs (`Welcome.cpu`, `Welcome.programs`); a client ships a compiled
+               CPU program once (`Code`, its bytes in the tail) and calls it by id
+               (`CodeEntry`)
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
 worker lowers them (`decode_entry`), so a refusal names the item it is about.
@@ -38,7 +42,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
-VERSION = 3
+VERSION = 4
 
 # The dtypes a buffer may have on the wire: fixed-size numeric types only.
 DTYPES = frozenset(
@@ -69,6 +73,8 @@ class Limits:
     max_program_ops: int = 1 << 20
     max_pending_blob_bytes: int = 1 << 30
     max_signals: int = 1 << 16
+    max_code_count: int = 4096  # shipped programs a client may keep on a worker
+    max_code_bytes: int = 256 << 20  # and their bytes
 
     def as_wire(self) -> dict[str, int]:
         return attrs.asdict(self)
@@ -396,18 +402,36 @@ class Auth(NamedTuple):
     devices: list[str]  # a client's devices of the worker; a peer names none
 
 
+def _cpu(value: Any, what: str) -> tuple[str, list[str]]:
+    """[machine, [feature, ...]]: the CPU a worker runs on, as a compiler targets it
+    (a tuple: the default of a Welcome that leaves it out)."""
+    fields = want_list(list(value) if type(value) is tuple else value, what, 2, size=2)
+    features = want_list(fields[1], "cpu features", 4096)
+    return (
+        want_str(fields[0], "cpu machine", 32),
+        [want_str(feature, "cpu feature", 64) for feature in features],
+    )
+
+
 @message(
     "welcome",
     ("session id", integer()),
     ("session key", blob(64)),
     ("limits", anything),
     ("proof", blob(64)),
+    ("worker cpu", _cpu),
+    ("programs", flag),
 )
 class Welcome(NamedTuple):
+    """`cpu`: the machine (x86_64, arm64, ...) and instruction-set features of the
+    worker's CPU; `programs`: whether it runs shipped programs (`--allow-programs`)."""
+
     session: int
     key: bytes
     limits: dict[str, int]
     proof: bytes  # the worker's MAC (empty when it has no token)
+    cpu: tuple[str, list[str]] = ("", [])
+    programs: bool = False
 
 
 @message(
@@ -540,6 +564,34 @@ class Put(NamedTuple):
 
     dst: Ref
     offset: int
+
+
+@message(
+    "code",
+    ("code id", integer()),
+    ("code digest", blob(32)),
+    ("code name", text()),
+    ("code machine", text(32)),
+    ("code features", list_of("code feature", text(64), 4096)),
+    ("code buffers", integer(0, 64)),
+    ("code values", integer(0, 64)),
+    ("core id", optional(integer(0, 63))),
+)
+class Code(NamedTuple):
+    """A compiled CPU program (a relocatable ELF object, the tail) for later `CodeEntry`s
+    to call by `code` id: built for `machine` with the instruction-set `features` it
+    needs; its function takes `buffers` addresses, then `values` 64-bit integers, of
+    which the one at `core_id` (if any) is the core number of the call. `digest`: the
+    SHA-256 of the bytes."""
+
+    code: int
+    digest: bytes
+    name: str
+    machine: str
+    features: list[str]
+    buffers: int
+    values: int
+    core_id: int | None
 
 
 @message("get", ("read id", integer()), ("get src", ref))
@@ -727,6 +779,26 @@ class PWatch(NamedTuple):
 class KernelEntry(NamedTuple):
     item: int
     kernel: str
+    buffers: list[Ref]
+    vars: list[int]
+    global_size: list[int]
+    local_size: list[int]
+
+
+@entry(
+    "x",
+    ("item index", _ITEM),
+    ("code id", integer()),
+    ("buffers", list_of("code buffer", ref, 64)),
+    ("vars", list_of("var value", integer(-(1 << 63), (1 << 64) - 1), 64)),
+    ("global size", _DIMS),
+    ("local size", _DIMS),
+)
+class CodeEntry(NamedTuple):
+    """A call of a shipped program (`Code`): once per core, `global_size[0]` times."""
+
+    item: int
+    code: int
     buffers: list[Ref]
     vars: list[int]
     global_size: list[int]
