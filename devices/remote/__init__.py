@@ -88,6 +88,14 @@ each wait becomes one of:
   can answer. The client forwards such a signal only if it loses the source's worker,
   which is what lets the destination go on then.
 
+A device's timeline (which orders whole submissions on the device) is a client signal
+like any other, but a submission whose jobs touching a worker's device all run on that
+worker has the worker move its mirror of that timeline itself, as those jobs end
+(`Batch.advances`): the device's next submission then goes on there with no word from
+the client (which sends nothing when its own timeline gets there). A queue off the
+worker that touches the device (a client-local copy, another worker's copy of its bytes)
+leaves it to the client, as before.
+
 The other way, the worker reports its queues' signals ("sig" frames, "done" at the end),
 and the connection sets the `RemoteQueue`'s signal on the client, so client-local queues
 wait on remote queues as on local ones. Only the signals a client-local queue waits on

@@ -121,6 +121,8 @@ class ConnectionStatistics:
     # Compiled programs shipped to the worker (each once), and what it runs on.
     programs_shipped: int = 0
     worker_cpu: WorkerCPU | None = None
+    # Sends on the socket (frames sent together count once): the messages to the worker.
+    messages_sent: int = 0
 
 
 class Connection:
@@ -156,6 +158,7 @@ class Connection:
         # Programs shipped to the worker on this connection: content hash -> code id.
         self._codes: dict[bytes, int] = {}
         self.code_bytes = 0  # their bytes
+        self._timelines: set[Signal] | None = None  # of its devices (see _advances)
         # A caller that reads its replay's end itself (the connection is its queues'
         # `end_reader`) does so through the transport: its own methods, bound here.
         self.coming = self.transport.coming
@@ -223,6 +226,7 @@ class Connection:
             clock_error=None if clock is None else clock.error,
             programs_shipped=len(self._codes),
             worker_cpu=self.cpu,
+            messages_sent=transport.sends,
         )
 
     # -- lifecycle --
@@ -272,6 +276,15 @@ class Connection:
 
     def next_blob(self) -> int:
         return self.new_id()
+
+    def hold_sends(self) -> None:
+        """Hold what goes to the worker from here on (batches, their programs and data)
+        until `release_sends`: submissions made in between go as one message. Calls
+        nest; the caller releases what it holds, even when it fails."""
+        self.transport.hold_sends()
+
+    def release_sends(self) -> None:
+        self.transport.release_sends()
 
     @property
     def cpu(self) -> WorkerCPU:
@@ -455,10 +468,38 @@ class Connection:
             assert nursery is not None  # started before any job can arrive
             nursery.start_soon(self._forward_direct, batch, direct)
         self._batches[batch_id] = batch
-        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled)))
+        advances = self._advances(first.submission, group)
+        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled, advances)))
         self.batches_sent += 1
         if profiled:
             self._measure_clock_if_due()
+
+    def _advances(self, sub: Any, group: list[Posted]) -> list[tuple[int, int, list[int]]]:
+        """The timelines of this worker's devices that only the jobs of `group` (one
+        submission's, for this worker) move: the worker moves their mirrors itself as
+        those jobs end, so this worker's next submissions on those devices need no word
+        from the client first (the client's own move of them then sends nothing; a
+        lower value it moves them to first, which the worker needs, it still sends)."""
+        timelines = sub.timelines
+        if not timelines:
+            return []
+        if self._timelines is None:
+            self._timelines = {device.timeline for device in self.devices}
+        place = {job.slot: k for k, (job, _) in enumerate(group)}
+        out = []
+        for d, timeline in enumerate(timelines):
+            if timeline not in self._timelines:
+                continue
+            jobs = [place.get(q, -1) for q, devs in enumerate(sub.queue_devices) if d in devs]
+            if not jobs or -1 in jobs:
+                continue  # moved by a queue off this worker too: the client forwards it
+            ext_id = self.mirrors.id_of(timeline)
+            value = sub.tickets[d]
+            # The client's own timeline gets there only once these jobs' ends are
+            # reported: by then the worker has moved its mirror there itself.
+            self.mirrors.moved_by_worker(ext_id, value)
+            out.append((ext_id, value, jobs))
+        return out
 
     def in_flight(self) -> bool:
         return bool(self._batches) or bool(self._pings)

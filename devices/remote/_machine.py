@@ -60,6 +60,10 @@ def _host_features() -> frozenset[str]:
     return frozenset()
 
 
+def _features(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
 @attrs.frozen
 class MachineCode:
     """A compiled CPU program a worker runs (`Kernel(name, code=MachineCode(...))`).
@@ -77,7 +81,7 @@ class MachineCode:
     name: str
     image: bytes = attrs.field(repr=lambda image: f"<{len(image)} bytes>")
     machine: str
-    features: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    features: frozenset[str] = attrs.field(default=frozenset(), converter=_features)
     buffers: int = 0
     values: int = 0
     core_id: int | None = None

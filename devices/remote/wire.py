@@ -23,7 +23,8 @@ frame, naming both. It moves whenever a message's fields change.
     version 4: a worker says at connect what CPU it runs on and whether it runs shipped
                programs (`Welcome.cpu`, `Welcome.programs`); a client ships a compiled
                CPU program once (`Code`, its bytes in the tail) and calls it by id
-               (`CodeEntry`)
+               (`CodeEntry`); a batch may say which of its device timelines the worker
+               moves itself once the jobs that touch them end (`Batch.advances`)
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
 worker lowers them (`decode_entry`), so a refusal names the item it is about.
@@ -501,6 +502,22 @@ class Prog(NamedTuple):
     kind: str = "compute"
 
 
+def _advances(value: Any, what: str) -> list[tuple[int, int, list[int]]]:
+    """[[mirror id, value, [job, ...]], ...]: mirrors a batch's jobs move as they end."""
+    out = []
+    for entry in want_list(value, what, 1 << 12):
+        fields = want_list(entry, "advance", 3, size=3)
+        jobs = want_list(fields[2], "advance jobs", 1 << 16)
+        out.append(
+            (
+                want_int(fields[0], "signal id"),
+                want_int(fields[1], "advance value", 0, VALUE_MAX),
+                [want_int(job, "advance job", 0, 1 << 16) for job in jobs],
+            )
+        )
+    return out
+
+
 @message(
     "batch",
     ("batch id", integer()),
@@ -508,17 +525,23 @@ class Prog(NamedTuple):
     ("program ids", list_of("program id", integer(), 1 << 16)),
     ("mirror values", _EXT),
     ("profile", flag),
+    ("advances", _advances),
 )
 class Batch(NamedTuple):
     """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
     mirrored signals' values as of now. `profile`: time the jobs and send their
-    `JobTimes` (left out when False, so an unprofiled batch carries nothing for it)."""
+    `JobTimes` (left out when False, so an unprofiled batch carries nothing for it).
+    `advances`: [mirror id, value, [job, ...]]: set that mirror to the value once those
+    jobs (by their place in `programs`) have ended: a device timeline that only this
+    worker's jobs of the submission move, which its next submissions wait on here, with
+    no word from the client in between."""
 
     batch: int
     bases: list[int]
     programs: list[int]
     ext: list[tuple[int, int]]
     profile: bool = False
+    advances: list[tuple[int, int, list[int]]] = []
 
 
 @message(
