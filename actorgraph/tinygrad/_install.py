@@ -30,8 +30,10 @@ import attrs
 
 from .._background import BackgroundRuntime, start_runtime
 from .._errors import ClosedError, UsageError
+from ..remote import WorkerCPU
 from ._batch import Batch
 from ._convert import Wrapper
+from ._pending import Pending
 from ._private import patch_cpu_devices, patched_devices
 
 
@@ -62,7 +64,9 @@ class TinygradStatistics:
     plans (one per batch, plus one per new largest input size where tinygrad does not
     say the largest); `replays`: runner calls; `handed_off`: replays that ran on the
     runtime's thread (items on a worker thread, or the runtime busy), the rest ran on
-    the caller's thread; `version`: the tinygrad release."""
+    the caller's thread; `version`: the tinygrad release; `remote`: the worker devices
+    of AG, AG:1, ...; `flushes`: submissions of their recorded work (each one batch per
+    worker)."""
 
     installed: bool
     version: str
@@ -71,16 +75,26 @@ class TinygradStatistics:
     replays: int
     handed_off: int
     devices: tuple[str, ...]
+    remote: tuple[str, ...] = ()
+    flushes: int = 0
 
 
 class Installed:
     """What install() owns: the background runtime, the patched devices, the counters."""
 
     def __init__(
-        self, runtime: BackgroundRuntime, ndevices: int, ordering: Ordering, version: str
+        self,
+        runtime: BackgroundRuntime,
+        ndevices: int,
+        ordering: Ordering,
+        version: str,
+        remote: Sequence[str] = (),
     ) -> None:
         self.runtime = runtime
         self.ndevices = ndevices
+        # The worker devices of AG, AG:1, ... (tinygrad 0.14), and their recorded work.
+        self.remote = tuple(remote)
+        self.pending = Pending(runtime, remote)
         self.ordering = ordering
         self.version = version
         self.wrapper = Wrapper(runtime.runtime)
@@ -91,6 +105,7 @@ class Installed:
         self.replays = 0
         self.handed_off = 0
         self.restore: Callable[[], None] | None = None
+        self.unregister: Callable[[], None] | None = None
 
     def check_usable(self) -> None:
         if _installed is not self or self.runtime.closed:
@@ -143,7 +158,17 @@ class Installed:
 
     def check_devices(self, devices: Sequence[str]) -> bool:
         """Whether every (actorgraph) device is one this runtime opened."""
-        return all(int(name.split(":")[1]) < self.ndevices for name in devices)
+        return all(
+            name in self.remote if "@" in name else int(name.split(":")[1]) < self.ndevices
+            for name in devices
+        )
+
+    def worker_cpu(self, name: str) -> WorkerCPU:
+        """What the worker of remote device `name` said at connect it runs on."""
+        device: Any = self.runtime.runtime.device(name)
+        stats = device.connection.statistics()
+        cpu: WorkerCPU = stats.worker_cpu
+        return cpu
 
 
 # cpu_thread_bytes that no kernel reaches: every kernel runs inline.
@@ -163,6 +188,8 @@ def install(
     version: str,
     devices: int,
     options: dict[str, Any],
+    remote: Sequence[str] = (),
+    register: Callable[[Installed], Callable[[], None]] | None = None,
 ) -> None:
     global _installed
     with _install_lock:
@@ -175,12 +202,18 @@ def install(
         # runtime's thread, a hop a kernel big enough to need a thread rarely repays
         # unless devices run in parallel (cpu_thread_bytes=N lets them).
         options = {"cpu_thread_bytes": INLINE_BYTES, **options}
-        runtime = start_runtime([f"CPU:{i}" for i in range(devices)], **options)
-        state = Installed(runtime, devices, ordering, version)
-        for i in range(devices):
-            # Wrapped memory of each device shares one address space: made once here,
-            # on no replay's path.
-            runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
+        runtime = start_runtime([*(f"CPU:{i}" for i in range(devices)), *remote], **options)
+        state = Installed(runtime, devices, ordering, version, remote)
+        try:
+            for i in range(devices):
+                # Wrapped memory of each device shares one address space: made once
+                # here, on no replay's path.
+                runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
+            if register is not None:
+                state.unregister = register(state)
+        except BaseException:
+            runtime.close()
+            raise
         state.restore = patch_cpu_devices(runner)
         _installed = state
 
@@ -192,10 +225,15 @@ def uninstall(synchronize: Callable[[str], None]) -> None:
         if state is None:
             return
         with state.lock:  # no replay is running; none starts (check_usable)
-            _installed = None
-            assert state.restore is not None
-            devices = patched_devices(state.restore)
-            state.restore()
+            try:
+                if state.unregister is not None:
+                    state.unregister()
+                state.pending.flush(wait=True)  # the AG work tinygrad asked for, done
+            finally:
+                _installed = None
+                assert state.restore is not None
+                devices = patched_devices(state.restore)
+                state.restore()
     for name in devices:
         synchronize(name)
     state.runtime.close()
@@ -216,4 +254,6 @@ def statistics() -> TinygradStatistics:
         replays=state.replays,
         handed_off=state.handed_off,
         devices=tuple(patched_devices(state.restore)),
+        remote=state.remote,
+        flushes=state.pending.flushes,
     )

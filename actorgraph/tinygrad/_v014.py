@@ -58,7 +58,9 @@ from ._private import (
     buffer_address,
     buffer_base,
     cpu_device_class,
+    opened_devices,
     prepare_jit_inputs,
+    register_device,
     written_inputs,
 )
 
@@ -457,3 +459,19 @@ class JitSource:
 
     def points(self, batch: Batch) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return (), ()  # tinygrad ran its earlier work inline: nothing is pending
+
+
+def register_remote(state: Any) -> Any:
+    """Register tinygrad's AG devices (the workers' devices install() opened), once each
+    worker is known to run them; return the function that undoes it."""
+    from ._ag import AGDevice, check_worker, release_cached
+
+    for name in state.remote:
+        check_worker(name, state.worker_cpu(name))
+    restore = register_device("AG", AGDevice)
+
+    def unregister() -> None:
+        release_cached(opened_devices())  # their frees go with the last flush
+        restore()
+
+    return unregister

@@ -1,0 +1,328 @@
+"""tinygrad's AG devices on actorgraph workers (`install(remote=[...])`, tinygrad 0.14):
+eager kernels, copies in and out, between workers and with local CPU devices, sharding
+over any mix, the batching of eager work (counted in messages), jits over CPU and AG
+devices as one graph, and refusals. Real worker subprocesses on loopback (two workers,
+started with --allow-programs); every result is compared bitwise with the same program
+on tinygrad's local CPU devices."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("DEV", "CPU")  # before tinygrad picks its default device
+tinygrad = pytest.importorskip(
+    "tinygrad", reason='tinygrad is not installed: pip install -e ".[test,tinygrad]"'
+)
+if shutil.which(os.environ.get("CC", "clang")) is None:
+    pytest.skip(
+        "clang is not installed: tinygrad's CPU devices compile with it", allow_module_level=True
+    )
+
+import actorgraph as ag  # noqa: E402
+from actorgraph import tinygrad as agt  # noqa: E402
+from actorgraph.testing import Worker, start_worker  # noqa: E402
+
+V011 = agt.TINYGRAD_VERSION == "0.11.0"
+TOKEN = b"tinygrad-remote-token"
+
+
+def test_tinygrad_0_11_refuses_ag_devices_saying_it_has_its_own() -> None:
+    if not V011:
+        pytest.skip("tinygrad 0.11 only: 0.14 has AG devices")
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "actorgraph's AG devices (install(remote=...) or ACTORGRAPH_REMOTE) need tinygrad "
+            "0.14.0, and tinygrad 0.11.0 is installed, which has its own REMOTE device"
+        ),
+    ):
+        agt.install(remote=["CPU:0@127.0.0.1:7000"])
+    assert not agt.installed()
+
+
+if V011:
+    pytest.skip(
+        'AG devices need tinygrad 0.14.0 (pip install -e ".[test,tinygrad]")',
+        allow_module_level=True,
+    )
+
+from tinygrad import Device, Tensor  # noqa: E402
+from tinygrad.helpers import DEV  # noqa: E402
+
+from actorgraph.worker._machine_code import loader_problem  # noqa: E402
+
+if loader_problem() is not None:
+    pytest.skip(
+        f'workers cannot load shipped programs here ({loader_problem()}): pip install -e ".[test,tinygrad]"',
+        allow_module_level=True,
+    )
+
+DEV.value = "CPU"
+GUARD = 60  # seconds: a hang guard for what runs in other processes
+
+
+def _data(seed: int, *shape: int) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def workers_ab() -> Iterator[tuple[Worker, Worker]]:
+    """Worker A with CPU:0 and CPU:1, worker B with CPU:0, both running shipped programs."""
+    a = start_worker(["CPU:0", "CPU:1"], token=TOKEN, extra_args=["--allow-programs"])
+    b = start_worker(["CPU:0"], token=TOKEN, extra_args=["--allow-programs"])
+    yield a, b
+    a.kill()
+    b.kill()
+
+
+@pytest.fixture
+def two_workers(workers_ab: tuple[Worker, Worker]) -> Iterator[tuple[Worker, Worker]]:
+    """The two workers installed as AG (A's CPU:0), AG:1 (A's CPU:1), AG:2 (B's CPU:0)."""
+    a, b = workers_ab
+    agt.install(devices=4, remote=[*a.devices, *b.devices], remote_token=TOKEN)
+    try:
+        yield a, b
+    finally:
+        agt.uninstall()
+
+
+def _connection(name: str) -> Any:
+    state = agt._install.current()
+    assert state is not None
+    return state.runtime.runtime.device(name).connection
+
+
+def _stats(worker: Worker) -> Any:
+    return _connection(worker.devices[0]).statistics()
+
+
+def test_eager_kernels_on_workers_equal_tinygrad_alone(two_workers: Any) -> None:
+    a = _data(1, 8, 64)
+    for device in ("AG", "AG:1", "AG:2"):
+        x = Tensor(a, device=device)
+        got = (x @ x.T).relu().sum(axis=1).numpy()
+        local = Tensor(a, device="CPU")
+        want = (local @ local.T).relu().sum(axis=1).numpy()
+        assert got.tobytes() == want.tobytes(), device
+    assert agt.statistics().remote == tuple(
+        name for worker in two_workers for name in worker.devices
+    )
+
+
+# The same program on tinygrad's local CPU devices: AG -> CPU, AG:1 -> CPU:1, ...
+LOCAL = {"AG": "CPU", "AG:1": "CPU:1", "AG:2": "CPU:2"}
+
+
+def test_copies_between_workers_go_worker_to_worker(two_workers: Any) -> None:
+    a, b = two_workers
+
+    def program(names: dict[str, str]) -> tuple[Tensor, Tensor]:
+        x = (Tensor(_data(2, 1024), device=names["AG"]) * 3).realize()
+        return x, x.to(names["AG:2"]) + 1  # worker A to worker B, then a kernel on B
+
+    x, y = program({name: name for name in LOCAL})
+    Device["AG"].synchronize()
+    before = _stats(a).bytes_received, _stats(b).bytes_received
+    z = y.to("AG:1") * 2  # and back to A's other device
+    Device["AG:1"].synchronize()
+    # Nothing of it came through this host.
+    assert (_stats(a).bytes_received, _stats(b).bytes_received) == before
+    _, want = program(LOCAL)
+    assert z.numpy().tobytes() == (want.to("CPU:1") * 2).numpy().tobytes()
+
+
+def test_copies_between_ag_and_local_cpu_devices(two_workers: Any) -> None:
+    def program(remote: str) -> Tensor:
+        x = Tensor(_data(3, 16, 16), device="CPU:1").exp()
+        return x.to(remote).sqrt().to("CPU:2") + x.to("CPU:2")
+
+    assert program("AG:2").numpy().tobytes() == program("CPU:3").numpy().tobytes()
+
+
+def test_shard_over_any_mix_of_ag_and_cpu_devices(two_workers: Any) -> None:
+    a, w = _data(4, 8, 32), _data(5, 32, 16)
+    mixed = ("AG", "CPU:1", "AG:2", "AG:1")
+    local = ("CPU", "CPU:1", "CPU:2", "CPU:3")
+    got = (Tensor(a).shard(mixed, axis=0) @ Tensor(w).shard(mixed)).relu().sum(axis=0)
+    want = (Tensor(a).shard(local, axis=0) @ Tensor(w).shard(local)).relu().sum(axis=0)
+    assert got.numpy().tobytes() == want.numpy().tobytes()
+
+
+def test_eager_work_waits_until_a_result_is_needed_then_goes_as_one_message(
+    two_workers: Any,
+) -> None:
+    a, b = two_workers
+    x = Tensor(_data(6, 32, 32), device="AG").realize()
+    y = Tensor(_data(7, 32, 32), device="AG:2").realize()
+    Device["AG"].synchronize()
+    sent = _stats(a).messages_sent, _stats(b).messages_sent
+    batches = _stats(a).batches_sent, _stats(b).batches_sent
+    for _ in range(4):
+        x = (x @ x).tanh().realize()  # kernels whose results nothing reads yet
+        y = (y * 2 + 1).realize()
+    z = (x.to("AG:2") + y).realize()
+    # Nothing has gone to either worker: no result was needed.
+    assert (_stats(a).messages_sent, _stats(b).messages_sent) == sent
+    got = z.numpy()
+    # Then all of it (kernels, the copy between the workers, the read) as one message
+    # to each worker: a batch each, and the read's on B.
+    assert _stats(a).messages_sent == sent[0] + 1
+    assert _stats(b).messages_sent == sent[1] + 1
+    assert (_stats(a).batches_sent, _stats(b).batches_sent) == (batches[0] + 1, batches[1] + 2)
+    lx, ly = Tensor(_data(6, 32, 32)).realize(), Tensor(_data(7, 32, 32), device="CPU:2")
+    for _ in range(4):
+        lx = (lx @ lx).tanh().realize()
+        ly = (ly.realize() * 2 + 1).realize()
+    assert got.tobytes() == (lx.to("CPU:2") + ly).numpy().tobytes()
+
+
+def test_bad_uses_of_ag_devices_are_refused_clearly(two_workers: Any) -> None:
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "tinygrad device AG:7 is not one of the 3 worker devices install(remote=...) "
+            "opened (AG, AG:1, AG:2); name more devices there"
+        ),
+    ):
+        Tensor(np.ones(4, np.float32), device="AG:7").realize()
+    cpu = Tensor(np.arange(4, dtype=np.int32)).realize()
+    address = cpu.uop.base.buffer._buf.va_addr
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "tinygrad device AG holds memory on a worker, and Tensor.from_blob (an external "
+            "pointer) names host memory; make the tensor on a CPU device and move it with "
+            ".to('AG')"
+        ),
+    ):
+        Tensor.from_blob(address, (4,), dtype=cpu.dtype, device="AG").realize()
+
+
+async def _guarded(body: Any) -> Any:
+    """Run `body` (a wait for work on workers, no more of tinygrad than that: tinygrad is
+    not thread-safe) on a thread, failing the test if it hangs."""
+    import trio
+
+    with trio.fail_after(GUARD):
+        return await trio.to_thread.run_sync(body, abandon_on_cancel=True)
+
+
+async def test_a_worker_lost_mid_call_fails_the_read_naming_it() -> None:
+    worker = start_worker(["CPU:0"], token=TOKEN, extra_args=["--allow-programs"])
+    agt.install(devices=2, remote=worker.devices, remote_token=TOKEN)
+    try:
+        x = Tensor(_data(8, 64, 64), device="AG").realize()
+        await _guarded(Device["AG"].synchronize)
+        y = (x @ x).exp().realize()  # recorded; goes with the next read
+        worker.kill()
+        with pytest.raises(ag.ClosedError, match=re.escape(f"127.0.0.1:{worker.port}")):
+            await _guarded(Device["AG"].synchronize)
+        with pytest.raises(ag.ClosedError, match=re.escape(f"127.0.0.1:{worker.port}")):
+            y.numpy()  # and every later use, at once
+        # Local devices go on.
+        assert (Tensor([1.0, 2.0]) * 2).tolist() == [2.0, 4.0]
+    finally:
+        worker.kill()
+        agt.uninstall()
+
+
+def test_install_refuses_workers_that_cannot_be_ag_devices(ag_worker: Any) -> None:
+    # The session's worker runs no shipped programs.
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            f"worker device {ag_worker.devices[0]} cannot be a tinygrad AG device: its worker "
+            f"does not run shipped programs (tinygrad's kernels); start it with `actorgraph "
+            f"worker --allow-programs ...`"
+        ),
+    ):
+        agt.install(remote=ag_worker.devices[:1], remote_token=ag_worker.token)
+    assert not agt.installed()
+    with pytest.raises(ag.remote.RemoteConnectionError, match="refused this client's token"):
+        agt.install(remote=ag_worker.devices[:1], remote_token=b"wrong")
+    assert not agt.installed()
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "install(remote=...) takes worker device names like 'CPU:0@10.0.0.5:7000', got "
+            "'CPU:0'; name each worker device as KIND:N@HOST:PORT"
+        ),
+    ):
+        agt.install(remote=["CPU:0"])
+    with pytest.raises(ag.UsageError, match=re.escape("write remote=['CPU:0@h:1']")):
+        agt.install(remote="CPU:0@h:1")  # type: ignore[arg-type]
+    assert not agt.installed()
+
+
+def test_memory_of_an_earlier_install_is_refused_clearly(workers_ab: Any) -> None:
+    a, _ = workers_ab
+    agt.install(devices=2, remote=a.devices, remote_token=TOKEN)
+    try:
+        x = Tensor(_data(9, 16), device="AG").realize()
+        x.numpy()
+    finally:
+        agt.uninstall()
+    agt.install(devices=2, remote=a.devices, remote_token=TOKEN)
+    try:
+        with pytest.raises(
+            ag.ClosedError,
+            match=re.escape("was made while actorgraph.tinygrad was installed before"),
+        ):
+            (x + 1).numpy()
+        # Memory made now works, whatever tinygrad cached before.
+        assert (Tensor(_data(9, 16), device="AG") + 1).numpy().tobytes() == (
+            Tensor(_data(9, 16)) + 1
+        ).numpy().tobytes()
+    finally:
+        agt.uninstall()
+
+
+def test_an_unmodified_script_runs_on_the_first_worker_device(
+    workers_ab: Any, tmp_path: Path
+) -> None:
+    a, b = workers_ab
+    script = tmp_path / "model.py"
+    script.write_text(
+        "import sys\n"
+        "import numpy as np\n"
+        "from tinygrad import Device, Tensor\n"
+        "x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))\n"
+        "print(Device.DEFAULT, x.device, (x @ x.T).relu().sum().item(), sys.argv[1:])\n"
+    )
+    token = tmp_path / "token"
+    token.write_bytes(TOKEN)
+    env = dict(
+        os.environ,
+        DEV="AG",
+        ACTORGRAPH_REMOTE=f"{b.devices[0]},{a.devices[0]}",
+        ACTORGRAPH_TOKEN_FILE=str(token),
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "actorgraph.tinygrad", str(script), "--flag"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=GUARD,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    want = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert done.stdout.split() == [
+        "AG",
+        "AG",
+        str(float(np.maximum(want @ want.T, 0).sum())),
+        "['--flag']",
+    ]
