@@ -326,3 +326,117 @@ def test_an_unmodified_script_runs_on_the_first_worker_device(
         str(float(np.maximum(want @ want.T, 0).sum())),
         "['--flag']",
     ]
+
+
+# -- jits over AG devices --
+
+
+def _two_worker_jit(names: dict[str, str]) -> Any:
+    """A jit with kernels on AG (worker A) and AG:2 (worker B) and a copy between them,
+    on these tinygrad devices (LOCAL for the same program on local CPU devices)."""
+    from tinygrad import TinyJit
+
+    w = Tensor(_data(20, 16, 16), device=names["AG"]).realize()
+    v = Tensor(_data(21, 16), device=names["AG:2"]).realize()
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        h = (x @ w).relu().realize()
+        return (h.to(names["AG:2"]) * v).sum(axis=1).realize()
+
+    return step
+
+
+def test_a_jit_over_workers_replays_as_one_batch_per_worker(two_workers: Any) -> None:
+    a, b = two_workers
+    remote, local = _two_worker_jit({n: n for n in LOCAL}), _two_worker_jit(LOCAL)
+    for seed in range(3):  # capture (tinygrad 0.14 replays from its second call)
+        remote(Tensor(_data(seed, 4, 16), device="AG")).numpy()
+        local(Tensor(_data(seed, 4, 16), device="CPU")).numpy()
+    assert agt.statistics().graphs >= 1
+    inputs = [Tensor(_data(30 + k, 4, 16), device="AG").realize() for k in range(3)]
+    Device["AG"].synchronize()
+    stats = agt.statistics()
+    batches = _stats(a).batches_sent, _stats(b).batches_sent
+    sent = _stats(a).messages_sent, _stats(b).messages_sent
+    outs = [remote(x) for x in inputs]  # three replays, nothing read yet
+    assert agt.statistics().replays == stats.replays + 3
+    assert (_stats(a).messages_sent, _stats(b).messages_sent) == sent  # recorded
+    got = outs[-1].numpy()
+    # One batch per worker per replay (and B's read), all in one message to each. A's
+    # next replay overwrites what B's copy of the last one read: the client tells A when
+    # B is done with it (the two forwards A gets besides).
+    assert (_stats(a).batches_sent, _stats(b).batches_sent) == (batches[0] + 3, batches[1] + 4)
+    assert (_stats(a).messages_sent, _stats(b).messages_sent) == (sent[0] + 1 + 2, sent[1] + 1)
+    assert agt.statistics().plans == stats.plans  # planned once, at capture
+    want = local(Tensor(_data(32, 4, 16), device="CPU")).numpy()
+    assert got.tobytes() == want.tobytes()
+
+
+def test_a_data_parallel_jit_over_cpu_and_ag_devices_is_one_graph(two_workers: Any) -> None:
+    from tinygrad import TinyJit
+
+    def make(devices: tuple[str, ...]) -> Any:
+        w = Tensor(_data(40, 16, 8)).shard(devices).realize()
+
+        @TinyJit
+        def step(x: Tensor) -> Tensor:
+            return (x.shard(devices, axis=0) @ w).relu().sum(axis=0).realize()
+
+        return step
+
+    mixed = make(("CPU:1", "AG", "AG:2", "AG:1"))
+    local = make(("CPU", "CPU:1", "CPU:2", "CPU:3"))
+    graphs = agt.statistics().graphs
+    for seed in range(6):
+        x = _data(50 + seed, 8, 16)
+        assert mixed(Tensor(x)).numpy().tobytes() == local(Tensor(x)).numpy().tobytes()
+    # Each jit's step is one graph: the mixed one over this host and both workers.
+    assert agt.statistics().graphs == graphs + 2
+
+
+def test_a_symbolic_jit_on_a_worker_plans_once(two_workers: Any) -> None:
+    from tinygrad import TinyJit, Variable
+
+    vi = Variable("i", 1, 12)
+
+    def make(device: str) -> tuple[Any, Tensor, Tensor]:
+        a = Tensor(_data(60, 3, 12), device=device).realize()
+        b = Tensor(_data(61, 12, 4), device=device).realize()
+
+        @TinyJit
+        def step(x: Tensor, y: Tensor) -> Tensor:
+            return ((x @ y).relu().realize() * 2).sum(1).realize()
+
+        return step, a, b
+
+    (remote, ra, rb), (local, la, lb) = make("AG:1"), make("CPU")
+    plans = agt.statistics().plans
+    for k in range(24):
+        n = vi.bind(1 + (k * 5) % 12)
+        got = remote(ra[:, :n], rb[:n, :]).numpy()
+        assert got.tobytes() == local(la[:, :n], lb[:n, :]).numpy().tobytes(), k
+    assert agt.statistics().plans == plans + 2  # one for each jit, over 12 sizes
+
+
+async def test_graph_from_jit_runs_a_jit_on_workers(two_workers: Any) -> None:
+    remote, local = _two_worker_jit({n: n for n in LOCAL}), _two_worker_jit(LOCAL)
+    for seed in range(2):
+        remote(Tensor(_data(seed, 4, 16), device="AG")).numpy()
+        local(Tensor(_data(seed, 4, 16), device="CPU")).numpy()
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "jit 'step' runs on AG devices, whose memory lives in the runtime install() "
+            "started; pass that runtime: graph_from_jit(agt.runtime(), jit)"
+        ),
+    ):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            await agt.graph_from_jit(rt, remote)
+    graph = await agt.graph_from_jit(agt.runtime(), remote)
+    for seed in range(3):
+        x = Tensor(_data(70 + seed, 4, 16), device="AG").realize()  # recorded, goes first
+        out = await graph(x)
+        want = local(Tensor(_data(70 + seed, 4, 16), device="CPU"))
+        assert (await _guarded(out.numpy)).tobytes() == want.numpy().tobytes()
+    assert graph.graphs == 1

@@ -23,7 +23,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import UsageError
+from .._background import BackgroundRuntime
+from .._errors import ClosedError, UsageError
 from ._version import SUPPORTED, TinygradVersionError, adapter_for, installed_version
 
 TINYGRAD_VERSION = installed_version()
@@ -100,6 +101,20 @@ def installed() -> bool:
     return _install.current() is not None
 
 
+def runtime() -> BackgroundRuntime:
+    """The background runtime install() started: what `graph_from_jit` takes for a jit
+    on AG devices (their memory lives in it).
+
+    Raises:
+        ClosedError: actorgraph.tinygrad is not installed.
+    """
+    state = _install.current()
+    if state is None:
+        raise ClosedError("actorgraph.tinygrad is not installed; call install() first")
+    found: BackgroundRuntime = state.runtime
+    return found
+
+
 def statistics() -> TinygradStatistics:
     """A snapshot of what install() has done."""
     return _install.statistics()
@@ -115,6 +130,7 @@ __all__ = [
     "graph_from_jit",
     "install",
     "installed",
+    "runtime",
     "statistics",
     "uninstall",
 ]

@@ -58,14 +58,27 @@ class Batch:
         names = {r.device for r in self.roots}
         for call in self.calls:
             names.update(r.device for r in regions_of(call))
-        return sorted(names, key=lambda n: int(n.split(":")[1]))
+        return sorted(names)
 
-    def wrap_roots(self, places: Sequence[tuple[int, int]]) -> list[Buffer]:
-        """This call's roots, as (address, nbytes) per root, wrapped."""
+    @property
+    def remote(self) -> bool:
+        """Whether it runs on workers' devices too (AG devices): what is on them is
+        recorded with the AG work, not run on this thread (_pending.py)."""
+        return any("@" in name for name in self.devices)
+
+    @property
+    def local(self) -> bool:
+        """Whether it touches this host's CPU devices (tinygrad's own memory)."""
+        return any("@" not in name for name in self.devices)
+
+    def wrap_roots(self, places: Sequence[tuple[Any, int]]) -> list[Buffer]:
+        """This call's roots, as (address, nbytes) per root, wrapped (a root on a
+        worker's device: (its AGMemory, nbytes), its Buffer)."""
         base = self.wrapper.base
+        runtime = self.wrapper.runtime
         return [
-            base(root.device, address, nbytes)
-            for root, (address, nbytes) in zip(self.roots, places)
+            key.buffer(runtime) if root.remote else base(root.device, key, nbytes)
+            for root, (key, nbytes) in zip(self.roots, places)
         ]
 
     def graph_for(self, roots: Sequence[Buffer]) -> Any:

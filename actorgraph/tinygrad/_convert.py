@@ -24,19 +24,22 @@ import numpy as np
 from .._buffer import Buffer
 from .._errors import InputError, UsageError
 from .._kernel import Copy, Item, Kernel, Launch
-from .._runtime import Runtime
 from .._vars import Var
 
 U8 = np.dtype(np.uint8)
 
 
-def device_name(tiny_device: str) -> str:
-    """actorgraph's name for a tinygrad CPU device ("CPU" -> "CPU:0", "CPU:2" -> "CPU:2")."""
+def device_name(tiny_device: str, remote: Sequence[str] = ()) -> str:
+    """actorgraph's name for a tinygrad CPU device ("CPU" -> "CPU:0", "CPU:2" -> "CPU:2"),
+    or for an AG device the worker device install() made it ("AG:1" -> remote[1])."""
     kind, _, index = tiny_device.partition(":")
+    if kind == "AG" and (index == "" or index.isdigit()) and int(index or 0) < len(remote):
+        return remote[int(index or 0)]
     if kind != "CPU" or not (index == "" or index.isdigit()):
         raise UsageError(
-            f"tinygrad device {tiny_device!r} is not a CPU device; actorgraph runs tinygrad "
-            f"work on CPU devices only (CPU, CPU:1, ...)"
+            f"tinygrad device {tiny_device!r} is not a CPU device (nor an AG device of the "
+            f"workers install(remote=...) opened); actorgraph runs tinygrad work on CPU "
+            f"devices (CPU, CPU:1, ...) and AG devices"
         )
     return f"CPU:{int(index or 0)}"
 
@@ -58,16 +61,20 @@ class Region:
     nbytes: int
     address: int = 0
     base_nbytes: int = 0
+    memory: Any = None  # on an AG device: the allocation (an AGMemory), for root -1
 
 
 @attrs.frozen
 class KernelCall:
     """A compiled kernel over regions. `values` are its value arguments in order: an
-    ag.Var bound per call, or a fixed int (a lane's device number)."""
+    ag.Var bound per call, or a fixed int (a lane's device number); `dims` its launch's
+    global size where the kernel reads it (machine code on a worker, called once per
+    core), else None."""
 
     kernel: Kernel
     args: tuple[Region, ...]
     values: tuple[Var | int, ...]
+    dims: tuple[int, ...] | None = None
 
 
 @attrs.frozen
@@ -81,10 +88,12 @@ Call = KernelCall | CopyCall
 
 @attrs.frozen
 class Root:
-    """An input root of a batch: a buffer of `nbytes` on `device` passed on every call."""
+    """An input root of a batch: a buffer of `nbytes` on `device` passed on every call
+    (`remote`: a worker's device, its memory an AGMemory, not a host address)."""
 
     device: str
     nbytes: int
+    remote: bool = False
 
 
 class Wrapper:
@@ -95,8 +104,8 @@ class Wrapper:
     graph keeps. Thread-safe: a miss may wrap twice, and both wrappers alias by address.
     """
 
-    def __init__(self, runtime: Runtime, limit: int = 256) -> None:
-        self.runtime = runtime
+    def __init__(self, runtime: Any, limit: int = 256) -> None:
+        self.runtime = runtime  # a Runtime, or a BackgroundRuntime (the trio path's)
         self._bases: dict[tuple[str, int, int], Buffer] = {}
         self._limit = limit
 
@@ -105,7 +114,7 @@ class Wrapper:
         found = self._bases.get(key)
         if found is not None:
             return found
-        wrapped = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
+        wrapped: Buffer = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
         bases = self._bases
         if len(bases) >= self._limit:
             try:
@@ -121,6 +130,8 @@ def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> 
         base = roots[region.root]
         if region.nbytes < 0:
             return base
+    elif region.memory is not None:
+        base = region.memory.buffer(wrapper.runtime)
     else:
         base = wrapper.base(region.device, region.address, region.base_nbytes)
     if region.offset == 0 and region.nbytes == base.nbytes:
@@ -140,7 +151,9 @@ def build_items(calls: Sequence[Call], roots: Sequence[Buffer], wrapper: Wrapper
                 for var, value in zip(variables, call.values)
                 if not isinstance(value, Var)
             }
-            items.append(Launch(call.kernel, bufs, vars=variables, fixedvars=fixed))
+            items.append(
+                Launch(call.kernel, bufs, vars=variables, fixedvars=fixed, global_size=call.dims)
+            )
         else:
             dst = region_buffer(call.dst, roots, wrapper)
             src = region_buffer(call.src, roots, wrapper)

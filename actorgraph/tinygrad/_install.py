@@ -21,6 +21,7 @@ next replay takes any, and tinygrad's later work never passes a replay.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,10 +31,12 @@ import attrs
 
 from .._background import BackgroundRuntime, start_runtime
 from .._errors import ClosedError, UsageError
+from .._graph import Replay
+from .._runtime import Runtime
 from ..remote import WorkerCPU
 from ._batch import Batch
 from ._convert import Wrapper
-from ._pending import Pending
+from ._pending import Pending, ReplayRecord
 from ._private import patch_cpu_devices, patched_devices
 
 
@@ -124,6 +127,8 @@ class Installed:
     ) -> float | None:
         """Replay `batch` with its roots at these (address, nbytes) places and these
         tinygrad var values; return the seconds it took when `wait`."""
+        if batch.remote:
+            return self._replay_remote(batch, places, given, wait)
         start = time.perf_counter() if wait else 0.0
         with self.lock:
             if _installed is not self:
@@ -139,6 +144,43 @@ class Installed:
             else:
                 self._run(graph, roots, values)
         return time.perf_counter() - start if wait else None
+
+    def _replay_remote(
+        self, batch: Batch, places: Sequence[tuple[Any, int]], given: Mapping[Any, int], wait: bool
+    ) -> float | None:
+        """A batch on AG devices: recorded with their work, in tinygrad's order, and sent
+        with it; waited for here only when it touches tinygrad's CPU memory too (which
+        tinygrad's inline work after it uses) or the caller asks for its time."""
+        start = time.perf_counter() if wait else 0.0
+        with self.lock:
+            if _installed is not self:
+                self.check_usable()
+            values = batch.values(given, "this jit") if batch.variables else None
+            self.replays += 1
+        record = ReplayRecord(functools.partial(self._submit_remote, batch, places, values))
+        self.pending.add(record)
+        if batch.local or wait:
+            self.pending.flush(wait=True)
+        return time.perf_counter() - start if wait else None
+
+    async def _submit_remote(
+        self,
+        batch: Batch,
+        places: Sequence[tuple[Any, int]],
+        values: dict[Any, int] | None,
+        runtime: Runtime,
+    ) -> Replay:
+        """On the runtime's thread: plan the batch if these roots need it, submit it."""
+        roots = batch.wrap_roots(places)
+        graph = batch.graph_for(roots)
+        if graph is None:
+            items, limits = batch.plan(roots)
+            graph = await runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+            batch.keep_plan(graph, limits)
+            with self.lock:
+                self.plans += 1
+        replay: Replay = await graph.submit(roots, values)
+        return replay
 
     def _run(self, graph: Any, roots: Sequence[Any], values: dict[Any, int] | None) -> None:
         # On this thread as one loop where the runtime allows it (the usual case), else on

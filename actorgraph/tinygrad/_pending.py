@@ -76,11 +76,12 @@ class AGMemory:
         root = self.root()
         return AGMemory(self.device, nbytes, root, self.offset + offset)
 
-    def buffer(self, runtime: Runtime) -> Buffer:
-        """Its Buffer (uint8), allocated on the worker on first use (runtime's thread)."""
+    def buffer(self, runtime: Runtime | BackgroundRuntime) -> Buffer:
+        """Its Buffer (uint8), allocated on the worker on first use (on the runtime's
+        thread, or from any thread through a BackgroundRuntime)."""
         found = self._buffer
         if found is not None:
-            if found.runtime is not runtime:
+            if found.runtime is not getattr(runtime, "runtime", runtime):  # (a background one's)
                 raise ClosedError(
                     f"tinygrad memory on {self.device} was made while actorgraph.tinygrad was "
                     f"installed before; it went with that installation (uninstall() closed "

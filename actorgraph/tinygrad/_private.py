@@ -26,6 +26,11 @@ def buffer_address(buf: Any) -> int:
     return int(buf._buf.va_addr)
 
 
+def buffer_memory(buf: Any) -> Any:
+    """What a tinygrad Buffer's allocator handed out for it (an AG device's AGMemory)."""
+    return buf._buf
+
+
 def buffer_base(buf: Any) -> Any:
     """The base buffer a tinygrad Buffer views, or None when it is a base."""
     return buf._base

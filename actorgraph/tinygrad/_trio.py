@@ -7,6 +7,7 @@ from typing import Any
 
 import trio
 
+from .._background import BackgroundRuntime
 from .._errors import UsageError
 from .._graph import Graph
 from .._runtime import Runtime
@@ -29,7 +30,9 @@ class JitGraph:
     (`graphs` counts the plans made).
     """
 
-    def __init__(self, runtime: Runtime, jit: Any, *, verify: bool | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime | BackgroundRuntime, jit: Any, *, verify: bool | None = None
+    ) -> None:
         self.runtime = runtime
         self.jit = jit
         self._wrapper = Wrapper(runtime)
@@ -104,9 +107,19 @@ async def _replays_done(graph: Graph) -> None:
         await trio.sleep(0.0005)
 
 
-async def graph_from_jit(runtime: Runtime, jit: Any, *, verify: bool | None = None) -> JitGraph:
+async def graph_from_jit(
+    runtime: Runtime | BackgroundRuntime, jit: Any, *, verify: bool | None = None
+) -> JitGraph:
     """A captured TinyJit as a JitGraph on `runtime` (which opens the CPU devices the jit
     uses: tinygrad's CPU is CPU:0, CPU:1 is CPU:1, ...). The jit must have captured
     (tinygrad captures on a jit's second call). `verify=True` proves each plan
-    deadlock- and race-free."""
+    deadlock- and race-free.
+
+    A jit on AG devices (tinygrad 0.14, `install(remote=...)`) runs on the runtime
+    install() started, where their memory lives: pass `agt.runtime()`; its replays come
+    after the AG work tinygrad recorded before them.
+
+    Raises:
+        UsageError: the jit has not captured, has a call actorgraph cannot run, or runs
+            on AG devices and `runtime` is not install()'s."""
     return JitGraph(runtime, jit, verify=verify)

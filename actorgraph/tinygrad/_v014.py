@@ -57,6 +57,7 @@ from ._install import Inline, current
 from ._private import (
     buffer_address,
     buffer_base,
+    buffer_memory,
     cpu_device_class,
     opened_devices,
     prepare_jit_inputs,
@@ -77,22 +78,40 @@ def _offset_of(buf: Any) -> int:
     return int(buf.offset) if buffer_base(buf) is not None else 0
 
 
-def _refusal(call: Any, ndevices: int | None) -> str | None:
-    """Why actorgraph cannot run this CALL on CPU devices, or None when it can."""
+def _device_refusal(name: str, ndevices: int | None, remote: int) -> str | None:
+    """Why actorgraph cannot run a call on tinygrad device `name`, or None when it can:
+    one of the first `ndevices` CPU devices (None: any), or of the `remote` AG devices."""
+    kind, _, index = name.partition(":")
+    if not (index == "" or index.isdigit()):
+        return f"a call on {name} (actorgraph runs tinygrad's CPU and AG devices only)"
+    if kind == "AG":
+        if int(index or 0) >= remote:
+            return (
+                f"a call on {name}, past the {remote} worker devices actorgraph.tinygrad "
+                f"opened (install(remote=[...]) naming more)"
+            )
+        return None
+    if kind != "CPU":
+        return f"a call on {name} (actorgraph runs tinygrad's CPU and AG devices only)"
+    if ndevices is not None and int(index or 0) >= ndevices:
+        return (
+            f"a call on {name}, past the {ndevices} CPU devices actorgraph.tinygrad "
+            f"opened (install(devices=N) with a larger N)"
+        )
+    return None
+
+
+def _refusal(call: Any, ndevices: int | None, remote: int = 0) -> str | None:
+    """Why actorgraph cannot run this CALL on its devices, or None when it can."""
     ast = call.src[0]
     if ast.op not in (Ops.PROGRAM, Ops.COPY):
         kind = ast.arg if ast.op is Ops.CUSTOM_FUNCTION else ast.op
         return f"a {kind} call (actorgraph runs compiled CPU kernels and copies only)"
     for arg in get_call_arg_uops(call):
         for name in to_tuple(arg.device):
-            kind, _, index = str(name).partition(":")
-            if kind != "CPU" or not (index == "" or index.isdigit()):
-                return f"a call on {name} (actorgraph runs tinygrad's CPU devices only)"
-            if ndevices is not None and int(index or 0) >= ndevices:
-                return (
-                    f"a call on {name}, past the {ndevices} CPU devices actorgraph.tinygrad "
-                    f"opened (install(devices=N) with a larger N)"
-                )
+            refusal = _device_refusal(str(name), ndevices, remote)
+            if refusal is not None:
+                return refusal
     if ast.op is Ops.PROGRAM:
         info = ast.arg
         if getattr(info.target, "renderer", None) == "LVP":
@@ -117,8 +136,14 @@ class Described:
 class _Reader:
     """Reads CALLs against one set of input UOps (`inputs`: slot -> UOp)."""
 
-    def __init__(self, inputs: Sequence[Any], held: dict[int, Any] | None = None) -> None:
+    def __init__(
+        self,
+        inputs: Sequence[Any],
+        held: dict[int, Any] | None = None,
+        remote: Sequence[str] = (),
+    ) -> None:
         self.inputs = tuple(inputs)
+        self.remote = tuple(remote)  # the worker devices of AG, AG:1, ...
         self.out = Described()
         # base Buffer (they hash by identity) -> [(slot, lane, lane Buffer)] of the
         # inputs' lanes. Inputs in `held` are the jit's own memory instead (a copy it
@@ -139,7 +164,7 @@ class _Reader:
     def region(self, buf: Any, what: str, whole: bool = True) -> Region:
         """Where `buf` lies; `whole`: an argument that is a whole input covers all of it
         on every call (a copy moves a fixed number of bytes instead)."""
-        device = device_name(buf.device)
+        device = device_name(buf.device, self.remote)
         start = _offset_of(buf)
         for slot, lane, lane_buf in self._lanes.get(_base_of(buf), ()):
             lane_start = _offset_of(lane_buf)
@@ -154,18 +179,21 @@ class _Reader:
                 f"{what}: tinygrad buffer {base!r} is not allocated (freed); capture the jit "
                 f"again (jit.reset()) after freeing its memory"
             )
+        if "@" in device:  # a worker's: its allocation, not a host address
+            return Region(device, -1, start, buf.nbytes, 0, base.nbytes, buffer_memory(base))
         return Region(device, -1, start, buf.nbytes, buffer_address(base), base.nbytes)
 
     def _root(self, slot: int, lane: int, lane_buf: Any) -> int:
         found = self._root_of.get((slot, lane))
         if found is None:
             found = self._root_of[(slot, lane)] = len(self.out.roots)
-            self.out.roots.append(Root(device_name(lane_buf.device), lane_buf.nbytes))
+            device = device_name(lane_buf.device, self.remote)
+            self.out.roots.append(Root(device, lane_buf.nbytes, "@" in device))
             self.out.sources.append((slot, lane))
         return found
 
     def read(self, number: int, call: Any) -> None:
-        refusal = _refusal(call, None)
+        refusal = _refusal(call, None, len(self.remote))
         if refusal is not None:
             raise UsageError(f"call {number} of the jit is {refusal}")
         ast = call.src[0]
@@ -184,6 +212,8 @@ class _Reader:
         for device, (bufs, device_vars) in zip(devices, lanes):
             kernel = self._kernel(device, ast)
             regions = tuple(self.region(b.ensure_allocated(), what) for b in bufs)
+            # Machine code on a worker is called once per core there: it needs the count.
+            dims = (int(info.global_size[0]), 1, 1) if kernel.code is not None else None
             values: list[Var | int] = []
             for var in info.vars:
                 name = var.expr
@@ -197,7 +227,7 @@ class _Reader:
                         found = Var(name, int(var.vmin), int(var.vmax))
                         self.out.variables[name] = found
                     values.append(found)
-            self.out.calls.append(KernelCall(kernel, regions, tuple(values)))
+            self.out.calls.append(KernelCall(kernel, regions, tuple(values), dims))
 
     def _kernel(self, device: str, ast: Any) -> Any:
         key = (device, ast.key)
@@ -206,6 +236,11 @@ class _Reader:
             return found
         info = ast.arg
         program = get_runtime(device, ast)
+        if str(device).split(":")[0] == "AG":
+            found = self._shipped(program, info)
+            self._kernels[key] = found
+            self.out.programs.append(program)
+            return found
         address = ctypes.cast(program.fxn, ctypes.c_void_p).value
         if not address:
             raise UsageError(f"kernel {info.function_name} has no loaded CPU function")
@@ -232,6 +267,26 @@ class _Reader:
         self.out.programs.append(program)
         return found
 
+    @staticmethod
+    def _shipped(program: Any, info: Any) -> Any:
+        """The kernel of a program compiled for a worker (an AGProgram): its machine
+        code, with the buffers it writes and reads."""
+        globals_ = list(info.globals)
+        return program.kernel(
+            len(globals_),
+            len(info.vars),
+            tuple(k for k, slot in enumerate(globals_) if slot in info.outs),
+            tuple(k for k, slot in enumerate(globals_) if slot in info.ins),
+        )
+
+
+def _on_ag(call: Any) -> bool:
+    return any(
+        str(name).startswith("AG")
+        for arg in get_call_arg_uops(call)
+        for name in to_tuple(arg.device)
+    )
+
 
 def flatten(linear: Any) -> list[Any]:
     """The CALLs of a LINEAR, with tinygrad's graph batches opened up."""
@@ -246,16 +301,20 @@ def flatten(linear: Any) -> list[Any]:
 
 
 def describe(
-    calls: Sequence[Any], inputs: Sequence[Any], held: dict[int, Any] | None = None
+    calls: Sequence[Any],
+    inputs: Sequence[Any],
+    held: dict[int, Any] | None = None,
+    remote: Sequence[str] = (),
 ) -> Described:
-    reader = _Reader(inputs, held)
+    reader = _Reader(inputs, held, remote)
     for number, call in enumerate(calls):
         reader.read(number, call)
     return reader.out
 
 
-def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tuple[int, int]]:
-    """(address, nbytes) of each root for this call's input UOps."""
+def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tuple[Any, int]]:
+    """(address, nbytes) of each root for this call's input UOps ((its AGMemory, nbytes)
+    on an AG device)."""
     out = []
     for slot, lane in sources:
         uop = inputs[slot]
@@ -268,7 +327,10 @@ def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tu
             raise InputError(
                 f"jit input {slot}: its tinygrad buffer {buf!r} was freed; pass a realized tensor"
             )
-        out.append((buffer_address(buf), buf.nbytes))
+        if buf.device.startswith("AG"):
+            out.append((buffer_memory(buf), buf.nbytes))
+        else:
+            out.append((buffer_address(buf), buf.nbytes))
     return out
 
 
@@ -284,11 +346,14 @@ def batch_of(described: Described, wrapper: Wrapper, keep: Any) -> Batch:
 
 
 class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
-    """tinygrad's graph runner for its CPU devices, replaying through actorgraph (named
-    like tinygrad's own graph classes, which tools recognise by the name).
+    """tinygrad's graph runner for its CPU and AG devices, replaying through actorgraph
+    (named like tinygrad's own graph classes, which tools recognise by the name).
 
-    Takes compiled kernels and copies between CPU devices, on any number of the CPU
-    devices install() opened, in one batch (a data-parallel step is one graph).
+    Takes compiled kernels and copies between any of the CPU devices install() opened
+    and its AG devices (the workers'), in one batch: a data-parallel step over local
+    devices and workers is one graph. A batch on CPU devices alone replays on the
+    caller's thread; one on AG devices goes with their recorded work (one batch per
+    worker), and the caller waits for it only when it touches CPU devices too.
     """
 
     def __init__(self, linear: Any, input_uops: tuple[Any, ...] = ()) -> None:
@@ -300,7 +365,7 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
             )
         super().__init__(linear, input_uops)
         self._state = state
-        described = describe(self.linear.src, input_uops)
+        described = describe(self.linear.src, input_uops, remote=state.remote)
         self._sources = described.sources
         self._batch = batch_of(described, state.wrapper, self.linear)
         self._tiny_devices = sorted({b.device for _, _, bufs, _ in self.calls for b in bufs})
@@ -312,10 +377,14 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         state = current()
         if state is None:
             return False
-        cpu = cpu_device_class()
-        if not all(isinstance(d, cpu) for d in batch_devs):
+        kinds: tuple[type, ...] = (cpu_device_class(),)
+        if state.remote:
+            from ._ag import AGDevice
+
+            kinds = (*kinds, AGDevice)
+        if not all(isinstance(d, kinds) for d in batch_devs):
             return False
-        return _refusal(new_call, state.ndevices) is None
+        return _refusal(new_call, state.ndevices, len(state.remote)) is None
 
     def __call__(
         self, input_uops: tuple[Any, ...], var_vals: dict[str, int], wait: bool = False
@@ -355,10 +424,20 @@ class JitSource:
             )
         self._captured = captured
         self._calls = flatten(captured.linear)
+        # AG devices are the workers' of install(), and their memory lives in its runtime.
+        self._state = current()
+        self._remote = () if self._state is None else self._state.remote
         for number, call in enumerate(self._calls):
-            refusal = _refusal(call, None)
+            refusal = _refusal(call, None, len(self._remote))
             if refusal is not None:
                 raise UsageError(f"call {number} of {self.name} is {refusal}")
+        if self._remote and any(_on_ag(call) for call in self._calls):
+            assert self._state is not None
+            if wrapper.runtime is not self._state.runtime:
+                raise UsageError(
+                    f"{self.name} runs on AG devices, whose memory lives in the runtime "
+                    f"install() started; pass that runtime: graph_from_jit(agt.runtime(), jit)"
+                )
         self._written = written_inputs(captured)
         self._wrapper = wrapper
         self.size = len(self._calls)
@@ -440,7 +519,7 @@ class JitSource:
                     buf = stand_in.buffer
                     for lane in buf.bufs if isinstance(buf, MultiBuffer) else [buf]:
                         lane.ensure_allocated()
-            described = describe(self._calls, stand_ins)
+            described = describe(self._calls, stand_ins, remote=self._remote)
             self._sources = described.sources
             self.batch = batch_of(described, self._wrapper, (self._captured, stand_ins))
             written = [
@@ -458,7 +537,11 @@ class JitSource:
         return self.batch, roots, var_vals
 
     def points(self, batch: Batch) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        return (), ()  # tinygrad ran its earlier work inline: nothing is pending
+        if batch.remote and self._state is not None:
+            # The AG work tinygrad recorded before goes first (the replay is a call on
+            # the same runtime after it).
+            self._state.pending.flush()
+        return (), ()  # tinygrad ran its earlier CPU work inline: nothing is pending
 
 
 def register_remote(state: Any) -> Any:
