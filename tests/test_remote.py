@@ -1032,3 +1032,17 @@ async def test_a_chain_between_two_workers_reports_only_its_ends(
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + replay + 12)
                 await trio.testing.wait_all_tasks_blocked()
             assert forwarded == []
+
+
+async def test_a_round_trip_to_a_worker_is_measured_with_a_ping(
+    workers: tuple[Worker, Worker],
+) -> None:
+    name = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([name]) as rt:
+            connection = rt.device(name).connection
+            seconds = [await connection.round_trip() for _ in range(3)]
+            assert all(0 < s < GUARD for s in seconds)
+            connection.close()
+            with pytest.raises(remote.RemoteConnectionError, match="was closed"):
+                await connection.round_trip()

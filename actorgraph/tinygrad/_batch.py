@@ -52,6 +52,12 @@ class Batch:
         self.graph: Any = None
         self.limits: tuple[int, ...] = ()
         self.plans = 0
+        names = self.devices
+        # Whether it runs on workers' devices too (AG devices): then it is recorded with
+        # their work, not run on this thread (_pending.py); and whether it touches this
+        # host's CPU devices (tinygrad's own memory). Worked out once: a replay reads them.
+        self.remote = any("@" in name for name in names)
+        self.local = any("@" not in name for name in names)
 
     @property
     def devices(self) -> list[str]:
@@ -59,17 +65,6 @@ class Batch:
         for call in self.calls:
             names.update(r.device for r in regions_of(call))
         return sorted(names)
-
-    @property
-    def remote(self) -> bool:
-        """Whether it runs on workers' devices too (AG devices): what is on them is
-        recorded with the AG work, not run on this thread (_pending.py)."""
-        return any("@" in name for name in self.devices)
-
-    @property
-    def local(self) -> bool:
-        """Whether it touches this host's CPU devices (tinygrad's own memory)."""
-        return any("@" not in name for name in self.devices)
 
     def wrap_roots(self, places: Sequence[tuple[Any, int]]) -> list[Buffer]:
         """This call's roots, as (address, nbytes) per root, wrapped (a root on a

@@ -312,9 +312,8 @@ def describe(
     return reader.out
 
 
-def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tuple[Any, int]]:
-    """(address, nbytes) of each root for this call's input UOps ((its AGMemory, nbytes)
-    on an AG device)."""
+def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tuple[int, int]]:
+    """(address, nbytes) of each root for this call's input UOps."""
     out = []
     for slot, lane in sources:
         uop = inputs[slot]
@@ -327,10 +326,25 @@ def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tu
             raise InputError(
                 f"jit input {slot}: its tinygrad buffer {buf!r} was freed; pass a realized tensor"
             )
-        if buf.device.startswith("AG"):
-            out.append((buffer_memory(buf), buf.nbytes))
-        else:
-            out.append((buffer_address(buf), buf.nbytes))
+        out.append((buffer_address(buf), buf.nbytes))
+    return out
+
+
+def mixed_places(
+    sources: Sequence[tuple[int, int]], inputs: Sequence[Any]
+) -> list[tuple[Any, int]]:
+    """`places` for a batch on AG devices too: (its AGMemory, nbytes) for a root on one."""
+    out = []
+    for slot, lane in sources:
+        buf = inputs[slot].buffer
+        if lane >= 0:
+            buf = buf.bufs[lane]
+        if not buf.is_allocated():
+            raise InputError(
+                f"jit input {slot}: its tinygrad buffer {buf!r} was freed; pass a realized tensor"
+            )
+        remote = buf.device.startswith("AG")
+        out.append((buffer_memory(buf) if remote else buffer_address(buf), buf.nbytes))
     return out
 
 
@@ -368,6 +382,7 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         described = describe(self.linear.src, input_uops, remote=state.remote)
         self._sources = described.sources
         self._batch = batch_of(described, state.wrapper, self.linear)
+        self._places = mixed_places if self._batch.remote else places
         self._tiny_devices = sorted({b.device for _, _, bufs, _ in self.calls for b in bufs})
         with state.lock:
             state.graphs += 1
@@ -390,7 +405,7 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         self, input_uops: tuple[Any, ...], var_vals: dict[str, int], wait: bool = False
     ) -> float | None:
         return self._state.replay(
-            self._batch, places(self._sources, input_uops), var_vals, self._tiny_devices, wait
+            self._batch, self._places(self._sources, input_uops), var_vals, self._tiny_devices, wait
         )
 
 
@@ -525,7 +540,8 @@ class JitSource:
             written = [
                 k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written
             ]
-        roots = self.batch.wrap_roots(places(self._sources, inputs))
+        where = mixed_places if self.batch.remote else places
+        roots = self.batch.wrap_roots(where(self._sources, inputs))
         for k in written:
             scratch = self._scratch.get(k)
             if scratch is None or scratch.nbytes != roots[k].nbytes:

@@ -582,6 +582,21 @@ class Connection:
             self.transport.queue_now(Frame([encode(Ping(ping_id))]))
             await answered.wait()
 
+    async def round_trip(self) -> float:
+        """Seconds for a Ping to the worker and its Pong back, measured now: what one
+        message each way costs between this process and the worker's, with nothing
+        else in the way (benchmarks set what they measure beside it)."""
+        self.transport.check()
+        ping_id = self.new_id()
+        answered = trio.Event()
+        start = time.perf_counter()
+        self._pings[ping_id] = (start, answered)
+        self.transport.queue_now(Frame([encode(Ping(ping_id))]))
+        await answered.wait()
+        if self.error is not None:
+            raise self.error
+        return time.perf_counter() - start
+
     def _ponged(self, pong: Pong) -> None:
         back = time.perf_counter()
         ping = self._pings.pop(pong.ping, None)
