@@ -440,3 +440,33 @@ async def test_graph_from_jit_runs_a_jit_on_workers(two_workers: Any) -> None:
         want = local(Tensor(_data(70 + seed, 4, 16), device="CPU"))
         assert (await _guarded(out.numpy)).tobytes() == want.numpy().tobytes()
     assert graph.graphs == 1
+
+
+def test_ag_devices_on_workers_that_speak_tls(tmp_path: Path) -> None:
+    trustme = pytest.importorskip(
+        "trustme", reason="the TLS test makes its certificates with trustme"
+    )
+    ca = trustme.CA()
+    ca_file, cert, key = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.private_key_pem.write_to_path(str(key))
+    for pem in leaf.cert_chain_pems:
+        pem.write_to_path(str(cert), append=True)
+    flags = ["--allow-programs", "--tls-cert", str(cert), "--tls-key", str(key)]
+    workers = [start_worker(["CPU:0"], token=TOKEN, extra_args=flags) for _ in range(2)]
+    try:
+        names = [w.devices[0] for w in workers]
+        agt.install(devices=2, remote=names, remote_token=TOKEN, remote_tls_ca=str(ca_file))
+        try:
+            a = _data(80, 16, 16)
+            x = Tensor(a, device="AG")
+            got = ((x @ x).to("AG:1").exp()).numpy()  # the copy goes worker to worker, TLS too
+            assert all(_connection(name).statistics().tls for name in names)
+        finally:
+            agt.uninstall()
+    finally:
+        for worker in workers:
+            worker.kill()
+    local = Tensor(a, device="CPU")
+    assert got.tobytes() == ((local @ local).to("CPU:1").exp()).numpy().tobytes()
