@@ -136,6 +136,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=256 << 20,
         help="bytes of shipped programs one client may keep on this worker (default: 256 MiB)",
     )
+    worker.add_argument(
+        "--max-handshakes",
+        type=int,
+        default=128,
+        metavar="N",
+        help="connections not yet authenticated held at once (at most a quarter of the "
+        "file limit); the oldest is closed to make room (default 128)",
+    )
+    worker.add_argument(
+        "--max-handshakes-per-address",
+        type=int,
+        default=32,
+        metavar="N",
+        help="connections not yet authenticated held at once from one address (default 32)",
+    )
 
     bench = sub.add_parser(
         "bench",
@@ -263,8 +278,13 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "worker":
         from actorgraph.devices.remote.wire import Limits
-        from actorgraph.worker import worker_main
+        from actorgraph.worker import Handshakes, worker_main
 
+        try:
+            handshakes = Handshakes(args.max_handshakes, args.max_handshakes_per_address)
+        except ValueError as exc:
+            print(f"actorgraph worker: {exc}", file=sys.stderr)
+            return 2
         limits = Limits(
             max_tail=args.max_frame,
             max_session_bytes=args.max_client_bytes,
@@ -282,6 +302,7 @@ def _run(args: argparse.Namespace) -> int:
             args.thread_bytes,
             (args.tls_cert, args.tls_key, args.tls_ca),
             args.allow_programs,
+            handshakes,
         )
     return 2  # pragma: no cover - argparse rejects unknown commands
 

@@ -56,3 +56,36 @@ class DeadlockError(ActorGraphError, RuntimeError):
 
 class MissingExtraError(ActorGraphError, ImportError):
     """An optional feature needs a package that is not installed (the message names the extra)."""
+
+
+class ReplayMismatchError(ActorGraphError, RuntimeError):
+    """A checked replay (`open_runtime(check_replays=N)`, `install(check_replays=N)`) left
+    memory other than the reference run of the same work left it.
+
+    `graph` names the graph (or tinygrad batch) and the replay; `item` is the number of
+    the first item, in program order, whose output differs (-1: memory no item writes);
+    `label` its kernel or copy; `buffer` the buffer it wrote; `index` the first element
+    of that buffer that differs (flat, in the buffer's dtype); `got` the replay's value
+    there and `expected` the reference's.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        graph: str,
+        item: int,
+        label: str,
+        buffer: str,
+        index: int,
+        got: object,
+        expected: object,
+    ) -> None:
+        super().__init__(message)
+        self.graph = graph
+        self.item = item
+        self.label = label
+        self.buffer = buffer
+        self.index = index
+        self.got = got
+        self.expected = expected

@@ -316,6 +316,9 @@ class QueueActor:
                 self._current = job
                 await self._run_job(job)
                 self._current = None
+                # Not kept while this task waits: a cancellation's traceback holds this
+                # frame, and the job would hold its ops' memory as long as that does.
+                del job
                 if self._inbox:
                     # Back-to-back jobs: let other tasks run between them.
                     await trio.lowlevel.checkpoint()

@@ -62,6 +62,16 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
             r"--items, --replays, --device and --token-file apply to the built-in benchmark; add --builtin",
         ),
         (("demo", "--replays", "0"), r"actorgraph demo: --replays must be >= 1"),
+        (
+            ("worker", "--max-handshakes", "0"),
+            r"actorgraph worker: --max-handshakes must be >= 1 \(connections not yet "
+            r"authenticated held at once\), got 0",
+        ),
+        (
+            ("worker", "--max-handshakes-per-address", "-3"),
+            r"actorgraph worker: --max-handshakes-per-address must be >= 1 \(connections not "
+            r"yet authenticated held at once from one address\), got -3",
+        ),
         (("demo", "--devices", ","), r"give at least one device, e.g. CPU:0,CPU:1"),
     ],
 )

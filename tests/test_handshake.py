@@ -22,6 +22,7 @@ from _workers import GUARD, TOKEN, runtime
 from actorgraph.devices.remote._transport import RemoteConnectionError
 from actorgraph.devices.remote.frames import HEADER, ConnectionLostError, FrameStream, encode
 from actorgraph.devices.remote.wire import (
+    HANDSHAKE_LIMITS,
     NONCE_BYTES,
     TO_CONNECTOR,
     TO_WORKER,
@@ -78,7 +79,7 @@ async def _stranger(
         # Use the connection as if it were in: allocate, and read back.
         try:
             await worker.send(
-                [encode(["alloc", 1, "CPU:0", 4, "int32"]), encode(["get", 1, [1, 0, [4]]])]
+                [encode(["alloc", 1, "CPU:0", 4, "<i4"]), encode(["get", 1, [1, 0, [4]]])]
             )
             seen["then"], _ = await worker.receive()
         except (ConnectionLostError, OSError):
@@ -252,3 +253,37 @@ async def test_a_peer_of_another_version_is_refused_naming_both(
             x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
             await rt.copyin(x, np.arange(4, dtype=np.int32))
             np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+
+
+async def test_a_client_refuses_a_large_handshake_frame_unread() -> None:
+    # What answers a client is not trusted until it proves the token: a frame larger
+    # than a handshake message is refused at its header, not waited for and held.
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    size = 1 << 20
+
+    async def big_talker() -> None:
+        conn, _ = await listener.accept()
+        await conn.send(HEADER.pack(b"AG", VERSION, size, 0))
+        with trio.move_on_after(GUARD):
+            while await conn.recv(1 << 16):  # until the client hangs up
+                pass
+        conn.close()
+
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(big_talker)
+            port = listener.getsockname()[1]
+            with pytest.raises(
+                RemoteConnectionError,
+                match=re.escape(
+                    f"cannot connect to the worker at 127.0.0.1:{port}: WireError: frame meta "
+                    f"of {size} bytes is outside 1..{HANDSHAKE_LIMITS.max_meta}: a worker's "
+                    f"handshake messages are at most {HANDSHAKE_LIMITS.max_meta} bytes; what "
+                    f"answers there does not speak this version's worker protocol"
+                ),
+            ):
+                async with runtime([f"CPU:0@127.0.0.1:{port}"], remote_timeout=GUARD):
+                    pass
+        listener.close()

@@ -175,7 +175,7 @@ async def _reply(stream: FrameStream) -> list[Any]:
 async def _call(stream: FrameStream, prog_id: int, code_id: int) -> list[Any]:
     """Allocate three buffers, call program `code_id` on them: the batch's report."""
     for handle in (1, 2, 3):
-        await stream.send([encode(["alloc", prog_id * 10 + handle, "CPU:0", 64, "float32"])])
+        await stream.send([encode(["alloc", prog_id * 10 + handle, "CPU:0", 64, "<f4"])])
     refs = [[prog_id * 10 + handle, 0, []] for handle in (1, 2, 3)]
     entries = [
         as_meta(CodeEntry(0, code_id, refs, [16], [4, 1, 1], [1, 1, 1])),

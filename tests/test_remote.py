@@ -105,6 +105,65 @@ async def test_alloc_copy_run_graph(ag_remote_runtime: ag.Runtime) -> None:
         np.testing.assert_array_equal(await rt.copyout(view), [8, 9, 10, 11])
 
 
+@pytest.mark.actorgraph(devices=1)
+async def test_a_dtype_holds_the_same_numbers_on_a_worker(ag_remote_runtime: ag.Runtime) -> None:
+    # A dtype goes to the worker with its byte order: a big-endian buffer's numbers are
+    # the same numbers there, and a view with a dtype of its own reads its own bytes.
+    rt = ag_remote_runtime
+    (r0,) = rt.devices
+    with trio.fail_after(GUARD):
+        for dtype in (">i4", "<i4", ">u2", ">f8", "<f2", ">c8", "|u1"):
+            buf = rt.alloc(r0, 4, dtype)
+            await rt.copyin(buf, np.arange(4, dtype=dtype))
+            await rt.run([ag.Launch(INC, [buf, buf])])
+            got = await rt.copyout(buf)
+            assert got.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got, np.arange(4) + 1)
+        host = np.arange(8, dtype=">i4")
+        buf = rt.alloc(r0, 8, ">i4")
+        await rt.copyin(buf, host)
+        # Bytes 8..16 as four big-endian uint16, and all 32 bytes as little-endian int64.
+        halves = buf.view(byte_offset=8, dtype=">u2", shape=4)
+        longs = buf.view(dtype="<i8")
+        await rt.run([ag.Launch(INC, [halves, halves])])
+        host.view(np.uint8)[8:16].view(">u2")[:] += 1
+        np.testing.assert_array_equal(
+            await rt.copyout(halves), host.view(np.uint8)[8:16].view(">u2")
+        )
+        await rt.run([ag.Launch(INC, [longs, longs])])
+        host.view("<i8")[:] += 1
+        np.testing.assert_array_equal(await rt.copyout(buf), host)
+        with pytest.raises(ag.DeviceError, match=r"dtype >f16 \(>f16\) cannot live on a worker"):
+            rt.alloc(r0, 4, ">f16")
+
+
+async def test_copies_of_a_view_with_its_own_dtype_move_its_own_bytes(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # A view whose dtype is not its allocation's, copied between a worker and this host
+    # and within the worker: each copy moves the view's own bytes (a reference to it
+    # without its dtype once left such a pull waiting forever).
+    r0 = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", r0]) as rt:
+            host = np.arange(64, dtype=np.uint8)
+            raw = rt.alloc(r0, 64, np.uint8)
+            await rt.copyin(raw, host)
+            ints = raw.view(byte_offset=8, dtype=np.int32, shape=4)
+            local = rt.alloc("CPU:0", 4, np.int32)
+            await rt.run([ag.Copy(dst=local, src=ints)])
+            np.testing.assert_array_equal(await rt.copyout(local), host[8:24].view(np.int32))
+            await rt.copyin(local, np.array([-1, 7, 1 << 20, 3], np.int32))
+            back = raw.view(byte_offset=32, dtype=np.int32, shape=4)
+            await rt.run([ag.Copy(dst=back, src=local)])
+            want = host.copy()
+            want[32:48] = np.array([-1, 7, 1 << 20, 3], np.int32).view(np.uint8)
+            np.testing.assert_array_equal(await rt.copyout(raw), want)
+            same = rt.alloc(r0, 4, np.int32)
+            await rt.run([ag.Copy(dst=same, src=ints)])
+            np.testing.assert_array_equal(await rt.copyout(same), host[8:24].view(np.int32))
+
+
 async def test_one_round_trip_per_replay(ag_remote_runtime: ag.Runtime) -> None:
     rt = ag_remote_runtime
     r0, r1 = rt.devices

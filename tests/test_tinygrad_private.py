@@ -215,3 +215,48 @@ def test_compiled_function_is_the_loaded_cpu_program() -> None:
     assert getattr(_private.compiled_function(runner), "fxn", None) is not None, changed(
         "CompiledRunner._prg", "compiled_function", "call a kernel's C function directly"
     )
+
+
+def test_watch_cpu_memory_tells_what_tinygrad_lets_go_of() -> None:
+    import gc
+
+    from tinygrad import dtypes
+    from tinygrad.helpers import Context
+
+    seen: list[tuple[str, str, int, int]] = []
+    armed = [True]  # the hooks stay for good: record only while this test runs
+
+    def record(kind: str) -> Any:
+        return lambda device, address, nbytes: (
+            armed[0] and seen.append((kind, device, address, nbytes))
+        )
+
+    _private.watch_cpu_memory(record("deallocated"), record("released"))
+    why = "let go of wrappers of memory tinygrad freed"
+    try:
+        for lru in (1, 0):
+            with Context(LRU=lru):
+                t = Tensor(np.arange(1000, dtype=np.float32), device="CPU:1").realize()
+                address = _private.buffer_address(t.uop.base.buffer)
+                Device["CPU:1"].synchronize()  # 0.11: no queued work may use it once freed
+                del t
+                gc.collect()
+            told = {kind for kind, *place in seen if place == ["CPU:1", address, 4000]}
+            want = {"deallocated"} if lru else {"deallocated", "released"}
+            assert told == want, changed(
+                f"how a CPU buffer is freed (LRU={lru}: told {told})", "watch_cpu_memory", why
+            )
+        memory = np.zeros(10, np.float32)
+        blob = Tensor.from_blob(memory.ctypes.data, (10,), dtype=dtypes.float32, device="CPU")
+        (blob + 1).realize()
+        Device["CPU"].synchronize()
+        del blob
+        gc.collect()
+        told = {kind for kind, *place in seen if place == ["CPU", memory.ctypes.data, 40]}
+        assert told == {"deallocated", "released"}, changed(
+            f"how a buffer over memory it does not own is freed (told {told})",
+            "watch_cpu_memory",
+            why,
+        )
+    finally:
+        armed[0] = False

@@ -40,7 +40,13 @@ SUPPORTED_VERSIONS = tuple(SUPPORTED)
 ActorGraph: Any = _adapter.ActorGraph
 
 
-def install(*, devices: int = 16, remote: Sequence[str] | None = None, **options: Any) -> None:
+def install(
+    *,
+    devices: int = 16,
+    remote: Sequence[str] | None = None,
+    check_replays: int = 0,
+    **options: Any,
+) -> None:
     """Make actorgraph the graph runner of every tinygrad CPU device, open or opened later,
     and (tinygrad 0.14) the workers' devices tinygrad devices.
 
@@ -57,10 +63,14 @@ def install(*, devices: int = 16, remote: Sequence[str] | None = None, **options
             in this order; None reads them from the environment variable
             `ACTORGRAPH_REMOTE` (comma-separated), and the token from
             `ACTORGRAPH_TOKEN_FILE` unless `remote_token_file=` is given.
+        check_replays: the first N replays of every graphed batch also run the batch the
+            way tinygrad runs it itself, on shadow copies of the memory they touch, and a
+            difference raises `ag.ReplayMismatchError` naming the call and the first
+            differing element (see `statistics().checked`).
 
     Raises:
-        UsageError: a bad device count or remote name, or remote devices on tinygrad
-            0.11 (which keeps its own REMOTE device).
+        UsageError: a bad device count, check_replays or remote name, or remote devices
+            on tinygrad 0.11 (which keeps its own REMOTE device).
         ClosedError: a worker could not be reached (the message says why).
     """
     names = _remote_from(remote)
@@ -74,8 +84,10 @@ def install(*, devices: int = 16, remote: Sequence[str] | None = None, **options
                 f"'actorgraph[tinygrad]' (tinygrad 0.14.0)"
             )
         register = _adapter.register_remote
+    runners = (_adapter.ActorGraph, _adapter.CheckedActorGraph)
+    options = {"check_replays": check_replays, **options}
     _install.install(
-        _adapter.ActorGraph, _adapter.ORDERING, _adapter.VERSION, devices, options, names, register
+        runners, _adapter.ORDERING, _adapter.VERSION, devices, options, names, register
     )
 
 

@@ -22,7 +22,7 @@ from .._buffer import Buffer
 from .._errors import InputError
 from .._kernel import Item
 from .._vars import Var
-from ._convert import Call, Root, Wrapper, build_items, regions_of
+from ._convert import Call, KernelCall, Root, Wrapper, build_items, regions_of
 
 
 class Batch:
@@ -49,6 +49,19 @@ class Batch:
         # Whether Root.nbytes is each root's largest size (else: the capture's size).
         self.sizes_known = sizes_known
         self.keep = keep  # what the calls' code and memory belong to (tinygrad's objects)
+        # The bases of this host's memory the jit holds: (device, address, nbytes), each
+        # once (a worker's, on an AG device, is its AGMemory, Region.memory).
+        self._held = {
+            (r.device, r.address, r.base_nbytes)
+            for call in self.calls
+            for r in regions_of(call)
+            if r.root < 0 and r.memory is None
+        }
+        # The wrappers of that memory the newest plan uses, and whether tinygrad let go
+        # of any (as of the Wrapper's count of such wrappers let go of, `_checked`).
+        self._held_bufs: list[Buffer] = []
+        self._checked = 0
+        self._stale = False
         self.graph: Any = None
         self.limits: tuple[int, ...] = ()
         self.plans = 0
@@ -58,6 +71,21 @@ class Batch:
         # host's CPU devices (tinygrad's own memory). Worked out once: a replay reads them.
         self.remote = any("@" in name for name in names)
         self.local = any("@" not in name for name in names)
+        self.checked = 0  # replays checked (install(check_replays=N))
+
+    def take_check(self, limit: int) -> int:
+        """The number of this replay among the batch's checked ones (1, 2, ...), or 0
+        when `limit` replays have been checked already."""
+        if self.checked >= limit:
+            return 0
+        self.checked += 1
+        return self.checked
+
+    def describe(self) -> str:
+        """The batch as a message names it: its size and first kernels."""
+        names = [c.kernel.name if isinstance(c, KernelCall) else "copy" for c in self.calls]
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return f"tinygrad batch of {len(names)} calls ({shown}) on {', '.join(self.devices)}"
 
     @property
     def devices(self) -> list[str]:
@@ -69,10 +97,10 @@ class Batch:
     def wrap_roots(self, places: Sequence[tuple[Any, int]]) -> list[Buffer]:
         """This call's roots, as (address, nbytes) per root, wrapped (a root on a
         worker's device: (its AGMemory, nbytes), its Buffer)."""
-        base = self.wrapper.base
+        wrap = self.wrapper.root
         runtime = self.wrapper.runtime
         return [
-            key.buffer(runtime) if root.remote else base(root.device, key, nbytes)
+            key.buffer(runtime) if root.remote else wrap(root.device, key, nbytes)
             for root, (key, nbytes) in zip(self.roots, places)
         ]
 
@@ -86,9 +114,15 @@ class Batch:
                 return None
         return graph
 
-    def plan(self, roots: Sequence[Buffer]) -> tuple[list[Item], list[int]]:
-        """Items over these roots and the root limits to compile them with (max_sizes,
-        in bytes); then keep() the compiled graph."""
+    def plan(self, roots: Sequence[Buffer]) -> tuple[list[Item], list[Buffer], list[int]]:
+        """(items, inputs, limits) to compile: the items over `inputs`, which are these
+        roots, and the root limits (max_sizes, in bytes); then keep() the compiled graph.
+
+        A root in memory the jit holds itself (a call passing its weight or its state)
+        would make the jit's own uses of that memory part of the input for every later
+        call: such a root is planned as memory of its own instead (`Wrapper.placeholder`),
+        and the call with it aliases the jit's memory, which the graph plans for
+        (aliasing="replan")."""
         limits = []
         for k, (buf, root) in enumerate(zip(roots, self.roots)):
             limit = max(buf.nbytes, root.nbytes)
@@ -102,7 +136,32 @@ class Batch:
                     f"was captured for at most {root.nbytes}; pass the inputs it was captured for"
                 )
             limits.append(max(limit, 1))
-        return build_items(self.calls, roots, self.wrapper), limits
+        inputs = list(roots)
+        for k, given in enumerate(roots):
+            if self._held_overlaps(given):
+                inputs[k] = self.wrapper.placeholder(given.device, limits[k])
+        items = build_items(self.calls, inputs, self.wrapper)
+        self._held_bufs = [self.wrapper.held(*key) for key in self._held]
+        return items, inputs, limits
+
+    def stale(self) -> bool:
+        """Whether tinygrad let go of memory this batch's jit held since it was planned
+        (`free_intermediates()`, a buffer deallocated): its plan must never run again,
+        and its calls must be read again from the jit."""
+        freed = self.wrapper.held_freed
+        if freed != self._checked:
+            self._checked = freed
+            self._stale = self._stale or any(buf.freed for buf in self._held_bufs)
+        return self._stale
+
+    def _held_overlaps(self, root: Buffer) -> bool:
+        """Whether `root` shares bytes with memory the jit holds (its calls' regions
+        outside the roots, each a base of the jit's)."""
+        start, stop = root.byte_range
+        for device, address, nbytes in self._held:
+            if device == root.device and address < stop and start < address + nbytes:
+                return True
+        return False
 
     def keep_plan(self, graph: Any, limits: Sequence[int]) -> None:
         self.graph = graph

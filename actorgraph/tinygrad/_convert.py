@@ -14,6 +14,7 @@ This module imports no tinygrad.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -21,9 +22,11 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .._background import BackgroundRuntime
 from .._buffer import Buffer
 from .._errors import InputError, UsageError
 from .._kernel import Copy, Item, Kernel, Launch
+from .._runtime import Runtime
 from .._vars import Var
 
 U8 = np.dtype(np.uint8)
@@ -96,33 +99,98 @@ class Root:
     remote: bool = False
 
 
+Key = tuple[str, int, int]  # (actorgraph device, address, nbytes) of a tinygrad base buffer
+
+
 class Wrapper:
     """Host memory tinygrad owns, as actorgraph buffers of one runtime (`rt.wrap`).
 
     Bases are wrapped as bytes by (device, address, size), cached, so a buffer tinygrad
     hands out again at the same place maps to the same Buffer, whose bound replays a
-    graph keeps. Thread-safe: a miss may wrap twice, and both wrappers alias by address.
+    graph keeps: the memory of a call's inputs (`root`, the latest `limit` kept) and the
+    memory a jit holds (`held`: its weights, its arena; kept while tinygrad keeps it).
+
+    A wrapper lives no longer than tinygrad's hold on its memory: tinygrad's frees are
+    recorded as they happen (`deallocated`, `released`, from any thread) and the
+    wrappers of that memory let go of (`forget_freed`, by whoever uses the Wrapper, at
+    the start of a call: `free` them, the runtime's `free` by default), so memory that
+    tinygrad hands out again, on another device say, is wrapped anew, and a graph over a
+    jit's memory that tinygrad let go of is never run again on it. Used by one thread at
+    a time (install's lock, or the trio program's thread).
     """
 
-    def __init__(self, runtime: Any, limit: int = 256) -> None:
+    def __init__(
+        self,
+        runtime: Runtime | BackgroundRuntime,
+        free: Callable[[Buffer], None] | None = None,
+        limit: int = 256,
+    ) -> None:
         self.runtime = runtime  # a Runtime, or a BackgroundRuntime (the trio path's)
-        self._bases: dict[tuple[str, int, int], Buffer] = {}
+        self._free = runtime.free if free is None else free
+        self._roots: dict[Key, Buffer] = {}
+        self._held: dict[Key, Buffer] = {}
         self._limit = limit
+        self._freed: collections.deque[Key] = collections.deque()
+        # Wrappers of a jit's memory let go of so far (a graph that used one is stale).
+        self.held_freed = 0
 
-    def base(self, device: str, address: int, nbytes: int) -> Buffer:
+    def root(self, device: str, address: int, nbytes: int) -> Buffer:
+        """A wrapper of an input's memory."""
         key = (device, address, nbytes)
-        found = self._bases.get(key)
+        found = self._roots.get(key)
         if found is not None:
             return found
-        wrapped: Buffer = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
-        bases = self._bases
-        if len(bases) >= self._limit:
-            try:
-                del bases[next(iter(bases))]  # the oldest; wrapped again if seen again
-            except (KeyError, StopIteration, RuntimeError):
-                pass  # another thread took it first
-        bases[key] = wrapped
+        wrapped = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
+        roots = self._roots
+        if len(roots) >= self._limit:
+            oldest = next(iter(roots))
+            self._let_go(roots.pop(oldest))  # wrapped again if seen again
+        roots[key] = wrapped
         return wrapped
+
+    def held(self, device: str, address: int, nbytes: int) -> Buffer:
+        """A wrapper of memory the jit holds."""
+        key = (device, address, nbytes)
+        found = self._held.get(key)
+        if found is None:
+            found = self._held[key] = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
+        return found
+
+    def deallocated(self, key: Key) -> None:
+        """tinygrad deallocated the base buffer at `key`: memory a jit held is not the
+        jit's any more (its allocator may hand it to the next buffer of that size).
+        Records only (any thread, garbage collection included)."""
+        if key in self._held:
+            self._freed.append(key)
+
+    def released(self, key: Key) -> None:
+        """The memory at `key` is not tinygrad's any more: the next buffer there may be
+        another device's. Records only (any thread, garbage collection included)."""
+        if key in self._roots or key in self._held:
+            self._freed.append(key)
+
+    def forget_freed(self) -> None:
+        """Let go of the wrappers of memory tinygrad freed since the last call."""
+        freed = self._freed
+        while freed:
+            key = freed.popleft()
+            root = self._roots.pop(key, None)
+            if root is not None:
+                self._let_go(root)
+            held = self._held.pop(key, None)
+            if held is not None:
+                self.held_freed += 1
+                self._let_go(held)
+
+    def _let_go(self, buf: Buffer) -> None:
+        if not buf.freed and not self.runtime.closed:
+            self._free(buf)
+
+    def placeholder(self, device: str, nbytes: int) -> Buffer:
+        """A buffer of `nbytes` on `device` in memory of its own, which nothing else
+        uses: what a graph is planned with for an input that must not be taken for
+        memory the jit holds (see Batch.plan). Its pages are mapped only if written."""
+        return self.runtime.wrap(device, np.zeros(nbytes, np.uint8), dtype=U8)
 
 
 def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> Buffer:
@@ -133,7 +201,7 @@ def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> 
     elif region.memory is not None:
         base = region.memory.buffer(wrapper.runtime)
     else:
-        base = wrapper.base(region.device, region.address, region.base_nbytes)
+        base = wrapper.held(region.device, region.address, region.base_nbytes)
     if region.offset == 0 and region.nbytes == base.nbytes:
         return base
     return base.view(region.offset, region.nbytes)

@@ -35,9 +35,11 @@ from .._graph import Replay
 from .._runtime import Runtime
 from ..remote import WorkerCPU
 from ._batch import Batch
+from ._check import Reference, TinyCheck
 from ._convert import Wrapper
 from ._pending import Pending, ReplayRecord
 from ._private import patch_cpu_devices, patched_devices
+from ._watch import watched
 
 
 class Ordering(Protocol):
@@ -80,6 +82,7 @@ class TinygradStatistics:
     devices: tuple[str, ...]
     remote: tuple[str, ...] = ()
     flushes: int = 0
+    checked: int = 0
 
 
 class Installed:
@@ -100,7 +103,7 @@ class Installed:
         self.pending = Pending(runtime, remote)
         self.ordering = ordering
         self.version = version
-        self.wrapper = Wrapper(runtime.runtime)
+        self.wrapper = watched(Wrapper(runtime.runtime, free=runtime.free_now))
         # Held by every replay and plan, and by uninstall(): see the module's docstring.
         self.lock = threading.RLock()
         self.graphs = 0
@@ -109,6 +112,11 @@ class Installed:
         self.handed_off = 0
         self.restore: Callable[[], None] | None = None
         self.unregister: Callable[[], None] | None = None
+        # install(check_replays=N): each batch's first N replays are checked, through
+        # the release's checked runner (which calls replay_checked); 0: none, and the
+        # plain runner, which knows nothing of checks.
+        self.check_replays = 0
+        self.checked = 0
 
     def check_usable(self) -> None:
         if _installed is not self or self.runtime.closed:
@@ -133,6 +141,14 @@ class Installed:
         with self.lock:
             if _installed is not self:
                 self.check_usable()
+            wrapper = self.wrapper
+            wrapper.forget_freed()
+            if wrapper.held_freed and batch.stale():
+                raise UsageError(
+                    "tinygrad freed memory this jit's batch holds (free_intermediates(), or "
+                    "a buffer of it deallocated) while its runner stayed: capture the jit "
+                    "again (jit.reset())"
+                )
             roots = batch.wrap_roots(places)
             graph = batch.graph_for(roots)
             if graph is None:
@@ -174,8 +190,8 @@ class Installed:
         roots = batch.wrap_roots(places)
         graph = batch.graph_for(roots)
         if graph is None:
-            items, limits = batch.plan(roots)
-            graph = await runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+            items, inputs, limits = batch.plan(roots)
+            graph = await runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
             batch.keep_plan(graph, limits)
             with self.lock:
                 self.plans += 1
@@ -191,12 +207,49 @@ class Installed:
 
     def _plan(self, batch: Batch, roots: Sequence[Any]) -> Any:
         self.check_usable()
-        items, limits = batch.plan(roots)
-        graph = self.runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+        items, inputs, limits = batch.plan(roots)
+        graph = self.runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
         planned = graph.result()
         batch.keep_plan(planned, limits)
         self.plans += 1
         return planned
+
+    def replay_checked(
+        self,
+        batch: Batch,
+        places: Sequence[tuple[int, int]],
+        given: Mapping[Any, int],
+        tiny_devices: Sequence[str],
+        wait: bool,
+        reference: Callable[[], Reference],
+    ) -> float | None:
+        """`replay`, checked while the batch has had fewer than `check_replays` checked
+        replays (see _check): `reference()` is the batch as tinygrad runs it."""
+        number = batch.take_check(self.check_replays)
+        if not number:
+            return self.replay(batch, places, given, tiny_devices, wait)
+        start = time.perf_counter() if wait else 0.0
+        with self.lock:
+            if _installed is not self:
+                self.check_usable()
+            roots = batch.wrap_roots(places)
+            graph = batch.graph_for(roots)
+            if graph is None:
+                graph = self._plan(batch, roots)
+            values = batch.values(given, "this jit") if batch.variables else None
+            self.replays += 1
+            self.checked += 1
+            check = TinyCheck(f"checked replay {number} of a {batch.describe()}", reference())
+
+            def run() -> None:
+                check.around(lambda: self._run(graph, roots, values))
+
+            if self.ordering.queues:
+                self.ordering.replay(tiny_devices, run)
+            else:
+                run()
+            check.verdict()
+        return time.perf_counter() - start if wait else None
 
     def check_devices(self, devices: Sequence[str]) -> bool:
         """Whether every (actorgraph) device is one this runtime opened."""
@@ -225,7 +278,7 @@ def current() -> Installed | None:
 
 
 def install(
-    runner: Callable[..., Any],
+    runners: tuple[Callable[..., Any], Callable[..., Any]],
     ordering: Ordering,
     version: str,
     devices: int,
@@ -233,12 +286,22 @@ def install(
     remote: Sequence[str] = (),
     register: Callable[[Installed], Callable[[], None]] | None = None,
 ) -> None:
+    """Install `runners[0]` (or `runners[1]`, the checked runner, with a check_replays
+    option > 0) as every tinygrad CPU device's graph runner, on a new background
+    runtime opened with the other options."""
     global _installed
     with _install_lock:
         if _installed is not None:
             return
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise UsageError(f"install(devices=N) needs an int N >= 1, got {devices!r}")
+        options = dict(options)
+        checks = options.pop("check_replays", 0)
+        if isinstance(checks, bool) or not isinstance(checks, int) or checks < 0:
+            raise UsageError(
+                f"install(check_replays=N) needs an int N >= 0 (how many replays of each "
+                f"batch to check against tinygrad running it), got {checks!r}"
+            )
         # Every kernel on the caller's thread, as tinygrad runs its own, unless asked
         # otherwise: a kernel on a worker thread sends the whole replay through the
         # runtime's thread, a hop a kernel big enough to need a thread rarely repays
@@ -246,6 +309,7 @@ def install(
         options = {"cpu_thread_bytes": INLINE_BYTES, **options}
         runtime = start_runtime([*(f"CPU:{i}" for i in range(devices)), *remote], **options)
         state = Installed(runtime, devices, ordering, version, remote)
+        state.check_replays = checks
         try:
             for i in range(devices):
                 # Wrapped memory of each device shares one address space: made once
@@ -256,7 +320,7 @@ def install(
         except BaseException:
             runtime.close()
             raise
-        state.restore = patch_cpu_devices(runner)
+        state.restore = patch_cpu_devices(runners[1] if checks else runners[0])
         _installed = state
 
 
@@ -298,4 +362,5 @@ def statistics() -> TinygradStatistics:
         devices=tuple(patched_devices(state.restore)),
         remote=state.remote,
         flushes=state.pending.flushes,
+        checked=state.checked,
     )

@@ -15,7 +15,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from tinygrad.device import Device
+from tinygrad.device import Buffer, Device
 from tinygrad.runtime import ops_cpu
 
 # -- memory --
@@ -34,6 +34,40 @@ def buffer_memory(buf: Any) -> Any:
 def buffer_base(buf: Any) -> Any:
     """The base buffer a tinygrad Buffer views, or None when it is a base."""
     return buf._base
+
+
+def watch_cpu_memory(
+    deallocated: Callable[[str, int, int], None], released: Callable[[str, int, int], None]
+) -> None:
+    """Tell what tinygrad does with the host memory of its CPU devices, as (tinygrad
+    device, address, nbytes) of a base buffer: `deallocated` when a buffer is
+    deallocated (tinygrad stops using its memory, which its allocator may keep for the
+    next buffer of that size on that device: LRU), `released` when the memory stops
+    being tinygrad's at all (the allocator frees it, or a buffer over memory it does
+    not own, `Tensor.from_blob`, is deallocated). Called on whichever thread frees the
+    buffer (garbage collection included), so both must only record. For good: call once.
+    """
+    allocator = ops_cpu.CPUAllocator
+    inherited_free = allocator._free
+    deallocate = Buffer.deallocate
+
+    def free(self: Any, buf: Any, *args: Any, **kwargs: Any) -> Any:
+        released(self.dev.device, int(buf.va_addr), int(buf.size))
+        return inherited_free(self, buf, *args, **kwargs)
+
+    def deallocate_base(self: Any) -> None:
+        if self._base is None and self.device.partition(":")[0] == "CPU" and self.is_allocated():
+            address, nbytes = buffer_address(self), self.nbytes
+            deallocate(self)
+            deallocated(self.device, address, nbytes)
+            options = self.options
+            if options is not None and options.external_ptr is not None:
+                released(self.device, address, nbytes)
+        else:
+            deallocate(self)
+
+    allocator._free = free
+    Buffer.deallocate = deallocate_base
 
 
 # -- devices --

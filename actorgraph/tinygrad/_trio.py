@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Any
 
 import trio
@@ -15,6 +16,7 @@ from .._vars import Var
 from ._batch import Batch
 from ._convert import Wrapper
 from ._version import adapter_for, installed_version
+from ._watch import watched
 
 _adapter: Any = importlib.import_module(f"{__package__}.{adapter_for(installed_version())}")
 
@@ -35,7 +37,7 @@ class JitGraph:
     ) -> None:
         self.runtime = runtime
         self.jit = jit
-        self._wrapper = Wrapper(runtime)
+        self._wrapper = _wrapper_of(runtime)
         # Every call kind and captured buffer is checked now, not on the first call.
         self._source = _adapter.JitSource(jit, self._wrapper)
         self._verify = verify
@@ -67,11 +69,12 @@ class JitGraph:
     async def _prepare(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[Var, int]]:
+        self._wrapper.forget_freed()
         batch, roots, given = await self._source.prepare(self.runtime, args, kwargs)
         if batch.graph_for(roots) is None:
-            items, limits = batch.plan(roots)
+            items, inputs, limits = batch.plan(roots)
             graph = await self.runtime.compile(
-                items, inputs=roots, max_sizes=limits, verify=self._verify, aliasing="replan"
+                items, inputs=inputs, max_sizes=limits, verify=self._verify, aliasing="replan"
             )
             batch.keep_plan(graph, limits)
         return batch, roots, batch.values(given, f"{self._source.name}")
@@ -98,6 +101,20 @@ class JitGraph:
                 timeline.advance(value)
             raise
         return self._source.ret
+
+
+# One Wrapper per runtime, shared by its JitGraphs: memory tinygrad frees and hands out
+# again, on another device say, must be let go of by whichever JitGraph wrapped it.
+_wrappers: weakref.WeakKeyDictionary[Runtime | BackgroundRuntime, Wrapper] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _wrapper_of(runtime: Runtime | BackgroundRuntime) -> Wrapper:
+    found = _wrappers.get(runtime)
+    if found is None:
+        found = _wrappers[runtime] = watched(Wrapper(runtime))
+    return found
 
 
 async def _replays_done(graph: Graph) -> None:

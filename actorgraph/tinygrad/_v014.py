@@ -29,7 +29,13 @@ from typing import Any
 import attrs
 from tinygrad.device import Device, MultiBuffer
 from tinygrad.engine.jit import MultiGraphRunner
-from tinygrad.engine.realize import get_call_arg_uops, get_runtime, resolve_params, unwrap_multi
+from tinygrad.engine.realize import (
+    get_call_arg_uops,
+    get_runtime,
+    resolve_params,
+    run_linear,
+    unwrap_multi,
+)
 from tinygrad.helpers import to_tuple
 from tinygrad.tensor import Tensor
 from tinygrad.uop.ops import Ops, UOp, buffers
@@ -37,6 +43,7 @@ from tinygrad.uop.ops import Ops, UOp, buffers
 from .._errors import ClosedError, InputError, UsageError
 from .._vars import Var
 from ._batch import Batch
+from ._check import TinyCall
 from ._convert import (
     U8,
     Call,
@@ -133,26 +140,27 @@ class Described:
     programs: list[Any] = attrs.field(factory=list)
 
 
-class _Reader:
-    """Reads CALLs against one set of input UOps (`inputs`: slot -> UOp)."""
+def stand_ins(inputs: Sequence[Any]) -> list[Any]:
+    """A fresh buffer UOp like each input (never allocated), to read a jit's calls
+    against. The jit's own record says which arguments are its inputs: a PARAM of an
+    input slot (or a view of one) resolves to that slot's stand-in, and nothing else
+    can, while a buffer the jit holds stays its own even when the very same buffer is
+    what a call passes (its weight, its state)."""
+    return [UOp.new_buffer(u.device, u.max_numel(), u.dtype) for u in inputs]
 
-    def __init__(
-        self,
-        inputs: Sequence[Any],
-        held: dict[int, Any] | None = None,
-        remote: Sequence[str] = (),
-    ) -> None:
+
+class _Reader:
+    """Reads CALLs against stand-ins for a call's inputs (`inputs`: slot -> UOp, see
+    stand_ins), which no call uses but through the jit's input slots."""
+
+    def __init__(self, inputs: Sequence[Any], remote: Sequence[str] = ()) -> None:
         self.inputs = tuple(inputs)
         self.remote = tuple(remote)  # the worker devices of AG, AG:1, ...
         self.out = Described()
         # base Buffer (they hash by identity) -> [(slot, lane, lane Buffer)] of the
-        # inputs' lanes. Inputs in `held` are the jit's own memory instead (a copy it
-        # makes of them).
+        # inputs' lanes.
         self._lanes: dict[Any, list[tuple[int, int, Any]]] = {}
-        held = held or {}
         for slot, uop in enumerate(self.inputs):
-            if slot in held:
-                continue
             buf = uop.buffer
             lanes = buf.bufs if isinstance(buf, MultiBuffer) else [buf]
             for lane, lane_buf in enumerate(lanes):
@@ -160,6 +168,11 @@ class _Reader:
                 self._lanes.setdefault(_base_of(lane_buf), []).append(entry)
         self._root_of: dict[tuple[int, int], int] = {}
         self._kernels: dict[tuple[str, bytes], Any] = {}
+
+    def _ready(self, buf: Any) -> Any:
+        """`buf`, allocated as tinygrad's own call would, unless it lies in an input's
+        stand-in (its memory is each call's input)."""
+        return buf if _base_of(buf) in self._lanes else buf.ensure_allocated()
 
     def region(self, buf: Any, what: str, whole: bool = True) -> Region:
         """Where `buf` lies; `whole`: an argument that is a whole input covers all of it
@@ -201,7 +214,7 @@ class _Reader:
         what = f"call {number}"
         if ast.op is Ops.COPY:
             for bufs, _ in unwrap_multi(call, resolved):
-                dst, src = bufs[0].ensure_allocated(), bufs[1].ensure_allocated()
+                dst, src = self._ready(bufs[0]), self._ready(bufs[1])
                 dst_region = self.region(dst, what, whole=False)
                 src_region = attrs.evolve(self.region(src, what, whole=False), nbytes=dst.nbytes)
                 self.out.calls.append(CopyCall(dst_region, src_region))
@@ -211,7 +224,7 @@ class _Reader:
         lanes = unwrap_multi(call, [resolved[i] for i in info.globals])
         for device, (bufs, device_vars) in zip(devices, lanes):
             kernel = self._kernel(device, ast)
-            regions = tuple(self.region(b.ensure_allocated(), what) for b in bufs)
+            regions = tuple(self.region(self._ready(b), what) for b in bufs)
             # Machine code on a worker is called once per core there: it needs the count.
             dims = (int(info.global_size[0]), 1, 1) if kernel.code is not None else None
             values: list[Var | int] = []
@@ -300,13 +313,10 @@ def flatten(linear: Any) -> list[Any]:
     return calls
 
 
-def describe(
-    calls: Sequence[Any],
-    inputs: Sequence[Any],
-    held: dict[int, Any] | None = None,
-    remote: Sequence[str] = (),
-) -> Described:
-    reader = _Reader(inputs, held, remote)
+def describe(calls: Sequence[Any], inputs: Sequence[Any], remote: Sequence[str] = ()) -> Described:
+    """`calls` read against stand-ins for `inputs` (a call's input UOps): see stand_ins;
+    `remote`: the worker devices of AG, AG:1, ..."""
+    reader = _Reader(stand_ins(inputs), remote)
     for number, call in enumerate(calls):
         reader.read(number, call)
     return reader.out
@@ -406,6 +416,58 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
     ) -> float | None:
         return self._state.replay(
             self._batch, self._places(self._sources, input_uops), var_vals, self._tiny_devices, wait
+        )
+
+
+class Reference:
+    """One replay's batch as tinygrad 0.14 runs it, for install(check_replays=N): each
+    CALL resolved against the replay's input UOps as its own `exec_kernel` and
+    `exec_copy` resolve it, one lane per device."""
+
+    def __init__(self, calls: Sequence[Any], input_uops: Sequence[Any], var_vals: Any) -> None:
+        self._var_vals = dict(var_vals)
+        self._lanes: list[tuple[TinyCall, Any, dict[str, int]]] = []
+        inputs = tuple(input_uops)
+        for number, call in enumerate(calls):
+            ast = call.src[0]
+            if ast.op is Ops.COPY:
+                name, outs = "copy", (0,)
+            else:
+                name, outs = ast.arg.function_name, tuple(ast.arg.outs)
+            for bufs, device_vars in unwrap_multi(call, resolve_params(call, inputs)):
+                lane = [b.ensure_allocated() for b in bufs]
+                self._lanes.append((TinyCall(number, name, lane, outs), call, device_vars))
+
+    def calls(self) -> list[TinyCall]:
+        return [tiny for tiny, _, _ in self._lanes]
+
+    def run(self, shadow: Any) -> None:
+        """tinygrad's run_linear over each lane's CALL with its buffers swapped for
+        their shadows (CPU devices run it inline: done when it returns)."""
+        for tiny, call, device_vars in self._lanes:
+            bufs = iter(tiny.bufs)
+            args = [
+                s if s.is_bound_var else UOp.from_buffer(shadow(next(bufs))) for s in call.src[1:]
+            ]
+            linear = UOp(Ops.LINEAR, src=(call.replace(src=(call.src[0], *args)),))
+            run_linear(linear, {**self._var_vals, **device_vars}, update_stats=False, jit=True)
+
+
+class CheckedActorGraph(ActorGraph):
+    """The runner while install(check_replays=N) is on: a replay also hands install() the
+    batch as tinygrad runs it, for the check."""
+
+    def __call__(
+        self, input_uops: tuple[Any, ...], var_vals: dict[str, int], wait: bool = False
+    ) -> float | None:
+        calls = self.linear.src
+        return self._state.replay_checked(
+            self._batch,
+            places(self._sources, input_uops),
+            var_vals,
+            self._tiny_devices,
+            wait,
+            lambda: Reference(calls, input_uops, var_vals),
         )
 
 
@@ -520,26 +582,15 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._check(args, kwargs)
-        written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
+        if self.batch is not None and self.batch.stale():
+            self.batch = None  # tinygrad let go of memory the jit held: read it again
         if self.batch is None:
-            # Read the calls against stand-ins for inputs that are the jit's own written
-            # memory (its output passed back in, say): the jit copies those first, so
-            # they are roots like any input, never its own memory.
-            stand_ins = [
-                UOp.new_buffer(u.device, u.max_numel(), u.dtype) if u in self._written else u
-                for u in inputs
-            ]
-            for u, stand_in in zip(inputs, stand_ins):
-                if stand_in is not u:
-                    buf = stand_in.buffer
-                    for lane in buf.bufs if isinstance(buf, MultiBuffer) else [buf]:
-                        lane.ensure_allocated()
-            described = describe(self._calls, stand_ins, remote=self._remote)
+            described = describe(self._calls, inputs, remote=self._remote)
             self._sources = described.sources
-            self.batch = batch_of(described, self._wrapper, (self._captured, stand_ins))
-            written = [
-                k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written
-            ]
+            self.batch = batch_of(described, self._wrapper, self._captured)
+        # Inputs that are memory the jit writes (its output passed back in, say) are
+        # copied first, as TinyJit copies them, so they are roots like any input.
+        written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
         where = mixed_places if self.batch.remote else places
         roots = self.batch.wrap_roots(where(self._sources, inputs))
         for k in written:

@@ -108,6 +108,14 @@ class Batches:
         for sub in list(self.running):
             sub.fail(-1, "worker", ConnectionError("the client went away"))
 
+    def release(self) -> None:
+        """The client is gone and its batches failed (`abandon`): forget the programs
+        checked together and the bytes read ahead for them."""
+        self._seen_sets.clear()
+        self.client_bases.clear()
+        self._early.clear()
+        self.early_bytes = 0
+
     # -- a batch, as it arrives --
 
     def run(self, batch: Batch) -> None:

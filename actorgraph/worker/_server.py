@@ -24,8 +24,9 @@ challenge with the same token (the workers of a runtime share it; a worker witho
 serves loopback only, as for clients) and can then only read allocations named by a
 ticket (an HMAC under the owning session's key, which only that client knows).
 
-This module accepts connections, has them answer the handshake (_handshake.py) and routes
-their frames: one client's state and requests are a `Session` (_session.py), what this
+This module accepts connections, holds those not yet authenticated within the bounds of
+`Admission` (_admission.py: the oldest shed, accept backing off where files run out), has
+them answer the handshake (_handshake.py) and routes their frames: one client's state and requests are a `Session` (_session.py), what this
 worker answers another on a link it opened is a `Link` (_links.py), and the links this
 worker opens to other workers are `Peers` (_peers.py). Every message is one of
 actorgraph/devices/remote/wire.py, decoded and checked there.
@@ -33,6 +34,7 @@ actorgraph/devices/remote/wire.py, decoded and checked there.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import socket
@@ -41,6 +43,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from actorgraph.devices import Resumer
@@ -71,7 +74,8 @@ from .._errors import ActorGraphError
 from .._groups import sole_exception
 from .._kernel import Kernel
 from .._runtime import Runtime, open_runtime
-from ._handshake import challenge
+from ._admission import BACKOFF_S, SHORT_OF_FILES, Admission, RareLog, Stranger
+from ._handshake import HANDSHAKE_TIMEOUT_S, Greeted, challenge
 from ._kernels import load_kernels
 from ._links import serve_link
 from ._lowered import Refused
@@ -87,10 +91,32 @@ _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.Clo
 _REFUSALS = (Refused, WireError, ValueError, TypeError, KeyError, IndexError)
 
 
-def _is_disconnect(exc: BaseException) -> bool:
+# What accept raises for a connection that failed while it waited to be taken in.
+_GONE_BEFORE_ACCEPTED = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED",
+        "EPROTO",
+        "EPERM",
+        "ENETDOWN",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+        "EINTR",
+        "EAGAIN",
+    )
+    if hasattr(errno, name)
+)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in `exc`, nested groups opened."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(_is_disconnect(e) for e in exc.exceptions)
-    return isinstance(exc, _DISCONNECTS)
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 class Worker:
@@ -104,6 +130,7 @@ class Worker:
         limits: Limits,
         tls: WorkerTLS | None = None,
         allow_programs: bool = False,
+        handshakes: Handshakes | None = None,
     ) -> None:
         self.runtime = runtime
         self.kernels = kernels
@@ -117,48 +144,105 @@ class Worker:
         self.resumer = Resumer()  # held jobs run on where their waits are met
         self.cpu = WorkerCPU.of_this_host(allow_programs)
         self._sids = itertools.count(1)
+        self.log = RareLog()
+        bound = handshakes or Handshakes()
+        self.admission = Admission(bound.most_here(), bound.per_address, self.log)
 
     async def serve(self, listener: trio.socket.SocketType) -> None:
+        try:
+            await self._serve(listener)
+        finally:
+            self.log.flush()
+
+    async def _serve(self, listener: trio.socket.SocketType) -> None:
         async with trio.open_nursery() as nursery:
             self.peers.start(nursery)
+            self.log.start(nursery)
+            pause = BACKOFF_S[0]
             while True:
-                accepted, _ = await listener.accept()
-                no_delay(accepted)
-                if self.tls is not None:
-                    nursery.start_soon(self._tls_connection, accepted, self.tls.accept)
+                try:
+                    accepted, address = await listener.accept()
+                except OSError as exc:
+                    if exc.errno in _GONE_BEFORE_ACCEPTED:
+                        continue  # that connection failed in the listen queue: the next
+                    if exc.errno not in SHORT_OF_FILES:
+                        raise  # the listener itself is broken
+                    if not self.admission.shed_oldest("accept found no file left"):
+                        self._short_of_files(exc, pause)
+                        await trio.sleep(pause)
+                        pause = min(2 * pause, BACKOFF_S[1])
                     continue
-                # The stream reads and writes the plain socket itself (see FrameStream).
-                sock = socket.socket(fileno=accepted.detach())
-                sock.setblocking(False)
-                nursery.start_soon(self._connection, FrameStream(sock, self.limits))
+                pause = BACKOFF_S[0]
+                self._take(accepted, address[0], nursery)
 
-    async def _tls_connection(self, sock: trio.socket.SocketType, context: ssl.SSLContext) -> None:
+    def _short_of_files(self, exc: OSError, pause: float) -> None:
+        self.log.note(
+            "files",
+            f"cannot accept connections: {exc.strerror} ({{count}} time(s)), and every file "
+            f"is held by an authenticated session or link; retrying in {pause:g} s (raise the "
+            f"process's file limit, `ulimit -n`, for more clients at once)",
+        )
+
+    def _take(self, accepted: trio.socket.SocketType, host: str, nursery: trio.Nursery) -> None:
+        """Start serving a connection just accepted, as a stranger until it proves the
+        token (the oldest stranger is shed if this one passes a bound)."""
+        try:
+            no_delay(accepted)
+        except OSError:
+            accepted.close()  # reset already: nothing to serve
+            return
+        if self.tls is not None:
+            stranger = self.admission.arrive(host, accepted.close)
+            nursery.start_soon(self._tls_connection, accepted, self.tls.accept, stranger)
+            return
+        # The stream reads and writes the plain socket itself (see FrameStream).
+        sock = socket.socket(fileno=accepted.detach())
+        sock.setblocking(False)
+        stream = FrameStream(sock, self.limits)
+        stranger = self.admission.arrive(host, stream.close)
+        nursery.start_soon(self._connection, stream, stranger)
+
+    async def _tls_connection(
+        self, sock: trio.socket.SocketType, context: ssl.SSLContext, stranger: Stranger
+    ) -> None:
         """A connection to a TLS worker: its TLS handshake, then as any other. What sends
         a plain frame first (a client without TLS) is refused in a plain frame."""
-        try:
-            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT_S):
-                if await speaks_plain(sock):
-                    refusal = encode(Error("hello", 0, PLAIN_REFUSED))
-                    await trio.SocketStream(sock).send_all(refusal)
-                    sock.close()
-                    return
-                tls = await accept_tls(sock, context)
-        except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError):
-            sock.close()  # not a TLS client of ours: nothing to answer it in
+        tls = None
+        with stranger.guard():
+            try:
+                with trio.fail_after(TLS_HANDSHAKE_TIMEOUT_S):
+                    if await speaks_plain(sock):
+                        refusal = encode(Error("hello", 0, PLAIN_REFUSED))
+                        await trio.SocketStream(sock).send_all(refusal)
+                        self._refused(stranger, "it does not speak TLS")
+                    else:
+                        tls = await accept_tls(sock, context)
+            except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                self._refused(stranger, f"its TLS handshake failed ({exc!r})")
+        if tls is None:  # not a TLS client of ours (or shed): nothing to answer it in
+            self.admission.leave(stranger)
+            sock.close()
             return
-        await self._connection(FrameStream(tls, self.limits))
+        await self._connection(FrameStream(tls, self.limits), stranger)
 
-    async def _connection(self, stream: FrameStream) -> None:
+    def _refused(self, stranger: Stranger, why: str) -> None:
+        self.log.note(
+            "refused",
+            f"refused {{count}} connection(s) that did not authenticate (latest from "
+            f"{stranger.address}: {why})",
+        )
+
+    async def _connection(self, stream: FrameStream, stranger: Stranger) -> None:
         session: Session | None = None
         try:
             async with trio.open_nursery() as nursery:
                 out = Outbox(stream)
                 nursery.start_soon(out.run)
                 try:
-                    greeted = await challenge(
-                        stream, out, self.token, self.limits, self.runtime.devices
-                    )
-                    if greeted.role == "client":
+                    greeted = await self._handshake(stream, out, stranger)
+                    if greeted is None:
+                        pass  # shed, timed out or refused: said in the log
+                    elif greeted.role == "client":
                         session = Session(self, next(self._sids), out, nursery)
                         self.sessions[session.sid] = session
                         limits = self.limits.as_wire()
@@ -174,17 +258,43 @@ class Worker:
                     # The framing itself is broken: answer, then drop this connection only.
                     await out.send(Error("frame", 0, str(exc))).wait()
                 nursery.cancel_scope.cancel()
-        except Exception as exc:  # one connection's trouble must never stop the worker
-            if not _is_disconnect(exc):
-                print(f"actorgraph worker: dropped a connection: {exc!r}", file=sys.stderr)
+        # One connection's trouble must never stop the worker, nor join what stops it: a
+        # disconnect met while the worker is cancelled comes grouped with the Cancelled,
+        # and only the Cancelled (or a KeyboardInterrupt) goes on.
+        except* _DISCONNECTS:
+            pass  # the other side went away: a connection's end like any other
+        except* Exception as group:
+            for failure in _leaves(group):
+                print(f"actorgraph worker: dropped a connection: {failure!r}", file=sys.stderr)
         finally:
+            self.admission.leave(stranger)
             if session is not None:
                 self.sessions.pop(session.sid, None)
-                session.abandon()
-                for buf in session.buffers.values():
-                    self.runtime.free(buf)
-                session.buffers.clear()
+                session.close()
+                if not self.sessions:
+                    self.staging.clear()  # no client left to land host writes in it
             stream.close()
+
+    async def _handshake(
+        self, stream: FrameStream, out: Outbox, stranger: Stranger
+    ) -> Greeted | None:
+        """The connection's handshake (_handshake.py): Greeted once it proved the token,
+        then no stranger any more; None if it was shed or timed out. A refusal (a
+        WireError) is answered by the caller."""
+        with stranger.guard():
+            try:
+                greeted = await challenge(
+                    stream, out, self.token, self.limits, self.runtime.devices
+                )
+            except trio.TooSlowError:
+                self._refused(stranger, f"no answer to the challenge in {HANDSHAKE_TIMEOUT_S} s")
+                return None
+            except WireError as exc:
+                self._refused(stranger, str(exc))
+                raise
+            self.admission.leave(stranger)
+            return greeted
+        return None  # shed: Admission said so
 
     async def _client_loop(self, stream: FrameStream, session: Session) -> None:
         while True:
@@ -243,6 +353,39 @@ class Worker:
             send_data(session.out, request.read, bytes_of(session.buffer(request.src, "get src")))
 
 
+@attrs.frozen
+class Handshakes:
+    """How many connections that have not authenticated a worker holds at once: `most`
+    in all (and at most a quarter of the process's file limit, so sessions and links
+    always find files), `per_address` from one address. The oldest is shed to make
+    room for a new one. Raises ValueError, naming the flag, for a bound below 1."""
+
+    most: int = 128
+    per_address: int = 32
+
+    def __attrs_post_init__(self) -> None:
+        for flag, value, what in (
+            ("--max-handshakes", self.most, ""),
+            ("--max-handshakes-per-address", self.per_address, " from one address"),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"{flag} must be >= 1 (connections not yet authenticated held at "
+                    f"once{what}), got {value!r}"
+                )
+
+    def most_here(self) -> int:
+        """`most`, bounded by a quarter of this process's file limit."""
+        try:
+            import resource
+        except ImportError:  # not a Unix: no limit to read
+            return self.most
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.most
+        return max(1, min(self.most, soft // 4))
+
+
 class WorkerTLS:
     """A worker's TLS: the context it accepts connections with (its certificate and
     key), and the one its links to other workers check their certificates with (its
@@ -266,6 +409,7 @@ async def run_worker(
     tls_key: Any = None,
     tls_ca: Any = None,
     allow_programs: bool = False,
+    handshakes: Handshakes | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `devices` on host:port until cancelled; reports the bound (host, port).
@@ -284,6 +428,9 @@ async def run_worker(
     event loop only while every run of it seen so far took under 100 us (_placement.py),
     so one client's slow kernel delays the others at most once. 0 puts every kernel on
     a thread, at a thread hop per run of kernels.
+
+    `handshakes`: how many connections not yet authenticated it holds (`Handshakes`);
+    where accept finds no file left it sheds the oldest of them, or waits, and goes on.
     """
     kernels = load_kernels(kernel_modules)
     tls = _worker_tls(tls_cert, tls_key, tls_ca)
@@ -299,7 +446,9 @@ async def run_worker(
         await listener.bind((host, port))
         listener.listen(128)
         bound = listener.getsockname()
-        worker = Worker(runtime, kernels, token, limits or Limits(), tls, allow_programs)
+        worker = Worker(
+            runtime, kernels, token, limits or Limits(), tls, allow_programs, handshakes
+        )
         task_status.started((bound[0], bound[1]))
         try:
             await worker.serve(listener)
@@ -351,6 +500,15 @@ def _startup(
     return None, None
 
 
+def _stopped(group: BaseExceptionGroup[BaseException]) -> int:
+    """The worker was stopped (Ctrl-C) while other things ended: a stop is quiet, and
+    connections that broke meanwhile are part of it; anything else is said in a line."""
+    for exc in _leaves(group):
+        if not isinstance(exc, (KeyboardInterrupt, *_DISCONNECTS)):
+            print(f"actorgraph worker: stopped; meanwhile this failed: {exc!r}", file=sys.stderr)
+    return 0
+
+
 def worker_main(
     devices: Sequence[str],
     host: str,
@@ -361,6 +519,7 @@ def worker_main(
     thread_bytes: int | None = None,
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
     allow_programs: bool = False,
+    handshakes: Handshakes | None = None,
 ) -> int:
     token, problem = _startup(host, token_file, tls, allow_programs)
     if problem is not None:
@@ -387,6 +546,7 @@ def worker_main(
                     tls_key=tls[1],
                     tls_ca=tls[2],
                     allow_programs=allow_programs,
+                    handshakes=handshakes,
                     task_status=task_status,
                 )
             )
@@ -402,11 +562,11 @@ def worker_main(
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:
+            return _stopped(group)
         single = sole_exception(group)
         if single is None:
             raise
-        if isinstance(single, KeyboardInterrupt):
-            return 0
         if isinstance(single, OSError) and not isinstance(single, ActorGraphError):
             print(
                 f"actorgraph worker: cannot listen on {host}:{port}: {single.strerror or single}",

@@ -30,6 +30,7 @@ from ._transport import Posted, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
 from .wire import (
     DTYPES,
+    DTYPES_TEXT,
     Alloc,
     Batch,
     Code,
@@ -58,12 +59,15 @@ _EAGER_MAX = 64  # transfers done without waiting, in a row, before a checkpoint
 class RemoteMemory:
     """A client-side handle on an allocation that lives on a worker."""
 
-    __slots__ = ("connection", "handle", "nbytes")
+    __slots__ = ("connection", "dtype", "handle", "nbytes")
 
-    def __init__(self, handle: int, nbytes: int, connection: Connection) -> None:
+    def __init__(
+        self, handle: int, nbytes: int, connection: Connection, dtype: np.dtype[Any]
+    ) -> None:
         self.handle = handle
         self.nbytes = nbytes
         self.connection = connection
+        self.dtype = dtype  # the allocation's (a view of it may have its own)
 
     def __repr__(self) -> str:
         return f"<RemoteMemory #{self.handle} {self.nbytes}B on {self.connection.address}>"
@@ -252,9 +256,10 @@ class Connection:
 
     def allocate(self, device: RemoteDevice, nelems: int, dtype: np.dtype[Any]) -> RemoteMemory:
         self.transport.check()
-        if dtype.name not in DTYPES:
+        if dtype.str not in DTYPES:
             raise DeviceError(
-                f"{device.name}: dtype {dtype} cannot live on a worker; use one of {sorted(DTYPES)}"
+                f"{device.name}: dtype {dtype} ({dtype.str}) cannot live on a worker, whose "
+                f"buffers hold {DTYPES_TEXT}: store the data as one of those"
             )
         nbytes = nelems * dtype.itemsize
         limits = self.transport.limits
@@ -266,8 +271,8 @@ class Connection:
             )
         handle = self.new_id()
         self.allocated += nbytes
-        self.transport.queue(Frame([encode(Alloc(handle, device.inner, nelems, dtype.name))]))
-        return RemoteMemory(handle, nbytes, self)
+        self.transport.queue(Frame([encode(Alloc(handle, device.inner, nelems, dtype.str))]))
+        return RemoteMemory(handle, nbytes, self, dtype)
 
     def free(self, memory: RemoteMemory) -> None:
         self.allocated -= memory.nbytes

@@ -190,7 +190,10 @@ class RemoteDevice(Device):
         memory = buffer.memory
         if not isinstance(memory, RemoteMemory):
             raise DeviceError(f"{buffer!r} is not memory of a remote device")
-        return Ref(memory.handle, buffer.offset, buffer.shape)
+        dtype = buffer.dtype
+        if dtype is memory.dtype or dtype == memory.dtype:
+            return Ref(memory.handle, buffer.offset, buffer.shape)
+        return Ref(memory.handle, buffer.offset, buffer.shape, dtype.str)  # a view's own
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         item, kernel, buffers, var_values, global_size, local_size, queue = launch

@@ -149,6 +149,7 @@ class Transport:
         self._token = _token_from(options)
         self._tls = _tls_from(options)
         self._timeout = float(options.get("remote_timeout", 10.0))
+        self._stage = "connect"  # how far connecting got: "connect", "TLS handshake", "handshake"
         self.limits = Limits()
         self.cpu = WorkerCPU("")  # what the worker said at connect it runs on
         self.session_id = 0
@@ -232,7 +233,12 @@ class Transport:
                 f"what answers there does not speak this version's worker protocol: check "
                 f"the address, and that the worker runs the same actorgraph version"
             ) from None
-        except (OSError, trio.TooSlowError) as exc:
+        except trio.TooSlowError:
+            self._close_socket()
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {self._too_slow()}"
+            ) from None
+        except OSError as exc:
             self._close_socket()
             raise RemoteConnectionError(
                 f"cannot connect to the worker at {self.address}: {type(exc).__name__}: "
@@ -240,8 +246,24 @@ class Transport:
                 f"{self.port} --devices ...`"
             ) from None
 
+    def _too_slow(self) -> str:
+        """Why connecting took longer than `remote_timeout`, by how far it got."""
+        if self._stage == "connect":
+            return (
+                f"nothing accepted a connection there within {self._timeout:g} s; check the "
+                f"host and port, and that no firewall drops the connection; start a worker "
+                f"with `actorgraph worker --host {self.host} --port {self.port} --devices ...`"
+            )
+        return (
+            f"something accepted the connection there but did not answer the {self._stage} "
+            f"within {self._timeout:g} s; check that an actorgraph worker of this version "
+            f"listens at {self.address} (not another service), that it is not stopped or "
+            f"overloaded, or give it longer with open_runtime(..., remote_timeout=SECONDS)"
+        )
+
     async def _handshake(self, devices: list[str]) -> None:
         stream = await self._open()
+        self._stage = "handshake"
         try:
             welcome = await greet(stream, self._token, "client", devices)
         except TokenRequired:
@@ -275,6 +297,7 @@ class Transport:
     async def _open(self) -> FrameStream:
         """Connect: a plain socket the stream reads itself, or TLS (`remote_tls_ca`)."""
         family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
+        self._stage = "connect"
         if self._tls is None:
             stream = self._stream = FrameStream(plain_socket(family), self.limits)
             await stream.sock.connect((self.host, self.port))
@@ -283,6 +306,7 @@ class Transport:
         sock = self._socket = trio.socket.socket(family, trio.socket.SOCK_STREAM)
         await sock.connect((self.host, self.port))
         no_delay(sock)
+        self._stage = "TLS handshake"
         try:
             tls = await connect_tls(sock, self._tls, self.host)
         except (ssl.SSLError, trio.BrokenResourceError) as exc:
@@ -439,22 +463,27 @@ class Transport:
             if (not pending and self._unsent is None) or self._held:
                 await self._doorbell.wait()
                 continue
-            parts: list[bytes | memoryview] = []
-            frames: list[Frame] = []
-            if self._unsent is not None:
-                (parts, frames), self._unsent = self._unsent, None
-            more, more_frames = self._take_pending()
-            parts += more
-            frames += more_frames
-            self._writing = True
-            self.sends += 1
-            try:
-                await self._stream.send(parts)  # type: ignore[union-attr]
-            except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
-                self.lose(exc)
-            finally:
-                self._writing = False
-            self._frames_sent(frames)
+            await self._send_pending()
+
+    async def _send_pending(self) -> None:
+        """Send what is queued, by the writer task. What it sent is let go of once it has
+        left (a copyin's data is the caller's array), not kept until the next send."""
+        parts: list[bytes | memoryview] = []
+        frames: list[Frame] = []
+        if self._unsent is not None:
+            (parts, frames), self._unsent = self._unsent, None
+        more, more_frames = self._take_pending()
+        parts += more
+        frames += more_frames
+        self._writing = True
+        self.sends += 1
+        try:
+            await self._stream.send(parts)  # type: ignore[union-attr]
+        except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            self.lose(exc)
+        finally:
+            self._writing = False
+        self._frames_sent(frames)
 
     # -- reading --
 

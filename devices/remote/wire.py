@@ -20,9 +20,14 @@ frame, naming both. It moves whenever a message's fields change.
                client measures the worker's clock against its own with `Ping` and
                `Pong`. Optional fields left at their defaults are not sent (`as_meta`),
                so a batch that is not profiled goes as in version 2
-    version 4: a worker says at connect what CPU it runs on and whether it runs shipped
-               programs (`Welcome.cpu`, `Welcome.programs`); a client ships a compiled
-               CPU program once (`Code`, its bytes in the tail) and calls it by id
+    version 5: a dtype is its full numpy string, byte order included (`Alloc.dtype`:
+               '<i4', '>f8', '|u1'; a name such as 'int32' is refused), so a buffer
+               holds the same numbers on both sides whatever their byte orders; a `Ref`
+               names its view's dtype when it is not its allocation's (a view with a
+               dtype of its own), its offset counting elements of that dtype. A worker
+               says at connect what CPU it runs on and whether it runs shipped programs
+               (`Welcome.cpu`, `Welcome.programs`); a client ships a compiled CPU
+               program once (`Code`, its bytes in the tail) and calls it by id
                (`CodeEntry`); a batch may say which of its device timelines the worker
                moves itself once the jobs that touch them end (`Batch.advances`)
 
@@ -43,12 +48,22 @@ from typing import Any, NamedTuple, TypeVar
 
 import attrs
 
-VERSION = 4
+VERSION = 5
 
-# The dtypes a buffer may have on the wire: fixed-size numeric types only.
+# The dtypes a buffer may have on the wire, as numpy writes them with their byte order
+# (`np.dtype(...).str`): bool, int, uint, float and complex types of fixed size.
 DTYPES = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
-    "complex64 complex128".split()
+    ["|b1", "|i1", "|u1"]
+    + [
+        f"{order}{kind}{size}"
+        for order in "<>"
+        for kind, sizes in (("i", "248"), ("u", "248"), ("f", "248"), ("c", ("8", "16")))
+        for size in sizes
+    ]
+)
+DTYPES_TEXT = (
+    "a bool, int, uint, float or complex dtype written with its byte order, as numpy's "
+    "dtype.str writes it ('<i4', '>f8', '|u1', ...)"
 )
 
 CHUNK = 64 << 20  # bulk data goes in frames of at most this many bytes
@@ -90,6 +105,12 @@ class Limits:
             if key in known:
                 kwargs[key] = want_int(val, key, 0, 1 << 62)
         return cls(**kwargs)
+
+
+# Before a connection proves the token its frames are handshake messages (`Hello`,
+# `Challenge`, `Auth`, `Welcome`, `Error`): a few hundred bytes, never a tail. Both sides
+# read them with these limits, so a stranger cannot make the other hold a large frame.
+HANDSHAKE_LIMITS = Limits(max_meta=8 << 10, max_tail=0)
 
 
 # -- field checks: each names the field and the rule it broke --
@@ -239,17 +260,22 @@ def _spans(value: Any, what: str) -> list[tuple[int, float, float]]:
 
 
 class Ref(NamedTuple):
-    """A buffer (view) of a client's: its allocation's handle, the offset (elements) and
-    the shape of the view; no shape: the whole allocation."""
+    """A buffer (view) of a client's: its allocation's handle, the offset and the shape
+    of the view (no shape: the whole allocation), and the view's dtype when it is not
+    its allocation's (one of DTYPES; "": the allocation's). The offset counts elements
+    of the view's dtype from the allocation's start. On the wire: [handle, offset,
+    shape] or [handle, offset, shape, dtype]."""
 
     handle: int
     offset: int
     shape: tuple[int, ...]
+    dtype: str = ""
 
 
 def ref(value: Any, what: str) -> Ref:
-    if type(value) is list and len(value) == 3:
-        handle, offset, shape = value
+    if type(value) is list and 3 <= len(value) <= 4:
+        handle, offset, shape = value[:3]
+        dtype = value[3] if len(value) == 4 else ""
         if (
             type(handle) is int
             and 0 <= handle <= ID_MAX
@@ -257,19 +283,24 @@ def ref(value: Any, what: str) -> Ref:
             and 0 <= offset <= ID_MAX
             and type(shape) is list
             and len(shape) <= 8
+            and (dtype == "" or (type(dtype) is str and dtype in DTYPES))
         ):
             for dim in shape:
                 if type(dim) is not int or not 0 <= dim <= ID_MAX:
                     break
             else:
-                return tuple.__new__(Ref, (handle, offset, tuple(shape)))
+                return tuple.__new__(Ref, (handle, offset, tuple(shape), dtype))
     # Something is wrong: say what.
-    fields = want_list(value, what, 3, size=3)
+    fields = want_list(value, what, 4, size=4 if type(value) is list and len(value) > 3 else 3)
     dims = want_list(fields[2], f"{what} shape", 8)
+    dtype = fields[3] if len(fields) == 4 else ""
+    if dtype != "" and (type(dtype) is not str or dtype not in DTYPES):
+        raise WireError(f"{what} dtype is {dtype!r}, not {DTYPES_TEXT}")
     return Ref(
         want_int(fields[0], f"{what} handle"),
         want_int(fields[1], f"{what} offset"),
         tuple(want_int(d, f"{what} shape") for d in dims),
+        dtype,
     )
 
 
@@ -460,6 +491,8 @@ class Error(NamedTuple):
     ("alloc dtype", text(32)),
 )
 class Alloc(NamedTuple):
+    """A new buffer of `elements` of `dtype` (one of DTYPES) on the worker's `device`."""
+
     handle: int
     device: str
     elements: int
