@@ -264,6 +264,24 @@ def test_install_refuses_workers_that_cannot_be_ag_devices(ag_worker: Any) -> No
     assert not agt.installed()
 
 
+def test_checked_replays_are_refused_with_ag_devices(workers_ab: Any) -> None:
+    # A check runs the batch as tinygrad does on shadows of this host's memory; a batch
+    # on workers would have replayed unchecked, saying nothing.
+    a, _ = workers_ab
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            f"install(check_replays=2) checks batches against tinygrad running them on this "
+            f"host's memory, and the memory of AG devices (install(remote=...) or "
+            f"ACTORGRAPH_REMOTE: {a.devices[0]}) is on workers, so their batches cannot be "
+            f"checked; install without remote devices to check jits on CPU devices, or "
+            f"without check_replays to run on workers"
+        ),
+    ):
+        agt.install(devices=1, remote=a.devices[:1], remote_token=TOKEN, check_replays=2)
+    assert not agt.installed()
+
+
 def test_memory_of_an_earlier_install_is_refused_clearly(workers_ab: Any) -> None:
     a, _ = workers_ab
     agt.install(devices=2, remote=a.devices, remote_token=TOKEN)

@@ -66,11 +66,13 @@ def install(
         check_replays: the first N replays of every graphed batch also run the batch the
             way tinygrad runs it itself, on shadow copies of the memory they touch, and a
             difference raises `ag.ReplayMismatchError` naming the call and the first
-            differing element (see `statistics().checked`).
+            differing element (see `statistics().checked`). CPU devices only: refused
+            with remote devices.
 
     Raises:
-        UsageError: a bad device count, check_replays or remote name, or remote devices
-            on tinygrad 0.11 (which keeps its own REMOTE device).
+        UsageError: a bad device count, check_replays or remote name, remote devices on
+            tinygrad 0.11 (which keeps its own REMOTE device), or check_replays with
+            remote devices.
         ClosedError: a worker could not be reached (the message says why).
     """
     names = _remote_from(remote)

@@ -302,6 +302,14 @@ def install(
                 f"install(check_replays=N) needs an int N >= 0 (how many replays of each "
                 f"batch to check against tinygrad running it), got {checks!r}"
             )
+        if checks and remote:
+            raise UsageError(
+                f"install(check_replays={checks}) checks batches against tinygrad running them "
+                f"on this host's memory, and the memory of AG devices (install(remote=...) or "
+                f"ACTORGRAPH_REMOTE: {', '.join(remote)}) is on workers, so their batches "
+                f"cannot be checked; install without remote devices to check jits on CPU "
+                f"devices, or without check_replays to run on workers"
+            )
         # Every kernel on the caller's thread, as tinygrad runs its own, unless asked
         # otherwise: a kernel on a worker thread sends the whole replay through the
         # runtime's thread, a hop a kernel big enough to need a thread rarely repays
