@@ -209,10 +209,10 @@ def sync(devices: Sequence[str]) -> None:
 
 def floor_calls(batch: Any, roots: Sequence[ag.Buffer], values: dict[Any, int]) -> list[Any]:
     """The batch's kernels and copies as prepared (function, args), over these roots."""
-    from actorgraph.tinygrad._convert import build_items
+    from actorgraph.tinygrad._convert import build_items, held_lookup
 
     calls = []
-    for item in build_items(batch.calls, roots, batch.wrapper):
+    for item in build_items(batch.calls, roots, held_lookup(batch.hold())):
         if isinstance(item, ag.Launch):
             fixed = dict(item.fixedvars)
             vals = [fixed[v] if v in fixed else values[v] for v in item.vars]

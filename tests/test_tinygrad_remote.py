@@ -413,6 +413,94 @@ def test_a_data_parallel_jit_over_cpu_and_ag_devices_is_one_graph(two_workers: A
     assert agt.statistics().graphs == graphs + 2
 
 
+def test_the_runtimes_thread_never_takes_what_replays_on_other_threads_hold(
+    two_workers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch over this host's memory and workers' is submitted on the runtime's thread,
+    # while the caller's thread replays under install()'s lock and wraps host memory with
+    # install()'s Wrapper (and may wait there for the runtime's thread): the runtime's
+    # thread must neither take that lock nor use that Wrapper.
+    from tinygrad import TinyJit
+
+    state = agt._install.current()
+    assert state is not None
+    on_runtime: list[str] = []
+
+    def watched(name: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if state.runtime.on_runtime_thread():
+                on_runtime.append(name)
+            return method(*args, **kwargs)
+
+        return call
+
+    for name in ("root", "held", "forget_freed"):
+        monkeypatch.setattr(state.wrapper, name, watched(name, getattr(state.wrapper, name)))
+
+    class Lock:
+        def __init__(self, lock: Any) -> None:
+            self._lock = lock
+
+        def __enter__(self) -> Any:
+            if state.runtime.on_runtime_thread():
+                on_runtime.append("install()'s lock")
+            return self._lock.__enter__()
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self._lock.__exit__(*exc)
+
+    monkeypatch.setattr(state, "lock", Lock(state.lock))
+
+    def make(devices: tuple[str, str]) -> Any:
+        w = Tensor(_data(80, 16, 8), device=devices[0]).realize()  # held on this host
+
+        @TinyJit
+        def step(x: Tensor) -> Tensor:
+            h = (x.to(devices[0]) @ w).relu().realize()
+            return (h.to(devices[1]) * 2).realize()
+
+        return step
+
+    mixed, local = make(("CPU:1", "AG")), make(("CPU:1", "CPU:2"))
+    for seed in range(4):
+        x = _data(81 + seed, 4, 16)
+        assert mixed(Tensor(x)).numpy().tobytes() == local(Tensor(x)).numpy().tobytes()
+    assert agt.statistics().plans >= 1
+    assert on_runtime == []
+
+
+async def test_graph_from_jit_resolves_worker_memory_on_the_runtimes_thread(
+    two_workers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Worker memory is allocated when work first uses it, on the runtime's thread (the
+    # recorded work that fills it); a JitGraph that allocated it from its own thread as
+    # well could make two allocations of it, and replay on the one never filled.
+    from actorgraph.tinygrad._pending import AGMemory
+
+    state = agt._install.current()
+    assert state is not None
+    elsewhere: list[AGMemory] = []
+    resolve = AGMemory.buffer
+
+    def buffer(self: AGMemory, runtime: Any) -> Any:
+        if not state.runtime.on_runtime_thread():
+            elsewhere.append(self)
+        return resolve(self, runtime)
+
+    monkeypatch.setattr(AGMemory, "buffer", buffer)
+    remote, local = _two_worker_jit({n: n for n in LOCAL}), _two_worker_jit(LOCAL)
+    for seed in range(2):
+        remote(Tensor(_data(seed, 4, 16), device="AG")).numpy()
+        local(Tensor(_data(seed, 4, 16), device="CPU")).numpy()
+    graph = await agt.graph_from_jit(agt.runtime(), remote)
+    for seed in range(3):
+        x = Tensor(_data(90 + seed, 4, 16), device="AG").realize()  # first used by the replay
+        out = await graph(x)
+        want = local(Tensor(_data(90 + seed, 4, 16), device="CPU"))
+        assert (await _guarded(out.numpy)).tobytes() == want.numpy().tobytes()
+    assert elsewhere == []
+
+
 def test_a_symbolic_jit_on_a_worker_plans_once(two_workers: Any) -> None:
     from tinygrad import TinyJit, Variable
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -186,33 +186,56 @@ class Wrapper:
         if not buf.freed and not self.runtime.closed:
             self._free(buf)
 
-    def placeholder(self, device: str, nbytes: int) -> Buffer:
-        """A buffer of `nbytes` on `device` in memory of its own, which nothing else
-        uses: what a graph is planned with for an input that must not be taken for
-        memory the jit holds (see Batch.plan). Its pages are mapped only if written."""
-        return self.runtime.wrap(device, np.zeros(nbytes, np.uint8), dtype=U8)
+
+def placeholder(runtime: Runtime | BackgroundRuntime, device: str, nbytes: int) -> Buffer:
+    """A buffer of `nbytes` on host device `device` in memory of its own, which nothing
+    else uses: what a graph is planned with for an input that must not be taken for
+    memory the jit holds (see Batch.plan). Its pages are mapped only if written."""
+    buf: Buffer = runtime.wrap(device, np.zeros(nbytes, np.uint8), dtype=U8)
+    return buf
 
 
-def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> Buffer:
+def held_lookup(
+    held: Mapping[Key, Buffer], runtime: Runtime | None = None
+) -> Callable[[Region], Buffer]:
+    """How build_items finds the memory the jit holds: on this host, its wrapper in `held`
+    (Batch.hold); on a worker (an AG device), its allocation's Buffer on `runtime`, made
+    there on first use (so only on the runtime's thread; None for a batch on this host
+    only)."""
+
+    def find(region: Region) -> Buffer:
+        if region.memory is not None:
+            assert runtime is not None  # a batch on workers is planned with its runtime
+            buf: Buffer = region.memory.buffer(runtime)
+            return buf
+        return held[(region.device, region.address, region.base_nbytes)]
+
+    return find
+
+
+def region_buffer(
+    region: Region, roots: Sequence[Buffer], held: Callable[[Region], Buffer]
+) -> Buffer:
     if region.root >= 0:
         base = roots[region.root]
         if region.nbytes < 0:
             return base
-    elif region.memory is not None:
-        base = region.memory.buffer(wrapper.runtime)
     else:
-        base = wrapper.held(region.device, region.address, region.base_nbytes)
+        base = held(region)
     if region.offset == 0 and region.nbytes == base.nbytes:
         return base
     return base.view(region.offset, region.nbytes)
 
 
-def build_items(calls: Sequence[Call], roots: Sequence[Buffer], wrapper: Wrapper) -> list[Item]:
-    """The batch's calls as actorgraph items over these roots and the jit's own memory."""
+def build_items(
+    calls: Sequence[Call], roots: Sequence[Buffer], held: Callable[[Region], Buffer]
+) -> list[Item]:
+    """The batch's calls as actorgraph items over these roots and the jit's own memory,
+    which `held` finds (held_lookup)."""
     items: list[Item] = []
     for call in calls:
         if isinstance(call, KernelCall):
-            bufs = [region_buffer(r, roots, wrapper) for r in call.args]
+            bufs = [region_buffer(r, roots, held) for r in call.args]
             variables = tuple(_value_var(v, k) for k, v in enumerate(call.values))
             fixed = {
                 var: value
@@ -223,8 +246,8 @@ def build_items(calls: Sequence[Call], roots: Sequence[Buffer], wrapper: Wrapper
                 Launch(call.kernel, bufs, vars=variables, fixedvars=fixed, global_size=call.dims)
             )
         else:
-            dst = region_buffer(call.dst, roots, wrapper)
-            src = region_buffer(call.src, roots, wrapper)
+            dst = region_buffer(call.dst, roots, held)
+            src = region_buffer(call.src, roots, held)
             items.append(Copy(dst=dst, src=src))
     return items
 

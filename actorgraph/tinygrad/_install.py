@@ -16,7 +16,9 @@ first and advances the timeline after.
 
 Replays from several threads take one lock, so they run one at a time: a replay takes
 the devices' next values of tinygrad's timelines, runs and advances them before the
-next replay takes any, and tinygrad's later work never passes a replay.
+next replay takes any, and tinygrad's later work never passes a replay. The runtime's
+thread never takes it (a replay holding it may wait for that thread): what it does for
+a batch on AG devices (their memory, its plan) touches nothing a lock guards.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Installed:
         self.lock = threading.RLock()
         self.graphs = 0
         self.plans = 0
+        self.remote_plans = 0  # plans of batches on AG devices: on the runtime's thread only
         self.replays = 0
         self.handed_off = 0
         self.restore: Callable[[], None] | None = None
@@ -144,11 +147,7 @@ class Installed:
             wrapper = self.wrapper
             wrapper.forget_freed()
             if wrapper.held_freed and batch.stale():
-                raise UsageError(
-                    "tinygrad freed memory this jit's batch holds (free_intermediates(), or "
-                    "a buffer of it deallocated) while its runner stayed: capture the jit "
-                    "again (jit.reset())"
-                )
+                raise UsageError(_STALE)
             roots = batch.wrap_roots(places)
             graph = batch.graph_for(roots)
             if graph is None:
@@ -166,15 +165,20 @@ class Installed:
     ) -> float | None:
         """A batch on AG devices: recorded with their work, in tinygrad's order, and sent
         with it; waited for here only when it touches tinygrad's CPU memory too (which
-        tinygrad's inline work after it uses) or the caller asks for its time."""
+        tinygrad's inline work after it uses) or the caller asks for its time. This
+        host's memory is wrapped here, under the lock; the workers' memory is resolved
+        and the batch planned on the runtime's thread (`_submit_remote`)."""
         start = time.perf_counter() if wait else 0.0
         with self.lock:
             if _installed is not self:
                 self.check_usable()
+            self.wrapper.forget_freed()
+            partial = batch.wrap_local_roots(places)
+            held = batch.hold()
             values = batch.values(given, "this jit") if batch.variables else None
             self.replays += 1
-        record = ReplayRecord(functools.partial(self._submit_remote, batch, places, values))
-        self.pending.add(record)
+        submit = functools.partial(self._submit_remote, batch, partial, held, values)
+        self.pending.add(ReplayRecord(submit))
         if batch.local or wait:
             self.pending.flush(wait=True)
         return time.perf_counter() - start if wait else None
@@ -182,19 +186,20 @@ class Installed:
     async def _submit_remote(
         self,
         batch: Batch,
-        places: Sequence[tuple[Any, int]],
+        partial: Sequence[Any],
+        held: Mapping[Any, Any],
         values: dict[Any, int] | None,
         runtime: Runtime,
     ) -> Replay:
-        """On the runtime's thread: plan the batch if these roots need it, submit it."""
-        roots = batch.wrap_roots(places)
+        """On the runtime's thread: plan the batch if these roots need it, submit it.
+        Takes no lock (a caller holding install()'s lock may be waiting for this thread)."""
+        roots = batch.resolve_roots(partial, runtime)
         graph = batch.graph_for(roots)
         if graph is None:
-            items, inputs, limits = batch.plan(roots)
+            items, inputs, limits = batch.plan(roots, held, runtime)
             graph = await runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
             batch.keep_plan(graph, limits)
-            with self.lock:
-                self.plans += 1
+            self.remote_plans += 1
         replay: Replay = await graph.submit(roots, values)
         return replay
 
@@ -265,6 +270,11 @@ class Installed:
         cpu: WorkerCPU = stats.worker_cpu
         return cpu
 
+
+_STALE = (
+    "tinygrad freed memory this jit's batch holds (free_intermediates(), or a buffer of it "
+    "deallocated) while its runner stayed: capture the jit again (jit.reset())"
+)
 
 # cpu_thread_bytes that no kernel reaches: every kernel runs inline.
 INLINE_BYTES = 1 << 62
@@ -364,7 +374,7 @@ def statistics() -> TinygradStatistics:
         installed=True,
         version=state.version,
         graphs=state.graphs,
-        plans=state.plans,
+        plans=state.plans + state.remote_plans,
         replays=state.replays,
         handed_off=state.handed_off,
         devices=tuple(patched_devices(state.restore)),

@@ -76,12 +76,18 @@ class AGMemory:
         root = self.root()
         return AGMemory(self.device, nbytes, root, self.offset + offset)
 
-    def buffer(self, runtime: Runtime | BackgroundRuntime) -> Buffer:
-        """Its Buffer (uint8), allocated on the worker on first use (on the runtime's
-        thread, or from any thread through a BackgroundRuntime)."""
+    def buffer(self, runtime: Runtime) -> Buffer:
+        """Its Buffer (uint8), allocated on the worker on first use. Only on the runtime's
+        own thread: there, making it and keeping it are one step, so work recorded
+        earlier and a replay resolving the same memory share one allocation.
+
+        Raises:
+            ClosedError: the memory was made under an earlier install(), whose runtime
+                (and the memory on its workers) is gone.
+        """
         found = self._buffer
         if found is not None:
-            if found.runtime is not getattr(runtime, "runtime", runtime):  # (a background one's)
+            if found.runtime is not runtime:
                 raise ClosedError(
                     f"tinygrad memory on {self.device} was made while actorgraph.tinygrad was "
                     f"installed before; it went with that installation (uninstall() closed "

@@ -13,7 +13,7 @@ from .._errors import UsageError
 from .._graph import Graph
 from .._runtime import Runtime
 from .._vars import Var
-from ._batch import Batch
+from ._batch import Batch, on_runtime_thread
 from ._convert import Wrapper
 from ._version import adapter_for, installed_version
 from ._watch import watched
@@ -72,7 +72,13 @@ class JitGraph:
         self._wrapper.forget_freed()
         batch, roots, given = await self._source.prepare(self.runtime, args, kwargs)
         if batch.graph_for(roots) is None:
-            items, inputs, limits = batch.plan(roots)
+            if batch.remote:  # planned where the workers' memory is resolved (_batch.py)
+                held = batch.hold()
+                runtime = self.runtime
+                assert isinstance(runtime, BackgroundRuntime)  # JitSource checked it
+                items, inputs, limits = await on_runtime_thread(runtime, batch.plan, roots, held)
+            else:
+                items, inputs, limits = batch.plan(roots)
             graph = await self.runtime.compile(
                 items, inputs=inputs, max_sizes=limits, verify=self._verify, aliasing="replan"
             )

@@ -42,7 +42,7 @@ from tinygrad.uop.ops import Ops, UOp, buffers
 
 from .._errors import ClosedError, InputError, UsageError
 from .._vars import Var
-from ._batch import Batch
+from ._batch import Batch, on_runtime_thread
 from ._check import TinyCall
 from ._convert import (
     U8,
@@ -591,8 +591,11 @@ class JitSource:
         # Inputs that are memory the jit writes (its output passed back in, say) are
         # copied first, as TinyJit copies them, so they are roots like any input.
         written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
-        where = mixed_places if self.batch.remote else places
-        roots = self.batch.wrap_roots(where(self._sources, inputs))
+        if self.batch.remote:  # the workers' memory is resolved on the runtime's thread
+            partial = self.batch.wrap_local_roots(mixed_places(self._sources, inputs))
+            roots = await on_runtime_thread(runtime, self.batch.resolve_roots, partial)
+        else:
+            roots = self.batch.wrap_roots(places(self._sources, inputs))
         for k in written:
             scratch = self._scratch.get(k)
             if scratch is None or scratch.nbytes != roots[k].nbytes:
