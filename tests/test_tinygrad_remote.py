@@ -548,6 +548,61 @@ async def test_graph_from_jit_runs_a_jit_on_workers(two_workers: Any) -> None:
     assert graph.graphs == 1
 
 
+def _weighted_on(device: str) -> tuple[Any, Tensor]:
+    """A jit of two kernels over a weight it holds on `device`, captured."""
+    from tinygrad import TinyJit
+
+    w = Tensor(_data(100, 16, 16), device=device).realize()
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        return ((x @ w).relu().realize() + 1).realize()
+
+    for seed in range(3):
+        step(Tensor(_data(seed, 4, 16), device=device)).numpy()
+    return step, w
+
+
+def test_install_never_runs_a_plan_over_worker_memory_tinygrad_let_go_of(
+    two_workers: Any,
+) -> None:
+    # The weight's buffer deallocated while tinygrad keeps the jit's runner: its memory
+    # waits in tinygrad's cache for the next buffer of its size, which the plan must
+    # not use as the weight.
+    step, w = _weighted_on("AG")
+    w.uop.base.buffer.deallocate()
+    other = Tensor(_data(101, 16, 16), device="AG").realize()  # may get the weight's memory
+    with pytest.raises(
+        ag.UsageError,
+        match=r"tinygrad freed memory this jit's batch holds \(free_intermediates\(\), or "
+        r"a buffer of it deallocated\) while its runner stayed: capture the jit again",
+    ):
+        step(Tensor(_data(3, 4, 16), device="AG"))
+    assert other.numpy().tobytes() == _data(101, 16, 16).tobytes()
+
+
+async def test_graph_from_jit_reads_a_jit_on_workers_again_once_tinygrad_freed_its_memory(
+    two_workers: Any,
+) -> None:
+    # free_intermediates() deallocates the jit's own memory on the worker (its
+    # intermediates, its output): the graph over it never runs again; the next call
+    # reads the jit anew, as tinygrad's own next call allocates that memory anew.
+    step, _ = _weighted_on("AG:1")
+    local, _ = _weighted_on("CPU")
+    graph = await agt.graph_from_jit(agt.runtime(), step)
+    x = Tensor(_data(110, 4, 16), device="AG:1").realize()
+    want = local(Tensor(_data(110, 4, 16))).numpy()
+    assert (await _guarded((await graph(x)).numpy)).tobytes() == want.tobytes()
+    first = graph.graph
+    step.captured.free_intermediates()
+    # Tensors of those sizes may get the jit's old memory: the replay must leave them be.
+    others = [Tensor(_data(111 + k, 4, 16), device="AG:1").realize() for k in range(4)]
+    assert (await _guarded((await graph(x)).numpy)).tobytes() == want.tobytes()
+    assert graph.graph is not first
+    for k, other in enumerate(others):
+        assert other.numpy().tobytes() == _data(111 + k, 4, 16).tobytes()
+
+
 def test_ag_devices_on_workers_that_speak_tls(tmp_path: Path) -> None:
     trustme = pytest.importorskip(
         "trustme", reason="the TLS test makes its certificates with trustme"

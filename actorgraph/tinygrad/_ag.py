@@ -140,6 +140,7 @@ class AGAllocator(LRUAllocator):  # type: ignore[misc]
         return memory
 
     def free(self, opaque: AGMemory, size: int, options: BufferSpec | None = None) -> None:
+        opaque.release()  # a jit that held it holds it no more (Batch.stale)
         if opaque.owner is _owner():  # else it went with an earlier install(): drop it
             super().free(opaque, size, options)
 

@@ -71,6 +71,10 @@ class Batch:
         regions = [r for call in self.calls for r in regions_of(call) if r.root < 0]
         # The bases of this host's memory the jit holds: (device, address, nbytes), each once.
         self._held = {(r.device, r.address, r.base_nbytes) for r in regions if r.memory is None}
+        # The allocations on workers (AG devices) it holds, each once, with how many
+        # times tinygrad had let go of each when the jit was read (AGMemory.releases).
+        memory = {id(r.memory): r.memory for r in regions if r.memory is not None}
+        self._held_memory = tuple((m, m.releases) for m in memory.values())
         # The wrappers of this host's memory the newest plan uses, and whether tinygrad
         # let go of any (as of the Wrapper's count of such wrappers let go of, `_checked`).
         self._held_bufs: list[Buffer] = []
@@ -190,13 +194,16 @@ class Batch:
         return limits
 
     def stale(self) -> bool:
-        """Whether tinygrad let go of memory this batch's jit held since it was planned
-        (`free_intermediates()`, a buffer deallocated): its plan must never run again,
-        and its calls must be read again from the jit."""
+        """Whether tinygrad let go of memory this batch's jit held since it was read (its
+        allocation on a worker) or planned (this host's): `free_intermediates()`, a
+        buffer deallocated. Its plan must never run again, and its calls must be read
+        again from the jit."""
         freed = self.wrapper.held_freed
         if freed != self._checked:
             self._checked = freed
             self._stale = self._stale or any(buf.freed for buf in self._held_bufs)
+        if self._held_memory and not self._stale:
+            self._stale = any(m.releases != seen for m, seen in self._held_memory)
         return self._stale
 
     def _held_overlaps(self, root: Buffer) -> bool:

@@ -173,6 +173,8 @@ class Installed:
             if _installed is not self:
                 self.check_usable()
             self.wrapper.forget_freed()
+            if batch.stale():
+                raise UsageError(_STALE)
             partial = batch.wrap_local_roots(places)
             held = batch.hold()
             values = batch.values(given, "this jit") if batch.variables else None

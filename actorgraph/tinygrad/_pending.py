@@ -43,9 +43,13 @@ class AGMemory:
     """Bytes on an AG device: an allocation on a worker device (`base` None), or `nbytes`
     from `offset` into one. Allocated on the worker the first time work uses it
     (`buffer`, on the runtime's thread); its Buffer is kept, so a graph that is given
-    the same memory again binds it as before."""
+    the same memory again binds it as before.
 
-    __slots__ = ("_buffer", "base", "device", "nbytes", "offset", "owner")
+    `releases` counts the times tinygrad let go of it (its buffer deallocated: the memory
+    then waits in tinygrad's cache for the next buffer of its size, or is freed): a jit
+    that held it when it was read holds it no more once that count moved."""
+
+    __slots__ = ("_buffer", "base", "device", "nbytes", "offset", "owner", "releases")
 
     def __init__(
         self,
@@ -63,6 +67,7 @@ class AGMemory:
         # an uninstall in tinygrad's tensors and caches, but not on its worker.
         self.owner: Any = owner if base is None else base.owner
         self._buffer: Buffer | None = None
+        self.releases = 0
 
     def __repr__(self) -> str:
         where = f" at {self.offset} of {self.base!r}" if self.base is not None else ""
@@ -75,6 +80,10 @@ class AGMemory:
         """`nbytes` from `offset` into this memory, as a view of its allocation."""
         root = self.root()
         return AGMemory(self.device, nbytes, root, self.offset + offset)
+
+    def release(self) -> None:
+        """tinygrad let go of this allocation (see `releases`); any thread."""
+        self.releases += 1
 
     def buffer(self, runtime: Runtime) -> Buffer:
         """Its Buffer (uint8), allocated on the worker on first use. Only on the runtime's
