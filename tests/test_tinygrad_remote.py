@@ -603,6 +603,55 @@ async def test_graph_from_jit_reads_a_jit_on_workers_again_once_tinygrad_freed_i
         assert other.numpy().tobytes() == _data(111 + k, 4, 16).tobytes()
 
 
+def _eye_weighted(device: str) -> tuple[Any, Tensor]:
+    """A jit of two kernels over a weight it holds on `device` (2 * I), captured. Small
+    whole numbers in float32: the expected values are exact."""
+    from tinygrad import TinyJit
+
+    w = Tensor((2 * np.eye(4)).astype(np.float32), device=device).realize()
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        return ((x @ w).realize() + 1).realize()
+
+    for value in range(2):
+        step(Tensor(np.full((4, 4), value, np.float32), device=device)).numpy()
+    return step, w
+
+
+def _full_on(device: str, value: float) -> Tensor:
+    return Tensor(np.full((4, 4), value, np.float32), device=device).realize()
+
+
+def test_install_reads_a_jit_on_a_worker_from_its_own_record_when_its_runner_is_rebuilt(
+    two_workers: Any,
+) -> None:
+    # free_intermediates() drops the jit's runners: the next call builds them again from
+    # its own arguments, here the jit's weight; later calls with other tensors must still
+    # read the weight where the jit uses it.
+    step, w = _eye_weighted("AG")
+    step.captured.free_intermediates()
+    np.testing.assert_array_equal(step(w).numpy(), 4 * np.eye(4) + 1)
+    for value in (3, 5):
+        np.testing.assert_array_equal(step(_full_on("AG", value)).numpy(), 2 * value + 1)
+    np.testing.assert_array_equal(step(w).numpy(), 4 * np.eye(4) + 1)
+
+
+async def test_graph_from_jit_reads_a_jit_on_a_worker_from_its_own_record(
+    two_workers: Any,
+) -> None:
+    step, w = _eye_weighted("AG:2")
+    graph = await agt.graph_from_jit(agt.runtime(), step)
+
+    async def call(x: Tensor) -> Any:
+        return await _guarded((await graph(x)).numpy)
+
+    np.testing.assert_array_equal(await call(w), 4 * np.eye(4) + 1)
+    for value in (3, 5):
+        np.testing.assert_array_equal(await call(_full_on("AG:2", value)), 2 * value + 1)
+    np.testing.assert_array_equal(await call(w), 4 * np.eye(4) + 1)
+
+
 def test_ag_devices_on_workers_that_speak_tls(tmp_path: Path) -> None:
     trustme = pytest.importorskip(
         "trustme", reason="the TLS test makes its certificates with trustme"

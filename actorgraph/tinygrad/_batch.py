@@ -25,6 +25,7 @@ from .._kernel import Item
 from .._runtime import Runtime
 from .._vars import Var
 from ._convert import (
+    U8,
     Call,
     KernelCall,
     Key,
@@ -83,6 +84,10 @@ class Batch:
         self.graph: Any = None
         self.limits: tuple[int, ...] = ()
         self.plans = 0
+        # Worker memory standing in for inputs (see plan): the newest plan's, and the one
+        # being made, which keep_plan makes the newest.
+        self._placeholders: list[Buffer] = []
+        self._planned: list[Buffer] = []
         names = self.devices
         # Whether it runs on workers' devices too (AG devices): then it is recorded with
         # their work, not run on this thread (_pending.py); and whether it touches this
@@ -165,15 +170,22 @@ class Batch:
 
         A root in memory the jit holds itself (a call passing its weight or its state)
         would make the jit's own uses of that memory part of the input for every later
-        call: such a root is planned as memory of its own instead (`placeholder`),
-        and the call with it aliases the jit's memory, which the graph plans for
-        (aliasing="replan")."""
+        call: such a root is planned as memory of its own instead (`placeholder`, or
+        on a worker an allocation of its own), and the call with it aliases the jit's
+        memory, which the graph plans for (aliasing="replan")."""
         limits = self._limits_for(roots)
         held = self.hold() if held is None else held
         inputs = list(roots)
+        self._planned = []
         for k, given in enumerate(roots):
-            if self._held_overlaps(given):
-                inputs[k] = placeholder(runtime or self.wrapper.runtime, given.device, limits[k])
+            if not self._held_overlaps(given, runtime):
+                continue
+            if runtime is not None and self.roots[k].remote:
+                stand_in = runtime.alloc(given.device, limits[k], U8)
+                self._planned.append(stand_in)
+            else:
+                stand_in = placeholder(runtime or self.wrapper.runtime, given.device, limits[k])
+            inputs[k] = stand_in
         items = build_items(self.calls, inputs, held_lookup(held, runtime))
         return items, inputs, limits
 
@@ -206,19 +218,35 @@ class Batch:
             self._stale = any(m.releases != seen for m, seen in self._held_memory)
         return self._stale
 
-    def _held_overlaps(self, root: Buffer) -> bool:
+    def _held_overlaps(self, root: Buffer, runtime: Runtime | None) -> bool:
         """Whether `root` shares bytes with memory the jit holds (its calls' regions
-        outside the roots, each a base of the jit's)."""
+        outside the roots, each a base of the jit's, or an allocation on a worker)."""
+        if "@" in root.device:
+            assert runtime is not None  # a batch on workers is planned with its runtime
+            return any(
+                root.overlaps(m.buffer(runtime))
+                for m, _ in self._held_memory
+                if m.device == root.device
+            )
         start, stop = root.byte_range
         for device, address, nbytes in self._held:
             if device == root.device and address < stop and start < address + nbytes:
                 return True
         return False
 
-    def keep_plan(self, graph: Any, limits: Sequence[int]) -> None:
+    def keep_plan(
+        self, graph: Any, limits: Sequence[int], runtime: Runtime | BackgroundRuntime | None = None
+    ) -> None:
+        """Make `graph` (planned for `limits`) the newest plan; the worker memory that
+        stood in for inputs in the plan it replaces goes back to `runtime` once the work
+        submitted before is done."""
         self.graph = graph
         self.limits = tuple(limits)
         self.plans += 1
+        replaced, self._placeholders, self._planned = self._placeholders, self._planned, []
+        for buf in replaced:
+            if runtime is not None and not buf.freed:
+                runtime.free(buf)
 
     def values(self, given: Mapping[Any, int], what: str) -> dict[Var, int]:
         """{Var: value} for this batch's variables, from tinygrad's values by name."""

@@ -200,7 +200,7 @@ class Installed:
         if graph is None:
             items, inputs, limits = batch.plan(roots, held, runtime)
             graph = await runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
-            batch.keep_plan(graph, limits)
+            batch.keep_plan(graph, limits, runtime)
             self.remote_plans += 1
         replay: Replay = await graph.submit(roots, values)
         return replay

@@ -82,7 +82,7 @@ class JitGraph:
             graph = await self.runtime.compile(
                 items, inputs=inputs, max_sizes=limits, verify=self._verify, aliasing="replan"
             )
-            batch.keep_plan(graph, limits)
+            batch.keep_plan(graph, limits, self.runtime)
         return batch, roots, batch.values(given, f"{self._source.name}")
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
