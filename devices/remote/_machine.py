@@ -19,6 +19,8 @@ from collections.abc import Iterable
 
 import attrs
 
+from .wire import MAX_CPU_FEATURE_CHARS, MAX_CPU_FEATURES
+
 # An ELF header's e_machine for the machines a worker may run programs for.
 ELF_MACHINES = {"x86_64": 62, "arm64": 183, "riscv64": 243}
 _MACHINE_NAMES = {"amd64": "x86_64", "aarch64": "arm64"}
@@ -42,7 +44,18 @@ class WorkerCPU:
 
     @classmethod
     def of_this_host(cls, programs: bool = False) -> WorkerCPU:
-        return cls(machine_name(platform.machine()), _host_features(), programs)
+        """This host's CPU as a worker says it at connect: its features as many as a
+        Welcome carries (see `sayable`)."""
+        return cls(machine_name(platform.machine()), sayable(_host_features()), programs)
+
+
+def sayable(features: Iterable[str]) -> frozenset[str]:
+    """The features a worker says it has, of those its CPU names: the names of at most
+    MAX_CPU_FEATURE_CHARS characters, the first MAX_CPU_FEATURES of them in sorted order
+    (every CPU so far names fewer). One left out is taken to be lacking: a program that
+    needs it is refused, never run."""
+    short = sorted(name for name in features if len(name) <= MAX_CPU_FEATURE_CHARS)
+    return frozenset(short[:MAX_CPU_FEATURES])
 
 
 @functools.cache

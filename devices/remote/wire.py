@@ -111,6 +111,10 @@ class Limits:
 # `Challenge`, `Auth`, `Welcome`, `Error`): a few hundred bytes, never a tail. Both sides
 # read them with these limits, so a stranger cannot make the other hold a large frame.
 HANDSHAKE_LIMITS = Limits(max_meta=8 << 10, max_tail=0)
+# A Welcome's CPU features (`Welcome.cpu`): bounded so that the largest Welcome fits in
+# those limits (under 7.2 KiB); a worker says at most these (WorkerCPU.of_this_host).
+MAX_CPU_FEATURES = 320
+MAX_CPU_FEATURE_CHARS = 20
 
 
 # -- field checks: each names the field and the rule it broke --
@@ -438,10 +442,10 @@ def _cpu(value: Any, what: str) -> tuple[str, list[str]]:
     """[machine, [feature, ...]]: the CPU a worker runs on, as a compiler targets it
     (a tuple: the default of a Welcome that leaves it out)."""
     fields = want_list(list(value) if type(value) is tuple else value, what, 2, size=2)
-    features = want_list(fields[1], "cpu features", 4096)
+    features = want_list(fields[1], "cpu features", MAX_CPU_FEATURES)
     return (
         want_str(fields[0], "cpu machine", 32),
-        [want_str(feature, "cpu feature", 64) for feature in features],
+        [want_str(feature, "cpu feature", MAX_CPU_FEATURE_CHARS) for feature in features],
     )
 
 
