@@ -280,3 +280,44 @@ async def test_a_worker_a_program_crashes_fails_the_call_naming_it() -> None:
         assert worker.process.wait(GUARD) != 0
     finally:
         worker.kill()
+
+
+async def test_a_departed_clients_programs_give_their_memory_back_at_once() -> None:
+    # A session's shipped programs live in executable memory of its own: when its client
+    # leaves, that memory goes at once, whatever still refers to the session (a frame a
+    # reference cycle keeps until the collector runs), not when the collector runs.
+    import gc
+    import hashlib
+    import weakref
+
+    from _workers import Replies
+    from actorgraph.devices.remote.wire import Code
+
+    from actorgraph.worker._server import Worker as WorkerServer
+    from actorgraph.worker._session import Session
+
+    image = _compile(ADD)
+    code = Code(5, hashlib.sha256(image).digest(), "add_k", HOST.machine, [], 3, 2, 1)
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, {}, None, Limits(), allow_programs=True)
+            replies = Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.codes.add(code, image)
+            loaded = session.codes.get(5)
+            memory = weakref.ref(loaded.kernel.cpu.memory)  # type: ignore[attr-defined]
+            del loaded
+            for handle in (1, 2, 3):
+                session.handle(["alloc", handle, "CPU:0", 64, "<f4"])
+            refs = [[handle, 0, []] for handle in (1, 2, 3)]
+            call = as_meta(CodeEntry(0, 5, refs, [16], [4, 1, 1], [1, 1, 1]))
+            session.handle(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], False])
+            session.handle(["batch", 1, [0, 0, 0], [1], []])
+            assert await replies.wait_for(1) == [["done", 1, 2, None]]
+            gc.disable()
+            try:
+                session.close()
+                assert memory() is None  # unmapped: nothing refers to it
+            finally:
+                gc.enable()
+            nursery.cancel_scope.cancel()

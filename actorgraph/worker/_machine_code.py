@@ -82,7 +82,9 @@ def _link_libraries() -> list[ctypes.CDLL]:
 
 class LoadedCode:
     """A shipped program laid out in executable memory: its function, called as the
-    worker's kernel body (`kernel`), and the memory it lives in, kept with it."""
+    worker's kernel body (`kernel`), which keeps the memory it lives in. Nothing of it
+    refers back to it, so the memory is unmapped as soon as neither it nor a kernel
+    that may still run refers to it (no cycle left for the collector)."""
 
     def __init__(self, request: Code, image: bytes) -> None:
         self.name = request.name
@@ -94,45 +96,50 @@ class LoadedCode:
         # The loaded size is the object's code and data, at most a little more than the
         # object (an ARM call too far away gets a trampoline): lay it out once to know.
         size = len(loader(image, base=0, link_libs=_link_libraries()))
-        self._memory = mmap.mmap(
+        memory = mmap.mmap(
             -1,
             max(size, 1),
             mmap.MAP_ANON | mmap.MAP_PRIVATE,
             mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC,
         )
-        base = ctypes.addressof(ctypes.c_char.from_buffer(self._memory))
+        anchor = ctypes.c_char.from_buffer(memory)
+        base = ctypes.addressof(anchor)
+        del anchor  # an exported buffer would keep the mapping from ever closing
         loaded = loader(image, base=base, link_libs=_link_libraries())
-        self._memory.write(loaded)
+        memory.write(loaded)
         arguments = [ctypes.c_uint64] * (request.buffers + request.values)
-        self.function = ctypes.CFUNCTYPE(None, *arguments)(base)
+        function = ctypes.CFUNCTYPE(None, *arguments)(base)
         # What the worker's CPU device lowers a call of it with (the planner, the only
         # reader of outs and ins, runs on the client).
         self.kernel = Kernel(
             _kernel_name(request.name),
-            cpu=self._body(),
+            cpu=_body(function, memory, request.buffers, request.core_id),
             cpu_args="addresses",
             pass_dims=True,
             outs=(0,),
             ins=tuple(range(request.buffers)),
         )
 
-    def _body(self) -> Callable[..., None]:
-        """The kernel body: the function called once per core, `global_size[0]` times,
-        with the core's number at `core_id` among its values, as tinygrad calls it."""
-        function = self.function
-        slot = None if self.core_id is None else self.buffers + self.core_id
 
-        def body(*args: int, global_size: Any = (1,), local_size: Any = None) -> None:
-            values = list(args)
+def _body(
+    function: Callable[..., None], memory: mmap.mmap, buffers: int, core_id: int | None
+) -> Callable[..., None]:
+    """The kernel body: `function` called once per core, `global_size[0]` times, with the
+    core's number at `core_id` among its values, as tinygrad calls it. It keeps `memory`,
+    where the function lives, for as long as it may be called."""
+    slot = None if core_id is None else buffers + core_id
+
+    def body(*args: int, global_size: Any = (1,), local_size: Any = None) -> None:
+        values = list(args)
+        if slot is not None:
+            values.insert(slot, 0)
+        for core in range(global_size[0]):
             if slot is not None:
-                values.insert(slot, 0)
-            for core in range(global_size[0]):
-                if slot is not None:
-                    values[slot] = core
-                function(*values)
+                values[slot] = core
+            function(*values)
 
-        body.code = self  # type: ignore[attr-defined]  # the memory lives as long as the body
-        return body
+    body.memory = memory  # type: ignore[attr-defined]
+    return body
 
 
 def _kernel_name(name: str) -> str:
@@ -154,6 +161,14 @@ class CodeStore:
 
     def __len__(self) -> int:
         return len(self._by_digest)
+
+    def clear(self) -> None:
+        """Let go of every program (its client left): each one's memory goes once no
+        kernel that may still run refers to it."""
+        self._by_id.clear()
+        self._by_digest.clear()
+        self._refused.clear()
+        self.nbytes = 0
 
     def check(self, request: Code, size: int) -> None:
         """Refuse a Code before its bytes are read: id in use, or over the limits."""

@@ -161,7 +161,7 @@ class Session:
     def close(self) -> None:
         """The connection ended: after `abandon`, free every buffer of this client through
         the runtime (its memory goes back at once), give back its pending host writes,
-        and let go of its programs, mirrors and reads, so that nothing of this client
+        and let go of its programs, shipped code, mirrors and reads, so that nothing of this client
         holds memory, whatever still refers to this session (a job or a frame that a
         reference cycle keeps until the cycle collector runs)."""
         self.abandon()
@@ -175,6 +175,7 @@ class Session:
         for program in self.programs.values():
             program.release()
         self.programs.clear()
+        self.codes.clear()
         for blob_id in list(self._blobs):
             self.drop_blob(blob_id)
         self.batches.release()
