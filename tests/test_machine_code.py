@@ -151,11 +151,12 @@ async def _send_code(
     machine: str = HOST.machine,
     features: tuple[str, ...] = (),
     digest: bytes | None = None,
+    name: str = "add_k",
 ) -> None:
     import hashlib
 
     digest = hashlib.sha256(image).digest() if digest is None else digest
-    message = ["code", code_id, digest, "add_k", machine, list(features), 3, 2, 1]
+    message = ["code", code_id, digest, name, machine, list(features), 3, 2, 1]
     await stream.send([encode(message, len(image)), image])
 
 
@@ -321,3 +322,37 @@ async def test_a_departed_clients_programs_give_their_memory_back_at_once() -> N
             finally:
                 gc.enable()
             nursery.cancel_scope.cancel()
+
+
+ZEROED_STATE = r"""
+static unsigned long calls;
+void zeroed_k(float *out, const float *a) { out[0] = a[0] + (float)(calls++); }
+"""
+
+
+async def test_a_program_with_zero_initialized_static_data_is_refused_by_both_sides(
+    program_worker: Worker,
+) -> None:
+    # The loader lays out what an object's bytes hold; zero-initialized statics (.bss)
+    # hold none, and a kernel writing them would write over its own code and kill the
+    # worker with every client's work on it.
+    image = _compile(ZEROED_STATE)
+    why = (
+        "program 'zeroed_k' has zero-initialized static data (.bss), which is not laid "
+        "out with its code: give each static variable a nonzero initial value, or pass "
+        "the memory as a buffer"
+    )
+    device = program_worker.devices[0]
+    code = MachineCode("zeroed_k", image, HOST.machine, buffers=2)
+    kernel = ag.Kernel("zeroed_k", code=code, outs=(0,), ins=(1,))
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime([device], remote_token=TOKEN) as rt:
+            bufs = [rt.alloc(device, 4, np.float32) for _ in range(2)]
+            with pytest.raises(ag.DeviceError, match=re.escape(why)):
+                await rt.run([ag.Launch(kernel, bufs)])
+        stream = await _session(program_worker.port)  # the worker checks it itself too
+        await _send_code(stream, 3, image, name="zeroed_k")
+        assert why in (await _reply(stream))[3]
+        assert await _call(stream, 1, 3) != ["done", 1, 2, None]
+        await _send_code(stream, 4, _compile(ADD))
+        assert await _call(stream, 2, 4) == ["done", 2, 2, None]  # the worker goes on

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import platform
+import struct
 from collections.abc import Iterable
 
 import attrs
@@ -146,6 +147,13 @@ def refusal(
             f"program {name!r} is not a 64-bit little-endian ELF object for {machine} "
             f"(e_machine {found}); ship what the CPU compiler emits for {machine}"
         )
+    unlaid = _zeroed_sections(image)
+    if unlaid:
+        return (
+            f"program {name!r} has zero-initialized static data ({', '.join(unlaid)}), which "
+            f"is not laid out with its code: give each static variable a nonzero initial "
+            f"value, or pass the memory as a buffer"
+        )
     lacking = sorted(set(features) - cpu.features)
     if lacking:
         return (
@@ -161,3 +169,30 @@ def _elf_machine(image: bytes) -> int | None:
     if len(image) < 20 or image[:4] != b"\x7fELF" or image[4] != 2 or image[5] != 1:
         return None
     return int.from_bytes(image[18:20], "little")
+
+
+_SHT_NOBITS = 8
+_SHF_ALLOC = 2
+_SHDR = struct.Struct("<IIQQQQIIQQ")  # an Elf64_Shdr
+
+
+def _zeroed_sections(image: bytes) -> list[str]:
+    """The names of the sections of a 64-bit little-endian ELF object that the program
+    needs in memory but whose bytes the object does not hold (SHT_NOBITS: .bss, .tbss):
+    the loader lays out only bytes an object holds, so a kernel writing there would
+    write over its own code. A malformed table names none (loading it then fails)."""
+    if len(image) < 64:
+        return []
+    (shoff,) = struct.unpack_from("<Q", image, 0x28)
+    entsize, count, names_at = struct.unpack_from("<HHH", image, 0x3A)
+    if entsize != _SHDR.size or shoff + count * entsize > len(image) or names_at >= count:
+        return []
+    headers = [_SHDR.unpack_from(image, shoff + k * entsize) for k in range(count)]
+    names = headers[names_at]
+    found = []
+    for name, kind, flags, _, _, size, *_ in headers:
+        if kind == _SHT_NOBITS and flags & _SHF_ALLOC and size:
+            at = names[4] + name
+            end = image.find(b"\0", at)
+            found.append(image[at:end].decode("ascii", "replace") if 0 <= at < end else "?")
+    return found
