@@ -356,3 +356,40 @@ async def test_a_program_with_zero_initialized_static_data_is_refused_by_both_si
         assert await _call(stream, 1, 3) != ["done", 1, 2, None]
         await _send_code(stream, 4, _compile(ADD))
         assert await _call(stream, 2, 4) == ["done", 2, 2, None]  # the worker goes on
+
+
+STATEFUL = r"""
+static unsigned long calls = 1;  /* in .data: laid out with its code */
+void stateful_k(float *out, const float *a) {
+  out[0] = a[0] + (float)(calls++);  /* a kernel that keeps state between calls */
+}
+"""
+
+
+async def test_checked_replays_run_shipped_programs_on_their_worker_too(
+    program_worker: Worker,
+) -> None:
+    # open_runtime(check_replays=N) runs a replay's items again on shadows, on the same
+    # devices: a shipped program runs on its worker for the check as for the replay.
+    device = program_worker.devices[0]
+    stateful = ag.Kernel(
+        "stateful_k",
+        code=MachineCode("stateful_k", _compile(STATEFUL), HOST.machine, buffers=2),
+        outs=(0,),
+        ins=(1,),
+    )
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime([device], remote_token=TOKEN, check_replays=2) as rt:
+            bufs = [rt.alloc(device, 64, np.float32) for _ in range(3)]
+            await rt.copyin(bufs[1], np.arange(64, dtype=np.float32))
+            await rt.copyin(bufs[2], np.ones(64, np.float32))
+            add = ag.Launch(_add_kernel(), bufs, vars=[N], global_size=(4, 1, 1))
+            graph = await rt.compile([add])
+            for _ in range(3):
+                await graph(var_vals={N: 16})
+            assert graph.statistics().checked == 2
+            np.testing.assert_array_equal(await rt.copyout(bufs[0]), np.arange(64) + 2)
+            out = rt.alloc(device, 1, np.float32)
+            kept = await rt.compile([ag.Launch(stateful, [out, bufs[1]])])
+            with pytest.raises(ag.ReplayMismatchError, match=r"item 0 \(stateful_k\).*element 0 "):
+                await kept()
