@@ -22,7 +22,8 @@ The files:
                     mutual, each MAC bound to the role, both nonces and its direction
     _tls.py         TLS under a connection: contexts, and its handshakes and refusals
     _clock.py       the worker's clock against the client's, for profiles
-    wire.py         the protocol's messages, typed and versioned, and their checks
+    wire.py         the protocol's messages, typed and versioned: one table of them
+    _fields.py      their field checks, and decoding and encoding a message by its table
     frames.py       frames over a socket: header, msgpack meta, raw tail
 
 and the worker's (actorgraph/worker/):
