@@ -65,6 +65,33 @@ from ._program import (
 _runtime_numbers = itertools.count(1)
 
 
+class HostCopy:
+    """A copyin or copyout submitted without waiting (`Runtime.submit_copyin`,
+    `submit_copyout`): `await copy.wait()` returns once it is done (raising its
+    failure); a copyout's `array` then holds the buffer's bytes."""
+
+    __slots__ = ("_program", "_sub", "array")
+
+    def __init__(
+        self, program: Program, sub: Submission, array: np.ndarray[Any, Any] | None
+    ) -> None:
+        self._program = program
+        self._sub = sub
+        self.array = array
+
+    @property
+    def done(self) -> bool:
+        return bool(self._sub.done.is_set())
+
+    async def wait(self) -> None:
+        await self._sub.done.wait()
+        raise_failure(self._program, self._sub)
+
+    def finish(self) -> None:
+        """Raise the failure of a copy that is done (nothing if it succeeded)."""
+        raise_failure(self._program, self._sub)
+
+
 @attrs.frozen
 class StallReport:
     """The watchdog saw no progress for `stalled_for` seconds (trio clock) at time `at`."""
@@ -583,6 +610,43 @@ class Runtime:
         op = self.device(buffer.device).lower_host_read(buffer, out, queue.kind)
         await self._run_host(program, op)
         return out
+
+    async def submit_copyin(self, buffer: Buffer, array: Any) -> HostCopy:
+        """`copyin` without waiting for it to be done: it is submitted (after all earlier
+        work on its device) when this returns, and the HostCopy says when it is done.
+        On a remote device the bytes go with the request, in one message."""
+        self.check_open()
+        _capture.check_host_transfer("copyin")
+        data = self._host_array(buffer, array)
+        program = host_program(self, self.caps, buffer, write=True)
+        op = self.device(buffer.device).lower_host_write(buffer, data, program.plan.queues[0].kind)
+        return await self._submit_host(program, op, None)
+
+    async def submit_copyout(self, buffer: Buffer) -> HostCopy:
+        """`copyout` without waiting for it: once the HostCopy is done (`await
+        copy.wait()`), `copy.array` holds the bytes of `buffer` as of that point."""
+        self.check_open()
+        _capture.check_host_transfer("copyout")
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"submit_copyout takes a Buffer, got {described(buffer)}")
+        self.check_own(buffer, "submit_copyout: ")
+        buffer.check_live("submit_copyout: ")
+        out = np.empty(buffer.shape, dtype=buffer.dtype)
+        program = host_program(self, self.caps, buffer, write=False)
+        op = self.device(buffer.device).lower_host_read(buffer, out, program.plan.queues[0].kind)
+        return await self._submit_host(program, op, out)
+
+    async def _submit_host(
+        self, program: Program, op: Any, out: np.ndarray[Any, Any] | None
+    ) -> HostCopy:
+        await self.admit()
+        bound = program.bind_host(op)
+        linear = bound.linear
+        failure = NOT_RUN if linear is None else linear.run()
+        if failure is NOT_RUN:
+            return HostCopy(program, program.submit(bound), out)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return HostCopy(program, program.done_submission(failure), out)
 
     async def _run_host(self, program: Program, op: Any) -> None:
         # The host op fills the one Run placeholder of a single-item host program.

@@ -434,7 +434,10 @@ async def test_kernel_with_no_body_for_the_device(rt: ag.Runtime) -> None:
 
 
 def test_bad_kernels() -> None:
-    with raises(ag.UsageError, "Kernel 'k' has no body; give cpu=fn and/or cuda=SOURCE"):
+    with raises(
+        ag.UsageError,
+        "Kernel 'k' has no body; give cpu=fn, cuda=SOURCE and/or code=ag.remote.MachineCode(...)",
+    ):
         ag.Kernel("k", outs=(0,))
     with raises(ag.UsageError, "Kernel 'k' writes no buffer: list the written slots in outs=(...)"):
         ag.Kernel("k", cpu=_fill)

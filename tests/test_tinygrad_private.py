@@ -91,6 +91,50 @@ def test_patching_cpu_devices_reaches_open_and_later_devices() -> None:
     assert Device["CPU"].graph is not Marker
 
 
+def test_a_registered_device_kind_is_found_by_tinygrads_own_lookup() -> None:
+    if V011:
+        pytest.skip("AG devices are tinygrad 0.14's (0.11 keeps its own REMOTE device)")
+    from tinygrad.device import Compiled
+
+    opened: list[str] = []
+
+    class ZzDevice(Compiled):  # type: ignore[misc]
+        def __init__(self, device: str) -> None:
+            opened.append(device)
+
+    restore = _private.register_device("ZZ", ZzDevice)
+    try:
+        try:
+            first, second = Device["ZZ"], Device["zz:1"]
+        except (ImportError, IndexError) as error:
+            pytest.fail(
+                changed(
+                    f"how Device[...] finds a device's class ({error!r})",
+                    "register_device",
+                    "make AG, AG:1, ... tinygrad devices",
+                )
+            )
+        assert isinstance(first, ZzDevice) and isinstance(second, ZzDevice)
+        assert opened == ["ZZ", "ZZ:1"], changed(
+            "the device names a device class is opened with", "register_device", "number AG devices"
+        )
+        assert {"ZZ", "ZZ:1"} <= set(_private.opened_devices()), changed(
+            "Device._opened_devices", "opened_devices", "give back cached AG memory at uninstall"
+        )
+        from tinygrad.schedule import rangeify
+
+        assert rangeify.DEVICE_MAX_BUFS["ZZ"] == rangeify.DEVICE_MAX_BUFS["CPU"], changed(
+            "DEVICE_MAX_BUFS",
+            "register_device",
+            "keep AG kernels within the CPU loader's arguments",
+        )
+    finally:
+        restore()
+    from tinygrad.schedule import rangeify
+
+    assert "ZZ" not in rangeify.DEVICE_MAX_BUFS
+
+
 def test_a_graph_runner_is_built_and_called_as_actorgraph_builds_and_calls_one() -> None:
     from tinygrad.engine.jit import MultiGraphRunner
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import collections
 import ctypes
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
+from .._background import BackgroundRuntime
 from .._buffer import Buffer
 from .._errors import InputError, UsageError
 from .._kernel import Copy, Item, Kernel, Launch
@@ -31,13 +32,17 @@ from .._vars import Var
 U8 = np.dtype(np.uint8)
 
 
-def device_name(tiny_device: str) -> str:
-    """actorgraph's name for a tinygrad CPU device ("CPU" -> "CPU:0", "CPU:2" -> "CPU:2")."""
+def device_name(tiny_device: str, remote: Sequence[str] = ()) -> str:
+    """actorgraph's name for a tinygrad CPU device ("CPU" -> "CPU:0", "CPU:2" -> "CPU:2"),
+    or for an AG device the worker device install() made it ("AG:1" -> remote[1])."""
     kind, _, index = tiny_device.partition(":")
+    if kind == "AG" and (index == "" or index.isdigit()) and int(index or 0) < len(remote):
+        return remote[int(index or 0)]
     if kind != "CPU" or not (index == "" or index.isdigit()):
         raise UsageError(
-            f"tinygrad device {tiny_device!r} is not a CPU device; actorgraph runs tinygrad "
-            f"work on CPU devices only (CPU, CPU:1, ...)"
+            f"tinygrad device {tiny_device!r} is not a CPU device (nor an AG device of the "
+            f"workers install(remote=...) opened); actorgraph runs tinygrad work on CPU "
+            f"devices (CPU, CPU:1, ...) and AG devices"
         )
     return f"CPU:{int(index or 0)}"
 
@@ -59,16 +64,20 @@ class Region:
     nbytes: int
     address: int = 0
     base_nbytes: int = 0
+    memory: Any = None  # on an AG device: the allocation (an AGMemory), for root -1
 
 
 @attrs.frozen
 class KernelCall:
     """A compiled kernel over regions. `values` are its value arguments in order: an
-    ag.Var bound per call, or a fixed int (a lane's device number)."""
+    ag.Var bound per call, or a fixed int (a lane's device number); `dims` its launch's
+    global size where the kernel reads it (machine code on a worker, called once per
+    core), else None."""
 
     kernel: Kernel
     args: tuple[Region, ...]
     values: tuple[Var | int, ...]
+    dims: tuple[int, ...] | None = None
 
 
 @attrs.frozen
@@ -82,10 +91,12 @@ Call = KernelCall | CopyCall
 
 @attrs.frozen
 class Root:
-    """An input root of a batch: a buffer of `nbytes` on `device` passed on every call."""
+    """An input root of a batch: a buffer of `nbytes` on `device` passed on every call
+    (`remote`: a worker's device, its memory an AGMemory, not a host address)."""
 
     device: str
     nbytes: int
+    remote: bool = False
 
 
 Key = tuple[str, int, int]  # (actorgraph device, address, nbytes) of a tinygrad base buffer
@@ -109,9 +120,12 @@ class Wrapper:
     """
 
     def __init__(
-        self, runtime: Runtime, free: Callable[[Buffer], None] | None = None, limit: int = 256
+        self,
+        runtime: Runtime | BackgroundRuntime,
+        free: Callable[[Buffer], None] | None = None,
+        limit: int = 256,
     ) -> None:
-        self.runtime = runtime
+        self.runtime = runtime  # a Runtime, or a BackgroundRuntime (the trio path's)
         self._free = runtime.free if free is None else free
         self._roots: dict[Key, Buffer] = {}
         self._held: dict[Key, Buffer] = {}
@@ -172,41 +186,68 @@ class Wrapper:
         if not buf.freed and not self.runtime.closed:
             self._free(buf)
 
-    def placeholder(self, device: str, nbytes: int) -> Buffer:
-        """A buffer of `nbytes` on `device` in memory of its own, which nothing else
-        uses: what a graph is planned with for an input that must not be taken for
-        memory the jit holds (see Batch.plan). Its pages are mapped only if written."""
-        return self.runtime.wrap(device, np.zeros(nbytes, np.uint8), dtype=U8)
+
+def placeholder(runtime: Runtime | BackgroundRuntime, device: str, nbytes: int) -> Buffer:
+    """A buffer of `nbytes` on host device `device` in memory of its own, which nothing
+    else uses: what a graph is planned with for an input that must not be taken for
+    memory the jit holds (see Batch.plan). Its pages are mapped only if written."""
+    buf: Buffer = runtime.wrap(device, np.zeros(nbytes, np.uint8), dtype=U8)
+    return buf
 
 
-def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> Buffer:
+def held_lookup(
+    held: Mapping[Key, Buffer], runtime: Runtime | None = None
+) -> Callable[[Region], Buffer]:
+    """How build_items finds the memory the jit holds: on this host, its wrapper in `held`
+    (Batch.hold); on a worker (an AG device), its allocation's Buffer on `runtime`, made
+    there on first use (so only on the runtime's thread; None for a batch on this host
+    only)."""
+
+    def find(region: Region) -> Buffer:
+        if region.memory is not None:
+            assert runtime is not None  # a batch on workers is planned with its runtime
+            buf: Buffer = region.memory.buffer(runtime)
+            return buf
+        return held[(region.device, region.address, region.base_nbytes)]
+
+    return find
+
+
+def region_buffer(
+    region: Region, roots: Sequence[Buffer], held: Callable[[Region], Buffer]
+) -> Buffer:
     if region.root >= 0:
         base = roots[region.root]
         if region.nbytes < 0:
             return base
     else:
-        base = wrapper.held(region.device, region.address, region.base_nbytes)
+        base = held(region)
     if region.offset == 0 and region.nbytes == base.nbytes:
         return base
     return base.view(region.offset, region.nbytes)
 
 
-def build_items(calls: Sequence[Call], roots: Sequence[Buffer], wrapper: Wrapper) -> list[Item]:
-    """The batch's calls as actorgraph items over these roots and the jit's own memory."""
+def build_items(
+    calls: Sequence[Call], roots: Sequence[Buffer], held: Callable[[Region], Buffer]
+) -> list[Item]:
+    """The batch's calls as actorgraph items over these roots and the jit's own memory,
+    which `held` finds (held_lookup)."""
     items: list[Item] = []
     for call in calls:
         if isinstance(call, KernelCall):
-            bufs = [region_buffer(r, roots, wrapper) for r in call.args]
+            bufs = [region_buffer(r, roots, held) for r in call.args]
             variables = tuple(_value_var(v, k) for k, v in enumerate(call.values))
             fixed = {
                 var: value
                 for var, value in zip(variables, call.values)
                 if not isinstance(value, Var)
             }
-            items.append(Launch(call.kernel, bufs, vars=variables, fixedvars=fixed))
+            items.append(
+                Launch(call.kernel, bufs, vars=variables, fixedvars=fixed, global_size=call.dims)
+            )
         else:
-            dst = region_buffer(call.dst, roots, wrapper)
-            src = region_buffer(call.src, roots, wrapper)
+            dst = region_buffer(call.dst, roots, held)
+            src = region_buffer(call.src, roots, held)
             items.append(Copy(dst=dst, src=src))
     return items
 

@@ -10,6 +10,8 @@ TinyJit, GraphRunner, engine.realize's helpers) are used where they are needed.
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,11 @@ from tinygrad.runtime import ops_cpu
 def buffer_address(buf: Any) -> int:
     """The host address of an allocated tinygrad CPU buffer's first byte."""
     return int(buf._buf.va_addr)
+
+
+def buffer_memory(buf: Any) -> Any:
+    """What a tinygrad Buffer's allocator handed out for it (an AG device's AGMemory)."""
+    return buf._buf
 
 
 def buffer_base(buf: Any) -> Any:
@@ -104,6 +111,35 @@ def patch_cpu_devices(graph: Callable[..., Any]) -> Callable[[], None]:
 
 def patched_devices(restore: Callable[[], None]) -> list[str]:
     return sorted(getattr(restore, "devices", {}))
+
+
+def opened_devices() -> list[str]:
+    """The names of the tinygrad devices opened so far (tinygrad keeps them open)."""
+    return sorted(Device._opened_devices)
+
+
+def register_device(kind: str, device_class: type) -> Callable[[], None]:
+    """Make `Device["KIND"]`, `Device["KIND:1"]`, ... open `device_class` through tinygrad's
+    own lookup (it imports `tinygrad.runtime.ops_<kind>` and takes its `<KIND>Device`),
+    with the CPU's limit on a kernel's buffers; return the function that undoes it
+    (devices tinygrad opened stay open: it caches them)."""
+    module_name = f"tinygrad.runtime.ops_{kind.lower()}"
+    module = types.ModuleType(module_name, f"actorgraph's {kind} devices (actorgraph.tinygrad)")
+    setattr(module, f"{kind}Device", device_class)
+    sys.modules[module_name] = module
+    from tinygrad.schedule import rangeify
+
+    limits = rangeify.DEVICE_MAX_BUFS
+    had = kind in limits
+    limits.setdefault(kind, limits["CPU"])
+
+    def restore() -> None:
+        if sys.modules.get(module_name) is module:
+            del sys.modules[module_name]
+        if not had:
+            limits.pop(kind, None)
+
+    return restore
 
 
 # -- the jit --

@@ -52,6 +52,7 @@ from ._lowered import Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._lowering import lower
+from ._machine_code import CodeStore
 from ._outbox import Outbox, send_data
 from ._progress import Progress, TrackedSignal
 from ._staging import bytes_of
@@ -77,6 +78,8 @@ class Session:
         self.key = secrets.token_bytes(32)
         self.out = out
         self.buffers: dict[int, Buffer] = {}
+        # This client's shipped programs (--allow-programs): its ids, its alone.
+        self.codes = CodeStore(worker.cpu, worker.limits, "this worker")
         # What other workers' reads of this client's buffers look up, kept while a buffer
         # lives: its read ticket, and its bytes by (offset, shape).
         self._tickets: dict[int, bytes] = {}
@@ -158,7 +161,7 @@ class Session:
     def close(self) -> None:
         """The connection ended: after `abandon`, free every buffer of this client through
         the runtime (its memory goes back at once), give back its pending host writes,
-        and let go of its programs, mirrors and reads, so that nothing of this client
+        and let go of its programs, shipped code, mirrors and reads, so that nothing of this client
         holds memory, whatever still refers to this session (a job or a frame that a
         reference cycle keeps until the cycle collector runs)."""
         self.abandon()
@@ -172,6 +175,7 @@ class Session:
         for program in self.programs.values():
             program.release()
         self.programs.clear()
+        self.codes.clear()
         for blob_id in list(self._blobs):
             self.drop_blob(blob_id)
         self.batches.release()
