@@ -27,6 +27,7 @@ from ._errors import MissingExtraError as MissingExtraError
 from ._errors import PlanDeadlockError as PlanDeadlockError
 from ._errors import PlanError as PlanError
 from ._errors import PlanRaceError as PlanRaceError
+from ._errors import ReplayMismatchError as ReplayMismatchError
 from ._errors import UsageError as UsageError
 from ._errors import VarError as VarError
 from ._foreign import ExternalTimeline as ExternalTimeline
@@ -98,6 +99,7 @@ __all__ = [
     "Profile",
     "ProfileEvent",
     "Replay",
+    "ReplayMismatchError",
     "ReplaySpan",
     "Runtime",
     "SIM_PRESETS",

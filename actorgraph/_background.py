@@ -640,6 +640,13 @@ class BackgroundRuntime:
 
         self._submit(free, (), {}, f"free({buffer!r})")
 
+    def free_now(self, buffer: Buffer) -> None:
+        """Free `buffer` at once, on the runtime's thread, and return when it is freed:
+        for a caller whose calls that use the buffer are all done (its later wraps of
+        that memory, on another device say, must see it freed). Raises what
+        Runtime.free raises."""
+        self._sync(self.runtime.free, buffer)
+
     def statistics(self) -> RuntimeStatistics:
         """The runtime's statistics (Runtime.statistics), read at once, also after `close()`.
 
@@ -739,6 +746,10 @@ class BackgroundRuntime:
     @property
     def watchdog(self) -> float | None:
         return self.runtime.watchdog
+
+    @property
+    def check_replays(self) -> int:
+        return self.runtime.check_replays
 
     def current_time(self) -> float:
         """`trio.current_time()` of the runtime's run (its clock: see `start_runtime(clock=)`).

@@ -79,3 +79,42 @@ class MissingExtraError(ActorGraphError, ImportError):
     """An optional feature needs a package that is not installed; the message names the
     extra and how to install it. Also an ImportError.
     """
+
+
+class ReplayMismatchError(ActorGraphError, RuntimeError):
+    """A checked replay (`open_runtime(check_replays=N)`, `install(check_replays=N)`) left
+    memory other than the reference run of the same work left it.
+
+    The replay's effects stand and the runtime goes on. Also a RuntimeError.
+
+    Attributes:
+        graph: the graph (or tinygrad batch) and the replay, in words.
+        item: the number of the first item, in program order, whose output differs (-1:
+            memory no item writes).
+        label: that item's kernel or copy.
+        buffer: the buffer it wrote.
+        index: the first element of that buffer that differs (flat, in the buffer's dtype).
+        got: the replay's value there.
+        expected: the reference run's value there.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        graph: str,
+        item: int,
+        label: str,
+        buffer: str,
+        index: int,
+        got: object,
+        expected: object,
+    ) -> None:
+        super().__init__(message)
+        self.graph = graph
+        self.item = item
+        self.label = label
+        self.buffer = buffer
+        self.index = index
+        self.got = got
+        self.expected = expected

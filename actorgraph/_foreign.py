@@ -1,5 +1,6 @@
 """Memory actorgraph did not allocate, wrapped as Buffers (`rt.wrap`), and timelines of
-other runtimes that replays order against (`ExternalTimeline`)."""
+other runtimes that replays order against (`ExternalTimeline`, and the replays of a
+runtime waiting for them: `TimelineWaits`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
+import trio
 
 from ._buffer import Allocation, Buffer, Home, _shape_of, buffer_dtype, check_count, new_alloc_id
-from ._errors import UsageError
+from ._errors import ClosedError, UsageError
 
 if TYPE_CHECKING:
     from actorgraph.devices import Device
@@ -142,7 +144,8 @@ class HostMemory:
             if other.device is not alloc.device:
                 raise UsageError(
                     f"wrap: that memory ({where}) is wrapped on {other.device.name} already "
-                    f"(buffer #{other.uid}); host memory is one address space, but a runtime orders "
+                    f"(by the wrapper of {found[0]:#x}..{found[1]:#x}); host memory is one "
+                    f"address space, but a runtime orders "
                     f"work on wrapped memory per device, so wrappers on {other.device.name} "
                     f"and {alloc.device.name} would race: wrap it on one device and move the "
                     f"data with Copy items, or rt.free the other wrapper first"
@@ -218,16 +221,20 @@ class ExternalTimeline:
 
     `graph.submit(inputs, after=[(timeline, v)], then=[(timeline, w)])` starts the replay
     once `read() >= v` and calls `write(w)` when the replay is complete (failed or not,
-    so the other side never hangs), never moving the counter backwards. Nothing waits on
-    the runtime's own loop: waits run on a worker thread.
+    so the other side never hangs), never moving the counter backwards. A runtime's
+    replays waiting so are watched by one task of the runtime, which polls `read()`
+    (cheap, on the runtime's thread), backing off to 1 ms; a timeline with a `wait` has
+    one helper thread at a time blocked in it, whose return wakes its waits at once.
+    `wait_for` is the same wait for code off the runtime's loop.
 
     Args:
         name: what messages call it.
         read: returns the counter's value now.
         write: sets the counter to a value.
-        wait: blocks the calling (worker) thread until `read() >= value`; if None, `read()`
-            is polled, backing off to 1 ms.
-        timeout: the most seconds a poll waits before it gives up.
+        wait: blocks the calling thread until `read() >= value`; if None, `read()` is
+            polled.
+        timeout: the most seconds a polled wait lasts before it fails with TimeoutError
+            (on trio's clock); a wait through `wait` has none.
     """
 
     name: str
@@ -272,6 +279,163 @@ class ExternalTimeline:
 
 
 TimelinePoints = Sequence[tuple[ExternalTimeline, int]]
+
+_POLL_S = (50e-6, 1e-3)  # the watcher's first pause between reads of timelines, and its longest
+
+
+class _Waiter:
+    """One replay waiting for a timeline to reach `value`: woken by `done`, failed with
+    `error` (a timeout, the timeline's own `read` or `wait` raising, the runtime closing)."""
+
+    __slots__ = ("deadline", "done", "error", "value")
+
+    def __init__(self, value: int, deadline: float) -> None:
+        self.value = value
+        self.deadline = deadline
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
+class TimelineWaits:
+    """A runtime's replays waiting for external timelines (`graph.submit(after=...)`):
+    one watcher task reads every timeline waited on and wakes the waits it reached, so
+    a wait holds no thread of its own, and a cancelled one is gone at once. A timeline
+    with a `wait` function has, besides, one helper thread at a time blocked in it (on
+    a limiter of its own: never one of trio's threads that `to_thread` callers wait for),
+    whose return wakes the waits at once.
+
+    Invariants: `_waiting` holds only timelines with waits; `_helpers` the timelines
+    whose helper thread runs, with the value it waits for."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[ExternalTimeline, set[_Waiter]] = {}
+        self._helpers: dict[ExternalTimeline, int] = {}
+        self._changed = trio.Event()
+        self._limiter = trio.CapacityLimiter(math.inf)
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the watcher (and later helpers) in the runtime's `nursery`."""
+        self._nursery = nursery
+        nursery.start_soon(self._watch)
+
+    @property
+    def waiting(self) -> int:
+        """How many waits are pending."""
+        return sum(len(waits) for waits in self._waiting.values())
+
+    async def wait_for(self, timeline: ExternalTimeline, value: int) -> None:
+        """Return once `timeline` reached `value`. Raises TimeoutError after its
+        `timeout` (a timeline without `wait`), what its `read` or `wait` raised, or
+        ClosedError if the runtime closes meanwhile. Cancelling it ends the wait at once."""
+        if self._nursery is None:
+            raise ClosedError(
+                "this runtime is not started; use `async with open_runtime(...) as rt`"
+            )
+        no_wait = timeline.wait is None
+        waiter = _Waiter(value, trio.current_time() + timeline.timeout if no_wait else math.inf)
+        self._waiting.setdefault(timeline, set()).add(waiter)
+        self._changed.set()
+        if not no_wait and timeline not in self._helpers:
+            self._helpers[timeline] = value
+            self._nursery.start_soon(self._help, timeline, value)
+        try:
+            await waiter.done.wait()
+        finally:
+            self._forget(timeline, waiter)
+        if waiter.error is not None:
+            raise waiter.error
+
+    def _forget(self, timeline: ExternalTimeline, waiter: _Waiter) -> None:
+        waits = self._waiting.get(timeline)
+        if waits is not None:
+            waits.discard(waiter)
+            if not waits:
+                del self._waiting[timeline]
+
+    async def _watch(self) -> None:
+        pause = _POLL_S[0]
+        try:
+            while True:
+                changed = self._changed
+                if not self._waiting:
+                    await changed.wait()
+                elif self._check():
+                    pause = _POLL_S[0]
+                    continue
+                else:
+                    with trio.move_on_after(pause):
+                        await changed.wait()
+                    pause = min(2 * pause, _POLL_S[1])
+                if changed.is_set():  # a new wait: read at once, then soon again
+                    self._changed = trio.Event()
+                    pause = _POLL_S[0]
+        finally:
+            closed = ClosedError(
+                "the runtime closed while a replay waited for an external timeline"
+            )
+            for waits in list(self._waiting.values()):
+                for waiter in waits:
+                    waiter.fail(closed)
+
+    def _check(self) -> bool:
+        """Read each timeline waited on once: wake the waits it reached and fail those
+        past their deadline. Whether any wait ended."""
+        now = trio.current_time()
+        ended = False
+        for timeline, waits in list(self._waiting.items()):
+            error: Exception | None = None
+            try:
+                reached = timeline.read()
+            except Exception as exc:  # the other side's read broke: its waits fail with it
+                reached, error = -1, exc
+            for waiter in list(waits):
+                if waiter.done.is_set():
+                    continue
+                if error is not None:
+                    waiter.fail(error)
+                elif reached >= waiter.value:
+                    waiter.done.set()
+                elif now >= waiter.deadline:
+                    waiter.fail(
+                        TimeoutError(
+                            f"timeline {timeline.name} did not reach {waiter.value} within "
+                            f"{timeline.timeout} s (it is at {reached})"
+                        )
+                    )
+                else:
+                    continue
+                ended = True
+        return ended
+
+    async def _help(self, timeline: ExternalTimeline, value: int) -> None:
+        """A helper thread blocked in `timeline.wait(value)`: its return wakes the waits
+        for `value` or less (and the next helper waits for the lowest of the rest)."""
+        wait = timeline.wait
+        assert wait is not None
+        try:
+            await trio.to_thread.run_sync(
+                wait, value, abandon_on_cancel=True, limiter=self._limiter
+            )
+        except Exception as exc:  # the other side's wait broke: its waits fail with it
+            error: Exception | None = exc
+        else:
+            error = None
+        finally:
+            del self._helpers[timeline]
+        for waiter in list(self._waiting.get(timeline, ())):
+            if error is not None:
+                waiter.fail(error)
+            elif waiter.value <= value:
+                waiter.done.set()
+        rest = [w.value for w in self._waiting.get(timeline, ()) if not w.done.is_set()]
+        if rest and self._nursery is not None:
+            self._helpers[timeline] = min(rest)
+            self._nursery.start_soon(self._help, timeline, min(rest))
 
 
 def check_points(points: Any, what: str) -> tuple[tuple[ExternalTimeline, int], ...]:

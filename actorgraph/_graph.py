@@ -16,7 +16,7 @@ from actorgraph.scheduler import Plan
 
 from . import _capture
 from ._await import Hinted, described, listed
-from ._buffer import Buffer
+from ._buffer import Allocation, Buffer, dtype_text
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
@@ -166,7 +166,8 @@ class Replay:
 class GraphStatistics:
     """`replays` counts calls submitted; `replays_done` those finished. `waits_parked` and
     `time_blocked` (seconds) add up the waits its queues parked on; `bytes_copied` the
-    bytes its Copy items moved."""
+    bytes its Copy items moved; `checked` the replays checked against eager
+    (`open_runtime(check_replays=N)`: its first N)."""
 
     items: int
     queues: int
@@ -176,6 +177,7 @@ class GraphStatistics:
     waits_parked: int = 0
     time_blocked: float = 0.0
     bytes_copied: int = 0
+    checked: int = 0
 
 
 def check_graph(value: object, what: str) -> None:
@@ -238,9 +240,15 @@ class Graph(Hinted):
         self.runs_off_thread = program.runs_inline and all(
             device.kind == "CPU" for device in program.devices
         )
-        # One buffer per internal allocation: checked on every call, as a buffer may be
-        # freed between two calls with the same inputs.
-        self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
+        # One buffer per internal allocation, checked on every call after a free, as a
+        # buffer may be freed between two calls with the same inputs. Per allocation,
+        # not per address space: every wrapper on a device shares one (`alloc_id`), and
+        # each is freed on its own.
+        roots: dict[Allocation, Buffer] = {}
+        for bufs in internal.values():
+            for buf in bufs:
+                roots.setdefault(buf.allocation, buf)
+        self._internal_roots = tuple(roots.values())
         # The byte ranges of those buffers by allocation, worked out the first time an
         # input is in that allocation (most never are): every new input set is checked
         # against them (_overlap), and wrapped memory puts every wrapped buffer of a
@@ -256,6 +264,8 @@ class Graph(Hinted):
         self.number = runtime.adopt(self._counts)
         self._profiling = runtime.profiling
         self._last_record: ReplayRecord | None = None
+        # Replays checked against eager (see _checker.CheckedGraph, which counts them).
+        self.checked = 0
 
     @property
     def plan(self) -> Plan:
@@ -320,6 +330,7 @@ class Graph(Hinted):
             waits_parked=self.waits_parked,
             time_blocked=self.time_blocked,
             bytes_copied=self.bytes_copied,
+            checked=self.checked,
         )
 
     @property
@@ -470,9 +481,8 @@ class Graph(Hinted):
         await runtime.reserve()
         try:
             for timeline, value in waits:
-                # Cancelling abandons the wait (nothing is submitted); the thread polls on
-                # until the timeline moves or its timeout.
-                await trio.to_thread.run_sync(timeline.wait_for, value, abandon_on_cancel=True)
+                # Cancelling ends the wait at once (nothing is submitted).
+                await runtime.wait_timeline(timeline, value)
             self._check_not_closed()
             return self._post(bound, inputs, profile, then)
         finally:
@@ -662,13 +672,7 @@ class Graph(Hinted):
             )
         from actorgraph.scheduler import build_plan
 
-        program = self._program
-        items = []
-        for j, item in enumerate(program.items):
-            bufs = list(item.bufs)
-            for slot, source in program.item_inputs[j]:
-                bufs[slot] = bufs[slot].rebased(program.inputs[source], inputs[source])
-            items.append(item.with_buffers(bufs))
+        items = self._program.call_items(inputs)
         plan = build_plan([plan_item(item) for item in items], self._runtime.caps)
         if self._runtime.verify_plans:
             plan.verify()
@@ -711,7 +715,8 @@ class Graph(Hinted):
             )
         if new.dtype != old.dtype:
             raise InputError(
-                f"input {i} has dtype {new.dtype} but the graph was compiled for {old.dtype}"
+                f"input {i} has dtype {dtype_text(new.dtype)} but the graph was compiled for "
+                f"{dtype_text(old.dtype)}; pass a buffer of that dtype"
             )
         limit = self._program.max_sizes.get(i)
         if limit is None:

@@ -8,6 +8,7 @@ from typing import Any, Union
 import attrs
 
 from actorgraph.devices import check_kernel_cost
+from actorgraph.devices.remote import MachineCode
 
 from ._await import described
 from ._buffer import Buffer
@@ -53,11 +54,13 @@ class Kernel:
         pass_dims: also pass the launch's `global_size=` and `local_size=` to `cpu`.
         cpu_args: "arrays" (numpy views) or "addresses" (each buffer's host address as an
             int, for compiled code that takes pointers).
+        code: compiled machine code (an `ag.remote.MachineCode`) that a worker started
+            with `--allow-programs` runs on its CPU devices, shipped to each worker once.
 
     Raises:
-        UsageError: a name that is no identifier, no body, a `cpu` that is not callable, no
-            written slot, slots that are not ints >= 0, an unknown `cpu_args`, or a bad
-            `cost`.
+        UsageError: a name that is no identifier, no body, a `cpu` that is not callable, a
+            `code` that is no MachineCode, no written slot, slots that are not ints >= 0,
+            an unknown `cpu_args`, or a bad `cost`.
     """
 
     name: str
@@ -68,6 +71,7 @@ class Kernel:
     cost: Any = None
     pass_dims: bool = False
     cpu_args: str = "arrays"
+    code: MachineCode | None = None
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -77,8 +81,15 @@ class Kernel:
                 f"Kernel {self.name!r}: cpu_args is 'arrays' (numpy views) or 'addresses' "
                 f"(host addresses as ints), got {self.cpu_args!r}"
             )
-        if self.cpu is None and self.cuda is None:
-            raise UsageError(f"Kernel {self.name!r} has no body; give cpu=fn and/or cuda=SOURCE")
+        if self.cpu is None and self.cuda is None and self.code is None:
+            raise UsageError(
+                f"Kernel {self.name!r} has no body; give cpu=fn, cuda=SOURCE and/or "
+                f"code=ag.remote.MachineCode(...)"
+            )
+        if self.code is not None and not isinstance(self.code, MachineCode):
+            raise UsageError(
+                f"Kernel {self.name!r}: code= takes an ag.remote.MachineCode, got {self.code!r}"
+            )
         if self.cpu is not None and not callable(self.cpu):
             raise UsageError(f"Kernel {self.name!r}: cpu= must be callable, got {self.cpu!r}")
         if not self.outs:

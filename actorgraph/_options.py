@@ -20,7 +20,15 @@ TOKEN_FILE_ENV = "ACTORGRAPH_TOKEN_FILE"
 
 # The options of open_runtime(...) the runtime reads itself (the devices read the others).
 RUNTIME_OPTIONS = frozenset(
-    ["timeline_start", "verify_plans", "profile", "max_in_flight", "deadlock_check", "watchdog"]
+    [
+        "timeline_start",
+        "verify_plans",
+        "profile",
+        "max_in_flight",
+        "deadlock_check",
+        "watchdog",
+        "check_replays",
+    ]
 )
 
 
@@ -78,7 +86,7 @@ def check_options(names: Sequence[str], options: dict[str, Any]) -> None:
     before any device opens; those that go to the devices stay in `options`."""
     refuse_unknown(options)
     _token_file_option(names, options)
-    for name in ("timeline_start", "cpu_thread_bytes", "max_in_flight"):
+    for name in ("timeline_start", "cpu_thread_bytes", "max_in_flight", "check_replays"):
         if name in options:
             check_count(name, options[name])
     if options.get("max_in_flight", 1) < 1:

@@ -38,20 +38,23 @@ from actorgraph.devices import (
 from actorgraph.devices import Signal as DeviceSignal
 from actorgraph.scheduler import (
     Access,
+    DeviceCaps,
     ItemKind,
     Message,
     Plan,
     PlanItem,
     QueueId,
+    QueueKind,
     Run,
     Signal,
     SyncDevice,
     Wait,
     WaitKick,
+    build_plan,
 )
 
 from ._buffer import Buffer
-from ._errors import ClosedError, DeadlockError, ItemError, UsageError
+from ._errors import ClosedError, DeadlockError, ItemError, ReplayMismatchError, UsageError
 from ._kernel import Copy, Item, Launch
 from ._vars import Var, evaluate
 
@@ -422,6 +425,21 @@ class Program:
                 )
         return None
 
+    def call_items(self, inputs: Sequence[Buffer]) -> list[Item]:
+        """The items as a call with these inputs runs them: each item on the call's
+        buffers (those that come from an input moved onto the call's input)."""
+        items: list[Item] = []
+        for j, item in enumerate(self.items):
+            from_inputs = self.item_inputs[j]
+            if not from_inputs:
+                items.append(item)
+                continue
+            bufs = list(item.bufs)
+            for slot, source in from_inputs:
+                bufs[slot] = bufs[slot].rebased(self.inputs[source], inputs[source])
+            items.append(item.with_buffers(bufs))
+        return items
+
     def describe(self, index: int) -> str:
         item = self.items[index]
         return f"item {self.item_numbers[index]} ({item.label})"
@@ -608,6 +626,25 @@ class Program:
         return sub
 
 
+def host_program(
+    runtime: Host, caps: Mapping[str, DeviceCaps], buffer: Buffer, write: bool
+) -> Program:
+    """The one-item program of a host copy into (`write`) or out of `buffer`, on its
+    device's copy queue where it has one; its op is filled in by `bind_host`."""
+    device = runtime.device(buffer.device)
+    start, stop = buffer.byte_range
+    kind = QueueKind.COPY if QueueKind.COPY in device.queues else QueueKind.COMPUTE
+    item = PlanItem(
+        "host write" if write else "host read",
+        ItemKind.COPY if kind is QueueKind.COPY else ItemKind.EXEC,
+        buffer.device,
+        (Access(buffer.device, buffer.alloc_id, start, stop, write),),
+    )
+    program = Program(runtime, (), (), build_plan([item], caps))
+    program.copy_bytes[0] = buffer.nbytes
+    return program
+
+
 def raise_failure(program: Program, sub: Submission) -> None:
     """Raise what a finished submission of `program` failed with, as the user sees it:
     an ItemError naming the item, or ClosedError when no item was at fault."""
@@ -621,7 +658,7 @@ def raise_item_failure(program: Program, failure: tuple[int, str, BaseException]
     failed_item, failed_actor, error = failure
     if failed_item < 0:
         # Not an item's fault: the runtime broke (deadlock) or a device went away.
-        if isinstance(error, (ClosedError, DeadlockError)):
+        if isinstance(error, (ClosedError, DeadlockError, ReplayMismatchError)):
             raise error
         raise ClosedError(str(error)) from error
     if isinstance(error, RemoteConnectionError):

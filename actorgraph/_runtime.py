@@ -23,15 +23,7 @@ from actorgraph.devices import (
     join_sim_devices,
     open_devices,
 )
-from actorgraph.scheduler import (
-    Access,
-    ItemKind,
-    Plan,
-    PlanItem,
-    QueueKind,
-    build_plan,
-    list_schedule_order,
-)
+from actorgraph.scheduler import Plan, build_plan, list_schedule_order
 
 from . import _capture
 from ._await import Hinted, Pending, described, listed
@@ -41,7 +33,9 @@ from ._buffer import (
     _shape_of,
     buffer_dtype,
     check_buffer_size,
+    dtype_text,
 )
+from ._checker import CheckedGraph
 from ._collector import collector_paused
 from ._errors import (
     ClosedError,
@@ -49,7 +43,7 @@ from ._errors import (
     InputError,
     UsageError,
 )
-from ._foreign import HostMemory, space_uid, wrap_memory
+from ._foreign import ExternalTimeline, HostMemory, TimelineWaits, space_uid, wrap_memory
 from ._graph import Graph, ReplayCounts, check_var_vals
 from ._groups import sole_exception
 from ._kernel import Copy, Item, Kernel, Launch
@@ -60,6 +54,7 @@ from ._program import (
     Bound,
     Program,
     check_item,
+    host_program,
     plan_item,
     plan_items,
     raise_failure,
@@ -70,6 +65,33 @@ from ._program import (
 _runtime_numbers = itertools.count(1)
 
 
+class HostCopy:
+    """A copyin or copyout submitted without waiting (`Runtime.submit_copyin`,
+    `submit_copyout`): `await copy.wait()` returns once it is done (raising its
+    failure); a copyout's `array` then holds the buffer's bytes."""
+
+    __slots__ = ("_program", "_sub", "array")
+
+    def __init__(
+        self, program: Program, sub: Submission, array: np.ndarray[Any, Any] | None
+    ) -> None:
+        self._program = program
+        self._sub = sub
+        self.array = array
+
+    @property
+    def done(self) -> bool:
+        return bool(self._sub.done.is_set())
+
+    async def wait(self) -> None:
+        await self._sub.done.wait()
+        raise_failure(self._program, self._sub)
+
+    def finish(self) -> None:
+        """Raise the failure of a copy that is done (nothing if it succeeded)."""
+        raise_failure(self._program, self._sub)
+
+
 @attrs.frozen
 class StallReport:
     """The watchdog saw no progress for `stalled_for` seconds (trio clock) at time `at`."""
@@ -78,6 +100,12 @@ class StallReport:
     stalled_for: float
     in_flight: int
     actors: tuple[str, ...]
+
+
+def _dtype_code(dtype: np.dtype[Any]) -> str:
+    """How to write `dtype` in Python: np.int32, or '>i4' when its byte order is not
+    this machine's."""
+    return f"np.{dtype.name}" if dtype.isnative else repr(dtype.str)
 
 
 @attrs.frozen
@@ -123,6 +151,8 @@ class Runtime:
         self.verify_plans = bool(options.pop("verify_plans", False))
         self.profiling = bool(options.pop("profile", False))
         self.max_in_flight = int(options.pop("max_in_flight", 256))
+        # How many replays of each graph are checked against eager (0: none, no cost).
+        self.check_replays = int(options.pop("check_replays", 0))
         self.deadlock_check = float(options.pop("deadlock_check", 0.25))
         watchdog = options.pop("watchdog", None)
         self.watchdog: float | None = None if watchdog is None else float(watchdog)
@@ -143,7 +173,7 @@ class Runtime:
         # counting it), or None.
         self._pending: dict[Submission, Callable[[Submission], None] | None] = {}
         # (submissions still running, device, memory): frees waiting for that work.
-        self._deferred_frees: list[tuple[set[Submission], Device, Any]] = []
+        self._deferred_frees: list[tuple[set[Submission], Device | None, Any]] = []
         # Places in the window taken by replays not posted yet (`reserve`); callers wait
         # in `_space` for room. Invariant: len(_pending) + _reserved <= max_in_flight,
         # except for work posted without waiting for room (never in flight, or eager).
@@ -163,6 +193,8 @@ class Runtime:
         # Per device: the address space every rt.wrap(...) buffer on it shares.
         self._foreign_spaces: dict[str, int] = {}
         self._host_memory = HostMemory()
+        # Replays waiting for external timelines (graph.submit(after=...)): one watcher.
+        self._timeline_waits = TimelineWaits()
 
     # -- lifecycle --
 
@@ -170,6 +202,7 @@ class Runtime:
         for device in self._devices.values():
             await device.start(nursery)
         nursery.start_soon(self._monitor)
+        self._timeline_waits.start(nursery)
         self._open = True
         self.usable = self._broken is None
 
@@ -400,8 +433,9 @@ class Runtime:
 
         Buffers made by wrap on one device compare by address: two wrappers of overlapping
         memory alias, so the planner orders items that use them. `rt.free(buf)` forgets the
-        wrapper; the memory stays its owner's, who must keep it alive while work that uses
-        it may run.
+        wrapper and makes later use of it a BufferFreedError; the memory stays its owner's:
+        an exporter is kept alive until the work submitted before the free is done, and
+        memory given by address must be kept alive by the caller that long.
 
         Args:
             device: the CPU device whose work the memory joins, say "CPU:0".
@@ -417,8 +451,9 @@ class Runtime:
 
         Raises:
             UsageError: `source` is a Buffer of this runtime (use it, or a view of it), memory
-                already wrapped on another device or allocated by `rt.alloc`, read-only memory,
-                or a size, dtype or shape that does not fit it.
+                already wrapped on another device or allocated by `rt.alloc`, memory that is
+                not host memory, read-only or not contiguous, or a size, dtype or shape that
+                does not fit it.
             ClosedError: the runtime has closed, or an earlier fault broke it.
         """
         self.check_open()
@@ -455,17 +490,15 @@ class Runtime:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
         self.check_own(buffer, "free: ")
         buffer.check_live("free: ")
-        device = buffer.device_object
+        # A wrapper's memory is its owner's (rt.wrap): nothing goes back to the device,
+        # but the wrapper's exporter is kept alive as long as its memory may be used.
+        device = None if buffer.foreign else buffer.device_object
         memory = buffer.release_memory()
         self.frees += 1
-        self.epoch += 1
-        if buffer.foreign:
-            # The memory is its owner's (rt.wrap): nothing goes back to the device. Graphs
-            # re-check their buffers' liveness when the epoch moves.
-            return
+        self.epoch += 1  # graphs re-check their buffers' liveness when it moves
         # Work submitted before may still use the memory (no later work can): the device
-        # gets it back once that work is done. Never wait for it here, on the trio thread
-        # that the work itself may need.
+        # gets it back (an exporter is let go of) once that work is done. Never wait for
+        # it here, on the trio thread that the work itself may need.
         waiting = {sub for sub in self._pending if not sub.done.is_set()}
         if waiting:
             self._deferred_frees.append((waiting, device, memory))
@@ -473,7 +506,9 @@ class Runtime:
             self._release(device, memory)
 
     @staticmethod
-    def _release(device: Device, memory: Any) -> None:
+    def _release(device: Device | None, memory: Any) -> None:
+        if device is None:
+            return  # a wrapper's exporter: dropping it is all there is to do
         try:
             device.free(memory)
         except Exception as error:  # e.g. a GPU whose context is already lost
@@ -508,6 +543,14 @@ class Runtime:
         so never pass the window when what they wait for comes."""
         await self.admit()
         self._reserved += 1
+
+    async def wait_timeline(self, timeline: ExternalTimeline, value: int) -> None:
+        """Return once `timeline` reached `value` (for a replay that waits for it, its
+        place in the window reserved): the runtime's watcher wakes it, no thread is held
+        for it, and cancelling it ends it at once. Raises TimeoutError after the
+        timeline's `timeout` (one without `wait`), what its `read` or `wait` raised, or
+        ClosedError if the runtime closes meanwhile."""
+        await self._timeline_waits.wait_for(timeline, value)
 
     def unreserve(self) -> None:
         """Give back a place `reserve` took (its replay is posted now, or never will be)."""
@@ -629,20 +672,6 @@ class Runtime:
                     ", ".join(stall.actors),
                 )
 
-    def _host_program(self, buffer: Buffer, write: bool) -> Program:
-        dev = self.device(buffer.device)
-        start, stop = buffer.byte_range
-        kind = QueueKind.COPY if QueueKind.COPY in dev.queues else QueueKind.COMPUTE
-        item = PlanItem(
-            "host write" if write else "host read",
-            ItemKind.COPY if kind is QueueKind.COPY else ItemKind.EXEC,
-            buffer.device,
-            (Access(buffer.device, buffer.alloc_id, start, stop, write),),
-        )
-        program = Program(self, (), (), build_plan([item], self.caps))
-        program.copy_bytes[0] = buffer.nbytes
-        return program
-
     async def copyin(self, buffer: Buffer, array: Any) -> None:
         """Copy a host array into `buffer`, after all earlier work on its device.
 
@@ -660,7 +689,7 @@ class Runtime:
         self.check_open()
         _capture.check_host_transfer("copyin")
         data = self._host_array(buffer, array)
-        program = self._host_program(buffer, write=True)
+        program = host_program(self, self.caps, buffer, write=True)
         queue = program.plan.queues[0]
         op = self.device(buffer.device).lower_host_write(buffer, data, queue.kind)
         await self._run_host(program, op)
@@ -686,11 +715,48 @@ class Runtime:
         self.check_own(buffer, "copyout: ")
         buffer.check_live("copyout: ")
         out = np.empty(buffer.shape, dtype=buffer.dtype)
-        program = self._host_program(buffer, write=False)
+        program = host_program(self, self.caps, buffer, write=False)
         queue = program.plan.queues[0]
         op = self.device(buffer.device).lower_host_read(buffer, out, queue.kind)
         await self._run_host(program, op)
         return out
+
+    async def submit_copyin(self, buffer: Buffer, array: Any) -> HostCopy:
+        """`copyin` without waiting for it to be done: it is submitted (after all earlier
+        work on its device) when this returns, and the HostCopy says when it is done.
+        On a remote device the bytes go with the request, in one message."""
+        self.check_open()
+        _capture.check_host_transfer("copyin")
+        data = self._host_array(buffer, array)
+        program = host_program(self, self.caps, buffer, write=True)
+        op = self.device(buffer.device).lower_host_write(buffer, data, program.plan.queues[0].kind)
+        return await self._submit_host(program, op, None)
+
+    async def submit_copyout(self, buffer: Buffer) -> HostCopy:
+        """`copyout` without waiting for it: once the HostCopy is done (`await
+        copy.wait()`), `copy.array` holds the bytes of `buffer` as of that point."""
+        self.check_open()
+        _capture.check_host_transfer("copyout")
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"submit_copyout takes a Buffer, got {described(buffer)}")
+        self.check_own(buffer, "submit_copyout: ")
+        buffer.check_live("submit_copyout: ")
+        out = np.empty(buffer.shape, dtype=buffer.dtype)
+        program = host_program(self, self.caps, buffer, write=False)
+        op = self.device(buffer.device).lower_host_read(buffer, out, program.plan.queues[0].kind)
+        return await self._submit_host(program, op, out)
+
+    async def _submit_host(
+        self, program: Program, op: Any, out: np.ndarray[Any, Any] | None
+    ) -> HostCopy:
+        await self.admit()
+        bound = program.bind_host(op)
+        linear = bound.linear
+        failure = NOT_RUN if linear is None else linear.run()
+        if failure is NOT_RUN:
+            return HostCopy(program, program.submit(bound), out)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return HostCopy(program, program.done_submission(failure), out)
 
     async def _run_host(self, program: Program, op: Any) -> None:
         # The host op fills the one Run placeholder of a single-item host program.
@@ -728,8 +794,8 @@ class Runtime:
         data = np.asarray(array)
         if data.dtype != buffer.dtype:
             raise UsageError(
-                f"copyin: array dtype {data.dtype} does not match {buffer!r}; "
-                f"convert with array.astype(np.{buffer.dtype.name})"
+                f"copyin: array dtype {dtype_text(data.dtype)} does not match {buffer!r}; "
+                f"convert with array.astype({_dtype_code(buffer.dtype)})"
             )
         if data.size != buffer.size:
             raise UsageError(
@@ -1014,6 +1080,8 @@ class Runtime:
                 program.plan.wait_count,
             )
         program.max_sizes = limits
+        if self.check_replays:
+            return CheckedGraph(self, program, aliasing=aliasing, checks=self.check_replays)
         return Graph(self, program, aliasing=aliasing)
 
     def _cost_ordered(
@@ -1050,6 +1118,9 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
             `verify_plans` (prove every compiled plan deadlock- and race-free),
             `profile` (record the item times of every replay; read them with
             `rt.profile()`),
+            `check_replays` (N: the first N replays of every graph also run its items
+            eagerly on shadow copies of its memory and compare every byte written; a
+            difference raises ReplayMismatchError),
             `max_in_flight` (submissions posted and not complete before submitting
             blocks; 256),
             `deadlock_check` (seconds between checks of in-flight work; 0.25),
@@ -1064,7 +1135,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
             `remote_token` / `remote_token_file` (the workers' token; with neither, the
             file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
             `remote_tls_ca` (the CA file workers' certificates are checked against: the
-            connections speak TLS), `remote_timeout` (seconds to connect; 10).
+            connections speak TLS), `remote_timeout` (seconds to connect and pass the
+            handshake; 10).
 
     Yields:
         The open Runtime.

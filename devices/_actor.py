@@ -76,11 +76,16 @@ class WorkerThread:
             if got is None:
                 return
             calls, first, observer, task = got
+            # Nothing of a run outlives it here: the wait for the next one must not keep
+            # its calls, and what they hold (a departed client's memory, its code), alive.
+            del got
             failure = run_calls(calls, first, observer)
+            del calls, observer
             try:
                 self._token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(failure))
             except trio.RunFinishedError:
                 return
+            del task, failure
 
     async def run(
         self, calls: Calls, first: int, observer: JobProfile | None = None
@@ -316,6 +321,9 @@ class QueueActor:
                 self._current = job
                 await self._run_job(job)
                 self._current = None
+                # Not kept while this task waits: a cancellation's traceback holds this
+                # frame, and the job would hold its ops' memory as long as that does.
+                del job
                 if self._inbox:
                     # Back-to-back jobs: let other tasks run between them.
                     await trio.lowlevel.checkpoint()

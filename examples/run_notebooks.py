@@ -9,8 +9,9 @@
 A notebook runs from its own folder (it imports the scripts beside it) on this
 interpreter's kernel. The committed notebooks stay as they are unless `--in-place` is
 given. A notebook that needs what is not installed here (its metadata's
-`actorgraph.requires`: module -> the extra that brings it, say Ray's) is skipped, saying
-how to install it; a notebook that fails is reported and the others still run. The exit
+`actorgraph.requires`: module -> the extra that brings it, say Ray's; `releases`: module ->
+the release it needs; `programs`: commands on PATH, say clang) is skipped, saying how to
+install it; a notebook that fails is reported and the others still run. The exit
 status is 1 when any failed.
 
 Needs the `notebooks` extra (pip install -e ".[notebooks]" in the checkout).
@@ -19,10 +20,12 @@ Needs the `notebooks` extra (pip install -e ".[notebooks]" in the checkout).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -48,14 +51,29 @@ def execute(path: pathlib.Path, timeout: int = 300) -> nbformat.NotebookNode:
 
 
 def unmet(path: pathlib.Path) -> str | None:
-    """Why this notebook cannot run here (a module it needs is not installed), or None."""
+    """Why this notebook cannot run here (a module it needs is not installed, or not at
+    the release it needs, or a program it needs is not on PATH), or None."""
     notebook = nbformat.read(path, as_version=4)
-    requires = notebook.metadata.get("actorgraph", {}).get("requires", {})
+    needs = notebook.metadata.get("actorgraph", {})
+    requires = needs.get("requires", {})
     for module, extra in requires.items():
         if importlib.util.find_spec(module) is None:
             return (
                 f"it needs {module}, which is not installed: "
                 f'pip install -e ".[{extra}]" in the checkout'
+            )
+    for module, release in needs.get("releases", {}).items():
+        have = importlib.metadata.version(module)
+        if have != release:
+            extra = requires.get(module, module)
+            return (
+                f"it needs {module} {release}, not {have}: "
+                f'pip install -e ".[{extra}]" in the checkout'
+            )
+    for program in needs.get("programs", []):
+        if shutil.which(program) is None:
+            return (
+                f"it needs {program}, which is not on PATH: install it (apt-get install {program})"
             )
     return None
 

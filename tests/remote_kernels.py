@@ -98,3 +98,17 @@ def _held(out, a):
 
 HELD = ag.Kernel("held", cpu=_held, outs=(0,), ins=(1,))
 KERNELS.append(HELD)
+
+
+_CALLS = [0]
+
+
+def _counter(out, a):
+    # Hidden state: each call adds one more than the last, so two runs of the same work
+    # differ (what a replay checker must catch).
+    _CALLS[0] += 1
+    np.add(a, _CALLS[0], out=out)
+
+
+COUNTER = ag.Kernel("counter", cpu=_counter, outs=(0,), ins=(1,))
+KERNELS.append(COUNTER)

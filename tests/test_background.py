@@ -519,6 +519,8 @@ NOT_MIRRORED = {
     "reserve": "holds a place in the in-flight window for a replay that waits for its "
     "timelines: a hook of Graph.submit on the runtime's thread",
     "unreserve": "gives back the place reserve took, on the runtime's thread",
+    "wait_timeline": "waits in the calling trio task for an external timeline: a hook of "
+    "Graph.submit on the runtime's thread (graph.submit(after=...) is the public call)",
     "track": "bookkeeping Program calls on the runtime's thread for each submission it posts",
     "count_done": "bookkeeping Program calls on the runtime's thread",
     "adopt": "bookkeeping Graph calls on the runtime's thread when it is compiled",
@@ -532,6 +534,10 @@ NOT_MIRRORED = {
     "rt.runtime.device(name) in a function given to call()",
     "kick": "the KICK signal, trio state of the runtime's thread",
     "usable": "a flag the runtime's fast path reads on its thread; `closed` answers from others",
+    "submit_copyin": "copyin without waiting, for trio code on the runtime's thread (its "
+    "HostCopy is waited for there); a background runtime's copyin returns at once (a Call)",
+    "submit_copyout": "copyout without waiting, as submit_copyin; a background runtime's "
+    "copyout returns at once (a Call)",
 }
 
 

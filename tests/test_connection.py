@@ -13,6 +13,7 @@ import re
 import socket
 import sys
 import tempfile
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import trio.testing
 from _model import DTYPE, SALT, ProgramSpec, build_items, check_program, random_programs
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices.remote import _connection as remote_connection
-from actorgraph.devices.remote.wire import Limits
+from actorgraph.devices.remote.wire import Limits, Ref
 from actorgraph.scheduler import Run, Wait
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -844,3 +845,82 @@ async def test_a_batchs_requests_to_a_worker_leave_in_one_send_and_in_order(
             assert sorted(arrived) == [1, 2, 3, 4, 5, 6]
             assert [bytes(r.view) for r in [first, *reads]] == [bytes([i] * 4) for i in range(1, 7)]
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_a_listener_that_never_answers_the_handshake_is_named(
+    tls: bool, tmp_path: Path
+) -> None:
+    # Something accepts the connection and says nothing: the client says that what
+    # listens there did not answer the handshake in remote_timeout seconds, and what to
+    # check, not that no worker runs there.
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    options: dict[str, Any] = {"remote_timeout": 0.5}
+    what = "handshake"
+    if tls:
+        import trustme
+
+        ca = tmp_path / "ca.pem"
+        trustme.CA().cert_pem.write_to_path(str(ca))
+        options["remote_tls_ca"] = ca
+        what = "TLS handshake"
+
+    async def silent() -> None:
+        conn, _ = await listener.accept()
+        with conn:
+            await trio.sleep_forever()
+
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(silent)
+            with pytest.raises(
+                remote_connection.RemoteConnectionError,
+                match=re.escape(
+                    f"cannot connect to the worker at 127.0.0.1:{port}: something accepted the "
+                    f"connection there but did not answer the {what} within 0.5 s; check that "
+                    f"an actorgraph worker of this version listens at 127.0.0.1:{port} (not "
+                    f"another service), that it is not stopped or overloaded, or give it longer "
+                    f"with open_runtime(..., remote_timeout=SECONDS)"
+                ),
+            ) as info:
+                async with runtime([f"CPU:0@127.0.0.1:{port}"], **options):
+                    pass
+            assert "start one" not in str(info.value)  # something runs there
+            # A worker's link to such a listener says the same, within its own timeout.
+            peers = Peers(Limits(), TOKEN, timeout=0.5)
+            peers.start(nursery)
+            nursery.start_soon(silent)
+            with pytest.raises(
+                ConnectionError,
+                match=re.escape(
+                    f"worker-to-worker read from 127.0.0.1:{port} failed: 127.0.0.1:{port} did "
+                    f"not answer the handshake within 0.5 s; check that a worker of this "
+                    f"actorgraph version listens there and is not stopped or overloaded"
+                ),
+            ):
+                await peers.pull(
+                    "127.0.0.1", port, 1, Ref(1, 0, [4]), b"t" * 32, memoryview(bytearray(4))
+                )
+            nursery.cancel_scope.cancel()
+    listener.close()
+
+
+async def test_a_connection_keeps_no_data_it_sent(workers: tuple[Worker, Worker]) -> None:
+    # A copyin's data goes by the connection's writer task: once sent it is let go
+    # of, not kept until the next send (64 MiB here, then 4 bytes).
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 16 << 20, np.int32)
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                await rt.copyin(x, np.ones(16 << 20, np.int32))
+                held = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert held < 8 << 20, f"{held} bytes still held after the copyin"
+            assert (await rt.copyout(x)).sum() == 16 << 20

@@ -4,6 +4,7 @@ size, and ordering against an external timeline."""
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 
 import numpy as np
@@ -135,7 +136,8 @@ async def test_one_memory_wrapped_on_two_devices_is_refused() -> None:
                     ag.UsageError,
                     match=(
                         rf"wrap: that memory \(bytes 0x[0-9a-f]+\.\.0x[0-9a-f]+\) is wrapped on "
-                        rf"CPU:0 already \(buffer #{first.alloc_id}\); host memory is one address "
+                        rf"CPU:0 already \(by the wrapper of {memory.ctypes.data:#x}\.\."
+                        rf"{memory.ctypes.data + memory.nbytes:#x}\); host memory is one address "
                         rf"space, but a runtime orders work on wrapped memory per device, so "
                         rf"wrappers on CPU:0 and CPU:1 would race: wrap it on one device and move "
                         rf"the data with Copy items, or rt.free the other wrapper first"
@@ -370,3 +372,221 @@ async def test_replays_waiting_for_a_timeline_hold_their_place_in_the_window(
                 gate.set()
             assert len(posted) == 6 and max(posted) <= 2 and rt.in_flight == 0
             assert rt.statistics().reserved == 0
+
+
+async def test_cancelled_timeline_waits_leave_nothing_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 45 submits wait for a timeline that never moves, and are cancelled: their waits
+    # end at once. A later replay, whose timeline is reached 0.3 s after it was
+    # submitted, runs then (the watcher polls at least every millisecond), not after
+    # the cancelled waits' 60 s timeout.
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            stuck = ag.ExternalTimeline("stuck", lambda: 0, lambda v: None)
+            word = [0]
+            later = ag.ExternalTimeline("later", lambda: word[0], word.__setitem__)
+            out = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(add_one, [out, out])])
+
+            async def wait_for_stuck() -> None:
+                await graph.submit(after=[(stuck, 1)])
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(45):
+                    nursery.start_soon(wait_for_stuck)
+                await trio.testing.wait_all_tasks_blocked()
+                assert rt.statistics().reserved == 45
+                nursery.cancel_scope.cancel()
+            assert rt.statistics().reserved == 0 and rt.in_flight == 0
+            submitted = trio.current_time()
+
+            async def move_later() -> None:
+                await trio.sleep(0.3)
+                word[0] = 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(move_later)
+                await graph(after=[(later, 1)])
+            assert trio.current_time() - submitted < 0.3 + 0.002
+            assert (await rt.copyout(out))[0] == 1
+
+
+async def test_waits_on_a_timeline_share_one_helper_thread_and_take_no_trio_thread() -> None:
+    # Twenty replays wait for values of a timeline with a `wait` function: one helper
+    # thread at a time blocks in it, off trio's thread limiter (to_thread callers never
+    # wait behind it). Its return wakes the waits for that value or less, and the next
+    # helper waits for the lowest of the rest: the wait function alone (its word never
+    # moves here) lets every replay run.
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            lock = threading.Lock()
+            inside = [0, 0]  # threads in the wait function now, most at once
+            go = threading.Event()
+
+            def wait(value: int) -> None:
+                with lock:
+                    inside[0] += 1
+                    inside[1] = max(inside)
+                go.wait(10)
+                with lock:
+                    inside[0] -= 1
+
+            timeline = ag.ExternalTimeline("other", lambda: 0, lambda v: None, wait=wait)
+            out = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(add_one, [out, out])])
+            async with trio.open_nursery() as nursery:
+                for value in range(1, 21):
+                    nursery.start_soon(lambda v=value: graph(after=[(timeline, v)]))
+                while inside[0] == 0:
+                    await trio.sleep(0.001)
+                await trio.sleep(0.01)
+                assert trio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
+                go.set()
+            assert inside == [0, 1]
+            assert (await rt.copyout(out))[0] == 20
+
+
+async def test_a_timeline_whose_read_or_wait_raises_fails_its_waits() -> None:
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+
+            def broken(*args: object) -> int:
+                raise OSError("the other runtime is gone")
+
+            out = rt.alloc("CPU:0", 1, np.int32)
+            graph = await rt.compile([ag.Launch(add_one, [out, out])])
+            for timeline in (
+                ag.ExternalTimeline("gone", broken, lambda v: None),
+                ag.ExternalTimeline("gone", lambda: 0, lambda v: None, wait=broken),
+            ):
+                with pytest.raises(OSError, match="the other runtime is gone"):
+                    await graph(after=[(timeline, 1)])
+            assert rt.statistics().reserved == 0 and (await rt.copyout(out))[0] == 0
+
+
+async def test_a_timeline_wait_ends_with_its_runtime() -> None:
+    # A replay waits, in a task outside the runtime's block, for a timeline that never
+    # moves; the block ends: the wait fails, saying why.
+    stuck = ag.ExternalTimeline("stuck", lambda: 0, lambda v: None)
+    ended: list[str] = []
+
+    async def wait(graph: ag.Graph) -> None:
+        with pytest.raises(ag.ClosedError) as info:
+            await graph(after=[(stuck, 1)])
+        ended.append(str(info.value))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            async with ag.open_runtime(["CPU:0"]) as rt:
+                out = rt.alloc("CPU:0", 1, np.int32)
+                nursery.start_soon(wait, await rt.compile([ag.Launch(add_one, [out, out])]))
+                await trio.testing.wait_all_tasks_blocked()
+    assert ended == ["the runtime closed while a replay waited for an external timeline"]
+
+
+# Run in a process of its own: a use of memory a freed wrapper no longer keeps alive can
+# kill the process (SIGSEGV), which must fail the test rather than end pytest. Memory of
+# 16 MiB is mapped for itself and unmapped when numpy lets go of it, so a write into it
+# after that faults for certain.
+_FREED_WRAPPERS = """
+import gc, sys, threading
+import numpy as np, trio
+import actorgraph as ag
+
+inc = ag.Kernel("inc", cpu=lambda out, a: np.add(a, 1, out=out), outs=(0,), ins=(1,))
+N = 1 << 22
+
+def wrapped(rt):
+    return rt.wrap("CPU:0", np.zeros(N, np.int32), dtype=np.int32)
+
+async def refused(what, call):
+    try:
+        await call()
+    except ag.BufferFreedError as error:
+        print(what, "refused:", error)
+    else:
+        print(what, "ran")
+
+async def graphs(rt):
+    wa, wc = wrapped(rt), wrapped(rt)
+    graph = await rt.compile([ag.Launch(inc, [wa, wa]), ag.Launch(inc, [wc, wa])])
+    await graph()
+    rt.free(wc)
+    print("freed", hex(wc.byte_range[0]))
+    gc.collect()
+    for _ in range(2):  # every time, not only the first
+        await refused("call", graph)
+    await refused("submit", lambda: graph.submit())
+    await refused("submit_nowait", lambda: trio.lowlevel.checkpoint() if graph.submit_nowait() else None)
+    await refused("run", lambda: rt.run([ag.Launch(inc, [wc, wa])]))
+    await refused("copy", lambda: rt.run([ag.Copy(dst=wa, src=wc)]))
+
+async def jits(rt):
+    own = [wrapped(rt), wrapped(rt)]
+
+    @ag.jit
+    async def step(x):
+        await rt.launch(inc, [own[0], x])
+        await rt.launch(inc, [own[1], own[0]])
+
+    x = rt.alloc("CPU:0", N, np.int32)
+    for _ in range(3):
+        await step(x)
+    rt.free(own[1])
+    print("freed", hex(own[1].byte_range[0]))
+    gc.collect()
+    await refused("jit", lambda: step(x))
+
+async def in_flight(rt):
+    gate = threading.Event()
+    held = ag.Kernel("held", cpu=lambda out, a: (gate.wait(10), np.add(a, 1, out=out)), outs=(0,), ins=(1,))
+    memory = np.zeros(N, np.int32)
+    w = rt.wrap("CPU:0", memory, dtype=np.int32)
+    src = rt.alloc("CPU:0", N, np.int32)
+    graph = await rt.compile([ag.Launch(held, [w, src])])
+    replay = await graph.submit()
+    rt.free(w)
+    del memory
+    gc.collect()
+    print("kept for work in flight:", rt.frees_pending)
+    gate.set()
+    await replay.wait()
+    print("in flight: done, pending", rt.frees_pending)
+
+async def main():
+    async with ag.open_runtime(["CPU:0"], cpu_thread_bytes=0) as rt:
+        await graphs(rt)
+        await jits(rt)
+        await in_flight(rt)
+
+trio.run(main)
+"""
+
+
+async def test_a_freed_wrapper_is_refused_on_every_path_and_its_memory_outlives_work() -> None:
+    # Every wrapper on a device shares one address space, so a graph over two wrappers
+    # must check each of them, not one per address space; and rt.free of a wrapper while
+    # submitted work uses it keeps its exporter alive until that work is done.
+    import sys
+
+    with trio.fail_after(120):
+        done = await trio.run_process(
+            [sys.executable, "-c", _FREED_WRAPPERS],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, (done.returncode, out, done.stderr.decode()[-2000:])
+    lines = out.splitlines()
+    for what in ("call", "call", "submit", "submit_nowait", "run", "copy", "jit"):
+        if lines[0].startswith("freed "):
+            freed = lines.pop(0).split()[1]  # the address of the wrapper freed
+        line = lines.pop(0)
+        assert re.fullmatch(
+            rf"{what} refused: .*<Buffer CPU:0 4194304 int32 wrapping {freed} freed #\d+> "
+            rf"was freed; wrap the memory again with rt.wrap\(...\) instead",
+            line,
+        ), line
+    assert lines == ["kept for work in flight: 1", "in flight: done, pending 0"]

@@ -3,14 +3,16 @@ an error, and the committed copy carries its outputs."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
 import pytest
-from _extras import importorskip
+from _extras import NO_CLANG, importorskip
 from _paths import ROOT, child_pythonpath
 
 nbformat = importorskip("nbformat")
@@ -54,19 +56,36 @@ def this_python_kernel(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 # Scripts of an optional extra: skipped, saying which, where it is not installed. A
-# notebook says what it needs in its metadata (`actorgraph.requires`), which
-# run_notebooks.py reads too.
-NEEDS = {"ray_cluster": ["ray"]}
+# notebook says what it needs in its metadata (`actorgraph.requires`, and a module's
+# release in `actorgraph.releases`, programs on PATH in `actorgraph.programs`), which
+# run_notebooks.py reads too; a script needs what its notebook twin needs.
+NEEDS = {"ray_cluster": "05_ray", "tinygrad_remote": "07_tinygrad_remote"}
 
 
 def needs(path: pathlib.Path) -> None:
-    if path.suffix == ".ipynb":
-        metadata = nbformat.read(path, as_version=4).metadata
-        modules = list(metadata.get("actorgraph", {}).get("requires", {}))
-    else:
-        modules = NEEDS.get(path.stem, [])
-    for module in modules:
+    if path.suffix != ".ipynb":
+        if path.stem not in NEEDS:
+            return
+        path = EXAMPLES / f"{NEEDS[path.stem]}.ipynb"
+    metadata = nbformat.read(path, as_version=4).metadata.get("actorgraph", {})
+    for module in metadata.get("requires", {}):
         importorskip(module)
+    for module, release in metadata.get("releases", {}).items():
+        have = importlib.metadata.version(module)
+        if have != release:
+            pytest.skip(
+                f"{path.stem} needs {module} {release}, not {have}: "
+                f'pip install -e ".[test,{module}]" in the checkout installs it'
+            )
+    for program in metadata.get("programs", []):
+        if shutil.which(program) is None:
+            pytest.skip(NO_CLANG if program == "clang" else f"{program} is not on PATH")
+    if path.stem == "07_tinygrad_remote":
+        # tinygrad's AG devices: workers able to load shipped programs.
+        from actorgraph.worker._machine_code import loader_problem
+
+        if loader_problem() is not None:
+            pytest.skip(f"workers cannot load shipped programs here: {loader_problem()}")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -101,6 +101,8 @@ def test_error_hierarchy() -> None:
         ag.ClosedError, RuntimeError
     )
     assert issubclass(ag.ItemError, ag.ActorGraphError)
+    assert issubclass(ag.ReplayMismatchError, ag.ActorGraphError)
+    assert issubclass(ag.ReplayMismatchError, RuntimeError)
     for error in (ag.PlanRaceError, ag.PlanDeadlockError):
         assert issubclass(error, ag.PlanError)
     assert ag.PlanError is scheduler.PlanError

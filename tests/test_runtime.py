@@ -1,5 +1,7 @@
 """Runtime (actorgraph/_runtime.py): a graph equals the same items run eagerly; alloc."""
 
+import weakref
+
 import numpy as np
 
 import actorgraph as ag
@@ -36,3 +38,14 @@ async def test_alloc_counts_elements_starts_zeroed_and_views_count_elements(
         np.testing.assert_array_equal(
             await rt.copyout(base.view(2, shape=(2, 2))), [[2, 3], [4, 5]]
         )
+
+
+async def test_a_freed_buffer_holds_none_of_its_memory(ag_cpu_runtime: ag.Runtime) -> None:
+    # A buffer whose host view was used (lowering a kernel caches it) lets go of its
+    # memory when freed, though the Buffer object itself is still held.
+    rt = ag_cpu_runtime
+    buf = rt.alloc("CPU:0", 1 << 20, np.int32)
+    buf.host_view()
+    memory = weakref.ref(buf.memory)
+    rt.free(buf)
+    assert memory() is None

@@ -24,7 +24,7 @@ from typing import Any
 from tinygrad.device import Buffer as TinyBuffer
 from tinygrad.device import Device
 from tinygrad.engine.jit import GraphException, MultiGraphRunner
-from tinygrad.engine.realize import BufferCopy, BufferXfer, CompiledRunner, ViewOp
+from tinygrad.engine.realize import BufferCopy, BufferXfer, CompiledRunner, ExecItem, ViewOp
 from tinygrad.tensor import Tensor
 from tinygrad.uop.ops import Ops, UOp
 
@@ -32,6 +32,7 @@ from .._errors import InputError, UsageError
 from .._foreign import ExternalTimeline
 from .._vars import Var
 from ._batch import Batch
+from ._check import TinyCall
 from ._convert import (
     Call,
     CopyCall,
@@ -95,15 +96,20 @@ class Timelines:
     def take(
         self, tiny_devices: Iterable[str]
     ) -> tuple[list[tuple[ExternalTimeline, int]], list[tuple[ExternalTimeline, int]]]:
-        """(after, then) for one replay on these devices: it starts once tinygrad's
-        earlier work wrote the value before its own, and writes its own when done."""
+        """(after, then) for one replay on these devices: it starts once the value just
+        before its own is written, and writes its own when done.
+
+        The value waited for comes from the value taken, never from a look at the device
+        before taking: tinygrad's own work on another thread may take a value in
+        between, and a replay that did not wait for it could write its value first
+        (tinygrad's then writes an earlier one, and the timeline goes back)."""
         after, then = [], []
         with self._lock:
             for name in tiny_devices:
-                dev = Device[name]
                 timeline = self.of(name)
-                after.append((timeline, timeline_pending(dev)))
-                then.append((timeline, timeline_take(dev)))
+                value = timeline_take(Device[name])
+                after.append((timeline, value - 1))
+                then.append((timeline, value))
         return after, then
 
     def replay(self, devices: Sequence[str], run: Callable[[], None]) -> None:
@@ -230,11 +236,9 @@ class _Reader:
             )
         if buf is None:
             raise InputError(f"jit cache item {j} buffer {i} is missing (freed?)")
-        if not buf.is_allocated():
-            raise InputError(
-                f"jit cache item {j} buffer {i}: tinygrad buffer {buf!r} is not allocated "
-                f"(freed, or never realized); capture the jit again (jit.reset())"
-            )
+        # Memory the jit holds, allocated as tinygrad's first run of a jit allocates it
+        # (after free_intermediates(), say).
+        buf.ensure_allocated()
         base = buffer_base(buf)
         held = buf if base is None else base
         offset = 0 if base is None else buf.offset
@@ -326,6 +330,67 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         given = {v.expr: value for v, value in var_vals.items()}
         return self._state.replay(
             self._batch, _places(self._sources, rawbufs), given, self._tiny_devices, wait
+        )
+
+
+class Reference:
+    """One replay's batch as tinygrad 0.11 runs it, for install(check_replays=N): its
+    ExecItems with the replay's input buffers in their places, as its jit puts them."""
+
+    def __init__(
+        self,
+        jit_cache: Sequence[Any],
+        input_replace: dict[tuple[int, int], int],
+        rawbufs: Sequence[TinyBuffer],
+        var_vals: dict[Any, int],
+    ) -> None:
+        self._var_vals = dict(var_vals)
+        self._items: list[tuple[TinyCall, Any]] = []
+        for j, ei in enumerate(jit_cache):
+            prg = ei.prg
+            if isinstance(prg, ViewOp):
+                continue  # makes a view: nothing runs, no byte changes
+            bufs = [
+                rawbufs[input_replace[(j, i)]] if (j, i) in input_replace else b
+                for i, b in enumerate(ei.bufs)
+            ]
+            if isinstance(prg, CompiledRunner):
+                name, outs = prg.p.function_name, tuple(prg.p.outs)
+            else:
+                name, outs = "copy", (0,)
+            self._items.append((TinyCall(j, name, bufs, outs), ei))
+
+    def calls(self) -> list[TinyCall]:
+        return [tiny for tiny, _ in self._items]
+
+    def run(self, shadow: Any) -> None:
+        """Each ExecItem run as tinygrad's jit runs it, on the shadows; then every
+        device it used synchronized (tinygrad queues the work on a thread per device)."""
+        devices: set[str] = set()
+        for tiny, ei in self._items:
+            bufs = [shadow(b) for b in tiny.bufs]
+            ExecItem(ei.prg, bufs, ei.metadata, ei.fixedvars).run(self._var_vals, jit=True)
+            devices.update(b.device for b in bufs)
+        for name in sorted(devices):
+            Device[name].synchronize()
+
+
+class CheckedActorGraph(ActorGraph):
+    """The runner while install(check_replays=N) is on: a replay also hands install() the
+    batch as tinygrad runs it, for the check."""
+
+    def __call__(
+        self, rawbufs: list[TinyBuffer], var_vals: dict[Any, int], wait: bool = False
+    ) -> float | None:
+        given = {v.expr: value for v, value in var_vals.items()}
+        cache, replace = self.jit_cache, self.input_replace
+        return self._state.replay_checked(
+            self._batch,
+            _places(self._sources, rawbufs),
+            given,
+            self._tiny_devices,
+            wait,
+            lambda: Reference(cache, replace, rawbufs, var_vals),
         )
 
 
@@ -441,6 +506,8 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._inputs(args, kwargs)
+        if self.batch is not None and self.batch.stale():
+            self.batch = None  # tinygrad let go of memory the jit held: read it again
         if self.batch is None:
             captured = self._captured
             every = list(inputs)  # with the views of inputs the jit reads, for reading it

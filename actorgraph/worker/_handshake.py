@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from actorgraph.devices.remote.frames import FrameStream
+from actorgraph.devices.remote.frames import FrameStream, FrameTooLarge
 from actorgraph.devices.remote.wire import (
+    HANDSHAKE_LIMITS,
     NONCE_BYTES,
     TO_CONNECTOR,
     TO_WORKER,
@@ -57,7 +58,7 @@ async def challenge(
     # Sent at once, before the hello is read: a client of another version reads this
     # frame's version and says so, instead of waiting for a hello of its own.
     out.send(Challenge(nonce, token is not None))
-    with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+    with trio.fail_after(HANDSHAKE_TIMEOUT_S), stream.limited(HANDSHAKE_LIMITS):
         hello = await _expect(stream, Hello, "['hello', role, nonce]")
         auth = await _expect(stream, Auth, "['auth', mac, devices]")
     assert isinstance(hello, Hello) and isinstance(auth, Auth)
@@ -89,7 +90,14 @@ async def challenge(
 
 
 async def _expect(stream: FrameStream, expected: type, form: str) -> object:
-    meta, tail = await stream.receive()
+    try:
+        meta, tail = await stream.receive()
+    except FrameTooLarge as exc:
+        limit = HANDSHAKE_LIMITS.max_meta
+        raise WireError(
+            f"{exc}: before it proves the token, a connection's frames are at most {limit} "
+            f"bytes (a handshake message); is this an actorgraph client of this version?"
+        ) from None
     try:
         message = decode(meta)
     except WireError:

@@ -73,8 +73,7 @@ class Link:
                     )
                 request = decode(meta)
                 if type(request) is PRead:
-                    _, data = self._read(request.session, request.src, request.ticket)
-                    await send_data(self.out, request.request, data).wait()
+                    await self._send_read(request)
                 elif type(request) is PWhen:
                     self._read_when(request)
                 else:
@@ -82,6 +81,13 @@ class Link:
                     self._watch(request)
             except (Refused, WireError) as exc:
                 self.out.send(Error(meta[0], req, str(exc)))
+
+    async def _send_read(self, request: PRead) -> None:
+        """A PRead's bytes, now. They are the buffer itself until they have left, and
+        no longer: a link waiting for its next request holds none of a client's memory
+        (a client may leave meanwhile)."""
+        _, data = self._read(request.session, request.src, request.ticket)
+        await send_data(self.out, request.request, data).wait()
 
     def _count_waiting(self) -> None:
         limit = self.worker.limits.max_signals

@@ -96,6 +96,15 @@ class Program:
     def ops(self) -> tuple[Op, ...]:
         return self.script.ops
 
+    def release(self) -> None:
+        """Its client left: let go of its ops (and the views of buffers they hold), so a
+        job of it kept somewhere holds no more of them than its own script."""
+        self.script = Script(())
+        self.template = None
+        self.actor = None
+        self.early = []
+        self.watches = []
+
     def queue(self) -> QueueActor:
         """The queue actor it runs on (a program lowered without error has one)."""
         if self.actor is None:

@@ -95,22 +95,26 @@ class Outbox:
             while True:
                 await self.wake.wait()
                 self.wake = trio.Event()
-                if not self.parts:
-                    continue
-                parts, self.parts = self.parts, []
-                waiters, self.waiters = self.waiters, []
-                self._big = False
-                self._writing = True
-                try:
-                    await self.stream.send(parts)
-                finally:
-                    self._writing = False
-                for w in waiters:
-                    w.set()
+                if self.parts:
+                    await self._send_parts()
         finally:
             self.closed = True
             for w in self.waiters:
                 w.set()
+
+    async def _send_parts(self) -> None:
+        """Send `parts` by this writer task. What it sent is let go of once it has left
+        (a tail is a client's buffer itself), not kept until the next send."""
+        parts, self.parts = self.parts, []
+        waiters, self.waiters = self.waiters, []
+        self._big = False
+        self._writing = True
+        try:
+            await self.stream.send(parts)
+        finally:
+            self._writing = False
+        for w in waiters:
+            w.set()
 
 
 class Sender(Protocol):

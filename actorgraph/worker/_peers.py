@@ -59,6 +59,7 @@ from actorgraph.devices.remote.wire import (
 )
 
 KEEPALIVE = (30, 10, 3)
+LINK_TIMEOUT_S = 30  # to connect a link to another worker and pass its handshake
 
 # What ends a link: its peer went away, broke the protocol, or its TLS broke.
 _LINK_LOST = (
@@ -155,13 +156,18 @@ class Peers:
     """This worker's links to other workers, for the copies it reads."""
 
     def __init__(
-        self, limits: Limits, token: bytes | None = None, tls: ssl.SSLContext | None = None
+        self,
+        limits: Limits,
+        token: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
+        timeout: float = LINK_TIMEOUT_S,
     ) -> None:
         # Data on a link we opened is what we asked for, checked against its destination
         # before it is read: accept the sender's chunks even where our --max-frame is lower.
         self.limits = attrs.evolve(limits, max_tail=max(CHUNK, limits.max_tail))
         self.token = token  # this worker's: it answers its peers' challenges with it
         self.tls = tls  # links go over TLS, peers' certificates checked with it
+        self.timeout = timeout  # seconds to connect a link and pass its handshake
         self.links: dict[tuple[str, int], _PeerLink] = {}
         self._nursery: trio.Nursery | None = None
         self._held = 0
@@ -175,19 +181,7 @@ class Peers:
         if link is None:
             link = self.links[(host, port)] = _PeerLink(f"{host}:{port}")
             try:
-                family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
-                sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
-                try:
-                    await sock.connect((host, port))
-                except BaseException:
-                    sock.close()
-                    raise
-                with trio.move_on_after(30) as handshake:
-                    stream = link.stream = await self._stream(sock, host, port)
-                    await self._authenticate(stream, host, port)
-                if handshake.cancelled_caught:
-                    sock.close()
-                    raise ConnectionLostError(f"{host}:{port} did not finish the handshake in 30 s")
+                await self._open(link, host, port)
                 assert self._nursery is not None  # started with the worker
                 self._nursery.start_soon(self._read_loop, (host, port), link)
             except _LINK_LOST as exc:
@@ -199,6 +193,28 @@ class Peers:
         if link.error is not None:
             raise link.error
         return link
+
+    async def _open(self, link: _PeerLink, host: str, port: int) -> None:
+        """Connect `link` and pass the handshake, within `timeout` seconds."""
+        family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
+        sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+        doing = "accept a connection"
+        try:
+            with trio.move_on_after(self.timeout) as timer:
+                await sock.connect((host, port))
+                doing = "answer the handshake"
+                stream = link.stream = await self._stream(sock, host, port)
+                await self._authenticate(stream, host, port)
+        except BaseException:
+            sock.close()
+            raise
+        if timer.cancelled_caught:
+            sock.close()
+            raise ConnectionLostError(
+                f"{host}:{port} did not {doing} within {self.timeout:g} s; check that a "
+                f"worker of this actorgraph version listens there and is not stopped or "
+                f"overloaded"
+            )
 
     async def _stream(self, sock: trio.socket.SocketType, host: str, port: int) -> FrameStream:
         """The link's stream on its connected socket: the plain socket, which the stream

@@ -4,9 +4,11 @@ The worker opens its own runtime with its devices and serves any number of clien
 session each. A client's programs (one per plan queue, see actorgraph/devices/remote/__init__.py) are
 lowered here onto the worker's own queue actors; its batches post one job per queue.
 
-Kernels are never shipped: a launch names a kernel, resolved in the registry built from
-the modules given with `--kernels` (each defines `KERNELS`, an iterable of `ag.Kernel`
-or a mapping name -> `ag.Kernel`).
+Kernels are named: a launch names a kernel, resolved in the registry built from the
+modules given with `--kernels` (each defines `KERNELS`, an iterable of `ag.Kernel` or a
+mapping name -> `ag.Kernel`). Only a worker started with `--allow-programs` also runs
+compiled CPU programs its clients ship (_machine_code.py), each checked against this
+worker's CPU first.
 
 Safety: a client must answer an HMAC challenge with the worker's token (when it has one),
 and the worker proves it holds the token too (_handshake.py; both bound to the role and
@@ -22,8 +24,9 @@ challenge with the same token (the workers of a runtime share it; a worker witho
 serves loopback only, as for clients) and can then only read allocations named by a
 ticket (an HMAC under the owning session's key, which only that client knows).
 
-This module accepts connections, has them answer the handshake (_handshake.py) and routes
-their frames: one client's state and requests are a `Session` (_session.py), what this
+This module accepts connections, holds those not yet authenticated within the bounds of
+`Admission` (_admission.py: the oldest shed, accept backing off where files run out), has
+them answer the handshake (_handshake.py) and routes their frames: one client's state and requests are a `Session` (_session.py), what this
 worker answers another on a link it opened is a `Link` (_links.py), and the links this
 worker opens to other workers are `Peers` (_peers.py). Every message is one of
 actorgraph/devices/remote/wire.py, decoded and checked there.
@@ -31,6 +34,7 @@ actorgraph/devices/remote/wire.py, decoded and checked there.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import socket
@@ -39,9 +43,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from actorgraph.devices import Resumer
+from actorgraph.devices.remote._machine import WorkerCPU
 from actorgraph.devices.remote._tls import (
     PLAIN_REFUSED,
     TLS_HANDSHAKE_TIMEOUT_S,
@@ -54,6 +60,7 @@ from actorgraph.devices.remote._tls import (
 from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
 from actorgraph.devices.remote.wire import (
     Blob,
+    Code,
     Error,
     Get,
     Limits,
@@ -67,10 +74,12 @@ from .._errors import ActorGraphError
 from .._groups import sole_exception
 from .._kernel import Kernel
 from .._runtime import Runtime, open_runtime
-from ._handshake import challenge
+from ._admission import BACKOFF_S, SHORT_OF_FILES, Admission, RareLog, Stranger
+from ._handshake import HANDSHAKE_TIMEOUT_S, Greeted, challenge
 from ._kernels import load_kernels
 from ._links import serve_link
 from ._lowered import Refused
+from ._machine_code import loader_problem
 from ._outbox import Outbox, send_data
 from ._peers import Peers
 from ._placement import KernelTimes
@@ -82,10 +91,32 @@ _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.Clo
 _REFUSALS = (Refused, WireError, ValueError, TypeError, KeyError, IndexError)
 
 
-def _is_disconnect(exc: BaseException) -> bool:
+# What accept raises for a connection that failed while it waited to be taken in.
+_GONE_BEFORE_ACCEPTED = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED",
+        "EPROTO",
+        "EPERM",
+        "ENETDOWN",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+        "EINTR",
+        "EAGAIN",
+    )
+    if hasattr(errno, name)
+)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in `exc`, nested groups opened."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(_is_disconnect(e) for e in exc.exceptions)
-    return isinstance(exc, _DISCONNECTS)
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 class Worker:
@@ -98,6 +129,8 @@ class Worker:
         token: bytes | None,
         limits: Limits,
         tls: WorkerTLS | None = None,
+        allow_programs: bool = False,
+        handshakes: Handshakes | None = None,
     ) -> None:
         self.runtime = runtime
         self.kernels = kernels
@@ -109,53 +142,115 @@ class Worker:
         self.staging = StagingPool()
         self.times = KernelTimes()
         self.resumer = Resumer()  # held jobs run on where their waits are met
+        self.cpu = WorkerCPU.of_this_host(allow_programs)
         self._sids = itertools.count(1)
+        self.log = RareLog()
+        bound = handshakes or Handshakes()
+        self.admission = Admission(bound.most_here(), bound.per_address, self.log)
 
     async def serve(self, listener: trio.socket.SocketType) -> None:
+        try:
+            await self._serve(listener)
+        finally:
+            self.log.flush()
+
+    async def _serve(self, listener: trio.socket.SocketType) -> None:
         async with trio.open_nursery() as nursery:
             self.peers.start(nursery)
+            self.log.start(nursery)
+            pause = BACKOFF_S[0]
             while True:
-                accepted, _ = await listener.accept()
-                no_delay(accepted)
-                if self.tls is not None:
-                    nursery.start_soon(self._tls_connection, accepted, self.tls.accept)
+                try:
+                    accepted, address = await listener.accept()
+                except OSError as exc:
+                    if exc.errno in _GONE_BEFORE_ACCEPTED:
+                        continue  # that connection failed in the listen queue: the next
+                    if exc.errno not in SHORT_OF_FILES:
+                        raise  # the listener itself is broken
+                    if not self.admission.shed_oldest("accept found no file left"):
+                        self._short_of_files(exc, pause)
+                        await trio.sleep(pause)
+                        pause = min(2 * pause, BACKOFF_S[1])
                     continue
-                # The stream reads and writes the plain socket itself (see FrameStream).
-                sock = socket.socket(fileno=accepted.detach())
-                sock.setblocking(False)
-                nursery.start_soon(self._connection, FrameStream(sock, self.limits))
+                pause = BACKOFF_S[0]
+                self._take(accepted, address[0], nursery)
 
-    async def _tls_connection(self, sock: trio.socket.SocketType, context: ssl.SSLContext) -> None:
+    def _short_of_files(self, exc: OSError, pause: float) -> None:
+        self.log.note(
+            "files",
+            f"cannot accept connections: {exc.strerror} ({{count}} time(s)), and every file "
+            f"is held by an authenticated session or link; retrying in {pause:g} s (raise the "
+            f"process's file limit, `ulimit -n`, for more clients at once)",
+        )
+
+    def _take(self, accepted: trio.socket.SocketType, host: str, nursery: trio.Nursery) -> None:
+        """Start serving a connection just accepted, as a stranger until it proves the
+        token (the oldest stranger is shed if this one passes a bound)."""
+        try:
+            no_delay(accepted)
+        except OSError:
+            accepted.close()  # reset already: nothing to serve
+            return
+        if self.tls is not None:
+            stranger = self.admission.arrive(host, accepted.close)
+            nursery.start_soon(self._tls_connection, accepted, self.tls.accept, stranger)
+            return
+        # The stream reads and writes the plain socket itself (see FrameStream).
+        sock = socket.socket(fileno=accepted.detach())
+        sock.setblocking(False)
+        stream = FrameStream(sock, self.limits)
+        stranger = self.admission.arrive(host, stream.close)
+        nursery.start_soon(self._connection, stream, stranger)
+
+    async def _tls_connection(
+        self, sock: trio.socket.SocketType, context: ssl.SSLContext, stranger: Stranger
+    ) -> None:
         """A connection to a TLS worker: its TLS handshake, then as any other. What sends
         a plain frame first (a client without TLS) is refused in a plain frame."""
-        try:
-            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT_S):
-                if await speaks_plain(sock):
-                    refusal = encode(Error("hello", 0, PLAIN_REFUSED))
-                    await trio.SocketStream(sock).send_all(refusal)
-                    sock.close()
-                    return
-                tls = await accept_tls(sock, context)
-        except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError):
-            sock.close()  # not a TLS client of ours: nothing to answer it in
+        tls = None
+        with stranger.guard():
+            try:
+                with trio.fail_after(TLS_HANDSHAKE_TIMEOUT_S):
+                    if await speaks_plain(sock):
+                        refusal = encode(Error("hello", 0, PLAIN_REFUSED))
+                        await trio.SocketStream(sock).send_all(refusal)
+                        self._refused(stranger, "it does not speak TLS")
+                    else:
+                        tls = await accept_tls(sock, context)
+            except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                self._refused(stranger, f"its TLS handshake failed ({exc!r})")
+        if tls is None:  # not a TLS client of ours (or shed): nothing to answer it in
+            self.admission.leave(stranger)
+            sock.close()
             return
-        await self._connection(FrameStream(tls, self.limits))
+        await self._connection(FrameStream(tls, self.limits), stranger)
 
-    async def _connection(self, stream: FrameStream) -> None:
+    def _refused(self, stranger: Stranger, why: str) -> None:
+        self.log.note(
+            "refused",
+            f"refused {{count}} connection(s) that did not authenticate (latest from "
+            f"{stranger.address}: {why})",
+        )
+
+    async def _connection(self, stream: FrameStream, stranger: Stranger) -> None:
         session: Session | None = None
         try:
             async with trio.open_nursery() as nursery:
                 out = Outbox(stream)
                 nursery.start_soon(out.run)
                 try:
-                    greeted = await challenge(
-                        stream, out, self.token, self.limits, self.runtime.devices
-                    )
-                    if greeted.role == "client":
+                    greeted = await self._handshake(stream, out, stranger)
+                    if greeted is None:
+                        pass  # shed, timed out or refused: said in the log
+                    elif greeted.role == "client":
                         session = Session(self, next(self._sids), out, nursery)
                         self.sessions[session.sid] = session
                         limits = self.limits.as_wire()
-                        out.send(Welcome(session.sid, session.key, limits, greeted.proof))
+                        cpu = (self.cpu.machine, sorted(self.cpu.features))
+                        welcome = Welcome(
+                            session.sid, session.key, limits, greeted.proof, cpu, self.cpu.programs
+                        )
+                        out.send(welcome)
                         await self._client_loop(stream, session)
                     else:
                         await serve_link(self, self.sessions, stream, out)
@@ -163,23 +258,49 @@ class Worker:
                     # The framing itself is broken: answer, then drop this connection only.
                     await out.send(Error("frame", 0, str(exc))).wait()
                 nursery.cancel_scope.cancel()
-        except Exception as exc:  # one connection's trouble must never stop the worker
-            if not _is_disconnect(exc):
-                print(f"actorgraph worker: dropped a connection: {exc!r}", file=sys.stderr)
+        # One connection's trouble must never stop the worker, nor join what stops it: a
+        # disconnect met while the worker is cancelled comes grouped with the Cancelled,
+        # and only the Cancelled (or a KeyboardInterrupt) goes on.
+        except* _DISCONNECTS:
+            pass  # the other side went away: a connection's end like any other
+        except* Exception as group:
+            for failure in _leaves(group):
+                print(f"actorgraph worker: dropped a connection: {failure!r}", file=sys.stderr)
         finally:
+            self.admission.leave(stranger)
             if session is not None:
                 self.sessions.pop(session.sid, None)
-                session.abandon()
-                for buf in session.buffers.values():
-                    self.runtime.free(buf)
-                session.buffers.clear()
+                session.close()
+                if not self.sessions:
+                    self.staging.clear()  # no client left to land host writes in it
             stream.close()
+
+    async def _handshake(
+        self, stream: FrameStream, out: Outbox, stranger: Stranger
+    ) -> Greeted | None:
+        """The connection's handshake (_handshake.py): Greeted once it proved the token,
+        then no stranger any more; None if it was shed or timed out. A refusal (a
+        WireError) is answered by the caller."""
+        with stranger.guard():
+            try:
+                greeted = await challenge(
+                    stream, out, self.token, self.limits, self.runtime.devices
+                )
+            except trio.TooSlowError:
+                self._refused(stranger, f"no answer to the challenge in {HANDSHAKE_TIMEOUT_S} s")
+                return None
+            except WireError as exc:
+                self._refused(stranger, str(exc))
+                raise
+            self.admission.leave(stranger)
+            return greeted
+        return None  # shed: Admission said so
 
     async def _client_loop(self, stream: FrameStream, session: Session) -> None:
         while True:
             meta, tail = await stream.receive()
             try:
-                if meta[0] in ("blob", "put", "get"):
+                if meta[0] in ("blob", "put", "get", "code"):
                     await self._with_data(session, decode(meta), stream, tail)
                     tail = 0
                 else:
@@ -199,11 +320,20 @@ class Worker:
                 session.out.send(Error(meta[0], ref_id, str(exc)))
 
     async def _with_data(
-        self, session: Session, request: Blob | Put | Get, stream: FrameStream, tail: int
+        self, session: Session, request: Blob | Put | Get | Code, stream: FrameStream, tail: int
     ) -> None:
-        """A request whose data is its frame's tail (Blob, Put), or is answered with
-        data (Get). Raises, having read none of the tail, if it is refused."""
-        if isinstance(request, Blob):
+        """A request whose data is its frame's tail (Blob, Put, Code), or is answered with
+        data (Get). Raises, having read none of the tail, if it is refused before it is
+        read (a Code is refused after, too, for what its bytes are)."""
+        if isinstance(request, Code):
+            session.codes.check(request, tail)
+            image = bytearray(tail)
+            await stream.receive_into(memoryview(image))
+            try:
+                session.codes.add(request, bytes(image))
+            except Refused as exc:
+                session.out.send(Error("code", request.code, str(exc)))
+        elif isinstance(request, Blob):
             # A blob sent again under its id replaces the pending one: its bytes stop
             # counting (the limit is on what is pending at once).
             session.drop_blob(request.blob)
@@ -221,6 +351,39 @@ class Worker:
             if tail:
                 raise Refused("request 'get' carries no data")
             send_data(session.out, request.read, bytes_of(session.buffer(request.src, "get src")))
+
+
+@attrs.frozen
+class Handshakes:
+    """How many connections that have not authenticated a worker holds at once: `most`
+    in all (and at most a quarter of the process's file limit, so sessions and links
+    always find files), `per_address` from one address. The oldest is shed to make
+    room for a new one. Raises ValueError, naming the flag, for a bound below 1."""
+
+    most: int = 128
+    per_address: int = 32
+
+    def __attrs_post_init__(self) -> None:
+        for flag, value, what in (
+            ("--max-handshakes", self.most, ""),
+            ("--max-handshakes-per-address", self.per_address, " from one address"),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"{flag} must be >= 1 (connections not yet authenticated held at "
+                    f"once{what}), got {value!r}"
+                )
+
+    def most_here(self) -> int:
+        """`most`, bounded by a quarter of this process's file limit."""
+        try:
+            import resource
+        except ImportError:  # not a Unix: no limit to read
+            return self.most
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.most
+        return max(1, min(self.most, soft // 4))
 
 
 class WorkerTLS:
@@ -245,9 +408,15 @@ async def run_worker(
     tls_cert: Any = None,
     tls_key: Any = None,
     tls_ca: Any = None,
+    allow_programs: bool = False,
+    handshakes: Handshakes | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `devices` on host:port until cancelled; reports the bound (host, port).
+
+    `allow_programs`: run the compiled CPU programs clients ship (_machine_code.py):
+    any client holding the token may then run any machine code here. Raises
+    ActorGraphError if this worker cannot load them (not Linux, no tinygrad 0.14).
 
     `tls_cert`, `tls_key`: PEM files of the worker's certificate and key: every
     connection speaks TLS, links to other workers too, whose certificates are checked
@@ -259,9 +428,16 @@ async def run_worker(
     event loop only while every run of it seen so far took under 100 us (_placement.py),
     so one client's slow kernel delays the others at most once. 0 puts every kernel on
     a thread, at a thread hop per run of kernels.
+
+    `handshakes`: how many connections not yet authenticated it holds (`Handshakes`);
+    where accept finds no file left it sheds the oldest of them, or waits, and goes on.
     """
     kernels = load_kernels(kernel_modules)
     tls = _worker_tls(tls_cert, tls_key, tls_ca)
+    if allow_programs:
+        problem = loader_problem()
+        if problem is not None:
+            raise ActorGraphError(problem)
     options = {} if thread_bytes is None else {"cpu_thread_bytes": thread_bytes}
     async with open_runtime(list(devices), **options) as runtime:
         family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
@@ -270,7 +446,9 @@ async def run_worker(
         await listener.bind((host, port))
         listener.listen(128)
         bound = listener.getsockname()
-        worker = Worker(runtime, kernels, token, limits or Limits(), tls)
+        worker = Worker(
+            runtime, kernels, token, limits or Limits(), tls, allow_programs, handshakes
+        )
         task_status.started((bound[0], bound[1]))
         try:
             await worker.serve(listener)
@@ -296,6 +474,41 @@ def _worker_tls(cert: Any, key: Any, ca: Any) -> WorkerTLS | None:
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def _startup(
+    host: str,
+    token_file: str | None,
+    tls: tuple[str | None, str | None, str | None],
+    allow_programs: bool,
+) -> tuple[bytes | None, str | None]:
+    """(the token, None), or (None, why this worker must not start): checked before
+    serving, so a bad file or flag is one clear line."""
+    try:
+        _worker_tls(*tls)
+    except TLSSetupError as exc:
+        return None, str(exc)
+    problem = loader_problem() if allow_programs else None
+    if problem is not None:
+        return None, problem
+    if token_file is not None:
+        with open(token_file, "rb") as f:
+            token = f.read().strip()
+        if not token:
+            return None, f"token file {token_file} is empty"
+        return token, None
+    if host not in _LOOPBACK:
+        return None, f"refusing to serve {host} without a token; pass --token-file F"
+    return None, None
+
+
+def _stopped(group: BaseExceptionGroup[BaseException]) -> int:
+    """The worker was stopped (Ctrl-C) while other things ended: a stop is quiet, and
+    connections that broke meanwhile are part of it; anything else is said in a line."""
+    for exc in _leaves(group):
+        if not isinstance(exc, (KeyboardInterrupt, *_DISCONNECTS)):
+            print(f"actorgraph worker: stopped; meanwhile this failed: {exc!r}", file=sys.stderr)
+    return 0
+
+
 def worker_main(
     devices: Sequence[str],
     host: str,
@@ -305,24 +518,12 @@ def worker_main(
     limits: Limits,
     thread_bytes: int | None = None,
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
+    allow_programs: bool = False,
+    handshakes: Handshakes | None = None,
 ) -> int:
-    try:
-        _worker_tls(*tls)  # before serving: a bad file is one clear line
-    except TLSSetupError as exc:
-        print(f"actorgraph worker: {exc}", file=sys.stderr)
-        return 2
-    token = None
-    if token_file is not None:
-        with open(token_file, "rb") as f:
-            token = f.read().strip()
-        if not token:
-            print(f"actorgraph worker: token file {token_file} is empty", file=sys.stderr)
-            return 2
-    elif host not in _LOOPBACK:
-        print(
-            f"actorgraph worker: refusing to serve {host} without a token; pass --token-file F",
-            file=sys.stderr,
-        )
+    token, problem = _startup(host, token_file, tls, allow_programs)
+    if problem is not None:
+        print(f"actorgraph worker: {problem}", file=sys.stderr)
         return 2
 
     # Like `python -m`: modules in the folder the worker starts in can be named.
@@ -344,12 +545,15 @@ def worker_main(
                     tls_cert=tls[0],
                     tls_key=tls[1],
                     tls_ca=tls[2],
+                    allow_programs=allow_programs,
+                    handshakes=handshakes,
                     task_status=task_status,
                 )
             )
+            programs = ", runs shipped programs" if allow_programs else ""
             print(
                 f"actorgraph worker listening on {bound[0]}:{bound[1]}{' (TLS)' if tls[0] else ''} "
-                f"(devices {','.join(devices)}, pid {os.getpid()})",
+                f"(devices {','.join(devices)}, pid {os.getpid()}{programs})",
                 flush=True,
             )
 
@@ -358,11 +562,11 @@ def worker_main(
     except KeyboardInterrupt:
         return 0
     except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:
+            return _stopped(group)
         single = sole_exception(group)
         if single is None:
             raise
-        if isinstance(single, KeyboardInterrupt):
-            return 0
         if isinstance(single, OSError) and not isinstance(single, ActorGraphError):
             print(
                 f"actorgraph worker: cannot listen on {host}:{port}: {single.strerror or single}",

@@ -29,6 +29,10 @@ class StagingPool:
         if len(self.free) < self.keep:
             self.free.append(buf)
 
+    def clear(self) -> None:
+        """Let go of the memory kept for reuse (no client is left to reuse it)."""
+        self.free.clear()
+
 
 def chunks_into(
     dst: np.ndarray[Any, Any], chunks: Sequence[tuple[bytearray, int]], pool: StagingPool

@@ -26,8 +26,9 @@ from __future__ import annotations
 import hmac
 import secrets
 
-from .frames import FrameStream, encode
+from .frames import FrameStream, FrameTooLarge, encode
 from .wire import (
+    HANDSHAKE_LIMITS,
     NONCE_BYTES,
     TO_CONNECTOR,
     TO_WORKER,
@@ -60,7 +61,15 @@ async def greet(stream: FrameStream, token: bytes | None, role: str, devices: li
     `devices` (a client's; a peer names none), check the worker's proof when this side
     holds a token; return its Welcome. Raises HandshakeRefused with the worker's reason,
     TokenRequired, WorkerUnproven, or WireError when what answers does not speak this
-    protocol."""
+    protocol. The worker's frames are read with the handshake's small limits until it
+    has proved the token."""
+    with stream.limited(HANDSHAKE_LIMITS):
+        return await _greet(stream, token, role, devices)
+
+
+async def _greet(
+    stream: FrameStream, token: bytes | None, role: str, devices: list[str]
+) -> Welcome:
     nonce = secrets.token_bytes(NONCE_BYTES)
     await stream.send([encode(Hello(role, nonce))])
     challenge = await _receive(stream, Challenge, "a challenge")
@@ -83,7 +92,12 @@ async def greet(stream: FrameStream, token: bytes | None, role: str, devices: li
 
 
 async def _receive(stream: FrameStream, expected: type, what: str) -> object:
-    meta, _ = await stream.receive()
+    try:
+        meta, _ = await stream.receive()
+    except FrameTooLarge as exc:
+        raise WireError(
+            f"{exc}: a worker's handshake messages are at most {HANDSHAKE_LIMITS.max_meta} bytes"
+        ) from None
     if meta[0] == "error":
         refusal = decode(meta)
         assert isinstance(refusal, Error)

@@ -25,6 +25,7 @@ from .._device import DeviceError
 from .._ops import Job, Submission
 from .._signal import Doorbell
 from ._handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
+from ._machine import WorkerCPU
 from ._tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
 from .wire import (
@@ -148,7 +149,9 @@ class Transport:
         self._token = _token_from(options)
         self._tls = _tls_from(options)
         self._timeout = float(options.get("remote_timeout", 10.0))
+        self._stage = "connect"  # how far connecting got: "connect", "TLS handshake", "handshake"
         self.limits = Limits()
+        self.cpu = WorkerCPU("")  # what the worker said at connect it runs on
         self.session_id = 0
         self._key = b""
         self._stream: FrameStream | None = None
@@ -175,6 +178,8 @@ class Transport:
         self._coming = False
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         self.frames_received = 0
+        self.sends = 0  # sends on the socket: the messages this client sent the worker
+        self._held = 0  # hold_sends() not yet released: frames wait for release_sends()
         self.names = ""  # the devices it serves, for errors (set by its owner)
         # What flush() could not send whole: the writer sends it before anything else.
         self._unsent: tuple[list[bytes | memoryview], list[Frame]] | None = None
@@ -228,7 +233,12 @@ class Transport:
                 f"what answers there does not speak this version's worker protocol: check "
                 f"the address, and that the worker runs the same actorgraph version"
             ) from None
-        except (OSError, trio.TooSlowError) as exc:
+        except trio.TooSlowError:
+            self._close_socket()
+            raise RemoteConnectionError(
+                f"cannot connect to the worker at {self.address}: {self._too_slow()}"
+            ) from None
+        except OSError as exc:
             self._close_socket()
             raise RemoteConnectionError(
                 f"cannot connect to the worker at {self.address}: {type(exc).__name__}: "
@@ -236,8 +246,24 @@ class Transport:
                 f"{self.port} --devices ...`"
             ) from None
 
+    def _too_slow(self) -> str:
+        """Why connecting took longer than `remote_timeout`, by how far it got."""
+        if self._stage == "connect":
+            return (
+                f"nothing accepted a connection there within {self._timeout:g} s; check the "
+                f"host and port, and that no firewall drops the connection; start a worker "
+                f"with `actorgraph worker --host {self.host} --port {self.port} --devices ...`"
+            )
+        return (
+            f"something accepted the connection there but did not answer the {self._stage} "
+            f"within {self._timeout:g} s; check that an actorgraph worker of this version "
+            f"listens at {self.address} (not another service), that it is not stopped or "
+            f"overloaded, or give it longer with open_runtime(..., remote_timeout=SECONDS)"
+        )
+
     async def _handshake(self, devices: list[str]) -> None:
         stream = await self._open()
+        self._stage = "handshake"
         try:
             welcome = await greet(stream, self._token, "client", devices)
         except TokenRequired:
@@ -265,10 +291,13 @@ class Transport:
         self.session_id = welcome.session
         self._key = welcome.key
         self.limits = Limits.from_wire(welcome.limits)
+        machine, features = welcome.cpu
+        self.cpu = WorkerCPU(machine, frozenset(features), welcome.programs)
 
     async def _open(self) -> FrameStream:
         """Connect: a plain socket the stream reads itself, or TLS (`remote_tls_ca`)."""
         family = trio.socket.AF_INET6 if ":" in self.host else trio.socket.AF_INET
+        self._stage = "connect"
         if self._tls is None:
             stream = self._stream = FrameStream(plain_socket(family), self.limits)
             await stream.sock.connect((self.host, self.port))
@@ -277,6 +306,7 @@ class Transport:
         sock = self._socket = trio.socket.socket(family, trio.socket.SOCK_STREAM)
         await sock.connect((self.host, self.port))
         no_delay(sock)
+        self._stage = "TLS handshake"
         try:
             tls = await connect_tls(sock, self._tls, self.host)
         except (ssl.SSLError, trio.BrokenResourceError) as exc:
@@ -353,9 +383,21 @@ class Transport:
         if self._stream is None:
             raise RemoteConnectionError(f"the connection to {self.address} is not started")
 
+    def hold_sends(self) -> None:
+        """Keep what is queued from here on until `release_sends`: the submissions made
+        in between go to the worker in one message."""
+        self._held += 1
+
+    def release_sends(self) -> None:
+        self._held -= 1
+        if not self._held:
+            self.flush()
+
     def flush(self) -> None:
         """Send what is queued now, from this task, when the writer is idle and it is
         small; else leave it to the writer. A submission's last post is followed by this."""
+        if self._held:
+            return  # release_sends sends it
         stream = self._stream
         if (
             not self._pending
@@ -372,6 +414,7 @@ class Transport:
             self._doorbell.ring()
             return
         data = b"".join(parts)
+        self.sends += 1
         try:
             sent = stream.send_nowait(data)
         except OSError as exc:
@@ -417,24 +460,30 @@ class Transport:
         task_status.started()
         pending = self._pending
         while self.error is None:
-            if not pending and self._unsent is None:
+            if (not pending and self._unsent is None) or self._held:
                 await self._doorbell.wait()
                 continue
-            parts: list[bytes | memoryview] = []
-            frames: list[Frame] = []
-            if self._unsent is not None:
-                (parts, frames), self._unsent = self._unsent, None
-            more, more_frames = self._take_pending()
-            parts += more
-            frames += more_frames
-            self._writing = True
-            try:
-                await self._stream.send(parts)  # type: ignore[union-attr]
-            except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
-                self.lose(exc)
-            finally:
-                self._writing = False
-            self._frames_sent(frames)
+            await self._send_pending()
+
+    async def _send_pending(self) -> None:
+        """Send what is queued, by the writer task. What it sent is let go of once it has
+        left (a copyin's data is the caller's array), not kept until the next send."""
+        parts: list[bytes | memoryview] = []
+        frames: list[Frame] = []
+        if self._unsent is not None:
+            (parts, frames), self._unsent = self._unsent, None
+        more, more_frames = self._take_pending()
+        parts += more
+        frames += more_frames
+        self._writing = True
+        self.sends += 1
+        try:
+            await self._stream.send(parts)  # type: ignore[union-attr]
+        except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:
+            self.lose(exc)
+        finally:
+            self._writing = False
+        self._frames_sent(frames)
 
     # -- reading --
 

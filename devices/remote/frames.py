@@ -16,9 +16,10 @@ one trio stream (a `trio.SSLStream`), and nothing above it does.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -29,6 +30,7 @@ from .wire import VERSION, Limits, WireError, as_meta
 MAGIC = b"AG"
 HEADER = struct.Struct(">2sHIQ")
 
+_READ = 1 << 16  # the most a read for a frame's header and meta asks for at once
 _SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
 _STREAM_READ = 1 << 18  # the most a read of a trio stream (TLS) asks for at once
 _STREAM_WRITE = 1 << 16  # the most a write to a trio stream (TLS) hands it at once
@@ -36,6 +38,10 @@ _STREAM_WRITE = 1 << 16  # the most a write to a trio stream (TLS) hands it at o
 
 class ConnectionLostError(ConnectionError):
     """The peer closed the connection or it broke."""
+
+
+class FrameTooLarge(WireError):
+    """A frame's header says it is larger than the receiver's limits allow."""
 
 
 def encode(message: Any, tail_len: int = 0) -> bytes:
@@ -55,9 +61,11 @@ def parse_header(header: bytes, limits: Limits) -> tuple[int, int]:
     if version != VERSION:
         raise WireError(f"protocol version {version} is not supported (this side speaks {VERSION})")
     if meta_len == 0 or meta_len > limits.max_meta:
-        raise WireError(f"frame meta of {meta_len} bytes is outside 1..{limits.max_meta}")
+        raise FrameTooLarge(f"frame meta of {meta_len} bytes is outside 1..{limits.max_meta}")
     if tail_len > limits.max_tail:
-        raise WireError(f"frame tail of {tail_len} bytes is over the limit of {limits.max_tail}")
+        raise FrameTooLarge(
+            f"frame tail of {tail_len} bytes is over the limit of {limits.max_tail}"
+        )
     return meta_len, tail_len
 
 
@@ -128,6 +136,7 @@ class FrameStream:
             self._stream = None
             self.sock = sock
         self.limits = limits
+        self._chunk = _chunk_for(limits)  # the most a read for a frame's head asks for
         self._buf = bytearray()
         self._pos = 0
         self._eager = 0  # reads in a row that found data waiting: see _recv
@@ -172,10 +181,22 @@ class FrameStream:
             if self._pos:
                 del self._buf[: self._pos]
                 self._pos = 0
-            chunk = await self._recv(max(1 << 16, need))
+            chunk = await self._recv(max(self._chunk, need))
             if not chunk:
                 raise ConnectionLostError("the connection was closed by the other side")
             self._buf += chunk
+
+    @contextlib.contextmanager
+    def limited(self, limits: Limits) -> Iterator[None]:
+        """Check the frames received in the block against `limits` (a handshake's, which
+        are small), and read no more at once than such a frame needs; then the stream's
+        own limits again."""
+        kept = self.limits
+        self.limits, self._chunk = limits, _chunk_for(limits)
+        try:
+            yield
+        finally:
+            self.limits, self._chunk = kept, _chunk_for(kept)
 
     def _take(self, n: int) -> bytes:
         out = bytes(self._buf[self._pos : self._pos + n])
@@ -318,6 +339,11 @@ class FrameStream:
         """Close the connection at once (no TLS goodbye): a task reading or writing it
         wakes with an error."""
         self.sock.close()
+
+
+def _chunk_for(limits: Limits) -> int:
+    """How much a read for a frame's header and meta asks for under `limits`."""
+    return min(_READ, HEADER.size + limits.max_meta)
 
 
 def _socket_under(stream: trio.abc.Stream) -> trio.socket.SocketType:
