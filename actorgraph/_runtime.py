@@ -68,7 +68,12 @@ _runtime_numbers = itertools.count(1)
 class HostCopy:
     """A copyin or copyout submitted without waiting (`Runtime.submit_copyin`,
     `submit_copyout`): `await copy.wait()` returns once it is done (raising its
-    failure); a copyout's `array` then holds the buffer's bytes."""
+    failure).
+
+    Attributes:
+        array: a copyout's host array, holding the buffer's bytes once the copy is done
+            (None for a copyin).
+    """
 
     __slots__ = ("_program", "_sub", "array")
 
@@ -81,9 +86,16 @@ class HostCopy:
 
     @property
     def done(self) -> bool:
+        """Whether the copy has finished (failed or not)."""
         return bool(self._sub.done.is_set())
 
     async def wait(self) -> None:
+        """Wait until the copy is done.
+
+        Raises:
+            ClosedError: the runtime closed first, or the buffer's worker was lost.
+            ActorGraphError: the copy failed (the error its device reported).
+        """
         await self._sub.done.wait()
         raise_failure(self._program, self._sub)
 
@@ -677,8 +689,8 @@ class Runtime:
 
         Args:
             buffer: the Buffer to write, of this runtime.
-            array: host data of the buffer's size (a numpy array, or anything numpy turns into
-                one), cast to the buffer's dtype.
+            array: host data of the buffer's dtype and size (a numpy array, or anything numpy
+                turns into one); another dtype is refused, naming the astype that fixes it.
 
         Raises:
             UsageError: `buffer` is no live Buffer of this runtime, or `array` is no host data
@@ -724,7 +736,20 @@ class Runtime:
     async def submit_copyin(self, buffer: Buffer, array: Any) -> HostCopy:
         """`copyin` without waiting for it to be done: it is submitted (after all earlier
         work on its device) when this returns, and the HostCopy says when it is done.
-        On a remote device the bytes go with the request, in one message."""
+        On a remote device the bytes go with the request, in one message.
+
+        Args:
+            buffer: the Buffer to write, of this runtime.
+            array: host data of the buffer's dtype and size (copied now: the caller may
+                change it at once).
+
+        Returns:
+            The HostCopy: `await copy.wait()` waits for it.
+
+        Raises:
+            UsageError: as `copyin`.
+            ClosedError: the runtime has closed, or the buffer's worker is lost.
+        """
         self.check_open()
         _capture.check_host_transfer("copyin")
         data = self._host_array(buffer, array)
@@ -734,7 +759,19 @@ class Runtime:
 
     async def submit_copyout(self, buffer: Buffer) -> HostCopy:
         """`copyout` without waiting for it: once the HostCopy is done (`await
-        copy.wait()`), `copy.array` holds the bytes of `buffer` as of that point."""
+        copy.wait()`), `copy.array` holds the bytes of `buffer` as of that point.
+
+        Args:
+            buffer: the Buffer to read, of this runtime.
+
+        Returns:
+            The HostCopy.
+
+        Raises:
+            UsageError: `buffer` is no live Buffer of this runtime, or an @ag.jit function
+                being captured calls it.
+            ClosedError: the runtime has closed, or the buffer's worker is lost.
+        """
         self.check_open()
         _capture.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):

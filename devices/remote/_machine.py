@@ -35,9 +35,15 @@ def machine_name(raw: str) -> str:
 
 @attrs.frozen
 class WorkerCPU:
-    """The CPU a worker runs on: its machine and its instruction-set features (as Linux
-    names them in /proc/cpuinfo: `avx2`, `f16c`, ...), and whether the worker runs
-    shipped programs at all (`--allow-programs`)."""
+    """The CPU a worker runs on, as it says at connect
+    (`connection.statistics().worker_cpu`).
+
+    Attributes:
+        machine: the machine (`x86_64`, `arm64`, ...).
+        features: its instruction-set features, as Linux names them in /proc/cpuinfo
+            (`avx2`, `f16c`, ...).
+        programs: whether the worker runs shipped programs at all (`--allow-programs`).
+    """
 
     machine: str
     features: frozenset[str] = frozenset()
@@ -82,14 +88,28 @@ def _features(value: Iterable[str]) -> frozenset[str]:
 class MachineCode:
     """A compiled CPU program a worker runs (`Kernel(name, code=MachineCode(...))`).
 
-    `image` is a relocatable ELF object whose code starts with the function (one
-    function per object, as tinygrad's CPU compiler emits). The function takes
-    `buffers` addresses, then `values` 64-bit integers (the launch's var values), each
-    passed as a uint64; it is called `global_size[0]` times per launch, and with
-    `core_id` set, the value at that index among the values is the call's number
-    (0, 1, ...), not passed by the launch. `machine` (x86_64, arm64, ...) and `features`
-    (instruction-set extensions as /proc/cpuinfo names them) say what CPU it needs: a
-    worker whose CPU lacks one refuses the program instead of running it.
+    The function takes `buffers` addresses, then `values` 64-bit integers (the launch's
+    var values), each passed as a uint64; it is called `global_size[0]` times per launch.
+    A worker whose CPU is another machine, or lacks one of `features`, refuses the
+    program instead of running it, saying why.
+
+    Args:
+        name: the kernel's name, as messages give it.
+        image: a relocatable ELF object whose code starts with the function (one function
+            per object, as tinygrad's CPU compiler emits), without zero-initialized
+            static data (`.bss`).
+        machine: the machine it was compiled for (`x86_64`, `arm64`, ...).
+        features: the instruction-set extensions it needs, as /proc/cpuinfo names them
+            (`avx2`, `f16c`, ...).
+        buffers: how many buffer addresses it takes (0 to 64).
+        values: how many 64-bit values follow them (0 to 64).
+        core_id: the index among the values of the one that numbers the call (0, 1, ...
+            up to `global_size[0]`), which the launch does not pass; None when there is
+            none.
+
+    Raises:
+        ValueError: an empty image, more than 64 buffers or values, or a `core_id` that
+            is not one of the values.
     """
 
     name: str
