@@ -30,8 +30,9 @@ TEST_EXTRA = frozenset(["nbformat", "nbclient", "ipykernel", "trustme", "cuda", 
 
 
 def missing(module: str, what: str = "these tests") -> str:
-    """The reason to skip `what` when `module` is not installed: the command to get it."""
-    top = module.split(".")[0]
+    """The reason to skip `what` when `module` (maybe at a release: `tinygrad==0.14.0`) is
+    not installed: the command to get it."""
+    top = module.partition("==")[0].split(".")[0]
     if top in EXTRA_OF and top not in TEST_EXTRA:
         how = f"{install_command(EXTRA_OF[top])} in the checkout"
     elif top in TEST_EXTRA:

@@ -273,7 +273,7 @@ def _first_line_types_itself(doc: str) -> bool:
 MADE_FOR_YOU = frozenset(
     [
         "Runtime", "Buffer", "Graph", "Replay", "BackgroundRuntime", "BackgroundGraph",
-        "Call", "JitFunction", "JitGraph", "ActorGraph", "HostCopy", "WorkerCPU",
+        "Call", "JitFunction", "JitGraph", "ActorGraph", "WorkerCPU",
     ]
 )  # fmt: skip
 
