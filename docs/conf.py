@@ -29,7 +29,7 @@ extensions = [
     "sphinx.ext.viewcode",
 ]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "README-front.md", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 html_theme = "furo"
 html_title = f"actorgraph {release}"
 html_static_path = ["_static"]

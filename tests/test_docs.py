@@ -84,7 +84,7 @@ def test_tests_skipped_for_want_of_an_extra_name_the_command_that_runs_them(
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "hide_extras", "-p", "no:cacheprovider", "-q"]
         + ["-rs", "-k", "tinygrad or ray or dask", *(str(TESTS / f) for f in files)]
-        + [str(TESTS / "test_readme.py")],
+        + [str(TESTS / "test_docs.py")],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -94,7 +94,7 @@ def test_tests_skipped_for_want_of_an_extra_name_the_command_that_runs_them(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     # The two tinygrad modules, the Ray module, the Ray notebook and script, and the
-    # README's tinygrad and Ray blocks.
+    # tinygrad and Ray pages' blocks.
     assert sum(int(re.search(r"\[(\d+)\]", line)[1]) for line in skips) >= 7, done.stdout
     for module, extra in (("tinygrad", "tinygrad"), ("ray", "ray"), ("dask", "bench")):
         mine = [line for line in skips if f"{module} is not installed" in line]
@@ -329,7 +329,7 @@ DOCS = ROOT / "docs"
 
 
 def doc_pages() -> list[Path]:
-    """The site's Markdown pages, and the front page kept for the README."""
+    """The site's Markdown pages."""
     return [
         page
         for page in sorted(DOCS.rglob("*.md"))
@@ -370,10 +370,10 @@ def _readme_set_up_commands() -> list[str]:
 
 def test_the_docs_give_the_readmes_two_set_up_commands_as_written() -> None:
     # They run the demo and the tests on a fresh machine (CI runs the second as written).
-    for name in ("index.md", "getting-started.md", "README-front.md"):
-        blocks = "".join(_SHELL_BLOCK.findall((DOCS / name).read_text()))
+    for page in (DOCS / "index.md", DOCS / "getting-started.md"):
+        blocks = "".join(_SHELL_BLOCK.findall(page.read_text()))
         for command in _readme_set_up_commands():
-            assert f"{command}\n" in blocks, f"{name} lacks {command!r}"
+            assert f"{command}\n" in blocks, f"{page.name} lacks {command!r}"
 
 
 def test_the_docs_build_command_is_the_readmes_everywhere() -> None:
@@ -381,9 +381,8 @@ def test_the_docs_build_command_is_the_readmes_everywhere() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     (command,) = [line for line in lines if "python -m sphinx" in line]
     assert command.startswith('pip install -e ".[docs]" && ') and " -W " in command
-    for name in ("README-front.md", "how-it-is-built.md"):
-        blocks = "".join(_SHELL_BLOCK.findall((DOCS / name).read_text()))
-        assert f"{command}\n" in blocks, f"{name} lacks {command!r}"
+    blocks = "".join(_SHELL_BLOCK.findall((DOCS / "how-it-is-built.md").read_text()))
+    assert f"{command}\n" in blocks, f"how-it-is-built.md lacks {command!r}"
 
 
 def test_the_pictures_are_drawn_by_the_pages_code(tmp_path: Path) -> None:
@@ -511,10 +510,9 @@ def test_the_site_as_a_person_sees_it(site: Path) -> None:
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
-def test_the_front_pages_links_lead_to_pages() -> None:
-    # docs/README-front.md becomes README.md at the top of the checkout: its links are
-    # relative to there.
-    text = (DOCS / "README-front.md").read_text()
+def test_the_readmes_links_lead_to_pages() -> None:
+    # README.md is the front page: a short one whose links lead to every page it names.
+    text = (ROOT / "README.md").read_text()
     links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
     assert len(links) >= 15
     missing = [link for link in links if not (ROOT / link).is_file()]

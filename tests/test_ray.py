@@ -449,7 +449,7 @@ def test_importing_actorgraph_does_not_import_ray() -> None:
     assert done.stdout.strip() == "False", done.stderr
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/howto/ray.md", "examples/ray_cluster.py"])
+@pytest.mark.parametrize("page", ["docs/howto/ray.md", "examples/ray_cluster.py"])
 def test_the_documented_example_starts_a_ray_of_its_own_beside_a_running_one(
     cluster: Any, page: str, tmp_path: Any
 ) -> None:

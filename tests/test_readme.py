@@ -63,6 +63,8 @@ import pytest
 from _paths import ROOT, child_pythonpath
 
 README = ROOT / "README.md"
+# The page that starts a worker from the shell and shows its kernels module.
+REMOTE_PAGE = ROOT / "docs" / "howto" / "remote.md"
 GUARD = 120  # seconds: a hang guard for a block run in a child process
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?:[ \t].*)?$")  # MyST: ```{toctree}
@@ -217,18 +219,19 @@ def test_parser_refuses_what_it_cannot_honour(text: str, message: str) -> None:
         parse_blocks(text)
 
 
-def test_the_readme_shows_the_example_kernels_module_as_it_is() -> None:
-    # The worker's shell block names examples/remote_kernels.py; the README shows it whole.
+def test_the_remote_page_shows_the_example_kernels_module_as_it_is() -> None:
+    # The worker's shell block names examples/remote_kernels.py; the page shows it whole.
+    text = REMOTE_PAGE.read_text()
     shown = (ROOT / "examples" / "remote_kernels.py").read_text()
-    assert any(block.source == shown for block in BLOCKS)
-    assert "--kernels remote_kernels" in worker_shell_block(README.read_text())[-1]
+    assert any(block.source == shown for block in parse_blocks(text, REMOTE_PAGE.name))
+    assert "--kernels remote_kernels" in worker_shell_block(text)[-1]
 
 
 # -- running the blocks --
 
 
 def worker_shell_block(text: str) -> list[str]:
-    """The lines of the README's ```bash block that starts `actorgraph worker`."""
+    """The lines of a page's ```bash block that starts `actorgraph worker`."""
     found = re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
     blocks = [b.splitlines() for b in found if re.search(r"^\S*.*actorgraph worker ", b, re.M)]
     assert len(blocks) == 1, f"expected one shell block starting a worker, found {len(blocks)}"
@@ -237,11 +240,11 @@ def worker_shell_block(text: str) -> list[str]:
 
 class _Worker:
     """`actorgraph worker` on loopback, started by the page's own shell block (`text`,
-    README.md's by default), as written but for the port (0: a free one) and the folder
-    it runs in (`folder`)."""
+    the remote workers page's by default), as written but for the port (0: a free one)
+    and the folder it runs in (`folder`)."""
 
     def __init__(self, devices: str, port: str, folder: Path, text: str | None = None) -> None:
-        lines = worker_shell_block(README.read_text() if text is None else text)
+        lines = worker_shell_block(REMOTE_PAGE.read_text() if text is None else text)
         command = lines[-1]
         assert f" --devices {devices} " in command and f" --port {port} " in command, command
         (folder / "examples").symlink_to(ROOT / "examples")

@@ -24,7 +24,7 @@ async def test_graph_matches_eager_across_two_devices(ag_cpu_runtime: ag.Runtime
 async def test_alloc_counts_elements_starts_zeroed_and_views_count_elements(
     autojump_clock: object,
 ) -> None:
-    # What README.md's Concepts section promises about sizes, zeroing and views.
+    # What the runtime page (docs/in-depth/runtime.md) promises about sizes, zeroing and views.
     async with ag.open_runtime(["CPU:0", "SIM:0"]) as rt:
         for device in rt.devices:
             buf = rt.alloc(device, (4, 8), np.int16)

@@ -387,7 +387,7 @@ def test_install_from_several_threads_is_bitwise(captured: bool) -> None:
     # device's thread, whose timeline the replays join). tinygrad itself is not
     # thread-safe, with or without actorgraph: its capture, its reads of tensors (which
     # schedule) and its own kernels, from several threads at once, raise its errors or,
-    # on 0.11, stop its device thread for good. So, as README's "Threads" says, the
+    # on 0.11, stop its device thread for good. So, as the tinygrad page's "Threads" says, the
     # threads take turns (`tiny`) for tinygrad's own work, and only the replays run at once.
     threads, calls = 3, 40
     fns = [_mlp(seed=10 * t) for t in range(threads)]
