@@ -296,17 +296,7 @@ class ReplayCheck:
     def _count(self, sub: Submission) -> None:
         """Count `sub` (the replay's) as a part: done now, or when it ends."""
         self._left += 1
-        if sub.done.is_set():
-            self._part_done()
-            return
-        chained = sub.on_done
-
-        def on_done(done: Submission) -> None:
-            if chained is not None:
-                chained(done)
-            self._part_done()
-
-        sub.on_done = on_done
+        sub.when_done(lambda _: self._part_done())
 
     def _part_failed_or_done(self, sub: Submission) -> None:
         if sub.error is not None and self._trouble is None:

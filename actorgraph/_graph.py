@@ -70,17 +70,7 @@ def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
 
                 logger.error("could not advance timeline %s to %d: %s", timeline.name, value, error)
 
-    if sub.done.is_set():
-        advance()
-        return
-    chained = sub.on_done
-
-    def on_done(done: Submission) -> None:
-        if chained is not None:
-            chained(done)
-        advance()
-
-    sub.on_done = on_done
+    sub.when_done(lambda _: advance())
 
 
 class Spans:

@@ -61,19 +61,14 @@ from ._vars import Var, evaluate
 
 class Host(Protocol):
     """What a Program needs of the runtime it runs on (a `Runtime` is one): its devices,
-    its KICK signal, and to be told of each submission it posts (or ran where it was
-    made)."""
+    its KICK signal, and to be told of each submission it posts."""
 
     @property
     def kick(self) -> DeviceSignal: ...
 
     def device(self, name: str) -> Device: ...
 
-    def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None: ...
-
-    def count_done(
-        self, sub: Submission, then: Callable[[Submission], None] | None = None
-    ) -> None: ...
+    def track(self, sub: Submission) -> None: ...
 
 
 _new_request = tuple.__new__
@@ -560,7 +555,8 @@ class Program:
         When every queue's actor is idle, the jobs run here instead, in the caller's task
         (devices.run_inline): a replay of inline items on idle queues then costs no task
         switch at all, and what cannot run here goes to its actor as if posted. With
-        `profiles` (one per queue), each job carries its observer. (A caller that can
+        `profiles` (one per queue), each job carries its observer. `then(sub)` is called
+        once the submission is done (at once if it ran to its end here). (A caller that can
         run the binding's LinearRun tries that first: see Graph and Runtime.)
         """
         runtime = self.runtime
@@ -578,18 +574,17 @@ class Program:
             runtime.kick.set(kick)
             run_inline(actors, jobs)
             # Nothing ran in between: a submission done here was never in flight.
-            if sub.done.is_set():
-                runtime.count_done(sub, then)
-            else:
-                runtime.track(sub, then)
-            return sub
-        runtime.track(sub, then)
-        for qi in range(nqueues):
-            profile = None if profiles is None else profiles[qi]
-            actors[qi].post(Job(scripts[qi], bases, sub, qi, profile, copy_bytes[qi]))
-        runtime.kick.set(kick)
-        for flush in self._flushes:
-            flush()
+            runtime.track(sub)
+        else:
+            runtime.track(sub)
+            for qi in range(nqueues):
+                profile = None if profiles is None else profiles[qi]
+                actors[qi].post(Job(scripts[qi], bases, sub, qi, profile, copy_bytes[qi]))
+            runtime.kick.set(kick)
+            for flush in self._flushes:
+                flush()
+        if then is not None:
+            sub.when_done(then)
         return sub
 
     def _reserve(self) -> list[int]:

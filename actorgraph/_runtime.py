@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -131,9 +131,8 @@ class Runtime:
         # Moves whenever a binding a graph keeps may no longer be used as it is: a buffer
         # was freed, or the runtime became unusable (broken, closed). See Graph.__call__.
         self.epoch = 0
-        # In flight: each submission with what to call once it is done (a replay's graph
-        # counting it), or None.
-        self._pending: dict[Submission, Callable[[Submission], None] | None] = {}
+        # In flight: the submissions posted and not yet done.
+        self._pending: set[Submission] = set()
         # (submissions still running, device, memory): frees waiting for that work.
         self._deferred_frees: list[tuple[set[Submission], Device, Any]] = []
         # Places in the window taken by replays not posted yet (`reserve`); callers wait
@@ -433,27 +432,18 @@ class Runtime:
         if self._space:
             self._space.unpark()
 
-    def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
+    def track(self, sub: Submission) -> None:
         """Keep a posted submission in flight until it completes (back-pressure, deferred
-        frees, the deadlock watch); `then` is told when it does (a replay's graph)."""
+        frees, the deadlock watch)."""
         if sub.done.is_set():
             return  # nothing to run (an empty plan)
-        self._pending[sub] = then
-        sub.on_done = self._untrack
+        self._pending.add(sub)
+        sub.when_done(self._untrack)
         if not self._activity.is_set():
             self._activity.set()
 
-    def count_done(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None:
-        """A submission completed where it was submitted: never in flight, so nothing
-        waited for it (no window, no frees, no deadlock watch); `then` is told."""
-        if then is not None:  # a replay
-            then(sub)
-
     def _untrack(self, sub: Submission) -> None:
-        if sub in self._pending:
-            then = self._pending.pop(sub)
-            if then is not None:  # a replay: its graph counts it, once, when it ends
-                then(sub)
+        self._pending.discard(sub)
         if self._deferred_frees:
             still = []
             for waiting, device, memory in self._deferred_frees:
@@ -482,11 +472,7 @@ class Runtime:
             self.epoch += 1
             _log.error("runtime broken: %s", error)
         for sub in list(self._pending):
-            sub.fail(-1, "", error)
-            sub.done.set()
-            self._untrack(sub)
-            if sub.interrupt is not None:
-                sub.interrupt(error)
+            sub.break_off(error)  # its callbacks run: this runtime's _untrack among them
         self._space.unpark_all()
 
     def _fingerprint(self) -> tuple[int, ...]:

@@ -522,7 +522,6 @@ NOT_MIRRORED = {
     "wait_timeline": "waits in the calling trio task for an external timeline: a hook of "
     "Graph.submit on the runtime's thread (graph.submit(after=...) is the public call)",
     "track": "bookkeeping Program calls on the runtime's thread for each submission it posts",
-    "count_done": "bookkeeping Program calls on the runtime's thread",
     "adopt": "bookkeeping Graph calls on the runtime's thread when it is compiled",
     "epoch": "a count the fast path of a graph call reads on the runtime's thread (a free, a "
     "break or a close moves it)",

@@ -181,6 +181,32 @@ async def test_deadlock_is_diagnosed_not_hung(autojump_clock: object) -> None:
             await rt.copyout(rt.alloc("CPU:0", 4, np.int32))
 
 
+async def test_a_replay_failed_by_a_deadlock_still_advances_its_then_timelines(
+    autojump_clock: object,
+) -> None:
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        graph, _ = await deadlocked_graph(rt)
+        seen = [0]
+        then = ag.ExternalTimeline("then", lambda: seen[0], lambda v: seen.__setitem__(0, v))
+        replay = await graph.submit(then=[(then, 3)])
+        with trio.fail_after(60), pytest.raises(ag.DeadlockError, match="deadlock"):
+            await replay.wait()
+        # Advanced when the replay is complete, failed or not: the other side never hangs.
+        assert seen == [3]
+
+
+async def test_a_checked_replay_in_flight_when_the_runtime_breaks_fails_instead_of_hanging(
+    autojump_clock: object,
+) -> None:
+    from actorgraph._checker import CheckedGraph
+
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        plain, bad = await deadlocked_graph(rt)
+        graph = CheckedGraph(rt, Program(rt, plain._program.items, [], bad), checks=1)
+        with trio.fail_after(60), pytest.raises(ag.DeadlockError, match="deadlock"):
+            await graph()
+
+
 async def test_watchdog_reports_a_stalled_replay(
     autojump_clock: object, caplog: pytest.LogCaptureFixture
 ) -> None:

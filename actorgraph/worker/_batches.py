@@ -256,7 +256,7 @@ class Batches:
         bases[BATCH] = batch.batch  # the id the worker's reports name
         sub = _BatchSubmission(self, batch.batch, programs, received)
         self.running.add(sub)
-        sub.on_done = functools.partial(self._batch_done, batch.batch, programs)
+        sub.when_done(functools.partial(self._batch_done, batch.batch, programs))
         times = session.worker.times
         for p in programs:
             p.recode(times)  # a kernel changed sides since it was coded

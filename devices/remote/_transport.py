@@ -526,7 +526,7 @@ class Transport:
             self._loop_scope.cancel()
             self._loop_state = _LENT
         self._driver = trio.lowlevel.current_task()
-        sub.interrupt = self._interrupt
+        sub.read_by(self._interrupt)
         self._lent_idle = False
         idle = False
         try:
@@ -545,7 +545,7 @@ class Transport:
                 self.ends_read_by_callers += 1
                 idle = self._idle()
         finally:
-            sub.interrupt = None
+            sub.read_by(None)
             self._driver = None
             if idle:
                 # Nothing else in flight: the reader task stays lent, not woken (a trip
