@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from actorgraph.devices import NOT_RUN
+from actorgraph.devices import NOT_RUN, NotRun, Ran
 from actorgraph.scheduler import Plan
 
 from . import _capture
 from ._await import Hinted, described, listed
 from ._buffer import Buffer
+from ._checker import ReplayCheck
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
@@ -48,9 +49,6 @@ def check_var_vals(
 
 
 _BOUND_CACHE = 8
-
-# What Graph.run_here returns when the replay cannot run where it was called.
-NOT_HERE: Any = object()
 
 # Looked up once: Graph.__call__ is the path every replay loop takes.
 _scope = _capture.scope_get
@@ -115,7 +113,7 @@ class Replay:
 
     __slots__ = ("_program", "_sub", "graph", "number")
 
-    def __init__(self, graph: Graph, program: Program, sub: Any, number: int) -> None:
+    def __init__(self, graph: Graph, program: Program, sub: Submission, number: int) -> None:
         self.graph = graph
         self._program = program
         self._sub = sub
@@ -170,9 +168,15 @@ class Graph(Hinted):
             f"(`await graph(inputs)`, then use the output Buffer)"
         )
 
-    def __init__(self, runtime: Runtime, program: Program, *, aliasing: str = "refuse") -> None:
+    def __init__(
+        self, runtime: Runtime, program: Program, *, aliasing: str = "refuse", checks: int = 0
+    ) -> None:
         if aliasing not in ("refuse", "replan"):
             raise InputError(f"aliasing must be 'refuse' or 'replan', got {aliasing!r}")
+        if type(checks) is not int or checks < 0:
+            raise InputError(
+                f"checks is how many replays to check against eager, an int >= 0; got {checks!r}"
+            )
         self._aliasing = aliasing
         # Replanned programs of aliased input sets, by those inputs (which they hold, so
         # the Buffers, hashing by identity, stay the very same ones). Cleared on a free.
@@ -189,7 +193,7 @@ class Graph(Hinted):
         self._bound: dict[tuple[Buffer, ...], Bound] = {}
         self._frees_seen = runtime.frees
         # The runtime's epoch when the kept bindings were last checked good to use as
-        # they are (-1: never, as while the runtime profiles every replay).
+        # they are (-1: never yet).
         self._epoch_seen = -1
         self._internal: dict[int, list[Buffer]] = {}
         internal = self._internal
@@ -228,7 +232,9 @@ class Graph(Hinted):
         self.number = runtime.adopt(self._counts)
         self._profiling = runtime.profiling
         self._last_record: ReplayRecord | None = None
-        # Replays checked against eager (see _checker.CheckedGraph, which counts them).
+        # Replays checked against eager (_checker.py): its first `checks` are, each posted
+        # with its check; `checked` counts those under way or done.
+        self._checks_left = checks
         self.checked = 0
 
     @property
@@ -302,8 +308,8 @@ class Graph(Hinted):
         reached v; `then=[(timeline, w)]` advances it to w when the replay is complete.
 
         As trio's `send`: a cancel point first, then the replay run here and now if it
-        can be (`run_here`: it then takes one cancel-shielded scheduler pass, so a replay
-        that ran is never lost to a cancellation), else submitted and waited for.
+        can be (`_run_here`: it then takes one cancel-shielded scheduler pass, so a replay
+        that ran is never lost to a cancellation), else posted and waited for.
         """
         if after or then:
             replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
@@ -316,51 +322,38 @@ class Graph(Hinted):
         await _checkpoint_if_cancelled()
         # The binding kept for these very inputs and values is used as it is while the
         # runtime's epoch has not moved since it was checked (no buffer freed, the
-        # runtime usable; never while it profiles every replay); else `bind` checks them
-        # (and raises what the call raises for them).
+        # runtime usable); else `bind` checks them (and raises what the call raises).
         try:
             bound = self._bound.get(tuple(inputs))
         except TypeError:  # an input that cannot be hashed is no Buffer: bind says so
             bound = None
-        if (
-            bound is None
-            or profile is not None
-            or var_vals != bound.var_vals
-            or self._runtime.epoch != self._epoch_seen
-        ):
+        if bound is None or var_vals != bound.var_vals or self._runtime.epoch != self._epoch_seen:
             bound = self.bind(inputs, var_vals)
-            failure = self.run_here(bound, profile)
-        elif bound.linear is None:
-            failure = NOT_HERE
-        else:  # run_here, for a binding known to run here unless its queues are busy
-            failure = bound.linear.run()
-            if failure is NOT_RUN:
-                failure = NOT_HERE
-            else:
-                self._counts.done += 1  # a replay submitted and done where it was made
-        if failure is NOT_HERE:
+        ran = self._run_here(bound, profile)
+        if ran is NOT_RUN:
             await self._submit_and_wait(bound, inputs, profile)
             return
         await _cancel_shielded_checkpoint()
-        if failure is not None:
-            raise_item_failure(bound.program, failure)
+        if ran is not None:
+            raise_item_failure(bound.program, ran)
 
     async def _submit_and_wait(
         self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None
     ) -> None:
-        """The replay, submitted once the in-flight window has room, and waited for."""
+        """The replay, posted once the in-flight window has room, and waited for."""
         await self._runtime.admit()
         self._check_not_closed()
         program = bound.program
-        reader = program.end_reader
+        # A checked replay's end is its check's, which no connection reads.
+        reader = None if self._checks_left else program.end_reader
         if reader is None:
-            sub = self._start(bound, inputs, profile)
+            sub = self._post(bound, inputs, profile)
             await sub.done.wait()
         else:
             # A graph living on one worker: this task reads its end (see its connection).
             reader.coming()
             try:
-                sub = self._start(bound, inputs, profile)
+                sub = self._post(bound, inputs, profile)
             except BaseException:
                 reader.not_coming()
                 raise
@@ -388,7 +381,7 @@ class Graph(Hinted):
         if not waits:
             await runtime.admit()
             self._check_not_closed()
-            return self._post(bound, inputs, profile, then)
+            return self._replay(bound, inputs, profile, then)
         # Its place in the window is held while it waits for the timelines: replays that
         # wait so must not all be posted at once when what they wait for comes.
         await runtime.reserve()
@@ -397,7 +390,7 @@ class Graph(Hinted):
                 # Cancelling ends the wait at once (nothing is submitted).
                 await runtime.wait_timeline(timeline, value)
             self._check_not_closed()
-            return self._post(bound, inputs, profile, then)
+            return self._replay(bound, inputs, profile, then)
         finally:
             runtime.unreserve()
 
@@ -423,9 +416,9 @@ class Graph(Hinted):
         if not runtime.has_room():
             raise trio.WouldBlock
         self._check_not_closed()
-        return self._post(bound, inputs, profile, then)
+        return self._replay(bound, inputs, profile, then)
 
-    def _post(
+    def _replay(
         self,
         bound: Bound,
         inputs: Sequence[Buffer],
@@ -439,40 +432,56 @@ class Graph(Hinted):
 
     def replay_off_thread(
         self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
-    ) -> Any:
+    ) -> bool:
         """A call run by a thread other than the runtime's, while the runtime's trio
         run is stopped (a background runtime's caller holding its loop lock): bind,
-        then `run_here` if the replay moves no signal a task waits on (waking one is
-        for the run's own thread). Return (program, failure) with the failure or None,
-        or NOT_HERE, having run nothing. Raises what binding raises."""
+        then run it here if `_run_here` says so for a replay that moves no signal a task
+        waits on (waking one is for the run's own thread). Returns True once it ran,
+        raising its failure (an ItemError naming the item), or False having run nothing
+        (the call goes to the runtime's thread). Raises what binding raises."""
         bound = self.bind(inputs, var_vals)
-        failure = self.run_here(bound, None, quiet=True)
-        return NOT_HERE if failure is NOT_HERE else (bound.program, failure)
+        ran = self._run_here(bound, None, quiet=True)
+        if ran is NOT_RUN:
+            return False
+        if ran is not None:
+            raise_item_failure(bound.program, ran)
+        return True
 
-    def run_here(self, bound: Bound, profile: bool | None, *, quiet: bool = False) -> Any:
-        """Run a bound replay here and now as one run of calls (its LinearRun), when its
-        items all run inline, its queues are idle, its devices done with earlier work
-        and nothing asks for a profile. Return its failure, None if it succeeded, or
-        NOT_HERE (having done nothing) when it cannot run so: then it is submitted as
-        usual. `quiet`: only if it moves no signal that a task waits on. It takes no
-        room in the in-flight window (it is never in flight), so a full window does not
-        hold it back. (A call's hot path does this for a binding it kept.)"""
-        linear = bound.linear
-        if linear is None or profile or (profile is None and self._profiling):
-            return NOT_HERE
-        if quiet and not linear.quiet():
-            return NOT_HERE
-        failure = linear.run()
-        if failure is NOT_RUN:
-            return NOT_HERE
-        self._counts.done += 1  # a replay submitted and done where it was made
-        return failure
+    def _run_here(self, bound: Bound, profile: bool | None, quiet: bool = False) -> Ran | NotRun:
+        """Where a replay of this graph runs (`Bound.run_here`, which decides it): posted
+        to the actors while it is to be checked or profiled (`profile`; None: as the
+        runtime profiles), else here and now where it can be. Counts it when it ran."""
+        ran = bound.run_here(
+            self._checks_left > 0 or (self._profiling if profile is None else profile), quiet
+        )
+        if ran is not NOT_RUN:
+            self._counts.done += 1  # a replay submitted and done where it was made
+        return ran
 
     def _start(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
-        failure = self.run_here(bound, profile)
-        if failure is not NOT_HERE:
-            return bound.program.done_submission(failure)
-        if profile or (profile is None and self._profiling):
+        """The replay started where `_run_here` says: run here (a finished Submission
+        stands for it), or posted."""
+        ran = self._run_here(bound, profile)
+        if ran is not NOT_RUN:
+            return bound.program.done_submission(ran)
+        return self._post(bound, inputs, profile)
+
+    def _post(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
+        """The replay posted to the actors: with its check while checks are left (the
+        gate of the check stands for it then), else as `_submit` posts it."""
+        if not self._checks_left:
+            return self._submit(bound, inputs, profile)
+        what = f"replay {self.replays + 1} of graph {self.number} {self!r}"
+        check = ReplayCheck(self._runtime, what, bound)
+        gate = check.start(tuple(inputs), lambda: self._submit(bound, inputs, profile))
+        # Counted once it is under way (a call refused before it ran is not one).
+        self._checks_left -= 1
+        self.checked += 1
+        return gate
+
+    def _submit(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
+        """The replay posted to its actors, profiled if asked (None: as the runtime)."""
+        if self._profiling if profile is None else profile:
             sub = self._submit_profiled(bound, inputs)
         else:
             sub = bound.program.submit(bound, then=self._count)
@@ -537,8 +546,7 @@ class Graph(Hinted):
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
         self._bound[inputs] = bound
-        if not self._profiling:
-            self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
+        self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
         return bound
 
     def _latest(self) -> Bound | None:

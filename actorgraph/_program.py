@@ -18,13 +18,17 @@ from actorgraph.devices import (
     EXEC,
     FIRST_QUEUE_SLOT,
     KICK,
+    NOT_RUN,
     Device,
+    Failure,
     Job,
     JobProfile,
     LaunchRequest,
     LinearRun,
+    NotRun,
     Op,
     QueueActor,
+    Ran,
     RemoteConnectionError,
     Schedule,
     Script,
@@ -99,6 +103,20 @@ class Bound:
         self.inputs = tuple(inputs)
         self._scripts: tuple[Script, ...] | None = None
         self.linear = program.linear_run(ops)
+
+    def run_here(self, posted: bool = False, quiet: bool = False) -> Ran | NotRun:
+        """Where a submission of this binding runs (a replay, an eager item, a host copy),
+        decided for all of them in this one place: here and now, as one run of calls (its
+        LinearRun), when its items all run inline, the caller does not need the actors
+        (`posted`: a profile, a check), (`quiet`) it moves no signal that a task waits
+        on, and its queues are idle and its devices done with earlier work. Returns its
+        first failure or None then; else NOT_RUN, having done nothing: the caller posts
+        it (`Program.submit`). It takes no room in the in-flight window (it is never in
+        flight), so a full window does not hold it back."""
+        linear = self.linear
+        if linear is None or posted or (quiet and not linear.quiet()):
+            return NOT_RUN
+        return linear.run()
 
     @property
     def scripts(self) -> tuple[Script, ...]:
@@ -557,7 +575,7 @@ class Program:
         switch at all, and what cannot run here goes to its actor as if posted. With
         `profiles` (one per queue), each job carries its observer. `then(sub)` is called
         once the submission is done (at once if it ran to its end here). (A caller that can
-        run the binding's LinearRun tries that first: see Graph and Runtime.)
+        run the binding here tries that first: `Bound.run_here`.)
         """
         runtime = self.runtime
         actors = self.actors
@@ -612,7 +630,7 @@ class Program:
             raise
         return bases
 
-    def done_submission(self, failure: tuple[int, str, BaseException] | None) -> Submission:
+    def done_submission(self, failure: Ran) -> Submission:
         """A finished Submission standing for a LinearRun (for callers that hold one:
         Replay objects), failed with `failure` if given."""
         sub = Submission(0, self.timelines, (), self.queue_devices, self.device_jobs)
@@ -647,7 +665,7 @@ def raise_failure(program: Program, sub: Submission) -> None:
         raise_item_failure(program, (sub.failed_item, sub.failed_actor, sub.error))
 
 
-def raise_item_failure(program: Program, failure: tuple[int, str, BaseException]) -> None:
+def raise_item_failure(program: Program, failure: Failure) -> None:
     """Raise `failure` ((item, actor name, error) of a run of `program`) as the user sees
     it: an ItemError naming the item, or ClosedError when no item was at fault."""
     failed_item, failed_actor, error = failure

@@ -34,7 +34,6 @@ from ._buffer import (
     buffer_dtype,
     check_buffer_size,
 )
-from ._checker import CheckedGraph
 from ._collector import collector_paused
 from ._errors import (
     ClosedError,
@@ -562,18 +561,19 @@ class Runtime:
         await self._run_now_or_submit(program, program.bind_host(op))
 
     async def _run_now_or_submit(self, program: Program, bound: Bound) -> None:
-        """An eager item or a host copy, as `await graph(...)` runs a replay: once there
-        is room in the in-flight window, run here and now as one run of calls if it can
-        be (then a cancel-shielded scheduler pass), else submitted and waited for."""
-        await self.admit()
-        linear = bound.linear
-        failure = NOT_RUN if linear is None else linear.run()
-        if failure is NOT_RUN:
+        """An eager item or a host copy, as `await graph(...)` runs a replay: a cancel
+        point, then run here and now if it can be (`Bound.run_here`; then a
+        cancel-shielded scheduler pass), else posted once there is room in the
+        in-flight window, and waited for."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        ran = bound.run_here()
+        if ran is NOT_RUN:
+            await self.admit()
             await self._await(program, program.submit(bound))
             return
         await trio.lowlevel.cancel_shielded_checkpoint()
-        if failure is not None:
-            raise_item_failure(program, failure)
+        if ran is not None:
+            raise_item_failure(program, ran)
 
     def _host_array(self, buffer: Buffer, array: Any) -> np.ndarray[Any, Any]:
         if not isinstance(buffer, Buffer):
@@ -818,9 +818,7 @@ class Runtime:
                 program.plan.wait_count,
             )
         program.max_sizes = limits
-        if self.check_replays:
-            return CheckedGraph(self, program, aliasing=aliasing, checks=self.check_replays)
-        return Graph(self, program, aliasing=aliasing)
+        return Graph(self, program, aliasing=aliasing, checks=self.check_replays)
 
     def _cost_ordered(
         self, program: Program, var_vals: Mapping[Any, int] | None, widen: Mapping[Buffer, int]

@@ -352,6 +352,15 @@ async def test_check_replays_must_be_a_count(value: object) -> None:
             pass
 
 
+@pytest.mark.parametrize("value", [-1, True, 1.5])
+async def test_a_graph_refuses_a_check_count_that_is_no_count(value: object) -> None:
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        x, y = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+        graph = await rt.compile([ag.Launch(XOR, [y, x, x])])
+        with pytest.raises(ag.InputError, match=r"checks is how many replays .* int >= 0; got"):
+            ag.Graph(rt, graph._program, checks=value)  # type: ignore[arg-type]
+
+
 async def test_a_misspelled_check_replays_names_it() -> None:
     with pytest.raises(ag.UsageError, match="did you mean 'check_replays'"):
         async with ag.open_runtime(["CPU:0"], check_replay=2):

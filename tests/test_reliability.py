@@ -198,11 +198,9 @@ async def test_a_replay_failed_by_a_deadlock_still_advances_its_then_timelines(
 async def test_a_checked_replay_in_flight_when_the_runtime_breaks_fails_instead_of_hanging(
     autojump_clock: object,
 ) -> None:
-    from actorgraph._checker import CheckedGraph
-
     async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
         plain, bad = await deadlocked_graph(rt)
-        graph = CheckedGraph(rt, Program(rt, plain._program.items, [], bad), checks=1)
+        graph = ag.Graph(rt, Program(rt, plain._program.items, [], bad), checks=1)
         with trio.fail_after(60), pytest.raises(ag.DeadlockError, match="deadlock"):
             await graph()
 
