@@ -805,7 +805,7 @@ class Runtime:
         widen: dict[Buffer, int],
     ) -> Graph:
         """The plan lowered onto the actors (list-scheduled first for order="cost")."""
-        program = Program(self, checked, inputs, plan)
+        program = Program(self, checked, inputs, plan, max_sizes=limits)
         if order == "cost":
             program = self._cost_ordered(program, var_vals, widen)
             if self.verify_plans if verify is None else verify:
@@ -817,7 +817,6 @@ class Runtime:
                 len(program.plan.queues),
                 program.plan.wait_count,
             )
-        program.max_sizes = limits
         return Graph(self, program, aliasing=aliasing, checks=self.check_replays)
 
     def _cost_ordered(
@@ -834,7 +833,9 @@ class Runtime:
         order = list_schedule_order(program.plan, durations)
         items = [program.items[j] for j in order]
         plan = build_plan(plan_items(items, widen), self.caps)
-        return Program(self, items, program.inputs, plan, item_numbers=order)
+        return Program(
+            self, items, program.inputs, plan, item_numbers=order, max_sizes=program.max_sizes
+        )
 
 
 @contextlib.asynccontextmanager
