@@ -119,9 +119,12 @@ class QueueActor:
     # None: the actor's own task ends its jobs, and the caller waits on `sub.done`.
     end_reader: Any = None
 
-    def __init__(self, name: str, timeline_start: int = 0) -> None:
+    def __init__(self, name: str, timeline_start: int = 0, signal: Signal | None = None) -> None:
+        """A queue named `name` whose timeline starts at `timeline_start`: its `signal`
+        is the one given (made by the caller at that value, e.g. one that tells others
+        as it moves), else a plain Signal."""
         self.name = name
-        self.signal = Signal(name, timeline_start)
+        self.signal = Signal(name, timeline_start) if signal is None else signal
         self.next_value = timeline_start
         self._inbox: collections.deque[Job] = collections.deque()
         self._doorbell = Doorbell()

@@ -28,7 +28,7 @@ import trio
 from actorgraph.scheduler import DeviceCaps, QueueKind
 
 from .._actor import QueueActor
-from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
+from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest, MakeSignal
 from .._ops import Op, cuda_item
 from .._signal import Signal
 from . import _commands as C
@@ -167,7 +167,9 @@ class CUDADevice(Device):
         """The device's two queues and every queue made by new_queue and not dropped."""
         return [*self.queues.values(), *self._more_queues]
 
-    def new_queue(self, kind: QueueKind, name: str) -> CudaQueueActor | None:
+    def new_queue(
+        self, kind: QueueKind, name: str, make_signal: MakeSignal | None = None
+    ) -> CudaQueueActor | None:
         """A queue with a stream of its own beside the device's two: work on it waits for
         nothing queued on theirs (or on another such queue's)."""
         if self._closed:
