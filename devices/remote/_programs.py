@@ -1,8 +1,9 @@
-"""What a connection makes of the op lists it is given, kept with them (`Script.keep`).
+"""What a connection makes of the op lists it is given.
 
 A worker's queue's op list is written as the entries of a Prog: a program the worker
-keeps (`Programs`), whose waits on another worker's queue that worker tells it of
-instead of the client. The client's signals the worker waits on are mirrored there, each
+keeps (`Programs`, the one owner of the programs a worker keeps; an op list's Script
+keeps only the id its ops were last sent under), whose waits on another worker's queue
+that worker tells it of instead of the client. The client's signals the worker waits on are mirrored there, each
 under an id (`Mirrors`). A client-local job's copies from the worker that follow a wait on
 one of its queues are asked for ahead (`PullsAhead`), so their bytes come with that
 signal's report. The design is described in actorgraph/devices/remote/__init__.py.
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 EARLY_PULL_BYTES = 1 << 20  # larger copies from a worker are asked for when they run
 EARLY_BYTES = 64 << 20  # staging a connection holds at most for copies asked for ahead
 PROGRAM_CACHE = 256  # programs a worker keeps for a connection
-
-_SEEN_ONCE = "seen once"  # what a Script keeps when its ops were sent once, not kept
 
 
 class RemoteSignal(Signal):
@@ -103,7 +102,7 @@ class Mirrors:
 class KeptProgram:
     """One queue's op list as the worker holds it (or holds it for one batch)."""
 
-    __slots__ = ("direct", "final", "live", "mirrors", "prog_id", "queue", "slot")
+    __slots__ = ("direct", "final", "mirrors", "prog_id", "queue", "slot")
 
     def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
         self.prog_id = prog_id
@@ -117,13 +116,14 @@ class KeptProgram:
         # The waits a copy from another worker follows: that worker tells this one
         # directly, so the client forwards them only if it loses that worker.
         self.direct: set[tuple[int, int, int]] = set()  # base slot, rel, id
-        self.live = True  # the worker holds it (False once forgotten)
 
 
 class Programs:
-    """The programs a connection's worker keeps: each defined by a Prog the first time a
-    kept op list comes, then named by id. An op list seen once (an eager item, a host
-    copy) is sent for its batch alone; one seen again (a graph's) is kept."""
+    """The programs a connection's worker keeps, by id, least recently used first, at
+    most PROGRAM_CACHE: each defined by a Prog, then named by id. An op list sent for the
+    first time (an eager item, a host copy) is sent for its batch alone; one sent again
+    (a graph's) is kept. Its Script keeps the id its ops were last sent under (`keep`),
+    which names a kept program as long as this cache holds one under it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
@@ -136,28 +136,27 @@ class Programs:
         """The program for `job`'s ops: kept, or defined now (its Prog, and the blobs of a
         host write ahead of it, appended to `parts`)."""
         script = job.script
-        kept = script.kept(self)
-        if isinstance(kept, KeptProgram) and kept.live:
+        sent: int | None = script.kept(self)  # the id its ops were last sent under
+        kept = None if sent is None else self._kept.get(sent)
+        if kept is not None:
             self._kept.move_to_end(kept.prog_id)
             return kept
         conn = self._connection
         program = KeptProgram(conn.new_id(), job.ops, queue)
         entries, one_shot = _Writer(conn, program).entries(job.ops, parts)
-        # Host writes carry their data: never kept, never remembered.
-        store = kept == _SEEN_ONCE and not one_shot
+        # Kept once sent again; host writes carry their data: never kept, never remembered.
+        store = sent is not None and not one_shot
         entries = [as_meta(entry) for entry in entries]  # each [kind, *fields], as Prog's are
         parts.append(
             encode(Prog(program.prog_id, queue.device.inner, entries, store, queue.kind.value))
         )
         if store:
-            script.keep(self, program)
             self._kept[program.prog_id] = program
             if len(self._kept) > PROGRAM_CACHE:
-                _, old = self._kept.popitem(last=False)
-                old.live = False
-                parts.append(encode(Forget(old.prog_id)))
-        elif not one_shot:
-            script.keep(self, _SEEN_ONCE)
+                forgotten, _ = self._kept.popitem(last=False)
+                parts.append(encode(Forget(forgotten)))
+        if not one_shot:
+            script.keep(self, program.prog_id)
         return program
 
 
