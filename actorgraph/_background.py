@@ -39,8 +39,9 @@ from ._graph import Graph
 from ._kernel import Item, Kernel
 from ._log import logger as _log
 from ._profile import Profile
-from ._runtime import Runtime, RuntimeStatistics, StallReport, open_runtime
+from ._runtime import Runtime, RuntimeStatistics, open_runtime
 from ._vars import Var
+from ._window import StallReport
 
 T = TypeVar("T")
 

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from actorgraph.devices import Submission
-from actorgraph.scheduler import build_plan
+from actorgraph.scheduler import DeviceCaps, build_plan
 
 from ._buffer import Buffer
 from ._compare import Cluster, Compared, Written, clusters, first_mismatch, mismatch_error
@@ -44,11 +44,21 @@ from ._compare import shadow_offset as place_cluster
 from ._errors import ReplayMismatchError, UsageError
 from ._kernel import Copy, Item
 from ._log import logger
-from ._program import Bound, Program, host_program, plan_item, plan_items
+from ._program import Bound, Host, Program, host_program, plan_item, plan_items
 from ._vars import Var
 
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+
+class CheckHost(Host, Protocol):
+    """What a check needs of its runtime (a `Runtime` is one): a Program's host, and
+    shadow memory allocated and freed on its devices."""
+
+    @property
+    def caps(self) -> Mapping[str, DeviceCaps]: ...
+
+    def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = ...) -> Buffer: ...
+
+    def free(self, buffer: Buffer) -> None: ...
+
 
 # The real memory's alignment that shadows keep (a multiple of any vector load's).
 _ALIGN = 64
@@ -105,7 +115,7 @@ class Shadows:
     items touch, a copy in an arena of its device (`of` gives the view that mirrors a
     buffer), and room of the same layout for the replay's result (`result_of`)."""
 
-    def __init__(self, runtime: Runtime, items: Sequence[Item]) -> None:
+    def __init__(self, runtime: CheckHost, items: Sequence[Item]) -> None:
         self._runtime = runtime
         self._of: dict[Buffer, Buffer] = {}
         self._result_of: dict[Buffer, Buffer] = {}
@@ -196,7 +206,7 @@ class ReplayCheck:
     """One checked replay from its posting to its verdict (the module's steps 1-6).
     `gate` is done when every part is, failed with what the call raises."""
 
-    def __init__(self, runtime: Runtime, what: str, bound: Bound) -> None:
+    def __init__(self, runtime: CheckHost, what: str, bound: Bound) -> None:
         self._runtime = runtime
         self._what = what
         self._program = bound.program

@@ -6,7 +6,7 @@ import bisect
 import itertools
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
@@ -16,19 +16,18 @@ from actorgraph.scheduler import Plan
 
 from . import _capture
 from ._await import Hinted, described, listed
-from ._buffer import Buffer
-from ._checker import ReplayCheck
+from ._buffer import Buffer, Home
+from ._checker import CheckHost, ReplayCheck
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
-from ._profile import Profile, ReplayRecord, build_profile, new_records
+from ._profile import Profile, Profiles, ReplayRecord, build_profile, new_records
 from ._program import Bound, Program, plan_item, raise_failure, raise_item_failure
 from ._vars import Var
+from ._window import Window
 
 if TYPE_CHECKING:
     from actorgraph.devices import Submission
-
-    from ._runtime import Runtime
 
 
 def check_var_vals(
@@ -107,6 +106,48 @@ class ReplayCounts:
         self.in_flight: set[Submission] = set()
 
 
+class Registry(Protocol):
+    """Where a runtime keeps its graphs' replay counts (its Graphs)."""
+
+    def adopt(self, counts: ReplayCounts) -> int: ...
+
+
+class GraphHost(CheckHost, Home, Protocol):
+    """What a Graph needs of its runtime (a `Runtime` is one): a Program's host and a
+    check's, its parts (the in-flight window, the profiles, the graphs' counts), its
+    checks of buffers and of itself, and what says whether a binding kept before may be
+    used as it is."""
+
+    @property
+    def window(self) -> Window: ...
+
+    @property
+    def profiles(self) -> Profiles: ...
+
+    @property
+    def graphs(self) -> Registry: ...
+
+    @property
+    def verify_plans(self) -> bool: ...
+
+    @property
+    def usable(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def frees(self) -> int: ...
+
+    def check_open(self) -> None: ...
+
+    def check_own(
+        self, buffer: Buffer, what: str = "", error: type[UsageError] = UsageError
+    ) -> None: ...
+
+    def actor_names(self) -> tuple[str, ...]: ...
+
+
 class Replay:
     """A submitted replay. `await replay.wait()` returns when it is complete (or raises
     its failure)."""
@@ -169,7 +210,7 @@ class Graph(Hinted):
         )
 
     def __init__(
-        self, runtime: Runtime, program: Program, *, aliasing: str = "refuse", checks: int = 0
+        self, runtime: GraphHost, program: Program, *, aliasing: str = "refuse", checks: int = 0
     ) -> None:
         if aliasing not in ("refuse", "replan"):
             raise InputError(f"aliasing must be 'refuse' or 'replan', got {aliasing!r}")
@@ -182,6 +223,8 @@ class Graph(Hinted):
         # the Buffers, hashing by identity, stay the very same ones). Cleared on a free.
         self._aliased: dict[tuple[Buffer, ...], Program] = {}
         self._runtime = runtime
+        self._window = runtime.window
+        self._profiles = runtime.profiles
         self._program = program
         self._inputs = program.inputs
         self._closed = False
@@ -229,8 +272,8 @@ class Graph(Hinted):
         self.time_blocked = 0.0
         self._copy_bytes = sum(program.copy_bytes)
         # Numbers this graph in its runtime's profiles.
-        self.number = runtime.adopt(self._counts)
-        self._profiling = runtime.profiling
+        self.number = runtime.graphs.adopt(self._counts)
+        self._profiling = self._profiles.every
         self._last_record: ReplayRecord | None = None
         # Replays checked against eager (_checker.py): its first `checks` are, each posted
         # with its check; `checked` counts those under way or done.
@@ -341,7 +384,7 @@ class Graph(Hinted):
         self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None
     ) -> None:
         """The replay, posted once the in-flight window has room, and waited for."""
-        await self._runtime.admit()
+        await self._window.admit()
         self._check_not_closed()
         program = bound.program
         # A checked replay's end is its check's, which no connection reads.
@@ -377,22 +420,22 @@ class Graph(Hinted):
         bound = self.bind(inputs, var_vals)
         waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
         then = check_points(then, "then")
-        runtime = self._runtime
+        window = self._window
         if not waits:
-            await runtime.admit()
+            await window.admit()
             self._check_not_closed()
             return self._replay(bound, inputs, profile, then)
         # Its place in the window is held while it waits for the timelines: replays that
         # wait so must not all be posted at once when what they wait for comes.
-        await runtime.reserve()
+        await window.reserve()
         try:
             for timeline, value in waits:
                 # Cancelling ends the wait at once (nothing is submitted).
-                await runtime.wait_timeline(timeline, value)
+                await window.wait_timeline(timeline, value)
             self._check_not_closed()
             return self._replay(bound, inputs, profile, then)
         finally:
-            runtime.unreserve()
+            window.unreserve()
 
     def submit_nowait(
         self,
@@ -411,9 +454,8 @@ class Graph(Hinted):
         for timeline, value in check_points(after, "after"):
             if not timeline.reached(value):
                 raise trio.WouldBlock
-        runtime = self._runtime
-        runtime.check_open()
-        if not runtime.has_room():
+        self._runtime.check_open()
+        if not self._window.has_room():
             raise trio.WouldBlock
         self._check_not_closed()
         return self._replay(bound, inputs, profile, then)
@@ -498,7 +540,7 @@ class Graph(Hinted):
         sub = program.submit(bound, jobs, then=self._count)
         record = ReplayRecord(program, self.number, number, tuple(inputs), jobs, submitted)
         self._last_record = record
-        self._runtime.keep_profile(record)
+        self._profiles.keep(record)
         return sub
 
     def _count(self, sub: Submission) -> None:

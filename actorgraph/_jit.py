@@ -47,11 +47,11 @@ from ._call import Call
 from ._capture import Mode, Scope, current_scope, entered
 from ._errors import ActorGraphError, InputError, UsageError, VarError
 from ._kernel import Item, Launch
+from ._runtime import Runtime
 from ._vars import Var
 
 if TYPE_CHECKING:
     from ._graph import Graph
-    from ._runtime import Runtime
 
 
 class JitWarning(UserWarning):
@@ -499,13 +499,13 @@ class JitFunction:
             result = await self._run(scope, args, kwargs)
         finally:
             self._capturing = False
-        if not scope.items or scope.runtime is None:
+        runtime = scope.runtime
+        if not scope.items or not isinstance(runtime, Runtime):
             raise UsageError(
                 f"@ag.jit function {self.name}() issued no work through rt.launch / rt.copy "
                 f"/ rt.run on its capture call, so there is nothing to replay; call it "
                 f"without @ag.jit"
             )
-        runtime = scope.runtime
         for leaf in signature.buffers:
             if not runtime.owns(leaf.value):
                 raise InputError(

@@ -13,7 +13,7 @@ can be (`ProfileEvent.clock_error`), and so do the summary and the trace.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -240,6 +240,29 @@ class ReplayRecord:
     inputs: tuple[Buffer, ...]
     jobs: tuple[JobProfile, ...]
     submitted: float
+
+
+class Profiles:
+    """The profiled replays of a runtime, kept as they are made until someone asks for
+    them as one Profile. `every`: whether every replay is profiled
+    (`open_runtime(profile=True)`); a call can ask for one too (`profile=True`)."""
+
+    def __init__(self, every: bool, actor_names: Callable[[], Sequence[str]]) -> None:
+        """`actor_names()`: the runtime's actors, in the order profiles list them."""
+        self.every = every
+        self._actor_names = actor_names
+        self._records: list[ReplayRecord] = []
+
+    def keep(self, record: ReplayRecord) -> None:
+        """Keep a profiled replay's record."""
+        self._records.append(record)
+
+    def profile(self, clear: bool = False) -> Profile:
+        """Every replay kept so far, as one Profile (`clear`: start afresh after)."""
+        profile = build_profile(self._actor_names(), self._records)
+        if clear:
+            self._records = []
+        return profile
 
 
 def new_records(program: Program) -> tuple[JobProfile, ...]:

@@ -64,16 +64,23 @@ from ._kernel import Copy, Item, Launch
 from ._vars import Var, evaluate
 
 
+class Tracker(Protocol):
+    """What keeps a runtime's submissions in flight (its Window)."""
+
+    def track(self, sub: Submission) -> None: ...
+
+
 class Host(Protocol):
     """What a Program needs of the runtime it runs on (a `Runtime` is one): its devices,
-    its KICK signal, and to be told of each submission it posts."""
+    its KICK signal, and its window, told of each submission a program posts."""
 
     @property
     def kick(self) -> DeviceSignal: ...
 
-    def device(self, name: str) -> Device: ...
+    @property
+    def window(self) -> Tracker: ...
 
-    def track(self, sub: Submission) -> None: ...
+    def device(self, name: str) -> Device: ...
 
 
 _new_request = tuple.__new__
@@ -245,6 +252,7 @@ class Program:
         only). `host_bytes`: the bytes a host copy's program (no items, one queue) moves.
         Raises UsageError for an item's buffer that overlaps an input without being it."""
         self.runtime = runtime
+        self._track = runtime.window.track  # keeps a submission in flight till it is done
         self.items = tuple(items)
         self.inputs = tuple(inputs)
         self.plan = plan
@@ -629,9 +637,9 @@ class Program:
             runtime.kick.set(kick)
             run_inline(actors, jobs)
             # Nothing ran in between: a submission done here was never in flight.
-            runtime.track(sub)
+            self._track(sub)
         else:
-            runtime.track(sub)
+            self._track(sub)
             for qi in range(nqueues):
                 profile = None if profiles is None else profiles[qi]
                 actors[qi].post(Job(scripts[qi], bases, sub, qi, profile, copy_bytes[qi]))

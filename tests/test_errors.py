@@ -13,6 +13,7 @@ import trio
 from actorgraph.devices import DEVICE_KINDS
 
 import actorgraph as ag
+from actorgraph._window import Watch
 
 I32 = np.int32
 N = ag.Var("n", 1, 64)
@@ -776,22 +777,22 @@ async def test_an_error_with_a_cause_keeps_it() -> None:
 async def test_one_failure_inside_the_runtime_comes_out_as_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def broken_monitor(self: ag.Runtime) -> None:
+    async def broken_monitor(self: Watch) -> None:
         await trio.sleep(0)
         raise RuntimeError("the monitor broke")
 
-    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    monkeypatch.setattr(Watch, "run", broken_monitor)
     with trio.fail_after(10), raises(RuntimeError, "the monitor broke"):
         async with ag.open_runtime(["CPU:0"]):
             await trio.sleep_forever()  # cancelled by the failure, which alone comes out
 
 
 async def test_several_failures_stay_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken_monitor(self: ag.Runtime) -> None:
+    async def broken_monitor(self: Watch) -> None:
         await trio.sleep(0)
         raise RuntimeError("the monitor broke")
 
-    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    monkeypatch.setattr(Watch, "run", broken_monitor)
     with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as info:
         async with ag.open_runtime(["CPU:0"]):
             try:
