@@ -73,6 +73,35 @@ class _Leaf:
     kind: str  # "buffer" | "container" | "const"
     value: Any
 
+    def mismatch(self, new: _Leaf, name: str, runtime: Runtime) -> str | None:
+        """Why `new`, at this leaf's place in a call of `name`(), cannot stand for it in
+        the capture (None: it can)."""
+        if self.kind == "container" and self.value != new.value:
+            return (
+                f"{name}(): argument {self.path} is {new.value} but was {self.value} when captured"
+            )
+        if self.kind == "const" and not _same_const(self.value, new.value):
+            return (
+                f"{name}(): argument {self.path} is {_describe(new.value)} but was "
+                f"{_describe(self.value)} when captured; non-Buffer arguments are "
+                f"constants of the capture"
+            )
+        if self.kind != "buffer":
+            return None
+        was, now = self.value, new.value
+        for what in ("device", "dtype", "shape"):
+            if getattr(was, what) != getattr(now, what):
+                return (
+                    f"{name}(): argument {self.path} has {what} {getattr(now, what)} "
+                    f"but the capture used {getattr(was, what)}"
+                )
+        if not runtime.owns(now):
+            return (
+                f"{name}(): argument {self.path} {now!r} belongs to another runtime "
+                f"than the one {name}() was captured on"
+            )
+        return None
+
 
 def _flatten(value: Any, path: str, out: list[_Leaf]) -> None:
     if isinstance(value, Buffer):
@@ -126,27 +155,9 @@ class _Signature:
                 f"(captured: {was}; now: {now})"
             )
         for old, new in zip(self.leaves, other.leaves):
-            if old.kind == "container" and old.value != new.value:
-                return f"{name}(): argument {old.path} is {new.value} but was {old.value} when captured"
-            if old.kind == "const" and not _same_const(old.value, new.value):
-                return (
-                    f"{name}(): argument {old.path} is {_describe(new.value)} but was "
-                    f"{_describe(old.value)} when captured; non-Buffer arguments are "
-                    f"constants of the capture"
-                )
-            if old.kind == "buffer":
-                was, now = old.value, new.value
-                for what in ("device", "dtype", "shape"):
-                    if getattr(was, what) != getattr(now, what):
-                        return (
-                            f"{name}(): argument {old.path} has {what} {getattr(now, what)} "
-                            f"but the capture used {getattr(was, what)}"
-                        )
-                if not runtime.owns(now):
-                    return (
-                        f"{name}(): argument {old.path} {now!r} belongs to another runtime "
-                        f"than the one {name}() was captured on"
-                    )
+            why = old.mismatch(new, name, runtime)
+            if why is not None:
+                return why
         old_alias, new_alias = _aliasing(self.buffers), _aliasing(other.buffers)
         if old_alias != new_alias:
             return (

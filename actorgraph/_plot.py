@@ -38,6 +38,17 @@ def require_matplotlib() -> Any:
 Groups = Union[Mapping[str, Any], Callable[[str], Any]]
 
 
+def _label_rows(ax: Any, labels: list[str], errors: Mapping[str, float], many: bool) -> None:
+    """Name the rows, top down. A worker's queue is timed there: its row says how far off
+    this host's clock it can be (`errors`, by row)."""
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(
+        [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
+        fontsize=6 if many else None,
+    )
+    ax.set_ylim(len(labels) - 0.3, -0.6)
+
+
 def plot_timeline(
     profile: Profile,
     path: str | os.PathLike[str],
@@ -93,14 +104,7 @@ def plot_timeline(
     if critical_path and profile.events:
         chart.draw_critical_path(profile.critical_path())
         legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
-    ax.set_yticks(range(len(labels)))
-    # A worker's queue is timed there: its row says how far off this host's clock it can be.
-    errors = profile.clock_errors()
-    ax.set_yticklabels(
-        [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
-        fontsize=6 if many else None,
-    )
-    ax.set_ylim(len(labels) - 0.3, -0.6)
+    _label_rows(ax, labels, profile.clock_errors(), many)
     if group_of is not None:
         chart.draw_group_labels(bands)
     chart.draw_cuts(cuts)

@@ -44,26 +44,32 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
             )
     if item.kind is ItemKind.EXEC:
         return QueueId(item.device, QueueKind.COMPUTE)
+    dst = caps[item.device]
     src = caps[item.src_device] if item.src_device is not None else None
-    if src is not None and src.host_io != caps[item.device].host_io:
-        host = caps[item.device] if src.host_io else src
-        return QueueId(host.name, QueueKind.COPY if host.has_copy_queue else QueueKind.COMPUTE)
-    if src is not None and caps[item.device].is_cpu and not src.host_visible and src.has_copy_queue:
+    if src is not None:
+        elsewhere = _not_the_destination(src, dst)
+        if elsewhere is not None:
+            return elsewhere
+    if dst.has_copy_queue:
+        return QueueId(item.device, QueueKind.COPY)
+    if src is not None and src.has_copy_queue:
         return QueueId(src.name, QueueKind.COPY)
-    if (
-        src is not None
-        and not src.host_backed
-        and src.kind != caps[item.device].kind
-        and src.has_copy_queue
-    ):
+    return QueueId(item.device, QueueKind.COMPUTE)
+
+
+def _not_the_destination(src: DeviceCaps, dst: DeviceCaps) -> QueueId | None:
+    """The queue of a copy from `src` to `dst` that the destination's engine must not
+    run (see assign_queue), or None."""
+    if src.host_io != dst.host_io:
+        host = dst if src.host_io else src
+        return QueueId(host.name, QueueKind.COPY if host.has_copy_queue else QueueKind.COMPUTE)
+    if dst.is_cpu and not src.host_visible and src.has_copy_queue:
+        return QueueId(src.name, QueueKind.COPY)
+    if not src.host_backed and src.kind != dst.kind and src.has_copy_queue:
         # Another kind's engine cannot reach this memory (a SIM device's, say, from a
         # CUDA GPU): the source's own engine moves the data.
         return QueueId(src.name, QueueKind.COPY)
-    if caps[item.device].has_copy_queue:
-        return QueueId(item.device, QueueKind.COPY)
-    if item.src_device is not None and caps[item.src_device].has_copy_queue:
-        return QueueId(item.src_device, QueueKind.COPY)
-    return QueueId(item.device, QueueKind.COMPUTE)
+    return None
 
 
 def _queue_order(queue: QueueId, device_order: Mapping[str, int]) -> tuple[int, int]:
@@ -170,7 +176,7 @@ class _Walk:
         """Place every item, in jit order (a topological order: an item only depends on
         earlier ones), after the waits that its dependencies not yet known complete need."""
         item_queue, known, clock_after = self.item_queue, self.known, self.clock_after
-        waited_on, touched, counts = self.waited_on, self.touched, self.counts
+        touched, counts = self.touched, self.counts
         programs, run_end, queues = self.programs, self.run_end, self.queues
         position = [0] * len(items)
         tracker = RangeTracker()
@@ -179,35 +185,13 @@ class _Walk:
             position[j] = counts[qi]
             counts[qi] += 1
             accesses = item.accesses
-            # Until the item first changes it, `clock` is the array its queue's previous
-            # item holds in clock_after: it is copied before the first change.
-            private = not position[j]
             if item.src_device is not None and caps[item.src_device].host_io:
                 deps, source_deps = _io_copy_deps(tracker, item, j)
             else:
                 deps, source_deps = tracker.item(accesses, j), _NO_ITEMS
-            waits: list[tuple[int, int]] = []
-            clock = known[qi]
-            # Latest dependency first: its clock often covers the earlier ones (pruning).
-            for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
-                dq = item_queue[dep]
-                if dq == qi:
-                    continue  # queues run in order
-                value = position[dep] + 1
-                if clock[dq] >= value:
-                    # Already known complete, directly or through another wait: waited on
-                    # all the same where it wrote a copy's source sent ahead on its wait.
-                    if dep in source_deps and not any(q == dq and v >= value for q, v in waits):
-                        waits.append((dq, value))
-                        waited_on.add((dq, value))
-                    continue
-                waits.append((dq, value))
-                waited_on.add((dq, value))
-                if not private:
-                    clock = known[qi] = clock.copy()
-                    private = True
-                clock[dq] = value
-                np.maximum(clock, clock_after[dep], out=clock)
+            # Until the item first changes it, the clock is the array its queue's previous
+            # item holds in clock_after: it is copied before the first change (`private`).
+            waits, clock, private = self._waits(qi, deps, source_deps, position, not position[j])
             program = programs[qi]
             seen = touched[qi]
             for access in accesses:
@@ -221,6 +205,48 @@ class _Walk:
             program.append(Run(j))
             run_end[qi].append(len(program))
             clock_after.append(clock)
+
+    def _waits(
+        self,
+        qi: int,
+        deps: Set[int],
+        source_deps: Set[int],
+        position: Sequence[int],
+        private: bool,
+    ) -> tuple[list[tuple[int, int]], Clock, bool]:
+        """The waits (queue, value) that queue qi's next item needs for its dependencies
+        `deps`: on those not yet known complete, and on the writers of a copy's source
+        sent ahead on its wait (`source_deps`) even where they are; then what the queue
+        knows after them, and whether its clock is its own copy by then."""
+        item_queue, known, clock_after, waited_on = (
+            self.item_queue,
+            self.known,
+            self.clock_after,
+            self.waited_on,
+        )
+        waits: list[tuple[int, int]] = []
+        clock = known[qi]
+        # Latest dependency first: its clock often covers the earlier ones (pruning).
+        for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
+            dq = item_queue[dep]
+            if dq == qi:
+                continue  # queues run in order
+            value = position[dep] + 1
+            if clock[dq] >= value:
+                # Already known complete, directly or through another wait: waited on
+                # all the same where it wrote a copy's source sent ahead on its wait.
+                if dep in source_deps and not any(q == dq and v >= value for q, v in waits):
+                    waits.append((dq, value))
+                    waited_on.add((dq, value))
+                continue
+            waits.append((dq, value))
+            waited_on.add((dq, value))
+            if not private:
+                clock = known[qi] = clock.copy()
+                private = True
+            clock[dq] = value
+            np.maximum(clock, clock_after[dep], out=clock)
+        return waits, clock, private
 
     def _sync_new_devices(
         self,

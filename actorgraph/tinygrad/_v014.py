@@ -483,27 +483,9 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._check(args, kwargs)
+        batch = self.batch if self.batch is not None else self._read_calls(inputs)
         written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
-        if self.batch is None:
-            # Read the calls against stand-ins for inputs that are the jit's own written
-            # memory (its output passed back in, say): the jit copies those first, so
-            # they are roots like any input, never its own memory.
-            stand_ins = [
-                UOp.new_buffer(u.device, u.max_numel(), u.dtype) if u in self._written else u
-                for u in inputs
-            ]
-            for u, stand_in in zip(inputs, stand_ins):
-                if stand_in is not u:
-                    buf = stand_in.buffer
-                    for lane in buf.bufs if isinstance(buf, MultiBuffer) else [buf]:
-                        lane.ensure_allocated()
-            described = describe(self._calls, stand_ins)
-            self._sources = described.sources
-            self.batch = batch_of(described, self._wrapper, (self._captured, stand_ins))
-            written = [
-                k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written
-            ]
-        roots = self.batch.wrap_roots(places(self._sources, inputs))
+        roots = batch.wrap_roots(places(self._sources, inputs))
         for k in written:
             scratch = self._scratch.get(k)
             if scratch is None or scratch.nbytes != roots[k].nbytes:
@@ -512,7 +494,26 @@ class JitSource:
                 scratch = self._scratch[k] = runtime.alloc(roots[k].device, roots[k].nbytes, U8)
             await runtime.copy(scratch, roots[k])  # as TinyJit copies it, before the replay
             roots[k] = scratch
-        return self.batch, roots, var_vals
+        return batch, roots, var_vals
+
+    def _read_calls(self, inputs: list[Any]) -> Batch:
+        """The batch of the jit's calls, read on its first replay. They are read against
+        stand-ins for inputs that are the jit's own written memory (its output passed
+        back in, say): the jit copies those first, so they are roots like any input,
+        never its own memory."""
+        stand_ins = [
+            UOp.new_buffer(u.device, u.max_numel(), u.dtype) if u in self._written else u
+            for u in inputs
+        ]
+        for u, stand_in in zip(inputs, stand_ins):
+            if stand_in is not u:
+                buf = stand_in.buffer
+                for lane in buf.bufs if isinstance(buf, MultiBuffer) else [buf]:
+                    lane.ensure_allocated()
+        described = describe(self._calls, stand_ins)
+        self._sources = described.sources
+        self.batch = batch_of(described, self._wrapper, (self._captured, stand_ins))
+        return self.batch
 
     def points(self, batch: Batch) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return (), ()  # tinygrad ran its earlier work inline: nothing is pending

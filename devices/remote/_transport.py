@@ -506,16 +506,8 @@ class Transport:
         the scheduler less per replay). Frames that carry bytes are left to the reader
         task, which gets the socket back when this returns (or is cancelled)."""
         done = sub.done
-        stream = self._stream
         self._coming = False
-        if (
-            done.is_set()
-            or self._driver is not None
-            or self._loop_state == _BUSY
-            or self.error is not None
-            or stream is None
-            or stream.raw is None
-        ):
+        if done.is_set() or not self._may_read_here():
             self._wake_reader()
             await done.wait()
             return
@@ -530,20 +522,7 @@ class Transport:
         self._lent_idle = False
         idle = False
         try:
-            while not done.is_set():
-                frame = stream.next_frame(tails=False)
-                if frame is not None:
-                    await self._received(*frame)  # no tail: nothing to wait for
-                elif stream.has_tail:
-                    break  # bytes for a read: the reader task takes them
-                else:
-                    await stream.wait_more()
-        except _LOST as exc:
-            self.lose(exc)
-        else:
-            if done.is_set():
-                self.ends_read_by_callers += 1
-                idle = self._idle()
+            idle = await self._read_until(done)
         finally:
             sub.read_by(None)
             self._driver = None
@@ -556,6 +535,41 @@ class Transport:
                 self._handback.set()  # the reader task reads again
         if not done.is_set():
             await done.wait()
+
+    def _may_read_here(self) -> bool:
+        """Whether a caller may read the worker's frames itself now: nobody else does or
+        is handling one, and the connection is up."""
+        stream = self._stream
+        return (
+            self._driver is None
+            and self._loop_state != _BUSY
+            and self.error is None
+            and stream is not None
+            and stream.raw is not None
+        )
+
+    async def _read_until(self, done: trio.Event) -> bool:
+        """Read frames in this task until `done` is set, or until bytes for a read come
+        (the reader task takes those) or the connection is lost. Return whether the
+        connection is idle once it is done (nothing else for the reader task to read)."""
+        stream = self._stream
+        assert stream is not None  # _may_read_here said so
+        try:
+            while not done.is_set():
+                frame = stream.next_frame(tails=False)
+                if frame is not None:
+                    await self._received(*frame)  # no tail: nothing to wait for
+                elif stream.has_tail:
+                    break  # bytes for a read: the reader task takes them
+                else:
+                    await stream.wait_more()
+        except _LOST as exc:
+            self.lose(exc)
+            return False
+        if done.is_set():
+            self.ends_read_by_callers += 1
+            return self._idle()
+        return False
 
     def coming(self) -> None:
         """A caller is about to submit a replay and read its end itself (wait_done):
