@@ -315,7 +315,7 @@ class BackgroundRuntime:
     def _observe(self, entry: Entry) -> None:
         """Someone waits for this call: its error is theirs, not the next call's."""
         with self._lock:
-            entry.observed = True
+            entry.observe()
             if entry in self._unobserved:
                 self._unobserved.remove(entry)
 
@@ -326,7 +326,7 @@ class BackgroundRuntime:
         if not failed:
             return
         for entry in failed:
-            entry.observed = True
+            entry.observe()
         first = failed[0]
         error = first.future.exception()
         assert error is not None

@@ -285,6 +285,16 @@ class Graph(Hinted):
         return self._program.plan
 
     @property
+    def inputs(self) -> tuple[Buffer, ...]:
+        """The buffers it was compiled with as its inputs, in compile() order."""
+        return self._inputs
+
+    @property
+    def free_vars(self) -> frozenset[Var]:
+        """The Vars its items use: a call gives a value for each (`var_vals`)."""
+        return self._program.free_vars
+
+    @property
     def replays(self) -> int:
         """Replays submitted: those finished and those in flight."""
         return self._counts.done + len(self._in_flight)

@@ -273,7 +273,6 @@ class _Capture:
     inputs: tuple[Buffer, ...]
     result: Any
     trace: tuple[Any, ...]
-    replays: int = 0
 
 
 @attrs.define(eq=False)
@@ -577,9 +576,8 @@ class JitFunction:
                     f"on something the jit does not check: make it depend only on the "
                     f"arguments, or call f.reset() to capture again"
                 )
-        needed = capture.graph._program.free_vars
+        needed = capture.graph.free_vars
         await capture.graph(inputs, var_vals={v: values[v] for v in needed})
-        capture.replays += 1
         self._replays += 1
         return _rebuild(capture.result, capture.inputs, inputs)
 

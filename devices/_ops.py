@@ -375,6 +375,22 @@ class JobProfile:
         self.start = None if start is None else start - shift
         self.end = None if end is None else end - shift
 
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Take times with `clock` from now on (the clock of whoever runs the job)."""
+        self.clock = clock
+
+    def began(self, at: float) -> None:
+        """The job started at `at`."""
+        self.start = at
+
+    def finished(self, at: float) -> None:
+        """The job ended at `at`."""
+        self.end = at
+
+    def span(self, index: int, start: float, end: float) -> None:
+        """Op `index` ran (or was parked on) from `start` to `end`."""
+        self.spans.append((index, start, end))
+
     def call(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run op `index`'s call, timed (a raise is recorded, then passed on)."""
         clock = self.clock
@@ -510,6 +526,10 @@ class Job:
         self.slot = slot
         self.observer = observer
         self.copy_bytes = copy_bytes
+
+    def reached(self, at: int) -> None:
+        """Every op before op `at` is done: whoever runs the job next starts there."""
+        self.at = at
 
     def fail(self, actor: str, error: BaseException, item: int | None = None) -> None:
         """Fail the submission (naming `item`, else the job's first) and end this job."""

@@ -79,8 +79,17 @@ class Installed:
     """What install() owns: the background runtime, the patched devices, the counters."""
 
     def __init__(
-        self, runtime: BackgroundRuntime, ndevices: int, ordering: Ordering, version: str
+        self,
+        runtime: BackgroundRuntime,
+        ndevices: int,
+        ordering: Ordering,
+        version: str,
+        restore: Callable[[], None],
+        check_replays: int = 0,
     ) -> None:
+        """What install() made: `runtime` with `ndevices` CPU devices, for tinygrad
+        `version` and its `ordering`; `restore()` puts tinygrad's own graph runners back;
+        each batch's first `check_replays` replays are checked."""
         self.runtime = runtime
         self.ndevices = ndevices
         self.ordering = ordering
@@ -92,12 +101,17 @@ class Installed:
         self.plans = 0
         self.replays = 0
         self.handed_off = 0
-        self.restore: Callable[[], None] | None = None
+        self.restore = restore
         # install(check_replays=N): each batch's first N replays are checked, through
         # the release's checked runner (which calls replay_checked); 0: none, and the
         # plain runner, which knows nothing of checks.
-        self.check_replays = 0
+        self.check_replays = check_replays
         self.checked = 0
+
+    def graph_made(self) -> None:
+        """tinygrad made one more graph runner of actorgraph's."""
+        with self.lock:
+            self.graphs += 1
 
     def check_usable(self) -> None:
         if _installed is not self or self.runtime.closed:
@@ -230,14 +244,12 @@ def install(
         # unless devices run in parallel (cpu_thread_bytes=N lets them).
         options = {"cpu_thread_bytes": INLINE_BYTES, **options}
         runtime = start_runtime([f"CPU:{i}" for i in range(devices)], **options)
-        state = Installed(runtime, devices, ordering, version)
-        state.check_replays = checks
         for i in range(devices):
             # Wrapped memory of each device shares one address space: made once here,
             # on no replay's path.
             runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
-        state.restore = patch_cpu_devices(runners[1] if checks else runners[0])
-        _installed = state
+        restore = patch_cpu_devices(runners[1] if checks else runners[0])
+        _installed = Installed(runtime, devices, ordering, version, restore, checks)
 
 
 def uninstall(synchronize: Callable[[str], None]) -> None:
@@ -248,7 +260,6 @@ def uninstall(synchronize: Callable[[str], None]) -> None:
             return
         with state.lock:  # no replay is running; none starts (check_usable)
             _installed = None
-            assert state.restore is not None
             devices = patched_devices(state.restore)
             state.restore()
     for name in devices:
@@ -262,7 +273,6 @@ def statistics() -> TinygradStatistics:
         from ._version import installed_version
 
         return TinygradStatistics(False, installed_version() or "", 0, 0, 0, 0, ())
-    assert state.restore is not None
     return TinygradStatistics(
         installed=True,
         version=state.version,

@@ -309,8 +309,7 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         self._sources = described.sources
         self._batch = batch_of(described, state.wrapper, self.linear)
         self._tiny_devices = sorted({b.device for _, _, bufs, _ in self.calls for b in bufs})
-        with state.lock:
-            state.graphs += 1
+        state.graph_made()
 
     @staticmethod
     def supports_uop(batch_devs: list[Any], new_call: Any) -> bool:

@@ -557,8 +557,13 @@ class CUDADevice(Device):
                 ok = False
             self.driver.set_context(self.context)
         self._peers[other.index] = ok
-        other._peers[self.index] = ok
+        other.peer_known(self.index, ok)
         return ok
+
+    def peer_known(self, index: int, ok: bool) -> None:
+        """Whether peer access with device `index` is on, both ways, is known now (it set
+        it up, or found it cannot be)."""
+        self._peers[index] = ok
 
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         actor = self._actor(queue)

@@ -114,6 +114,11 @@ class MappedSignal(Signal):
     def gpu_value(self) -> int:
         return int(self.word[0])
 
+    def write_word(self, value: int) -> None:
+        """Write `value` into the word, as the GPU would (the host does it where the
+        stream cannot write memory: the event fallback)."""
+        self.word[0] = value
+
 
 class _GraphEntry:
     """One job shape of this queue, built into a CUDA graph and instantiated once; the
@@ -335,7 +340,7 @@ class CudaQueueActor(QueueActor):
         self.counted(job)
         observer = job.observer
         if observer is not None:
-            observer.clock = self.clock
+            observer.use_clock(self.clock)
         if self._refuse_lost(job):
             return
         if observer is None and self.use_graphs and self.mem_ops:
@@ -377,13 +382,13 @@ class CudaQueueActor(QueueActor):
             return
         if index < 0:
             if at_start:
-                record.start = now
+                record.began(now)
             else:
-                record.end = now
+                record.finished(now)
         elif at_start:
             self._stamp_start = now
         else:
-            record.spans.append((index, self._stamp_start, now))
+            record.span(index, self._stamp_start, now)
 
     async def _stream_job(self, job: Job, profiled: bool = False) -> None:
         """Put a job's work on the stream command by command (eager work, short jobs).
@@ -542,9 +547,14 @@ class CudaQueueActor(QueueActor):
             return
         # Enqueue now: the event is only ours while its value is ahead of the mirror.
         self._flush(cmds)
-        event = owner._events[bisect.bisect_left(owner._event_values, target)]
+        event = owner.event_for(target)
         self.driver.set_context(self.context)
         self.driver.stream_wait_event(self.stream, event)
+
+    def event_for(self, value: int) -> Any:
+        """Event fallback: the event recorded on this queue's stream where its signal
+        reaches `value`, the first at or past it (one is enqueued: see `enqueued`)."""
+        return self._events[bisect.bisect_left(self._event_values, value)]
 
     # -- the fast path: a job as a CUDA graph --
 
@@ -745,7 +755,7 @@ def _host_word_writer(actor: CudaQueueActor, value: int) -> Callable[[], None]:
     """Event fallback: no stream writes, so the stream's host function writes the word."""
 
     def write() -> None:
-        actor.signal.word[0] = value
+        actor.signal.write_word(value)
 
     return write
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from .._device import DeviceError
@@ -87,7 +87,7 @@ class Mirrors:
         return True
 
     def due_of(
-        self, mirrors: list[tuple[Signal, int, int, int]], ext: list[tuple[int, int]]
+        self, mirrors: Sequence[tuple[Signal, int, int, int]], ext: list[tuple[int, int]]
     ) -> None:
         """Append to `ext` the values of `mirrors` (a program's: signal, slot, rel, id)
         not yet sent, each as (mirror id, value), and count them as sent."""
@@ -104,7 +104,19 @@ class KeptProgram:
 
     __slots__ = ("direct", "final", "mirrors", "prog_id", "queue", "slot")
 
-    def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
+    def __init__(
+        self,
+        prog_id: int,
+        ops: Sequence[Op],
+        queue: RemoteQueue,
+        mirrors: Sequence[tuple[Signal, int, int, int]],
+        direct: Set[tuple[int, int, int]],
+    ) -> None:
+        """The program `prog_id` of `queue`, written from `ops`: the client's signals it
+        waits on, as mirrored (`mirrors`: signal, base slot, rel, mirror id), and the
+        waits among them that another worker tells this one of directly (`direct`: base
+        slot, rel, id), which the client forwards only if it loses that worker. Raises
+        DeviceError for ops that do not end with their queue's own signal."""
         self.prog_id = prog_id
         self.queue = queue
         own = own_signal(ops)
@@ -112,10 +124,8 @@ class KeptProgram:
             raise DeviceError(f"{queue.name}: a queue's op list ends with its own signal")
         self.slot = own.slot
         self.final = own.rel  # where the job leaves its queue's signal
-        self.mirrors: list[tuple[Signal, int, int, int]] = []  # signal, base slot, rel, id
-        # The waits a copy from another worker follows: that worker tells this one
-        # directly, so the client forwards them only if it loses that worker.
-        self.direct: set[tuple[int, int, int]] = set()  # base slot, rel, id
+        self.mirrors = tuple(mirrors)
+        self.direct = frozenset(direct)
 
 
 class Programs:
@@ -142,8 +152,10 @@ class Programs:
             self._kept.move_to_end(kept.prog_id)
             return kept
         conn = self._connection
-        program = KeptProgram(conn.new_id(), job.ops, queue)
-        entries, one_shot = _Writer(conn, program).entries(job.ops, parts)
+        prog_id = conn.new_id()
+        writer = _Writer(conn, queue)
+        entries, one_shot = writer.entries(job.ops, parts)
+        program = KeptProgram(prog_id, job.ops, queue, writer.mirrors, writer.direct)
         # Kept once sent again; host writes carry their data: never kept, never remembered.
         store = sent is not None and not one_shot
         entries = [as_meta(entry) for entry in entries]  # each [kind, *fields], as Prog's are
@@ -161,11 +173,14 @@ class Programs:
 
 
 class _Writer:
-    """One op list written as a program's entries."""
+    """One op list of `queue` written as a program's entries, and what its waits are
+    (`mirrors`, `direct`: see KeptProgram)."""
 
-    def __init__(self, connection: Connection, program: KeptProgram) -> None:
+    def __init__(self, connection: Connection, queue: RemoteQueue) -> None:
         self.connection = connection
-        self.program = program
+        self.queue = queue
+        self.mirrors: list[tuple[Signal, int, int, int]] = []
+        self.direct: set[tuple[int, int, int]] = set()
         # The waits of the item about to come (since the previous item or signal):
         # signal -> (base slot, value, mirror id)
         self.own_waits: dict[Signal, tuple[int, int, int]] = {}
@@ -189,7 +204,7 @@ class _Writer:
                     for blob_id, chunk in op.blobs:
                         parts += [encode(Blob(blob_id), len(chunk)), chunk]
             else:
-                raise DeviceError(f"{self.program.queue.name}: op {op[0]!r} cannot run on a worker")
+                raise DeviceError(f"{self.queue.name}: op {op[0]!r} cannot run on a worker")
         return out, one_shot
 
     def _wait(self, op: WaitOp) -> Any:
@@ -199,14 +214,14 @@ class _Writer:
         if local is not None and local.device.connection is conn:
             return LocalWaitEntry(local.device.inner, op.slot, op.rel, local.kind.value)
         ext_id = conn.mirrors.id_of(signal)
-        self.program.mirrors.append((signal, op.slot, op.rel, ext_id))
+        self.mirrors.append((signal, op.slot, op.rel, ext_id))
         self.own_waits[signal] = (op.slot, op.rel, ext_id)
         if local is not None and local.tells_peers:
             # A queue of another worker, which tells this one itself: the client
             # forwards this signal only if it loses that worker.
             source = local.device.connection
             watch = (source.host, source.port, source.session_id, local.key)
-            self.program.direct.add((op.slot, op.rel, ext_id))
+            self.direct.add((op.slot, op.rel, ext_id))
             return WaitEntry(ext_id, op.slot, op.rel, (*watch, source.watch_ticket(local.key)))
         return WaitEntry(ext_id, op.slot, op.rel)
 
@@ -216,7 +231,7 @@ class _Writer:
             return entry
         entry = _with_source_wait(entry, waits)
         if entry.follows is not None:
-            self.program.direct.add(entry.follows)
+            self.direct.add(entry.follows)
         return entry
 
 

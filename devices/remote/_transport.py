@@ -121,6 +121,8 @@ def _tls_from(options: dict[str, Any]) -> ssl.SSLContext | None:
 
 
 class Read:
+    """Bytes asked of the worker, landing in `view`: done once all are in, or failed."""
+
     __slots__ = ("done", "error", "left", "staged", "view")
 
     def __init__(self, view: memoryview, staged: bool) -> None:
@@ -129,6 +131,19 @@ class Read:
         self.left = len(view)
         self.done = trio.Event()
         self.error: BaseException | None = None
+
+    def landed(self, nbytes: int) -> bool:
+        """`nbytes` more of its bytes are in: whether that is all of them (it is done)."""
+        self.left -= nbytes
+        if self.left > 0:
+            return False
+        self.done.set()
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        """It fails with `error`: done now, its bytes never all in."""
+        self.error = error
+        self.done.set()
 
 
 class Transport:
@@ -176,7 +191,7 @@ class Transport:
         self._coming = False
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         self.frames_received = 0
-        self.names = ""  # the devices it serves, for errors (set by its owner)
+        self.names = ""  # the devices it serves, for errors (given to `connect`)
         # What flush() could not send whole: the writer sends it before anything else.
         self._unsent: tuple[list[bytes | memoryview], list[Frame]] | None = None
 
@@ -202,6 +217,13 @@ class Transport:
         """Bulk data goes in frames no larger than this side or the worker accepts."""
         return max(1, min(CHUNK, self.limits.max_tail))
 
+    def watch(self, event: trio.Event) -> None:
+        """Set `event` when this connection is lost (until `unwatch`)."""
+        self.watchers.add(event)
+
+    def unwatch(self, event: trio.Event) -> None:
+        self.watchers.discard(event)
+
     def ticket(self, handle: int) -> bytes:
         return read_ticket(self._key, handle)
 
@@ -210,9 +232,11 @@ class Transport:
 
     # -- connecting --
 
-    async def connect(self, devices: list[str]) -> None:
+    async def connect(self, devices: list[str], names: str = "") -> None:
         """Open the connection and answer the worker's handshake for `devices` (its names
-        of them); a RemoteConnectionError says why it could not be done."""
+        of them; `names`: the client's, which errors name); a RemoteConnectionError says
+        why it could not be done."""
+        self.names = names
         try:
             with trio.fail_after(self._timeout):
                 await self._handshake(devices)
@@ -367,8 +391,7 @@ class Transport:
         """The worker refused the read `read_id` (a GetWhen or a Watch): it fails."""
         read = self._reads.pop(read_id, None)
         if read is not None:
-            read.error = RemoteError(f"worker {self.address} refused a read: {why}")
-            read.done.set()
+            read.fail(RemoteError(f"worker {self.address} refused a read: {why}"))
 
     def check(self) -> None:
         self.probe()
@@ -409,9 +432,7 @@ class Transport:
 
     def _frames_sent(self, frames: list[Frame]) -> None:
         for frame in frames:
-            frame.error = self.error
-            if frame.sent is not None:
-                frame.sent.set()
+            frame.went(self.error)
 
     def _take_pending(self) -> tuple[list[bytes | memoryview], list[Frame]]:
         """Encode what is queued, in order: each submission's jobs as one batch."""
@@ -649,8 +670,10 @@ class Transport:
             return
         offset = data.offset
         if data.error is not None:
-            read.error = RemoteError(f"worker {self.address} could not read: {data.error}")
-        elif offset + tail > len(read.view):
+            del self._reads[data.read]
+            read.fail(RemoteError(f"worker {self.address} could not read: {data.error}"))
+            return
+        if offset + tail > len(read.view):
             raise WireError(
                 f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read"
             )
@@ -663,12 +686,9 @@ class Transport:
             read.view[offset : offset + tail] = memoryview(self._staging)[:tail]
         else:
             await stream.receive_into(read.view[offset : offset + tail])
-        if data.error is None:
-            read.left -= tail
-            self.bytes_received += tail
-        if read.left <= 0 or read.error is not None:
+        self.bytes_received += tail
+        if read.landed(tail):
             del self._reads[data.read]
-            read.done.set()
 
     # -- the end --
 
@@ -692,9 +712,7 @@ class Transport:
             if type(entry) is tuple:
                 unsent.append(entry)
             elif type(entry) is Frame:
-                entry.error = error
-                if entry.sent is not None:
-                    entry.sent.set()
+                entry.went(error)
         if self._unsent is not None:
             self._frames_sent(self._unsent[1])
             self._unsent = None
@@ -702,7 +720,6 @@ class Transport:
         for event in self.watchers:
             event.set()
         for read in self._reads.values():
-            read.error = error
-            read.done.set()
+            read.fail(error)
         self._reads.clear()
         self._doorbell.ring()
