@@ -202,6 +202,24 @@ class Shadows:
         self._allocations = []
 
 
+class Checks:
+    """A graph's check mode: its next `left` replays are each posted with a check (the
+    gate of the check stands for the replay). The graph drops it once none is left, so
+    its later replays take the unchecked path, at no cost."""
+
+    def __init__(self, runtime: CheckHost, left: int) -> None:
+        self._runtime = runtime
+        self.left = left
+
+    def post(self, what: str, bound: Bound, replay: Callable[[], Submission]) -> Submission:
+        """Post `replay()` (which posts the replay of `bound`, named `what` in errors) with
+        its check; return the check's gate, done when all of it is (failed as the call
+        fails). One check fewer is left once it is under way."""
+        gate = ReplayCheck(self._runtime, what, bound).start(bound.inputs, replay)
+        self.left -= 1  # a call refused before it ran (no shadows made) is not one
+        return gate
+
+
 class ReplayCheck:
     """One checked replay from its posting to its verdict (the module's steps 1-6).
     `gate` is done when every part is, failed with what the call raises."""

@@ -2,7 +2,7 @@
 copies into and out of buffers (`copyin`, `copyout`).
 
 Each is a one-item program run as `await graph(...)` runs a replay: a cancel point, then
-here and now where it can be (`Bound.run_here`), else posted once there is room in the
+here and now where it can be (`_graph.run_here`), else posted once there is room in the
 in-flight window, and waited for. `Runtime.run`, `copyin` and `copyout` are the public
 calls (their docstrings say what a user sees).
 """
@@ -24,7 +24,7 @@ from ._await import Hinted, Pending, described
 from ._buffer import Buffer
 from ._compile import build_slow, checked_items, slow_builds
 from ._errors import UsageError
-from ._graph import GraphHost, check_var_vals
+from ._graph import GraphHost, check_var_vals, run_here
 from ._kernel import Item
 from ._program import Bound, Program, host_program, plan_item, raise_failure, raise_item_failure
 
@@ -120,7 +120,7 @@ class Eager:
 async def _run(program: Program, bound: Bound, runtime: GraphHost) -> None:
     """A one-off program, as `await graph(...)` runs a replay (see the module)."""
     await trio.lowlevel.checkpoint_if_cancelled()
-    ran = bound.run_here()
+    ran = run_here(bound)
     if ran is NOT_RUN:
         await runtime.window.admit()
         sub = program.submit(bound)

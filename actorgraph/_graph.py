@@ -17,7 +17,7 @@ from actorgraph.scheduler import Plan
 from . import _capture
 from ._await import Hinted, described, listed
 from ._buffer import Buffer, Home
-from ._checker import CheckHost, ReplayCheck
+from ._checker import CheckHost, Checks
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
@@ -55,19 +55,30 @@ _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
 
 
-def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
-    """Advance external timelines once `sub` is complete, failed or not."""
+def _advance(then: TimelinePoints) -> None:
+    """Advance external timelines: a replay is complete, failed or not."""
+    for timeline, value in then:
+        try:
+            timeline.advance(value)
+        except Exception as error:  # the other runtime's problem: report, go on
+            from ._log import logger
 
-    def advance() -> None:
-        for timeline, value in then:
-            try:
-                timeline.advance(value)
-            except Exception as error:  # the other runtime's problem: report, go on
-                from ._log import logger
+            logger.error("could not advance timeline %s to %d: %s", timeline.name, value, error)
 
-                logger.error("could not advance timeline %s to %d: %s", timeline.name, value, error)
 
-    sub.when_done(lambda _: advance())
+def run_here(bound: Bound, posted: bool = False, quiet: bool = False) -> Ran | NotRun:
+    """Where a submission of `bound` runs (a replay, an eager item, a host copy), decided
+    for all of them in this one place: here and now, as one run of calls (its LinearRun),
+    when its items all run inline, the caller does not need the actors (`posted`: a
+    profile, a check), (`quiet`) it moves no signal that a task waits on, and its queues
+    are idle and its devices done with earlier work. Returns its first failure or None
+    then; else NOT_RUN, having done nothing: the caller posts it (`Program.submit`). It
+    takes no room in the in-flight window (it is never in flight), so a full window does
+    not hold it back."""
+    linear = bound.linear
+    if linear is None or posted or (quiet and not linear.quiet()):
+        return NOT_RUN
+    return linear.run()
 
 
 class Spans:
@@ -152,12 +163,17 @@ class Replay:
     """A submitted replay. `await replay.wait()` returns when it is complete (or raises
     its failure)."""
 
-    __slots__ = ("_program", "_sub", "graph", "number")
+    __slots__ = ("_program", "_ran", "_sub", "graph", "number")
 
-    def __init__(self, graph: Graph, program: Program, sub: Submission, number: int) -> None:
+    def __init__(
+        self, graph: Graph, program: Program, sub: Submission | None, number: int, ran: Ran = None
+    ) -> None:
+        """Replay `number` of `graph` (of its `program`): posted as `sub`, or (None) run
+        where it was submitted, with `ran` its failure or None."""
         self.graph = graph
         self._program = program
         self._sub = sub
+        self._ran = ran
         self.number = number
 
     def __repr__(self) -> str:
@@ -165,15 +181,22 @@ class Replay:
 
     @property
     def done(self) -> bool:
-        return bool(self._sub.done.is_set())
+        return self._sub is None or self._sub.done.is_set()
 
     async def wait(self) -> None:
-        await self._sub.done.wait()
-        raise_failure(self._program, self._sub)
+        """Return once the replay is complete (a checkpoint, even then); raise its failure."""
+        if self._sub is None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._sub.done.wait()
+        self.finish()
 
     def finish(self) -> None:
         """Raise the failure of a replay that is done (nothing if it succeeded)."""
-        raise_failure(self._program, self._sub)
+        if self._sub is not None:
+            raise_failure(self._program, self._sub)
+        elif self._ran is not None:
+            raise_item_failure(self._program, self._ran)
 
 
 @attrs.frozen
@@ -277,7 +300,7 @@ class Graph(Hinted):
         self._last_record: ReplayRecord | None = None
         # Replays checked against eager (_checker.py): its first `checks` are, each posted
         # with its check; `checked` counts those under way or done.
-        self._checks_left = checks
+        self._checks = Checks(runtime, checks) if checks else None
         self.checked = 0
 
     @property
@@ -398,7 +421,7 @@ class Graph(Hinted):
         self._check_not_closed()
         program = bound.program
         # A checked replay's end is its check's, which no connection reads.
-        reader = None if self._checks_left else program.end_reader
+        reader = None if self._checks is not None else program.end_reader
         if reader is None:
             sub = self._post(bound, inputs, profile)
             await sub.done.wait()
@@ -477,10 +500,15 @@ class Graph(Hinted):
         profile: bool | None,
         then: TimelinePoints,
     ) -> Replay:
-        sub = self._start(bound, inputs, profile)
+        ran = self._run_here(bound, profile)
+        if ran is NOT_RUN:
+            sub = self._post(bound, inputs, profile)
+            if then:
+                sub.when_done(lambda _: _advance(then))
+            return Replay(self, bound.program, sub, self.replays)
         if then:
-            _advance_when_done(sub, then)
-        return Replay(self, bound.program, sub, self.replays)
+            _advance(then)
+        return Replay(self, bound.program, None, self.replays, ran)
 
     def replay_off_thread(
         self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
@@ -500,35 +528,29 @@ class Graph(Hinted):
         return True
 
     def _run_here(self, bound: Bound, profile: bool | None, quiet: bool = False) -> Ran | NotRun:
-        """Where a replay of this graph runs (`Bound.run_here`, which decides it): posted
-        to the actors while it is to be checked or profiled (`profile`; None: as the
-        runtime profiles), else here and now where it can be. Counts it when it ran."""
-        ran = bound.run_here(
-            self._checks_left > 0 or (self._profiling if profile is None else profile), quiet
+        """Where a replay of this graph runs (`run_here`, which decides it): posted to the
+        actors while it is to be checked or profiled (`profile`; None: as the runtime
+        profiles), else here and now where it can be. Counts it when it ran."""
+        ran = run_here(
+            bound,
+            self._checks is not None or (self._profiling if profile is None else profile),
+            quiet,
         )
         if ran is not NOT_RUN:
             self._counts.done += 1  # a replay submitted and done where it was made
         return ran
 
-    def _start(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
-        """The replay started where `_run_here` says: run here (a finished Submission
-        stands for it), or posted."""
-        ran = self._run_here(bound, profile)
-        if ran is not NOT_RUN:
-            return bound.program.done_submission(ran)
-        return self._post(bound, inputs, profile)
-
     def _post(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
         """The replay posted to the actors: with its check while checks are left (the
         gate of the check stands for it then), else as `_submit` posts it."""
-        if not self._checks_left:
+        checks = self._checks
+        if checks is None:
             return self._submit(bound, inputs, profile)
         what = f"replay {self.replays + 1} of graph {self.number} {self!r}"
-        check = ReplayCheck(self._runtime, what, bound)
-        gate = check.start(tuple(inputs), lambda: self._submit(bound, inputs, profile))
-        # Counted once it is under way (a call refused before it ran is not one).
-        self._checks_left -= 1
+        gate = checks.post(what, bound, lambda: self._submit(bound, inputs, profile))
         self.checked += 1
+        if not checks.left:
+            self._checks = None  # its later replays are unchecked
         return gate
 
     def _submit(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:

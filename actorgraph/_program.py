@@ -19,17 +19,14 @@ from actorgraph.devices import (
     EXEC,
     FIRST_QUEUE_SLOT,
     KICK,
-    NOT_RUN,
     Device,
     Failure,
     Job,
     JobProfile,
     LaunchRequest,
     LinearRun,
-    NotRun,
     Op,
     QueueActor,
-    Ran,
     RemoteConnectionError,
     Schedule,
     Script,
@@ -111,20 +108,6 @@ class Bound:
         self.inputs = tuple(inputs)
         self._scripts: tuple[Script, ...] | None = None
         self.linear = program.linear_run(ops)
-
-    def run_here(self, posted: bool = False, quiet: bool = False) -> Ran | NotRun:
-        """Where a submission of this binding runs (a replay, an eager item, a host copy),
-        decided for all of them in this one place: here and now, as one run of calls (its
-        LinearRun), when its items all run inline, the caller does not need the actors
-        (`posted`: a profile, a check), (`quiet`) it moves no signal that a task waits
-        on, and its queues are idle and its devices done with earlier work. Returns its
-        first failure or None then; else NOT_RUN, having done nothing: the caller posts
-        it (`Program.submit`). It takes no room in the in-flight window (it is never in
-        flight), so a full window does not hold it back."""
-        linear = self.linear
-        if linear is None or posted or (quiet and not linear.quiet()):
-            return NOT_RUN
-        return linear.run()
 
     @property
     def scripts(self) -> tuple[Script, ...]:
@@ -620,7 +603,7 @@ class Program:
         switch at all, and what cannot run here goes to its actor as if posted. With
         `profiles` (one per queue), each job carries its observer. `then(sub)` is called
         once the submission is done (at once if it ran to its end here). (A caller that can
-        run the binding here tries that first: `Bound.run_here`.)
+        run the binding here tries that first: `_graph.run_here`.)
         """
         runtime = self.runtime
         actors = self.actors
@@ -674,14 +657,6 @@ class Program:
                 self.devices[di].give_back(bases[first_ticket + di])
             raise
         return bases
-
-    def done_submission(self, failure: Ran) -> Submission:
-        """A finished Submission standing for a LinearRun (for callers that hold one:
-        Replay objects), failed with `failure` if given."""
-        sub = Submission(0, self.timelines, (), self.queue_devices, self.device_jobs)
-        if failure is not None:
-            sub.fail(*failure)
-        return sub
 
 
 def host_program(
