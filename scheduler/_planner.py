@@ -176,22 +176,45 @@ class _Walk:
         """Place every item, in jit order (a topological order: an item only depends on
         earlier ones), after the waits that its dependencies not yet known complete need."""
         item_queue, known, clock_after = self.item_queue, self.known, self.clock_after
-        touched, counts = self.touched, self.counts
+        waited_on, touched, counts = self.waited_on, self.touched, self.counts
         programs, run_end, queues = self.programs, self.run_end, self.queues
         position = [0] * len(items)
         tracker = RangeTracker()
+        io_devices = _io_devices(caps)
         for j, item in enumerate(items):
             qi = item_queue[j]
             position[j] = counts[qi]
             counts[qi] += 1
             accesses = item.accesses
-            if item.src_device is not None and caps[item.src_device].host_io:
+            # Until the item first changes it, `clock` is the array its queue's previous
+            # item holds in clock_after: it is copied before the first change.
+            private = not position[j]
+            if item.src_device in io_devices:
                 deps, source_deps = _io_copy_deps(tracker, item, j)
             else:
                 deps, source_deps = tracker.item(accesses, j), _NO_ITEMS
-            # Until the item first changes it, the clock is the array its queue's previous
-            # item holds in clock_after: it is copied before the first change (`private`).
-            waits, clock, private = self._waits(qi, deps, source_deps, position, not position[j])
+            waits: list[tuple[int, int]] = []
+            clock = known[qi]
+            # Latest dependency first: its clock often covers the earlier ones (pruning).
+            for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
+                dq = item_queue[dep]
+                if dq == qi:
+                    continue  # queues run in order
+                value = position[dep] + 1
+                if clock[dq] >= value:
+                    # Already known complete, directly or through another wait: waited on
+                    # all the same where it wrote a copy's source sent ahead on its wait.
+                    if dep in source_deps and not any(q == dq and v >= value for q, v in waits):
+                        waits.append((dq, value))
+                        waited_on.add((dq, value))
+                    continue
+                waits.append((dq, value))
+                waited_on.add((dq, value))
+                if not private:
+                    clock = known[qi] = clock.copy()
+                    private = True
+                clock[dq] = value
+                np.maximum(clock, clock_after[dep], out=clock)
             program = programs[qi]
             seen = touched[qi]
             for access in accesses:
@@ -205,48 +228,6 @@ class _Walk:
             program.append(Run(j))
             run_end[qi].append(len(program))
             clock_after.append(clock)
-
-    def _waits(
-        self,
-        qi: int,
-        deps: Set[int],
-        source_deps: Set[int],
-        position: Sequence[int],
-        private: bool,
-    ) -> tuple[list[tuple[int, int]], Clock, bool]:
-        """The waits (queue, value) that queue qi's next item needs for its dependencies
-        `deps`: on those not yet known complete, and on the writers of a copy's source
-        sent ahead on its wait (`source_deps`) even where they are; then what the queue
-        knows after them, and whether its clock is its own copy by then."""
-        item_queue, known, clock_after, waited_on = (
-            self.item_queue,
-            self.known,
-            self.clock_after,
-            self.waited_on,
-        )
-        waits: list[tuple[int, int]] = []
-        clock = known[qi]
-        # Latest dependency first: its clock often covers the earlier ones (pruning).
-        for dep in sorted(deps, reverse=True) if len(deps) > 1 else deps:
-            dq = item_queue[dep]
-            if dq == qi:
-                continue  # queues run in order
-            value = position[dep] + 1
-            if clock[dq] >= value:
-                # Already known complete, directly or through another wait: waited on
-                # all the same where it wrote a copy's source sent ahead on its wait.
-                if dep in source_deps and not any(q == dq and v >= value for q, v in waits):
-                    waits.append((dq, value))
-                    waited_on.add((dq, value))
-                continue
-            waits.append((dq, value))
-            waited_on.add((dq, value))
-            if not private:
-                clock = known[qi] = clock.copy()
-                private = True
-            clock[dq] = value
-            np.maximum(clock, clock_after[dep], out=clock)
-        return waits, clock, private
 
     def _sync_new_devices(
         self,
@@ -297,6 +278,11 @@ class _Walk:
             spliced.append(Signal(count))
             out.append(tuple(spliced))
         return tuple(out)
+
+
+def _io_devices(caps: Mapping[str, DeviceCaps]) -> set[str | None]:
+    """The devices reached by I/O (a worker's), by name."""
+    return {name for name, device in caps.items() if device.host_io}
 
 
 def _io_copy_deps(tracker: RangeTracker, item: PlanItem, j: int) -> tuple[set[int], Set[int]]:
