@@ -16,7 +16,7 @@ from actorgraph.scheduler import Plan
 
 from . import _capture
 from ._await import Hinted, described, listed
-from ._buffer import Buffer, Home
+from ._buffer import Allocation, Buffer, Home, dtype_text
 from ._checker import CheckHost, Checks
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
@@ -159,32 +159,25 @@ class GraphHost(CheckHost, Home, Protocol):
     def actor_names(self) -> tuple[str, ...]: ...
 
 
-class Replay:
-    """A submitted replay. `await replay.wait()` returns when it is complete (or raises
-    its failure)."""
+class Submitted:
+    """A submission of `program` that its caller does not wait for (a replay, a host
+    copy): posted as `sub`, or (None) run where it was submitted (`run_here`), with `ran`
+    its failure or None. `await it.wait()` returns once it is complete (or raises its
+    failure)."""
 
-    __slots__ = ("_program", "_ran", "_sub", "graph", "number")
+    __slots__ = ("_program", "_ran", "_sub")
 
-    def __init__(
-        self, graph: Graph, program: Program, sub: Submission | None, number: int, ran: Ran = None
-    ) -> None:
-        """Replay `number` of `graph` (of its `program`): posted as `sub`, or (None) run
-        where it was submitted, with `ran` its failure or None."""
-        self.graph = graph
+    def __init__(self, program: Program, sub: Submission | None, ran: Ran = None) -> None:
         self._program = program
         self._sub = sub
         self._ran = ran
-        self.number = number
-
-    def __repr__(self) -> str:
-        return f"<Replay {self.number} {'done' if self.done else 'in flight'}>"
 
     @property
     def done(self) -> bool:
         return self._sub is None or self._sub.done.is_set()
 
     async def wait(self) -> None:
-        """Return once the replay is complete (a checkpoint, even then); raise its failure."""
+        """Return once it is complete (a checkpoint, even then); raise its failure."""
         if self._sub is None:
             await trio.lowlevel.checkpoint()
         else:
@@ -192,11 +185,30 @@ class Replay:
         self.finish()
 
     def finish(self) -> None:
-        """Raise the failure of a replay that is done (nothing if it succeeded)."""
+        """Raise the failure of a submission that is done (nothing if it succeeded)."""
         if self._sub is not None:
             raise_failure(self._program, self._sub)
         elif self._ran is not None:
             raise_item_failure(self._program, self._ran)
+
+
+class Replay(Submitted):
+    """A submitted replay. `await replay.wait()` returns when it is complete (or raises
+    its failure)."""
+
+    __slots__ = ("graph", "number")
+
+    def __init__(
+        self, graph: Graph, program: Program, sub: Submission | None, number: int, ran: Ran = None
+    ) -> None:
+        """Replay `number` of `graph` (of its `program`): posted as `sub`, or (None) run
+        where it was submitted, with `ran` its failure or None."""
+        super().__init__(program, sub, ran)
+        self.graph = graph
+        self.number = number
+
+    def __repr__(self) -> str:
+        return f"<Replay {self.number} {'done' if self.done else 'in flight'}>"
 
 
 @attrs.frozen
@@ -280,9 +292,15 @@ class Graph(Hinted):
         self.runs_off_thread = program.runs_inline and all(
             device.kind == "CPU" for device in program.devices
         )
-        # One buffer per internal allocation: checked on every call, as a buffer may be
-        # freed between two calls with the same inputs.
-        self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
+        # One buffer per internal allocation, checked on every call after a free, as a
+        # buffer may be freed between two calls with the same inputs. Per allocation,
+        # not per address space: every wrapper on a device shares one (`alloc_id`), and
+        # each is freed on its own.
+        roots: dict[Allocation, Buffer] = {}
+        for bufs in internal.values():
+            for buf in bufs:
+                roots.setdefault(buf.allocation, buf)
+        self._internal_roots = tuple(roots.values())
         # The byte ranges of those buffers by allocation, worked out the first time an
         # input is in that allocation (most never are): every new input set is checked
         # against them (_overlap), and wrapped memory puts every wrapped buffer of a
@@ -694,7 +712,8 @@ class Graph(Hinted):
             )
         if new.dtype != old.dtype:
             raise InputError(
-                f"input {i} has dtype {new.dtype} but the graph was compiled for {old.dtype}"
+                f"input {i} has dtype {dtype_text(new.dtype)} but the graph was compiled for "
+                f"{dtype_text(old.dtype)}; pass a buffer of that dtype"
             )
         limit = self._program.max_sizes.get(i)
         if limit is None:

@@ -93,20 +93,21 @@ class Memory:
         return wrap_memory(dev, uid, source, nbytes, dtype, shape, self._owner, self._host_memory)
 
     def free(self, buffer: Buffer) -> None:
-        """Let go of a base buffer's memory: its device takes it back once the work in
-        flight now is done (work posted later cannot use it). Raises UsageError for
-        anything but a live base buffer of the owner."""
+        """Let go of a base buffer's memory once the work in flight now is done (work
+        posted later cannot use it): its device takes it back, or a wrapper's exporter
+        is let go of. Raises UsageError for anything but a live base buffer of the
+        owner."""
         if not isinstance(buffer, Buffer):
             raise UsageError(f"free() takes a Buffer, got {described(buffer)}")
         if buffer.is_view:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
         self._owner.check_own(buffer, "free: ")
         buffer.check_live("free: ")
-        device = buffer.device_object
+        # A wrapper's memory is its owner's (rt.wrap): nothing goes back to the device,
+        # but the wrapper's exporter is kept alive as long as its memory may be used.
+        device = None if buffer.foreign else buffer.device_object
         memory = buffer.release_memory()
         self.frees += 1
-        if buffer.foreign:
-            return  # the memory is its owner's (rt.wrap): nothing goes back to the device
         # Never wait for the work here, on the trio thread that the work itself may need.
         waiting = self._window.unfinished()
         if waiting:
@@ -114,8 +115,9 @@ class Memory:
         else:
             _release(device, memory)
 
-    def _release_after(self, waiting: set[Submission], device: Device, memory: Any) -> None:
-        """Give `memory` back to `device` once every submission of `waiting` is done."""
+    def _release_after(self, waiting: set[Submission], device: Device | None, memory: Any) -> None:
+        """Give `memory` back to `device` (None: let go of a wrapper's exporter) once
+        every submission of `waiting` is done."""
         left = len(waiting)
         self.pending += 1
 
@@ -130,7 +132,9 @@ class Memory:
             sub.when_done(one_done)
 
 
-def _release(device: Device, memory: Any) -> None:
+def _release(device: Device | None, memory: Any) -> None:
+    if device is None:
+        return  # a wrapper's exporter: dropping it is all there is to do
     try:
         device.free(memory)
     except Exception as error:  # e.g. a GPU whose context is already lost

@@ -29,7 +29,7 @@ from actorgraph.scheduler import DeviceCaps
 from ._await import Pending
 from ._buffer import Buffer
 from ._compile import Graphs
-from ._eager import Eager
+from ._eager import Eager, HostCopy
 from ._errors import ClosedError, UsageError
 from ._graph import Graph
 from ._groups import sole_exception
@@ -251,8 +251,14 @@ class Runtime:
         wrap on one device compare by address: two wrappers of overlapping memory alias,
         so the planner orders items that use them. Memory wrapped on another device, or
         an rt.alloc buffer's, is refused (see HostMemory). `rt.free(buf)` forgets the
-        wrapper; the memory stays its owner's, who must keep it alive while work that
-        uses it may run.
+        wrapper and makes later use of it a BufferFreedError; the memory stays its
+        owner's: an exporter is kept alive until the work submitted before the free is
+        done, memory given by address must be kept alive by the caller that long.
+
+        Returns the Buffer (`shape` defaults to all the memory as one dimension of
+        `dtype`). Raises UsageError for memory that is not host memory, read-only, not
+        contiguous, too small for `shape`, wrapped on another device, or an rt.alloc
+        buffer's.
         """
         self.check_open()
         return self._memory.wrap(device, source, nbytes, dtype, shape)
@@ -260,7 +266,8 @@ class Runtime:
     def free(self, buffer: Buffer) -> None:
         """Release a base buffer's memory; later use of it or its views is an error.
         Work submitted before may still use the memory (no later work can): its device
-        gets it back once that work is done (`frees_pending` counts those waiting)."""
+        gets it back, or a wrapper's exporter is let go of, once that work is done
+        (`frees_pending` counts those waiting)."""
         self._memory.free(buffer)
         # Graphs re-check their buffers' liveness when the epoch moves.
         self.epoch += 1
@@ -286,6 +293,21 @@ class Runtime:
         """A host copy of `buffer`'s contents (after all earlier work on its device)."""
         self.check_open()
         return await self._eager.copyout(buffer)
+
+    async def submit_copyin(self, buffer: Buffer, array: Any) -> HostCopy:
+        """`copyin` without waiting for it to be done: it is submitted (after all earlier
+        work on its device) when this returns, and the HostCopy says when it is done
+        (`await copy.wait()` raises its failure). On a remote device the bytes go with
+        the request, in one message. Raises what `copyin` raises."""
+        self.check_open()
+        return await self._eager.submit_copyin(buffer, array)
+
+    async def submit_copyout(self, buffer: Buffer) -> HostCopy:
+        """`copyout` without waiting for it: once the HostCopy is done (`await
+        copy.wait()`), `copy.array` holds the bytes of `buffer` as of that point. Raises
+        what `copyout` raises."""
+        self.check_open()
+        return await self._eager.submit_copyout(buffer)
 
     async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> None:
         """Run items eagerly, one after another: the reference semantics for graphs."""
