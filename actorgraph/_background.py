@@ -35,14 +35,14 @@ from ._await import described
 from ._buffer import Buffer
 from ._call import Call, Entry
 from ._errors import ClosedError, UsageError
-from ._graph import NOT_HERE, Graph
+from ._graph import Graph
 from ._kernel import Item, Kernel
 from ._log import logger as _log
 from ._options import refuse_unknown
 from ._profile import Profile
-from ._program import raise_item_failure
-from ._runtime import Runtime, RuntimeStatistics, StallReport, open_runtime
+from ._runtime import Runtime, RuntimeStatistics, open_runtime
 from ._vars import Var
+from ._window import StallReport
 
 T = TypeVar("T")
 
@@ -361,7 +361,7 @@ class BackgroundRuntime:
     def _observe(self, entry: Entry) -> None:
         """Someone waits for this call: its error is theirs, not the next call's."""
         with self._lock:
-            entry.observed = True
+            entry.observe()
             if entry in self._unobserved:
                 self._unobserved.remove(entry)
 
@@ -372,7 +372,7 @@ class BackgroundRuntime:
         if not failed:
             return
         for entry in failed:
-            entry.observed = True
+            entry.observe()
         first = failed[0]
         error = first.future.exception()
         assert error is not None
@@ -420,7 +420,7 @@ class BackgroundRuntime:
         It is the same when, with the loop lock held (the run stopped between task
         steps, see _LoopLock): no call made before it is queued or running (so calls
         still run in the order they were made), and the replay runs as one loop on
-        idle CPU queues (Graph.run_here) moving no signal that a task waits on (so it
+        idle CPU queues (`_graph.run_here`) moving no signal that a task waits on (so it
         wakes no task, which only the runtime's thread may do). Such a replay calls
         only numpy-level kernel bodies and changes plain Python state; the runtime's
         thread, when it next runs, finds it done as if a task step of its own had
@@ -434,12 +434,8 @@ class BackgroundRuntime:
                 return None  # the call goes on, so that _submit raises their error
             entry = Entry(graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
             try:
-                done = graph.replay_off_thread(inputs, var_vals)
-                if done is NOT_HERE:
+                if not graph.replay_off_thread(inputs, var_vals):
                     return None
-                program, failure = done
-                if failure is not None:
-                    raise_item_failure(program, failure)
             except Exception as error:
                 # As a call that fails on the runtime's thread: nobody waits for it
                 # yet, so it is the next call's error unless someone asks for it.
@@ -468,15 +464,9 @@ class BackgroundRuntime:
         try:
             if self._unobserved:
                 return False  # the call goes on, so that _submit raises their error
-            done = graph.replay_off_thread(inputs, var_vals)
+            return graph.replay_off_thread(inputs, var_vals)
         finally:
             self._resume()
-        if done is NOT_HERE:
-            return False
-        program, failure = done
-        if failure is not None:
-            raise_item_failure(program, failure)
-        return True
 
     def _stop_for(self, graph: Graph) -> bool:
         """Take the loop lock and this runtime's lock, when a call of `graph` may run on

@@ -222,3 +222,7 @@ class Entry:
     future: concurrent.futures.Future[Any] = attrs.field(factory=concurrent.futures.Future)
     observed: bool = False
     start: Callable[[], Any] | None = None
+
+    def observe(self) -> None:
+        """Someone waits for this call (or was told of its failure): its error is theirs."""
+        self.observed = True

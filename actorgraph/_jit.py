@@ -48,11 +48,11 @@ from ._call import Call
 from ._capture import Mode, Scope, current_scope, entered
 from ._errors import ActorGraphError, InputError, UsageError, VarError
 from ._kernel import Item, Launch
+from ._runtime import Runtime
 from ._vars import Var
 
 if TYPE_CHECKING:
     from ._graph import Graph
-    from ._runtime import Runtime
 
 
 class JitWarning(UserWarning):
@@ -77,6 +77,35 @@ class _Leaf:
     path: str
     kind: str  # "buffer" | "container" | "const"
     value: Any
+
+    def mismatch(self, new: _Leaf, name: str, runtime: Runtime) -> str | None:
+        """Why `new`, at this leaf's place in a call of `name`(), cannot stand for it in
+        the capture (None: it can)."""
+        if self.kind == "container" and self.value != new.value:
+            return (
+                f"{name}(): argument {self.path} is {new.value} but was {self.value} when captured"
+            )
+        if self.kind == "const" and not _same_const(self.value, new.value):
+            return (
+                f"{name}(): argument {self.path} is {_describe(new.value)} but was "
+                f"{_describe(self.value)} when captured; non-Buffer arguments are "
+                f"constants of the capture"
+            )
+        if self.kind != "buffer":
+            return None
+        was, now = self.value, new.value
+        for what in ("device", "dtype", "shape"):
+            if getattr(was, what) != getattr(now, what):
+                return (
+                    f"{name}(): argument {self.path} has {what} {_text(now, what)} but "
+                    f"the capture used {_text(was, what)}"
+                )
+        if not runtime.owns(now):
+            return (
+                f"{name}(): argument {self.path} {now!r} belongs to another runtime "
+                f"than the one {name}() was captured on"
+            )
+        return None
 
 
 def _flatten(value: Any, path: str, out: list[_Leaf]) -> None:
@@ -131,27 +160,9 @@ class _Signature:
                 f"(captured: {was}; now: {now})"
             )
         for old, new in zip(self.leaves, other.leaves):
-            if old.kind == "container" and old.value != new.value:
-                return f"{name}(): argument {old.path} is {new.value} but was {old.value} when captured"
-            if old.kind == "const" and not _same_const(old.value, new.value):
-                return (
-                    f"{name}(): argument {old.path} is {_describe(new.value)} but was "
-                    f"{_describe(old.value)} when captured; non-Buffer arguments are "
-                    f"constants of the capture"
-                )
-            if old.kind == "buffer":
-                was, now = old.value, new.value
-                for what in ("device", "dtype", "shape"):
-                    if getattr(was, what) != getattr(now, what):
-                        return (
-                            f"{name}(): argument {old.path} has {what} {_text(now, what)} but "
-                            f"the capture used {_text(was, what)}"
-                        )
-                if not runtime.owns(now):
-                    return (
-                        f"{name}(): argument {old.path} {now!r} belongs to another runtime "
-                        f"than the one {name}() was captured on"
-                    )
+            why = old.mismatch(new, name, runtime)
+            if why is not None:
+                return why
         old_alias, new_alias = _aliasing(self.buffers), _aliasing(other.buffers)
         if old_alias != new_alias:
             return (
@@ -273,7 +284,6 @@ class _Capture:
     inputs: tuple[Buffer, ...]
     result: Any
     trace: tuple[Any, ...]
-    replays: int = 0
 
 
 @attrs.define(eq=False)
@@ -559,13 +569,13 @@ class JitFunction:
             result = await self._run(scope, args, kwargs)
         finally:
             self._capturing = False
-        if not scope.items or scope.runtime is None:
+        runtime = scope.runtime
+        if not scope.items or not isinstance(runtime, Runtime):
             raise UsageError(
                 f"@ag.jit function {self.name}() issued no work through rt.launch / rt.copy "
                 f"/ rt.run on its capture call, so there is nothing to replay; call it "
                 f"without @ag.jit"
             )
-        runtime = scope.runtime
         for leaf in signature.buffers:
             if not runtime.owns(leaf.value):
                 raise InputError(
@@ -626,9 +636,8 @@ class JitFunction:
                     f"on something the jit does not check: make it depend only on the "
                     f"arguments, or call f.reset() to capture again"
                 )
-        needed = capture.graph._program.free_vars
+        needed = capture.graph.free_vars
         await capture.graph(inputs, var_vals={v: values[v] for v in needed})
-        capture.replays += 1
         self._replays += 1
         return _rebuild(capture.result, capture.inputs, inputs)
 

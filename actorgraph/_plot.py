@@ -42,6 +42,16 @@ def require_matplotlib() -> Any:
 Groups = Union[Mapping[str, Any], Callable[[str], Any]]
 
 
+def _label_rows(ax: Any, labels: list[str], errors: Mapping[str, float], many: bool) -> None:
+    """Name the rows, top down. A worker's queue is timed there: its row says how far off
+    this host's clock it can be (`errors`, by row)."""
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(
+        [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
+        fontsize=6 if many else None,
+    )
+
+
 def plot_timeline(
     profile: Profile,
     path: str | os.PathLike[str],
@@ -124,13 +134,7 @@ def plot_timeline(
         legend.append(
             Patch(facecolor="white", edgecolor="0.35", hatch=HATCH, label="every other replay")
         )
-    ax.set_yticks(range(len(labels)))
-    # A worker's queue is timed there: its row says how far off this host's clock it can be.
-    errors = profile.clock_errors()
-    ax.set_yticklabels(
-        [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
-        fontsize=6 if many else None,
-    )
+    _label_rows(ax, labels, profile.clock_errors(), many)
     ax.set_ylim(len(labels) - 0.3, -0.6 - LANE * lanes - (0.2 if lanes else 0.0))
     chart.draw_replay_marks(marks)
     if group_of is not None:

@@ -13,13 +13,13 @@ can be (`ProfileEvent.clock_error`), and so do the summary and the trace.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from actorgraph.devices import JobProfile
-from actorgraph.scheduler import Run, SyncDevice, Wait, WaitKick
+from actorgraph.scheduler import Message, Run, SyncDevice, Wait, WaitKick
 
 from ._buffer import Buffer
 from ._kernel import Copy
@@ -326,6 +326,29 @@ class ReplayRecord:
     submitted: float
 
 
+class Profiles:
+    """The profiled replays of a runtime, kept as they are made until someone asks for
+    them as one Profile. `every`: whether every replay is profiled
+    (`open_runtime(profile=True)`); a call can ask for one too (`profile=True`)."""
+
+    def __init__(self, every: bool, actor_names: Callable[[], Sequence[str]]) -> None:
+        """`actor_names()`: the runtime's actors, in the order profiles list them."""
+        self.every = every
+        self._actor_names = actor_names
+        self._records: list[ReplayRecord] = []
+
+    def keep(self, record: ReplayRecord) -> None:
+        """Keep a profiled replay's record."""
+        self._records.append(record)
+
+    def profile(self, clear: bool = False) -> Profile:
+        """Every replay kept so far, as one Profile (`clear`: start afresh after)."""
+        profile = build_profile(self._actor_names(), self._records)
+        if clear:
+            self._records = []
+        return profile
+
+
 def new_records(program: Program) -> tuple[JobProfile, ...]:
     return tuple(JobProfile() for _ in program.actors)
 
@@ -362,28 +385,9 @@ class _Layout:
         # runs[qi][k]: the item index of the k-th item on queue qi (signal value k+1).
         runs = [[m.item for m in prog if isinstance(m, Run)] for prog in plan.programs]
         # messages[qi][index]: an item index (Run), a met WaitRecord (waits), or None.
-        self.messages: list[list[int | WaitRecord | None]] = []
-        for program_msgs in plan.programs:
-            meanings: list[int | WaitRecord | None] = []
-            for msg in program_msgs:
-                if isinstance(msg, Run):
-                    meanings.append(msg.item if msg.item < len(program.items) else None)
-                elif isinstance(msg, Wait):
-                    src = plan.queues.index(msg.queue)
-                    item = runs[src][msg.value - 1] if 0 < msg.value <= len(runs[src]) else None
-                    meanings.append(
-                        WaitRecord(
-                            WaitKind.QUEUE, self.actor_names[src], msg.value, item, None, None
-                        )
-                    )
-                elif isinstance(msg, SyncDevice):
-                    on = f"{msg.device}/timeline"
-                    meanings.append(WaitRecord(WaitKind.DEVICE, on, 0, None, None, None))
-                elif isinstance(msg, WaitKick):
-                    meanings.append(WaitRecord(WaitKind.KICK, "KICK", 0, None, None, None))
-                else:
-                    meanings.append(None)
-            self.messages.append(meanings)
+        self.messages: list[list[int | WaitRecord | None]] = [
+            [self._meaning(msg, runs) for msg in program_msgs] for program_msgs in plan.programs
+        ]
         self.items: list[tuple[str, EventKind, tuple[bool, ...], list[str]]] = [
             (
                 item.label,
@@ -393,6 +397,23 @@ class _Layout:
             )
             for item in program.items
         ]
+
+    def _meaning(self, msg: Message, runs: list[list[int]]) -> int | WaitRecord | None:
+        """What a plan message means in every replay: the item a Run runs (None: a host
+        copy's placeholder), a wait as it is when met, or None (a signal)."""
+        program = self.program
+        if isinstance(msg, Run):
+            return msg.item if msg.item < len(program.items) else None
+        if isinstance(msg, Wait):
+            src = program.plan.queues.index(msg.queue)
+            item = runs[src][msg.value - 1] if 0 < msg.value <= len(runs[src]) else None
+            return WaitRecord(WaitKind.QUEUE, self.actor_names[src], msg.value, item, None, None)
+        if isinstance(msg, SyncDevice):
+            on = f"{msg.device}/timeline"
+            return WaitRecord(WaitKind.DEVICE, on, 0, None, None, None)
+        if isinstance(msg, WaitKick):
+            return WaitRecord(WaitKind.KICK, "KICK", 0, None, None, None)
+        return None
 
     def events(self, record: ReplayRecord) -> list[ProfileEvent]:
         out: list[ProfileEvent] = []

@@ -27,7 +27,7 @@ def _costs(
 ) -> tuple[Program, list[float], list[list[tuple[str, float]]]]:
     """Each item's simulated seconds alone, and the shared links it holds for how long."""
     check_graph(graph, what)
-    bound = graph.bind(graph._program.inputs if inputs is None else inputs, var_vals)
+    bound = graph.bind(graph.inputs if inputs is None else inputs, var_vals)
     program, ops = bound.program, bound.ops
     durations = []
     links: list[list[tuple[str, float]]] = []

@@ -26,7 +26,10 @@ from ._inline import InlineRun as InlineRun
 from ._inline import Resumer as Resumer
 from ._inline import run_inline as run_inline
 from ._linear import NOT_RUN as NOT_RUN
+from ._linear import Failure as Failure
 from ._linear import LinearRun as LinearRun
+from ._linear import NotRun as NotRun
+from ._linear import Ran as Ran
 from ._linear import Schedule as Schedule
 from ._links import LinkStatistics as LinkStatistics
 from ._links import SharedLinks as SharedLinks

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
@@ -13,6 +13,9 @@ from actorgraph.scheduler import ActorGraphError, DeviceCaps, QueueKind
 from ._actor import QueueActor
 from ._ops import Op
 from ._signal import Signal
+
+# Makes a queue's timeline signal: (name, start value) -> the signal (Device.new_queue).
+MakeSignal = Callable[[str, int], Signal]
 
 _VALUE_MAX = (1 << 64) - 1
 
@@ -170,10 +173,14 @@ class Device:
     def close(self) -> None:
         """Release what the device holds outside trio (threads, driver handles)."""
 
-    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
+    def new_queue(
+        self, kind: QueueKind, name: str, make_signal: MakeSignal | None = None
+    ) -> QueueActor | None:
         """Another actor that runs this device's ops of queue `kind` beside its own (a
         worker gives each client its own, so one client's waits never hold another's
-        work), or None where ops are lowered for the device's own queues only."""
+        work), or None where ops are lowered for the device's own queues only.
+        `make_signal(name, start)` makes the timeline signal the new actor owns, where
+        the kind takes one made by the caller (CPU's does); the others make their own."""
         return None
 
     def drop_queue(self, actor: QueueActor) -> bool:

@@ -89,7 +89,7 @@ class InlineRun:
         if at == len(ops):
             actor.finish(job)
             return (actor.signal, *job.submission.timelines)
-        job.at = at
+        job.reached(at)
         if ops[at][0] == WAIT:
             parked.setdefault(ops[at][1], []).append(q)
         else:

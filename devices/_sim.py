@@ -29,7 +29,7 @@ from actorgraph.scheduler import DeviceCaps, QueueKind
 from ._actor import QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
-from ._device import Device, DeviceBuffer, LaunchRequest, nothing, same_bytes
+from ._device import Device, DeviceBuffer, LaunchRequest, MakeSignal, nothing, same_bytes
 from ._links import SharedLinks, Transfer
 from ._ops import HOST_OPS, ITEM, KICK, SIM_RUN, Job, Op, sim_run
 from ._step import run_calls
@@ -139,7 +139,9 @@ class SIMDevice(Device):
     def queues(self) -> Mapping[QueueKind, SimQueueActor]:
         return self._sim_queues
 
-    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
+    def new_queue(
+        self, kind: QueueKind, name: str, make_signal: MakeSignal | None = None
+    ) -> QueueActor | None:
         return SimQueueActor(name)
 
     @property

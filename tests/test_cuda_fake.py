@@ -240,6 +240,24 @@ async def test_a_replay_is_one_graph_launch_and_updates_only_changed_nodes() -> 
         np.testing.assert_array_equal(await rt.copyout(c), np.full(SIZE, 7 + 8, np.int32))
 
 
+async def test_one_graph_switched_between_input_sets_is_updated_each_time_it_switches() -> None:
+    driver = FakeDriver()
+    async with runtime(["CUDA:0"], driver) as rt:
+        a, a2, b, c = (rt.alloc("CUDA:0", SIZE, np.int32) for _ in range(4))
+        await rt.copyin(a2, np.full(SIZE, 7, np.int32))
+        graph = await rt.compile([xor(c, a, b)] + [inc(c) for _ in range(8)], inputs=[a])
+        compute = rt.device("CUDA:0").queues[QueueKind.COMPUTE]
+        await graph([a])
+        for src, fill in ((a2, 7), (a, 0), (a2, 7), (a2, 7)):
+            updates = driver.statistics().node_updates
+            await graph([src])
+            np.testing.assert_array_equal(await rt.copyout(c), np.full(SIZE, fill + 8, np.int32))
+        # The last call found the graph as the one before left it: only its per-replay
+        # signal values moved; every switch before it updated the input's node as well.
+        assert driver.statistics().node_updates - updates <= 2
+        assert compute.graph_builds == 1 and compute.graph_launches == 5
+
+
 @fake_only
 async def test_back_to_back_replays_are_queued_on_the_gpu_without_the_host() -> None:
     # The second replay's wait for the first (the device timeline) is a stream wait on a

@@ -13,6 +13,7 @@ import trio
 from actorgraph.devices import DEVICE_KINDS
 
 import actorgraph as ag
+from actorgraph._window import Watch
 
 I32 = np.int32
 N = ag.Var("n", 1, 64)
@@ -616,6 +617,14 @@ async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
         await rt.copyin(a, np.zeros(63, I32))
     with raises(ag.UsageError, "copyout takes a Buffer, got"):
         await rt.copyout(np.zeros(3))  # type: ignore[arg-type]
+    with raises(
+        ag.UsageError,
+        f"submit_copyin: array dtype float64 does not match {a!r}; convert with "
+        f"array.astype(np.int32)",
+    ):
+        await rt.submit_copyin(a, np.zeros(64))
+    with raises(ag.UsageError, "submit_copyout takes a Buffer, got"):
+        await rt.submit_copyout(np.zeros(3))  # type: ignore[arg-type]
 
 
 async def test_alloc_shapes_are_checked(rt: ag.Runtime) -> None:
@@ -820,22 +829,22 @@ async def test_an_error_with_a_cause_keeps_it() -> None:
 async def test_one_failure_inside_the_runtime_comes_out_as_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def broken_monitor(self: ag.Runtime) -> None:
+    async def broken_monitor(self: Watch) -> None:
         await trio.sleep(0)
         raise RuntimeError("the monitor broke")
 
-    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    monkeypatch.setattr(Watch, "run", broken_monitor)
     with trio.fail_after(10), raises(RuntimeError, "the monitor broke"):
         async with ag.open_runtime(["CPU:0"]):
             await trio.sleep_forever()  # cancelled by the failure, which alone comes out
 
 
 async def test_several_failures_stay_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken_monitor(self: ag.Runtime) -> None:
+    async def broken_monitor(self: Watch) -> None:
         await trio.sleep(0)
         raise RuntimeError("the monitor broke")
 
-    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    monkeypatch.setattr(Watch, "run", broken_monitor)
     with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as info:
         async with ag.open_runtime(["CPU:0"]):
             try:

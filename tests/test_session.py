@@ -1328,3 +1328,17 @@ async def test_a_profiled_batch_sends_each_jobs_times_before_its_done() -> None:
             (pong,) = await replies.wait_for(1)
             assert pong[:2] == ["pong", 5] and after <= pong[2] <= pong[3]
             nursery.cancel_scope.cancel()
+
+
+def test_a_program_with_kernels_placed_by_their_times_is_made_with_those_times() -> None:
+    from actorgraph.devices import EXEC, run_op
+
+    from actorgraph.worker._lowered import Program
+    from actorgraph.worker._placement import AdaptiveKernel, KernelTimes
+
+    times = KernelTimes(clock=lambda: 0.0)
+    ops = [AdaptiveKernel(times, "k", run_op(EXEC, print, (), 0))]
+    with pytest.raises(ValueError, match="coded with those times: pass the worker's KernelTimes"):
+        Program(store=True, slot=2, actor=QueueActor("q"), ops=ops, count=1)
+    program = Program(store=True, slot=2, actor=QueueActor("q"), ops=ops, times=times, count=1)
+    assert len(program.ops) == 1 and program.error is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -560,6 +561,20 @@ def test_install_checks_its_arguments_and_is_idempotent() -> None:
     assert agt.statistics() == agt.TinygradStatistics(
         False, agt.TINYGRAD_VERSION or "", 0, 0, 0, 0, ()
     )
+
+
+def test_tinygrad_0_11_refuses_ag_devices_saying_it_has_its_own() -> None:
+    if not V011:
+        pytest.skip("tinygrad 0.11 only: 0.14 has AG devices")
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "actorgraph's AG devices (install(remote=...) or ACTORGRAPH_REMOTE) need tinygrad "
+            "0.14.0, and tinygrad 0.11.0 is installed, which has its own REMOTE device"
+        ),
+    ):
+        agt.install(remote=["CPU:0@127.0.0.1:7000"])
+    assert not agt.installed()
 
 
 def test_a_runner_built_before_uninstall_says_so() -> None:

@@ -109,17 +109,16 @@ class Session:
                 )
             own = None
             if self._nursery is not None:
-                own = device.new_queue(kind, f"{shared.name}#{self.sid}")
+                # Its signal tells this client's progress as it moves, where the kind
+                # takes a signal of ours, so a worker waiting on this queue hears of it at
+                # any signal, reported or not.
+                progress = self.progress(_queue_key(device_name, kind))
+                own = device.new_queue(
+                    kind,
+                    f"{shared.name}#{self.sid}",
+                    lambda name, start: TrackedSignal(name, start, progress, self.worker.resumer),
+                )
             if own is not None:
-                if type(own) is QueueActor and type(own.signal) is Signal:
-                    # Its signal tells this client's progress as it moves, so a worker
-                    # waiting on this queue hears of it at any signal, reported or not.
-                    own.signal = TrackedSignal(
-                        own.signal.name,
-                        own.signal.value,
-                        self.progress(_queue_key(device_name, kind)),
-                        self.worker.resumer,
-                    )
                 self._nursery.start_soon(own.serve)  # type: ignore[union-attr]
             actor = self.queues[(device_name, kind)] = own or shared
         return actor
@@ -349,19 +348,18 @@ class Session:
         limit = self.worker.limits.max_programs
         if len(self.programs) >= limit:
             raise Refused(f"too many programs (limit {limit}); forget some")
-        program = Program()
-        program.store = request.store
-        self.programs[request.program] = program
+        store = request.store
         try:
-            lower(self, program, request.device, request.entries, _queue_kind(request.kind))
+            program = lower(self, request.device, request.entries, _queue_kind(request.kind), store)
         except (Refused, WireError) as exc:
-            program.error = (exc.item if isinstance(exc, Refused) else -1, str(exc))
             # Its batch reports the refusal on the slot the program signals on.
-            program.slot = signal_slot(request.entries)
+            why = (exc.item if isinstance(exc, Refused) else -1, str(exc))
+            program = Program(store=store, slot=signal_slot(request.entries), error=why)
         except Exception as exc:  # a device refused to lower an item: the same, never a
             # program half lowered that a batch would then post
-            program.error = (-1, f"{type(exc).__name__}: {exc}")
-            program.slot = signal_slot(request.entries)
+            why = (-1, f"{type(exc).__name__}: {exc}")
+            program = Program(store=store, slot=signal_slot(request.entries), error=why)
+        self.programs[request.program] = program
 
     def _batch(self, request: Batch) -> None:
         self.batches.run(request)

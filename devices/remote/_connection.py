@@ -92,6 +92,10 @@ class _Batch:
         # link from this batch's worker to them failed before they told it.
         self.relayed: set[tuple[str, int]] = set()
 
+    def watch(self, event: trio.Event) -> None:
+        """Set `event` when the batch ends or is relayed."""
+        self.watchers.append(event)
+
     def end(self) -> None:
         for event in self.watchers:
             event.set()
@@ -195,10 +199,16 @@ class Connection:
         """Buffer data that came to the client."""
         return self.transport.bytes_received
 
-    @property
-    def watchers(self) -> set[trio.Event]:
-        """Events set when this connection is lost."""
-        return self.transport.watchers
+    def watch(self, event: trio.Event) -> None:
+        """Set `event` when this connection is lost (until `unwatch`)."""
+        self.transport.watch(event)
+
+    def unwatch(self, event: trio.Event) -> None:
+        self.transport.unwatch(event)
+
+    def add_device(self, device: RemoteDevice) -> None:
+        """`device`, a device of this connection's worker, is served by it."""
+        self.devices.append(device)
 
     def ticket(self, handle: int) -> bytes:
         return self.transport.ticket(handle)
@@ -240,8 +250,9 @@ class Connection:
             return
         self._started = True
         self._nursery = nursery
-        self.transport.names = ", ".join(d.name for d in self.devices)
-        await self.transport.connect([d.inner for d in self.devices])
+        await self.transport.connect(
+            [d.inner for d in self.devices], ", ".join(d.name for d in self.devices)
+        )
         await self.transport.start(nursery)
 
     def close(self, error: RemoteConnectionError | None = None) -> None:
@@ -714,11 +725,11 @@ def _source(signal: Signal) -> Connection:
 async def _until_either(batch: _Batch, sources: set[Connection]) -> None:
     """Wait until `batch` ends or is relayed, or one of `sources` is lost."""
     event = trio.Event()
-    batch.watchers.append(event)
+    batch.watch(event)
     for source in sources:
-        source.watchers.add(event)
+        source.watch(event)
     try:
         await event.wait()
     finally:
         for source in sources:
-            source.watchers.discard(event)
+            source.unwatch(event)

@@ -158,7 +158,7 @@ class RemoteDevice(Device):
             kind: RemoteQueue(self, kind, timeline_start)
             for kind in (QueueKind.COMPUTE, QueueKind.COPY)
         }
-        connection.devices.append(self)
+        connection.add_device(self)
 
     @property
     def queues(self) -> Mapping[QueueKind, RemoteQueue]:

@@ -122,6 +122,8 @@ def _tls_from(options: dict[str, Any]) -> ssl.SSLContext | None:
 
 
 class Read:
+    """Bytes asked of the worker, landing in `view`: done once all are in, or failed."""
+
     __slots__ = ("done", "error", "left", "staged", "view")
 
     def __init__(self, view: memoryview, staged: bool) -> None:
@@ -130,6 +132,19 @@ class Read:
         self.left = len(view)
         self.done = trio.Event()
         self.error: BaseException | None = None
+
+    def landed(self, nbytes: int) -> bool:
+        """`nbytes` more of its bytes are in: whether that is all of them (it is done)."""
+        self.left -= nbytes
+        if self.left > 0:
+            return False
+        self.done.set()
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        """It fails with `error`: done now, its bytes never all in."""
+        self.error = error
+        self.done.set()
 
 
 class Transport:
@@ -180,7 +195,7 @@ class Transport:
         self.frames_received = 0
         self.sends = 0  # sends on the socket: the messages this client sent the worker
         self._held = 0  # hold_sends() not yet released: frames wait for release_sends()
-        self.names = ""  # the devices it serves, for errors (set by its owner)
+        self.names = ""  # the devices it serves, for errors (given to `connect`)
         # What flush() could not send whole: the writer sends it before anything else.
         self._unsent: tuple[list[bytes | memoryview], list[Frame]] | None = None
 
@@ -206,6 +221,13 @@ class Transport:
         """Bulk data goes in frames no larger than this side or the worker accepts."""
         return max(1, min(CHUNK, self.limits.max_tail))
 
+    def watch(self, event: trio.Event) -> None:
+        """Set `event` when this connection is lost (until `unwatch`)."""
+        self.watchers.add(event)
+
+    def unwatch(self, event: trio.Event) -> None:
+        self.watchers.discard(event)
+
     def ticket(self, handle: int) -> bytes:
         return read_ticket(self._key, handle)
 
@@ -214,9 +236,11 @@ class Transport:
 
     # -- connecting --
 
-    async def connect(self, devices: list[str]) -> None:
+    async def connect(self, devices: list[str], names: str = "") -> None:
         """Open the connection and answer the worker's handshake for `devices` (its names
-        of them); a RemoteConnectionError says why it could not be done."""
+        of them; `names`: the client's, which errors name); a RemoteConnectionError says
+        why it could not be done."""
+        self.names = names
         try:
             with trio.fail_after(self._timeout):
                 await self._handshake(devices)
@@ -373,8 +397,7 @@ class Transport:
         """The worker refused the read `read_id` (a GetWhen or a Watch): it fails."""
         read = self._reads.pop(read_id, None)
         if read is not None:
-            read.error = RemoteError(f"worker {self.address} refused a read: {why}")
-            read.done.set()
+            read.fail(RemoteError(f"worker {self.address} refused a read: {why}"))
 
     def check(self) -> None:
         self.probe()
@@ -428,9 +451,7 @@ class Transport:
 
     def _frames_sent(self, frames: list[Frame]) -> None:
         for frame in frames:
-            frame.error = self.error
-            if frame.sent is not None:
-                frame.sent.set()
+            frame.went(self.error)
 
     def _take_pending(self) -> tuple[list[bytes | memoryview], list[Frame]]:
         """Encode what is queued, in order: each submission's jobs as one batch."""
@@ -526,16 +547,8 @@ class Transport:
         the scheduler less per replay). Frames that carry bytes are left to the reader
         task, which gets the socket back when this returns (or is cancelled)."""
         done = sub.done
-        stream = self._stream
         self._coming = False
-        if (
-            done.is_set()
-            or self._driver is not None
-            or self._loop_state == _BUSY
-            or self.error is not None
-            or stream is None
-            or stream.raw is None
-        ):
+        if done.is_set() or not self._may_read_here():
             self._wake_reader()
             await done.wait()
             return
@@ -546,9 +559,42 @@ class Transport:
             self._loop_scope.cancel()
             self._loop_state = _LENT
         self._driver = trio.lowlevel.current_task()
-        sub.interrupt = self._interrupt
+        sub.read_by(self._interrupt)
         self._lent_idle = False
         idle = False
+        try:
+            idle = await self._read_until(done)
+        finally:
+            sub.read_by(None)
+            self._driver = None
+            if idle:
+                # Nothing else in flight: the reader task stays lent, not woken (a trip
+                # through the scheduler per replay), until something goes out or a call
+                # looks at the connection (`probe`: a worker lost meanwhile is found).
+                self._lent_idle = True
+            elif self._handback is not None:
+                self._handback.set()  # the reader task reads again
+        if not done.is_set():
+            await done.wait()
+
+    def _may_read_here(self) -> bool:
+        """Whether a caller may read the worker's frames itself now: nobody else does or
+        is handling one, and the connection is up."""
+        stream = self._stream
+        return (
+            self._driver is None
+            and self._loop_state != _BUSY
+            and self.error is None
+            and stream is not None
+            and stream.raw is not None
+        )
+
+    async def _read_until(self, done: trio.Event) -> bool:
+        """Read frames in this task until `done` is set, or until bytes for a read come
+        (the reader task takes those) or the connection is lost. Return whether the
+        connection is idle once it is done (nothing else for the reader task to read)."""
+        stream = self._stream
+        assert stream is not None  # _may_read_here said so
         try:
             while not done.is_set():
                 frame = stream.next_frame(tails=False)
@@ -560,22 +606,11 @@ class Transport:
                     await stream.wait_more()
         except _LOST as exc:
             self.lose(exc)
-        else:
-            if done.is_set():
-                self.ends_read_by_callers += 1
-                idle = self._idle()
-        finally:
-            sub.interrupt = None
-            self._driver = None
-            if idle:
-                # Nothing else in flight: the reader task stays lent, not woken (a trip
-                # through the scheduler per replay), until something goes out or a call
-                # looks at the connection (`probe`: a worker lost meanwhile is found).
-                self._lent_idle = True
-            elif self._handback is not None:
-                self._handback.set()  # the reader task reads again
-        if not done.is_set():
-            await done.wait()
+            return False
+        if done.is_set():
+            self.ends_read_by_callers += 1
+            return self._idle()
+        return False
 
     def coming(self) -> None:
         """A caller is about to submit a replay and read its end itself (wait_done):
@@ -655,8 +690,10 @@ class Transport:
             return
         offset = data.offset
         if data.error is not None:
-            read.error = RemoteError(f"worker {self.address} could not read: {data.error}")
-        elif offset + tail > len(read.view):
+            del self._reads[data.read]
+            read.fail(RemoteError(f"worker {self.address} could not read: {data.error}"))
+            return
+        if offset + tail > len(read.view):
             raise WireError(
                 f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read"
             )
@@ -669,12 +706,9 @@ class Transport:
             read.view[offset : offset + tail] = memoryview(self._staging)[:tail]
         else:
             await stream.receive_into(read.view[offset : offset + tail])
-        if data.error is None:
-            read.left -= tail
-            self.bytes_received += tail
-        if read.left <= 0 or read.error is not None:
+        self.bytes_received += tail
+        if read.landed(tail):
             del self._reads[data.read]
-            read.done.set()
 
     # -- the end --
 
@@ -698,9 +732,7 @@ class Transport:
             if type(entry) is tuple:
                 unsent.append(entry)
             elif type(entry) is Frame:
-                entry.error = error
-                if entry.sent is not None:
-                    entry.sent.set()
+                entry.went(error)
         if self._unsent is not None:
             self._frames_sent(self._unsent[1])
             self._unsent = None
@@ -708,7 +740,6 @@ class Transport:
         for event in self.watchers:
             event.set()
         for read in self._reads.values():
-            read.error = error
-            read.done.set()
+            read.fail(error)
         self._reads.clear()
         self._doorbell.ring()

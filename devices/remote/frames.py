@@ -368,9 +368,18 @@ def no_delay(sock: socket.socket | trio.socket.SocketType) -> None:
 
 
 class Frame:
+    """Parts to send as they are, in order; `sent` is set once they went (or never will:
+    `error` says why)."""
+
     __slots__ = ("error", "parts", "sent")
 
     def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
         self.parts = parts
         self.sent = sent
         self.error: BaseException | None = None
+
+    def went(self, error: BaseException | None) -> None:
+        """It was sent (`error` None), or never will be (the connection's error)."""
+        self.error = error
+        if self.sent is not None:
+            self.sent.set()
