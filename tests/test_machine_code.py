@@ -1,5 +1,5 @@
 """Shipped programs on a worker (`--allow-programs`, actorgraph/worker/_machine_code.py and
-devices/remote/_machine.py): compiled C shipped once per content hash and called by id,
+devices/remote/machine.py): compiled C shipped once per content hash and called by id,
 kept per session, bounded, refused without the flag or for a CPU the worker cannot run,
 and a worker that a shipped program crashes fails its clients' calls, naming it.
 

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from actorgraph.devices.remote._machine import WorkerCPU, refusal
+from actorgraph.devices.remote.machine import WorkerCPU, refusal
 from actorgraph.devices.remote.wire import Code, Limits
 
 from .._kernel import Kernel

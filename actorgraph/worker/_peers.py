@@ -37,14 +37,14 @@ from typing import Any
 import attrs
 import trio
 
-from actorgraph.devices.remote._handshake import (
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
+from actorgraph.devices.remote.handshake import (
     HandshakeRefused,
     TokenRequired,
     WorkerUnproven,
     greet,
 )
-from actorgraph.devices.remote._tls import connect_tls, handshake_failure
-from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
+from actorgraph.devices.remote.tls import connect_tls, handshake_failure
 from actorgraph.devices.remote.wire import (
     CHUNK,
     Data,

@@ -13,7 +13,7 @@ worker's CPU first.
 Safety: a client must answer an HMAC challenge with the worker's token (when it has one),
 and the worker proves it holds the token too (_handshake.py; both bound to the role and
 both sides' nonces); with a certificate (`--tls-cert`, `--tls-key`) every connection,
-links to other workers included, speaks TLS (actorgraph/devices/remote/_tls.py);
+links to other workers included, speaks TLS (actorgraph/devices/remote/tls.py);
 every frame and allocation is checked against `Limits`; every id is looked up in the
 client's own session, so another client's buffer ids are simply unknown; a bad request
 gets an ["error", what, id, message] reply and the session goes on; a frame that breaks
@@ -47,8 +47,9 @@ import attrs
 import trio
 
 from actorgraph.devices import Resumer
-from actorgraph.devices.remote._machine import WorkerCPU
-from actorgraph.devices.remote._tls import (
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
+from actorgraph.devices.remote.machine import WorkerCPU
+from actorgraph.devices.remote.tls import (
     PLAIN_REFUSED,
     TLS_HANDSHAKE_TIMEOUT_S,
     TLSSetupError,
@@ -57,7 +58,6 @@ from actorgraph.devices.remote._tls import (
     server_context,
     speaks_plain,
 )
-from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
 from actorgraph.devices.remote.wire import (
     Blob,
     Code,

@@ -24,10 +24,10 @@ from .._device import DeviceError
 from .._ops import Job
 from .._signal import Signal
 from ._clock import PINGS, ClockSample, PeerClock
-from ._machine import MachineCode, WorkerCPU, refusal
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
 from ._transport import Posted, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
+from .machine import MachineCode, WorkerCPU, refusal
 from .wire import (
     DTYPES,
     DTYPES_TEXT,

@@ -21,8 +21,8 @@ from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from .._names import parse_remote_name
 from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, own_signal, run_op, wire_op
 from ._connection import Connection, RemoteMemory, flat_bytes
-from ._machine import MachineCode
 from ._programs import RemoteSignal
+from .machine import MachineCode
 from .wire import (
     CodeEntry,
     CopyEntry,

@@ -1,7 +1,7 @@
 """The socket under a REMOTE connection: one TCP connection to one worker.
 
 A `Transport` is what a connection (`Connection`, _connection.py) sends and reads with:
-it connects (the handshake is _handshake.py's), sends frames in the order they were
+it connects (the handshake is handshake.py's), sends frames in the order they were
 queued, from the task that queues them when the socket takes them whole, else from its
 writer task, and reads the worker's frames in its reader task, except while a caller
 reads its own replay's end itself (`wait_done`): the reader task lends it the socket
@@ -24,10 +24,10 @@ import trio
 from .._device import DeviceError
 from .._ops import Job, Submission
 from .._signal import Doorbell
-from ._handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
-from ._machine import WorkerCPU
-from ._tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
+from .handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
+from .machine import WorkerCPU
+from .tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .wire import (
     CHUNK,
     Data,
