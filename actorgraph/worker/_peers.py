@@ -31,8 +31,8 @@ import functools
 import itertools
 import socket
 import ssl
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 import attrs
 import trio
@@ -264,15 +264,10 @@ class Peers:
             while True:
                 meta, tail = await stream.receive()
                 answer = decode(meta)
-                if type(answer) is Error:
-                    read = link.reads.pop(answer.id, None)
-                    if read is not None:
-                        why = f"peer {link.address} refused the read: {answer.why}"
-                        read.fail(PeerRefusedError(why))
-                    continue
-                if type(answer) is not Data or answer.read not in link.reads:
+                handler = self._answers.get(type(answer))
+                if handler is None:
                     raise WireError(f"peer {link.address} answered {meta[0]!r} out of turn")
-                await self._land(link, answer, tail)
+                await handler(link, answer, tail)
         except _LINK_LOST as exc:
             if self.links.get(key) is link:
                 del self.links[key]
@@ -281,7 +276,9 @@ class Peers:
     @staticmethod
     async def _land(link: _PeerLink, data: Data, tail: int) -> None:
         """A read's bytes (the tail), where the read wants them."""
-        read = link.reads[data.read]
+        read = link.reads.get(data.read)
+        if read is None:
+            raise WireError(f"peer {link.address} answered 'data' out of turn")
         if data.offset + tail > len(read.view):
             raise WireError(f"peer {link.address} sent bytes outside the read")
         assert link.stream is not None
@@ -293,6 +290,19 @@ class Peers:
             read.done.set()
             if read.arrived is not None:
                 read.arrived()
+
+    @staticmethod
+    async def _refused(link: _PeerLink, error: Error, tail: int) -> None:
+        """A read the peer refused: it fails, saying why."""
+        read = link.reads.pop(error.id, None)
+        if read is not None:
+            read.fail(PeerRefusedError(f"peer {link.address} refused the read: {error.why}"))
+
+    # What handles each answer on a link: the link, the answer and the bytes of its tail.
+    _answers: ClassVar[dict[type, Callable[[_PeerLink, Any, int], Awaitable[None]]]] = {
+        Data: _land,
+        Error: _refused,
+    }
 
     def hold(self) -> None:
         """Keep requests made from now until `release` back, to leave in one send per link

@@ -51,6 +51,10 @@ and the worker's (actorgraph/worker/):
 Jobs a worker holds on a wait, and runs on in the task that satisfies it, are the
 devices' own (devices/_inline.py).
 
+Every end that reads messages (the client's transport, the worker's server and session,
+a link's two ends) decodes a frame and hands the message to its handler in a table keyed
+by the message's type: one lookup per frame, and a type an end does not take is refused.
+
 How a replay runs
 -----------------
 The planner sees a remote device as an ordinary device with a compute and a copy queue
