@@ -162,10 +162,11 @@ def wrap_memory(
     runtime: Home,
     host_memory: HostMemory,
 ) -> Buffer:
-    if not device.host_visible or device.kind != "CPU":
+    if not device.host_visible or not device.host_memory:
         raise UsageError(
-            f"wrap: {device.name} is not a CPU device; rt.wrap(...) takes host memory, on "
-            f"a CPU device (copy it elsewhere with a Copy item)"
+            f"wrap: {device.name} does not hold host memory ({device.kind} devices do "
+            f"not); rt.wrap(...) takes host memory, on a CPU device (copy it elsewhere "
+            f"with a Copy item)"
         )
     dt = buffer_dtype("wrap", dtype)
     address, size, owner = _host_bytes(source, nbytes)

@@ -307,10 +307,10 @@ class Graph(Hinted):
                     else:
                         bufs.append(buf)
         # Whether a call may run off the runtime's thread (a background runtime's caller,
-        # see replay_off_thread): every queue runs jobs as QueueActor does, on CPU
-        # devices, whose items are numpy-level calls with no state bound to a thread.
+        # see replay_off_thread): every queue runs jobs as QueueActor does, on devices
+        # whose items are host calls with no state bound to a thread.
         self.runs_off_thread = program.runs_inline and all(
-            device.kind == "CPU" for device in program.devices
+            device.runs_host_kernels for device in program.devices
         )
         # One buffer per internal allocation, checked on every call after a free, as a
         # buffer may be freed between two calls with the same inputs. Per allocation,

@@ -51,7 +51,7 @@ from ._background import BackgroundRuntime
 from ._errors import ActorGraphError, MissingExtraError, UsageError
 from ._options import refuse_unknown
 from ._runtime import Runtime, open_runtime
-from .devices.remote._tls import TLSSetupError, client_context
+from .devices.remote.tls import TLSSetupError, client_context
 
 try:
     import ray

@@ -68,6 +68,8 @@ def copy_args(
 class CPUDevice(Device):
     kind = "CPU"
     options_taken = frozenset(["cpu_thread_bytes"])
+    host_memory = True
+    runs_host_kernels = True
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)

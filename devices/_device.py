@@ -112,6 +112,16 @@ class Device:
     options_taken: ClassVar[frozenset[str]] = frozenset()
     # Its kernels may build slowly on first lowering (compile): see `slow_builds`.
     builds_kernels: ClassVar[bool] = False
+    # Its buffers are this process's host memory, which its kernels read in place: memory
+    # the host owns can be wrapped as its buffers (`rt.wrap`), and the planner takes it
+    # for the host (`DeviceCaps.is_cpu`).
+    host_memory: ClassVar[bool] = False
+    # Its kernels are calls on this host's CPU that carry their arrays, bound to no
+    # thread or stream: machine code compiled for the CPU runs there, any plain queue
+    # actor runs its ops (a worker gives each client its own, whose signal tells other
+    # workers how far it got), a quick one may run on a worker's event loop, and a
+    # replay on such devices alone may run off the runtime's thread.
+    runs_host_kernels: ClassVar[bool] = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         self.name = name
@@ -137,7 +147,7 @@ class Device:
             kind=self.kind,
             has_copy_queue=QueueKind.COPY in self.queues,
             host_visible=self.host_visible,
-            is_cpu=self.kind == "CPU",
+            is_cpu=self.host_memory,
             host_backed=self.host_backed,
             host_io=self.host_io,
         )

@@ -26,6 +26,7 @@ from _paths import ROOT, child_pythonpath
 from actorgraph.devices.cuda import CopyKind, FakeDriver
 from actorgraph.devices.cuda import _commands as C
 from actorgraph.devices.cuda._driver import CudaError
+from actorgraph.devices.remote.wire import decode
 from actorgraph.scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1070,16 +1071,18 @@ async def test_each_client_of_a_worker_gets_a_stream_of_its_own() -> None:
             async with trio.open_nursery() as nursery:
                 a, b = (Session(server, i + 1, replies[i], nursery) for i in range(2))  # type: ignore[arg-type]
                 for session in (a, b):
-                    session.handle(["alloc", 1, "CUDA:0", SIZE, "<i4"])
+                    session.handle(decode(["alloc", 1, "CUDA:0", SIZE, "<i4"]))
                 # A waits for its mirror 7 on base slot 3: on the stream, on a mapped word.
-                a.handle(["prog", 1, "CUDA:0", [["w", 7, 3, 1], inc_all, ["s", 2, 1]], False])
-                a.handle(["batch", 5, [0, 0, 0, 0], [1], []])
+                a.handle(
+                    decode(["prog", 1, "CUDA:0", [["w", 7, 3, 1], inc_all, ["s", 2, 1]], False])
+                )
+                a.handle(decode(["batch", 5, [0, 0, 0, 0], [1], []]))
                 for batch in (5, 6):
-                    b.handle(["prog", 1, "CUDA:0", [inc_all, ["s", 2, 1]], False])
-                    b.handle(["batch", batch, [0, 0, 0], [1], []])
+                    b.handle(decode(["prog", 1, "CUDA:0", [inc_all, ["s", 2, 1]], False]))
+                    b.handle(decode(["batch", batch, [0, 0, 0], [1], []]))
                     assert (await replies[1].wait_for(batch - 4))[-1] == ["done", batch, 2, None]
                 assert replies[0].sent == []  # A's job still waits
-                a.handle(["ext", [[7, 1]]])
+                a.handle(decode(["ext", [[7, 1]]]))
                 assert (await replies[0].wait_for(1)) == [["done", 5, 2, None]]
                 streams = [s.queues[("CUDA:0", QueueKind.COMPUTE)].stream for s in (a, b)]
                 assert len(set(map(id, streams))) == 2 and len(device.all_queues()) == 4

@@ -553,19 +553,25 @@ async def test_only_a_profiled_replay_has_its_worker_send_times(
     batches: list[list[Any]] = []
     received: list[str] = []
     real_encode = remote_connection.encode
-    real_report = remote_connection.Connection.report
+    real_handlers = remote_connection.Connection.handlers
 
     def encode_spy(message: Any, tail_len: int = 0) -> bytes:
         if type(message) is Batch:
             batches.append(as_meta(message))
         return real_encode(message, tail_len)
 
-    async def report_spy(self: Any, message: Any, tail: int) -> None:
-        received.append(type(message).__name__)
-        await real_report(self, message, tail)
+    def spied(handler: Any) -> Any:
+        async def spy(message: Any, tail: int) -> None:
+            received.append(type(message).__name__)
+            await handler(message, tail)
+
+        return spy
+
+    def handlers_spy(self: Any) -> dict[type, Any]:
+        return {kind: spied(handler) for kind, handler in real_handlers(self).items()}
 
     monkeypatch.setattr(remote_connection, "encode", encode_spy)
-    monkeypatch.setattr(remote_connection.Connection, "report", report_spy)
+    monkeypatch.setattr(remote_connection.Connection, "handlers", handlers_spy)
     name = workers[0].name("CPU:0")
     with trio.fail_after(GUARD):
         async with runtime([name]) as rt:

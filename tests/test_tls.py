@@ -1,4 +1,4 @@
-"""TLS under REMOTE connections (actorgraph/devices/remote/_tls.py): real workers started
+"""TLS under REMOTE connections (actorgraph/devices/remote/tls.py): real workers started
 with `--tls-cert`/`--tls-key`, clients with `remote_tls_ca=`, links between workers over
 TLS; the refusals when one side does not speak it or the certificate is not trusted;
 and a relay in the middle sees none of the data and can put nothing in.
@@ -20,9 +20,9 @@ import trio
 from _extras import importorskip
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import DeviceError
-from actorgraph.devices.remote._tls import client_context
 from actorgraph.devices.remote._transport import RemoteConnectionError
 from actorgraph.devices.remote.frames import encode
+from actorgraph.devices.remote.tls import client_context
 from actorgraph.devices.remote.wire import Limits
 
 import actorgraph as ag

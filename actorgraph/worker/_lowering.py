@@ -236,10 +236,11 @@ class _Lowering:
     def _code(self, entry: CodeEntry) -> Lowered:
         """A call of a program this client shipped (--allow-programs)."""
         code = self.session.codes.get(entry.code)
-        if self.device.kind != "CPU":
+        if not self.device.runs_host_kernels:
             raise Refused(
                 f"program {code.name!r} is CPU machine code and {self.device.name} is a "
-                f"{self.device.kind} device; call it on a CPU device of this worker"
+                f"{self.device.kind} device, which does not run host kernels; call it on a "
+                f"CPU device of this worker"
             )
         values = code.values - (code.core_id is not None)
         # Kernels are told apart by code id and name, for the kernel times.
@@ -266,7 +267,7 @@ class _Lowering:
             op = device.lower_launch(request)
         except Exception as exc:
             raise Refused(f"kernel {kernel.name!r}: {exc}") from None
-        if op[0] == EXEC and device.kind == "CPU":
+        if op[0] == EXEC and device.runs_host_kernels:
             # Under --thread-bytes: on the event loop only once seen to be quick.
             shape = (name, tuple([b.nbytes for b in bufs]), tuple(entry.vars), *dims)
             return AdaptiveKernel(session.worker.times, shape, op)

@@ -1,7 +1,7 @@
 """Shipped programs a worker runs (`--allow-programs`): checked, loaded, kept per session.
 
 A client ships a compiled CPU program once per content hash (a `Code` message, its
-relocatable ELF object in the frame's tail, see devices/remote/_machine.py) and calls
+relocatable ELF object in the frame's tail, see devices/remote/machine.py) and calls
 it by id (`CodeEntry`). Each session keeps its own (`CodeStore`): another client's ids
 are unknown here, as its buffers are. Before a program is loaded its bytes are checked
 against the digest it came with, and its CPU against this worker's (`refusal`: the
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from actorgraph.devices import install_hint
-from actorgraph.devices.remote._machine import WorkerCPU, refusal
+from actorgraph.devices.remote.machine import WorkerCPU, refusal
 from actorgraph.devices.remote.wire import Code, Limits
 
 from .._kernel import Kernel

@@ -31,20 +31,20 @@ import functools
 import itertools
 import socket
 import ssl
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 import attrs
 import trio
 
-from actorgraph.devices.remote._handshake import (
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
+from actorgraph.devices.remote.handshake import (
     HandshakeRefused,
     TokenRequired,
     WorkerUnproven,
     greet,
 )
-from actorgraph.devices.remote._tls import connect_tls, handshake_failure
-from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
+from actorgraph.devices.remote.tls import connect_tls, handshake_failure
 from actorgraph.devices.remote.wire import (
     CHUNK,
     Data,
@@ -342,16 +342,32 @@ class Peers:
             while True:
                 meta, tail = await stream.receive()
                 answer = decode(meta)
-                if type(answer) is Error:
-                    link.refused(answer.id, answer.why)
-                    continue
-                if type(answer) is not Data or not link.expects(answer.read):
+                handler = self._answers.get(type(answer))
+                if handler is None:
                     raise WireError(f"peer {link.address} answered {meta[0]!r} out of turn")
-                await link.land(answer, tail)
+                await handler(link, answer, tail)
         except _LINK_LOST as exc:
             if self.links.get(key) is link:
                 del self.links[key]
             link.fail(ConnectionError(f"worker-to-worker link to {link.address} failed: {exc}"))
+
+    @staticmethod
+    async def _land(link: _PeerLink, data: Data, tail: int) -> None:
+        """A read's bytes (the tail), where the read wants them."""
+        if not link.expects(data.read):
+            raise WireError(f"peer {link.address} answered 'data' out of turn")
+        await link.land(data, tail)
+
+    @staticmethod
+    async def _refused(link: _PeerLink, error: Error, tail: int) -> None:
+        """A read the peer refused: it fails, saying why."""
+        link.refused(error.id, error.why)
+
+    # What handles each answer on a link: the link, the answer and the bytes of its tail.
+    _answers: ClassVar[dict[type, Callable[[_PeerLink, Any, int], Awaitable[None]]]] = {
+        Data: _land,
+        Error: _refused,
+    }
 
     def hold(self) -> None:
         """Keep requests made from now until `release` back, to leave in one send per link

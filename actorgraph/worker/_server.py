@@ -13,7 +13,7 @@ worker's CPU first.
 Safety: a client must answer an HMAC challenge with the worker's token (when it has one),
 and the worker proves it holds the token too (_handshake.py; both bound to the role and
 both sides' nonces); with a certificate (`--tls-cert`, `--tls-key`) every connection,
-links to other workers included, speaks TLS (actorgraph/devices/remote/_tls.py);
+links to other workers included, speaks TLS (actorgraph/devices/remote/tls.py);
 every frame and allocation is checked against `Limits`; every id is looked up in the
 client's own session, so another client's buffer ids are simply unknown; a bad request
 gets an ["error", what, id, message] reply and the session goes on; a frame that breaks
@@ -40,15 +40,16 @@ import os
 import socket
 import ssl
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar
 
 import attrs
 import trio
 
 from actorgraph.devices import Resumer
-from actorgraph.devices.remote._machine import WorkerCPU
-from actorgraph.devices.remote._tls import (
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
+from actorgraph.devices.remote.machine import WorkerCPU
+from actorgraph.devices.remote.tls import (
     PLAIN_REFUSED,
     TLS_HANDSHAKE_TIMEOUT_S,
     TLSSetupError,
@@ -57,7 +58,6 @@ from actorgraph.devices.remote._tls import (
     server_context,
     speaks_plain,
 )
-from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
 from actorgraph.devices.remote.wire import (
     Blob,
     Code,
@@ -89,6 +89,10 @@ from ._staging import StagingPool, bytes_of
 _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.ClosedResourceError)
 # What a refused request raises (answered with an Error; the session goes on).
 _REFUSALS = (Refused, WireError, ValueError, TypeError, KeyError, IndexError)
+
+# What handles a type of request with data: the worker, the client's session, the
+# request, its stream and the bytes of its tail (which the handler reads).
+DataHandler = Callable[["Worker", Session, Any, FrameStream, int], Awaitable[None]]
 
 
 # What accept raises for a connection that failed while it waited to be taken in.
@@ -300,8 +304,10 @@ class Worker:
         while True:
             meta, tail = await stream.receive()
             try:
-                if meta[0] in ("blob", "put", "get", "code"):
-                    await self._with_data(session, decode(meta), stream, tail)
+                request = decode(meta)
+                with_data = self._data_handlers.get(type(request))
+                if with_data is not None:
+                    await with_data(self, session, request, stream, tail)
                     tail = 0
                 else:
                     if tail:
@@ -310,7 +316,7 @@ class Worker:
                     # one send, after it is handled.
                     session.out.hold()
                     try:
-                        session.handle(meta)
+                        session.handle(request)
                     finally:
                         session.out.release()
             except _REFUSALS as exc:
@@ -319,38 +325,47 @@ class Worker:
                 ref_id = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
                 session.out.send(Error(meta[0], ref_id, str(exc)))
 
-    async def _with_data(
-        self, session: Session, request: Blob | Put | Get | Code, stream: FrameStream, tail: int
-    ) -> None:
-        """A request whose data is its frame's tail (Blob, Put, Code), or is answered with
-        data (Get). Raises, having read none of the tail, if it is refused before it is
-        read (a Code is refused after, too, for what its bytes are)."""
-        if isinstance(request, Code):
-            session.codes.check(request, tail)
-            image = bytearray(tail)
-            await stream.receive_into(memoryview(image))
-            try:
-                session.codes.add(request, bytes(image))
-            except Refused as exc:
-                session.out.send(Error("code", request.code, str(exc)))
-        elif isinstance(request, Blob):
-            # A blob sent again under its id replaces the pending one: its bytes stop
-            # counting (the limit is on what is pending at once).
-            session.drop_blob(request.blob)
-            if session.blob_bytes + tail > self.limits.max_pending_blob_bytes:
-                raise Refused("too many bytes of pending host writes")
-            data = self.staging.take(tail)
-            await stream.receive_into(memoryview(data)[:tail])
-            session.keep_blob(request.blob, data, tail)
-        elif isinstance(request, Put):
-            view = bytes_of(session.buffer(request.dst, "put dst"))
-            if request.offset + tail > len(view):
-                raise Refused(f"put of {tail} bytes at {request.offset} into {len(view)}")
-            await stream.receive_into(view[request.offset : request.offset + tail])
-        else:
-            if tail:
-                raise Refused("request 'get' carries no data")
-            send_data(session.out, request.read, bytes_of(session.buffer(request.src, "get src")))
+    # A request whose data is its frame's tail (Code, Blob, Put), or that is answered with
+    # data (Get): each raises, having read none of the tail, if it is refused before it is
+    # read (a Code is refused after, too, for what its bytes are). The session handles
+    # the others (Session.handle).
+
+    async def _code(self, session: Session, request: Code, stream: FrameStream, tail: int) -> None:
+        session.codes.check(request, tail)
+        image = bytearray(tail)
+        await stream.receive_into(memoryview(image))
+        try:
+            session.codes.add(request, bytes(image))
+        except Refused as exc:
+            session.out.send(Error("code", request.code, str(exc)))
+
+    async def _blob(self, session: Session, request: Blob, stream: FrameStream, tail: int) -> None:
+        # A blob sent again under its id replaces the pending one: its bytes stop counting
+        # (the limit is on what is pending at once).
+        session.drop_blob(request.blob)
+        if session.blob_bytes + tail > self.limits.max_pending_blob_bytes:
+            raise Refused("too many bytes of pending host writes")
+        data = self.staging.take(tail)
+        await stream.receive_into(memoryview(data)[:tail])
+        session.keep_blob(request.blob, data, tail)
+
+    async def _put(self, session: Session, request: Put, stream: FrameStream, tail: int) -> None:
+        view = bytes_of(session.buffer(request.dst, "put dst"))
+        if request.offset + tail > len(view):
+            raise Refused(f"put of {tail} bytes at {request.offset} into {len(view)}")
+        await stream.receive_into(view[request.offset : request.offset + tail])
+
+    async def _get(self, session: Session, request: Get, stream: FrameStream, tail: int) -> None:
+        if tail:
+            raise Refused("request 'get' carries no data")
+        send_data(session.out, request.read, bytes_of(session.buffer(request.src, "get src")))
+
+    _data_handlers: ClassVar[dict[type, DataHandler]] = {
+        Code: _code,
+        Blob: _blob,
+        Put: _put,
+        Get: _get,
+    }
 
 
 @attrs.frozen

@@ -39,7 +39,6 @@ from actorgraph.devices.remote.wire import (
     Ref,
     Watch,
     WireError,
-    decode,
     kind_of,
     read_ticket,
 )
@@ -288,12 +287,17 @@ class Session:
 
     # -- requests --
 
-    def handle(self, meta: list[Any]) -> None:
-        """A request without data, as received ([kind, *fields]): decoded, then handled."""
-        handler = self._handlers.get(meta[0])
+    def handle(self, request: Any) -> None:
+        """A request without data (a message of wire.py, decoded): handled by its type.
+        Raises Refused for a message a client does not send, or what its handler raises
+        (Refused, WireError) for a request refused."""
+        handler = self._handlers.get(type(request))
         if handler is None:
-            raise Refused(f"unknown request {meta[0]!r}")
-        handler(self, decode(meta))
+            raise Refused(
+                f"unknown request {kind_of(type(request))!r}: a client sends only "
+                f"{', '.join(sorted(kind_of(kind) for kind in self._handlers))} without data"
+            )
+        handler(self, request)
 
     def _alloc(self, request: Alloc) -> None:
         handle = request.handle
@@ -406,16 +410,16 @@ class Session:
         received = time.perf_counter()
         self.out.send(Pong(request.ping, received, time.perf_counter()))
 
-    _handlers: ClassVar[dict[str, Callable[[Session, Any], None]]] = {
-        kind_of(Alloc): _alloc,
-        kind_of(Free): _free,
-        kind_of(Forget): _forget,
-        kind_of(Ext): _ext,
-        kind_of(Prog): _prog,
-        kind_of(Batch): _batch,
-        kind_of(GetWhen): _getwhen,
-        kind_of(Watch): _watch,
-        kind_of(Ping): _ping,
+    _handlers: ClassVar[dict[type, Callable[[Session, Any], None]]] = {
+        Alloc: _alloc,
+        Free: _free,
+        Forget: _forget,
+        Ext: _ext,
+        Prog: _prog,
+        Batch: _batch,
+        GetWhen: _getwhen,
+        Watch: _watch,
+        Ping: _ping,
     }
 
     # -- AWAIT ops run by the worker's actors --

@@ -24,10 +24,10 @@ from .._device import DeviceError
 from .._ops import Job
 from .._signal import Signal
 from ._clock import PINGS, ClockSample, PeerClock
-from ._machine import MachineCode, WorkerCPU, refusal
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
-from ._transport import Posted, RemoteConnectionError, RemoteError, Transport
+from ._transport import Handler, Posted, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
+from .machine import MachineCode, WorkerCPU, refusal
 from .wire import (
     DTYPES,
     DTYPES_TEXT,
@@ -613,7 +613,7 @@ class Connection:
             raise self.error
         return time.perf_counter() - start
 
-    def _ponged(self, pong: Pong) -> None:
+    async def _ponged(self, pong: Pong, tail: int) -> None:
         back = time.perf_counter()
         ping = self._pings.pop(pong.ping, None)
         if ping is None:
@@ -622,7 +622,7 @@ class Connection:
         self.clock.add(ClockSample(sent, pong.received, pong.sent, back))
         answered.set()
 
-    def _timed(self, times: JobTimes) -> None:
+    async def _timed(self, times: JobTimes, tail: int) -> None:
         """A profiled batch's job as it ran on the worker: its times go on this host's
         clock, into the job's observer, before its Done ends it."""
         back = time.perf_counter()
@@ -645,35 +645,38 @@ class Connection:
 
     # -- reports from the worker --
 
-    async def report(self, message: Any, tail: int) -> None:
-        """Handle one message from the worker (other than a read's bytes)."""
-        kind = type(message)
-        if kind is Sig:
-            batch = self._batches.get(message.batch)
-            if batch is not None and message.slot in batch.jobs:
-                program = batch.jobs[message.slot][1]
-                program.queue.signal.set(batch.bases[message.slot] + message.rel)
-        elif kind is Done:
-            self._job_reported(message)
-        elif kind is JobTimes:
-            self._timed(message)
-        elif kind is Pong:
-            self._ponged(message)
-        elif kind is Relay:
-            # This worker's link to the worker at host:port failed while a job of the
-            # batch waited on it.
-            batch = self._batches.get(message.batch)
-            if batch is not None:
-                batch.relay((message.host, message.port))
-        elif kind is Error:
-            # Refusals of requests without an answer show up where they are used; a
-            # refused read ahead fails the copy waiting for it.
-            if message.request in ("getwhen", "watch"):
-                self.transport.refused_read(message.id, message.why)
-        else:
-            raise WireError(f"unexpected message {type(message).__name__} from the worker")
+    def handlers(self) -> dict[type, Handler]:
+        """Its handler of each type of report from the worker (the transport's table
+        holds these and its own, for a read's bytes)."""
+        return {
+            Sig: self._signalled,
+            Done: self._job_reported,
+            JobTimes: self._timed,
+            Pong: self._ponged,
+            Relay: self._relay_asked,
+            Error: self._refused,
+        }
 
-    def _job_reported(self, done: Done) -> None:
+    async def _signalled(self, sig: Sig, tail: int) -> None:
+        batch = self._batches.get(sig.batch)
+        if batch is not None and sig.slot in batch.jobs:
+            program = batch.jobs[sig.slot][1]
+            program.queue.signal.set(batch.bases[sig.slot] + sig.rel)
+
+    async def _relay_asked(self, relay: Relay, tail: int) -> None:
+        """This worker's link to the worker at host:port failed while a job of the batch
+        waited on it."""
+        batch = self._batches.get(relay.batch)
+        if batch is not None:
+            batch.relay((relay.host, relay.port))
+
+    async def _refused(self, error: Error, tail: int) -> None:
+        """Refusals of requests without an answer show up where they are used; a refused
+        read ahead fails the copy waiting for it."""
+        if error.request in ("getwhen", "watch"):
+            self.transport.refused_read(error.id, error.why)
+
+    async def _job_reported(self, done: Done, tail: int) -> None:
         batch = self._batches.get(done.batch)
         if batch is None or done.slot not in batch.jobs:
             raise WireError(f"worker reported a job it was not given: {[done.batch, done.slot]}")

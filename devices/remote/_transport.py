@@ -1,7 +1,7 @@
 """The socket under a REMOTE connection: one TCP connection to one worker.
 
 A `Transport` is what a connection (`Connection`, _connection.py) sends and reads with:
-it connects (the handshake is _handshake.py's), sends frames in the order they were
+it connects (the handshake is handshake.py's), sends frames in the order they were
 queued, from the task that queues them when the socket takes them whole, else from its
 writer task, and reads the worker's frames in its reader task, except while a caller
 reads its own replay's end itself (`wait_done`): the reader task lends it the socket
@@ -17,6 +17,7 @@ import itertools
 import os
 import socket
 import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -24,10 +25,10 @@ import trio
 from .._device import DeviceError
 from .._ops import Job, Submission
 from .._signal import Doorbell
-from ._handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
-from ._machine import WorkerCPU
-from ._tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
+from .handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
+from .machine import WorkerCPU
+from .tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .wire import (
     CHUNK,
     Data,
@@ -81,14 +82,20 @@ class _Mirrored:
 Posted = tuple[Job, Any]
 
 
+# What handles one type of message from the worker: the message, and the bytes of its
+# frame's tail (only a read's bytes have any, and its handler reads them).
+Handler = Callable[[Any, int], Awaitable[None]]
+
+
 class TransportOwner(Protocol):
     """What a Transport's owner (a Connection) does with what goes through it."""
 
     def encode_batch(self, group: list[Posted], parts: list[bytes | memoryview]) -> None:
         """Encode one submission's posted jobs for this worker as one batch."""
 
-    async def report(self, message: Any, tail: int) -> None:
-        """Handle a message from the worker that is not a read's bytes."""
+    def handlers(self) -> Mapping[type, Handler]:
+        """Its handler of each type of message it takes from the worker: every one but a
+        read's bytes (`Data`), which land here."""
 
     def lost(self, error: RemoteConnectionError, unsent: list[Posted]) -> None:
         """The connection is lost: fail what is in flight, and the jobs never sent."""
@@ -158,6 +165,8 @@ class Transport:
         self, host: str, port: int, options: dict[str, Any], owner: TransportOwner
     ) -> None:
         self.owner = owner
+        # What each type of message from the worker goes to: one lookup per frame.
+        self._handlers: dict[type, Handler] = {**owner.handlers(), Data: self._land}
         self.host = host
         self.port = port
         self.address = f"{host}:{port}"
@@ -676,10 +685,10 @@ class Transport:
         """One frame from the worker: a read's bytes land here, the rest is the owner's."""
         self.frames_received += 1
         message = decode(meta)
-        if type(message) is Data:
-            await self._land(message, tail)
-        else:
-            await self.owner.report(message, tail)
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise WireError(f"unexpected message {meta[0]!r} from the worker")
+        await handler(message, tail)
 
     async def _land(self, data: Data, tail: int) -> None:
         read = self._reads.get(data.read)

@@ -6,12 +6,16 @@ A worker started with a certificate and its key (`actorgraph worker --tls-cert F
 that its certificate is checked against, host name included. A worker with a
 certificate links to other workers over TLS as well, checking theirs against its
 `--tls-ca` (by default its own certificate: workers that share one). The token is
-checked as well, inside TLS (_handshake.py): TLS says the worker is the one the CA
+checked as well, inside TLS (handshake.py): TLS says the worker is the one the CA
 names and keeps the bytes private and whole; the token says who may use it.
 
 The connecting side speaks first (its hello), so a client that does not speak TLS
 meets a TLS worker's clear refusal (`PLAIN_REFUSED`), and a TLS client a plain worker's
 first frame in place of the TLS handshake (`handshake_failure` says so).
+
+Both ends use this module: a client (devices/remote/_transport.py) and a worker linking
+to another (actorgraph/worker/_peers.py) connect with `client_context` and `connect_tls`;
+a worker accepts with `server_context`, `speaks_plain` and `accept_tls`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,19 @@ import trio
 
 from .frames import MAGIC
 
+__all__ = [
+    "PLAIN_REFUSED",
+    "TLS_HANDSHAKE_TIMEOUT_S",
+    "TLSSetupError",
+    "accept_tls",
+    "client_context",
+    "connect_tls",
+    "handshake_failure",
+    "server_context",
+    "speaks_plain",
+]
+
+# How long a worker gives a connection to finish the TLS handshake, in seconds.
 TLS_HANDSHAKE_TIMEOUT_S = 30
 
 
@@ -33,8 +50,21 @@ class TLSSetupError(ValueError):
 
 
 def client_context(ca_file: Any, what: str) -> ssl.SSLContext:
-    """A context that checks a worker's certificate against the CA in `ca_file` (and
-    that it names the host connected to). `what` names the option, for errors."""
+    """A connecting side's context: it checks a worker's certificate against a CA, and
+    that the certificate names the host connected to.
+
+    Args:
+        ca_file: the PEM file (a path) of the CA that signed the workers' certificates,
+            or a worker's self-signed certificate itself.
+        what: the option `ca_file` came from (`remote_tls_ca`, `--tls-ca`), for errors.
+
+    Returns:
+        The context, TLS 1.2 at least, for `connect_tls`.
+
+    Raises:
+        TLSSetupError: `ca_file` is not a path, names no file, or holds no CA
+            certificate that loads; the message names `what` and the file.
+    """
     path = _existing(ca_file, what)
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -51,7 +81,19 @@ def client_context(ca_file: Any, what: str) -> ssl.SSLContext:
 
 
 def server_context(cert_file: Any, key_file: Any) -> ssl.SSLContext:
-    """A worker's context: its certificate chain and key."""
+    """A worker's context, for `accept_tls`: its certificate chain and key.
+
+    Args:
+        cert_file: the PEM certificate (chain) the worker shows (`--tls-cert`).
+        key_file: the PEM private key that goes with it (`--tls-key`).
+
+    Returns:
+        The context, TLS 1.2 at least.
+
+    Raises:
+        TLSSetupError: a path that is not one or names no file, or a certificate and
+            key that cannot be loaded together; the message names the flags.
+    """
     cert = _existing(cert_file, "--tls-cert")
     key = _existing(key_file, "--tls-key")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -81,9 +123,20 @@ def _existing(path: Any, what: str) -> str:
 async def connect_tls(
     sock: trio.socket.SocketType, context: ssl.SSLContext, host: str
 ) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over a connected socket, its handshake done (the worker's certificate checked
-    against `context`'s CA, for `host`). Raises ssl.SSLError or trio.BrokenResourceError
-    (see `handshake_failure`)."""
+    """TLS over a connected socket, its handshake done.
+
+    Args:
+        sock: a socket connected to the worker.
+        context: from `client_context`: the worker's certificate is checked against it.
+        host: the host connected to, which the certificate must name.
+
+    Returns:
+        The stream, ready for frames.
+
+    Raises:
+        ssl.SSLError, trio.BrokenResourceError: the handshake failed; `handshake_failure`
+            says why, with the fix.
+    """
     stream = trio.SSLStream(trio.SocketStream(sock), context, server_hostname=host)
     await stream.do_handshake()
     return stream
@@ -92,7 +145,18 @@ async def connect_tls(
 async def accept_tls(
     sock: trio.socket.SocketType, context: ssl.SSLContext
 ) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over an accepted socket, its handshake done."""
+    """TLS over an accepted socket, its handshake done.
+
+    Args:
+        sock: a socket a worker accepted.
+        context: from `server_context`.
+
+    Returns:
+        The stream, ready for frames.
+
+    Raises:
+        ssl.SSLError, trio.BrokenResourceError: the connecting side's handshake failed.
+    """
     stream = trio.SSLStream(trio.SocketStream(sock), context, server_side=True)
     await stream.do_handshake()
     return stream
@@ -100,7 +164,17 @@ async def accept_tls(
 
 async def speaks_plain(sock: trio.socket.SocketType) -> bool:
     """Whether what connected to a TLS worker sent an actorgraph frame (a client without
-    TLS) rather than a TLS handshake: its first byte, peeked."""
+    TLS, which a worker answers with `PLAIN_REFUSED`) rather than a TLS handshake.
+
+    Args:
+        sock: a socket a worker accepted; its first byte is peeked, not read.
+
+    Returns:
+        True for a plain frame's first byte.
+
+    Raises:
+        OSError: the socket failed.
+    """
     first = await sock.recv(1, socket.MSG_PEEK)
     return first == MAGIC[:1]
 
@@ -114,8 +188,17 @@ PLAIN_REFUSED = (
 
 
 def handshake_failure(exc: BaseException, ca_option: str = "remote_tls_ca=") -> str:
-    """Why a TLS handshake with a worker failed, with the fix (`ca_option`: where this
-    side's CA comes from)."""
+    """Why a TLS handshake with a worker failed, with the fix.
+
+    Args:
+        exc: what `connect_tls` raised (its causes are searched for the ssl.SSLError).
+        ca_option: where this side's CA comes from (`remote_tls_ca=`, `--tls-ca`), named
+            in the fix.
+
+    Returns:
+        The reason, as a sentence: a refused certificate, a worker without TLS, or the
+        error itself.
+    """
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, ssl.SSLError):
         cause = cause.__cause__ or cause.__context__

@@ -22,13 +22,22 @@ import attrs
 
 from .wire import MAX_CPU_FEATURE_CHARS, MAX_CPU_FEATURES
 
+__all__ = ["MachineCode", "WorkerCPU", "machine_name", "refusal", "sayable"]
+
 # An ELF header's e_machine for the machines a worker may run programs for.
 ELF_MACHINES = {"x86_64": 62, "arm64": 183, "riscv64": 243}
 _MACHINE_NAMES = {"amd64": "x86_64", "aarch64": "arm64"}
 
 
 def machine_name(raw: str) -> str:
-    """A machine as compilers name it (x86_64, arm64, riscv64), from what the OS says."""
+    """A machine as compilers name it.
+
+    Args:
+        raw: the machine as the OS says it (`platform.machine()`: AMD64, aarch64, ...).
+
+    Returns:
+        Its compilers' name (x86_64, arm64, riscv64), lower case.
+    """
     raw = raw.lower()
     return _MACHINE_NAMES.get(raw, raw)
 
@@ -57,10 +66,16 @@ class WorkerCPU:
 
 
 def sayable(features: Iterable[str]) -> frozenset[str]:
-    """The features a worker says it has, of those its CPU names: the names of at most
-    MAX_CPU_FEATURE_CHARS characters, the first MAX_CPU_FEATURES of them in sorted order
-    (every CPU so far names fewer). One left out is taken to be lacking: a program that
-    needs it is refused, never run."""
+    """The features a worker says it has, of those its CPU names.
+
+    Args:
+        features: the CPU's features, as /proc/cpuinfo names them.
+
+    Returns:
+        The names of at most MAX_CPU_FEATURE_CHARS characters, the first
+        MAX_CPU_FEATURES of them in sorted order (every CPU so far names fewer). One left
+        out is taken to be lacking: a program that needs it is refused, never run.
+    """
     short = sorted(name for name in features if len(name) <= MAX_CPU_FEATURE_CHARS)
     return frozenset(short[:MAX_CPU_FEATURES])
 
@@ -148,8 +163,20 @@ class MachineCode:
 def refusal(
     name: str, image: bytes, machine: str, features: Iterable[str], cpu: WorkerCPU, where: str
 ) -> str | None:
-    """Why the program `name` (built for `machine` with `features`) must not run on `cpu`
-    (`where` names that worker), or None when it may."""
+    """Why a compiled program must not run on a worker's CPU: the check both sides make,
+    the client before it sends the program and the worker before it loads it.
+
+    Args:
+        name: the program's name, for the reason.
+        image: its ELF object (its header's machine and its sections are read).
+        machine: the machine it was compiled for (x86_64, arm64, ...).
+        features: the CPU features it needs.
+        cpu: the worker's CPU, as the worker said it at connect.
+        where: names that worker in the reason ("worker 127.0.0.1:7000", "this worker").
+
+    Returns:
+        The reason, with the fix, or None when the program may run there.
+    """
     if not cpu.programs:
         return (
             f"{where} does not run shipped programs; start it with `actorgraph worker "
