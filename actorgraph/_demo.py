@@ -9,6 +9,7 @@ import trio
 
 from ._buffer import Buffer
 from ._kernel import Copy, Kernel, Launch
+from ._options import remote_options
 from ._progress import progress
 from ._runtime import open_runtime
 from ._vars import Var, cdiv
@@ -75,17 +76,19 @@ async def run_demo(
     trace: str | None = None,
     plot: str | None = None,
     token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> bool:
     """Build a two-stage graph over `devices`, print its plan, replay it, compare with eager.
 
     With `trace` / `plot`, the replays are profiled and written as a Chrome trace / a
     timeline picture. `token_file`: the workers' token, for remote devices (else
-    open_runtime's default, ACTORGRAPH_TOKEN_FILE).
+    open_runtime's default, ACTORGRAPH_TOKEN_FILE); `tls_ca`: the CA of TLS workers'
+    certificates (else ACTORGRAPH_TLS_CA).
     """
     rng = np.random.default_rng(0)
     profiled = trace is not None or plot is not None
-    token = {} if token_file is None else {"remote_token_file": token_file}
-    async with open_runtime(list(devices), profile=profiled, **token) as rt:
+    remote = remote_options(token_file, tls_ca)
+    async with open_runtime(list(devices), profile=profiled, **remote) as rt:
         first, last = devices[0], devices[-1]
         a = rt.alloc(first, size, np.int32)
         b = rt.alloc(first, size, np.int32)
@@ -158,10 +161,17 @@ def main(
     trace: str | None = None,
     plot: str | None = None,
     token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> int:
     ok = trio.run(
         lambda: run_demo(
-            list(devices), 4096, replays, trace=trace, plot=plot, token_file=token_file
+            list(devices),
+            4096,
+            replays,
+            trace=trace,
+            plot=plot,
+            token_file=token_file,
+            tls_ca=tls_ca,
         )
     )
     return 0 if ok else 1

@@ -947,7 +947,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
     remote_token / remote_token_file (the token of the workers of remote devices; with
     neither, the file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
     remote_tls_ca (the CA file the certificates of workers that speak TLS are checked
-    against: connections to workers go over TLS), remote_timeout (seconds to connect to
+    against: connections to workers go over TLS; without it, the file ACTORGRAPH_TLS_CA
+    names, if set), remote_timeout (seconds to connect to
     a worker, default 10).
     """
     runtime = Runtime(devices, **options)

@@ -438,3 +438,15 @@ def test_importing_actorgraph_does_not_import_ray() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=GUARD
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_workers_beyond_loopback_speak_tls_unless_told_otherwise() -> None:
+    # Checked before Ray is asked for anything: the default host is the node's IP.
+    for host in (None, "0.0.0.0"):
+        where = "the node's IP" if host is None else host
+        with pytest.raises(
+            ag.UsageError,
+            match=rf"start_workers: refusing to serve {where} over plain TCP: .* or pass "
+            r"insecure_plaintext=True on a network you trust",
+        ):
+            agray.start_workers(["CPU:0"], placement=1, host=host)

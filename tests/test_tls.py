@@ -10,6 +10,9 @@ The certificates are made here: a CA and a certificate for 127.0.0.1 signed by i
 from __future__ import annotations
 
 import re
+import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +28,7 @@ from actorgraph.devices.remote.frames import encode
 from actorgraph.devices.remote.wire import Limits
 
 import actorgraph as ag
+from actorgraph import testing as ag_testing
 from actorgraph.testing import Worker
 from actorgraph.worker import run_worker
 from actorgraph.worker._peers import PeerRefusedError, Peers
@@ -144,7 +148,8 @@ async def test_a_plain_client_at_a_tls_worker_is_told_to_use_tls(
             match=re.escape(
                 f"cannot connect to the worker at 127.0.0.1:{a.port}: the worker is running but "
                 f"refused this client: this worker speaks TLS: a client opens the runtime "
-                f"with remote_tls_ca=FILE, the CA that signed the worker's --tls-cert"
+                f"with remote_tls_ca=FILE, the CA that signed the worker's --tls-cert (or "
+                f"sets ACTORGRAPH_TLS_CA=FILE; the actorgraph command: --tls-ca FILE)"
             ),
         ):
             async with runtime([a.name("CPU:0")]):
@@ -326,3 +331,88 @@ async def test_a_relay_in_the_middle_cannot_put_requests_into_a_tls_connection(
                         await rt.copyin(x, np.arange(4, dtype=np.int32))
     # Nothing came back for the get: no frame in the clear after the injection.
     assert b"data" not in b"".join(relay.seen[passed:])
+
+
+# -- a self-signed certificate made by the README's one line of openssl ----------------------
+
+
+def _readme_openssl_line() -> str:
+    readme = Path(__file__).parent.parent / "README.md"
+    lines = [ln.strip() for ln in readme.read_text().splitlines() if "openssl req " in ln]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ag_testing.Worker]:
+    """A worker with the certificate and key the README's openssl line makes (for
+    worker.example, 10.0.0.5, localhost and 127.0.0.1), its CA the certificate itself."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the README's self-signed certificate line needs the openssl command")
+    folder = tmp_path_factory.mktemp("self-signed")
+    subprocess.run(shlex.split(_readme_openssl_line()), cwd=folder, check=True, capture_output=True)
+    tls = ["--tls-cert", str(folder / "worker.pem"), "--tls-key", str(folder / "worker.key")]
+    with ag_testing.start_worker(["CPU:0", "CPU:1"], extra_args=tls) as worker:
+        worker.ca = folder / "worker.pem"  # type: ignore[attr-defined]
+        yield worker
+
+
+async def test_the_readme_self_signed_certificate_serves_its_names(
+    self_signed: ag_testing.Worker,
+) -> None:
+    # By address and by name, as the certificate lists them; the token is kept too.
+    ca = self_signed.ca  # type: ignore[attr-defined]
+    for host in ("127.0.0.1", "localhost"):
+        name = f"CPU:0@{host}:{self_signed.port}"
+        with trio.fail_after(GUARD):
+            async with ag.open_runtime(
+                [name], remote_token=self_signed.token, remote_tls_ca=ca
+            ) as rt:
+                assert rt.device(name).connection.statistics().tls
+                x = rt.alloc(name, 1000, np.int32)
+                await rt.copyin(x, np.arange(1000, dtype=np.int32))
+                np.testing.assert_array_equal(await rt.copyout(x), np.arange(1000))
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from actorgraph._cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_demo_and_bench_reach_a_tls_worker_with_its_ca(
+    self_signed: ag_testing.Worker,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ca = str(self_signed.ca)  # type: ignore[attr-defined]
+    monkeypatch.delenv("ACTORGRAPH_TLS_CA", raising=False)
+    monkeypatch.setenv("ACTORGRAPH_TOKEN_FILE", str(self_signed.token_file))
+    demo = ("demo", "--devices", ",".join(["CPU:0", *self_signed.devices]), "--replays", "2")
+    # Without the CA, the refusal says how to give it from the command line.
+    code, _, err = _cli(capsys, *demo)
+    assert code == 2
+    assert "(or sets ACTORGRAPH_TLS_CA=FILE; the actorgraph command: --tls-ca FILE)" in err
+    code, out, err = _cli(capsys, *demo, "--tls-ca", ca)
+    assert (code, err) == (0, "") and "2 replays checked against eager: OK" in out
+    bench = ("bench", "--builtin", "--device", self_signed.devices[0], "--items", "4")
+    code, out, err = _cli(capsys, *bench, "--replays", "2", "--tls-ca", ca)
+    assert (code, err) == (0, "") and "graph replay:" in out
+    # From the environment, as for any program that opens a runtime.
+    monkeypatch.setenv("ACTORGRAPH_TLS_CA", ca)
+    code, out, err = _cli(capsys, *demo)
+    assert (code, err) == (0, "") and "2 replays checked against eager: OK" in out
+    code, out, err = _cli(capsys, *bench, "--replays", "2")
+    assert (code, err) == (0, "") and "graph replay:" in out
+    # A variable naming no file is named; a runtime of local devices never reads it.
+    monkeypatch.setenv("ACTORGRAPH_TLS_CA", "/no/such/ca.pem")
+    code, _, err = _cli(capsys, *demo)
+    assert code == 2
+    assert (
+        "ACTORGRAPH_TLS_CA='/no/such/ca.pem' is not a file; name the PEM file of the CA "
+        "that signed the workers' --tls-cert (or unset it for workers without TLS)"
+    ) in err
+    code, _, err = _cli(capsys, "demo", "--devices", "CPU:0,CPU:1", "--replays", "1")
+    assert (code, err) == (0, "")

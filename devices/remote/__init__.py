@@ -29,6 +29,7 @@ The files:
 and the worker's (actorgraph/worker/):
 
     _server.py      `actorgraph worker`: the server, accepting and routing connections
+    _listen.py      where it may listen, and in what (TLS beyond loopback)
     _handshake.py   the worker's side of the handshake
     _session.py     one client's state on a worker: buffers, programs, blobs, mirrors
     _batches.py     a client's batches: checked, posted or run where they arrive, reported

@@ -108,8 +108,9 @@ async def speaks_plain(sock: trio.socket.SocketType) -> bool:
 # What a TLS worker answers (in a plain frame) a client that does not speak TLS.
 PLAIN_REFUSED = (
     "this worker speaks TLS: a client opens the runtime with remote_tls_ca=FILE, the CA "
-    "that signed the worker's --tls-cert; a worker linking to it needs --tls-cert and "
-    "--tls-key of its own"
+    "that signed the worker's --tls-cert (or sets ACTORGRAPH_TLS_CA=FILE; the actorgraph "
+    "command: --tls-ca FILE); a worker linking to it needs --tls-cert and --tls-key of "
+    "its own"
 )
 
 
