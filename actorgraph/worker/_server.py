@@ -193,22 +193,29 @@ class Worker:
         except OSError:
             accepted.close()  # reset already: nothing to serve
             return
-        if self.tls is not None:
-            stranger = self.admission.arrive(host, accepted.close)
-            nursery.start_soon(self._tls_connection, accepted, self.tls.accept, stranger)
-            return
-        # The stream reads and writes the plain socket itself (see FrameStream).
+        # The stream reads and writes the plain socket itself (see FrameStream), under
+        # TLS too.
         sock = socket.socket(fileno=accepted.detach())
         sock.setblocking(False)
+        if self.tls is not None:
+            wrapped = trio.socket.from_stdlib_socket(sock)
+            stranger = self.admission.arrive(host, wrapped.close)
+            nursery.start_soon(self._tls_connection, sock, wrapped, self.tls.accept, stranger)
+            return
         stream = FrameStream(sock, self.limits)
         stranger = self.admission.arrive(host, stream.close)
         nursery.start_soon(self._connection, stream, stranger)
 
     async def _tls_connection(
-        self, sock: trio.socket.SocketType, context: ssl.SSLContext, stranger: Stranger
+        self,
+        raw: socket.socket,
+        sock: trio.socket.SocketType,
+        context: ssl.SSLContext,
+        stranger: Stranger,
     ) -> None:
-        """A connection to a TLS worker: its TLS handshake, then as any other. What sends
-        a plain frame first (a client without TLS) is refused in a plain frame."""
+        """A connection to a TLS worker (`raw`, and `sock`, trio's view of it, which
+        closes it): its TLS handshake, then as any other. What sends a plain frame first
+        (a client without TLS) is refused in a plain frame."""
         tls = None
         with stranger.guard():
             try:
@@ -218,7 +225,7 @@ class Worker:
                         await trio.SocketStream(sock).send_all(refusal)
                         self._refused(stranger, "it does not speak TLS")
                     else:
-                        tls = await accept_tls(sock, context)
+                        tls = await accept_tls(raw, context)
             except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 self._refused(stranger, f"its TLS handshake failed ({exc!r})")
         if tls is None:  # not a TLS client of ours (or shed): nothing to answer it in

@@ -21,6 +21,7 @@ The files:
     _handshake.py   the connecting side of the handshake (a client, or a worker linking):
                     mutual, each MAC bound to the role, both nonces and its direction
     _tls.py         TLS under a connection: contexts, and its handshakes and refusals
+    _sealed.py      TLS records sealed and opened in memory over the socket (TLSSocket)
     _clock.py       the worker's clock against the client's, for profiles
     wire.py         the protocol's messages, typed and versioned: one table of them
     _fields.py      their field checks, and decoding and encoding a message by its table

@@ -1,4 +1,5 @@
-"""TLS under REMOTE connections: the standard library's `ssl` with `trio.SSLStream`.
+"""TLS under REMOTE connections: the standard library's `ssl`, its records sealed and
+opened in memory under our own transport (_sealed.py's `TLSSocket`).
 
 A worker started with a certificate and its key (`actorgraph worker --tls-cert F
 --tls-key F`) speaks TLS on every connection it accepts; a client reaches it with
@@ -23,6 +24,7 @@ from typing import Any
 
 import trio
 
+from ._sealed import TLSSocket
 from .frames import MAGIC
 
 TLS_HANDSHAKE_TIMEOUT_S = 30
@@ -78,24 +80,20 @@ def _existing(path: Any, what: str) -> str:
     return name
 
 
-async def connect_tls(
-    sock: trio.socket.SocketType, context: ssl.SSLContext, host: str
-) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over a connected socket, its handshake done (the worker's certificate checked
-    against `context`'s CA, for `host`). Raises ssl.SSLError or trio.BrokenResourceError
-    (see `handshake_failure`)."""
-    stream = trio.SSLStream(trio.SocketStream(sock), context, server_hostname=host)
-    await stream.do_handshake()
-    return stream
+async def connect_tls(sock: socket.socket, context: ssl.SSLContext, host: str) -> TLSSocket:
+    """TLS over a connected non-blocking socket, its handshake done (the worker's
+    certificate checked against `context`'s CA, for `host`). Raises ssl.SSLError (see
+    `handshake_failure`) or OSError."""
+    tls = TLSSocket(sock, context, server_side=False, server_hostname=host)
+    await tls.handshake()
+    return tls
 
 
-async def accept_tls(
-    sock: trio.socket.SocketType, context: ssl.SSLContext
-) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over an accepted socket, its handshake done."""
-    stream = trio.SSLStream(trio.SocketStream(sock), context, server_side=True)
-    await stream.do_handshake()
-    return stream
+async def accept_tls(sock: socket.socket, context: ssl.SSLContext) -> TLSSocket:
+    """TLS over an accepted non-blocking socket, its handshake done."""
+    tls = TLSSocket(sock, context, server_side=True)
+    await tls.handshake()
+    return tls
 
 
 async def speaks_plain(sock: trio.socket.SocketType) -> bool:
