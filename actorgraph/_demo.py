@@ -10,6 +10,7 @@ import trio
 from ._buffer import Buffer
 from ._graph import Graph
 from ._kernel import Copy, Kernel, Launch
+from ._options import remote_options
 from ._progress import progress
 from ._runtime import Runtime, open_runtime
 from ._vars import Var, cdiv
@@ -76,16 +77,18 @@ async def run_demo(
     trace: str | None = None,
     plot: str | None = None,
     token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> bool:
     """Build a two-stage graph over `devices`, print its plan, replay it, compare with eager.
 
     With `trace` / `plot`, the replays are profiled and written as a Chrome trace / a
     timeline picture. `token_file`: the workers' token, for remote devices (else
-    open_runtime's default, ACTORGRAPH_TOKEN_FILE).
+    open_runtime's default, ACTORGRAPH_TOKEN_FILE); `tls_ca`: the CA of TLS workers'
+    certificates (else ACTORGRAPH_TLS_CA).
     """
     profiled = trace is not None or plot is not None
-    token = {} if token_file is None else {"remote_token_file": token_file}
-    async with open_runtime(list(devices), profile=profiled, **token) as rt:
+    remote = remote_options(token_file, tls_ca)
+    async with open_runtime(list(devices), profile=profiled, **remote) as rt:
         items, a, b, acc = _demo_items(rt, devices, size)
         graph = await rt.compile(items, inputs=[a, b], verify=True)
         print(f"plan for {len(items)} items on {', '.join(devices)}:\n")
@@ -187,10 +190,17 @@ def main(
     trace: str | None = None,
     plot: str | None = None,
     token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> int:
     ok = trio.run(
         lambda: run_demo(
-            list(devices), 4096, replays, trace=trace, plot=plot, token_file=token_file
+            list(devices),
+            4096,
+            replays,
+            trace=trace,
+            plot=plot,
+            token_file=token_file,
+            tls_ca=tls_ca,
         )
     )
     return 0 if ok else 1

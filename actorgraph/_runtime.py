@@ -685,7 +685,8 @@ async def open_runtime(devices: Sequence[str], **options: Any) -> AsyncIterator[
             `remote_token` / `remote_token_file` (the workers' token; with neither, the
             file the environment variable ACTORGRAPH_TOKEN_FILE names, if set),
             `remote_tls_ca` (the CA file workers' certificates are checked against: the
-            connections speak TLS), `remote_timeout` (seconds to connect and pass the
+            connections speak TLS; with none, the file the environment variable
+            ACTORGRAPH_TLS_CA names, if set), `remote_timeout` (seconds to connect and pass the
             handshake; 10).
 
     Yields:

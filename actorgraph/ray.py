@@ -52,6 +52,7 @@ from ._errors import ActorGraphError, MissingExtraError, UsageError
 from ._options import refuse_unknown
 from ._runtime import Runtime, open_runtime
 from .devices.remote.tls import TLSSetupError, client_context
+from .worker._listen import plaintext_problem
 
 try:
     import ray
@@ -147,13 +148,15 @@ class WorkerServer:
         limits: Any,
         tls: WorkerTLSFiles | None = None,
         allow_programs: bool = False,
+        insecure_plaintext: bool = False,
     ) -> dict[str, Any] | str:
         """Serve `devices`; the worker's place and address, or why it could not start."""
         bind = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         ready: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._main,
-            args=(list(devices), bind, token, list(kernels), limits, tls, allow_programs, ready),
+            args=(list(devices), bind, token, list(kernels), limits, tls, allow_programs),
+            kwargs={"insecure_plaintext": insecure_plaintext, "ready": ready},
             name="actorgraph worker",
             daemon=True,
         )
@@ -185,6 +188,8 @@ class WorkerServer:
         limits: Any,
         tls: WorkerTLSFiles | None,
         allow_programs: bool,
+        *,
+        insecure_plaintext: bool,
         ready: concurrent.futures.Future[tuple[str, int]],
     ) -> None:
         from actorgraph.worker import run_worker
@@ -205,6 +210,7 @@ class WorkerServer:
                         tls_key=None if tls is None else tls.key,
                         tls_ca=None if tls is None else tls.ca,
                         allow_programs=allow_programs,
+                        insecure_plaintext=insecure_plaintext,
                         task_status=task_status,
                     )
                 )
@@ -605,6 +611,7 @@ def start_workers(
     tls_key: str | os.PathLike[str] | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     allow_programs: bool = False,
+    insecure_plaintext: bool = False,
 ) -> RayWorkers:
     """Start worker actors on the Ray cluster this process is connected to; returns once
     every worker listens.
@@ -630,9 +637,17 @@ def start_workers(
     worker --allow-programs`: tinygrad's AG devices, `agt.install(remote=workers.devices,
     **workers.runtime_options())`); needs the tinygrad extra on every node, and trusts
     every holder of the token with the workers' processes.
+    insecure_plaintext: workers listening beyond loopback without TLS (else refused with
+    UsageError: the token does not protect what crosses the network after the
+    handshake); only for a cluster network you trust.
     """
     devices = _check_request(devices, placement, kernels)
     tls = _tls_files(tls_cert, tls_key, tls_ca)
+    problem = plaintext_problem(
+        host or "the node's IP", tls is not None, insecure_plaintext, "insecure_plaintext=True"
+    )
+    if problem is not None:
+        raise UsageError(f"start_workers: {problem}")
     bundle = _bundle(placement, num_cpus, num_gpus, resources)
     if not ray.is_initialized():
         if address is None:
@@ -656,7 +671,9 @@ def start_workers(
             ) from None
         token = secrets.token_hex(32).encode()
         actors.extend(_worker_actors(group, count, bundle, runtime_env))
-        started = _Start(devices, host, token, list(kernels), limits, tls, allow_programs)
+        started = _Start(
+            devices, host, token, list(kernels), limits, tls, allow_programs, insecure_plaintext
+        )
         workers = _started(actors, started, timeout)
     except BaseException:
         for actor in actors:
@@ -747,6 +764,7 @@ class _Start(NamedTuple):
     limits: Any
     tls: WorkerTLSFiles | None
     allow_programs: bool
+    insecure_plaintext: bool
 
 
 def _started(actors: list[Any], start: _Start, timeout: float) -> list[RayWorker]:

@@ -61,7 +61,8 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
         (("bench", "--replays", "-3"), r"actorgraph bench: --replays must be >= 1, got -3"),
         (
             ("bench", "--items", "5"),
-            r"--items, --replays, --device and --token-file apply to the built-in benchmark; add --builtin",
+            r"--items, --replays, --device, --token-file and --tls-ca apply to the built-in "
+            r"benchmark; add --builtin",
         ),
         (("demo", "--replays", "0"), r"actorgraph demo: --replays must be >= 1"),
         (
@@ -308,7 +309,7 @@ def test_builtin_bench_reaches_a_worker_with_a_token(
     monkeypatch.setattr(_bench, "core_script", lambda: pathlib.Path("core.py"))
     code, _, err = run_cli(capsys, "bench", "--token-file", "t")
     assert code == 2
-    assert "--items, --replays, --device and --token-file apply to the built-in" in err
+    assert "--items, --replays, --device, --token-file and --tls-ca apply to the built-in" in err
 
 
 async def test_open_runtime_takes_the_token_file_the_environment_names(

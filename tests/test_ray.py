@@ -472,3 +472,15 @@ def test_the_documented_example_starts_a_ray_of_its_own_beside_a_running_one(
         command, cwd=where, env=env, capture_output=True, text=True, timeout=GUARD * 4
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_workers_beyond_loopback_speak_tls_unless_told_otherwise() -> None:
+    # Checked before Ray is asked for anything: the default host is the node's IP.
+    for host in (None, "0.0.0.0"):
+        where = "the node's IP" if host is None else host
+        with pytest.raises(
+            ag.UsageError,
+            match=rf"start_workers: refusing to serve {where} over plain TCP: .* or pass "
+            r"insecure_plaintext=True on a network you trust",
+        ):
+            agray.start_workers(["CPU:0"], placement=1, host=host)

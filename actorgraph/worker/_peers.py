@@ -176,7 +176,7 @@ class _PeerLink:
         data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
         self.pending.clear()
         sent = 0 if stream.raw is None else stream.send_nowait(data)  # TLS: the writer's
-        if sent < len(data):
+        if sent < len(data) or stream.backlog:
             self.pending.append(memoryview(data)[sent:])
             self.writing = True
             return True
@@ -300,19 +300,19 @@ class Peers:
         scheduler), or TLS over it."""
         sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
         keep_alive(sock)
-        if self.tls is not None:
-            try:
-                tls = await connect_tls(sock, self.tls, host)
-            except (ssl.SSLError, trio.BrokenResourceError) as exc:
-                sock.close()
-                why = handshake_failure(exc, "this worker's --tls-ca")
-                raise PeerRefusedError(
-                    f"worker-to-worker link to {host}:{port} refused: {why}"
-                ) from None
-            return FrameStream(tls, self.limits)
         raw = socket.socket(fileno=sock.detach())
         raw.setblocking(False)
-        return FrameStream(raw, self.limits)
+        if self.tls is None:
+            return FrameStream(raw, self.limits)
+        try:
+            tls = await connect_tls(raw, self.tls, host)
+        except (ssl.SSLError, OSError) as exc:
+            trio.socket.from_stdlib_socket(raw).close()
+            why = handshake_failure(exc, "this worker's --tls-ca")
+            raise PeerRefusedError(
+                f"worker-to-worker link to {host}:{port} refused: {why}"
+            ) from None
+        return FrameStream(tls, self.limits)
 
     async def _authenticate(self, stream: FrameStream, host: str, port: int) -> None:
         """Answer the peer's challenge as a client does, with this worker's token."""

@@ -17,6 +17,7 @@ The files:
     _connection.py  the connection actor: batches, mirrored signals, reports
     _programs.py    op lists as programs a worker keeps; copies asked for ahead
     _transport.py   its socket: sending in order, the reader task, a caller's own reads
+    _sealed.py      TLS records sealed and opened in memory over the socket (TLSSocket)
     _clock.py       the worker's clock against the client's, for profiles
     _fields.py      the field checks of wire.py, and decoding and encoding a message by
                     its table
@@ -34,6 +35,7 @@ and the public modules both sides use (the worker imports these, never a private
 and the worker's (actorgraph/worker/):
 
     _server.py      `actorgraph worker`: the server, accepting and routing connections
+    _listen.py      where it may listen, and in what (TLS beyond loopback)
     _handshake.py   the worker's side of the handshake
     _session.py     one client's state on a worker: buffers, programs, blobs, mirrors
     _batches.py     a client's batches: checked, posted or run where they arrive, reported

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -336,13 +335,14 @@ class Transport:
             await stream.sock.connect((self.host, self.port))
             no_delay(stream.sock)
             return stream
-        sock = self._socket = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+        raw = plain_socket(family)
+        sock = self._socket = trio.socket.from_stdlib_socket(raw)
         await sock.connect((self.host, self.port))
         no_delay(sock)
         self._stage = "TLS handshake"
         try:
-            tls = await connect_tls(sock, self._tls, self.host)
-        except (ssl.SSLError, trio.BrokenResourceError) as exc:
+            tls = await connect_tls(raw, self._tls, self.host)
+        except ssl.SSLError as exc:
             raise RemoteError(handshake_failure(exc)) from None
         self._stream = FrameStream(tls, self.limits)
         return self._stream
@@ -452,7 +452,7 @@ class Transport:
         except OSError as exc:
             self.lose(exc)
             sent = len(data)
-        if sent < len(data):
+        if sent < len(data) or stream.backlog:
             self._unsent = ([memoryview(data)[sent:]], frames)
             self._doorbell.ring()
             return
@@ -661,11 +661,10 @@ class Transport:
         if not self._lent_idle and (self._loop_state != _WAITING or self._driver is not None):
             return
         stream = self._stream
-        raw = stream.raw if stream is not None else None
-        if raw is None:
+        if stream is None or stream.raw is None:
             return
         try:
-            data = raw.recv(1, socket.MSG_PEEK)
+            data = stream.peek()
         except BlockingIOError:
             return
         except OSError as exc:

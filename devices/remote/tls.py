@@ -1,4 +1,5 @@
-"""TLS under REMOTE connections: the standard library's `ssl` with `trio.SSLStream`.
+"""TLS under REMOTE connections: the standard library's `ssl`, its records sealed and
+opened in memory under our own transport (_sealed.py's `TLSSocket`).
 
 A worker started with a certificate and its key (`actorgraph worker --tls-cert F
 --tls-key F`) speaks TLS on every connection it accepts; a client reaches it with
@@ -27,6 +28,7 @@ from typing import Any
 
 import trio
 
+from ._sealed import TLSSocket
 from .frames import MAGIC
 
 __all__ = [
@@ -120,46 +122,42 @@ def _existing(path: Any, what: str) -> str:
     return name
 
 
-async def connect_tls(
-    sock: trio.socket.SocketType, context: ssl.SSLContext, host: str
-) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over a connected socket, its handshake done.
+async def connect_tls(sock: socket.socket, context: ssl.SSLContext, host: str) -> TLSSocket:
+    """TLS over a connected non-blocking socket, its handshake done.
 
     Args:
-        sock: a socket connected to the worker.
+        sock: a non-blocking socket connected to the worker.
         context: from `client_context`: the worker's certificate is checked against it.
         host: the host connected to, which the certificate must name.
 
     Returns:
-        The stream, ready for frames.
+        The TLS socket, ready for frames.
 
     Raises:
-        ssl.SSLError, trio.BrokenResourceError: the handshake failed; `handshake_failure`
-            says why, with the fix.
+        ssl.SSLError, OSError: the handshake failed; `handshake_failure` says why, with
+            the fix.
     """
-    stream = trio.SSLStream(trio.SocketStream(sock), context, server_hostname=host)
-    await stream.do_handshake()
-    return stream
+    tls = TLSSocket(sock, context, server_side=False, server_hostname=host)
+    await tls.handshake()
+    return tls
 
 
-async def accept_tls(
-    sock: trio.socket.SocketType, context: ssl.SSLContext
-) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over an accepted socket, its handshake done.
+async def accept_tls(sock: socket.socket, context: ssl.SSLContext) -> TLSSocket:
+    """TLS over an accepted non-blocking socket, its handshake done.
 
     Args:
-        sock: a socket a worker accepted.
+        sock: a non-blocking socket a worker accepted.
         context: from `server_context`.
 
     Returns:
-        The stream, ready for frames.
+        The TLS socket, ready for frames.
 
     Raises:
-        ssl.SSLError, trio.BrokenResourceError: the connecting side's handshake failed.
+        ssl.SSLError, OSError: the connecting side's handshake failed.
     """
-    stream = trio.SSLStream(trio.SocketStream(sock), context, server_side=True)
-    await stream.do_handshake()
-    return stream
+    tls = TLSSocket(sock, context, server_side=True)
+    await tls.handshake()
+    return tls
 
 
 async def speaks_plain(sock: trio.socket.SocketType) -> bool:
@@ -182,8 +180,9 @@ async def speaks_plain(sock: trio.socket.SocketType) -> bool:
 # What a TLS worker answers (in a plain frame) a client that does not speak TLS.
 PLAIN_REFUSED = (
     "this worker speaks TLS: a client opens the runtime with remote_tls_ca=FILE, the CA "
-    "that signed the worker's --tls-cert; a worker linking to it needs --tls-cert and "
-    "--tls-key of its own"
+    "that signed the worker's --tls-cert (or sets ACTORGRAPH_TLS_CA=FILE; the actorgraph "
+    "command: --tls-ca FILE); a worker linking to it needs --tls-cert and --tls-key of "
+    "its own"
 )
 
 
