@@ -570,13 +570,16 @@ class Runtime:
 
     @property
     def submissions(self) -> int:
-        """Submissions made (replays, eager items, host copies): each moves the KICK by one
-        as it is made, posted or run where it was made."""
+        """How many submissions were made (replays, eager items and host copies).
+
+        Each moves the runtime's KICK timeline by one as it is made, posted or run where it
+        was made.
+        """
         return self.kick.value
 
     @property
     def replays(self) -> int:
-        """Graph replays submitted: those finished and those in flight, over every graph."""
+        """Graph replays submitted over every graph, finished or still in flight."""
         return self.graphs.replays
 
     @property
