@@ -52,7 +52,7 @@ from ._errors import ActorGraphError, MissingExtraError, UsageError
 from ._options import refuse_unknown
 from ._runtime import Runtime, open_runtime
 from .devices.remote.tls import TLSSetupError, client_context
-from .worker._listen import plaintext_problem
+from .worker import plaintext_problem
 
 try:
     import ray
@@ -643,12 +643,12 @@ def start_workers(
     """
     devices = _check_request(devices, placement, kernels)
     tls = _tls_files(tls_cert, tls_key, tls_ca)
+    bundle = _bundle(placement, num_cpus, num_gpus, resources)
     problem = plaintext_problem(
         host or "the node's IP", tls is not None, insecure_plaintext, "insecure_plaintext=True"
     )
     if problem is not None:
         raise UsageError(f"start_workers: {problem}")
-    bundle = _bundle(placement, num_cpus, num_gpus, resources)
     if not ray.is_initialized():
         if address is None:
             raise UsageError(

@@ -403,9 +403,11 @@ def test_bad_requests_are_refused_clearly(
     with pytest.raises(ag.UsageError, match=r"use num_cpus= / num_gpus= for CPU"):
         agray.start_workers(resources={"CPU": 1})
     with pytest.raises(agray.RayWorkerError, match=r"no node of the Ray cluster can hold"):
-        agray.start_workers(resources={"nowhere": 1}, num_cpus=0)
+        agray.start_workers(resources={"nowhere": 1}, num_cpus=0, host=LOOPBACK)
     with pytest.raises(agray.RayWorkerError, match=r"could not place 3 workers"):
-        agray.start_workers(placement=3, resources={"node_a": 1}, num_cpus=0, timeout=1)
+        agray.start_workers(
+            placement=3, resources={"node_a": 1}, num_cpus=0, timeout=1, host=LOOPBACK
+        )
     with pytest.raises(
         agray.RayWorkerError, match=r"could not start: UsageError: kernel module 'no_such_kernels'"
     ):
@@ -431,12 +433,14 @@ def test_bad_requests_are_refused_clearly(
             getattr(workers, call)(stop_worker=True)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ag.UsageError, match=r"Ray is not initialised; call ray.init\(\)"):
-        agray.start_workers()
+        agray.start_workers(host=LOOPBACK)
     # With address=, start_workers joins that cluster itself (here: it is already joined).
     joined: list[object] = []
     monkeypatch.setattr(ray, "init", lambda **kwargs: joined.append(kwargs))
     with pytest.raises(agray.RayWorkerError, match=r"no node"):
-        agray.start_workers(resources={"nowhere": 1}, num_cpus=0, address=cluster.address)
+        agray.start_workers(
+            resources={"nowhere": 1}, num_cpus=0, address=cluster.address, host=LOOPBACK
+        )
     assert joined == [{"address": cluster.address}]
 
 
