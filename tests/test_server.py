@@ -150,6 +150,22 @@ async def test_a_flood_of_idle_and_half_open_connections_at_the_file_limit() -> 
     assert "Traceback" not in worker.output, worker.output
 
 
+def test_a_worker_started_with_sigint_ignored_still_stops_quietly_on_it() -> None:
+    # A shell starts background jobs with SIGINT ignored, and a child inherits that: the
+    # worker still stops on SIGINT (Ctrl-C, or `kill -INT`), quietly, with exit code 0.
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        worker = start("CPU:0")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        worker.process.send_signal(signal.SIGINT)
+        assert worker.process.wait(GUARD) == 0
+    finally:
+        worker.stop()
+    assert "Traceback" not in worker.output, worker.output
+
+
 async def _stranger(port: int, source: str) -> tuple[FrameStream, bytes]:
     """A connection from `source` (a loopback address) that has read its challenge, and
     the challenge's nonce."""

@@ -37,9 +37,11 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import signal
 import socket
 import ssl
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
@@ -606,6 +608,10 @@ def worker_main(
                 flush=True,
             )
 
+    # SIGINT stops the worker quietly, also where it was started with SIGINT ignored (a
+    # shell's background job inherits that), as a server's stop signal should.
+    if threading.current_thread() is threading.main_thread():  # where signals are handled
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         trio.run(main)
     except KeyboardInterrupt:
