@@ -42,14 +42,43 @@ def require_matplotlib() -> Any:
 Groups = Union[Mapping[str, Any], Callable[[str], Any]]
 
 
-def _label_rows(ax: Any, labels: list[str], errors: Mapping[str, float], many: bool) -> None:
-    """Name the rows, top down. A worker's queue is timed there: its row says how far off
-    this host's clock it can be (`errors`, by row)."""
+def _label_rows(
+    ax: Any, labels: list[str], errors: Mapping[str, float], many: bool, lanes: int
+) -> None:
+    """Name the rows, top down, with room above them for `lanes` lanes of replay labels.
+    A worker's queue is timed there: its row says how far off this host's clock it can
+    be (`errors`, by row)."""
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(
         [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
         fontsize=6 if many else None,
     )
+    ax.set_ylim(len(labels) - 0.3, -0.6 - LANE * lanes - (0.2 if lanes else 0.0))
+
+
+def _words(ax: Any, profile: Profile, unit: str, cut: bool, title: str | None) -> None:
+    """The axis label (its unit, and whether idle time was cut) and the title (by default
+    how many replays and items)."""
+    cuts = "; idle time between replays cut at the dashed lines" if cut else ""
+    ax.set_xlabel(f"time since first submission ({unit}{cuts})")
+    ax.set_title(title or f"{len(profile.replays)} replays, {len(profile.events)} items")
+
+
+def _legend(patch: Any, critical: bool, hatched: bool) -> list[Any]:
+    """The legend's entries: the kinds of item, and the critical path and the hatching
+    of every other replay where the chart draws them (`patch`: matplotlib's Patch)."""
+    legend = [
+        patch(facecolor=KERNEL_COLOR, label="kernel"),
+        patch(facecolor=COPY_COLOR, label="copy"),
+        patch(facecolor=WAIT_COLOR, label="parked wait"),
+    ]
+    if critical:
+        legend.append(patch(facecolor=CRITICAL_COLOR, label="critical path"))
+    if hatched:
+        legend.append(
+            patch(facecolor="white", edgecolor="0.35", hatch=HATCH, label="every other replay")
+        )
+    return legend
 
 
 def plot_timeline(
@@ -122,27 +151,16 @@ def plot_timeline(
     chart = _Chart(ax, layout.rows, place, scale, width, row_per_device)
     chart.draw_bands(bands)
     chart.draw_events(by_actor, {mark.key: mark.hatch for mark in marks})
-    legend = [
-        Patch(facecolor=KERNEL_COLOR, label="kernel"),
-        Patch(facecolor=COPY_COLOR, label="copy"),
-        Patch(facecolor=WAIT_COLOR, label="parked wait"),
-    ]
-    if critical_path and profile.events:
+    critical = critical_path and bool(profile.events)
+    if critical:
         chart.draw_critical_path(profile.critical_path())
-        legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
-    if len(marks) > 1:
-        legend.append(
-            Patch(facecolor="white", edgecolor="0.35", hatch=HATCH, label="every other replay")
-        )
-    _label_rows(ax, labels, profile.clock_errors(), many)
-    ax.set_ylim(len(labels) - 0.3, -0.6 - LANE * lanes - (0.2 if lanes else 0.0))
+    legend = _legend(Patch, critical, len(marks) > 1)
+    _label_rows(ax, labels, profile.clock_errors(), many, lanes)
     chart.draw_replay_marks(marks)
     if group_of is not None:
         chart.draw_group_labels(bands)
     chart.draw_cuts(cuts)
-    cut = "; idle time between replays cut at the dashed lines" if cuts else ""
-    ax.set_xlabel(f"time since first submission ({unit}{cut})")
-    ax.set_title(title or f"{len(profile.replays)} replays, {len(profile.events)} items")
+    _words(ax, profile, unit, bool(cuts), title)
     ax.grid(axis="x", alpha=0.3)
     # Beside the axes (and the group labels), never over the data.
     ax.legend(
