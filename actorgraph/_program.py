@@ -331,7 +331,7 @@ class Program:
             return False
         for qi, pos in self.where.values():
             op = templates[qi][pos]
-            if op is not None and op[0] != EXEC:
+            if op is not None and op.code != EXEC:
                 return False
         return True
 

@@ -37,7 +37,6 @@ from ._ops import BATCH as BATCH
 from ._ops import EXEC as EXEC
 from ._ops import EXEC_THREAD as EXEC_THREAD
 from ._ops import FIRST_QUEUE_SLOT as FIRST_QUEUE_SLOT
-from ._ops import ITEM as ITEM
 from ._ops import KICK as KICK
 from ._ops import SIGNAL as SIGNAL
 from ._ops import WAIT as WAIT

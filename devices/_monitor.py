@@ -45,8 +45,9 @@ def find_deadlock(actors: Sequence[QueueActor]) -> list[BlockedWait] | None:
         if work:
             job, index = work[0]
             op = job.ops[index]
-            target = job.bases[op[2]] + op[3]
-            blocked.append(BlockedWait(actor.name, op[1].name, target, run.value(op[1])))
+            assert op.code == WAIT  # where an abstract run stops
+            target = op.target(job.bases)
+            blocked.append(BlockedWait(actor.name, op.signal.name, target, run.value(op.signal)))
     return blocked or None
 
 
@@ -83,11 +84,10 @@ class _AbstractRun:
         ops = job.ops
         while index < len(ops):
             op = ops[index]
-            if op[0] == WAIT and self.value(op[1]) < job.bases[op[2]] + op[3]:
+            if op.code == WAIT and self.value(op.signal) < op.target(job.bases):
                 break
-            if op[0] == SIGNAL:
-                target = job.bases[op[2]] + op[3]
-                self.values[op[1]] = max(self.value(op[1]), target)
+            if op.code == SIGNAL:
+                self.values[op.signal] = max(self.value(op.signal), op.value(job.bases))
             index += 1
         return index
 

@@ -38,7 +38,7 @@ async def test_waits_and_signals_name_the_slots_of_ops() -> None:
             signals = [op for op in template if isinstance(op, SignalOp)]
             assert signals and all(op.slot == FIRST_QUEUE_SLOT + qi for op in signals)
             assert all(op.signal is program.actors[qi].signal for op in signals)
-        assert {op[0] for op in ops} >= {WAIT, SIGNAL}
+        assert {op.code for op in ops} >= {WAIT, SIGNAL}
 
 
 async def test_a_signal_says_whether_the_trio_side_waits_on_it() -> None:

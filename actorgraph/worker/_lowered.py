@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from actorgraph.devices import ITEM, SIGNAL, WAIT, Op, QueueActor, Script
+from actorgraph.devices import SIGNAL, WAIT, Op, QueueActor, Script
 from actorgraph.devices.remote.wire import Ref
 from actorgraph.scheduler import QueueKind
 
@@ -137,13 +137,12 @@ class Program:
             entries = []
             waits = iter(self.wait_entries)
             for op in script.ops:
-                code = op[0]
-                if code == WAIT:
+                if op.code == WAIT:
                     entries.append(next(waits, -1))
-                elif code == SIGNAL:
+                elif op.code == SIGNAL:
                     entries.append(-1)
                 else:
-                    entries.append(self.item_entries.get(op[ITEM], -1))
+                    entries.append(self.item_entries.get(op.item, -1))
             script.keep(self, entries)
         return entries
 

@@ -8,7 +8,7 @@ A `Session` (_session.py) hands each Prog's entries to `lower`; the result is a 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -223,7 +223,7 @@ class _Lowering:
             op = device.lower_launch(request)
         except Exception as exc:
             raise Refused(f"kernel {name!r}: {exc}") from None
-        if op[0] == EXEC and device.kind == "CPU":
+        if op.code == EXEC and device.kind == "CPU":
             # Under --thread-bytes: on the event loop only once seen to be quick.
             shape = (name, tuple([b.nbytes for b in bufs]), tuple(entry.vars), *dims)
             return AdaptiveKernel(session.worker.times, shape, op)
@@ -292,7 +292,9 @@ class _Lowering:
         if total != dst.nbytes:
             raise Refused(f"host write of {total} bytes into {dst.nbytes}")
         # A large write would hold the event loop (every client) for its memcpy.
-        code = EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
+        code: Literal[2, 3] = (
+            EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
+        )
         staging = session.worker.staging
         if device.host_visible:
             return run_op(code, chunks_into, (dst.host_view(), chunks, staging), -1)

@@ -376,27 +376,26 @@ class CudaQueueActor(QueueActor):
             index = job.at
             while index < len(ops):
                 op = ops[index]
-                code = op[0]
-                if code == CUDA_ITEM:
+                if op.code == CUDA_ITEM:
                     if sub.error is None:
                         if profiled:
                             cmds.append((C.HOST, functools.partial(stamp, job, index, True)))
-                            cmds.extend(op[1])
+                            cmds.extend(op.commands)
                             cmds.append((C.HOST, functools.partial(stamp, job, index, False)))
                         else:
-                            cmds.extend(op[1])
-                elif code == WAIT:
-                    await self._stream_wait(cmds, job, index)
-                elif code == SIGNAL:
-                    self._signal_commands(cmds, bases[op[2]] + op[3], op[4])
-                elif code in _HOST_STEPS:
+                            cmds.extend(op.commands)
+                elif op.code == WAIT:
+                    await self._stream_wait(cmds, job, op, index)
+                elif op.code == SIGNAL:
+                    self._signal_commands(cmds, op.value(bases), op.host)
+                elif op.code in _HOST_STEPS:
                     self._flush(cmds)
                     await self._drain(job, index)
                     index = await self._host_steps(job, index)
                     continue
                 else:
                     raise RuntimeError(
-                        f"{self.name}: op code {op_name(code)} cannot run on a CUDA queue "
+                        f"{self.name}: op code {op_name(op.code)} cannot run on a CUDA queue "
                         f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op "
                         f"list was lowered for another kind of queue"
                     )
@@ -409,12 +408,11 @@ class CudaQueueActor(QueueActor):
         except Exception as exc:  # a driver call refused: fail the job, never hang
             self._fail_unsent(job, exc)
 
-    async def _stream_wait(self, cmds: list[C.Command], job: Job, index: int) -> None:
-        """A WAIT on the stream: on a GPU queue's word (or event), on a word that follows
-        a trio-side signal, or, where there is neither, on the host."""
-        op = job.ops[index]
-        signal: Signal = op[1]
-        target = job.bases[op[2]] + op[3]
+    async def _stream_wait(self, cmds: list[C.Command], job: Job, op: WaitOp, index: int) -> None:
+        """A WAIT, op `index`, on the stream: on a GPU queue's word (or event), on a word
+        that follows a trio-side signal, or, where there is neither, on the host."""
+        signal = op.signal
+        target = op.target(job.bases)
         if signal.value >= target:
             return
         if isinstance(signal, MappedSignal) and signal.owner.mem_ops == self.mem_ops:
@@ -425,7 +423,7 @@ class CudaQueueActor(QueueActor):
             return
         # A trio-side signal, or a GPU queue whose kind of signalling this one cannot
         # wait on: through a mirror word, else on the host.
-        word = self._mirror(signal, op[2], job.bases)
+        word = self._mirror(signal, op.slot, job.bases)
         if word is not None:
             cmds.append((C.WAIT_VALUE, word, target))
         else:
@@ -438,7 +436,7 @@ class CudaQueueActor(QueueActor):
         Return the index after them."""
         ops = job.ops
         end = at
-        while end < len(ops) and ops[end][0] in _HOST_STEPS:
+        while end < len(ops) and ops[end].code in _HOST_STEPS:
             end += 1
         while at < end:
             at = step(job, at, self.name, end)
@@ -589,7 +587,7 @@ class CudaQueueActor(QueueActor):
                 signal, slot, rel = op.signal, op.slot, op.rel
                 if isinstance(signal, MappedSignal) and signal.owner.mem_ops:
                     entry.value_nodes.append((len(cmds), slot, rel, signal))
-                    cmds.append((C.WAIT_VALUE, signal.device_pointer, bases[slot] + rel))
+                    cmds.append((C.WAIT_VALUE, signal.device_pointer, op.target(bases)))
                 elif slot == KICK:
                     # Set when the job was posted: awaiting it first cannot deadlock.
                     entry.host_waits.append((signal, slot, rel, index))
@@ -598,10 +596,10 @@ class CudaQueueActor(QueueActor):
                     if word is None:
                         return None
                     entry.value_nodes.append((len(cmds), slot, rel, signal))
-                    cmds.append((C.WAIT_VALUE, word, bases[slot] + rel))
+                    cmds.append((C.WAIT_VALUE, word, op.target(bases)))
             elif isinstance(op, SignalOp):
                 entry.value_nodes.append((len(cmds), op.slot, op.rel, None))
-                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op.slot] + op.rel))
+                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, op.value(bases)))
                 if not op.host:
                     pass  # only GPU queues wait on it, on the word
                 elif entry.notify:

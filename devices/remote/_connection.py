@@ -315,7 +315,7 @@ class Connection:
         ext_id = self.mirrors.known(signal_op.signal)
         if ext_id is None:
             return  # this worker does not wait on that signal
-        value = job.bases[signal_op.slot] + signal_op.rel
+        value = signal_op.value(job.bases)
         if self.mirrors.due(ext_id, value):
             parts.append(encode(Ext([(ext_id, value)])))
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._device import DeviceError
-from .._ops import AWAIT, Job, Op, Script, SignalOp, WaitOp, WireOp, own_signal
+from .._ops import AWAIT, Job, Op, Script, SignalOp, WaitOp, WireOp, op_name, own_signal
 from .._signal import Signal
 from ._transport import Read
 from .frames import Frame, encode
@@ -190,7 +190,9 @@ class _Writer:
                     for blob_id, chunk in op.blobs:
                         parts += [encode(Blob(blob_id), len(chunk)), chunk]
             else:
-                raise DeviceError(f"{self.program.queue.name}: op {op[0]!r} cannot run on a worker")
+                raise DeviceError(
+                    f"{self.program.queue.name}: op {op_name(op.code)} cannot run on a worker"
+                )
         return out, one_shot
 
     def _wait(self, op: WaitOp) -> Any:
@@ -258,7 +260,7 @@ class LocalPlan:
         self.signal_after: dict[int, SignalOp] = {}  # op index of a push -> its signal
         for i in range(len(ops) - 1):
             op, after = ops[i], ops[i + 1]
-            if isinstance(after, SignalOp) and op[0] == AWAIT and op[1] == connection.push:
+            if isinstance(after, SignalOp) and op.code == AWAIT and op.fn == connection.push:
                 self.signal_after[i] = after
 
 
@@ -272,7 +274,7 @@ def pulls_after_waits(connection: Connection, ops: Sequence[Op]) -> list[AheadPu
     found = []
     for i in range(1, len(ops)):
         op = ops[i]
-        if op[0] != AWAIT or op[1] != connection.pull:
+        if op.code != AWAIT or op.fn != connection.pull:
             continue
         # The copy's own waits (those just before it) on this worker's queues: they
         # are on the source device's, for what wrote the source. With one, its value
@@ -281,7 +283,8 @@ def pulls_after_waits(connection: Connection, ops: Sequence[Op]) -> list[AheadPu
         mine: list[tuple[WaitOp, RemoteQueue]] = []
         j = i - 1
         while j >= 0 and isinstance(ops[j], WaitOp):
-            wait: WaitOp = ops[j]  # type: ignore[assignment]
+            wait = ops[j]
+            assert isinstance(wait, WaitOp)  # the loop's condition
             queue = queue_of(wait.signal)
             if queue is not None and queue.device.connection is connection:
                 mine.append((wait, queue))
@@ -289,7 +292,7 @@ def pulls_after_waits(connection: Connection, ops: Sequence[Op]) -> list[AheadPu
         if len(mine) != 1:
             continue
         wait, queue = mine[0]
-        dst, ref = op[2]
+        dst, ref = op.args
         nbytes = int(dst.nbytes)
         if nbytes <= EARLY_PULL_BYTES:
             found.append((ref, nbytes, wait.slot, wait.rel, queue.key, i))
