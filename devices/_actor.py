@@ -36,7 +36,7 @@ from ._ops import (
     Quick,
     RunOp,
     Submission,
-    op_name,
+    refuse_op,
 )
 from ._signal import Doorbell, Signal
 from ._step import Calls, run_calls, step
@@ -429,9 +429,5 @@ class QueueActor:
 
     async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
         """Run an op of this device kind's own (op `next_index - 1`); return the index
-        of the next op to run."""
-        raise RuntimeError(
-            f"{self.name}: op code {op_name(op.code)} is not one a {type(self).__name__} runs "
-            f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op list was lowered "
-            f"for another kind of queue"
-        )
+        of the next op to run. Raises OpCodeError for one it does not run."""
+        raise refuse_op(self.name, op, next_index - 1, f"a {type(self).__name__}", self.op_codes)

@@ -45,7 +45,7 @@ job's waits and signals walk it with an `OpWalker` (devices/_walk.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, cast
 
@@ -93,6 +93,32 @@ FIRST_QUEUE_SLOT = 2
 def op_name(code: object) -> str:
     """The name of op code `code` (its repr if it is none of the table's)."""
     return OP_NAMES.get(code, repr(code)) if isinstance(code, int) else repr(code)
+
+
+class OpCodeError(RuntimeError):
+    """An op list holds an op its reader cannot take: one of no code of the table above
+    (or not of its code's shape), or one of a code that another kind of queue runs."""
+
+
+def refuse_op(
+    who: str, op: object, index: int, taker: str = "", takes: Collection[int] = ()
+) -> OpCodeError:
+    """The error for op `index` of an op list, which `who` cannot take: an op that is no
+    op of this format, or else one of a code that `taker` does not run (it runs `takes`)."""
+    code = getattr(op, "code", None)
+    shape = OP_TYPES.get(code) if type(code) is int else None
+    if shape is None or type(op) is not shape:
+        return OpCodeError(
+            f"{who}: op {index} ({type(op).__name__}) has op code {op_name(code)}, which is "
+            f"no op of the op format (devices/_ops.py: {', '.join(OP_NAMES.values())}, each "
+            f"of its own shape); make ops with the builders there (wait_op, signal_op, "
+            f"run_op, sim_run, cuda_item, wire_op)"
+        )
+    runs = ", ".join(op_name(c) for c in sorted(takes))
+    return OpCodeError(
+        f"{who}: op {index} has op code {op_name(code)}, which {taker} does not run (it "
+        f"runs {runs}); the op list was lowered for another kind of queue"
+    )
 
 
 # -- the ops --

@@ -26,6 +26,7 @@ from actorgraph.devices._ops import (
     SIGNAL,
     WAIT,
     Op,
+    OpCodeError,
     cuda_item,
     run_op,
     signal_op,
@@ -86,8 +87,10 @@ def test_ops_are_immutable() -> None:
 
 def test_a_queue_given_a_code_it_does_not_run_names_it() -> None:
     actor = QueueActor("q")
-    with pytest.raises(RuntimeError, match=r"q: op code CUDA_ITEM is not one a QueueActor runs"):
-        trio.run(actor._run_device_op, cuda_item((), 0), None, 0)
+    with pytest.raises(
+        OpCodeError, match=r"q: op 0 has op code CUDA_ITEM, which a QueueActor does not run"
+    ):
+        trio.run(actor._run_device_op, cuda_item((), 0), None, 1)
 
 
 @pytest.mark.parametrize("name", ["CPU:0", "SIM:0", "CUDA:0"])

@@ -21,8 +21,11 @@ from actorgraph.devices import (
     Job,
     LaunchRequest,
     Op,
+    OpCodeError,
+    OpWalker,
     QueueActor,
     SignalOp,
+    WorkOp,
     run_op,
     signal_op,
     wait_op,
@@ -173,6 +176,10 @@ class _Lowering:
             )
         program.max_slot = max(program.max_slot, program.slot)
         program.code(self._with_reports(), self.session.worker.times)
+        try:
+            _Runnable(self.actor).walk(program.ops)
+        except OpCodeError as exc:  # the device lowered an entry to what its queue cannot run
+            raise Refused(str(exc)) from None
 
     def _with_reports(self) -> list[Op | AdaptiveKernel]:
         """The ops, each signal a client-side queue waits on reported just before it: the
@@ -316,6 +323,21 @@ class _Lowering:
             device.lower_host_read(src, out, QueueKind.COMPUTE),
             run_op(AWAIT, session.send_read, (entry.read, out.reshape(-1).view(np.uint8).data), -1),
         ]
+
+
+class _Runnable(OpWalker):
+    """A program's ops, each checked to be one its queue actor runs."""
+
+    taker = "its queue"
+
+    def __init__(self, actor: QueueActor) -> None:
+        super().__init__(f"the program lowered for {actor.name}")
+        self.codes = actor.op_codes
+
+    def work(self, op: WorkOp, index: int) -> bool:
+        if op.code not in self.codes:
+            raise self.refuse(op, index, self.codes)
+        return True
 
 
 def _item_of(entry: object) -> int | None:
