@@ -99,14 +99,13 @@ class Mirrors:
         self._sent[ext_id] = value
         return True
 
-    def due_of(
-        self, mirrors: list[tuple[Signal, int, int, int]], ext: list[tuple[int, int]]
-    ) -> None:
-        """Append to `ext` the values of `mirrors` (a program's: signal, slot, rel, id)
-        not yet sent, each as (mirror id, value), and count them as sent."""
+    def due_of(self, mirrors: list[tuple[WaitOp, int]], ext: list[tuple[int, int]]) -> None:
+        """Append to `ext` the values of `mirrors` (a program's: each wait on a mirrored
+        signal, with its mirror id) not yet sent, each as (mirror id, value), and count
+        them as sent."""
         sent = self._sent
-        for signal, _, _, ext_id in mirrors:
-            value = signal.value
+        for wait, ext_id in mirrors:
+            value = wait.signal.value
             if sent.get(ext_id, -1) < value:
                 sent[ext_id] = value
                 ext.append((ext_id, value))
@@ -115,7 +114,7 @@ class Mirrors:
 class KeptProgram:
     """One queue's op list as the worker holds it (or holds it for one batch)."""
 
-    __slots__ = ("direct", "final", "live", "mirrors", "prog_id", "queue", "slot")
+    __slots__ = ("direct", "live", "mirrors", "own", "prog_id", "queue", "slot")
 
     def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
         self.prog_id = prog_id
@@ -124,8 +123,8 @@ class KeptProgram:
         if own is None:
             raise DeviceError(f"{queue.name}: a queue's op list ends with its own signal")
         self.slot = own.slot
-        self.final = own.rel  # where the job leaves its queue's signal
-        self.mirrors: list[tuple[Signal, int, int, int]] = []  # signal, base slot, rel, id
+        self.own = own  # its last signal: where a job of it leaves its queue's signal
+        self.mirrors: list[tuple[WaitOp, int]] = []  # each wait on a mirror, and its id
         # The waits a copy from another worker follows: that worker tells this one
         # directly, so the client forwards them only if it loses that worker.
         self.direct: set[tuple[int, int, int]] = set()  # base slot, rel, id
@@ -225,7 +224,7 @@ class _Writer(OpWalker):
         if local is not None and local.device.connection is conn:
             return LocalWaitEntry(local.device.inner, op.slot, op.rel, local.kind.value)
         ext_id = conn.mirrors.id_of(signal)
-        self.program.mirrors.append((signal, op.slot, op.rel, ext_id))
+        self.program.mirrors.append((op, ext_id))
         self.own_waits[signal] = (op.slot, op.rel, ext_id)
         if local is not None and local.tells_peers:
             # A queue of another worker, which tells this one itself: the client
