@@ -26,7 +26,8 @@ The commands whose value is a wait's target or a signal's value are kept with th
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from actorgraph.devices._ops import (
     AWAIT,
@@ -40,14 +41,49 @@ from actorgraph.devices._ops import (
     WaitOp,
     WorkOp,
 )
+from actorgraph.devices._signal import Signal
 from actorgraph.devices._walk import OpWalker
 
 from . import _commands as C
 
-if TYPE_CHECKING:
-    from ._queue import CudaQueueActor
-
 HOST_STEPS = frozenset([EXEC, EXEC_THREAD, AWAIT])
+
+
+class _Word(Protocol):
+    @property
+    def device_pointer(self) -> int: ...
+
+
+class StreamQueue(Protocol):
+    """What a translation needs of the queue whose stream it is for (a CudaQueueActor,
+    _queue.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def op_codes(self) -> frozenset[int]: ...
+
+    @property
+    def mem_ops(self) -> bool:
+        """Whether its stream can write and wait on words (else it signals with events)."""
+
+    @property
+    def signal(self) -> _Word:
+        """Its timeline, with the word the stream writes."""
+
+    @property
+    def host_signal(self) -> Callable[[], None]:
+        """The host function that tells the trio side its word moved."""
+
+    def wait_word(self, signal: Signal, slot: int) -> int | None:
+        """The word a wait on `signal` waits on on its stream, or None."""
+
+    def event_signal(self, value: int) -> list[C.Command]:
+        """Without stream memory operations: the commands of a signal of `value`."""
+
+    def stamp(self, job: Job, index: int, at_start: bool) -> None:
+        """A profiled job's time, as a host function on the stream."""
 
 
 class Translation(OpWalker):
@@ -64,7 +100,7 @@ class Translation(OpWalker):
 
     taker = "a CUDA queue"
 
-    def __init__(self, queue: CudaQueueActor, job: Job, graph: bool) -> None:
+    def __init__(self, queue: StreamQueue, job: Job, graph: bool) -> None:
         super().__init__(queue.name)
         self.queue = queue
         self.job = job
