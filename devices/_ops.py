@@ -100,14 +100,22 @@ class OpCodeError(RuntimeError):
     (or not of its code's shape), or one of a code that another kind of queue runs."""
 
 
+def is_op(op: object) -> bool:
+    """Whether `op` is an op of this format: a record of a code of the table, in that
+    code's shape (`OP_TYPES`)."""
+    code = getattr(op, "code", None)
+    return type(code) is int and OP_TYPES.get(code) is type(op)
+
+
 def refuse_op(
     who: str, op: object, index: int, taker: str = "", takes: Collection[int] = ()
 ) -> OpCodeError:
-    """The error for op `index` of an op list, which `who` cannot take: an op that is no
-    op of this format, or else one of a code that `taker` does not run (it runs `takes`)."""
+    """The error (returned, for the caller to raise) for `op`, op `index` of an op list,
+    which `who` (what reads it, named first in the message) cannot take: an op that is
+    no op of this format (see `is_op`), or else one of a code that `taker` (e.g. "a CUDA
+    queue") does not run, as it runs only the codes `takes`."""
     code = getattr(op, "code", None)
-    shape = OP_TYPES.get(code) if type(code) is int else None
-    if shape is None or type(op) is not shape:
+    if not is_op(op):
         return OpCodeError(
             f"{who}: op {index} ({type(op).__name__}) has op code {op_name(code)}, which is "
             f"no op of the op format (devices/_ops.py: {', '.join(OP_NAMES.values())}, each "

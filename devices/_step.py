@@ -22,7 +22,8 @@ ops are all done, else the index of an op it did not run, which says why it stop
     EXEC_THREAD  a run of them goes to the actor's worker thread
     AWAIT        to be awaited (a `Quick` one is tried at once, and stops only if it
                  cannot finish now)
-    any other    an op of a device kind's own (SIM_RUN, CUDA_ITEM, WIRE)
+    any other    an op of a device kind's own (SIM_RUN, CUDA_ITEM, WIRE); a driver
+                 refuses one its kind does not run, or of no code at all (OpCodeError)
 
 What the codes every queue shares mean (devices/_ops.py has the format):
 
@@ -34,6 +35,10 @@ What the codes every queue shares mean (devices/_ops.py has the format):
 - SIGNAL: `signal.set(value(bases))`.
 - EXEC_THREAD: as EXEC, on the actor's worker thread: a run of them in one hop.
 - AWAIT: `await fn(job, *args)`, even after a failure (fn checks the submission).
+
+Those who follow a job's waits and signals without running it (the deadlock monitor, a
+program's linear order, ...) walk its ops with an `OpWalker` (devices/_walk.py), in the
+meaning this table gives them.
 
 Profiling is an observer, not another loop: a job that carries one (`job.observer`, a
 JobProfile) has each call of its runs timed (`run_calls`) and each `Quick` op done at

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import ClassVar
 
-from ._ops import OP_TYPES, SIGNAL, WAIT, Op, OpCodeError, SignalOp, WaitOp, WorkOp, refuse_op
+from ._ops import SIGNAL, WAIT, Op, OpCodeError, SignalOp, WaitOp, WorkOp, is_op, refuse_op
 
 
 class OpWalker:
@@ -49,7 +49,7 @@ class OpWalker:
             if op is None:
                 if not self.later(at):
                     return at
-            elif _malformed(op):
+            elif not is_op(op):
                 raise self.refuse(op, at)
             elif op.code == WAIT:
                 if not self.wait(op, at):
@@ -82,10 +82,3 @@ class OpWalker:
         """The error for op `index`, which this walk cannot take: no op of the op format,
         or else one of a code that `taker` does not run (it runs `takes`)."""
         return refuse_op(self.who, op, index, self.taker, takes)
-
-
-def _malformed(op: object) -> bool:
-    """Whether `op` is none of the op format's ops (a code of its table, in that code's
-    shape)."""
-    code = getattr(op, "code", None)
-    return type(code) is not int or OP_TYPES.get(code) is not type(op)
