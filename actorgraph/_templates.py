@@ -2,8 +2,8 @@
 
 A `Program` (_program.py) lowers its plan to an op template per queue (None where an
 item's op is lowered per call). Two things follow from the templates' waits and signals
-alone, each an `OpWalker` (devices/_walk.py) over them, which refuses an op it does not
-know:
+alone, each found by walking them (an `OpWalker`, devices/_walk.py, which refuses an op
+it does not know), once:
 
 - `linear_order`: an order one task can run every item in, each queue's waits met by
   the queues before it (what a `LinearRun` runs, devices/_linear.py);
@@ -63,12 +63,18 @@ def mark_host_signals(actors: Sequence[QueueActor], templates: Sequence[Template
     streams do not stop for host callbacks that nobody needs.
 
     Raises OpCodeError for an op that is none of the op format's."""
-    waits = _HostWaits(actors)
+    walk = _HostWaits(actors)
     for queue, ops in enumerate(templates):
-        waits.queue = queue
-        waits.walk(ops)
+        walk.queue = queue
+        walk.walk(ops)
     for queue, ops in enumerate(templates):
-        _HostSignals(actors[queue], ops, waits.values[queue]).walk(ops)
+        pending = sorted(walk.values[queue])
+        for index, op in walk.signals[queue]:
+            reached = 0
+            while reached < len(pending) and pending[reached] <= op.rel:
+                reached += 1
+            ops[index] = signal_op(op.signal, op.slot, op.rel, reached > 0)
+            del pending[:reached]
 
 
 class _LinearOrder(OpWalker):
@@ -103,7 +109,8 @@ class _LinearOrder(OpWalker):
 
 class _HostWaits(OpWalker):
     """Per queue, the values of its signal an actor waits for through the trio side
-    (`values`), from the waits of every queue's template (`queue`: the one walked now)."""
+    (`values`), from the waits of every queue's template (`queue`: the one walked now),
+    and its signals, by op index (`signals`)."""
 
     taker = "a program's signals"
 
@@ -111,6 +118,7 @@ class _HostWaits(OpWalker):
         super().__init__("the host waits of a program")
         self.actors = actors
         self.values: list[list[int]] = [[] for _ in actors]
+        self.signals: list[list[tuple[int, SignalOp]]] = [[] for _ in actors]
         self.queue = 0
 
     def wait(self, op: WaitOp, index: int) -> bool:
@@ -120,28 +128,8 @@ class _HostWaits(OpWalker):
             self.values[src].append(op.rel)
         return True
 
-    def later(self, index: int) -> bool:
-        return True
-
-
-class _HostSignals(OpWalker):
-    """One queue's template, each SIGNAL flagged in place by whether it is the first to
-    meet one of `values` (its signal's values waited for through the trio side)."""
-
-    taker = "a program's signals"
-
-    def __init__(self, actor: QueueActor, ops: Template, values: Sequence[int]) -> None:
-        super().__init__(f"the host signals of {actor.name}")
-        self.ops = ops
-        self.pending = sorted(values)
-
     def signal(self, op: SignalOp, index: int) -> None:
-        pending = self.pending
-        reached = 0
-        while reached < len(pending) and pending[reached] <= op.rel:
-            reached += 1
-        self.ops[index] = signal_op(op.signal, op.slot, op.rel, reached > 0)
-        del pending[:reached]
+        self.signals[self.queue].append((index, op))
 
     def later(self, index: int) -> bool:
         return True
