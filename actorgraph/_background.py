@@ -564,6 +564,13 @@ class BackgroundRuntime:
 
         self._submit(free, (), {}, f"free({buffer!r})")
 
+    def free_now(self, buffer: Buffer) -> None:
+        """Free `buffer` at once, on the runtime's thread, and return when it is freed:
+        for a caller whose calls that use the buffer are all done (its later wraps of
+        that memory, on another device say, must see it freed). Raises what
+        Runtime.free raises."""
+        self._sync(self.runtime.free, buffer)
+
     def statistics(self) -> RuntimeStatistics:
         return self._read(self.runtime.statistics)
 

@@ -46,12 +46,14 @@ class Allocation:
     runtime: Home | None = None
 
     def release(self) -> Any:
-        """Mark the memory freed and let go of it (and of a wrapper's exporter); returns
-        the memory, which the device takes back unless it is foreign."""
+        """Mark the memory freed and let go of it (and of a wrapper's exporter). Returns
+        what work submitted before may still use until it is done: the device's memory,
+        which then goes back to the device, or a wrapper's exporter (with the view of its
+        memory), which is then let go of, since the memory is its owner's."""
         self.freed = True
         memory, self.memory = self.memory, None
         if self.foreign:
-            self.owner = None  # the memory is its owner's: nothing goes back to the device
+            memory, self.owner = (self.owner, memory), None
         return memory
 
 
@@ -110,6 +112,15 @@ def buffer_dtype(what: str, dtype: Any) -> np.dtype[Any]:
         f"int, uint, float or complex dtypes) or raw bytes ('V8'): store the data as "
         f"numbers (say, dates as int64, records as one buffer per field)"
     )
+
+
+def dtype_text(dtype: np.dtype[Any]) -> str:
+    """How messages and reprs print a dtype: its name, and its byte order where it is
+    not this machine's ("int32 big-endian"), since a name alone does not tell '>i4'
+    from '<i4'."""
+    if dtype.isnative:
+        return dtype.name
+    return f"{dtype.name} {'big' if dtype.byteorder == '>' else 'little'}-endian"
 
 
 def check_count(what: str, value: Any) -> int:
@@ -178,7 +189,17 @@ class Buffer:
 
     @property
     def alloc_id(self) -> int:
+        """The address space this buffer's byte ranges are in: its allocation's, or for
+        rt.wrap memory its device's, which every wrapper on that device shares."""
         return self._alloc.uid
+
+    @property
+    def allocation(self) -> Allocation:
+        """The allocation this buffer is (a view) of: what `rt.free` of its base frees.
+        Wrappers on one device share an `alloc_id` but each is an allocation of its own,
+        freed on its own, so a check of liveness looks at every allocation, not one
+        buffer per `alloc_id`."""
+        return self._alloc
 
     @property
     def byte_range(self) -> tuple[int, int]:
@@ -208,14 +229,22 @@ class Buffer:
     def __repr__(self) -> str:
         dims = "x".join(map(str, self.shape))
         where = f" view@{self.offset}" if self.is_view else ""
+        if self._alloc.foreign:  # wrappers on a device share its #number: say where
+            where += f" wrapping {self.byte_range[0]:#x}"
         gone = " freed" if self.freed else ""
-        return f"<Buffer {self.device} {dims} {self.dtype.name}{where}{gone} #{self.alloc_id}>"
+        kind = dtype_text(self.dtype)
+        return f"<Buffer {self.device} {dims} {kind}{where}{gone} #{self.alloc_id}>"
 
     def check_live(self, what: str = "") -> None:
+        """Raise BufferFreedError (its message starting with `what`) if `rt.free` freed
+        this buffer's allocation."""
         if self._alloc.freed:
-            raise BufferFreedError(
-                f"{what}{self!r} was freed; allocate a new buffer with rt.alloc(...) instead"
+            fix = (
+                "wrap the memory again with rt.wrap(...)"
+                if self._alloc.foreign
+                else "allocate a new buffer with rt.alloc(...)"
             )
+            raise BufferFreedError(f"{what}{self!r} was freed; {fix} instead")
 
     def view(
         self,
@@ -265,6 +294,12 @@ class Buffer:
         self, offset: int, size: int | None, shape: Any, dtype: Any, byte_offset: int | None
     ) -> Buffer:
         dt = self.dtype if dtype is None else buffer_dtype("view()", dtype)
+        if not dt.isnative and self._alloc.device.native_byte_order:
+            raise UsageError(
+                f"view(dtype={dt.str!r}) of {self!r}: {self.device}'s kernels read memory in "
+                f"this machine's byte order, so as {dtype_text(dt)} the view would hold other "
+                f"numbers; view it as {dt.newbyteorder('=')} and convert on the host"
+            )
         if byte_offset is None:
             byte_offset = offset * self.dtype.itemsize
         elif offset:

@@ -118,6 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes of host-write data one client may have sent and not yet used",
     )
     worker.add_argument(
+        "--allow-programs",
+        action="store_true",
+        help="run the compiled CPU programs clients ship (tinygrad's AG device): any client "
+        "holding the token may then run any machine code in this process; needs the "
+        "tinygrad extra on this worker",
+    )
+    worker.add_argument(
+        "--max-programs",
+        type=int,
+        default=4096,
+        help="shipped programs one client may keep on this worker (default: 4096)",
+    )
+    worker.add_argument(
+        "--max-program-bytes",
+        type=int,
+        default=256 << 20,
+        help="bytes of shipped programs one client may keep on this worker (default: 256 MiB)",
+    )
+    worker.add_argument(
         "--max-handshakes",
         type=int,
         default=128,
@@ -270,6 +289,8 @@ def _run(args: argparse.Namespace) -> int:
             max_tail=args.max_frame,
             max_session_bytes=args.max_client_bytes,
             max_pending_blob_bytes=args.max_pending_writes,
+            max_code_count=args.max_programs,
+            max_code_bytes=args.max_program_bytes,
         )
         return worker_main(
             args.devices,
@@ -280,6 +301,7 @@ def _run(args: argparse.Namespace) -> int:
             limits,
             args.thread_bytes,
             (args.tls_cert, args.tls_key, args.tls_ca),
+            args.allow_programs,
             handshakes,
         )
     return 2  # pragma: no cover - argparse rejects unknown commands

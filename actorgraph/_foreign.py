@@ -144,7 +144,8 @@ class HostMemory:
             if other.device is not alloc.device:
                 raise UsageError(
                     f"wrap: that memory ({where}) is wrapped on {other.device.name} already "
-                    f"(buffer #{other.uid}); host memory is one address space, but a runtime orders "
+                    f"(by the wrapper of {found[0]:#x}..{found[1]:#x}); host memory is one "
+                    f"address space, but a runtime orders "
                     f"work on wrapped memory per device, so wrappers on {other.device.name} "
                     f"and {alloc.device.name} would race: wrap it on one device and move the "
                     f"data with Copy items, or rt.free the other wrapper first"

@@ -16,7 +16,7 @@ from actorgraph.scheduler import Plan
 
 from . import _capture
 from ._await import Hinted, described, listed
-from ._buffer import Buffer
+from ._buffer import Allocation, Buffer, dtype_text
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
@@ -220,9 +220,15 @@ class Graph(Hinted):
         self.runs_off_thread = program.runs_inline and all(
             device.kind == "CPU" for device in program.devices
         )
-        # One buffer per internal allocation: checked on every call, as a buffer may be
-        # freed between two calls with the same inputs.
-        self._internal_roots = tuple(bufs[0] for bufs in self._internal.values())
+        # One buffer per internal allocation, checked on every call after a free, as a
+        # buffer may be freed between two calls with the same inputs. Per allocation,
+        # not per address space: every wrapper on a device shares one (`alloc_id`), and
+        # each is freed on its own.
+        roots: dict[Allocation, Buffer] = {}
+        for bufs in internal.values():
+            for buf in bufs:
+                roots.setdefault(buf.allocation, buf)
+        self._internal_roots = tuple(roots.values())
         # The byte ranges of those buffers by allocation, worked out the first time an
         # input is in that allocation (most never are): every new input set is checked
         # against them (_overlap), and wrapped memory puts every wrapped buffer of a
@@ -622,7 +628,8 @@ class Graph(Hinted):
             )
         if new.dtype != old.dtype:
             raise InputError(
-                f"input {i} has dtype {new.dtype} but the graph was compiled for {old.dtype}"
+                f"input {i} has dtype {dtype_text(new.dtype)} but the graph was compiled for "
+                f"{dtype_text(old.dtype)}; pass a buffer of that dtype"
             )
         limit = self._program.max_sizes.get(i)
         if limit is None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 
-from ._buffer import Buffer
+from ._buffer import Allocation, Buffer, dtype_text
 from ._call import Call
 from ._capture import Mode, Scope, current_scope, entered
 from ._errors import ActorGraphError, InputError, UsageError, VarError
@@ -139,8 +139,8 @@ class _Signature:
                 for what in ("device", "dtype", "shape"):
                     if getattr(was, what) != getattr(now, what):
                         return (
-                            f"{name}(): argument {old.path} has {what} {getattr(now, what)} "
-                            f"but the capture used {getattr(was, what)}"
+                            f"{name}(): argument {old.path} has {what} {_text(now, what)} but "
+                            f"the capture used {_text(was, what)}"
                         )
                 if not runtime.owns(now):
                     return (
@@ -161,6 +161,11 @@ class _Signature:
         return None
 
 
+def _text(buf: Buffer, what: str) -> Any:
+    """A buffer's device, dtype or shape as a message prints it."""
+    return dtype_text(buf.dtype) if what == "dtype" else getattr(buf, what)
+
+
 def _aliasing(leaves: list[_Leaf]) -> tuple[int, ...]:
     """For each Buffer leaf, the index of the first leaf holding the same Buffer object
     (Buffers compare by identity)."""
@@ -177,15 +182,16 @@ def _unique_buffers(leaves: list[_Leaf]) -> list[Buffer]:
 
 
 def _trace(items: Sequence[Item], inputs: Sequence[Buffer]) -> tuple[Any, ...]:
-    """Items with buffers named by role: input i (+offset) or the k-th other allocation."""
-    own: dict[int, int] = {}
+    """Items with buffers named by role: input i (+offset) or the k-th other allocation
+    (the allocation itself, not its address space: wrappers on one device share one)."""
+    own: dict[Allocation, int] = {}
 
     def canon(buf: Buffer) -> tuple[Any, ...]:
         where = (buf.shape, buf.dtype.str, buf.device)
         for i, root in enumerate(inputs):
             if buf.within(root):
                 return ("input", i, buf.offset - root.offset, *where)
-        return ("own", own.setdefault(buf.alloc_id, len(own)), buf.offset, *where)
+        return ("own", own.setdefault(buf.allocation, len(own)), buf.offset, *where)
 
     out: list[tuple[Any, ...]] = []
     for item in items:

@@ -8,6 +8,7 @@ from typing import Any, Union
 import attrs
 
 from actorgraph.devices import check_kernel_cost
+from actorgraph.devices.remote import MachineCode
 
 from ._await import described
 from ._buffer import Buffer
@@ -39,7 +40,9 @@ class Kernel:
     local_size= keywords when pass_dims=True); with cpu_args="addresses" it gets each
     buffer's host address (an int) instead of a numpy view, for compiled code (a ctypes
     function, say) that takes pointers; `cuda` is CUDA C source whose entry point
-    is `name`. `cost` tells simulated devices how long a launch takes: seconds, a
+    is `name`. `code` is compiled machine code (an `ag.remote.MachineCode`) that a
+    worker started with `--allow-programs` runs on its CPU devices: it is shipped to
+    each worker once. `cost` tells simulated devices how long a launch takes: seconds, a
     Work(flops=..., nbytes=...), or fn(buffer_nbytes, var_values) -> either.
     """
 
@@ -51,6 +54,7 @@ class Kernel:
     cost: Any = None
     pass_dims: bool = False
     cpu_args: str = "arrays"
+    code: MachineCode | None = None
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -60,8 +64,15 @@ class Kernel:
                 f"Kernel {self.name!r}: cpu_args is 'arrays' (numpy views) or 'addresses' "
                 f"(host addresses as ints), got {self.cpu_args!r}"
             )
-        if self.cpu is None and self.cuda is None:
-            raise UsageError(f"Kernel {self.name!r} has no body; give cpu=fn and/or cuda=SOURCE")
+        if self.cpu is None and self.cuda is None and self.code is None:
+            raise UsageError(
+                f"Kernel {self.name!r} has no body; give cpu=fn, cuda=SOURCE and/or "
+                f"code=ag.remote.MachineCode(...)"
+            )
+        if self.code is not None and not isinstance(self.code, MachineCode):
+            raise UsageError(
+                f"Kernel {self.name!r}: code= takes an ag.remote.MachineCode, got {self.code!r}"
+            )
         if self.cpu is not None and not callable(self.cpu):
             raise UsageError(f"Kernel {self.name!r}: cpu= must be callable, got {self.cpu!r}")
         if not self.outs:

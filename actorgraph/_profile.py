@@ -221,13 +221,21 @@ def _critical_path(events: list[ProfileEvent]) -> list[ProfileEvent]:
     return chain
 
 
+def _allocation_name(root: Buffer) -> str:
+    """A base buffer's name in a trace: its allocation number, and for a wrapper (which
+    shares its device's number with every other one) the address it wraps."""
+    if root.foreign:
+        return f"#{root.alloc_id}@{root.byte_range[0]:#x}"
+    return f"#{root.alloc_id}"
+
+
 def buffer_name(buf: Buffer) -> str:
-    """A short name for a buffer in a trace: its allocation number, and the range of a view."""
+    """A short name for a buffer in a trace: its allocation's name, and the range of a view."""
     if buf.is_view:
         base = buf.base
         start = buf.offset - base.offset
-        return f"#{buf.alloc_id}[{start}:{start + buf.size}]"
-    return f"#{buf.alloc_id}"
+        return f"{_allocation_name(base)}[{start}:{start + buf.size}]"
+    return _allocation_name(buf)
 
 
 @attrs.frozen
@@ -361,7 +369,8 @@ class _Layout:
                     names[slot] = buffer_name(new_root)
                 else:
                     start = buf.offset - old_root.offset + new_root.offset - new_root.base.offset
-                    names[slot] = f"#{new_root.alloc_id}[{start}:{start + buf.size}]"
+                    where = _allocation_name(new_root.base)
+                    names[slot] = f"{where}[{start}:{start + buf.size}]"
         return ProfileEvent(
             actor=actor,
             device=device,

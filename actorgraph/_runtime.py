@@ -16,6 +16,7 @@ import trio
 from actorgraph.devices import (
     NOT_RUN,
     Device,
+    Op,
     RemoteConnectionError,
     Signal,
     Submission,
@@ -33,6 +34,7 @@ from ._buffer import (
     _shape_of,
     buffer_dtype,
     check_buffer_size,
+    dtype_text,
 )
 from ._checker import CheckedGraph
 from ._collector import collector_paused
@@ -64,6 +66,33 @@ from ._program import (
 _runtime_numbers = itertools.count(1)
 
 
+class HostCopy:
+    """A copyin or copyout submitted without waiting (`Runtime.submit_copyin`,
+    `submit_copyout`): `await copy.wait()` returns once it is done (raising its
+    failure); a copyout's `array` then holds the buffer's bytes."""
+
+    __slots__ = ("_program", "_sub", "array")
+
+    def __init__(
+        self, program: Program, sub: Submission, array: np.ndarray[Any, Any] | None
+    ) -> None:
+        self._program = program
+        self._sub = sub
+        self.array = array
+
+    @property
+    def done(self) -> bool:
+        return bool(self._sub.done.is_set())
+
+    async def wait(self) -> None:
+        await self._sub.done.wait()
+        raise_failure(self._program, self._sub)
+
+    def finish(self) -> None:
+        """Raise the failure of a copy that is done (nothing if it succeeded)."""
+        raise_failure(self._program, self._sub)
+
+
 @attrs.frozen
 class StallReport:
     """The watchdog saw no progress for `stalled_for` seconds (trio clock) at time `at`."""
@@ -72,6 +101,12 @@ class StallReport:
     stalled_for: float
     in_flight: int
     actors: tuple[str, ...]
+
+
+def _dtype_code(dtype: np.dtype[Any]) -> str:
+    """How to write `dtype` in Python: np.int32, or '>i4' when its byte order is not
+    this machine's."""
+    return f"np.{dtype.name}" if dtype.isnative else repr(dtype.str)
 
 
 @attrs.frozen
@@ -135,7 +170,7 @@ class Runtime:
         # counting it), or None.
         self._pending: dict[Submission, Callable[[Submission], None] | None] = {}
         # (submissions still running, device, memory): frees waiting for that work.
-        self._deferred_frees: list[tuple[set[Submission], Device, Any]] = []
+        self._deferred_frees: list[tuple[set[Submission], Device | None, Any]] = []
         # Places in the window taken by replays not posted yet (`reserve`); callers wait
         # in `_space` for room. Invariant: len(_pending) + _reserved <= max_in_flight,
         # except for work posted without waiting for room (never in flight, or eager).
@@ -340,8 +375,14 @@ class Runtime:
         wrap on one device compare by address: two wrappers of overlapping memory alias,
         so the planner orders items that use them. Memory wrapped on another device, or
         an rt.alloc buffer's, is refused (see HostMemory). `rt.free(buf)` forgets the
-        wrapper; the memory stays its owner's, who must keep it alive while work that
-        uses it may run.
+        wrapper and makes later use of it a BufferFreedError; the memory stays its
+        owner's: an exporter is kept alive until the work submitted before the free is
+        done, memory given by address must be kept alive by the caller that long.
+
+        Returns the Buffer (`shape` defaults to all the memory as one dimension of
+        `dtype`). Raises UsageError for memory that is not host memory, read-only, not
+        contiguous, too small for `shape`, wrapped on another device, or an rt.alloc
+        buffer's.
         """
         self.check_open()
         if isinstance(source, Buffer):
@@ -365,17 +406,15 @@ class Runtime:
             raise UsageError(f"free() takes a base buffer; {buffer!r} is a view")
         self.check_own(buffer, "free: ")
         buffer.check_live("free: ")
-        device = buffer.device_object
+        # A wrapper's memory is its owner's (rt.wrap): nothing goes back to the device,
+        # but the wrapper's exporter is kept alive as long as its memory may be used.
+        device = None if buffer.foreign else buffer.device_object
         memory = buffer.release_memory()
         self.frees += 1
-        self.epoch += 1
-        if buffer.foreign:
-            # The memory is its owner's (rt.wrap): nothing goes back to the device. Graphs
-            # re-check their buffers' liveness when the epoch moves.
-            return
+        self.epoch += 1  # graphs re-check their buffers' liveness when it moves
         # Work submitted before may still use the memory (no later work can): the device
-        # gets it back once that work is done. Never wait for it here, on the trio thread
-        # that the work itself may need.
+        # gets it back (an exporter is let go of) once that work is done. Never wait for
+        # it here, on the trio thread that the work itself may need.
         waiting = {sub for sub in self._pending if not sub.done.is_set()}
         if waiting:
             self._deferred_frees.append((waiting, device, memory))
@@ -383,7 +422,9 @@ class Runtime:
             self._release(device, memory)
 
     @staticmethod
-    def _release(device: Device, memory: Any) -> None:
+    def _release(device: Device | None, memory: Any) -> None:
+        if device is None:
+            return  # a wrapper's exporter: dropping it is all there is to do
         try:
             device.free(memory)
         except Exception as error:  # e.g. a GPU whose context is already lost
@@ -571,7 +612,44 @@ class Runtime:
         await self._run_host(program, op)
         return out
 
-    async def _run_host(self, program: Program, op: Any) -> None:
+    async def submit_copyin(self, buffer: Buffer, array: Any) -> HostCopy:
+        """`copyin` without waiting for it to be done: it is submitted (after all earlier
+        work on its device) when this returns, and the HostCopy says when it is done.
+        On a remote device the bytes go with the request, in one message."""
+        self.check_open()
+        _capture.check_host_transfer("copyin")
+        data = self._host_array(buffer, array)
+        program = host_program(self, self.caps, buffer, write=True)
+        op = self.device(buffer.device).lower_host_write(buffer, data, program.plan.queues[0].kind)
+        return await self._submit_host(program, op, None)
+
+    async def submit_copyout(self, buffer: Buffer) -> HostCopy:
+        """`copyout` without waiting for it: once the HostCopy is done (`await
+        copy.wait()`), `copy.array` holds the bytes of `buffer` as of that point."""
+        self.check_open()
+        _capture.check_host_transfer("copyout")
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"submit_copyout takes a Buffer, got {described(buffer)}")
+        self.check_own(buffer, "submit_copyout: ")
+        buffer.check_live("submit_copyout: ")
+        out = np.empty(buffer.shape, dtype=buffer.dtype)
+        program = host_program(self, self.caps, buffer, write=False)
+        op = self.device(buffer.device).lower_host_read(buffer, out, program.plan.queues[0].kind)
+        return await self._submit_host(program, op, out)
+
+    async def _submit_host(
+        self, program: Program, op: Op, out: np.ndarray[Any, Any] | None
+    ) -> HostCopy:
+        await self.admit()
+        bound = program.bind_host(op)
+        linear = bound.linear
+        failure = NOT_RUN if linear is None else linear.run()
+        if failure is NOT_RUN:
+            return HostCopy(program, program.submit(bound), out)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return HostCopy(program, program.done_submission(failure), out)
+
+    async def _run_host(self, program: Program, op: Op) -> None:
         # The host op fills the one Run placeholder of a single-item host program.
         await self._run_now_or_submit(program, program.bind_host(op))
 
@@ -607,8 +685,8 @@ class Runtime:
         data = np.asarray(array)
         if data.dtype != buffer.dtype:
             raise UsageError(
-                f"copyin: array dtype {data.dtype} does not match {buffer!r}; "
-                f"convert with array.astype(np.{buffer.dtype.name})"
+                f"copyin: array dtype {dtype_text(data.dtype)} does not match {buffer!r}; "
+                f"convert with array.astype({_dtype_code(buffer.dtype)})"
             )
         if data.size != buffer.size:
             raise UsageError(

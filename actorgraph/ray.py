@@ -40,7 +40,7 @@ import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import trio
@@ -143,13 +143,14 @@ class WorkerServer:
         kernels: Sequence[str],
         limits: Any,
         tls: WorkerTLSFiles | None = None,
+        allow_programs: bool = False,
     ) -> dict[str, Any] | str:
         """Serve `devices`; the worker's place and address, or why it could not start."""
         bind = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         ready: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._main,
-            args=(list(devices), bind, token, list(kernels), limits, tls, ready),
+            args=(list(devices), bind, token, list(kernels), limits, tls, allow_programs, ready),
             name="actorgraph worker",
             daemon=True,
         )
@@ -180,6 +181,7 @@ class WorkerServer:
         kernels: list[str],
         limits: Any,
         tls: WorkerTLSFiles | None,
+        allow_programs: bool,
         ready: concurrent.futures.Future[tuple[str, int]],
     ) -> None:
         from actorgraph.worker import run_worker
@@ -199,6 +201,7 @@ class WorkerServer:
                         tls_cert=None if tls is None else tls.cert,
                         tls_key=None if tls is None else tls.key,
                         tls_ca=None if tls is None else tls.ca,
+                        allow_programs=allow_programs,
                         task_status=task_status,
                     )
                 )
@@ -596,6 +599,7 @@ def start_workers(
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
+    allow_programs: bool = False,
 ) -> RayWorkers:
     """Start worker actors on the Ray cluster this process is connected to; returns once
     every worker listens.
@@ -617,6 +621,10 @@ def start_workers(
     node's address); tls_ca: the CA that signed them, at this path here (the runtimes'
     remote_tls_ca) and on every node (the workers' links to each other); by default
     tls_cert itself (workers that share one certificate). The token is kept as well.
+    allow_programs: the workers run the compiled CPU programs clients ship (`actorgraph
+    worker --allow-programs`: tinygrad's AG devices, `agt.install(remote=workers.devices,
+    **workers.runtime_options())`); needs the tinygrad extra on every node, and trusts
+    every holder of the token with the workers' processes.
     """
     devices = _check_request(devices, placement, kernels)
     tls = _tls_files(tls_cert, tls_key, tls_ca)
@@ -643,7 +651,8 @@ def start_workers(
             ) from None
         token = secrets.token_hex(32).encode()
         actors.extend(_worker_actors(group, count, bundle, runtime_env))
-        workers = _started(actors, devices, host, token, list(kernels), limits, tls, timeout)
+        started = _Start(devices, host, token, list(kernels), limits, tls, allow_programs)
+        workers = _started(actors, started, timeout)
     except BaseException:
         for actor in actors:
             ray.kill(actor, no_restart=True)
@@ -723,22 +732,23 @@ def _worker_actors(
     ]
 
 
-def _started(
-    actors: list[Any],
-    devices: list[str],
-    host: str | None,
-    token: bytes,
-    kernels: list[str],
-    limits: Any,
-    tls: WorkerTLSFiles | None,
-    timeout: float,
-) -> list[RayWorker]:
+class _Start(NamedTuple):
+    """What each worker actor is started with (`_WorkerActor.start`'s arguments)."""
+
+    devices: list[str]
+    host: str | None
+    token: bytes
+    kernels: list[str]
+    limits: Any
+    tls: WorkerTLSFiles | None
+    allow_programs: bool
+
+
+def _started(actors: list[Any], start: _Start, timeout: float) -> list[RayWorker]:
     """Start every worker; what each listens on, once all do."""
+    devices = start.devices
     try:
-        started = ray.get(
-            [a.start.remote(devices, host, token, kernels, limits, tls) for a in actors],
-            timeout=timeout,
-        )
+        started = ray.get([a.start.remote(*start) for a in actors], timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         raise RayWorkerError(f"the Ray workers did not start within {timeout:g} s") from None
     except ray.exceptions.RayError as exc:

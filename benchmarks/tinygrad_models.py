@@ -29,6 +29,16 @@ from the machine's load.
 Targets: install <= 1.0x tinygrad alone on every model; the trio path <= 0.7x on the
 small models (all but heavy).
 
+On workers (tinygrad 0.14; `--no-ag` leaves them out): two loopback `actorgraph worker
+--allow-programs` processes become tinygrad's AG and AG:1 (`agt.install(remote=...)`),
+and the decoder, cnn and mlp run on AG, dp2 over AG and AG:1 (its batch made here and
+sharded to them in the jit), each call with its own input (made on its device before
+the round) and reading its output (`.numpy()`), beside the same with tinygrad alone on
+this host's CPU devices, and this run's round trip between this process and a worker
+(a Ping and its Pong). Targets: a call on a worker at most tinygrad alone's + 1.5 round
+trips (dp2: its local data-parallel step's + 1.5); an eager kernel whose result is not
+read costs no round trip (no message sent, less time than one).
+
     python benchmarks/tinygrad_models.py            # -> benchmarks/results/tinygrad_models.json
     python benchmarks/tinygrad_models.py --quick    # tiny sizes: checks the script runs
                                                     #    (-> results/quick/, measures nothing)
@@ -72,8 +82,8 @@ def data(seed: int, *shape: int) -> np.ndarray[Any, Any]:
     return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32) * 0.1
 
 
-def randn(seed: int, *shape: int) -> Tensor:
-    return Tensor(data(seed, *shape)).realize()
+def randn(seed: int, *shape: int, device: str = "CPU") -> Tensor:
+    return Tensor(data(seed, *shape), device=device).realize()
 
 
 def _no_more(k: int) -> tuple[Any, ...]:
@@ -96,12 +106,14 @@ class Model:
 class Block:
     """A decoder block: attention over a KV cache it fills at `pos`, then an MLP."""
 
-    def __init__(self, seed: int, dim: int, heads: int, ctx: int) -> None:
+    def __init__(self, seed: int, dim: int, heads: int, ctx: int, device: str = "CPU") -> None:
         self.dim, self.heads = dim, heads
-        self.wq, self.wk, self.wv, self.wo = (randn(seed + i, dim, dim) for i in range(4))
-        self.w1, self.w2 = randn(seed + 4, dim, 4 * dim), randn(seed + 5, 4 * dim, dim)
-        self.cache_k = Tensor.zeros(ctx, dim).contiguous().realize()
-        self.cache_v = Tensor.zeros(ctx, dim).contiguous().realize()
+        wq, wk, wv, wo = (randn(seed + i, dim, dim, device=device) for i in range(4))
+        self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
+        self.w1 = randn(seed + 4, dim, 4 * dim, device=device)
+        self.w2 = randn(seed + 5, 4 * dim, dim, device=device)
+        self.cache_k = Tensor.zeros(ctx, dim, device=device).contiguous().realize()
+        self.cache_v = Tensor.zeros(ctx, dim, device=device).contiguous().realize()
 
     def __call__(self, x: Tensor, pos: Any) -> Tensor:
         q, k, v = x @ self.wq, x @ self.wk, x @ self.wv
@@ -117,9 +129,9 @@ class Block:
         return x + (x @ self.w1).relu() @ self.w2
 
 
-def decoder(quick: bool) -> Model:
+def decoder(quick: bool, device: str = "CPU") -> Model:
     dim, ctx = (16, 16) if quick else (64, 128)
-    blocks = [Block(10 * i, dim, 4, ctx) for i in range(2)]
+    blocks = [Block(10 * i, dim, 4, ctx, device) for i in range(2)]
     pos = Variable("start_pos", 0, ctx - 1)
 
     def step(x: Tensor, p: Any) -> Tensor:
@@ -133,25 +145,27 @@ def decoder(quick: bool) -> Model:
         step,
         lambda k: data(1000 + k, 1, dim),
         calls,
+        (device,),
         more=lambda k: (pos.bind(k % ctx),),
     )
 
 
-def cnn(quick: bool) -> Model:
+def cnn(quick: bool, device: str = "CPU") -> Model:
     size = 8 if quick else 32
-    c1, c2 = randn(1, 8, 3, 3, 3), randn(2, 16, 8, 3, 3)
-    head = randn(3, 16 * (size // 4) ** 2, 10)
+    c1, c2 = randn(1, 8, 3, 3, 3, device=device), randn(2, 16, 8, 3, 3, device=device)
+    head = randn(3, 16 * (size // 4) ** 2, 10, device=device)
 
     def forward(x: Tensor) -> Tensor:
         x = x.conv2d(c1, padding=1).relu().max_pool2d()
         x = x.conv2d(c2, padding=1).relu().max_pool2d()
         return (x.flatten(1) @ head).realize()
 
-    return Model("cnn", forward, lambda k: data(2000 + k, 2, 3, size, size), 4 if quick else 100)
+    calls = 4 if quick else 100
+    return Model("cnn", forward, lambda k: data(2000 + k, 2, 3, size, size), calls, (device,))
 
 
-def mlp(sizes: tuple[int, ...], batch: int, name: str, calls: int) -> Model:
-    weights = [randn(i, a, b) for i, (a, b) in enumerate(zip(sizes, sizes[1:]))]
+def mlp(sizes: tuple[int, ...], batch: int, name: str, calls: int, device: str = "CPU") -> Model:
+    weights = [randn(i, a, b, device=device) for i, (a, b) in enumerate(zip(sizes, sizes[1:]))]
 
     def forward(x: Tensor) -> Tensor:
         for k, w in enumerate(weights):
@@ -160,11 +174,10 @@ def mlp(sizes: tuple[int, ...], batch: int, name: str, calls: int) -> Model:
                 x = x.relu()
         return x.realize()
 
-    return Model(name, forward, lambda k: data(3000 + k, batch, sizes[0]), calls)
+    return Model(name, forward, lambda k: data(3000 + k, batch, sizes[0]), calls, (device,))
 
 
-def data_parallel(quick: bool) -> Model:
-    devs = ("CPU", "CPU:1")
+def data_parallel(quick: bool, devs: tuple[str, ...] = ("CPU", "CPU:1")) -> Model:
     width, batch = (8, 4) if quick else (64, 32)
     w = randn(5, width, width).shard(devs, axis=None).realize()
 
@@ -196,10 +209,10 @@ def sync(devices: Sequence[str]) -> None:
 
 def floor_calls(batch: Any, roots: Sequence[ag.Buffer], values: dict[Any, int]) -> list[Any]:
     """The batch's kernels and copies as prepared (function, args), over these roots."""
-    from actorgraph.tinygrad._convert import build_items
+    from actorgraph.tinygrad._convert import build_items, held_lookup
 
     calls = []
-    for item in build_items(batch.calls, roots, batch.wrapper):
+    for item in build_items(batch.calls, roots, held_lookup(batch.hold())):
         if isinstance(item, ag.Launch):
             fixed = dict(item.fixedvars)
             vals = [fixed[v] if v in fixed else values[v] for v in item.vars]
@@ -290,6 +303,207 @@ async def measure(model: Model, rounds: int, rt: ag.Runtime, mode: str) -> dict[
     return row
 
 
+# -- on workers: tinygrad's AG devices --
+
+RT_TARGET = 1.5  # round trips a jitted call on a worker may cost beyond tinygrad alone's
+
+
+def _ag_models(quick: bool) -> dict[str, Callable[[str, tuple[str, str]], Model]]:
+    """The models on a device (decoder, cnn, mlp) or a pair of them (dp2), by name."""
+    calls = 4 if quick else 30
+    return {
+        "decoder": lambda one, two: attrs.evolve(decoder(quick, one), calls=calls),
+        "cnn": lambda one, two: attrs.evolve(cnn(quick, one), calls=calls),
+        "mlp": lambda one, two: mlp((16, 32, 8), 4, "mlp", calls, one),
+        "dp2": lambda one, two: attrs.evolve(data_parallel(quick, two), calls=calls),
+    }
+
+
+class Workers:
+    """Two loopback `actorgraph worker --allow-programs` processes (CPU:0 each)."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import tempfile
+
+        folder = pathlib.Path(tempfile.mkdtemp(prefix="ag-bench-"))
+        self.token = folder / "token"
+        self.token.write_text(os.urandom(16).hex())
+        self.processes, self.devices = [], []
+        command = [sys.executable, "-m", "actorgraph", "worker", "--port", "0", "--devices"]
+        command += ["CPU:0", "--token-file", str(self.token), "--allow-programs"]
+        for _ in range(2):
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+            assert process.stdout is not None
+            banner = process.stdout.readline()
+            self.processes.append(process)
+            if "listening on " not in banner:
+                self.stop()
+                raise SystemExit(f"a worker did not start: {banner!r}")
+            self.devices.append("CPU:0@" + banner.split("listening on ", 1)[1].split()[0])
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+            process.wait(30)
+
+
+def _input_device(model: Model) -> str:
+    """Where a call's input is made: the model's device, or this host for dp2 (whose jit
+    shards it over its devices)."""
+    return model.devices[0] if len(model.devices) == 1 else "CPU"
+
+
+def _per_call(jit: Any, inputs: Sequence[Tensor], model: Model) -> float:
+    """A round of calls, each reading its output (what a caller of a model does)."""
+    start = time.perf_counter()
+    for k in range(model.calls):
+        jit(inputs[k], *model.more(k)).numpy()
+    return (time.perf_counter() - start) / model.calls
+
+
+def _round_trips(names: Sequence[str], count: int = 20) -> float:
+    """The median round trip (a Ping and its Pong) between this process and the
+    workers of these AG devices, measured on the runtime's thread."""
+    state = agt._install.current()
+    assert state is not None
+    found = []
+    for name in names:
+        connection = state.runtime.runtime.device(name).connection
+        for _ in range(count):
+            found.append(state.runtime.call(connection.round_trip).result())
+    return statistics.median(found)
+
+
+def measure_ag(
+    name: str, quick: bool, rounds: int, workers: Workers, eager_calls: int
+) -> dict[str, Any]:
+    """A model with tinygrad alone on local CPU devices and on the workers (AG, AG:1),
+    each call reading its output, beside this run's round trip to the workers."""
+    build = _ag_models(quick)[name]
+    local = build("CPU", ("CPU", "CPU:1"))
+    arrays = [local.data(k) for k in range(local.calls)]
+    local_inputs = [Tensor(a, device=_input_device(local)).realize() for a in arrays]
+    own = TinyJit(local.fn)
+    checked = min(4, local.calls)
+    expected = [own(local_inputs[k], *local.more(k)).numpy().tobytes() for k in range(checked)]
+    agt.install(devices=2, remote=workers.devices, remote_token_file=str(workers.token))
+    try:
+        remote = build("AG", ("AG", "AG:1"))
+        inputs = [Tensor(a, device=_input_device(remote)).realize() for a in arrays]
+        ours = TinyJit(remote.fn)
+        got = [ours(inputs[k], *remote.more(k)).numpy().tobytes() for k in range(checked)]
+        assert got == expected, f"{name}: on the workers it differs from tinygrad alone"
+        before = agt.statistics()
+        samples: dict[str, list[float]] = {"tinygrad": [], "ag": []}
+        for _ in range(rounds):
+            samples["tinygrad"].append(_per_call(own, local_inputs, local))
+            samples["ag"].append(_per_call(ours, inputs, remote))
+        after = agt.statistics()
+        used = [agt.statistics().remote[i] for i in range(len(remote.devices))]
+        rtt = _round_trips(used)
+        eager = _eager(eager_calls) if name == "mlp" else None
+    finally:
+        agt.uninstall()
+    row: dict[str, Any] = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    row.update(
+        name=name,
+        mode="ag",
+        devices=list(remote.devices),
+        rtt=rtt * 1e6,
+        replays=after.replays - before.replays,
+        target=row["tinygrad"] + RT_TARGET * rtt * 1e6,
+    )
+    row["extra_round_trips"] = (row["ag"] - row["tinygrad"]) / row["rtt"]
+    if eager is not None:
+        row["eager"] = eager
+    return row
+
+
+def _eager(calls: int) -> dict[str, Any]:
+    """Eager kernels on AG whose results nothing reads: per call, and the messages they
+    sent the worker (none: they go with the next read)."""
+    state = agt._install.current()
+    assert state is not None
+    connection = state.runtime.runtime.device(state.remote[0]).connection
+    x = Tensor(data(7, 64, 64), device="AG").realize()
+    for _ in range(3):  # compiled and shipped before the timing
+        x = (x * 0.5 + 1).realize()
+    Device["AG"].synchronize()
+    sent = connection.statistics().messages_sent
+    start = time.perf_counter()
+    for _ in range(calls):
+        x = (x * 0.5 + 1).realize()
+    per_call = (time.perf_counter() - start) / calls
+    messages = connection.statistics().messages_sent - sent
+    Device["AG"].synchronize()
+    local = Tensor(data(7, 64, 64)).realize()
+    for _ in range(3):
+        local = (local * 0.5 + 1).realize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        local = (local * 0.5 + 1).realize()
+    local_per_call = (time.perf_counter() - start) / calls
+    return {
+        "calls": calls,
+        "ag": per_call * 1e6,
+        "tinygrad": local_per_call * 1e6,
+        "messages": messages,
+    }
+
+
+def ag_verdicts(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        where = "over two workers" if r["name"] == "dp2" else "on a worker"
+        out[f"{r['name']} {where}"] = {
+            "us": r["ag"],
+            "target_us": r["target"],
+            "met": r["ag"] <= r["target"],
+        }
+        if "eager" in r:
+            eager = r["eager"]
+            out["eager kernel not read"] = {
+                "us": eager["ag"],
+                "messages": eager["messages"],
+                "rtt_us": r["rtt"],
+                "met": eager["messages"] == 0,
+            }
+    return out
+
+
+def report_ag(rows: Sequence[dict[str, Any]]) -> None:
+    print(
+        f"on workers (loopback), us per call, each reading its output; round trip: a Ping "
+        f"and its Pong\n{'model':8} {'devices':>12} {'tinygrad':>10} {'AG':>10} {'rtt':>8} "
+        f"{'target':>10} {'extra rtts':>10}"
+    )
+    for r in rows:
+        devices = "AG+AG:1" if r["name"] == "dp2" else "AG"
+        print(
+            f"{r['name']:8} {devices:>12} {r['tinygrad']:10.1f} {r['ag']:10.1f} {r['rtt']:8.1f} "
+            f"{r['target']:10.1f} {r['extra_round_trips']:10.2f}"
+        )
+        if "eager" in r:
+            e = r["eager"]
+            print(
+                f"eager kernel, result not read: {e['ag']:.1f} us a call on AG "
+                f"({e['tinygrad']:.1f} us on CPU alone), {e['messages']} messages for "
+                f"{e['calls']} calls"
+            )
+    for name, verdict in ag_verdicts(rows).items():
+        print(f"{name}: {'met' if verdict['met'] else 'NOT met'} ({verdict})")
+
+
+def ag_possible() -> str | None:
+    """Why AG rows cannot run here, or None."""
+    if agt.TINYGRAD_VERSION != "0.14.0":
+        return f"AG devices need tinygrad 0.14.0 (this is {agt.TINYGRAD_VERSION})"
+    from actorgraph.worker._machine_code import loader_problem
+
+    return loader_problem()
+
+
 def verdicts(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for r in rows:
@@ -318,9 +532,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--modes", default="pool,recycled", help="comma-separated input modes (see MODES)"
     )
     parser.add_argument("--out", default="", help="where the JSON goes (default: RESULTS)")
+    parser.add_argument(
+        "--no-ag", action="store_true", help="leave out the rows on workers (AG devices)"
+    )
+    parser.add_argument(
+        "--ag-only", action="store_true", help="only the rows on workers (AG devices)"
+    )
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     chosen = [m for m in models(args.quick) if not args.only or m.name in args.only.split(",")]
+    if args.ag_only:
+        chosen = []
+    ag_names = [n for n in _ag_models(args.quick) if not args.only or n in args.only.split(",")]
+    why_not = "--no-ag" if args.no_ag else ag_possible()
 
     async def run() -> list[dict[str, Any]]:
         rows = []
@@ -349,6 +573,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, verdict in found.items():
         met = "met" if verdict["met"] else "NOT met"
         print(f"{name}: {verdict['ratio']:.2f}x (target <= {verdict['target']}x): {met}")
+    ag_rows: list[dict[str, Any]] = []
+    if why_not is None and ag_names:
+        workers = Workers()
+        try:
+            for name in ag_names:
+                ag_rows.append(
+                    measure_ag(name, args.quick, rounds, workers, 20 if args.quick else 500)
+                )
+        finally:
+            workers.stop()
+        report_ag(ag_rows)
+    elif ag_names:
+        print(f"no rows on workers: {why_not}")
+    found_ag = ag_verdicts(ag_rows)
     # A quick run writes under results/quick/, never over a full run's figures.
     out = (
         pathlib.Path(args.out)
@@ -369,6 +607,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "modes": {m: MODES[m] for m in args.modes.split(",")},
                 "rows": rows,
                 "verdicts": found,
+                "ag_rows": ag_rows,
+                "ag_verdicts": found_ag,
             },
             indent=2,
         )

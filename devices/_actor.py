@@ -76,11 +76,16 @@ class WorkerThread:
             if got is None:
                 return
             calls, first, observer, task = got
+            # Nothing of a run outlives it here: the wait for the next one must not keep
+            # its calls, and what they hold (a departed client's memory, its code), alive.
+            del got
             failure = run_calls(calls, first, observer)
+            del calls, observer
             try:
                 self._token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(failure))
             except trio.RunFinishedError:
                 return
+            del task, failure
 
     async def run(
         self, calls: Calls, first: int, observer: JobProfile | None = None

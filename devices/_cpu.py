@@ -24,6 +24,12 @@ def host_launch_call(device: Device, launch: LaunchRequest) -> tuple[Any, tuple[
     """The (function, args) that run a kernel's CPU body on host-visible buffers."""
     _, kernel, buffers, var_values, global_size, local_size, _ = launch  # one unpack: hot path
     fn = kernel.cpu
+    if fn is None and getattr(kernel, "code", None) is not None:
+        raise DeviceError(
+            f"kernel {kernel.name!r} is machine code for workers (Kernel(code=...)) with no "
+            f"CPU body, so it cannot run on {device.name}; launch it on a CPU device of a "
+            f"worker started with --allow-programs (KIND:N@HOST:PORT), or give cpu=fn"
+        )
     if fn is None:
         raise DeviceError(
             f"kernel {kernel.name!r} has no CPU body, so it cannot run on {device.name}; "

@@ -100,6 +100,9 @@ class Device:
     # copy that touches it, whichever queue the planner puts the copy on.
     lowers_foreign_copies: ClassVar[bool] = False
     host_io: ClassVar[bool] = False  # its memory is reached through I/O (see DeviceCaps)
+    # Its kernels read memory in the device's own byte order, whatever a buffer's dtype
+    # says (a GPU's): a dtype of the other byte order would mean other numbers there.
+    native_byte_order: ClassVar[bool] = False
     # The options of open_runtime(...) this kind of device reads (when it is opened).
     options_taken: ClassVar[frozenset[str]] = frozenset()
     # Its kernels may build slowly on first lowering (compile): see `slow_builds`.

@@ -54,7 +54,7 @@ import trio
 if TYPE_CHECKING:
     from ._links import Transfer
     from ._signal import Signal
-    from .remote.wire import CopyEntry, HostReadEntry, HostWriteEntry, KernelEntry, PullEntry
+    from .remote.wire import ItemEntry
 
 # -- the op codes: one table for every kind of queue --
 
@@ -194,7 +194,7 @@ class WireOp(NamedTuple):
     """WIRE: a program entry for a worker, with the blobs to send ahead of it."""
 
     code: Literal[18]
-    entry: KernelEntry | CopyEntry | PullEntry | HostWriteEntry | HostReadEntry
+    entry: ItemEntry
     blobs: list[tuple[int, memoryview]] | None
     item: int
 
@@ -253,7 +253,7 @@ def cuda_item(commands: tuple[tuple[Any, ...], ...], item: int, keep: object = N
 
 
 def wire_op(
-    entry: KernelEntry | CopyEntry | PullEntry | HostWriteEntry | HostReadEntry,
+    entry: ItemEntry,
     item: int,
     blobs: list[tuple[int, memoryview]] | None = None,
 ) -> WireOp:

@@ -534,6 +534,10 @@ NOT_MIRRORED = {
     "rt.runtime.device(name) in a function given to call()",
     "kick": "the KICK signal, trio state of the runtime's thread",
     "usable": "a flag the runtime's fast path reads on its thread; `closed` answers from others",
+    "submit_copyin": "copyin without waiting, for trio code on the runtime's thread (its "
+    "HostCopy is waited for there); a background runtime's copyin returns at once (a Call)",
+    "submit_copyout": "copyout without waiting, as submit_copyin; a background runtime's "
+    "copyout returns at once (a Call)",
 }
 
 

@@ -437,3 +437,41 @@ def test_a_kernel_module_that_cannot_load_is_one_clear_line(
     _, err = worker.proc.communicate(timeout=60)
     assert worker.proc.returncode == 2
     assert err.strip() == message.format(folder=tmp_path)  # one line, no traceback
+
+
+def test_a_worker_that_cannot_load_programs_will_not_start_with_allow_programs(
+    tmp_path: pathlib.Path,
+) -> None:
+    # A tinygrad that cannot be imported, ahead of the installed one (if any).
+    (tmp_path / "shadow" / "tinygrad").mkdir(parents=True)
+    (tmp_path / "shadow" / "tinygrad" / "__init__.py").write_text(
+        "raise ImportError('no tinygrad here')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'shadow'}{os.pathsep}{child_pythonpath()}")
+    cmd = [sys.executable, "-P", "-m", "actorgraph", "worker", "--port", "0", "--allow-programs"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    if not sys.platform.startswith("linux"):
+        assert "runs shipped CPU programs on Linux workers only" in done.stderr
+        return
+    assert done.stderr.strip() == (
+        "actorgraph worker: --allow-programs loads shipped CPU programs with tinygrad 0.14's "
+        "ELF loader, which this worker's Python cannot import (no tinygrad here); "
+        "pip install 'actorgraph[tinygrad]' on the worker"
+    )
+
+
+def test_a_worker_says_when_it_runs_shipped_programs(tmp_path: pathlib.Path) -> None:
+    from actorgraph.worker._machine_code import loader_problem
+
+    if loader_problem() is not None:
+        pytest.skip(f'{loader_problem()} (pip install -e ".[test,tinygrad]")')
+    for flags, says in (("--allow-programs", True), ("--max-programs", False)):
+        worker = Worker(tmp_path, *flags.split(), *(["3"] if not says else []))
+        try:
+            assert worker.proc.stdout is not None
+            line = worker.proc.stdout.readline()
+        finally:
+            worker.stop()
+        assert "listening on 127.0.0.1:" in line, line
+        assert ("runs shipped programs" in line) == says, line

@@ -479,6 +479,31 @@ async def test_dlpack_views_cpu_and_cuda_buffers_without_a_copy() -> None:
             g.__dlpack__(dl_device=(2, 0))
 
 
+@fake_only
+async def test_a_gpu_refuses_a_dtype_of_the_other_byte_order() -> None:
+    # A GPU's kernels read memory in its own byte order: a big-endian buffer or view would
+    # hold other numbers there than its dtype says.
+    async with runtime(["CPU:0", "CUDA:0"]) as rt:
+        with pytest.raises(
+            ag.DeviceError,
+            match=r"CUDA:0: dtype >i4 is not in this machine's byte order, and a GPU's kernels "
+            r"read memory in theirs: allocate int32 and convert on the host "
+            r"\(array.astype\(np.int32\)\)",
+        ):
+            rt.alloc("CUDA:0", 4, ">i4")
+        g = rt.alloc("CUDA:0", 4, np.int32)
+        with pytest.raises(
+            ag.UsageError,
+            match=r"view\(dtype='>i2'\) of <Buffer CUDA:0 4 int32 #\d+>: CUDA:0's kernels "
+            r"read memory in this machine's byte order, so as int16 big-endian the view would hold "
+            r"other numbers; view it as int16 and convert on the host",
+        ):
+            g.view(dtype=">i2")
+        assert g.view(dtype="<i2").size == 8  # its own byte order: a view as any other
+        big = rt.alloc("CPU:0", 4, ">i4")  # a CPU kernel reads it through its dtype
+        assert big.view(dtype=">i2").size == 8
+
+
 # -- errors --
 
 
@@ -1026,7 +1051,7 @@ async def test_each_client_of_a_worker_gets_a_stream_of_its_own() -> None:
             async with trio.open_nursery() as nursery:
                 a, b = (Session(server, i + 1, replies[i], nursery) for i in range(2))  # type: ignore[arg-type]
                 for session in (a, b):
-                    session.handle(["alloc", 1, "CUDA:0", SIZE, "int32"])
+                    session.handle(["alloc", 1, "CUDA:0", SIZE, "<i4"])
                 # A waits for its mirror 7 on base slot 3: on the stream, on a mapped word.
                 a.handle(["prog", 1, "CUDA:0", [["w", 7, 3, 1], inc_all, ["s", 2, 1]], False])
                 a.handle(["batch", 5, [0, 0, 0, 0], [1], []])

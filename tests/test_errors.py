@@ -79,6 +79,43 @@ async def test_wrong_input_dtype(rt: ag.Runtime) -> None:
         await graph([a, rt.alloc("CPU:0", 64, np.float32)])
 
 
+async def test_dtypes_that_differ_only_in_byte_order_are_told_apart(rt: ag.Runtime) -> None:
+    # A dtype's name says nothing of its byte order ('>i4' and '<i4' are both int32):
+    # every message about a dtype mismatch says the byte order where it is not native.
+    (a,) = bufs(rt, 1)
+    big = rt.alloc("CPU:1", 64, ">i4")
+    with raises(
+        ag.UsageError,
+        f"Copy needs dst and src of the same dtype and size: dst is <Buffer CPU:1 64 int32 "
+        f"big-endian #{big.alloc_id}>, src is <Buffer CPU:0 64 int32 #{a.alloc_id}>",
+    ):
+        ag.Copy(dst=big, src=a)
+    graph, _ = await xor_graph(rt)
+    with raises(
+        ag.InputError,
+        "input 1 has dtype int32 big-endian but the graph was compiled for int32; pass a "
+        "buffer of that dtype",
+    ):
+        await graph([a, rt.alloc("CPU:0", 64, ">i4")])
+    with raises(
+        ag.UsageError,
+        f"copyin: array dtype int32 does not match {big!r}; convert with array.astype('>i4')",
+    ):
+        await rt.copyin(big, np.zeros(64, I32))
+
+    @ag.jit
+    async def step(x: ag.Buffer) -> None:
+        await rt.launch(INC, [x])
+
+    for _ in range(2):
+        await step(a)
+    with raises(
+        ag.InputError,
+        "step(): argument x has dtype int32 big-endian but the capture used int32",
+    ):
+        await step(rt.alloc("CPU:0", 64, ">i4"))
+
+
 async def test_wrong_input_device(rt: ag.Runtime) -> None:
     graph, (a, _, _) = await xor_graph(rt)
     with raises(
@@ -397,7 +434,10 @@ async def test_kernel_with_no_body_for_the_device(rt: ag.Runtime) -> None:
 
 
 def test_bad_kernels() -> None:
-    with raises(ag.UsageError, "Kernel 'k' has no body; give cpu=fn and/or cuda=SOURCE"):
+    with raises(
+        ag.UsageError,
+        "Kernel 'k' has no body; give cpu=fn, cuda=SOURCE and/or code=ag.remote.MachineCode(...)",
+    ):
         ag.Kernel("k", outs=(0,))
     with raises(ag.UsageError, "Kernel 'k' writes no buffer: list the written slots in outs=(...)"):
         ag.Kernel("k", cpu=_fill)

@@ -4,6 +4,7 @@ size, and ordering against an external timeline."""
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 
 import numpy as np
@@ -135,7 +136,8 @@ async def test_one_memory_wrapped_on_two_devices_is_refused() -> None:
                     ag.UsageError,
                     match=(
                         rf"wrap: that memory \(bytes 0x[0-9a-f]+\.\.0x[0-9a-f]+\) is wrapped on "
-                        rf"CPU:0 already \(buffer #{first.alloc_id}\); host memory is one address "
+                        rf"CPU:0 already \(by the wrapper of {memory.ctypes.data:#x}\.\."
+                        rf"{memory.ctypes.data + memory.nbytes:#x}\); host memory is one address "
                         rf"space, but a runtime orders work on wrapped memory per device, so "
                         rf"wrappers on CPU:0 and CPU:1 would race: wrap it on one device and move "
                         rf"the data with Copy items, or rt.free the other wrapper first"
@@ -481,3 +483,110 @@ async def test_a_timeline_wait_ends_with_its_runtime() -> None:
                 nursery.start_soon(wait, await rt.compile([ag.Launch(add_one, [out, out])]))
                 await trio.testing.wait_all_tasks_blocked()
     assert ended == ["the runtime closed while a replay waited for an external timeline"]
+
+
+# Run in a process of its own: a use of memory a freed wrapper no longer keeps alive can
+# kill the process (SIGSEGV), which must fail the test rather than end pytest. Memory of
+# 16 MiB is mapped for itself and unmapped when numpy lets go of it, so a write into it
+# after that faults for certain.
+_FREED_WRAPPERS = """
+import gc, sys, threading
+import numpy as np, trio
+import actorgraph as ag
+
+inc = ag.Kernel("inc", cpu=lambda out, a: np.add(a, 1, out=out), outs=(0,), ins=(1,))
+N = 1 << 22
+
+def wrapped(rt):
+    return rt.wrap("CPU:0", np.zeros(N, np.int32), dtype=np.int32)
+
+async def refused(what, call):
+    try:
+        await call()
+    except ag.BufferFreedError as error:
+        print(what, "refused:", error)
+    else:
+        print(what, "ran")
+
+async def graphs(rt):
+    wa, wc = wrapped(rt), wrapped(rt)
+    graph = await rt.compile([ag.Launch(inc, [wa, wa]), ag.Launch(inc, [wc, wa])])
+    await graph()
+    rt.free(wc)
+    print("freed", hex(wc.byte_range[0]))
+    gc.collect()
+    for _ in range(2):  # every time, not only the first
+        await refused("call", graph)
+    await refused("submit", lambda: graph.submit())
+    await refused("submit_nowait", lambda: trio.lowlevel.checkpoint() if graph.submit_nowait() else None)
+    await refused("run", lambda: rt.run([ag.Launch(inc, [wc, wa])]))
+    await refused("copy", lambda: rt.run([ag.Copy(dst=wa, src=wc)]))
+
+async def jits(rt):
+    own = [wrapped(rt), wrapped(rt)]
+
+    @ag.jit
+    async def step(x):
+        await rt.launch(inc, [own[0], x])
+        await rt.launch(inc, [own[1], own[0]])
+
+    x = rt.alloc("CPU:0", N, np.int32)
+    for _ in range(3):
+        await step(x)
+    rt.free(own[1])
+    print("freed", hex(own[1].byte_range[0]))
+    gc.collect()
+    await refused("jit", lambda: step(x))
+
+async def in_flight(rt):
+    gate = threading.Event()
+    held = ag.Kernel("held", cpu=lambda out, a: (gate.wait(10), np.add(a, 1, out=out)), outs=(0,), ins=(1,))
+    memory = np.zeros(N, np.int32)
+    w = rt.wrap("CPU:0", memory, dtype=np.int32)
+    src = rt.alloc("CPU:0", N, np.int32)
+    graph = await rt.compile([ag.Launch(held, [w, src])])
+    replay = await graph.submit()
+    rt.free(w)
+    del memory
+    gc.collect()
+    print("kept for work in flight:", rt.frees_pending)
+    gate.set()
+    await replay.wait()
+    print("in flight: done, pending", rt.frees_pending)
+
+async def main():
+    async with ag.open_runtime(["CPU:0"], cpu_thread_bytes=0) as rt:
+        await graphs(rt)
+        await jits(rt)
+        await in_flight(rt)
+
+trio.run(main)
+"""
+
+
+async def test_a_freed_wrapper_is_refused_on_every_path_and_its_memory_outlives_work() -> None:
+    # Every wrapper on a device shares one address space, so a graph over two wrappers
+    # must check each of them, not one per address space; and rt.free of a wrapper while
+    # submitted work uses it keeps its exporter alive until that work is done.
+    import sys
+
+    with trio.fail_after(120):
+        done = await trio.run_process(
+            [sys.executable, "-c", _FREED_WRAPPERS],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, (done.returncode, out, done.stderr.decode()[-2000:])
+    lines = out.splitlines()
+    for what in ("call", "call", "submit", "submit_nowait", "run", "copy", "jit"):
+        if lines[0].startswith("freed "):
+            freed = lines.pop(0).split()[1]  # the address of the wrapper freed
+        line = lines.pop(0)
+        assert re.fullmatch(
+            rf"{what} refused: .*<Buffer CPU:0 4194304 int32 wrapping {freed} freed #\d+> "
+            rf"was freed; wrap the memory again with rt.wrap\(...\) instead",
+            line,
+        ), line
+    assert lines == ["kept for work in flight: 1", "in flight: done, pending 0"]

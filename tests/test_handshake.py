@@ -79,7 +79,7 @@ async def _stranger(
         # Use the connection as if it were in: allocate, and read back.
         try:
             await worker.send(
-                [encode(["alloc", 1, "CPU:0", 4, "int32"]), encode(["get", 1, [1, 0, [4]]])]
+                [encode(["alloc", 1, "CPU:0", 4, "<i4"]), encode(["get", 1, [1, 0, [4]]])]
             )
             seen["then"], _ = await worker.receive()
         except (ConnectionLostError, OSError):
@@ -287,3 +287,65 @@ async def test_a_client_refuses_a_large_handshake_frame_unread() -> None:
                 async with runtime([f"CPU:0@127.0.0.1:{port}"], remote_timeout=GUARD):
                     pass
         listener.close()
+
+
+async def test_a_worker_on_a_cpu_with_many_features_welcomes_its_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker says its CPU's features in its Welcome, which a client reads with the
+    # handshake's small limits: however many features its CPU names, it must say what
+    # fits (a feature it leaves out is one it is taken to lack: a program needing it is
+    # refused, never run).
+    from actorgraph.devices.remote import _machine
+
+    from actorgraph.worker._server import run_worker
+
+    many = frozenset(
+        [f"f{k}" for k in range(600)] + [f"a_feature_named_at_length_{k}" for k in range(600)]
+    )
+    monkeypatch.setattr(_machine, "_host_features", lambda: many)
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            _, port = await nursery.start(
+                lambda task_status: run_worker(["CPU:0"], token=TOKEN, task_status=task_status)
+            )
+            async with runtime([f"CPU:0@127.0.0.1:{port}"], remote_timeout=GUARD) as rt:
+                cpu = rt.device(f"CPU:0@127.0.0.1:{port}").connection.statistics().worker_cpu
+                assert cpu.features and cpu.features <= many
+                x = rt.alloc(f"CPU:0@127.0.0.1:{port}", 4, np.int32)
+                await rt.copyin(x, np.arange(4, dtype=np.int32))
+                np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+            nursery.cancel_scope.cancel()
+
+
+def test_the_largest_welcome_the_protocol_allows_fits_a_handshake_frame() -> None:
+    from actorgraph.devices.remote.frames import decode_meta
+    from actorgraph.devices.remote.wire import (
+        MAX_CPU_FEATURE_CHARS,
+        MAX_CPU_FEATURES,
+        Welcome,
+        WireError,
+        decode,
+    )
+
+    def sent(message: Any) -> Any:  # as the other side reads it
+        frame = encode(message)
+        assert len(frame) - HEADER.size <= HANDSHAKE_LIMITS.max_meta
+        return decode(decode_meta(frame[HEADER.size :], HANDSHAKE_LIMITS))
+
+    limits = Limits(**{name: 1 << 62 for name in Limits().as_wire()}).as_wire()
+    features = [f"{k:0{MAX_CPU_FEATURE_CHARS}d}" for k in range(MAX_CPU_FEATURES)]
+    largest = Welcome(1 << 62, b"k" * 64, limits, b"p" * 64, ("m" * 32, features), True)
+    assert sent(largest) == largest
+    over = Welcome(1, b"k", {}, b"", ("x86_64", [*features, "one_more"]), True)
+    with pytest.raises(
+        WireError,
+        match=re.escape(f"cpu features must be a list of at most {MAX_CPU_FEATURES} entries"),
+    ):
+        sent(over)
+    long = Welcome(1, b"k", {}, b"", ("x86_64", ["x" * (MAX_CPU_FEATURE_CHARS + 1)]), True)
+    with pytest.raises(
+        WireError,
+        match=re.escape(f"cpu feature must be a str of at most {MAX_CPU_FEATURE_CHARS} chars"),
+    ):
+        sent(long)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 import actorgraph as ag
 
@@ -324,6 +325,31 @@ async def test_check_trace_catches_control_flow_on_unchecked_state() -> None:
         for _ in range(3):
             await step(rt, x)
         np.testing.assert_array_equal(await rt.copyout(out), np.zeros(8))
+
+
+async def test_check_trace_tells_wrappers_on_one_device_apart() -> None:
+    # Every wrapper on a device is in that device's one address space (one alloc_id): a
+    # trace names a call's buffers by allocation, so a kernel moved from one wrapper to
+    # another is a different trace, as it is for rt.alloc buffers.
+    with trio.fail_after(10):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            wa = rt.wrap("CPU:0", np.zeros(8, np.int32), dtype=np.int32)
+            wb = rt.wrap("CPU:0", np.zeros(8, np.int32), dtype=np.int32)
+            target = [wb]
+
+            @ag.jit(check_trace=True)
+            async def step(rt: ag.Runtime, x: ag.Buffer) -> None:
+                await rt.launch(ADD, [target[0], x, wa])
+
+            x = await filled(rt, "CPU:0", np.arange(8))
+            for _ in range(3):
+                await step(rt, x)
+            target[0] = wa
+            with pytest.raises(
+                ag.JitTraceError,
+                match=r"step\(\) issued different work than its capture \(item 0 differs",
+            ):
+                await step(rt, x)
 
 
 async def test_failed_capture_leaves_the_next_call_to_capture() -> None:

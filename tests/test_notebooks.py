@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -53,7 +54,12 @@ def this_python_kernel(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 # Examples of an optional extra: skipped, saying which, where it is not installed.
-NEEDS = {"05_ray": "ray", "ray_cluster": "ray"}
+NEEDS = {
+    "05_ray": "ray",
+    "ray_cluster": "ray",
+    "07_tinygrad_remote": "tinygrad",
+    "tinygrad_remote": "tinygrad",
+}
 
 
 def needs(path: pathlib.Path) -> None:
@@ -62,6 +68,21 @@ def needs(path: pathlib.Path) -> None:
         pytest.importorskip(
             module, reason=f"needs the {module} extra: pip install -e '.[{module}]'"
         )
+    if module == "tinygrad":
+        # tinygrad's AG devices: tinygrad 0.14 (0.11 keeps its own REMOTE), clang, and
+        # workers able to load shipped programs.
+        from actorgraph.tinygrad._version import installed_version
+
+        if installed_version() != "0.14.0":
+            pytest.skip(
+                f"needs tinygrad 0.14.0 (pip install -e '.[tinygrad]'), not {installed_version()}"
+            )
+        if shutil.which(os.environ.get("CC", "clang")) is None:
+            pytest.skip("needs clang: tinygrad's CPU compiler")
+        from actorgraph.worker._machine_code import loader_problem
+
+        if loader_problem() is not None:
+            pytest.skip(f"workers cannot load shipped programs here: {loader_problem()}")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

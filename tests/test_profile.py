@@ -105,6 +105,26 @@ async def test_profile_names_the_buffers_each_call_passed() -> None:
         assert event.writes == (True, False, False)
 
 
+async def test_profile_tells_wrappers_on_one_device_apart() -> None:
+    # Every wrapper on a device shares its #number (its address space): a profile names
+    # each by the address it wraps too.
+    async with ag.open_runtime(["CPU:0"], profile=True) as rt:
+        memory = [np.zeros(N, np.int32) for _ in range(3)]
+        a, b, c = (rt.wrap("CPU:0", m, dtype=np.int32) for m in memory)
+        graph = await rt.compile(
+            [ag.Launch(XOR, [c.view(0, 16), a.view(0, 16), b.view(0, 16)])], inputs=[a]
+        )
+        fresh = rt.wrap("CPU:0", np.zeros(N, np.int32), dtype=np.int32)
+        for first in (a, fresh):
+            await graph([first])
+            (event,) = graph.last_profile.events  # type: ignore[union-attr]
+            assert event.buffers == (
+                f"#{c.alloc_id}@{c.address:#x}[0:16]",
+                f"#{a.alloc_id}@{first.address:#x}[0:16]",
+                f"#{b.alloc_id}@{b.address:#x}[0:16]",
+            )
+
+
 async def test_worker_thread_batches_get_a_time_per_item() -> None:
     # cpu_thread_bytes=0 sends every kernel to the worker thread, three in one batch.
     async with ag.open_runtime(["CPU:0"], profile=True, cpu_thread_bytes=0) as rt:

@@ -242,6 +242,61 @@ async def test_workers_that_speak_tls(cluster: Any, tmp_path: Any) -> None:
 # -- lifecycle --
 
 
+async def test_workers_serve_tinygrads_ag_devices(cluster: Any) -> None:
+    """Workers started with allow_programs=True are tinygrad's AG devices: a jit's
+    data-parallel step over this host and workers on two nodes equals tinygrad's local
+    one."""
+    pytest.importorskip(
+        "tinygrad", reason='needs the tinygrad extra: pip install -e ".[test,tinygrad]"'
+    )
+    from actorgraph import tinygrad as agt
+
+    if agt.TINYGRAD_VERSION != "0.14.0":
+        pytest.skip("AG devices need tinygrad 0.14.0; 0.11 keeps its own REMOTE device")
+    from actorgraph.worker._machine_code import loader_problem
+
+    if loader_problem() is not None:
+        pytest.skip(f"workers cannot load shipped programs here: {loader_problem()}")
+    from tinygrad import Device, Tensor, TinyJit
+
+    started = await trio.to_thread.run_sync(
+        lambda: agray.start_workers(
+            placement=2,
+            strategy="STRICT_SPREAD",
+            num_cpus=0.1,
+            host=LOOPBACK,
+            timeout=GUARD,
+            allow_programs=True,
+        )
+    )
+    names = [worker.devices[0] for worker in started.workers]
+    agt.install(devices=2, remote=names, **started.runtime_options())
+    try:
+
+        def step_on(devices: tuple[str, ...]) -> Any:
+            w = Tensor(np.linspace(-1, 1, 16 * 8, dtype=np.float32).reshape(16, 8))
+            w = w.shard(devices).realize()
+
+            @TinyJit
+            def step(x: Any) -> Any:
+                return (x.shard(devices, axis=0) @ w).relu().sum(axis=0).realize()
+
+            return step
+
+        mixed, local = step_on(("CPU", "AG", "AG:1")), step_on(("CPU", "CPU:1", "CPU:2"))
+        rng = np.random.default_rng(5)
+        for _ in range(4):
+            x = rng.standard_normal((6, 16), dtype=np.float32)
+            got = mixed(Tensor(x))
+            with trio.fail_after(GUARD):  # the wait on the workers, off tinygrad's thread
+                await trio.to_thread.run_sync(Device["AG"].synchronize, abandon_on_cancel=True)
+            assert got.numpy().tobytes() == local(Tensor(x)).numpy().tobytes()
+        assert agt.statistics().replays >= 2
+    finally:
+        agt.uninstall()
+        await trio.to_thread.run_sync(started.stop)
+
+
 async def test_killing_a_worker_mid_replay(cluster: Any) -> None:
     doomed = await trio.to_thread.run_sync(
         lambda: agray.start_workers(

@@ -24,8 +24,9 @@ so; GitHub does not show it. The forms:
         where the python block names it becomes that port. The shell block must start a
         worker for DEVICES on PORT.
     <!-- readme-test: requires NAME ... -->
-        The block needs these optional modules or programs (tinygrad, clang); without one
-        of them the block's test is skipped, saying which is missing.
+        The block needs these optional modules or programs (tinygrad, clang), a module
+        maybe at one release (tinygrad==0.14.0); without one of them the block's test is
+        skipped, saying which is missing.
     <!-- readme-test: pytest -->
         The block is a user's test module: it is written to a fresh folder and run with
         pytest in a new process (plugins found as installed), which must pass.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import importlib.metadata
 import importlib.util
 import inspect
 import os
@@ -288,17 +290,23 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 PROGRAMS = frozenset(["clang"])
 
 
+def _installed(name: str) -> bool:
+    """Whether what a `requires` directive names is here: a program on PATH, a module
+    that imports here (a program of that name elsewhere on PATH, say the `ray` command
+    of another venv, is no module), or a module==RELEASE installed at that release."""
+    if name in PROGRAMS:
+        return shutil.which(name) is not None
+    module, _, release = name.partition("==")
+    if importlib.util.find_spec(module) is None:
+        return False
+    return not release or importlib.metadata.version(module) == release
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_readme_block(block: Block, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code = block.source
     for names in block.options("requires"):
-        # A module must import here (a program of that name elsewhere on PATH, say the
-        # `ray` command of another venv, is no module); a program must be on PATH.
-        missing = [
-            n
-            for n in names
-            if (shutil.which(n) if n in PROGRAMS else importlib.util.find_spec(n)) is None
-        ]
+        missing = [n for n in names if not _installed(n)]
         if missing:
             pytest.skip(f"this README block needs {', '.join(missing)}, which is not installed")
     for (assignment,) in block.options("env"):

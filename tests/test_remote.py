@@ -105,6 +105,65 @@ async def test_alloc_copy_run_graph(ag_remote_runtime: ag.Runtime) -> None:
         np.testing.assert_array_equal(await rt.copyout(view), [8, 9, 10, 11])
 
 
+@pytest.mark.actorgraph(devices=1)
+async def test_a_dtype_holds_the_same_numbers_on_a_worker(ag_remote_runtime: ag.Runtime) -> None:
+    # A dtype goes to the worker with its byte order: a big-endian buffer's numbers are
+    # the same numbers there, and a view with a dtype of its own reads its own bytes.
+    rt = ag_remote_runtime
+    (r0,) = rt.devices
+    with trio.fail_after(GUARD):
+        for dtype in (">i4", "<i4", ">u2", ">f8", "<f2", ">c8", "|u1"):
+            buf = rt.alloc(r0, 4, dtype)
+            await rt.copyin(buf, np.arange(4, dtype=dtype))
+            await rt.run([ag.Launch(INC, [buf, buf])])
+            got = await rt.copyout(buf)
+            assert got.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got, np.arange(4) + 1)
+        host = np.arange(8, dtype=">i4")
+        buf = rt.alloc(r0, 8, ">i4")
+        await rt.copyin(buf, host)
+        # Bytes 8..16 as four big-endian uint16, and all 32 bytes as little-endian int64.
+        halves = buf.view(byte_offset=8, dtype=">u2", shape=4)
+        longs = buf.view(dtype="<i8")
+        await rt.run([ag.Launch(INC, [halves, halves])])
+        host.view(np.uint8)[8:16].view(">u2")[:] += 1
+        np.testing.assert_array_equal(
+            await rt.copyout(halves), host.view(np.uint8)[8:16].view(">u2")
+        )
+        await rt.run([ag.Launch(INC, [longs, longs])])
+        host.view("<i8")[:] += 1
+        np.testing.assert_array_equal(await rt.copyout(buf), host)
+        with pytest.raises(ag.DeviceError, match=r"dtype >f16 \(>f16\) cannot live on a worker"):
+            rt.alloc(r0, 4, ">f16")
+
+
+async def test_copies_of_a_view_with_its_own_dtype_move_its_own_bytes(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # A view whose dtype is not its allocation's, copied between a worker and this host
+    # and within the worker: each copy moves the view's own bytes (a reference to it
+    # without its dtype once left such a pull waiting forever).
+    r0 = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", r0]) as rt:
+            host = np.arange(64, dtype=np.uint8)
+            raw = rt.alloc(r0, 64, np.uint8)
+            await rt.copyin(raw, host)
+            ints = raw.view(byte_offset=8, dtype=np.int32, shape=4)
+            local = rt.alloc("CPU:0", 4, np.int32)
+            await rt.run([ag.Copy(dst=local, src=ints)])
+            np.testing.assert_array_equal(await rt.copyout(local), host[8:24].view(np.int32))
+            await rt.copyin(local, np.array([-1, 7, 1 << 20, 3], np.int32))
+            back = raw.view(byte_offset=32, dtype=np.int32, shape=4)
+            await rt.run([ag.Copy(dst=back, src=local)])
+            want = host.copy()
+            want[32:48] = np.array([-1, 7, 1 << 20, 3], np.int32).view(np.uint8)
+            np.testing.assert_array_equal(await rt.copyout(raw), want)
+            same = rt.alloc(r0, 4, np.int32)
+            await rt.run([ag.Copy(dst=same, src=ints)])
+            np.testing.assert_array_equal(await rt.copyout(same), host[8:24].view(np.int32))
+
+
 async def test_one_round_trip_per_replay(ag_remote_runtime: ag.Runtime) -> None:
     rt = ag_remote_runtime
     r0, r1 = rt.devices
@@ -426,11 +485,51 @@ async def test_a_workers_queue_with_a_clock_of_its_own_is_put_on_the_clients_clo
     assert _assert_ordered_by_waits(profile) == 3 * 2  # there and back, each replay
 
 
+async def test_submissions_after_one_another_on_a_worker_need_no_word_from_the_client(
+    workers: tuple[Worker, Worker],
+) -> None:
+    """A device's next submission starts once its last one is done. On a worker, where
+    only the worker's own jobs of that submission touch the device, the worker moves its
+    mirror of the device's timeline itself, so the next one goes on without the client
+    forwarding it (a round trip each); one that a queue off the worker touched (a copy
+    to another worker) still waits for the client's word. Held and released, the whole
+    chain is one message to each worker, and nothing more goes out until it is done."""
+    a, b = workers
+    a0, a1, b0 = a.name("CPU:0"), a.name("CPU:1"), b.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([a0, a1, b0]) as rt:
+            x0, x1 = rt.alloc(a0, 16, np.int32), rt.alloc(a1, 16, np.int32)
+            y0 = rt.alloc(b0, 16, np.int32)
+            await rt.copyin(x0, np.arange(16, dtype=np.int32))
+            connections = [rt.device(a0).connection, rt.device(b0).connection]
+            sent = [c.statistics().messages_sent for c in connections]
+            fanout = await rt.compile([ag.Copy(dst=y0, src=x0), ag.Copy(dst=x1, src=x0)])
+            back = await rt.compile([ag.Launch(INC, [x1, x1]), ag.Copy(dst=x0, src=x1)])
+            for connection in connections:
+                connection.hold_sends()
+            chain = [await fanout.submit()]  # touches x0 from A and from B
+            chain.append(await rt.submit_copyin(x0, np.full(16, 7, np.int32)))
+            chain.append(await rt.submit_copyin(x1, np.full(16, 5, np.int32)))
+            chain.append(await back.submit())
+            chain.append(await rt.submit_copyout(x1))
+            chain.append(await rt.submit_copyout(y0))
+            for connection in connections:
+                connection.release_sends()
+            for step in chain:
+                await step.wait()
+            np.testing.assert_array_equal(chain[-2].array, np.full(16, 6))
+            np.testing.assert_array_equal(chain[-1].array, np.arange(16))
+            np.testing.assert_array_equal(await rt.copyout(x0), np.full(16, 6))
+            # The chain was one message to each worker; the client forwarded only x0's
+            # move after the fan-out (B's copy read x0), then came the last copyout.
+            got = [c.statistics().messages_sent - n for c, n in zip(connections, sent)]
+            assert got == [1 + 1 + 1, 1], got
+
+
 async def test_only_a_profiled_replay_has_its_worker_send_times(
     workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unprofiled replay's batch is what it was before profiles crossed hosts (no
-    profile field) and its worker sends no times; a profiled one asks (profile: true),
+    """An unprofiled replay's batch does not ask for times and its worker sends none; a profiled one asks (profile: true),
     and each of its jobs' times come back before the job's done."""
     batches: list[list[Any]] = []
     received: list[str] = []
@@ -455,12 +554,13 @@ async def test_only_a_profiled_replay_has_its_worker_send_times(
             graph = await rt.compile([ag.Launch(INC, [x, x])])  # lives on the worker alone
             for _ in range(3):
                 await graph()
-            assert [len(meta) for meta in batches] == [5] * 3  # kind and 4 fields, as before
+            # Not profiled (its profile field, when a later field is sent, is false).
+            assert [meta[5] if len(meta) > 5 else False for meta in batches] == [False] * 3
             assert "JobTimes" not in received and "Pong" not in received
             assert len(rt.profile().replays) == 0
             del batches[:], received[:]
             await graph(profile=True)
-            assert [meta[-1] for meta in batches] == [True]
+            assert [meta[5] for meta in batches] == [True]
             assert received.index("JobTimes") < received.index("Done")
             profile = graph.last_profile
             assert profile is not None
@@ -468,7 +568,7 @@ async def test_only_a_profiled_replay_has_its_worker_send_times(
             assert event.actor == f"{name}/compute" and event.clock_error > 0
             del batches[:], received[:]
             await graph()
-            assert [len(meta) for meta in batches] == [5]
+            assert [meta[5] if len(meta) > 5 else False for meta in batches] == [False]
             assert "JobTimes" not in received
             np.testing.assert_array_equal(await rt.copyout(x), np.full(8, 5))
             assert rt.device(name).connection.statistics().clock_error is not None
@@ -991,3 +1091,17 @@ async def test_a_chain_between_two_workers_reports_only_its_ends(
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + replay + 12)
                 await trio.testing.wait_all_tasks_blocked()
             assert forwarded == []
+
+
+async def test_a_round_trip_to_a_worker_is_measured_with_a_ping(
+    workers: tuple[Worker, Worker],
+) -> None:
+    name = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime([name]) as rt:
+            connection = rt.device(name).connection
+            seconds = [await connection.round_trip() for _ in range(3)]
+            assert all(0 < s < GUARD for s in seconds)
+            connection.close()
+            with pytest.raises(remote.RemoteConnectionError, match="was closed"):
+                await connection.round_trip()

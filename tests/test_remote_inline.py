@@ -6,6 +6,7 @@ workers whose kernel is slow keeps other clients of that worker responsive.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from actorgraph.devices import (
 
 import actorgraph as ag
 from actorgraph.worker import _batches as remote_batches
+from actorgraph.worker import _placement as remote_placement
+from actorgraph.worker import _server as remote_server
 from actorgraph.worker import _session as remote_session
 from actorgraph.worker._server import run_worker
 
@@ -247,6 +250,10 @@ async def test_a_fault_in_a_held_job_ends_only_its_clients_connection(
         broke_session(self, error)
 
     monkeypatch.setattr(remote_session.Session, "broke", spy)
+    # The worker's kernel runs inline once seen to be quick, on however loaded a machine:
+    # one seen slow would need its queue's task, and its fault would end there instead.
+    quick_to_us = functools.partial(remote_placement.KernelTimes, bound=60.0)
+    monkeypatch.setattr(remote_server, "KernelTimes", quick_to_us)
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(
@@ -261,6 +268,9 @@ async def test_a_fault_in_a_held_job_ends_only_its_clients_connection(
                 # The worker's job waits for the local copy: held, then run on as it lands.
                 chain = await rt_x.compile([ag.Copy(dst=x, src=local), ag.Launch(INC, [x, x])])
                 await chain()
+                # The worker's queue takes the next batch inline only once it is idle again:
+                # its last report reached this client before the job ended there.
+                await trio.testing.wait_all_tasks_blocked()
                 faulty.add(rt_x.device(name).connection.session_id)
                 with pytest.raises(ag.ClosedError):
                     await chain()

@@ -29,6 +29,7 @@ from actorgraph.devices.remote.wire import (
     decode,
     handshake_mac,
     read_ticket,
+    ref,
 )
 from actorgraph.scheduler import QueueKind
 
@@ -143,10 +144,17 @@ async def test_refuses_bad_requests_and_keeps_the_session(
             stream = await _session(worker.port)
             requests = [
                 (["get", 1, [handle, 0, [4]]], "unknown buffer id"),
-                (["alloc", "x", "CPU:0", 4, "int32"], "must be an int"),
-                (["alloc", 1, "CPU:0", 1 << 40, "int8"], "over the limit"),
-                (["alloc", 2, "CPU:0", 4, "object"], "is not one of"),
-                (["alloc", 3, "GPU:7", 4, "int32"], "no device 'GPU:7'"),
+                (["alloc", "x", "CPU:0", 4, "<i4"], "must be an int"),
+                (["alloc", 1, "CPU:0", 1 << 40, "|i1"], "over the limit"),
+                (["alloc", 2, "CPU:0", 4, "object"], "'object' is not a bool, int, uint, float"),
+                # A name says no byte order: the worker would read it as its own.
+                (
+                    ["alloc", 4, "CPU:0", 4, "int32"],
+                    "'int32' is not a bool, int, uint, float or complex dtype written with its "
+                    "byte order, as numpy's dtype.str writes it ('<i4', '>f8', '|u1', ...)",
+                ),
+                (["get", 1, [handle, 0, [4], "int32"]], "get src dtype is 'int32', not a bool"),
+                (["alloc", 3, "GPU:7", 4, "<i4"], "no device 'GPU:7'"),
                 (["batch", 9, [0, 0, 0], [12345], []], "unknown program id 12345"),
                 (["frobnicate", 1], "unknown request 'frobnicate'"),
                 (["free"], "has 1 fields, got 0"),
@@ -158,7 +166,7 @@ async def test_refuses_bad_requests_and_keeps_the_session(
             # Base slots: KICK, BATCH, then the queues' own (from 2; devices/_ops.py).
             bases = [0, 0, 0]
             # A program naming an unknown kernel is refused when a batch runs it.
-            await stream.send([encode(["alloc", 5, "CPU:0", 4, "int32"])])
+            await stream.send([encode(["alloc", 5, "CPU:0", 4, "<i4"])])
             prog = [["k", 0, "nope", [[5, 0, [4]]], [], [1, 1, 1], [1, 1, 1]], ["s", 2, 1]]
             await stream.send(
                 [encode(["prog", 1, "CPU:0", prog, False]), encode(["batch", 2, bases, [1], []])]
@@ -236,7 +244,7 @@ async def test_one_client_cannot_stall_another_on_a_shared_device() -> None:
             stuck = [["w", 77, 0, 1], inc, ["s", 2, 1]]  # mirror 77 >= 1: only A sets it
             await stream.send(
                 [
-                    encode(["alloc", 5, "CPU:0", 4, "int32"]),
+                    encode(["alloc", 5, "CPU:0", 4, "<i4"]),
                     encode(["prog", 1, "CPU:0", stuck, False]),
                     encode(["batch", 2, bases, [1], []]),
                     encode(["frobnicate", 3]),
@@ -279,7 +287,7 @@ async def test_one_client_cannot_stall_another_on_a_workers_gpu(
             stuck = [["w", 77, 3, 1], inc, ["s", 2, 1]]
             await stream.send(
                 [
-                    encode(["alloc", 5, "CUDA:0", 4, "int32"]),
+                    encode(["alloc", 5, "CUDA:0", 4, "<i4"]),
                     encode(["prog", 1, "CUDA:0", stuck, False]),
                     encode(["batch", 2, [0, 0, 0, 0], [1], []]),
                     encode(["frobnicate", 3]),
@@ -377,7 +385,7 @@ async def test_a_client_that_leaves_mid_job_does_not_block_others(
         stream = await _session(worker.port)
         # A job that waits for a signal of this client, which then goes away: the job
         # sits on the worker's shared CPU:0 queue until the worker lets it go.
-        await stream.send([encode(["alloc", 1, "CPU:0", 4, "int32"])])
+        await stream.send([encode(["alloc", 1, "CPU:0", 4, "<i4"])])
         prog = [
             ["w", 1, 0, 5],
             ["k", 0, "inc", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]],
@@ -425,8 +433,8 @@ async def test_a_batch_of_programs_seen_before_is_checked_as_any_other() -> None
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = _Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
-            session.handle(["alloc", 2, "CPU:1", 4, "int32"])
+            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
+            session.handle(["alloc", 2, "CPU:1", 4, "<i4"])
             session.handle(["prog", 1, "CPU:0", _incs(1, 2, 2), True])
             session.handle(["prog", 2, "CPU:1", _incs(2, 3, 3), True])
             for batch in (10, 11, 12):  # the first is checked in full, the others remembered
@@ -479,8 +487,8 @@ async def test_a_batch_refused_for_overflow_leaves_the_timelines_as_they_were() 
             replies = _Replies()
             session = Session(server, 1, replies)  # type: ignore[arg-type]
             queues = [rt.device(name).queues[QueueKind.COMPUTE] for name in ("CPU:0", "CPU:1")]
-            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
-            session.handle(["alloc", 2, "CPU:1", 4, "int32"])
+            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
+            session.handle(["alloc", 2, "CPU:1", 4, "<i4"])
             session.handle(["prog", 1, "CPU:0", _incs(1, 2, 2), True])  # fits: 2 values left
             session.handle(["prog", 2, "CPU:1", _incs(2, 5, 3), False])  # does not
             session.handle(["batch", 7, [0, 0, 0, 0], [1, 2], []])
@@ -530,7 +538,7 @@ async def test_forged_frames_on_a_peer_link_are_refused(workers: tuple[Worker, W
             # What only a client may send: writes (with data), allocations, batches, signals.
             forged: list[tuple[list[Any], bytes]] = [
                 (["put", ref, 0], b"\xff" * 16),
-                (["alloc", 99, "CPU:0", 4, "int32"], b""),
+                (["alloc", 99, "CPU:0", 4, "<i4"], b""),
                 (["batch", 1, [0, 0, 0], [], []], b""),
                 (["ext", [[1, 5]]], b""),
                 (["data", 1, 0, None], b"\xff" * 16),
@@ -654,8 +662,8 @@ async def test_a_worker_runs_a_kernel_on_its_loop_only_once_seen_to_be_quick() -
             server.times = KernelTimes(clock=lambda: now[0], cpu_clock=lambda: now[0])
             replies = _Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
-            session.handle(["alloc", 2, "CPU:0", 8, "int32"])
+            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
+            session.handle(["alloc", 2, "CPU:0", 8, "<i4"])
             tick_1 = ["k", 0, "tick", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
             tick_2 = ["k", 0, "tick", [[2, 0, [8]], [2, 0, [8]]], [], [1, 1, 1], [1, 1, 1]]
             session.handle(["prog", 1, "CPU:0", [tick_1, ["s", 2, 1]], True])
@@ -695,7 +703,7 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                 codes = []
                 for handle, count in ((1, 16), (2, 8)):  # 64 bytes, then 32
                     data = np.arange(count, dtype=np.int32)
-                    session.handle(["alloc", handle, "CPU:0", count, "int32"])
+                    session.handle(["alloc", handle, "CPU:0", count, "<i4"])
                     staged = bytearray(data.tobytes())
                     session.keep_blob(handle, staged, len(staged))
                     session.blob_bytes += len(staged)
@@ -730,7 +738,7 @@ async def test_a_clients_gpu_queue_reports_its_own_faults_and_goes_with_it() -> 
             replies = _Replies()
             async with trio.open_nursery() as nursery:
                 session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-                session.handle(["alloc", 1, "CUDA:0", 4, "int32"])
+                session.handle(["alloc", 1, "CUDA:0", 4, "<i4"])
                 assert len(device.all_queues()) == 2  # nothing made before it is used
                 session.handle(["prog", 1, "CUDA:0", [_on("boom_gpu", 1), ["s", 2, 1]], False])
                 session.handle(["batch", 3, [0, 0, 0], [1], []])
@@ -747,6 +755,29 @@ async def test_a_clients_gpu_queue_reports_its_own_faults_and_goes_with_it() -> 
             session.abandon()
             assert len(device.all_queues()) == 2
             assert own.stream.closed  # the fake driver's stream, destroyed
+
+
+async def test_a_dtype_a_workers_device_refuses_is_refused_and_the_session_goes_on() -> None:
+    """A GPU's kernels read memory in its own byte order: a worker's CUDA device refuses a
+    big-endian buffer, the client's request is refused naming why (and the buffer id is
+    known as refused), and the session goes on."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CUDA:0"], cuda_driver="fake") as rt:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            async with trio.open_nursery() as nursery:
+                session = Session(server, 1, _Replies(), nursery)  # type: ignore[arg-type]
+                with pytest.raises(
+                    Refused,
+                    match=r"CUDA:0: dtype >i4 is not in this machine's byte order, and a GPU's "
+                    r"kernels read memory in theirs: allocate int32",
+                ):
+                    session.handle(["alloc", 1, "CUDA:0", 4, ">i4"])
+                with pytest.raises(Refused, match=r"buffer 1 was refused: CUDA:0: dtype >i4"):
+                    session.buffer(ref([1, 0, [4]], "get src"), "get src")
+                session.handle(["alloc", 2, "CUDA:0", 4, "<i4"])
+                assert session.buffers[2].dtype == np.dtype("<i4")
+                nursery.cancel_scope.cancel()
+            session.abandon()
 
 
 async def test_copies_with_a_workers_gpu_run_on_it_or_are_refused_clearly(
@@ -802,7 +833,7 @@ async def test_a_client_leaving_with_gpu_work_stuck_lets_its_memory_go_safely() 
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             async with trio.open_nursery() as nursery:
                 session = Session(server, 1, _Replies(), nursery)  # type: ignore[arg-type]
-                session.handle(["alloc", 1, "CUDA:0", 4, "int32"])
+                session.handle(["alloc", 1, "CUDA:0", 4, "<i4"])
                 # Base slot 3 (not KICK's): the stream itself waits, on the mirror's word.
                 stuck = [["w", 77, 3, 1], _on("inc_gpu", 1), ["s", 2, 1]]
                 session.handle(["prog", 1, "CUDA:0", stuck, False])
@@ -830,7 +861,7 @@ async def test_a_client_leaving_keeps_the_gpu_words_any_of_its_streams_waits_on(
             async with trio.open_nursery() as nursery:
                 session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
                 for handle in (1, 2):
-                    session.handle(["alloc", handle, "CUDA:0", 4, "int32"])
+                    session.handle(["alloc", handle, "CUDA:0", 4, "<i4"])
                 session.handle(["prog", 1, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
                 session.handle(["batch", 3, [0, 0, 0], [1], []])
                 assert (await replies.wait_for(1))[0] == ["done", 3, 2, None]
@@ -861,7 +892,7 @@ async def test_clients_coming_and_going_leave_no_gpu_words_or_tasks_behind() -> 
                 replies = _Replies()
                 async with trio.open_nursery() as nursery:
                     session = Session(server, sid, replies, nursery)  # type: ignore[arg-type]
-                    session.handle(["alloc", 1, "CUDA:0", 4, "int32"])
+                    session.handle(["alloc", 1, "CUDA:0", 4, "<i4"])
                     waits = [["w", 10 + k, 3 + k, 1] for k in range(3)]  # on the stream
                     program = [*waits, _on("inc_gpu", 1), ["s", 2, 1]]
                     session.handle(["prog", 1, "CUDA:0", program, False])
@@ -885,7 +916,7 @@ async def test_programs_run_on_a_devices_copy_queue(workers: tuple[Worker, Worke
     with trio.fail_after(GUARD):
         stream = await _session(worker.port)
         for handle in (1, 2):
-            await stream.send([encode(["alloc", handle, "CPU:0", 4, "int32"])])
+            await stream.send([encode(["alloc", handle, "CPU:0", 4, "<i4"])])
         data = np.arange(4, dtype=np.int32) + 40
         await stream.send([encode(["put", [2, 0, [4]], 0], data.nbytes), data.tobytes()])
         bases = [0, 0, 0, 0]
@@ -976,7 +1007,7 @@ async def test_a_read_asked_before_its_buffer_is_allocated_waits_for_it(
         inc = ["k", 0, "inc", [ref, ref], [], [1, 1, 1], [1, 1, 1]]
         await client.send(
             [
-                encode(["alloc", 1, "CPU:0", 4, "int32"]),
+                encode(["alloc", 1, "CPU:0", 4, "<i4"]),
                 encode(["prog", 1, "CPU:0", [inc, ["s", 2, 1]], False]),
                 encode(["batch", 2, [0, 0, 0], [1], []]),
             ]
@@ -1004,7 +1035,7 @@ async def test_a_read_asked_ahead_comes_with_the_report_of_its_value(
         data = np.arange(4, dtype=np.int32)
         await stream.send(
             [
-                encode(["alloc", 1, "CPU:0", 4, "int32"]),
+                encode(["alloc", 1, "CPU:0", 4, "<i4"]),
                 encode(["put", [1, 0, [4]], 0], data.nbytes),
                 data.tobytes(),
                 # Due at value 5 of the client's CPU:0 compute queue: its base 4, plus 1.
@@ -1067,7 +1098,7 @@ async def test_a_job_that_waited_sends_a_read_ahead_with_the_report_of_its_value
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = _HeldReplies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
             session.handle(["getwhen", 7, [1, 0, [4]], "CPU:0", 1])
             inc = ["k", 0, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
             program = [["w", 9, 0, 1], inc, ["s", 2, 1], inc, ["s", 2, 2]]
@@ -1269,7 +1300,7 @@ async def test_a_profiled_batch_sends_each_jobs_times_before_its_done() -> None:
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = _Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
             inc = ["k", 7, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
             last = ["k", 8, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
             # entries: 0 wait, 1 item 7, 2 signal (reported), 3 item 8, 4 signal

@@ -5,6 +5,7 @@ compared bitwise with tinygrad's own replay of the same jit, uninstalled."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import threading
@@ -384,33 +385,54 @@ async def test_graph_from_jit_orders_jits_that_share_buffers() -> None:
 
 @pytest.mark.parametrize("captured", [True, False], ids=["captured_first", "capturing_in_threads"])
 def test_install_from_several_threads_is_bitwise(captured: bool) -> None:
-    # Each thread calls its own jit with new inputs; replays of the threads interleave.
+    # Each thread calls its own jit with new inputs: their replays interleave with each
+    # other and with the other threads' tinygrad work (on 0.11, kernels queued on the
+    # device's thread, whose timeline the replays join). tinygrad itself is not
+    # thread-safe, with or without actorgraph: its capture, its reads of tensors (which
+    # schedule) and its own kernels, from several threads at once, raise its errors or,
+    # on 0.11, stop its device thread for good. So, as README's "Threads" says, the
+    # threads take turns (`tiny`) for tinygrad's own work, and only the replays run at once.
     threads, calls = 3, 40
     fns = [_mlp(seed=10 * t) for t in range(threads)]
     inputs = [
         [Tensor(_data(100 * t + s, 4, 16)).realize() for s in range(calls)] for t in range(threads)
     ]
-    expected = [
-        [o.tobytes() for o in _reference(fn, [(x,) for x in xs])] for fn, xs in zip(fns, inputs)
-    ]
+    outs = [_reference(fn, [(x,) for x in xs]) for fn, xs in zip(fns, inputs)]
+    expected = [[o.tobytes() for o in out] for out in outs]
+    expected_after = [[(Tensor(o) + 1).numpy().tobytes() for o in out] for out in outs]
     agt.install(devices=4)
     try:
         jits = [TinyJit(fn) for fn in fns]
-        got: list[list[bytes | None]] = [[] for _ in range(threads)]
+        tiny = threading.Lock()
+        got: list[list[bytes]] = [[] for _ in range(threads)]
+        after: list[list[Tensor]] = [[] for _ in range(threads)]
         errors: list[BaseException] = []
+
+        def read(t: int, out: Tensor) -> None:
+            # tinygrad's own work: read the output, and queue a kernel over it that the
+            # jit's next replay, which overwrites it, must wait for.
+            got[t].append(out.numpy().tobytes())
+            after[t].append((out + 1).realize())
+
         if captured:
             for t in range(threads):  # tinygrad captures on the second call
-                got[t] += [jits[t](x).numpy().tobytes() for x in inputs[t][:2]]
+                for x in inputs[t][:2]:
+                    read(t, jits[t](x))
         start = threading.Barrier(threads)
 
         def work(t: int) -> None:
             start.wait(30)
-            for x in inputs[t][len(got[t]) :]:
-                try:
-                    got[t].append(jits[t](x).numpy().tobytes())
-                except Exception as error:  # noqa: BLE001 - checked below
-                    errors.append(error)
-                    got[t].append(None)
+            try:
+                for x in inputs[t][len(got[t]) :]:
+                    if len(got[t]) < 2:  # the first call and the capture: tinygrad's own work
+                        with tiny:
+                            read(t, jits[t](x))
+                        continue
+                    out = jits[t](x)  # a replay, at once with the other threads' work
+                    with tiny:
+                        read(t, out)
+            except Exception as error:  # noqa: BLE001 - checked below
+                errors.append(error)
 
         workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
         for w in workers:
@@ -418,17 +440,10 @@ def test_install_from_several_threads_is_bitwise(captured: bool) -> None:
         for w in workers:
             w.join(120)
         assert not any(w.is_alive() for w in workers), "a thread hung"
-        for t in range(threads):  # every output returned is tinygrad's own, bitwise
-            assert [g for g in got[t] if g is not None] == [
-                e for g, e in zip(got[t], expected[t]) if g is not None
-            ]
-        if captured:
-            assert not errors, errors
-            assert agt.statistics().replays >= threads * (calls - 2)
-        else:
-            # tinygrad's own capture is not thread-safe: while one thread captures, another
-            # one's reads raise tinygrad's JitError. Those are the only errors.
-            assert all(type(e).__name__ in ("JitError", "RuntimeError") for e in errors), errors
+        assert not errors, errors
+        assert got == expected  # every output is tinygrad's own, bitwise
+        assert [[a.numpy().tobytes() for a in queued] for queued in after] == expected_after
+        assert agt.statistics().replays >= threads * (calls - 2)
     finally:
         agt.uninstall()
 
@@ -633,3 +648,251 @@ async def test_a_replay_between_queued_tinygrad_work_never_deadlocks() -> None:
                 release.set()
             assert result[0].numpy().tobytes() == want.tobytes()
             assert (late.numpy() == a.numpy() * 3).all() and (early.numpy() == a.numpy() + 1).all()
+
+
+@pytest.mark.skipif(not V011, reason="tinygrad 0.11 only: its CPU devices queue work")
+def test_a_replay_waits_for_the_value_taken_just_before_its_own_by_another_thread() -> None:
+    # Another thread's tinygrad kernel takes the device's next timeline value just before
+    # a replay takes its own. The replay must wait for that value too: waiting for less,
+    # it may write its own value first, tinygrad's kernel then writes its earlier one,
+    # the timeline goes back and tinygrad's later work waits for good.
+    from actorgraph.tinygrad._v011 import ORDERING
+
+    dev: Any = Device["CPU"]
+    a = Tensor(_data(1, 8)).realize()
+    want = (a + 1).numpy()  # compiled here: tinygrad's compile cache is this thread's
+    replaying = threading.current_thread()
+    own_take = dev.next_timeline
+    out: list[Tensor] = []
+    theirs: list[int] = []
+
+    def take() -> int:
+        # The replay's take: the other thread's kernel gets in first (a real thread, a
+        # real kernel, queued on tinygrad's device thread as its own work is).
+        if threading.current_thread() is replaying and not out:
+            other = threading.Thread(target=lambda: out.append((a + 1).realize()))
+            other.start()
+            other.join(30)
+        value = int(own_take())
+        if threading.current_thread() is not replaying:
+            theirs.append(value)
+        return value
+
+    dev.next_timeline = take
+    try:
+        after, then = ORDERING.take(["CPU"])
+    finally:
+        del dev.next_timeline
+    [(timeline, wait)], [(_, own)] = after, then
+    try:
+        assert theirs, "the other thread's kernel took no timeline value"
+        assert wait == own - 1 == max(theirs), (wait, own, theirs)
+    finally:  # as a replay does: tinygrad's later work must never wait forever
+        timeline.wait_for(wait)
+        timeline.advance(own)
+    assert out[0].numpy().tobytes() == want.tobytes()
+    assert dev.timeline_signal.value == dev.timeline_value - 1
+
+
+def _weighted() -> tuple[Callable[[Tensor], Tensor], Tensor]:
+    # Two kernels, so tinygrad hands the batch to a graph runner.
+    w = Tensor((2 * np.eye(4)).astype(np.float32)).realize()
+
+    def forward(x: Tensor) -> Tensor:
+        return ((x @ w).realize() + 1).realize()
+
+    return forward, w
+
+
+def _accumulating() -> tuple[Callable[[Tensor], Tensor], Tensor]:
+    acc = Tensor.ones(8).contiguous().realize()
+
+    def step(x: Tensor) -> Tensor:
+        acc.assign(acc + x).realize()
+        return (acc * 2).realize()
+
+    return step, acc
+
+
+def _full(value: float, *shape: int) -> Tensor:
+    return Tensor(np.full(shape, value, np.float32)).realize()
+
+
+async def test_graph_from_jit_reads_its_inputs_from_the_jits_own_record() -> None:
+    # A first call that passes a tensor the jit itself uses (its weight, or its own state)
+    # makes that call's input the same memory as the jit's: only the jit's slots are the
+    # input, so later calls with other tensors still read the jit's own memory there.
+    # Small whole numbers in float32: the expected values are exact.
+    forward, w = _weighted()
+    jit = TinyJit(forward)
+    for s in range(2):
+        jit(_full(s, 4, 4))  # captures
+    step, acc = _accumulating()
+    jit_state = TinyJit(step)
+    for s in range(2):
+        jit_state(_full(s, 8))  # captures: acc is 1 + 0 + 1 = 2 now
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"], verify_plans=True) as rt:
+            graph = await agt.graph_from_jit(rt, jit)
+            np.testing.assert_array_equal((await graph(w)).numpy(), 4 * np.eye(4) + 1)
+            for value in (3, 5):
+                np.testing.assert_array_equal(
+                    (await graph(_full(value, 4, 4))).numpy(), 2 * value + 1
+                )
+            np.testing.assert_array_equal((await graph(w)).numpy(), 4 * np.eye(4) + 1)
+            state = await agt.graph_from_jit(rt, jit_state)
+            # acc doubles (it is passed as x: the jit copies it first), then grows by 3.
+            np.testing.assert_array_equal((await state(acc)).numpy(), 2 * 4)
+            np.testing.assert_array_equal((await state(_full(3, 8))).numpy(), 2 * 7)
+            np.testing.assert_array_equal((await state(acc)).numpy(), 2 * 14)
+
+
+@pytest.mark.skipif(
+    V011,
+    reason="tinygrad 0.11's TinyJit itself reads a first replay's inputs by identity "
+    "(get_input_replace), and install() runs what it hands over",
+)
+def test_install_reads_inputs_from_the_jits_own_record_when_a_runner_is_rebuilt() -> None:
+    # free_intermediates() drops the jit's graph runners: the next call builds them again
+    # from its own arguments, here the jit's weight.
+    forward, w = _weighted()
+    agt.install(devices=1)
+    try:
+        jit = TinyJit(forward)
+        for s in range(2):
+            jit(_full(s, 4, 4))
+        jit.captured.free_intermediates()
+        np.testing.assert_array_equal(jit(w).numpy(), 4 * np.eye(4) + 1)
+        np.testing.assert_array_equal(jit(_full(3, 4, 4)).numpy(), 7)
+        assert agt.statistics().graphs >= 2
+    finally:
+        agt.uninstall()
+
+
+def _doubling() -> Callable[[Tensor], Tensor]:
+    def forward(x: Tensor) -> Tensor:  # two kernels: a batch tinygrad hands a runner
+        return ((x * 2).realize() + 1).realize()
+
+    return forward
+
+
+def _blob(memory: np.ndarray[Any, Any], device: str) -> Tensor:
+    return Tensor.from_blob(memory.ctypes.data, memory.shape, dtype=dtypes.float32, device=device)
+
+
+def _captured_on(device: str, n: int = 16) -> Any:
+    jit = TinyJit(_doubling())
+    for s in range(2):
+        jit(Tensor(np.full(n, s, np.float32), device=device).realize())
+    return jit
+
+
+def test_install_forgets_memory_tinygrad_let_go_of() -> None:
+    # A tensor over memory tinygrad does not own is gone, and the same memory comes back
+    # as a tensor on another device (as an allocator hands out an address again): valid
+    # for tinygrad, so for actorgraph too.
+    memory = np.zeros(16, np.float32)
+    agt.install(devices=2)
+    try:
+        on_0, on_1 = _captured_on("CPU"), _captured_on("CPU:1")
+        for value, device, jit in ((5, "CPU", on_0), (7, "CPU:1", on_1), (9, "CPU", on_0)):
+            memory[:] = value
+            t = _blob(memory, device)
+            np.testing.assert_array_equal(jit(t).numpy(), 2 * value + 1)
+            del t  # tinygrad lets go of the memory (its buffer is deallocated)
+            gc.collect()
+        assert agt.statistics().replays >= 3
+    finally:
+        agt.uninstall()
+
+
+async def test_graph_from_jit_forgets_memory_tinygrad_let_go_of() -> None:
+    memory = np.zeros(16, np.float32)
+    on_0, on_1 = _captured_on("CPU"), _captured_on("CPU:1")
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+            graphs = {"CPU": await agt.graph_from_jit(rt, on_0)}
+            graphs["CPU:1"] = await agt.graph_from_jit(rt, on_1)
+            for value, device in ((5, "CPU"), (7, "CPU:1"), (9, "CPU")):
+                memory[:] = value
+                t = _blob(memory, device)
+                np.testing.assert_array_equal((await graphs[device](t)).numpy(), 2 * value + 1)
+                del t
+                gc.collect()
+
+
+@pytest.mark.skipif(
+    V011,
+    reason="tinygrad 0.11 under LRU=0 unmaps a buffer's memory while its device thread may "
+    "still run a queued kernel on it (a crash of tinygrad's own)",
+)
+def test_install_forgets_memory_tinygrad_freed_and_handed_out_again() -> None:
+    # LRU=0: tinygrad gives a tensor's memory back when it goes; the next tensors may get
+    # the same address, here on another device.
+    from tinygrad.helpers import Context
+
+    from actorgraph.tinygrad._private import buffer_address
+
+    n = 16384
+    agt.install(devices=2)
+    try:
+        with Context(LRU=0):
+            on_0, on_1 = _captured_on("CPU", n), _captured_on("CPU:1", n)
+            x = Tensor(np.full(n, 5, np.float32), device="CPU").realize()
+            address = buffer_address(x.uop.base.buffer)
+            np.testing.assert_array_equal(on_0(x).numpy(), 11)
+            del x
+            gc.collect()
+            kept = []  # tensors that got other memory, kept so the next tries get new memory
+            for _ in range(64):
+                y = Tensor(np.full(n, 7, np.float32), device="CPU:1").realize()
+                if buffer_address(y.uop.base.buffer) == address:
+                    break
+                kept.append(y)
+            else:
+                pytest.fail("tinygrad never handed the freed memory out again")
+            np.testing.assert_array_equal(on_1(y).numpy(), 15)
+    finally:
+        agt.uninstall()
+
+
+async def test_graph_from_jit_reads_the_jit_again_once_tinygrad_freed_its_memory() -> None:
+    # free_intermediates() deallocates the jit's own memory (its arena, its outputs):
+    # the graph over that memory never runs again; the next call reads the jit anew, as
+    # tinygrad's own next call allocates that memory anew.
+    jit = _captured_on("CPU", 64)
+    with trio.fail_after(60):
+        async with ag.open_runtime(["CPU:0"]) as rt:
+            jit_graph = await agt.graph_from_jit(rt, jit)
+            x = Tensor(np.full(64, 3, np.float32)).realize()
+            np.testing.assert_array_equal((await jit_graph(x)).numpy(), 7)
+            first = jit_graph.graph
+            jit.captured.free_intermediates()
+            gc.collect()
+            # Tensors of that size may get the jit's old memory: the replay must leave them be.
+            others = [Tensor(np.full(64, 42, np.float32)).realize() for _ in range(4)]
+            np.testing.assert_array_equal((await jit_graph(x)).numpy(), 7)
+            assert jit_graph.graph is not first
+            for other in others:
+                np.testing.assert_array_equal(other.numpy(), 42)
+            np.testing.assert_array_equal((await jit_graph(_full(5, 64))).numpy(), 11)
+
+
+def test_install_never_runs_a_plan_over_memory_tinygrad_let_go_of() -> None:
+    # A buffer the jit holds deallocated while tinygrad keeps the jit's runner: the
+    # runner's plan would use memory that is not the jit's any more.
+    forward, w = _weighted()
+    agt.install(devices=1)
+    try:
+        jit = TinyJit(forward)
+        for s in range(3):
+            jit(_full(s, 4, 4))
+        w.uop.base.buffer.deallocate()
+        with pytest.raises(
+            ag.UsageError,
+            match=r"tinygrad freed memory this jit's batch holds \(free_intermediates\(\), or "
+            r"a buffer of it deallocated\) while its runner stayed: capture the jit again",
+        ):
+            jit(_full(3, 4, 4))
+    finally:
+        agt.uninstall()

@@ -91,6 +91,50 @@ def test_patching_cpu_devices_reaches_open_and_later_devices() -> None:
     assert Device["CPU"].graph is not Marker
 
 
+def test_a_registered_device_kind_is_found_by_tinygrads_own_lookup() -> None:
+    if V011:
+        pytest.skip("AG devices are tinygrad 0.14's (0.11 keeps its own REMOTE device)")
+    from tinygrad.device import Compiled
+
+    opened: list[str] = []
+
+    class ZzDevice(Compiled):  # type: ignore[misc]
+        def __init__(self, device: str) -> None:
+            opened.append(device)
+
+    restore = _private.register_device("ZZ", ZzDevice)
+    try:
+        try:
+            first, second = Device["ZZ"], Device["zz:1"]
+        except (ImportError, IndexError) as error:
+            pytest.fail(
+                changed(
+                    f"how Device[...] finds a device's class ({error!r})",
+                    "register_device",
+                    "make AG, AG:1, ... tinygrad devices",
+                )
+            )
+        assert isinstance(first, ZzDevice) and isinstance(second, ZzDevice)
+        assert opened == ["ZZ", "ZZ:1"], changed(
+            "the device names a device class is opened with", "register_device", "number AG devices"
+        )
+        assert {"ZZ", "ZZ:1"} <= set(_private.opened_devices()), changed(
+            "Device._opened_devices", "opened_devices", "give back cached AG memory at uninstall"
+        )
+        from tinygrad.schedule import rangeify
+
+        assert rangeify.DEVICE_MAX_BUFS["ZZ"] == rangeify.DEVICE_MAX_BUFS["CPU"], changed(
+            "DEVICE_MAX_BUFS",
+            "register_device",
+            "keep AG kernels within the CPU loader's arguments",
+        )
+    finally:
+        restore()
+    from tinygrad.schedule import rangeify
+
+    assert "ZZ" not in rangeify.DEVICE_MAX_BUFS
+
+
 def test_a_graph_runner_is_built_and_called_as_actorgraph_builds_and_calls_one() -> None:
     from tinygrad.engine.jit import MultiGraphRunner
 
@@ -171,3 +215,48 @@ def test_compiled_function_is_the_loaded_cpu_program() -> None:
     assert getattr(_private.compiled_function(runner), "fxn", None) is not None, changed(
         "CompiledRunner._prg", "compiled_function", "call a kernel's C function directly"
     )
+
+
+def test_watch_cpu_memory_tells_what_tinygrad_lets_go_of() -> None:
+    import gc
+
+    from tinygrad import dtypes
+    from tinygrad.helpers import Context
+
+    seen: list[tuple[str, str, int, int]] = []
+    armed = [True]  # the hooks stay for good: record only while this test runs
+
+    def record(kind: str) -> Any:
+        return lambda device, address, nbytes: (
+            armed[0] and seen.append((kind, device, address, nbytes))
+        )
+
+    _private.watch_cpu_memory(record("deallocated"), record("released"))
+    why = "let go of wrappers of memory tinygrad freed"
+    try:
+        for lru in (1, 0):
+            with Context(LRU=lru):
+                t = Tensor(np.arange(1000, dtype=np.float32), device="CPU:1").realize()
+                address = _private.buffer_address(t.uop.base.buffer)
+                Device["CPU:1"].synchronize()  # 0.11: no queued work may use it once freed
+                del t
+                gc.collect()
+            told = {kind for kind, *place in seen if place == ["CPU:1", address, 4000]}
+            want = {"deallocated"} if lru else {"deallocated", "released"}
+            assert told == want, changed(
+                f"how a CPU buffer is freed (LRU={lru}: told {told})", "watch_cpu_memory", why
+            )
+        memory = np.zeros(10, np.float32)
+        blob = Tensor.from_blob(memory.ctypes.data, (10,), dtype=dtypes.float32, device="CPU")
+        (blob + 1).realize()
+        Device["CPU"].synchronize()
+        del blob
+        gc.collect()
+        told = {kind for kind, *place in seen if place == ["CPU", memory.ctypes.data, 40]}
+        assert told == {"deallocated", "released"}, changed(
+            f"how a buffer over memory it does not own is freed (told {told})",
+            "watch_cpu_memory",
+            why,
+        )
+    finally:
+        armed[0] = False

@@ -320,8 +320,7 @@ async def test_a_relay_in_the_middle_cannot_put_requests_into_a_tls_connection(
                     await rt.copyin(x, np.arange(4, dtype=np.int32))
                     passed = len(relay.seen)
                     await relay.inject(
-                        encode(["alloc", 99, "CPU:0", 4, "int32"])
-                        + encode(["get", 7, [99, 0, [4]]])
+                        encode(["alloc", 99, "CPU:0", 4, "<i4"]) + encode(["get", 7, [99, 0, [4]]])
                     )
                     while True:  # until the worker's dropped connection is noticed
                         await rt.copyin(x, np.arange(4, dtype=np.int32))

@@ -235,7 +235,7 @@ async def test_a_worker_refuses_a_program_lowered_to_an_op_its_queue_does_not_ru
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "int32"])
+            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
             session.handle(["prog", 1, "CPU:0", [inc, ["s", 2, 1]], True])
             session.handle(["batch", 10, [0, 0, 0], [1], []])
             done = (await replies.wait_for(1))[-1]

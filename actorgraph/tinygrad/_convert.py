@@ -14,13 +14,15 @@ This module imports no tinygrad.
 
 from __future__ import annotations
 
+import collections
 import ctypes
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
+from .._background import BackgroundRuntime
 from .._buffer import Buffer
 from .._errors import InputError, UsageError
 from .._kernel import Copy, Item, Kernel, Launch
@@ -30,13 +32,17 @@ from .._vars import Var
 U8 = np.dtype(np.uint8)
 
 
-def device_name(tiny_device: str) -> str:
-    """actorgraph's name for a tinygrad CPU device ("CPU" -> "CPU:0", "CPU:2" -> "CPU:2")."""
+def device_name(tiny_device: str, remote: Sequence[str] = ()) -> str:
+    """actorgraph's name for a tinygrad CPU device ("CPU" -> "CPU:0", "CPU:2" -> "CPU:2"),
+    or for an AG device the worker device install() made it ("AG:1" -> remote[1])."""
     kind, _, index = tiny_device.partition(":")
+    if kind == "AG" and (index == "" or index.isdigit()) and int(index or 0) < len(remote):
+        return remote[int(index or 0)]
     if kind != "CPU" or not (index == "" or index.isdigit()):
         raise UsageError(
-            f"tinygrad device {tiny_device!r} is not a CPU device; actorgraph runs tinygrad "
-            f"work on CPU devices only (CPU, CPU:1, ...)"
+            f"tinygrad device {tiny_device!r} is not a CPU device (nor an AG device of the "
+            f"workers install(remote=...) opened); actorgraph runs tinygrad work on CPU "
+            f"devices (CPU, CPU:1, ...) and AG devices"
         )
     return f"CPU:{int(index or 0)}"
 
@@ -58,16 +64,20 @@ class Region:
     nbytes: int
     address: int = 0
     base_nbytes: int = 0
+    memory: Any = None  # on an AG device: the allocation (an AGMemory), for root -1
 
 
 @attrs.frozen
 class KernelCall:
     """A compiled kernel over regions. `values` are its value arguments in order: an
-    ag.Var bound per call, or a fixed int (a lane's device number)."""
+    ag.Var bound per call, or a fixed int (a lane's device number); `dims` its launch's
+    global size where the kernel reads it (machine code on a worker, called once per
+    core), else None."""
 
     kernel: Kernel
     args: tuple[Region, ...]
     values: tuple[Var | int, ...]
+    dims: tuple[int, ...] | None = None
 
 
 @attrs.frozen
@@ -81,10 +91,15 @@ Call = KernelCall | CopyCall
 
 @attrs.frozen
 class Root:
-    """An input root of a batch: a buffer of `nbytes` on `device` passed on every call."""
+    """An input root of a batch: a buffer of `nbytes` on `device` passed on every call
+    (`remote`: a worker's device, its memory an AGMemory, not a host address)."""
 
     device: str
     nbytes: int
+    remote: bool = False
+
+
+Key = tuple[str, int, int]  # (actorgraph device, address, nbytes) of a tinygrad base buffer
 
 
 class Wrapper:
@@ -92,58 +107,147 @@ class Wrapper:
 
     Bases are wrapped as bytes by (device, address, size), cached, so a buffer tinygrad
     hands out again at the same place maps to the same Buffer, whose bound replays a
-    graph keeps. Thread-safe: a miss may wrap twice, and both wrappers alias by address.
+    graph keeps: the memory of a call's inputs (`root`, the latest `limit` kept) and the
+    memory a jit holds (`held`: its weights, its arena; kept while tinygrad keeps it).
+
+    A wrapper lives no longer than tinygrad's hold on its memory: tinygrad's frees are
+    recorded as they happen (`deallocated`, `released`, from any thread) and the
+    wrappers of that memory let go of (`forget_freed`, by whoever uses the Wrapper, at
+    the start of a call: `free` them, the runtime's `free` by default), so memory that
+    tinygrad hands out again, on another device say, is wrapped anew, and a graph over a
+    jit's memory that tinygrad let go of is never run again on it. Used by one thread at
+    a time (install's lock, or the trio program's thread).
     """
 
-    def __init__(self, runtime: Runtime, limit: int = 256) -> None:
-        self.runtime = runtime
-        self._bases: dict[tuple[str, int, int], Buffer] = {}
+    def __init__(
+        self,
+        runtime: Runtime | BackgroundRuntime,
+        free: Callable[[Buffer], None] | None = None,
+        limit: int = 256,
+    ) -> None:
+        self.runtime = runtime  # a Runtime, or a BackgroundRuntime (the trio path's)
+        self._free = runtime.free if free is None else free
+        self._roots: dict[Key, Buffer] = {}
+        self._held: dict[Key, Buffer] = {}
         self._limit = limit
+        self._freed: collections.deque[Key] = collections.deque()
+        # Wrappers of a jit's memory let go of so far (a graph that used one is stale).
+        self.held_freed = 0
 
-    def base(self, device: str, address: int, nbytes: int) -> Buffer:
+    def root(self, device: str, address: int, nbytes: int) -> Buffer:
+        """A wrapper of an input's memory."""
         key = (device, address, nbytes)
-        found = self._bases.get(key)
+        found = self._roots.get(key)
         if found is not None:
             return found
         wrapped = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
-        bases = self._bases
-        if len(bases) >= self._limit:
-            try:
-                del bases[next(iter(bases))]  # the oldest; wrapped again if seen again
-            except (KeyError, StopIteration, RuntimeError):
-                pass  # another thread took it first
-        bases[key] = wrapped
+        roots = self._roots
+        if len(roots) >= self._limit:
+            oldest = next(iter(roots))
+            self._let_go(roots.pop(oldest))  # wrapped again if seen again
+        roots[key] = wrapped
         return wrapped
 
+    def held(self, device: str, address: int, nbytes: int) -> Buffer:
+        """A wrapper of memory the jit holds."""
+        key = (device, address, nbytes)
+        found = self._held.get(key)
+        if found is None:
+            found = self._held[key] = self.runtime.wrap(device, address, nbytes=nbytes, dtype=U8)
+        return found
 
-def region_buffer(region: Region, roots: Sequence[Buffer], wrapper: Wrapper) -> Buffer:
+    def deallocated(self, key: Key) -> None:
+        """tinygrad deallocated the base buffer at `key`: memory a jit held is not the
+        jit's any more (its allocator may hand it to the next buffer of that size).
+        Records only (any thread, garbage collection included)."""
+        if key in self._held:
+            self._freed.append(key)
+
+    def released(self, key: Key) -> None:
+        """The memory at `key` is not tinygrad's any more: the next buffer there may be
+        another device's. Records only (any thread, garbage collection included)."""
+        if key in self._roots or key in self._held:
+            self._freed.append(key)
+
+    def forget_freed(self) -> None:
+        """Let go of the wrappers of memory tinygrad freed since the last call."""
+        freed = self._freed
+        while freed:
+            key = freed.popleft()
+            root = self._roots.pop(key, None)
+            if root is not None:
+                self._let_go(root)
+            held = self._held.pop(key, None)
+            if held is not None:
+                self.held_freed += 1
+                self._let_go(held)
+
+    def _let_go(self, buf: Buffer) -> None:
+        if not buf.freed and not self.runtime.closed:
+            self._free(buf)
+
+
+def placeholder(runtime: Runtime | BackgroundRuntime, device: str, nbytes: int) -> Buffer:
+    """A buffer of `nbytes` on host device `device` in memory of its own, which nothing
+    else uses: what a graph is planned with for an input that must not be taken for
+    memory the jit holds (see Batch.plan). Its pages are mapped only if written."""
+    buf: Buffer = runtime.wrap(device, np.zeros(nbytes, np.uint8), dtype=U8)
+    return buf
+
+
+def held_lookup(
+    held: Mapping[Key, Buffer], runtime: Runtime | None = None
+) -> Callable[[Region], Buffer]:
+    """How build_items finds the memory the jit holds: on this host, its wrapper in `held`
+    (Batch.hold); on a worker (an AG device), its allocation's Buffer on `runtime`, made
+    there on first use (so only on the runtime's thread; None for a batch on this host
+    only)."""
+
+    def find(region: Region) -> Buffer:
+        if region.memory is not None:
+            assert runtime is not None  # a batch on workers is planned with its runtime
+            buf: Buffer = region.memory.buffer(runtime)
+            return buf
+        return held[(region.device, region.address, region.base_nbytes)]
+
+    return find
+
+
+def region_buffer(
+    region: Region, roots: Sequence[Buffer], held: Callable[[Region], Buffer]
+) -> Buffer:
     if region.root >= 0:
         base = roots[region.root]
         if region.nbytes < 0:
             return base
     else:
-        base = wrapper.base(region.device, region.address, region.base_nbytes)
+        base = held(region)
     if region.offset == 0 and region.nbytes == base.nbytes:
         return base
     return base.view(region.offset, region.nbytes)
 
 
-def build_items(calls: Sequence[Call], roots: Sequence[Buffer], wrapper: Wrapper) -> list[Item]:
-    """The batch's calls as actorgraph items over these roots and the jit's own memory."""
+def build_items(
+    calls: Sequence[Call], roots: Sequence[Buffer], held: Callable[[Region], Buffer]
+) -> list[Item]:
+    """The batch's calls as actorgraph items over these roots and the jit's own memory,
+    which `held` finds (held_lookup)."""
     items: list[Item] = []
     for call in calls:
         if isinstance(call, KernelCall):
-            bufs = [region_buffer(r, roots, wrapper) for r in call.args]
+            bufs = [region_buffer(r, roots, held) for r in call.args]
             variables = tuple(_value_var(v, k) for k, v in enumerate(call.values))
             fixed = {
                 var: value
                 for var, value in zip(variables, call.values)
                 if not isinstance(value, Var)
             }
-            items.append(Launch(call.kernel, bufs, vars=variables, fixedvars=fixed))
+            items.append(
+                Launch(call.kernel, bufs, vars=variables, fixedvars=fixed, global_size=call.dims)
+            )
         else:
-            dst = region_buffer(call.dst, roots, wrapper)
-            src = region_buffer(call.src, roots, wrapper)
+            dst = region_buffer(call.dst, roots, held)
+            src = region_buffer(call.src, roots, held)
             items.append(Copy(dst=dst, src=src))
     return items
 

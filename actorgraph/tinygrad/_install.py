@@ -16,11 +16,14 @@ first and advances the timeline after.
 
 Replays from several threads take one lock, so they run one at a time: a replay takes
 the devices' next values of tinygrad's timelines, runs and advances them before the
-next replay takes any, and tinygrad's later work never passes a replay.
+next replay takes any, and tinygrad's later work never passes a replay. The runtime's
+thread never takes it (a replay holding it may wait for that thread): what it does for
+a batch on AG devices (their memory, its plan) touches nothing a lock guards.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,10 +33,15 @@ import attrs
 
 from .._background import BackgroundRuntime, start_runtime
 from .._errors import ClosedError, UsageError
+from .._graph import Replay
+from .._runtime import Runtime
+from ..remote import WorkerCPU
 from ._batch import Batch
 from ._check import Reference, TinyCheck
 from ._convert import Wrapper
+from ._pending import Pending, ReplayRecord
 from ._private import patch_cpu_devices, patched_devices
+from ._watch import watched
 
 
 class Ordering(Protocol):
@@ -63,7 +71,9 @@ class TinygradStatistics:
     plans (one per batch, plus one per new largest input size where tinygrad does not
     say the largest); `replays`: runner calls; `handed_off`: replays that ran on the
     runtime's thread (items on a worker thread, or the runtime busy), the rest ran on
-    the caller's thread; `version`: the tinygrad release."""
+    the caller's thread; `version`: the tinygrad release; `remote`: the worker devices
+    of AG, AG:1, ...; `flushes`: submissions of their recorded work (each one batch per
+    worker)."""
 
     installed: bool
     version: str
@@ -72,6 +82,8 @@ class TinygradStatistics:
     replays: int
     handed_off: int
     devices: tuple[str, ...]
+    remote: tuple[str, ...] = ()
+    flushes: int = 0
     checked: int = 0
 
 
@@ -79,20 +91,30 @@ class Installed:
     """What install() owns: the background runtime, the patched devices, the counters."""
 
     def __init__(
-        self, runtime: BackgroundRuntime, ndevices: int, ordering: Ordering, version: str
+        self,
+        runtime: BackgroundRuntime,
+        ndevices: int,
+        ordering: Ordering,
+        version: str,
+        remote: Sequence[str] = (),
     ) -> None:
         self.runtime = runtime
         self.ndevices = ndevices
+        # The worker devices of AG, AG:1, ... (tinygrad 0.14), and their recorded work.
+        self.remote = tuple(remote)
+        self.pending = Pending(runtime, remote)
         self.ordering = ordering
         self.version = version
-        self.wrapper = Wrapper(runtime.runtime)
+        self.wrapper = watched(Wrapper(runtime.runtime, free=runtime.free_now))
         # Held by every replay and plan, and by uninstall(): see the module's docstring.
         self.lock = threading.RLock()
         self.graphs = 0
         self.plans = 0
+        self.remote_plans = 0  # plans of batches on AG devices: on the runtime's thread only
         self.replays = 0
         self.handed_off = 0
         self.restore: Callable[[], None] | None = None
+        self.unregister: Callable[[], None] | None = None
         # install(check_replays=N): each batch's first N replays are checked, through
         # the release's checked runner (which calls replay_checked); 0: none, and the
         # plain runner, which knows nothing of checks.
@@ -116,10 +138,16 @@ class Installed:
     ) -> float | None:
         """Replay `batch` with its roots at these (address, nbytes) places and these
         tinygrad var values; return the seconds it took when `wait`."""
+        if batch.remote:
+            return self._replay_remote(batch, places, given, wait)
         start = time.perf_counter() if wait else 0.0
         with self.lock:
             if _installed is not self:
                 self.check_usable()
+            wrapper = self.wrapper
+            wrapper.forget_freed()
+            if wrapper.held_freed and batch.stale():
+                raise UsageError(_STALE)
             roots = batch.wrap_roots(places)
             graph = batch.graph_for(roots)
             if graph is None:
@@ -132,6 +160,51 @@ class Installed:
                 self._run(graph, roots, values)
         return time.perf_counter() - start if wait else None
 
+    def _replay_remote(
+        self, batch: Batch, places: Sequence[tuple[Any, int]], given: Mapping[Any, int], wait: bool
+    ) -> float | None:
+        """A batch on AG devices: recorded with their work, in tinygrad's order, and sent
+        with it; waited for here only when it touches tinygrad's CPU memory too (which
+        tinygrad's inline work after it uses) or the caller asks for its time. This
+        host's memory is wrapped here, under the lock; the workers' memory is resolved
+        and the batch planned on the runtime's thread (`_submit_remote`)."""
+        start = time.perf_counter() if wait else 0.0
+        with self.lock:
+            if _installed is not self:
+                self.check_usable()
+            self.wrapper.forget_freed()
+            if batch.stale():
+                raise UsageError(_STALE)
+            partial = batch.wrap_local_roots(places)
+            held = batch.hold()
+            values = batch.values(given, "this jit") if batch.variables else None
+            self.replays += 1
+        submit = functools.partial(self._submit_remote, batch, partial, held, values)
+        self.pending.add(ReplayRecord(submit))
+        if batch.local or wait:
+            self.pending.flush(wait=True)
+        return time.perf_counter() - start if wait else None
+
+    async def _submit_remote(
+        self,
+        batch: Batch,
+        partial: Sequence[Any],
+        held: Mapping[Any, Any],
+        values: dict[Any, int] | None,
+        runtime: Runtime,
+    ) -> Replay:
+        """On the runtime's thread: plan the batch if these roots need it, submit it.
+        Takes no lock (a caller holding install()'s lock may be waiting for this thread)."""
+        roots = batch.resolve_roots(partial, runtime)
+        graph = batch.graph_for(roots)
+        if graph is None:
+            items, inputs, limits = batch.plan(roots, held, runtime)
+            graph = await runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
+            batch.keep_plan(graph, limits, runtime)
+            self.remote_plans += 1
+        replay: Replay = await graph.submit(roots, values)
+        return replay
+
     def _run(self, graph: Any, roots: Sequence[Any], values: dict[Any, int] | None) -> None:
         # On this thread as one loop where the runtime allows it (the usual case), else on
         # the runtime's thread while this one waits.
@@ -141,8 +214,8 @@ class Installed:
 
     def _plan(self, batch: Batch, roots: Sequence[Any]) -> Any:
         self.check_usable()
-        items, limits = batch.plan(roots)
-        graph = self.runtime.compile(items, inputs=roots, max_sizes=limits, aliasing="replan")
+        items, inputs, limits = batch.plan(roots)
+        graph = self.runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
         planned = graph.result()
         batch.keep_plan(planned, limits)
         self.plans += 1
@@ -187,8 +260,23 @@ class Installed:
 
     def check_devices(self, devices: Sequence[str]) -> bool:
         """Whether every (actorgraph) device is one this runtime opened."""
-        return all(int(name.split(":")[1]) < self.ndevices for name in devices)
+        return all(
+            name in self.remote if "@" in name else int(name.split(":")[1]) < self.ndevices
+            for name in devices
+        )
 
+    def worker_cpu(self, name: str) -> WorkerCPU:
+        """What the worker of remote device `name` said at connect it runs on."""
+        device: Any = self.runtime.runtime.device(name)
+        stats = device.connection.statistics()
+        cpu: WorkerCPU = stats.worker_cpu
+        return cpu
+
+
+_STALE = (
+    "tinygrad freed memory this jit's batch holds (free_intermediates(), or a buffer of it "
+    "deallocated) while its runner stayed: capture the jit again (jit.reset())"
+)
 
 # cpu_thread_bytes that no kernel reaches: every kernel runs inline.
 INLINE_BYTES = 1 << 62
@@ -207,6 +295,8 @@ def install(
     version: str,
     devices: int,
     options: dict[str, Any],
+    remote: Sequence[str] = (),
+    register: Callable[[Installed], Callable[[], None]] | None = None,
 ) -> None:
     """Install `runners[0]` (or `runners[1]`, the checked runner, with a check_replays
     option > 0) as every tinygrad CPU device's graph runner, on a new background
@@ -224,18 +314,32 @@ def install(
                 f"install(check_replays=N) needs an int N >= 0 (how many replays of each "
                 f"batch to check against tinygrad running it), got {checks!r}"
             )
+        if checks and remote:
+            raise UsageError(
+                f"install(check_replays={checks}) checks batches against tinygrad running them "
+                f"on this host's memory, and the memory of AG devices (install(remote=...) or "
+                f"ACTORGRAPH_REMOTE: {', '.join(remote)}) is on workers, so their batches "
+                f"cannot be checked; install without remote devices to check jits on CPU "
+                f"devices, or without check_replays to run on workers"
+            )
         # Every kernel on the caller's thread, as tinygrad runs its own, unless asked
         # otherwise: a kernel on a worker thread sends the whole replay through the
         # runtime's thread, a hop a kernel big enough to need a thread rarely repays
         # unless devices run in parallel (cpu_thread_bytes=N lets them).
         options = {"cpu_thread_bytes": INLINE_BYTES, **options}
-        runtime = start_runtime([f"CPU:{i}" for i in range(devices)], **options)
-        state = Installed(runtime, devices, ordering, version)
+        runtime = start_runtime([*(f"CPU:{i}" for i in range(devices)), *remote], **options)
+        state = Installed(runtime, devices, ordering, version, remote)
         state.check_replays = checks
-        for i in range(devices):
-            # Wrapped memory of each device shares one address space: made once here,
-            # on no replay's path.
-            runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
+        try:
+            for i in range(devices):
+                # Wrapped memory of each device shares one address space: made once
+                # here, on no replay's path.
+                runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
+            if register is not None:
+                state.unregister = register(state)
+        except BaseException:
+            runtime.close()
+            raise
         state.restore = patch_cpu_devices(runners[1] if checks else runners[0])
         _installed = state
 
@@ -247,10 +351,15 @@ def uninstall(synchronize: Callable[[str], None]) -> None:
         if state is None:
             return
         with state.lock:  # no replay is running; none starts (check_usable)
-            _installed = None
-            assert state.restore is not None
-            devices = patched_devices(state.restore)
-            state.restore()
+            try:
+                if state.unregister is not None:
+                    state.unregister()
+                state.pending.flush(wait=True)  # the AG work tinygrad asked for, done
+            finally:
+                _installed = None
+                assert state.restore is not None
+                devices = patched_devices(state.restore)
+                state.restore()
     for name in devices:
         synchronize(name)
     state.runtime.close()
@@ -267,9 +376,11 @@ def statistics() -> TinygradStatistics:
         installed=True,
         version=state.version,
         graphs=state.graphs,
-        plans=state.plans,
+        plans=state.plans + state.remote_plans,
         replays=state.replays,
         handed_off=state.handed_off,
         devices=tuple(patched_devices(state.restore)),
+        remote=state.remote,
+        flushes=state.pending.flushes,
         checked=state.checked,
     )

@@ -10,10 +10,12 @@ TinyJit, GraphRunner, engine.realize's helpers) are used where they are needed.
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
-from tinygrad.device import Device
+from tinygrad.device import Buffer, Device
 from tinygrad.runtime import ops_cpu
 
 # -- memory --
@@ -24,9 +26,48 @@ def buffer_address(buf: Any) -> int:
     return int(buf._buf.va_addr)
 
 
+def buffer_memory(buf: Any) -> Any:
+    """What a tinygrad Buffer's allocator handed out for it (an AG device's AGMemory)."""
+    return buf._buf
+
+
 def buffer_base(buf: Any) -> Any:
     """The base buffer a tinygrad Buffer views, or None when it is a base."""
     return buf._base
+
+
+def watch_cpu_memory(
+    deallocated: Callable[[str, int, int], None], released: Callable[[str, int, int], None]
+) -> None:
+    """Tell what tinygrad does with the host memory of its CPU devices, as (tinygrad
+    device, address, nbytes) of a base buffer: `deallocated` when a buffer is
+    deallocated (tinygrad stops using its memory, which its allocator may keep for the
+    next buffer of that size on that device: LRU), `released` when the memory stops
+    being tinygrad's at all (the allocator frees it, or a buffer over memory it does
+    not own, `Tensor.from_blob`, is deallocated). Called on whichever thread frees the
+    buffer (garbage collection included), so both must only record. For good: call once.
+    """
+    allocator = ops_cpu.CPUAllocator
+    inherited_free = allocator._free
+    deallocate = Buffer.deallocate
+
+    def free(self: Any, buf: Any, *args: Any, **kwargs: Any) -> Any:
+        released(self.dev.device, int(buf.va_addr), int(buf.size))
+        return inherited_free(self, buf, *args, **kwargs)
+
+    def deallocate_base(self: Any) -> None:
+        if self._base is None and self.device.partition(":")[0] == "CPU" and self.is_allocated():
+            address, nbytes = buffer_address(self), self.nbytes
+            deallocate(self)
+            deallocated(self.device, address, nbytes)
+            options = self.options
+            if options is not None and options.external_ptr is not None:
+                released(self.device, address, nbytes)
+        else:
+            deallocate(self)
+
+    allocator._free = free
+    Buffer.deallocate = deallocate_base
 
 
 # -- devices --
@@ -70,6 +111,35 @@ def patch_cpu_devices(graph: Callable[..., Any]) -> Callable[[], None]:
 
 def patched_devices(restore: Callable[[], None]) -> list[str]:
     return sorted(getattr(restore, "devices", {}))
+
+
+def opened_devices() -> list[str]:
+    """The names of the tinygrad devices opened so far (tinygrad keeps them open)."""
+    return sorted(Device._opened_devices)
+
+
+def register_device(kind: str, device_class: type) -> Callable[[], None]:
+    """Make `Device["KIND"]`, `Device["KIND:1"]`, ... open `device_class` through tinygrad's
+    own lookup (it imports `tinygrad.runtime.ops_<kind>` and takes its `<KIND>Device`),
+    with the CPU's limit on a kernel's buffers; return the function that undoes it
+    (devices tinygrad opened stay open: it caches them)."""
+    module_name = f"tinygrad.runtime.ops_{kind.lower()}"
+    module = types.ModuleType(module_name, f"actorgraph's {kind} devices (actorgraph.tinygrad)")
+    setattr(module, f"{kind}Device", device_class)
+    sys.modules[module_name] = module
+    from tinygrad.schedule import rangeify
+
+    limits = rangeify.DEVICE_MAX_BUFS
+    had = kind in limits
+    limits.setdefault(kind, limits["CPU"])
+
+    def restore() -> None:
+        if sys.modules.get(module_name) is module:
+            del sys.modules[module_name]
+        if not had:
+            limits.pop(kind, None)
+
+    return restore
 
 
 # -- the jit --

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Any
 
 import trio
 
+from .._background import BackgroundRuntime
 from .._errors import UsageError
 from .._graph import Graph
 from .._runtime import Runtime
 from .._vars import Var
-from ._batch import Batch
+from ._batch import Batch, on_runtime_thread
 from ._convert import Wrapper
 from ._version import adapter_for, installed_version
+from ._watch import watched
 
 _adapter: Any = importlib.import_module(f"{__package__}.{adapter_for(installed_version())}")
 
@@ -29,10 +32,12 @@ class JitGraph:
     (`graphs` counts the plans made).
     """
 
-    def __init__(self, runtime: Runtime, jit: Any, *, verify: bool | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime | BackgroundRuntime, jit: Any, *, verify: bool | None = None
+    ) -> None:
         self.runtime = runtime
         self.jit = jit
-        self._wrapper = Wrapper(runtime)
+        self._wrapper = _wrapper_of(runtime)
         # Every call kind and captured buffer is checked now, not on the first call.
         self._source = _adapter.JitSource(jit, self._wrapper)
         self._verify = verify
@@ -64,13 +69,20 @@ class JitGraph:
     async def _prepare(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[Var, int]]:
+        self._wrapper.forget_freed()
         batch, roots, given = await self._source.prepare(self.runtime, args, kwargs)
         if batch.graph_for(roots) is None:
-            items, limits = batch.plan(roots)
+            if batch.remote:  # planned where the workers' memory is resolved (_batch.py)
+                held = batch.hold()
+                runtime = self.runtime
+                assert isinstance(runtime, BackgroundRuntime)  # JitSource checked it
+                items, inputs, limits = await on_runtime_thread(runtime, batch.plan, roots, held)
+            else:
+                items, inputs, limits = batch.plan(roots)
             graph = await self.runtime.compile(
-                items, inputs=roots, max_sizes=limits, verify=self._verify, aliasing="replan"
+                items, inputs=inputs, max_sizes=limits, verify=self._verify, aliasing="replan"
             )
-            batch.keep_plan(graph, limits)
+            batch.keep_plan(graph, limits, self.runtime)
         return batch, roots, batch.values(given, f"{self._source.name}")
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -97,6 +109,20 @@ class JitGraph:
         return self._source.ret
 
 
+# One Wrapper per runtime, shared by its JitGraphs: memory tinygrad frees and hands out
+# again, on another device say, must be let go of by whichever JitGraph wrapped it.
+_wrappers: weakref.WeakKeyDictionary[Runtime | BackgroundRuntime, Wrapper] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _wrapper_of(runtime: Runtime | BackgroundRuntime) -> Wrapper:
+    found = _wrappers.get(runtime)
+    if found is None:
+        found = _wrappers[runtime] = watched(Wrapper(runtime))
+    return found
+
+
 async def _replays_done(graph: Graph) -> None:
     """Return once none of the graph's replays is in flight (a cancelled caller's
     replay goes on on the actors; only this rare path polls)."""
@@ -104,9 +130,19 @@ async def _replays_done(graph: Graph) -> None:
         await trio.sleep(0.0005)
 
 
-async def graph_from_jit(runtime: Runtime, jit: Any, *, verify: bool | None = None) -> JitGraph:
+async def graph_from_jit(
+    runtime: Runtime | BackgroundRuntime, jit: Any, *, verify: bool | None = None
+) -> JitGraph:
     """A captured TinyJit as a JitGraph on `runtime` (which opens the CPU devices the jit
     uses: tinygrad's CPU is CPU:0, CPU:1 is CPU:1, ...). The jit must have captured
     (tinygrad captures on a jit's second call). `verify=True` proves each plan
-    deadlock- and race-free."""
+    deadlock- and race-free.
+
+    A jit on AG devices (tinygrad 0.14, `install(remote=...)`) runs on the runtime
+    install() started, where their memory lives: pass `agt.runtime()`; its replays come
+    after the AG work tinygrad recorded before them.
+
+    Raises:
+        UsageError: the jit has not captured, has a call actorgraph cannot run, or runs
+            on AG devices and `runtime` is not install()'s."""
     return JitGraph(runtime, jit, verify=verify)

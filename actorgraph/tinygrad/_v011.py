@@ -96,15 +96,20 @@ class Timelines:
     def take(
         self, tiny_devices: Iterable[str]
     ) -> tuple[list[tuple[ExternalTimeline, int]], list[tuple[ExternalTimeline, int]]]:
-        """(after, then) for one replay on these devices: it starts once tinygrad's
-        earlier work wrote the value before its own, and writes its own when done."""
+        """(after, then) for one replay on these devices: it starts once the value just
+        before its own is written, and writes its own when done.
+
+        The value waited for comes from the value taken, never from a look at the device
+        before taking: tinygrad's own work on another thread may take a value in
+        between, and a replay that did not wait for it could write its value first
+        (tinygrad's then writes an earlier one, and the timeline goes back)."""
         after, then = [], []
         with self._lock:
             for name in tiny_devices:
-                dev = Device[name]
                 timeline = self.of(name)
-                after.append((timeline, timeline_pending(dev)))
-                then.append((timeline, timeline_take(dev)))
+                value = timeline_take(Device[name])
+                after.append((timeline, value - 1))
+                then.append((timeline, value))
         return after, then
 
     def replay(self, devices: Sequence[str], run: Callable[[], None]) -> None:
@@ -231,11 +236,9 @@ class _Reader:
             )
         if buf is None:
             raise InputError(f"jit cache item {j} buffer {i} is missing (freed?)")
-        if not buf.is_allocated():
-            raise InputError(
-                f"jit cache item {j} buffer {i}: tinygrad buffer {buf!r} is not allocated "
-                f"(freed, or never realized); capture the jit again (jit.reset())"
-            )
+        # Memory the jit holds, allocated as tinygrad's first run of a jit allocates it
+        # (after free_intermediates(), say).
+        buf.ensure_allocated()
         base = buffer_base(buf)
         held = buf if base is None else base
         offset = 0 if base is None else buf.offset
@@ -503,6 +506,8 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._inputs(args, kwargs)
+        if self.batch is not None and self.batch.stale():
+            self.batch = None  # tinygrad let go of memory the jit held: read it again
         if self.batch is None:
             captured = self._captured
             every = list(inputs)  # with the views of inputs the jit reads, for reading it

@@ -42,7 +42,7 @@ from tinygrad.uop.ops import Ops, UOp, buffers
 
 from .._errors import ClosedError, InputError, UsageError
 from .._vars import Var
-from ._batch import Batch
+from ._batch import Batch, on_runtime_thread
 from ._check import TinyCall
 from ._convert import (
     U8,
@@ -64,8 +64,11 @@ from ._install import Inline, current
 from ._private import (
     buffer_address,
     buffer_base,
+    buffer_memory,
     cpu_device_class,
+    opened_devices,
     prepare_jit_inputs,
+    register_device,
     written_inputs,
 )
 
@@ -82,22 +85,40 @@ def _offset_of(buf: Any) -> int:
     return int(buf.offset) if buffer_base(buf) is not None else 0
 
 
-def _refusal(call: Any, ndevices: int | None) -> str | None:
-    """Why actorgraph cannot run this CALL on CPU devices, or None when it can."""
+def _device_refusal(name: str, ndevices: int | None, remote: int) -> str | None:
+    """Why actorgraph cannot run a call on tinygrad device `name`, or None when it can:
+    one of the first `ndevices` CPU devices (None: any), or of the `remote` AG devices."""
+    kind, _, index = name.partition(":")
+    if not (index == "" or index.isdigit()):
+        return f"a call on {name} (actorgraph runs tinygrad's CPU and AG devices only)"
+    if kind == "AG":
+        if int(index or 0) >= remote:
+            return (
+                f"a call on {name}, past the {remote} worker devices actorgraph.tinygrad "
+                f"opened (install(remote=[...]) naming more)"
+            )
+        return None
+    if kind != "CPU":
+        return f"a call on {name} (actorgraph runs tinygrad's CPU and AG devices only)"
+    if ndevices is not None and int(index or 0) >= ndevices:
+        return (
+            f"a call on {name}, past the {ndevices} CPU devices actorgraph.tinygrad "
+            f"opened (install(devices=N) with a larger N)"
+        )
+    return None
+
+
+def _refusal(call: Any, ndevices: int | None, remote: int = 0) -> str | None:
+    """Why actorgraph cannot run this CALL on its devices, or None when it can."""
     ast = call.src[0]
     if ast.op not in (Ops.PROGRAM, Ops.COPY):
         kind = ast.arg if ast.op is Ops.CUSTOM_FUNCTION else ast.op
         return f"a {kind} call (actorgraph runs compiled CPU kernels and copies only)"
     for arg in get_call_arg_uops(call):
         for name in to_tuple(arg.device):
-            kind, _, index = str(name).partition(":")
-            if kind != "CPU" or not (index == "" or index.isdigit()):
-                return f"a call on {name} (actorgraph runs tinygrad's CPU devices only)"
-            if ndevices is not None and int(index or 0) >= ndevices:
-                return (
-                    f"a call on {name}, past the {ndevices} CPU devices actorgraph.tinygrad "
-                    f"opened (install(devices=N) with a larger N)"
-                )
+            refusal = _device_refusal(str(name), ndevices, remote)
+            if refusal is not None:
+                return refusal
     if ast.op is Ops.PROGRAM:
         info = ast.arg
         if getattr(info.target, "renderer", None) == "LVP":
@@ -119,20 +140,27 @@ class Described:
     programs: list[Any] = attrs.field(factory=list)
 
 
-class _Reader:
-    """Reads CALLs against one set of input UOps (`inputs`: slot -> UOp)."""
+def stand_ins(inputs: Sequence[Any]) -> list[Any]:
+    """A fresh buffer UOp like each input (never allocated), to read a jit's calls
+    against. The jit's own record says which arguments are its inputs: a PARAM of an
+    input slot (or a view of one) resolves to that slot's stand-in, and nothing else
+    can, while a buffer the jit holds stays its own even when the very same buffer is
+    what a call passes (its weight, its state)."""
+    return [UOp.new_buffer(u.device, u.max_numel(), u.dtype) for u in inputs]
 
-    def __init__(self, inputs: Sequence[Any], held: dict[int, Any] | None = None) -> None:
+
+class _Reader:
+    """Reads CALLs against stand-ins for a call's inputs (`inputs`: slot -> UOp, see
+    stand_ins), which no call uses but through the jit's input slots."""
+
+    def __init__(self, inputs: Sequence[Any], remote: Sequence[str] = ()) -> None:
         self.inputs = tuple(inputs)
+        self.remote = tuple(remote)  # the worker devices of AG, AG:1, ...
         self.out = Described()
         # base Buffer (they hash by identity) -> [(slot, lane, lane Buffer)] of the
-        # inputs' lanes. Inputs in `held` are the jit's own memory instead (a copy it
-        # makes of them).
+        # inputs' lanes.
         self._lanes: dict[Any, list[tuple[int, int, Any]]] = {}
-        held = held or {}
         for slot, uop in enumerate(self.inputs):
-            if slot in held:
-                continue
             buf = uop.buffer
             lanes = buf.bufs if isinstance(buf, MultiBuffer) else [buf]
             for lane, lane_buf in enumerate(lanes):
@@ -141,10 +169,15 @@ class _Reader:
         self._root_of: dict[tuple[int, int], int] = {}
         self._kernels: dict[tuple[str, bytes], Any] = {}
 
+    def _ready(self, buf: Any) -> Any:
+        """`buf`, allocated as tinygrad's own call would, unless it lies in an input's
+        stand-in (its memory is each call's input)."""
+        return buf if _base_of(buf) in self._lanes else buf.ensure_allocated()
+
     def region(self, buf: Any, what: str, whole: bool = True) -> Region:
         """Where `buf` lies; `whole`: an argument that is a whole input covers all of it
         on every call (a copy moves a fixed number of bytes instead)."""
-        device = device_name(buf.device)
+        device = device_name(buf.device, self.remote)
         start = _offset_of(buf)
         for slot, lane, lane_buf in self._lanes.get(_base_of(buf), ()):
             lane_start = _offset_of(lane_buf)
@@ -159,18 +192,21 @@ class _Reader:
                 f"{what}: tinygrad buffer {base!r} is not allocated (freed); capture the jit "
                 f"again (jit.reset()) after freeing its memory"
             )
+        if "@" in device:  # a worker's: its allocation, not a host address
+            return Region(device, -1, start, buf.nbytes, 0, base.nbytes, buffer_memory(base))
         return Region(device, -1, start, buf.nbytes, buffer_address(base), base.nbytes)
 
     def _root(self, slot: int, lane: int, lane_buf: Any) -> int:
         found = self._root_of.get((slot, lane))
         if found is None:
             found = self._root_of[(slot, lane)] = len(self.out.roots)
-            self.out.roots.append(Root(device_name(lane_buf.device), lane_buf.nbytes))
+            device = device_name(lane_buf.device, self.remote)
+            self.out.roots.append(Root(device, lane_buf.nbytes, "@" in device))
             self.out.sources.append((slot, lane))
         return found
 
     def read(self, number: int, call: Any) -> None:
-        refusal = _refusal(call, None)
+        refusal = _refusal(call, None, len(self.remote))
         if refusal is not None:
             raise UsageError(f"call {number} of the jit is {refusal}")
         ast = call.src[0]
@@ -178,7 +214,7 @@ class _Reader:
         what = f"call {number}"
         if ast.op is Ops.COPY:
             for bufs, _ in unwrap_multi(call, resolved):
-                dst, src = bufs[0].ensure_allocated(), bufs[1].ensure_allocated()
+                dst, src = self._ready(bufs[0]), self._ready(bufs[1])
                 dst_region = self.region(dst, what, whole=False)
                 src_region = attrs.evolve(self.region(src, what, whole=False), nbytes=dst.nbytes)
                 self.out.calls.append(CopyCall(dst_region, src_region))
@@ -188,7 +224,9 @@ class _Reader:
         lanes = unwrap_multi(call, [resolved[i] for i in info.globals])
         for device, (bufs, device_vars) in zip(devices, lanes):
             kernel = self._kernel(device, ast)
-            regions = tuple(self.region(b.ensure_allocated(), what) for b in bufs)
+            regions = tuple(self.region(self._ready(b), what) for b in bufs)
+            # Machine code on a worker is called once per core there: it needs the count.
+            dims = (int(info.global_size[0]), 1, 1) if kernel.code is not None else None
             values: list[Var | int] = []
             for var in info.vars:
                 name = var.expr
@@ -202,7 +240,7 @@ class _Reader:
                         found = Var(name, int(var.vmin), int(var.vmax))
                         self.out.variables[name] = found
                     values.append(found)
-            self.out.calls.append(KernelCall(kernel, regions, tuple(values)))
+            self.out.calls.append(KernelCall(kernel, regions, tuple(values), dims))
 
     def _kernel(self, device: str, ast: Any) -> Any:
         key = (device, ast.key)
@@ -211,6 +249,11 @@ class _Reader:
             return found
         info = ast.arg
         program = get_runtime(device, ast)
+        if str(device).split(":")[0] == "AG":
+            found = self._shipped(program, info)
+            self._kernels[key] = found
+            self.out.programs.append(program)
+            return found
         address = ctypes.cast(program.fxn, ctypes.c_void_p).value
         if not address:
             raise UsageError(f"kernel {info.function_name} has no loaded CPU function")
@@ -237,6 +280,26 @@ class _Reader:
         self.out.programs.append(program)
         return found
 
+    @staticmethod
+    def _shipped(program: Any, info: Any) -> Any:
+        """The kernel of a program compiled for a worker (an AGProgram): its machine
+        code, with the buffers it writes and reads."""
+        globals_ = list(info.globals)
+        return program.kernel(
+            len(globals_),
+            len(info.vars),
+            tuple(k for k, slot in enumerate(globals_) if slot in info.outs),
+            tuple(k for k, slot in enumerate(globals_) if slot in info.ins),
+        )
+
+
+def _on_ag(call: Any) -> bool:
+    return any(
+        str(name).startswith("AG")
+        for arg in get_call_arg_uops(call)
+        for name in to_tuple(arg.device)
+    )
+
 
 def flatten(linear: Any) -> list[Any]:
     """The CALLs of a LINEAR, with tinygrad's graph batches opened up."""
@@ -250,10 +313,10 @@ def flatten(linear: Any) -> list[Any]:
     return calls
 
 
-def describe(
-    calls: Sequence[Any], inputs: Sequence[Any], held: dict[int, Any] | None = None
-) -> Described:
-    reader = _Reader(inputs, held)
+def describe(calls: Sequence[Any], inputs: Sequence[Any], remote: Sequence[str] = ()) -> Described:
+    """`calls` read against stand-ins for `inputs` (a call's input UOps): see stand_ins;
+    `remote`: the worker devices of AG, AG:1, ..."""
+    reader = _Reader(stand_ins(inputs), remote)
     for number, call in enumerate(calls):
         reader.read(number, call)
     return reader.out
@@ -277,6 +340,24 @@ def places(sources: Sequence[tuple[int, int]], inputs: Sequence[Any]) -> list[tu
     return out
 
 
+def mixed_places(
+    sources: Sequence[tuple[int, int]], inputs: Sequence[Any]
+) -> list[tuple[Any, int]]:
+    """`places` for a batch on AG devices too: (its AGMemory, nbytes) for a root on one."""
+    out = []
+    for slot, lane in sources:
+        buf = inputs[slot].buffer
+        if lane >= 0:
+            buf = buf.bufs[lane]
+        if not buf.is_allocated():
+            raise InputError(
+                f"jit input {slot}: its tinygrad buffer {buf!r} was freed; pass a realized tensor"
+            )
+        remote = buf.device.startswith("AG")
+        out.append((buffer_memory(buf) if remote else buffer_address(buf), buf.nbytes))
+    return out
+
+
 def batch_of(described: Described, wrapper: Wrapper, keep: Any) -> Batch:
     return Batch(
         described.calls,
@@ -289,11 +370,14 @@ def batch_of(described: Described, wrapper: Wrapper, keep: Any) -> Batch:
 
 
 class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
-    """tinygrad's graph runner for its CPU devices, replaying through actorgraph (named
-    like tinygrad's own graph classes, which tools recognise by the name).
+    """tinygrad's graph runner for its CPU and AG devices, replaying through actorgraph
+    (named like tinygrad's own graph classes, which tools recognise by the name).
 
-    Takes compiled kernels and copies between CPU devices, on any number of the CPU
-    devices install() opened, in one batch (a data-parallel step is one graph).
+    Takes compiled kernels and copies between any of the CPU devices install() opened
+    and its AG devices (the workers'), in one batch: a data-parallel step over local
+    devices and workers is one graph. A batch on CPU devices alone replays on the
+    caller's thread; one on AG devices goes with their recorded work (one batch per
+    worker), and the caller waits for it only when it touches CPU devices too.
     """
 
     def __init__(self, linear: Any, input_uops: tuple[Any, ...] = ()) -> None:
@@ -305,9 +389,10 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
             )
         super().__init__(linear, input_uops)
         self._state = state
-        described = describe(self.linear.src, input_uops)
+        described = describe(self.linear.src, input_uops, remote=state.remote)
         self._sources = described.sources
         self._batch = batch_of(described, state.wrapper, self.linear)
+        self._places = mixed_places if self._batch.remote else places
         self._tiny_devices = sorted({b.device for _, _, bufs, _ in self.calls for b in bufs})
         with state.lock:
             state.graphs += 1
@@ -317,16 +402,20 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         state = current()
         if state is None:
             return False
-        cpu = cpu_device_class()
-        if not all(isinstance(d, cpu) for d in batch_devs):
+        kinds: tuple[type, ...] = (cpu_device_class(),)
+        if state.remote:
+            from ._ag import AGDevice
+
+            kinds = (*kinds, AGDevice)
+        if not all(isinstance(d, kinds) for d in batch_devs):
             return False
-        return _refusal(new_call, state.ndevices) is None
+        return _refusal(new_call, state.ndevices, len(state.remote)) is None
 
     def __call__(
         self, input_uops: tuple[Any, ...], var_vals: dict[str, int], wait: bool = False
     ) -> float | None:
         return self._state.replay(
-            self._batch, places(self._sources, input_uops), var_vals, self._tiny_devices, wait
+            self._batch, self._places(self._sources, input_uops), var_vals, self._tiny_devices, wait
         )
 
 
@@ -412,10 +501,20 @@ class JitSource:
             )
         self._captured = captured
         self._calls = flatten(captured.linear)
+        # AG devices are the workers' of install(), and their memory lives in its runtime.
+        self._state = current()
+        self._remote = () if self._state is None else self._state.remote
         for number, call in enumerate(self._calls):
-            refusal = _refusal(call, None)
+            refusal = _refusal(call, None, len(self._remote))
             if refusal is not None:
                 raise UsageError(f"call {number} of {self.name} is {refusal}")
+        if self._remote and any(_on_ag(call) for call in self._calls):
+            assert self._state is not None
+            if wrapper.runtime is not self._state.runtime:
+                raise UsageError(
+                    f"{self.name} runs on AG devices, whose memory lives in the runtime "
+                    f"install() started; pass that runtime: graph_from_jit(agt.runtime(), jit)"
+                )
         self._written = written_inputs(captured)
         self._wrapper = wrapper
         self.size = len(self._calls)
@@ -483,27 +582,20 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._check(args, kwargs)
-        written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
+        if self.batch is not None and self.batch.stale():
+            self.batch = None  # tinygrad let go of memory the jit held: read it again
         if self.batch is None:
-            # Read the calls against stand-ins for inputs that are the jit's own written
-            # memory (its output passed back in, say): the jit copies those first, so
-            # they are roots like any input, never its own memory.
-            stand_ins = [
-                UOp.new_buffer(u.device, u.max_numel(), u.dtype) if u in self._written else u
-                for u in inputs
-            ]
-            for u, stand_in in zip(inputs, stand_ins):
-                if stand_in is not u:
-                    buf = stand_in.buffer
-                    for lane in buf.bufs if isinstance(buf, MultiBuffer) else [buf]:
-                        lane.ensure_allocated()
-            described = describe(self._calls, stand_ins)
+            described = describe(self._calls, inputs, remote=self._remote)
             self._sources = described.sources
-            self.batch = batch_of(described, self._wrapper, (self._captured, stand_ins))
-            written = [
-                k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written
-            ]
-        roots = self.batch.wrap_roots(places(self._sources, inputs))
+            self.batch = batch_of(described, self._wrapper, self._captured)
+        # Inputs that are memory the jit writes (its output passed back in, say) are
+        # copied first, as TinyJit copies them, so they are roots like any input.
+        written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
+        if self.batch.remote:  # the workers' memory is resolved on the runtime's thread
+            partial = self.batch.wrap_local_roots(mixed_places(self._sources, inputs))
+            roots = await on_runtime_thread(runtime, self.batch.resolve_roots, partial)
+        else:
+            roots = self.batch.wrap_roots(places(self._sources, inputs))
         for k in written:
             scratch = self._scratch.get(k)
             if scratch is None or scratch.nbytes != roots[k].nbytes:
@@ -515,4 +607,24 @@ class JitSource:
         return self.batch, roots, var_vals
 
     def points(self, batch: Batch) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        return (), ()  # tinygrad ran its earlier work inline: nothing is pending
+        if batch.remote and self._state is not None:
+            # The AG work tinygrad recorded before goes first (the replay is a call on
+            # the same runtime after it).
+            self._state.pending.flush()
+        return (), ()  # tinygrad ran its earlier CPU work inline: nothing is pending
+
+
+def register_remote(state: Any) -> Any:
+    """Register tinygrad's AG devices (the workers' devices install() opened), once each
+    worker is known to run them; return the function that undoes it."""
+    from ._ag import AGDevice, check_worker, release_cached
+
+    for name in state.remote:
+        check_worker(name, state.worker_cpu(name))
+    restore = register_device("AG", AGDevice)
+
+    def unregister() -> None:
+        release_cached(opened_devices())  # their frees go with the last flush
+        restore()
+
+    return unregister

@@ -31,6 +31,7 @@ from actorgraph.devices import (
     JobProfile,
     QueueActor,
     Quick,
+    Signal,
     Submission,
 )
 from actorgraph.devices.remote.wire import Batch, Done, JobTimes, Ref, Relay, Sig
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 # Why a batch's jobs fail without running: (item, message).
 Failure = tuple[int, str]
+# A batch's device timelines moved by its jobs: (mirrors, their values, jobs of each).
+Advances = tuple[list[Signal], list[int], list[list[int]]]
 
 
 class _BatchSubmission(Submission):
@@ -59,8 +62,13 @@ class _BatchSubmission(Submission):
         batch_id: int,
         programs: list[Program],
         received: float | None = None,
+        advances: Advances = ([], [], []),
     ) -> None:
-        super().__init__(len(programs), [], [], [()] * len(programs), [])
+        timelines, tickets, jobs = advances
+        # Mirrors of the client's device timelines that this batch's jobs move as they
+        # end (`Batch.advances`), as the client's own submission moves its timelines.
+        queue_devices = [[d for d, on in enumerate(jobs) if k in on] for k in range(len(programs))]
+        super().__init__(len(programs), timelines, tickets, queue_devices, [len(on) for on in jobs])
         self.batches = batches
         self.batch_id = batch_id
         self.programs = programs
@@ -118,12 +126,16 @@ class Batches:
         if programs is None:
             programs, error = self._check(batch)
         session.set_mirrors(batch.ext)
+        advances = self._advances(batch, len(programs))
         bases = list(batch.bases)
         if error is None:
             error = self._reserve(programs, bases)
         if error is not None:
             for p in programs:
                 session.out.send(Done(batch.batch, p.slot, (error[0], "worker", error[1])))
+            # Its jobs end here: what waits for them to end may go on.
+            for mirror, value in zip(advances[0], advances[1]):
+                mirror.set(value)
             return
         self.client_bases[batch.batch] = list(batch.bases)
         peers = session.worker.peers
@@ -132,7 +144,20 @@ class Batches:
             self._ask_peers(batch.batch, programs, batch.bases)
         finally:
             peers.release()
-        self._start(batch, programs, bases, received)
+        self._start(batch, programs, bases, received, advances)
+
+    def _advances(self, batch: Batch, njobs: int) -> Advances:
+        """The mirrors the batch's jobs move as they end (Batch.advances), checked."""
+        mirrors, values, jobs = [], [], []
+        for ext_id, value, on in batch.advances:
+            if not on or any(k >= njobs for k in on):
+                raise Refused(
+                    f"batch {batch.batch}: a timeline it moves names jobs {on} of {njobs}"
+                )
+            mirrors.append(self.session.mirror(ext_id))
+            values.append(value)
+            jobs.append(on)
+        return mirrors, values, jobs
 
     def _seen(self, batch: Batch) -> list[Program] | None:
         """The programs of a batch of kept programs that passed every check together
@@ -246,7 +271,12 @@ class Batches:
                     peers.watch(host, port, sid, queue, ticket, value, arrived, lost)
 
     def _start(
-        self, batch: Batch, programs: list[Program], bases: list[int], received: float | None
+        self,
+        batch: Batch,
+        programs: list[Program],
+        bases: list[int],
+        received: float | None,
+        advances: Advances,
     ) -> None:
         """Post the batch's jobs, or run them here when its queues are idle (never a
         profiled batch's: their actors time them, as a profiled replay's on the client)."""
@@ -254,7 +284,7 @@ class Batches:
         for p in programs:
             p.track(bases[p.slot], batch.bases[p.slot])
         bases[BATCH] = batch.batch  # the id the worker's reports name
-        sub = _BatchSubmission(self, batch.batch, programs, received)
+        sub = _BatchSubmission(self, batch.batch, programs, received, advances)
         self.running.add(sub)
         sub.on_done = functools.partial(self._batch_done, batch.batch, programs)
         times = session.worker.times

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from actorgraph.devices import Resumer
+from actorgraph.devices.remote import WorkerCPU
 from actorgraph.devices.remote.wire import Limits
 
 from .._kernel import Kernel
@@ -24,3 +25,4 @@ class Host(Protocol):
     staging: StagingPool  # landing space of host writes
     times: KernelTimes  # what it has seen of kernels' run times
     resumer: Resumer  # runs held jobs on where their waits are met
+    cpu: WorkerCPU  # what it runs on, and whether it runs shipped programs

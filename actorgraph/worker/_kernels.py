@@ -1,4 +1,4 @@
-"""A worker's kernel registry: kernels are never shipped, a launch names one.
+"""A worker's kernel registry: a launch names one (shipped programs are _machine_code.py's).
 
 `load_kernels` builds it from the modules given with `--kernels` (each defines `KERNELS`,
 an iterable of `ag.Kernel` or a mapping name -> `ag.Kernel`), and the demo's kernels.

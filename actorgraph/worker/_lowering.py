@@ -8,7 +8,7 @@ A `Session` (_session.py) hands each Prog's entries to `lower`; the result is a 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -31,9 +31,11 @@ from actorgraph.devices import (
     wait_op,
 )
 from actorgraph.devices.remote.wire import (
+    CodeEntry,
     CopyEntry,
     HostReadEntry,
     HostWriteEntry,
+    ItemEntry,
     KernelEntry,
     LocalWaitEntry,
     PullEntry,
@@ -57,7 +59,6 @@ if TYPE_CHECKING:
     from ._session import Session
 
 
-_ITEM_ENTRIES = (KernelEntry, CopyEntry, PullEntry, HostWriteEntry, HostReadEntry)
 EARLY_PULL_BYTES = 1 << 20  # larger copies between workers are read when they run
 
 # A lowered entry: an op, a kernel placed by its times, or (a GPU's host write or read)
@@ -116,7 +117,7 @@ class _Lowering:
 
     def _entry(self, entry: Any, index: int) -> None:
         program = self.program
-        if isinstance(entry, _ITEM_ENTRIES):
+        if isinstance(entry, ItemEntry):
             program.count += 1
             if entry.item >= 0:
                 program.item_entries[entry.item] = index
@@ -207,7 +208,6 @@ class _Lowering:
 
     def _kernel(self, entry: KernelEntry) -> Lowered:
         session = self.session
-        device = self.device
         name = entry.kernel
         kernel = session.worker.kernels.get(name)
         if kernel is None:
@@ -215,13 +215,36 @@ class _Lowering:
                 f"unknown kernel {name!r}: this worker loaded {sorted(session.worker.kernels)}; "
                 f"start it with --kernels MODULE, where MODULE.KERNELS lists it"
             )
-        bufs = [session.buffer(r, f"kernel {name!r} buffer") for r in entry.buffers]
+        takes = len(set(kernel.outs) | set(kernel.ins))
+        return self._launch(entry, kernel, name, takes, len(entry.vars))
+
+    def _code(self, entry: CodeEntry) -> Lowered:
+        """A call of a program this client shipped (--allow-programs)."""
+        code = self.session.codes.get(entry.code)
+        if self.device.kind != "CPU":
+            raise Refused(
+                f"program {code.name!r} is CPU machine code and {self.device.name} is a "
+                f"{self.device.kind} device; call it on a CPU device of this worker"
+            )
+        values = code.values - (code.core_id is not None)
+        # Kernels are told apart by code id and name, for the kernel times.
+        return self._launch(entry, code.kernel, f"{code.name}#{entry.code}", code.buffers, values)
+
+    def _launch(
+        self, entry: KernelEntry | CodeEntry, kernel: Any, name: str, takes: int, values: int
+    ) -> Lowered:
+        session = self.session
+        device = self.device
+        bufs = [session.buffer(r, f"kernel {kernel.name!r} buffer") for r in entry.buffers]
         owners = {b.device for b in bufs}
         if owners != {device.name}:
-            raise Refused(f"kernel {name!r} on {device.name} got buffers of {sorted(owners)}")
-        takes = len(set(kernel.outs) | set(kernel.ins))
+            raise Refused(
+                f"kernel {kernel.name!r} on {device.name} got buffers of {sorted(owners)}"
+            )
         if len(bufs) != takes:
-            raise Refused(f"kernel {name!r} takes {takes} buffers, got {len(bufs)}")
+            raise Refused(f"kernel {kernel.name!r} takes {takes} buffers, got {len(bufs)}")
+        if len(entry.vars) != values:
+            raise Refused(f"kernel {kernel.name!r} takes {values} values, got {len(entry.vars)}")
         dims = (tuple(entry.global_size), tuple(entry.local_size))
         request = LaunchRequest(
             entry.item, kernel, bufs, entry.vars, dims[0], dims[1], self.program.kind
@@ -229,7 +252,7 @@ class _Lowering:
         try:
             op = device.lower_launch(request)
         except Exception as exc:
-            raise Refused(f"kernel {name!r}: {exc}") from None
+            raise Refused(f"kernel {kernel.name!r}: {exc}") from None
         if op.code == EXEC and device.kind == "CPU":
             # Under --thread-bytes: on the event loop only once seen to be quick.
             shape = (name, tuple([b.nbytes for b in bufs]), tuple(entry.vars), *dims)
@@ -349,9 +372,10 @@ def _item_of(entry: object) -> int | None:
     return None
 
 
-_ITEM_KINDS = frozenset(kind_of(cls) for cls in _ITEM_ENTRIES)
+_ITEM_KINDS = frozenset(kind_of(cls) for cls in get_args(ItemEntry))
 _ITEMS: dict[type, Any] = {
     KernelEntry: _Lowering._kernel,
+    CodeEntry: _Lowering._code,
     CopyEntry: _Lowering._copy,
     PullEntry: _Lowering._pull,
     HostWriteEntry: _Lowering._host_write,

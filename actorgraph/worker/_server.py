@@ -4,9 +4,11 @@ The worker opens its own runtime with its devices and serves any number of clien
 session each. A client's programs (one per plan queue, see actorgraph/devices/remote/__init__.py) are
 lowered here onto the worker's own queue actors; its batches post one job per queue.
 
-Kernels are never shipped: a launch names a kernel, resolved in the registry built from
-the modules given with `--kernels` (each defines `KERNELS`, an iterable of `ag.Kernel`
-or a mapping name -> `ag.Kernel`).
+Kernels are named: a launch names a kernel, resolved in the registry built from the
+modules given with `--kernels` (each defines `KERNELS`, an iterable of `ag.Kernel` or a
+mapping name -> `ag.Kernel`). Only a worker started with `--allow-programs` also runs
+compiled CPU programs its clients ship (_machine_code.py), each checked against this
+worker's CPU first.
 
 Safety: a client must answer an HMAC challenge with the worker's token (when it has one),
 and the worker proves it holds the token too (_handshake.py; both bound to the role and
@@ -45,6 +47,7 @@ import attrs
 import trio
 
 from actorgraph.devices import Resumer
+from actorgraph.devices.remote._machine import WorkerCPU
 from actorgraph.devices.remote._tls import (
     PLAIN_REFUSED,
     TLS_HANDSHAKE_TIMEOUT_S,
@@ -57,6 +60,7 @@ from actorgraph.devices.remote._tls import (
 from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
 from actorgraph.devices.remote.wire import (
     Blob,
+    Code,
     Error,
     Get,
     Limits,
@@ -75,6 +79,7 @@ from ._handshake import HANDSHAKE_TIMEOUT_S, Greeted, challenge
 from ._kernels import load_kernels
 from ._links import serve_link
 from ._lowered import Refused
+from ._machine_code import loader_problem
 from ._outbox import Outbox, send_data
 from ._peers import Peers
 from ._placement import KernelTimes
@@ -124,6 +129,7 @@ class Worker:
         token: bytes | None,
         limits: Limits,
         tls: WorkerTLS | None = None,
+        allow_programs: bool = False,
         handshakes: Handshakes | None = None,
     ) -> None:
         self.runtime = runtime
@@ -136,6 +142,7 @@ class Worker:
         self.staging = StagingPool()
         self.times = KernelTimes()
         self.resumer = Resumer()  # held jobs run on where their waits are met
+        self.cpu = WorkerCPU.of_this_host(allow_programs)
         self._sids = itertools.count(1)
         self.log = RareLog()
         bound = handshakes or Handshakes()
@@ -239,7 +246,11 @@ class Worker:
                         session = Session(self, next(self._sids), out, nursery)
                         self.sessions[session.sid] = session
                         limits = self.limits.as_wire()
-                        out.send(Welcome(session.sid, session.key, limits, greeted.proof))
+                        cpu = (self.cpu.machine, sorted(self.cpu.features))
+                        welcome = Welcome(
+                            session.sid, session.key, limits, greeted.proof, cpu, self.cpu.programs
+                        )
+                        out.send(welcome)
                         await self._client_loop(stream, session)
                     else:
                         await serve_link(self, self.sessions, stream, out)
@@ -289,7 +300,7 @@ class Worker:
         while True:
             meta, tail = await stream.receive()
             try:
-                if meta[0] in ("blob", "put", "get"):
+                if meta[0] in ("blob", "put", "get", "code"):
                     await self._with_data(session, decode(meta), stream, tail)
                     tail = 0
                 else:
@@ -309,11 +320,20 @@ class Worker:
                 session.out.send(Error(meta[0], ref_id, str(exc)))
 
     async def _with_data(
-        self, session: Session, request: Blob | Put | Get, stream: FrameStream, tail: int
+        self, session: Session, request: Blob | Put | Get | Code, stream: FrameStream, tail: int
     ) -> None:
-        """A request whose data is its frame's tail (Blob, Put), or is answered with
-        data (Get). Raises, having read none of the tail, if it is refused."""
-        if isinstance(request, Blob):
+        """A request whose data is its frame's tail (Blob, Put, Code), or is answered with
+        data (Get). Raises, having read none of the tail, if it is refused before it is
+        read (a Code is refused after, too, for what its bytes are)."""
+        if isinstance(request, Code):
+            session.codes.check(request, tail)
+            image = bytearray(tail)
+            await stream.receive_into(memoryview(image))
+            try:
+                session.codes.add(request, bytes(image))
+            except Refused as exc:
+                session.out.send(Error("code", request.code, str(exc)))
+        elif isinstance(request, Blob):
             # A blob sent again under its id replaces the pending one: its bytes stop
             # counting (the limit is on what is pending at once).
             session.drop_blob(request.blob)
@@ -388,10 +408,15 @@ async def run_worker(
     tls_cert: Any = None,
     tls_key: Any = None,
     tls_ca: Any = None,
+    allow_programs: bool = False,
     handshakes: Handshakes | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `devices` on host:port until cancelled; reports the bound (host, port).
+
+    `allow_programs`: run the compiled CPU programs clients ship (_machine_code.py):
+    any client holding the token may then run any machine code here. Raises
+    ActorGraphError if this worker cannot load them (not Linux, no tinygrad 0.14).
 
     `tls_cert`, `tls_key`: PEM files of the worker's certificate and key: every
     connection speaks TLS, links to other workers too, whose certificates are checked
@@ -409,6 +434,10 @@ async def run_worker(
     """
     kernels = load_kernels(kernel_modules)
     tls = _worker_tls(tls_cert, tls_key, tls_ca)
+    if allow_programs:
+        problem = loader_problem()
+        if problem is not None:
+            raise ActorGraphError(problem)
     options = {} if thread_bytes is None else {"cpu_thread_bytes": thread_bytes}
     async with open_runtime(list(devices), **options) as runtime:
         family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
@@ -417,7 +446,9 @@ async def run_worker(
         await listener.bind((host, port))
         listener.listen(128)
         bound = listener.getsockname()
-        worker = Worker(runtime, kernels, token, limits or Limits(), tls, handshakes)
+        worker = Worker(
+            runtime, kernels, token, limits or Limits(), tls, allow_programs, handshakes
+        )
         task_status.started((bound[0], bound[1]))
         try:
             await worker.serve(listener)
@@ -443,6 +474,32 @@ def _worker_tls(cert: Any, key: Any, ca: Any) -> WorkerTLS | None:
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def _startup(
+    host: str,
+    token_file: str | None,
+    tls: tuple[str | None, str | None, str | None],
+    allow_programs: bool,
+) -> tuple[bytes | None, str | None]:
+    """(the token, None), or (None, why this worker must not start): checked before
+    serving, so a bad file or flag is one clear line."""
+    try:
+        _worker_tls(*tls)
+    except TLSSetupError as exc:
+        return None, str(exc)
+    problem = loader_problem() if allow_programs else None
+    if problem is not None:
+        return None, problem
+    if token_file is not None:
+        with open(token_file, "rb") as f:
+            token = f.read().strip()
+        if not token:
+            return None, f"token file {token_file} is empty"
+        return token, None
+    if host not in _LOOPBACK:
+        return None, f"refusing to serve {host} without a token; pass --token-file F"
+    return None, None
+
+
 def _stopped(group: BaseExceptionGroup[BaseException]) -> int:
     """The worker was stopped (Ctrl-C) while other things ended: a stop is quiet, and
     connections that broke meanwhile are part of it; anything else is said in a line."""
@@ -461,25 +518,12 @@ def worker_main(
     limits: Limits,
     thread_bytes: int | None = None,
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
+    allow_programs: bool = False,
     handshakes: Handshakes | None = None,
 ) -> int:
-    try:
-        _worker_tls(*tls)  # before serving: a bad file is one clear line
-    except TLSSetupError as exc:
-        print(f"actorgraph worker: {exc}", file=sys.stderr)
-        return 2
-    token = None
-    if token_file is not None:
-        with open(token_file, "rb") as f:
-            token = f.read().strip()
-        if not token:
-            print(f"actorgraph worker: token file {token_file} is empty", file=sys.stderr)
-            return 2
-    elif host not in _LOOPBACK:
-        print(
-            f"actorgraph worker: refusing to serve {host} without a token; pass --token-file F",
-            file=sys.stderr,
-        )
+    token, problem = _startup(host, token_file, tls, allow_programs)
+    if problem is not None:
+        print(f"actorgraph worker: {problem}", file=sys.stderr)
         return 2
 
     # Like `python -m`: modules in the folder the worker starts in can be named.
@@ -501,13 +545,15 @@ def worker_main(
                     tls_cert=tls[0],
                     tls_key=tls[1],
                     tls_ca=tls[2],
+                    allow_programs=allow_programs,
                     handshakes=handshakes,
                     task_status=task_status,
                 )
             )
+            programs = ", runs shipped programs" if allow_programs else ""
             print(
                 f"actorgraph worker listening on {bound[0]}:{bound[1]}{' (TLS)' if tls[0] else ''} "
-                f"(devices {','.join(devices)}, pid {os.getpid()})",
+                f"(devices {','.join(devices)}, pid {os.getpid()}{programs})",
                 flush=True,
             )
 

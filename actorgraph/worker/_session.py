@@ -24,6 +24,7 @@ import trio
 from actorgraph.devices import HoldingSignal, Job, QueueActor, Quick, Signal
 from actorgraph.devices.remote.wire import (
     DTYPES,
+    DTYPES_TEXT,
     REL_MAX,
     VALUE_MAX,
     Alloc,
@@ -45,12 +46,13 @@ from actorgraph.devices.remote.wire import (
 from actorgraph.scheduler import QueueKind
 
 from .._buffer import Buffer
-from .._errors import UsageError
+from .._errors import ActorGraphError, UsageError
 from ._batches import Batches
 from ._lowered import Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._lowering import lower
+from ._machine_code import CodeStore
 from ._outbox import Outbox, send_data
 from ._progress import Progress, TrackedSignal
 from ._staging import bytes_of
@@ -76,10 +78,12 @@ class Session:
         self.key = secrets.token_bytes(32)
         self.out = out
         self.buffers: dict[int, Buffer] = {}
+        # This client's shipped programs (--allow-programs): its ids, its alone.
+        self.codes = CodeStore(worker.cpu, worker.limits, "this worker")
         # What other workers' reads of this client's buffers look up, kept while a buffer
         # lives: its read ticket, and its bytes by (offset, shape).
         self._tickets: dict[int, bytes] = {}
-        self._peer_views: dict[int, dict[tuple[int, ...], memoryview]] = {}
+        self._peer_views: dict[int, dict[tuple[int | str, ...], memoryview]] = {}
         self.refused: dict[int, str] = {}
         self.programs: dict[int, Program] = {}
         self._blobs: dict[int, tuple[bytearray, int]] = {}  # id -> (landing space, size)
@@ -157,7 +161,7 @@ class Session:
     def close(self) -> None:
         """The connection ended: after `abandon`, free every buffer of this client through
         the runtime (its memory goes back at once), give back its pending host writes,
-        and let go of its programs, mirrors and reads, so that nothing of this client
+        and let go of its programs, shipped code, mirrors and reads, so that nothing of this client
         holds memory, whatever still refers to this session (a job or a frame that a
         reference cycle keeps until the cycle collector runs)."""
         self.abandon()
@@ -171,6 +175,7 @@ class Session:
         for program in self.programs.values():
             program.release()
         self.programs.clear()
+        self.codes.clear()
         for blob_id in list(self._blobs):
             self.drop_blob(blob_id)
         self.batches.release()
@@ -193,11 +198,16 @@ class Session:
                 raise Refused(f"{what}: buffer {ref.handle} was refused: {why}")
             raise Refused(f"{what}: unknown buffer id {ref.handle} (not allocated by this client)")
         shape = ref.shape
-        if not shape or (ref.offset == 0 and shape == base.shape):
-            # The whole buffer: the same object each time, so a kernel given it twice
-            # gets one array twice (numpy skips its overlap check for identical arrays).
-            return base
         try:
+            if ref.dtype:  # a view with a dtype of its own: the offset counts its elements
+                dtype = np.dtype(ref.dtype)
+                return base.view(
+                    byte_offset=ref.offset * dtype.itemsize, dtype=dtype, shape=shape or None
+                )
+            if not shape or (ref.offset == 0 and shape == base.shape):
+                # The whole buffer: the same object each time, so a kernel given it twice
+                # gets one array twice (numpy skips its overlap check for identical arrays).
+                return base
             return base.view(offset=ref.offset, shape=shape)
         except UsageError as exc:
             raise Refused(f"{what}: {exc}") from None
@@ -215,7 +225,7 @@ class Session:
         """The bytes of the buffer (view) `ref` names, for a read by another worker: looked
         up and checked as `buffer` does the first time, then kept while it lives."""
         views = self._peer_views.get(ref.handle)
-        key = (ref.offset, *ref.shape)
+        key: tuple[int | str, ...] = (ref.offset, ref.dtype, *ref.shape)
         if views is not None:
             view = views.get(key)
             if view is not None:
@@ -301,7 +311,7 @@ class Session:
         if request.device not in devices:
             raise Refused(f"this worker has no device {request.device!r} ({devices})")
         if request.dtype not in DTYPES:
-            raise Refused(f"dtype {request.dtype!r} is not one of {sorted(DTYPES)}")
+            raise Refused(f"dtype {request.dtype!r} is not {DTYPES_TEXT}")
         nbytes = request.elements * np.dtype(request.dtype).itemsize
         limits = self.worker.limits
         if nbytes > limits.max_alloc_bytes:
@@ -312,7 +322,10 @@ class Session:
             raise Refused(
                 f"{nbytes} more bytes would pass this client's limit of {limits.max_session_bytes}"
             )
-        buffer = self.worker.runtime.alloc(request.device, request.elements, request.dtype)
+        try:
+            buffer = self.worker.runtime.alloc(request.device, request.elements, request.dtype)
+        except ActorGraphError as exc:  # its device refused it (its memory, its dtypes)
+            raise Refused(str(exc)) from None
         self.bytes_used += nbytes
         return buffer
 

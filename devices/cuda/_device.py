@@ -91,6 +91,7 @@ class CUDADevice(Device):
     host_visible = False
     builds_kernels = True  # NVRTC: see slow_builds
     host_backed = False
+    native_byte_order = True
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
@@ -351,6 +352,12 @@ class CUDADevice(Device):
     # -- memory --
 
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
+        if not dtype.isnative:
+            raise DeviceError(
+                f"{self.name}: dtype {dtype} is not in this machine's byte order, and a "
+                f"GPU's kernels read memory in theirs: allocate {dtype.newbyteorder('=')} and "
+                f"convert on the host (array.astype(np.{dtype.name}))"
+            )
         nbytes = nelems * dtype.itemsize
         self.driver.set_context(self.context)
         pointer = self.driver.mem_alloc(max(nbytes, 1))

@@ -16,12 +16,14 @@ The files:
     _device.py      RemoteDevice and RemoteQueue: lowering items to program entries
     _connection.py  the connection actor: batches, mirrored signals, reports
     _programs.py    op lists as programs a worker keeps; copies asked for ahead
+    _machine.py     compiled CPU programs shipped to a worker, and the CPU they need
     _transport.py   its socket: sending in order, the reader task, a caller's own reads
     _handshake.py   the connecting side of the handshake (a client, or a worker linking):
                     mutual, each MAC bound to the role, both nonces and its direction
     _tls.py         TLS under a connection: contexts, and its handshakes and refusals
     _clock.py       the worker's clock against the client's, for profiles
-    wire.py         the protocol's messages, typed and versioned, and their checks
+    wire.py         the protocol's messages, typed and versioned: one table of them
+    _fields.py      their field checks, and decoding and encoding a message by its table
     frames.py       frames over a socket: header, msgpack meta, raw tail
 
 and the worker's (actorgraph/worker/):
@@ -39,6 +41,7 @@ and the worker's (actorgraph/worker/):
     _placement.py   where a worker runs a small CPU kernel: its event loop or a thread
     _staging.py     host memory a worker's host writes land in
     _kernels.py     the worker's kernel registry (--kernels)
+    _machine_code.py  shipped programs a session keeps (--allow-programs): checked, loaded
 
 Jobs a worker holds on a wait, and runs on in the task that satisfies it, are the
 devices' own (devices/_inline.py).
@@ -85,6 +88,14 @@ each wait becomes one of:
   each of its values to the client's (`TrackedSignal`), so any signal, reported or not,
   can answer. The client forwards such a signal only if it loses the source's worker,
   which is what lets the destination go on then.
+
+A device's timeline (which orders whole submissions on the device) is a client signal
+like any other, but a submission whose jobs touching a worker's device all run on that
+worker has the worker move its mirror of that timeline itself, as those jobs end
+(`Batch.advances`): the device's next submission then goes on there with no word from
+the client (which sends nothing when its own timeline gets there). A queue off the
+worker that touches the device (a client-local copy, another worker's copy of its bytes)
+leaves it to the client, as before.
 
 The other way, the worker reports its queues' signals ("sig" frames, "done" at the end),
 and the connection sets the `RemoteQueue`'s signal on the client, so client-local queues
@@ -161,5 +172,7 @@ from ._connection import Connection as Connection
 from ._device import RemoteDevice as RemoteDevice
 from ._device import RemoteQueue as RemoteQueue
 from ._device import open_remote_devices as open_remote_devices
+from ._machine import MachineCode as MachineCode
+from ._machine import WorkerCPU as WorkerCPU
 from ._transport import RemoteConnectionError as RemoteConnectionError
 from ._transport import RemoteError as RemoteError

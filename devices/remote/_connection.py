@@ -24,13 +24,16 @@ from .._device import DeviceError
 from .._ops import Job
 from .._signal import Signal
 from ._clock import PINGS, ClockSample, PeerClock
+from ._machine import MachineCode, WorkerCPU, refusal
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
 from ._transport import Posted, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
 from .wire import (
     DTYPES,
+    DTYPES_TEXT,
     Alloc,
     Batch,
+    Code,
     Done,
     Error,
     Ext,
@@ -56,12 +59,15 @@ _EAGER_MAX = 64  # transfers done without waiting, in a row, before a checkpoint
 class RemoteMemory:
     """A client-side handle on an allocation that lives on a worker."""
 
-    __slots__ = ("connection", "handle", "nbytes")
+    __slots__ = ("connection", "dtype", "handle", "nbytes")
 
-    def __init__(self, handle: int, nbytes: int, connection: Connection) -> None:
+    def __init__(
+        self, handle: int, nbytes: int, connection: Connection, dtype: np.dtype[Any]
+    ) -> None:
         self.handle = handle
         self.nbytes = nbytes
         self.connection = connection
+        self.dtype = dtype  # the allocation's (a view of it may have its own)
 
     def __repr__(self) -> str:
         return f"<RemoteMemory #{self.handle} {self.nbytes}B on {self.connection.address}>"
@@ -116,6 +122,11 @@ class ConnectionStatistics:
     # measured for profiles (None before a profiled replay measured it).
     clock_offset: float | None = None
     clock_error: float | None = None
+    # Compiled programs shipped to the worker (each once), and what it runs on.
+    programs_shipped: int = 0
+    worker_cpu: WorkerCPU | None = None
+    # Sends on the socket (frames sent together count once): the messages to the worker.
+    messages_sent: int = 0
 
 
 class Connection:
@@ -148,6 +159,10 @@ class Connection:
         self.clock = PeerClock()
         self._pings: dict[int, tuple[float, trio.Event]] = {}
         self._eager = 0  # transfers in a row that needed no wait: see push
+        # Programs shipped to the worker on this connection: content hash -> code id.
+        self._codes: dict[bytes, int] = {}
+        self.code_bytes = 0  # their bytes
+        self._timelines: set[Signal] | None = None  # of its devices (see _advances)
         # A caller that reads its replay's end itself (the connection is its queues'
         # `end_reader`) does so through the transport: its own methods, bound here.
         self.coming = self.transport.coming
@@ -213,6 +228,9 @@ class Connection:
             tls=transport.tls,
             clock_offset=None if clock is None else clock.offset,
             clock_error=None if clock is None else clock.error,
+            programs_shipped=len(self._codes),
+            worker_cpu=self.cpu,
+            messages_sent=transport.sends,
         )
 
     # -- lifecycle --
@@ -238,9 +256,10 @@ class Connection:
 
     def allocate(self, device: RemoteDevice, nelems: int, dtype: np.dtype[Any]) -> RemoteMemory:
         self.transport.check()
-        if dtype.name not in DTYPES:
+        if dtype.str not in DTYPES:
             raise DeviceError(
-                f"{device.name}: dtype {dtype} cannot live on a worker; use one of {sorted(DTYPES)}"
+                f"{device.name}: dtype {dtype} ({dtype.str}) cannot live on a worker, whose "
+                f"buffers hold {DTYPES_TEXT}: store the data as one of those"
             )
         nbytes = nelems * dtype.itemsize
         limits = self.transport.limits
@@ -252,8 +271,8 @@ class Connection:
             )
         handle = self.new_id()
         self.allocated += nbytes
-        self.transport.queue(Frame([encode(Alloc(handle, device.inner, nelems, dtype.name))]))
-        return RemoteMemory(handle, nbytes, self)
+        self.transport.queue(Frame([encode(Alloc(handle, device.inner, nelems, dtype.str))]))
+        return RemoteMemory(handle, nbytes, self, dtype)
 
     def free(self, memory: RemoteMemory) -> None:
         self.allocated -= memory.nbytes
@@ -262,6 +281,61 @@ class Connection:
 
     def next_blob(self) -> int:
         return self.new_id()
+
+    def hold_sends(self) -> None:
+        """Hold what goes to the worker from here on (batches, their programs and data)
+        until `release_sends`: submissions made in between go as one message. Calls
+        nest; the caller releases what it holds, even when it fails."""
+        self.transport.hold_sends()
+
+    def release_sends(self) -> None:
+        self.transport.release_sends()
+
+    @property
+    def cpu(self) -> WorkerCPU:
+        """What the worker said at connect it runs on (and whether it runs programs)."""
+        return self.transport.cpu
+
+    def code_id(self, code: MachineCode, device: str) -> int:
+        """The id the worker knows `code` by, shipped now (once per content hash) if it
+        was not yet. Raises DeviceError, sending nothing, if the worker would refuse it:
+        it runs no shipped programs, or its CPU cannot run this one."""
+        found = self._codes.get(code.digest)
+        if found is not None:
+            return found
+        self.transport.check()
+        where = f"worker {self.address} (of {device})"
+        why = refusal(code.name, code.image, code.machine, code.features, self.cpu, where)
+        if why is None:
+            limits = self.transport.limits
+            if len(self._codes) >= limits.max_code_count:
+                why = (
+                    f"{where} keeps at most {limits.max_code_count} programs per client, "
+                    f"and this one ({code.name!r}) would be one more; raise its --max-programs"
+                )
+            elif self.code_bytes + len(code.image) > limits.max_code_bytes:
+                why = (
+                    f"{where} keeps at most {limits.max_code_bytes} bytes of programs per "
+                    f"client, and program {code.name!r} ({len(code.image)} bytes) would pass "
+                    f"that; raise its --max-program-bytes"
+                )
+        if why is not None:
+            raise DeviceError(why)
+        code_id = self.new_id()
+        message = Code(
+            code_id,
+            code.digest,
+            code.name,
+            code.machine,
+            sorted(code.features),
+            code.buffers,
+            code.values,
+            code.core_id,
+        )
+        self.transport.queue(Frame([encode(message, len(code.image)), code.image]))
+        self._codes[code.digest] = code_id
+        self.code_bytes += len(code.image)
+        return code_id
 
     # -- AWAIT ops of client-local queues: transfers between the client and the worker --
 
@@ -400,10 +474,38 @@ class Connection:
             assert nursery is not None  # started before any job can arrive
             nursery.start_soon(self._forward_direct, batch, direct)
         self._batches[batch_id] = batch
-        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled)))
+        advances = self._advances(first.submission, group)
+        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled, advances)))
         self.batches_sent += 1
         if profiled:
             self._measure_clock_if_due()
+
+    def _advances(self, sub: Any, group: list[Posted]) -> list[tuple[int, int, list[int]]]:
+        """The timelines of this worker's devices that only the jobs of `group` (one
+        submission's, for this worker) move: the worker moves their mirrors itself as
+        those jobs end, so this worker's next submissions on those devices need no word
+        from the client first (the client's own move of them then sends nothing; a
+        lower value it moves them to first, which the worker needs, it still sends)."""
+        timelines = sub.timelines
+        if not timelines:
+            return []
+        if self._timelines is None:
+            self._timelines = {device.timeline for device in self.devices}
+        place = {job.slot: k for k, (job, _) in enumerate(group)}
+        out = []
+        for d, timeline in enumerate(timelines):
+            if timeline not in self._timelines:
+                continue
+            jobs = [place.get(q, -1) for q, devs in enumerate(sub.queue_devices) if d in devs]
+            if not jobs or -1 in jobs:
+                continue  # moved by a queue off this worker too: the client forwards it
+            ext_id = self.mirrors.id_of(timeline)
+            value = sub.tickets[d]
+            # The client's own timeline gets there only once these jobs' ends are
+            # reported: by then the worker has moved its mirror there itself.
+            self.mirrors.moved_by_worker(ext_id, value)
+            out.append((ext_id, value, jobs))
+        return out
 
     def in_flight(self) -> bool:
         return bool(self._batches) or bool(self._pings)
@@ -485,6 +587,21 @@ class Connection:
             self._pings[ping_id] = (time.perf_counter(), answered)
             self.transport.queue_now(Frame([encode(Ping(ping_id))]))
             await answered.wait()
+
+    async def round_trip(self) -> float:
+        """Seconds for a Ping to the worker and its Pong back, measured now: what one
+        message each way costs between this process and the worker's, with nothing
+        else in the way (benchmarks set what they measure beside it)."""
+        self.transport.check()
+        ping_id = self.new_id()
+        answered = trio.Event()
+        start = time.perf_counter()
+        self._pings[ping_id] = (start, answered)
+        self.transport.queue_now(Frame([encode(Ping(ping_id))]))
+        await answered.wait()
+        if self.error is not None:
+            raise self.error
+        return time.perf_counter() - start
 
     def _ponged(self, pong: Pong) -> None:
         back = time.perf_counter()

@@ -21,8 +21,10 @@ from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from .._names import parse_remote_name
 from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, own_signal, run_op, wire_op
 from ._connection import Connection, RemoteMemory, flat_bytes
+from ._machine import MachineCode
 from ._programs import RemoteSignal
 from .wire import (
+    CodeEntry,
     CopyEntry,
     HostReadEntry,
     HostWriteEntry,
@@ -188,10 +190,16 @@ class RemoteDevice(Device):
         memory = buffer.memory
         if not isinstance(memory, RemoteMemory):
             raise DeviceError(f"{buffer!r} is not memory of a remote device")
-        return Ref(memory.handle, buffer.offset, buffer.shape)
+        dtype = buffer.dtype
+        if dtype is memory.dtype or dtype == memory.dtype:
+            return Ref(memory.handle, buffer.offset, buffer.shape)
+        return Ref(memory.handle, buffer.offset, buffer.shape, dtype.str)  # a view's own
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
         item, kernel, buffers, var_values, global_size, local_size, queue = launch
+        code = getattr(kernel, "code", None)
+        if code is not None:
+            return wire_op(self._code_entry(launch, code), item)
         entry = KernelEntry(
             item,
             kernel.name,
@@ -201,6 +209,29 @@ class RemoteDevice(Device):
             list(local_size),
         )
         return wire_op(entry, item)
+
+    def _code_entry(self, launch: LaunchRequest, code: MachineCode) -> CodeEntry:
+        """A launch of shipped machine code: shipped first if the worker lacks it."""
+        item, kernel, buffers, var_values, global_size, local_size, _ = launch
+        if not self.inner.startswith("CPU:"):
+            raise DeviceError(
+                f"kernel {kernel.name!r} is machine code for a CPU, and {self.name} is not a "
+                f"CPU device of its worker; launch it on a CPU:N device of the worker"
+            )
+        if len(buffers) != code.buffers or len(var_values) != code.launch_values:
+            raise DeviceError(
+                f"kernel {kernel.name!r} on {self.name}: its machine code takes {code.buffers} "
+                f"buffers and {code.launch_values} var values, the launch gave {len(buffers)} "
+                f"and {len(var_values)}; pass one buffer per argument and one var per value"
+            )
+        return CodeEntry(
+            item,
+            self.connection.code_id(code, self.name),
+            [self._ref(b) for b in buffers],
+            [int(v) for v in var_values],
+            list(global_size),
+            list(local_size),
+        )
 
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         """Every copy that touches a remote buffer, wherever the planner put it."""

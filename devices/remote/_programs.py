@@ -79,6 +79,8 @@ class Mirrors:
         self._ids = ids
         self._of: dict[Signal, int] = {}
         self._sent: dict[int, int] = {}
+        # Values the worker moves mirrors to itself, not yet passed (see due).
+        self._moved: dict[int, set[int]] = {}
 
     def id_of(self, signal: Signal) -> int:
         """The mirror id of `signal` (given on first use)."""
@@ -92,11 +94,25 @@ class Mirrors:
         return self._of.get(signal)
 
     def due(self, ext_id: int, value: int) -> bool:
-        """Whether `value` is to be sent for mirror `ext_id` (it was not yet): then it is
-        counted as sent."""
+        """Whether `value` is to be sent for mirror `ext_id` (it was not yet, and the
+        worker does not move it there itself): then it is counted as sent."""
         if self._sent.get(ext_id, -1) >= value:
             return False
         self._sent[ext_id] = value
+        return not self._moved or not self._by_worker(ext_id, value)
+
+    def moved_by_worker(self, ext_id: int, value: int) -> None:
+        """The worker moves mirror `ext_id` to `value` itself (Batch.advances), before
+        the client's signal can get there: that value need not be sent."""
+        self._moved.setdefault(ext_id, set()).add(value)
+
+    def _by_worker(self, ext_id: int, value: int) -> bool:
+        moved = self._moved.get(ext_id)
+        if moved is None or value not in moved:
+            return False
+        moved.difference_update([v for v in moved if v <= value])
+        if not moved:
+            del self._moved[ext_id]
         return True
 
     def due_of(self, mirrors: list[tuple[WaitOp, int]], ext: list[tuple[int, int]]) -> None:
@@ -108,7 +124,8 @@ class Mirrors:
             value = wait.signal.value
             if sent.get(ext_id, -1) < value:
                 sent[ext_id] = value
-                ext.append((ext_id, value))
+                if not self._moved or not self._by_worker(ext_id, value):
+                    ext.append((ext_id, value))
 
 
 class KeptProgram:

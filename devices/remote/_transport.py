@@ -25,6 +25,7 @@ from .._device import DeviceError
 from .._ops import Job, Submission
 from .._signal import Doorbell
 from ._handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
+from ._machine import WorkerCPU
 from ._tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
 from .wire import (
@@ -150,6 +151,7 @@ class Transport:
         self._timeout = float(options.get("remote_timeout", 10.0))
         self._stage = "connect"  # how far connecting got: "connect", "TLS handshake", "handshake"
         self.limits = Limits()
+        self.cpu = WorkerCPU("")  # what the worker said at connect it runs on
         self.session_id = 0
         self._key = b""
         self._stream: FrameStream | None = None
@@ -176,6 +178,8 @@ class Transport:
         self._coming = False
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         self.frames_received = 0
+        self.sends = 0  # sends on the socket: the messages this client sent the worker
+        self._held = 0  # hold_sends() not yet released: frames wait for release_sends()
         self.names = ""  # the devices it serves, for errors (set by its owner)
         # What flush() could not send whole: the writer sends it before anything else.
         self._unsent: tuple[list[bytes | memoryview], list[Frame]] | None = None
@@ -287,6 +291,8 @@ class Transport:
         self.session_id = welcome.session
         self._key = welcome.key
         self.limits = Limits.from_wire(welcome.limits)
+        machine, features = welcome.cpu
+        self.cpu = WorkerCPU(machine, frozenset(features), welcome.programs)
 
     async def _open(self) -> FrameStream:
         """Connect: a plain socket the stream reads itself, or TLS (`remote_tls_ca`)."""
@@ -377,9 +383,21 @@ class Transport:
         if self._stream is None:
             raise RemoteConnectionError(f"the connection to {self.address} is not started")
 
+    def hold_sends(self) -> None:
+        """Keep what is queued from here on until `release_sends`: the submissions made
+        in between go to the worker in one message."""
+        self._held += 1
+
+    def release_sends(self) -> None:
+        self._held -= 1
+        if not self._held:
+            self.flush()
+
     def flush(self) -> None:
         """Send what is queued now, from this task, when the writer is idle and it is
         small; else leave it to the writer. A submission's last post is followed by this."""
+        if self._held:
+            return  # release_sends sends it
         stream = self._stream
         if (
             not self._pending
@@ -396,6 +414,7 @@ class Transport:
             self._doorbell.ring()
             return
         data = b"".join(parts)
+        self.sends += 1
         try:
             sent = stream.send_nowait(data)
         except OSError as exc:
@@ -441,7 +460,7 @@ class Transport:
         task_status.started()
         pending = self._pending
         while self.error is None:
-            if not pending and self._unsent is None:
+            if (not pending and self._unsent is None) or self._held:
                 await self._doorbell.wait()
                 continue
             await self._send_pending()
@@ -457,6 +476,7 @@ class Transport:
         parts += more
         frames += more_frames
         self._writing = True
+        self.sends += 1
         try:
             await self._stream.send(parts)  # type: ignore[union-attr]
         except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as exc:

@@ -20,9 +20,21 @@ frame, naming both. It moves whenever a message's fields change.
                client measures the worker's clock against its own with `Ping` and
                `Pong`. Optional fields left at their defaults are not sent (`as_meta`),
                so a batch that is not profiled goes as in version 2
+    version 5: a dtype is its full numpy string, byte order included (`Alloc.dtype`:
+               '<i4', '>f8', '|u1'; a name such as 'int32' is refused), so a buffer
+               holds the same numbers on both sides whatever their byte orders; a `Ref`
+               names its view's dtype when it is not its allocation's (a view with a
+               dtype of its own), its offset counting elements of that dtype. A worker
+               says at connect what CPU it runs on and whether it runs shipped programs
+               (`Welcome.cpu`, `Welcome.programs`); a client ships a compiled CPU
+               program once (`Code`, its bytes in the tail) and calls it by id
+               (`CodeEntry`); a batch may say which of its device timelines the worker
+               moves itself once the jobs that touch them end (`Batch.advances`)
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
-worker lowers them (`decode_entry`), so a refusal names the item it is about.
+worker lowers them (`decode_entry`), so a refusal names the item it is about. The field
+checks, and decoding and encoding by the table below, are in _fields.py; their names are
+this module's too.
 
 The handshake is four messages (`Hello`, `Challenge`, `Auth`, `Welcome`): the MACs and
 tickets below are HMAC-SHA256 under the worker's token or a session's key.
@@ -32,29 +44,113 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import attrs
 
-VERSION = 3
-
-# The dtypes a buffer may have on the wire: fixed-size numeric types only.
-DTYPES = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
-    "complex64 complex128".split()
+from ._fields import (
+    DTYPES,
+    DTYPES_TEXT,
+    ID_MAX,
+    REL_MAX,
+    SLOT_MAX,
+    VALUE_MAX,
+    Ref,
+    WireError,
+    anything,
+    as_meta,
+    blob,
+    decode,
+    decode_entry,
+    entry,
+    flag,
+    integer,
+    kind_of,
+    list_of,
+    message,
+    optional,
+    pairs,
+    ref,
+    seconds,
+    spans,
+    text,
+    want_bytes,
+    want_int,
+    want_list,
+    want_str,
 )
 
+# The protocol's names, those of its field codecs (_fields.py) included.
+__all__ = [
+    "Alloc",
+    "Auth",
+    "Batch",
+    "Blob",
+    "CHUNK",
+    "Challenge",
+    "Code",
+    "CodeEntry",
+    "CopyEntry",
+    "DTYPES",
+    "DTYPES_TEXT",
+    "Data",
+    "Done",
+    "Error",
+    "Ext",
+    "Forget",
+    "Free",
+    "Get",
+    "GetWhen",
+    "HANDSHAKE_LIMITS",
+    "Hello",
+    "HostReadEntry",
+    "HostWriteEntry",
+    "ID_MAX",
+    "ItemEntry",
+    "JobTimes",
+    "KernelEntry",
+    "Limits",
+    "LocalWaitEntry",
+    "MAX_CPU_FEATURES",
+    "MAX_CPU_FEATURE_CHARS",
+    "NONCE_BYTES",
+    "PRead",
+    "PWatch",
+    "PWhen",
+    "Ping",
+    "Pong",
+    "Prog",
+    "PullEntry",
+    "Put",
+    "REL_MAX",
+    "Ref",
+    "Relay",
+    "SLOT_MAX",
+    "Sig",
+    "SignalEntry",
+    "TO_CONNECTOR",
+    "TO_WORKER",
+    "VALUE_MAX",
+    "VERSION",
+    "WaitEntry",
+    "Watch",
+    "Welcome",
+    "WireError",
+    "as_meta",
+    "decode",
+    "decode_entry",
+    "handshake_mac",
+    "kind_of",
+    "read_ticket",
+    "ref",
+    "want_int",
+    "want_list",
+    "watch_ticket",
+]
+
+VERSION = 5
+
 CHUNK = 64 << 20  # bulk data goes in frames of at most this many bytes
-ID_MAX = (1 << 63) - 1  # ids, handles, sizes
-VALUE_MAX = 1 << 62  # a base or value a client sends
-REL_MAX = 1 << 40  # a value a program names, relative to its slot's base
-SLOT_MAX = 1 << 16  # a base slot a program names
-
-
-class WireError(Exception):
-    """A frame or a message broke the protocol (bad header, bad msgpack, bad field)."""
 
 
 @attrs.frozen
@@ -69,6 +165,8 @@ class Limits:
     max_program_ops: int = 1 << 20
     max_pending_blob_bytes: int = 1 << 30
     max_signals: int = 1 << 16
+    max_code_count: int = 4096  # shipped programs a client may keep on a worker
+    max_code_bytes: int = 256 << 20  # and their bytes
 
     def as_wire(self) -> dict[str, int]:
         return attrs.asdict(self)
@@ -89,202 +187,10 @@ class Limits:
 # `Challenge`, `Auth`, `Welcome`, `Error`): a few hundred bytes, never a tail. Both sides
 # read them with these limits, so a stranger cannot make the other hold a large frame.
 HANDSHAKE_LIMITS = Limits(max_meta=8 << 10, max_tail=0)
-
-
-# -- field checks: each names the field and the rule it broke --
-
-
-def want_int(value: object, what: str, lo: int = 0, hi: int = ID_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise WireError(f"{what} must be an int, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise WireError(f"{what} = {value} is outside {lo}..{hi}")
-    return value
-
-
-def want_str(value: object, what: str, max_len: int = 256) -> str:
-    if not isinstance(value, str) or len(value) > max_len:
-        raise WireError(f"{what} must be a str of at most {max_len} chars")
-    return value
-
-
-def want_bytes(value: object, what: str, max_len: int = 256) -> bytes:
-    if not isinstance(value, bytes) or len(value) > max_len:
-        raise WireError(f"{what} must be bytes of at most {max_len}")
-    return value
-
-
-def want_list(
-    value: object, what: str, max_len: int = 1 << 20, size: int | None = None
-) -> list[Any]:
-    if not isinstance(value, list) or len(value) > max_len:
-        raise WireError(f"{what} must be a list of at most {max_len} entries")
-    if size is not None and len(value) != size:
-        raise WireError(f"{what} must have {size} entries, got {len(value)}")
-    return value
-
-
-# A field's check: (value, its label) -> the value as the message holds it.
-Check = Callable[[Any, str], Any]
-
-
-class Integer:
-    """The check of an int in lo..hi. `_decode` runs it inline (no call per field), as
-    does `IntList` for each entry: most fields of the messages sent per replay are ints."""
-
-    __slots__ = ("hi", "lo")
-
-    def __init__(self, lo: int, hi: int) -> None:
-        self.lo = lo
-        self.hi = hi
-
-    def __call__(self, value: Any, what: str) -> int:
-        return want_int(value, what, self.lo, self.hi)
-
-
-def integer(lo: int = 0, hi: int = ID_MAX) -> Integer:
-    return Integer(lo, hi)
-
-
-def text(max_len: int = 256) -> Check:
-    return lambda value, what: want_str(value, what, max_len)
-
-
-def blob(max_len: int) -> Check:
-    return lambda value, what: want_bytes(value, what, max_len)
-
-
-class IntList:
-    """The check of a list of ints in lo..hi (each named `item` in an error): one loop,
-    no call per entry."""
-
-    __slots__ = ("hi", "item", "lo", "max_len", "size")
-
-    def __init__(self, item: str, check: Integer, max_len: int, size: int | None) -> None:
-        self.item = item
-        self.lo = check.lo
-        self.hi = check.hi
-        self.max_len = max_len
-        self.size = size
-
-    def __call__(self, value: Any, what: str) -> list[int]:
-        want_list(value, what, self.max_len, self.size)
-        lo, hi = self.lo, self.hi
-        for entry in value:
-            if type(entry) is not int or not lo <= entry <= hi:
-                want_int(entry, self.item, lo, hi)  # raises (or passes an int subclass)
-        return value  # type: ignore[no-any-return]
-
-
-def list_of(item: str, check: Check, max_len: int, size: int | None = None) -> Check:
-    """A list whose entries pass `check` (each named `item` in an error)."""
-    if type(check) is Integer:
-        return IntList(item, check, max_len, size)
-
-    def checked(value: Any, what: str) -> list[Any]:
-        return [check(entry, item) for entry in want_list(value, what, max_len, size)]
-
-    return checked
-
-
-class Optional:
-    """The check of None, or of what passes `check` (a message's decoder lets None
-    through inline)."""
-
-    __slots__ = ("check",)
-
-    def __init__(self, check: Check) -> None:
-        self.check = check
-
-    def __call__(self, value: Any, what: str) -> Any:
-        return None if value is None else self.check(value, what)
-
-
-def optional(check: Check) -> Optional:
-    return Optional(check)
-
-
-def anything(value: Any, what: str) -> Any:
-    """A field checked where it is used (a program's entries, as they are lowered)."""
-    return value
-
-
-def flag(value: Any, what: str) -> bool:
-    """msgpack's true, and anything else as false (a field that only says yes)."""
-    return value is True
-
-
-def seconds(value: Any, what: str) -> float:
-    """A time on a clock of the sender's, in seconds: a finite float."""
-    if type(value) is not float or not math.isfinite(value):
-        raise WireError(f"{what} must be a finite float (seconds), got {value!r:.40}")
-    return value
-
-
-def _spans(value: Any, what: str) -> list[tuple[int, float, float]]:
-    """[[entry index, start, end], ...]: when each entry of a program ran or parked."""
-    spans = []
-    for span in want_list(value, what, 1 << 20):
-        if type(span) is not list or len(span) != 3:
-            want_list(span, "span", 3, size=3)
-        index, start, end = span
-        if type(index) is not int or not 0 <= index <= ID_MAX:
-            want_int(index, "span entry index")
-        if type(start) is not float or type(end) is not float:
-            seconds(start, "span start")
-            seconds(end, "span end")
-        spans.append((index, start, end))
-    return spans
-
-
-class Ref(NamedTuple):
-    """A buffer (view) of a client's: its allocation's handle, the offset (elements) and
-    the shape of the view; no shape: the whole allocation."""
-
-    handle: int
-    offset: int
-    shape: tuple[int, ...]
-
-
-def ref(value: Any, what: str) -> Ref:
-    if type(value) is list and len(value) == 3:
-        handle, offset, shape = value
-        if (
-            type(handle) is int
-            and 0 <= handle <= ID_MAX
-            and type(offset) is int
-            and 0 <= offset <= ID_MAX
-            and type(shape) is list
-            and len(shape) <= 8
-        ):
-            for dim in shape:
-                if type(dim) is not int or not 0 <= dim <= ID_MAX:
-                    break
-            else:
-                return tuple.__new__(Ref, (handle, offset, tuple(shape)))
-    # Something is wrong: say what.
-    fields = want_list(value, what, 3, size=3)
-    dims = want_list(fields[2], f"{what} shape", 8)
-    return Ref(
-        want_int(fields[0], f"{what} handle"),
-        want_int(fields[1], f"{what} offset"),
-        tuple(want_int(d, f"{what} shape") for d in dims),
-    )
-
-
-def _pairs(value: Any, what: str) -> list[tuple[int, int]]:
-    """[[mirror id, value], ...]: mirrored signals' new values (one loop, as IntList)."""
-    pairs = []
-    for pair in want_list(value, what, 1 << 16):
-        if type(pair) is not list or len(pair) != 2:
-            want_list(pair, "ext entry", 2, size=2)
-        mirror, ext = pair
-        if type(mirror) is not int or not 0 <= mirror <= ID_MAX:
-            want_int(mirror, "signal id")
-        if type(ext) is not int or not 0 <= ext <= VALUE_MAX:
-            want_int(ext, "ext value", 0, VALUE_MAX)
-        pairs.append((mirror, ext))
-    return pairs
+# A Welcome's CPU features (`Welcome.cpu`): bounded so that the largest Welcome fits in
+# those limits (under 7.2 KiB); a worker says at most these (WorkerCPU.of_this_host).
+MAX_CPU_FEATURES = 320
+MAX_CPU_FEATURE_CHARS = 20
 
 
 _DIMS = list_of("launch dim", integer(1, 1 << 40), 3, size=3)
@@ -293,84 +199,7 @@ _SLOT = integer(0, SLOT_MAX)
 _REL = integer(0, REL_MAX)
 _PORT = integer(1, 65535)
 _TICKET = blob(32)
-_EXT = _pairs
-
-
-# -- the messages --
-
-M = TypeVar("M", bound=type)
-
-# A message's decoder: from the received [kind, *fields], every field there, the message.
-Decoder = Callable[[list[Any]], Any]
-# kind -> (its decoder, how many fields are required, how many there are, and per count
-# of fields sent from `required` on, the defaults of those left out)
-_Schema = tuple[Decoder, int, int, tuple[list[Any], ...]]
-_MESSAGES: dict[str, _Schema] = {}
-_ENTRIES: dict[str, _Schema] = {}
-_KINDS: dict[type, str] = {}
-# A message class -> (its kind, its length on the wire with no optional field, the
-# defaults of its optional fields): what `as_meta` writes.
-_WRITE: dict[type, tuple[str, int, tuple[Any, ...]]] = {}
-
-
-def _field_code(index: int, check: Check, names: dict[str, Any]) -> str:
-    """The decoder's line for field `index` (in `f{index}`): an Integer's range, an
-    Optional's None and a flag are checked inline; any other value goes through the
-    check, as does an int out of range (the check raises, naming the field)."""
-    call = f"f{index} = _check{index}(f{index}, _label{index})"
-    if check is flag:
-        return f"    f{index} = f{index} is True"
-    if type(check) is Integer:
-        return (
-            f"    if type(f{index}) is not int or not {check.lo} <= f{index} <= {check.hi}: {call}"
-        )
-    if type(check) is Optional:
-        names[f"_check{index}"] = check.check
-        return f"    if f{index} is not None: {call}"
-    return f"    {call}"
-
-
-def _decoder(cls: type, fields: tuple[tuple[str, Check], ...]) -> Decoder:
-    """The decoder of a message class: checks each field and makes the message. It is
-    written out once per class (as namedtuple writes a class's __new__), so a field
-    in range costs a few bytecodes and no call, and the message is made in one."""
-    names: dict[str, Any] = {"_new": tuple.__new__, "_cls": cls}
-    values = ", ".join(f"f{i}" for i in range(1, len(fields) + 1))
-    lines = ["def decode(meta):", f"    _, {values}, = meta"]
-    for index, (label, check) in enumerate(fields, 1):
-        names[f"_check{index}"] = check
-        names[f"_label{index}"] = label
-        lines.append(_field_code(index, check, names))
-    lines.append(f"    return _new(_cls, ({values},))")
-    exec("\n".join(lines), names)  # noqa: S102 (our own text: indices and int bounds)
-    decoder: Decoder = names["decode"]
-    return decoder
-
-
-def _schema(table: dict[str, _Schema], kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
-    def register(cls: M) -> M:
-        names: tuple[str, ...] = getattr(cls, "_fields")  # noqa: B009 (a NamedTuple's)
-        defaults: dict[str, Any] = getattr(cls, "_field_defaults")  # noqa: B009
-        assert len(fields) == len(names), (cls, fields)
-        required = len(fields) - len(defaults)
-        optional_defaults = tuple(defaults[name] for name in names[required:])
-        pads = tuple(list(optional_defaults[sent:]) for sent in range(len(optional_defaults)))
-        table[kind] = (_decoder(cls, fields), required, len(fields), pads)
-        _KINDS[cls] = kind
-        _WRITE[cls] = (kind, required + 1, optional_defaults)
-        return cls
-
-    return register
-
-
-def message(kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
-    """Register a message class: its kind and each field's label and check, in order."""
-    return _schema(_MESSAGES, kind, *fields)
-
-
-def entry(kind: str, *fields: tuple[str, Check]) -> Callable[[M], M]:
-    """Register a program entry class, as `message` does."""
-    return _schema(_ENTRIES, kind, *fields)
+_EXT = pairs
 
 
 # The handshake (see devices/remote/_handshake.py). The connecting side (a client, or a
@@ -402,18 +231,36 @@ class Auth(NamedTuple):
     devices: list[str]  # a client's devices of the worker; a peer names none
 
 
+def _cpu(value: Any, what: str) -> tuple[str, list[str]]:
+    """[machine, [feature, ...]]: the CPU a worker runs on, as a compiler targets it
+    (a tuple: the default of a Welcome that leaves it out)."""
+    fields = want_list(list(value) if type(value) is tuple else value, what, 2, size=2)
+    features = want_list(fields[1], "cpu features", MAX_CPU_FEATURES)
+    return (
+        want_str(fields[0], "cpu machine", 32),
+        [want_str(feature, "cpu feature", MAX_CPU_FEATURE_CHARS) for feature in features],
+    )
+
+
 @message(
     "welcome",
     ("session id", integer()),
     ("session key", blob(64)),
     ("limits", anything),
     ("proof", blob(64)),
+    ("worker cpu", _cpu),
+    ("programs", flag),
 )
 class Welcome(NamedTuple):
+    """`cpu`: the machine (x86_64, arm64, ...) and instruction-set features of the
+    worker's CPU; `programs`: whether it runs shipped programs (`--allow-programs`)."""
+
     session: int
     key: bytes
     limits: dict[str, int]
     proof: bytes  # the worker's MAC (empty when it has no token)
+    cpu: tuple[str, list[str]] = ("", [])
+    programs: bool = False
 
 
 @message(
@@ -441,6 +288,8 @@ class Error(NamedTuple):
     ("alloc dtype", text(32)),
 )
 class Alloc(NamedTuple):
+    """A new buffer of `elements` of `dtype` (one of DTYPES) on the worker's `device`."""
+
     handle: int
     device: str
     elements: int
@@ -483,6 +332,22 @@ class Prog(NamedTuple):
     kind: str = "compute"
 
 
+def _advances(value: Any, what: str) -> list[tuple[int, int, list[int]]]:
+    """[[mirror id, value, [job, ...]], ...]: mirrors a batch's jobs move as they end."""
+    out = []
+    for advance in want_list(value, what, 1 << 12):
+        fields = want_list(advance, "advance", 3, size=3)
+        jobs = want_list(fields[2], "advance jobs", 1 << 16)
+        out.append(
+            (
+                want_int(fields[0], "signal id"),
+                want_int(fields[1], "advance value", 0, VALUE_MAX),
+                [want_int(job, "advance job", 0, 1 << 16) for job in jobs],
+            )
+        )
+    return out
+
+
 @message(
     "batch",
     ("batch id", integer()),
@@ -490,17 +355,23 @@ class Prog(NamedTuple):
     ("program ids", list_of("program id", integer(), 1 << 16)),
     ("mirror values", _EXT),
     ("profile", flag),
+    ("advances", _advances),
 )
 class Batch(NamedTuple):
     """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
     mirrored signals' values as of now. `profile`: time the jobs and send their
-    `JobTimes` (left out when False, so an unprofiled batch carries nothing for it)."""
+    `JobTimes` (left out when False, so an unprofiled batch carries nothing for it).
+    `advances`: [mirror id, value, [job, ...]]: set that mirror to the value once those
+    jobs (by their place in `programs`) have ended: a device timeline that only this
+    worker's jobs of the submission move, which its next submissions wait on here, with
+    no word from the client in between."""
 
     batch: int
     bases: list[int]
     programs: list[int]
     ext: list[tuple[int, int]]
     profile: bool = False
+    advances: list[tuple[int, int, list[int]]] = []
 
 
 @message(
@@ -548,6 +419,34 @@ class Put(NamedTuple):
     offset: int
 
 
+@message(
+    "code",
+    ("code id", integer()),
+    ("code digest", blob(32)),
+    ("code name", text()),
+    ("code machine", text(32)),
+    ("code features", list_of("code feature", text(64), 4096)),
+    ("code buffers", integer(0, 64)),
+    ("code values", integer(0, 64)),
+    ("core id", optional(integer(0, 63))),
+)
+class Code(NamedTuple):
+    """A compiled CPU program (a relocatable ELF object, the tail) for later `CodeEntry`s
+    to call by `code` id: built for `machine` with the instruction-set `features` it
+    needs; its function takes `buffers` addresses, then `values` 64-bit integers, of
+    which the one at `core_id` (if any) is the core number of the call. `digest`: the
+    SHA-256 of the bytes."""
+
+    code: int
+    digest: bytes
+    name: str
+    machine: str
+    features: list[str]
+    buffers: int
+    values: int
+    core_id: int | None
+
+
 @message("get", ("read id", integer()), ("get src", ref))
 class Get(NamedTuple):
     read: int
@@ -587,7 +486,7 @@ class Pong(NamedTuple):
     ("times sent", seconds),
     ("job start", optional(seconds)),
     ("job end", optional(seconds)),
-    ("spans", _spans),
+    ("spans", spans),
 )
 class JobTimes(NamedTuple):
     """A profiled batch's job, as it ran, on the worker's clock (its `time.perf_counter`):
@@ -739,6 +638,26 @@ class KernelEntry(NamedTuple):
     local_size: list[int]
 
 
+@entry(
+    "x",
+    ("item index", _ITEM),
+    ("code id", integer()),
+    ("buffers", list_of("code buffer", ref, 64)),
+    ("vars", list_of("var value", integer(-(1 << 63), (1 << 64) - 1), 64)),
+    ("global size", _DIMS),
+    ("local size", _DIMS),
+)
+class CodeEntry(NamedTuple):
+    """A call of a shipped program (`Code`): once per core, `global_size[0]` times."""
+
+    item: int
+    code: int
+    buffers: list[Ref]
+    vars: list[int]
+    global_size: list[int]
+    local_size: list[int]
+
+
 @entry("c", ("item index", _ITEM), ("copy dst", ref), ("copy src", ref))
 class CopyEntry(NamedTuple):
     """A copy within the worker."""
@@ -804,6 +723,11 @@ class HostReadEntry(NamedTuple):
     read: int
 
 
+# The entries that run an item of the client's program (a WIRE op's entry), each with its
+# index in `item`: the others are its waits and signals.
+ItemEntry = KernelEntry | CodeEntry | CopyEntry | PullEntry | HostWriteEntry | HostReadEntry
+
+
 def _watch_source(value: Any, what: str) -> tuple[str, int, int, str, bytes]:
     fields = want_list(value, what, 5, size=5)
     return (
@@ -855,61 +779,6 @@ class SignalEntry(NamedTuple):
     slot: int
     rel: int
     report: int = 1
-
-
-# -- decoding and encoding --
-
-
-def _decode(table: dict[str, _Schema], meta: Any, what: str) -> Any:
-    if type(meta) is not list or not meta or type(meta[0]) is not str:
-        raise WireError(f"a {what} is a list whose first field is its kind (a str)")
-    kind = meta[0]
-    schema = table.get(kind)
-    if schema is None:
-        raise WireError(f"unknown {what} {kind!r}")
-    decoder, required, most, pads = schema
-    count = len(meta) - 1
-    if count != most:
-        if not required <= count < most:
-            wanted = required if required == most else f"{required} to {most}"
-            raise WireError(f"message {kind!r} has {wanted} fields, got {count}")
-        meta = meta + pads[count - required]  # optional fields left out: their defaults
-    try:
-        return decoder(meta)
-    except WireError as exc:
-        raise WireError(f"message {kind!r}: {exc}") from None
-
-
-def decode(meta: Sequence[Any]) -> Any:
-    """The message a received meta part holds ([kind, *fields]), every field checked."""
-    return _decode(_MESSAGES, meta, "message")
-
-
-def decode_entry(value: Any) -> Any:
-    """A program entry, every field checked."""
-    return _decode(_ENTRIES, value, "program entry")
-
-
-def as_meta(message: Any) -> Any:
-    """What goes on the wire for `message`: [kind, *fields], less the optional fields at
-    its end that hold their defaults (the receiver puts the defaults back); anything that
-    is not a message of this module goes as it is (a list made by hand, say)."""
-    write = _WRITE.get(type(message))
-    if write is None:
-        return message
-    kind, shortest, defaults = write
-    meta = [kind, *message]
-    if defaults:
-        end = len(meta)
-        while end > shortest and meta[end - 1] == defaults[end - 1 - shortest]:
-            end -= 1
-        del meta[end:]
-    return meta
-
-
-def kind_of(message_class: type) -> str:
-    """The kind a message class is sent as."""
-    return _KINDS[message_class]
 
 
 # -- authentication --
