@@ -8,10 +8,12 @@ and its map of a program's ops to their entries. None skips it or reads it as an
 
 from __future__ import annotations
 
+import ast
 import functools
 
 import pytest
 import trio
+from _paths import ROOT
 from _workers import Replies
 from actorgraph.devices import (
     EXEC,
@@ -266,3 +268,48 @@ def test_a_refusal_of_a_code_another_queue_runs_says_which_it_runs() -> None:
         "q: op 4 has op code CUDA_ITEM, which a QueueActor does not run (it runs WAIT, "
         "SIGNAL, EXEC, EXEC_THREAD, AWAIT); the op list was lowered for another kind of queue"
     )
+
+
+# Every OpWalker of the package, and the test above that walks an op of no code through it.
+_REFUSAL_TESTS = {
+    "actorgraph/_templates.py:_LinearOrder": test_a_programs_template_walks_refuse_an_op_of_no_code,
+    "actorgraph/_templates.py:_HostWaits": test_a_programs_template_walks_refuse_an_op_of_no_code,
+    "actorgraph/worker/_lowered.py:_Entries": (
+        test_a_workers_map_of_ops_to_entries_refuses_an_op_of_no_code
+    ),
+    "actorgraph/worker/_lowering.py:_Runnable": (
+        test_a_worker_refuses_a_program_lowered_to_an_op_its_queue_does_not_run
+    ),
+    "devices/_monitor.py:_JobRun": test_the_deadlock_monitor_refuses_an_op_of_no_code,
+    "devices/cuda/_translate.py:Translation": (test_a_cuda_queue_fails_a_job_with_an_op_of_no_code),
+    "devices/remote/_programs.py:_Writer": test_a_connections_walks_refuse_an_op_of_no_code,
+    "devices/remote/_programs.py:_LocalReader": test_a_connections_walks_refuse_an_op_of_no_code,
+}
+
+
+def _walkers() -> set[str]:
+    """Each class of the package's source that is an OpWalker, as "path:name"."""
+    classes: dict[str, tuple[str, set[str]]] = {}
+    for folder in ("actorgraph", "devices", "scheduler"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            where = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    bases = {
+                        b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases
+                    }
+                    classes[f"{where}:{node.name}"] = (node.name, bases)
+    walkers: set[str] = set()
+    names = {"OpWalker"}
+    while True:  # a walker's subclass is one too
+        more = {key for key, (_, bases) in classes.items() if bases & names} - walkers
+        if not more:
+            return walkers
+        walkers |= more
+        names |= {classes[key][0] for key in more}
+
+
+def test_every_walker_of_the_package_has_a_test_that_it_refuses_an_op_of_no_code() -> None:
+    # A walker added without one is named here: give it a case above and a line in
+    # _REFUSAL_TESTS.
+    assert _walkers() == set(_REFUSAL_TESTS)
