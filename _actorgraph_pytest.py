@@ -35,7 +35,7 @@ _MARKER = "actorgraph"
 _ASYNC_FIXTURES = ("ag_cpu_runtime", "ag_sim_runtime", "ag_cuda_runtime", "ag_remote_runtime")
 _NO_TRIO = (
     "{fixture} is an async fixture: it needs pytest-trio (`pip install pytest-trio`, or "
-    "`pip install 'actorgraph[test]'`) and a test that runs under trio: set "
+    '`pip install -e ".[test]"` in a checkout of actorgraph) and a test that runs under trio: set '
     "`trio_mode = true` in the pytest configuration or mark the test `@pytest.mark.trio`"
 )
 
@@ -79,6 +79,7 @@ def _ag_under_trio(request: pytest.FixtureRequest) -> None:
 
 
 def _marker_options(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any]]:
+    from actorgraph._options import refuse_unknown
     from actorgraph.testing import DEFAULT_COUNT
 
     options: dict[str, Any] = {}
@@ -90,6 +91,7 @@ def _marker_options(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any]
                 f"options), got positional {marker.args!r}"
             )
         options.update(marker.kwargs)
+    refuse_unknown(options, f"@pytest.mark.{_MARKER}(...)", own=["devices"])
     count = options.pop("devices", DEFAULT_COUNT)
     return count, options
 

@@ -16,6 +16,9 @@ import warnings
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
+from ._buffer import Buffer
 from ._errors import UsageError
 
 T = TypeVar("T")
@@ -115,15 +118,51 @@ def described(value: object) -> str:
             f"{value!r}, an awaitable: await it for its result (on a background runtime, "
             f"`.result()` from plain code)"
         )
-    return repr(value)
+    array = _host_array(value)
+    return repr(value) if array is None else array
 
 
 def listed(
     value: object, takes: str, write: str, error: type[UsageError] = UsageError
 ) -> tuple[Any, ...]:
     """`value`, which a call takes as a list, as a tuple. A single object (say, one Buffer
-    where a list of them belongs) or anything else that is no sequence raises `error`
-    saying what the call takes (`takes`) and how to write it (`write`)."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+    where a list of them belongs, or a host array, whose elements are no Buffers) or
+    anything else that is no sequence raises `error` saying what the call takes (`takes`)
+    and how to write it (`write`)."""
+    kind = type(value)
+    if kind is list or kind is tuple:  # what calls are given: no more to check, per replay
+        return tuple(value)  # type: ignore[arg-type]
+    if (
+        isinstance(value, (str, bytes))
+        or not hasattr(value, "__iter__")
+        or _host_array(value) is not None
+    ):
         raise error(f"{takes}, got {described(value)}; write {write}")
     return tuple(value)
+
+
+_ARRAY_WAYS = (
+    "`buf = rt.alloc(device, arr.shape, arr.dtype)` and `await rt.copyin(buf, arr)`, or use "
+    'its memory in place with `buf = rt.wrap("CPU:0", {name})`'
+)
+
+
+def _host_array(value: object) -> str | None:
+    """How to make a Buffer of `value` where it is host data (a numpy array, or anything
+    numpy reads: a memoryview, an object with `__array__` or `__dlpack__`), else None."""
+    if isinstance(value, np.ndarray):
+        return (
+            f"a numpy array (shape {value.shape}, dtype {value.dtype}): actorgraph's calls "
+            f"take Buffers; make one from it with {_ARRAY_WAYS.format(name='arr')}"
+        )
+    if isinstance(value, (memoryview, bytearray)) or (
+        not isinstance(value, Buffer)
+        and not inspect.isawaitable(value)
+        and any(hasattr(value, name) for name in ("__array__", "__array_interface__", "__dlpack__"))
+    ):
+        return (
+            f"a {type(value).__name__}, an array of host data: actorgraph's calls take "
+            f"Buffers; make one from it with `arr = np.asarray(x)`, "
+            f"{_ARRAY_WAYS.format(name='x')}"
+        )
+    return None

@@ -35,13 +35,14 @@ from ._await import described
 from ._buffer import Buffer
 from ._call import Call, Entry
 from ._errors import ClosedError, UsageError
-from ._graph import NOT_HERE, Graph
+from ._graph import Graph
 from ._kernel import Item, Kernel
 from ._log import logger as _log
+from ._options import refuse_unknown
 from ._profile import Profile
-from ._program import raise_item_failure
-from ._runtime import Runtime, RuntimeStatistics, StallReport, open_runtime
+from ._runtime import Runtime, RuntimeStatistics, open_runtime
 from ._vars import Var
+from ._window import StallReport
 
 T = TypeVar("T")
 
@@ -74,7 +75,11 @@ class _LoopLock(trio.abc.Instrument):
 
 
 class BackgroundGraph:
-    """A Graph owned by a background runtime; calling it returns a Call."""
+    """A Graph compiled on a background runtime; calling it returns a Call.
+
+    Made by `bg.compile(...)`. The Graph's facts (`last_profile`, `replays`, ...) read
+    straight through; `graph.graph` is the Graph itself.
+    """
 
     def __init__(self, owner: BackgroundRuntime, graph: Graph) -> None:
         self._owner = owner
@@ -85,9 +90,15 @@ class BackgroundGraph:
 
     @property
     def plan(self) -> Plan:
+        """The Graph's plan (see Graph.plan)."""
         return self.graph.plan
 
     def statistics(self) -> Any:
+        """The Graph's statistics (see Graph.statistics).
+
+        Returns:
+            A frozen snapshot of the graph's counts.
+        """
         return self.graph.statistics()
 
     def __call__(
@@ -96,7 +107,20 @@ class BackgroundGraph:
         var_vals: Mapping[Var, int] | None = None,
         **options: Any,
     ) -> Call[None]:
-        """`await graph(inputs, var_vals=...)`; options pass through to Graph.__call__."""
+        """Replay the graph: `await graph(inputs)` from any loop, or `graph(inputs).result()`.
+
+        A call from plain code with no options, that would run at once as one loop on idle
+        CPU queues with no earlier call still queued, runs on the calling thread itself;
+        every other call runs on the runtime's thread, in the order calls were made.
+
+        Args:
+            inputs: as for Graph.__call__.
+            var_vals: as for Graph.__call__.
+            **options: Graph.__call__'s keyword options (`profile=`, `after=`, `then=`).
+
+        Returns:
+            The Call of the replay; it runs whether or not anyone waits for it.
+        """
         graph = self.graph
         if not options:
             done = self._owner._replay_here(graph, inputs, var_vals)
@@ -112,12 +136,20 @@ class BackgroundGraph:
     def call_here(
         self, inputs: Sequence[Buffer] = (), var_vals: Mapping[Var, int] | None = None
     ) -> bool:
-        """For a caller that waits for its replay anyway: replay on the calling thread,
-        now, where calling the graph would (no call made before it still queued, its
-        items inline on idle CPU queues; see BackgroundRuntime._replay_here), with no
-        Call made. True once it ran, raising its failure (an ItemError naming the item);
-        False, having done nothing, when it must go to the runtime's thread: call the
-        graph then."""
+        """Replay on the calling thread, now, for a caller that waits for its replay anyway.
+
+        It runs where calling the graph would run it here (no call made before it still
+        queued, its items inline on idle CPU queues), with no Call made.
+
+        Args:
+            inputs: as for Graph.__call__.
+            var_vals: as for Graph.__call__.
+
+        Returns:
+            True once the replay ran (raising its failure, an ItemError naming the item);
+            False, having done nothing, when it must go to the runtime's thread: call the
+            graph then.
+        """
         return self._owner._call_here(self.graph, inputs, var_vals)
 
     def __getattr__(self, name: str) -> Any:
@@ -134,6 +166,11 @@ class BackgroundGraph:
         return getattr(self.graph, name)
 
     def aclose(self) -> Call[None]:
+        """Close the graph once the replays already submitted are done.
+
+        Returns:
+            The Call of the close.
+        """
         return Call(self._owner, self.graph.aclose, (), {}, "graph.aclose()")
 
     async def __aenter__(self) -> BackgroundGraph:
@@ -144,7 +181,16 @@ class BackgroundGraph:
 
 
 class BackgroundRuntime:
-    """A runtime held open on its own thread until close(). Made by start_runtime()."""
+    """A runtime held open on its own thread until `close()`, made by `start_runtime()`.
+
+    Its methods mirror Runtime's and return Calls, awaitable from an asyncio loop (a
+    Jupyter cell), from any trio run, or waited for with `.result()` from synchronous
+    code. A call runs whether or not anyone waits for it, and calls run one after another
+    in the order they were made. `alloc`, `wrap` and `free` return at once. A call that
+    fails while nobody waits for it is logged, and its error is raised by the next call
+    made on the runtime (which then does not run) or by `close()`. `with
+    ag.start_runtime(...) as rt:` closes it at the end of the block.
+    """
 
     def __init__(
         self,
@@ -315,7 +361,7 @@ class BackgroundRuntime:
     def _observe(self, entry: Entry) -> None:
         """Someone waits for this call: its error is theirs, not the next call's."""
         with self._lock:
-            entry.observed = True
+            entry.observe()
             if entry in self._unobserved:
                 self._unobserved.remove(entry)
 
@@ -326,7 +372,7 @@ class BackgroundRuntime:
         if not failed:
             return
         for entry in failed:
-            entry.observed = True
+            entry.observe()
         first = failed[0]
         error = first.future.exception()
         assert error is not None
@@ -374,7 +420,7 @@ class BackgroundRuntime:
         It is the same when, with the loop lock held (the run stopped between task
         steps, see _LoopLock): no call made before it is queued or running (so calls
         still run in the order they were made), and the replay runs as one loop on
-        idle CPU queues (Graph.run_here) moving no signal that a task waits on (so it
+        idle CPU queues (`_graph.run_here`) moving no signal that a task waits on (so it
         wakes no task, which only the runtime's thread may do). Such a replay calls
         only numpy-level kernel bodies and changes plain Python state; the runtime's
         thread, when it next runs, finds it done as if a task step of its own had
@@ -388,12 +434,8 @@ class BackgroundRuntime:
                 return None  # the call goes on, so that _submit raises their error
             entry = Entry(graph, (inputs,), {"var_vals": var_vals}, "graph(...)")
             try:
-                done = graph.replay_off_thread(inputs, var_vals)
-                if done is NOT_HERE:
+                if not graph.replay_off_thread(inputs, var_vals):
                     return None
-                program, failure = done
-                if failure is not None:
-                    raise_item_failure(program, failure)
             except Exception as error:
                 # As a call that fails on the runtime's thread: nobody waits for it
                 # yet, so it is the next call's error unless someone asks for it.
@@ -422,15 +464,9 @@ class BackgroundRuntime:
         try:
             if self._unobserved:
                 return False  # the call goes on, so that _submit raises their error
-            done = graph.replay_off_thread(inputs, var_vals)
+            return graph.replay_off_thread(inputs, var_vals)
         finally:
             self._resume()
-        if done is NOT_HERE:
-            return False
-        program, failure = done
-        if failure is not None:
-            raise_item_failure(program, failure)
-        return True
 
     def _stop_for(self, graph: Graph) -> bool:
         """Take the loop lock and this runtime's lock, when a call of `graph` may run on
@@ -466,16 +502,18 @@ class BackgroundRuntime:
 
     @property
     def runtime(self) -> Runtime:
-        """The Runtime itself, for code that runs on the runtime's thread (see call())."""
+        """The Runtime itself, for code that runs on the runtime's thread (see `call`)."""
         assert self._runtime is not None  # set before __init__ returns
         return self._runtime
 
     @property
     def devices(self) -> tuple[str, ...]:
+        """The names of the devices the runtime opened."""
         return self.runtime.devices
 
     @property
     def closed(self) -> bool:
+        """Whether the runtime's thread has stopped (after `close()`, or a crash)."""
         return not self._thread.is_alive()
 
     def on_runtime_thread(self) -> bool:
@@ -524,7 +562,16 @@ class BackgroundRuntime:
     # -- the Runtime's surface --
 
     def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = np.float32) -> Buffer:
-        """A new zero-filled buffer, at once; `shape` counts elements, never bytes."""
+        """A new zero-filled buffer, at once (Runtime.alloc).
+
+        Args:
+            device: the name of an open device.
+            shape: how many elements (an int or a tuple), never bytes.
+            dtype: the numpy dtype of the elements.
+
+        Returns:
+            The Buffer.
+        """
         if not self.on_runtime_thread():
             self._raise_unobserved("alloc(...)")
         return self._sync(self.runtime.alloc, device, shape, dtype)
@@ -538,7 +585,18 @@ class BackgroundRuntime:
         dtype: Any = np.uint8,
         shape: int | tuple[int, ...] | None = None,
     ) -> Buffer:
-        """A Buffer over host memory actorgraph did not allocate, at once (Runtime.wrap)."""
+        """A Buffer over host memory actorgraph did not allocate, at once (Runtime.wrap).
+
+        Args:
+            device: the CPU device whose work the memory joins.
+            source: an address (with `nbytes=`), or an object exporting host memory.
+            nbytes: the size in bytes of the memory at an address.
+            dtype: the numpy dtype of the elements.
+            shape: the Buffer's shape in elements.
+
+        Returns:
+            The Buffer.
+        """
         if not self.on_runtime_thread():
             self._raise_unobserved("wrap(...)")
         return self._sync(
@@ -546,7 +604,15 @@ class BackgroundRuntime:
         )
 
     def free(self, buffer: Buffer) -> None:
-        """Free `buffer` after the calls made before this one; returns at once."""
+        """Free `buffer` after the calls made before this one; returns at once.
+
+        Args:
+            buffer: a base Buffer of this runtime.
+
+        Raises:
+            UsageError: `buffer` is no Buffer, is a view, or belongs to another runtime.
+            BufferFreedError: it was freed already.
+        """
         if self.on_runtime_thread():
             self.runtime.free(buffer)
             return
@@ -572,6 +638,11 @@ class BackgroundRuntime:
         self._sync(self.runtime.free, buffer)
 
     def statistics(self) -> RuntimeStatistics:
+        """The runtime's statistics (Runtime.statistics), read at once, also after `close()`.
+
+        Returns:
+            A frozen snapshot of the runtime's counts.
+        """
         return self._read(self.runtime.statistics)
 
     # Facts of the runtime, read at once (not in call order): on its thread while it
@@ -586,7 +657,14 @@ class BackgroundRuntime:
         return fn(*args, **kwargs)
 
     def profile(self, *, clear: bool = False) -> Profile:
-        """Every profiled replay so far (Runtime.profile)."""
+        """Every profiled replay so far (Runtime.profile), read at once.
+
+        Args:
+            clear: forget the records after reading them.
+
+        Returns:
+            The Profile.
+        """
         return self._read(self.runtime.profile, clear=clear)
 
     def actor_names(self) -> tuple[str, ...]:
@@ -664,32 +742,91 @@ class BackgroundRuntime:
         return self.runtime.check_replays
 
     def current_time(self) -> float:
-        """trio.current_time() of the runtime's run (its clock: see start_runtime(clock=)).
+        """`trio.current_time()` of the runtime's run (its clock: see `start_runtime(clock=)`).
 
         Under a MockClock with autojump the clock may jump while the runtime idles between
-        calls; to time work, read the clock inside a function run by call().
+        calls; to time work, read the clock inside a function run by `call()`.
+
+        Returns:
+            The runtime's clock, in seconds.
         """
         return self._sync(trio.current_time)
 
     def copyin(self, buffer: Buffer, array: Any) -> Call[None]:
+        """Copy a host array into `buffer`, in order with the calls made before (Runtime.copyin).
+
+        Args:
+            buffer: the Buffer to write.
+            array: host data of its size.
+
+        Returns:
+            The Call; it runs whether or not anyone waits for it.
+        """
         return self._call("copyin(...)", self.runtime.copyin, buffer, array)
 
     def copyout(self, buffer: Buffer) -> Call[np.ndarray[Any, Any]]:
+        """A host copy of `buffer`, in order with the calls made before (Runtime.copyout).
+
+        Args:
+            buffer: the Buffer to read.
+
+        Returns:
+            The Call, whose result is the numpy array.
+        """
         return self._call("copyout(...)", self.runtime.copyout, buffer)
 
     def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> Call[None]:
+        """Run items eagerly, in order with the calls made before (Runtime.run).
+
+        Args:
+            items: a list of Launch and Copy items.
+            var_vals: the values of the Vars the items read.
+
+        Returns:
+            The Call.
+        """
         return self._call("run(...)", self.runtime.run, items, var_vals)
 
     def launch(self, kernel: Kernel, bufs: Sequence[Buffer], **options: Any) -> Call[None]:
+        """Launch one kernel, in order with the calls made before (Runtime.launch).
+
+        Args:
+            kernel: the Kernel.
+            bufs: its buffers, in slot order.
+            **options: Runtime.launch's keywords (`vars=`, `fixedvars=`, `global_size=`,
+                `local_size=`, `var_vals=`).
+
+        Returns:
+            The Call.
+        """
         return self._call(f"launch({kernel.name})", self.runtime.launch, kernel, bufs, **options)
 
     def copy(self, dst: Buffer, src: Buffer) -> Call[None]:
+        """Copy `src` into `dst`, in order with the calls made before (Runtime.copy).
+
+        Args:
+            dst: the Buffer written.
+            src: the Buffer read.
+
+        Returns:
+            The Call.
+        """
         return self._call("copy(...)", self.runtime.copy, dst, src)
 
     def compile(
         self, items: Sequence[Item], inputs: Sequence[Buffer] = (), **options: Any
     ) -> Call[BackgroundGraph]:
-        """`await rt.compile(items, inputs)`; options pass through to Runtime.compile."""
+        """Plan `items` once (Runtime.compile): `graph = await rt.compile(items, inputs)`.
+
+        Args:
+            items: a list of Launch and Copy items.
+            inputs: the buffers a call may replace.
+            **options: Runtime.compile's keywords (`verify=`, `aliasing=`, `order=`,
+                `var_vals=`, `max_sizes=`).
+
+        Returns:
+            The Call, whose result is a BackgroundGraph.
+        """
 
         async def compile_graph() -> BackgroundGraph:
             graph = await self.runtime.compile(items, inputs, **options)
@@ -698,7 +835,22 @@ class BackgroundRuntime:
         return self._call("compile(...)", compile_graph)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Call[Any]:
-        """Run `await fn(*args, **kwargs)` on the runtime's thread (e.g. a jitted function)."""
+        """Run `await fn(*args, **kwargs)` on the runtime's thread, in order with the other calls.
+
+        For code that needs the Runtime itself (`rt.runtime`), or to time work on the
+        runtime's clock.
+
+        Args:
+            fn: an async function.
+            *args: its positional arguments.
+            **kwargs: its keyword arguments.
+
+        Returns:
+            The Call, whose result is what `fn` returns.
+
+        Raises:
+            UsageError: `fn` is not callable.
+        """
         if not callable(fn):
             raise UsageError(f"call() takes an async function, got {fn!r}")
         name = getattr(fn, "__name__", "fn")
@@ -709,8 +861,13 @@ class BackgroundRuntime:
     def close(self, timeout: float | None = 10.0) -> None:
         """Finish the calls already made, then stop the runtime and join its thread.
 
-        Calls still unfinished after `timeout` seconds are cancelled (they raise
-        ClosedError). Raises the error of a call that failed while nobody waited for it.
+        Args:
+            timeout: seconds to let unfinished calls run before they are cancelled (they
+                raise ClosedError then); None waits for them.
+
+        Raises:
+            UsageError: called on the runtime's own thread (it would wait for itself).
+            Exception: the error of a call that failed while nobody waited for it.
         """
         if self.on_runtime_thread():
             raise UsageError("close() on the runtime's own thread would wait for itself")
@@ -750,11 +907,25 @@ def start_runtime(
 ) -> BackgroundRuntime:
     """Open a runtime on a background thread that lives until `close()`.
 
-    Takes open_runtime's arguments, plus `clock=` for the thread's trio run (e.g.
-    `trio.testing.MockClock(autojump_threshold=0)` so SIM devices take no wall time).
     Use it where an `async with` block cannot span the work: notebooks (await its calls
-    from any cell), synchronous scripts (`.result()`).
+    from any cell) and synchronous scripts (`.result()`).
+
+    Args:
+        devices: device names, as for open_runtime.
+        clock: the clock of the thread's trio run (say
+            `trio.testing.MockClock(autojump_threshold=0)`, so SIM devices take no wall
+            time).
+        **options: open_runtime's options.
+
+    Returns:
+        The BackgroundRuntime, open.
+
+    Raises:
+        UsageError: an option that neither start_runtime nor open_runtime takes (the
+            message names the closest one), or what open_runtime refuses.
+        DeviceError: a device that cannot open.
     """
+    refuse_unknown(options, "start_runtime(...)", own=["clock"])
     return BackgroundRuntime(devices, options, clock)
 
 

@@ -23,6 +23,7 @@ import trio
 from ._demo import BENCH_XOR
 from ._jit import jit
 from ._kernel import Launch
+from ._options import remote_options
 from ._runtime import Runtime, open_runtime
 
 XOR = BENCH_XOR  # every worker knows it, so a worker's device runs the benchmark too
@@ -56,10 +57,13 @@ async def _median_call_s(call: Any, calls: int, rounds: int = 5) -> float:
 
 
 async def builtin(
-    items: int, replays: int, device: str = "CPU:0", token_file: str | None = None
+    items: int,
+    replays: int,
+    device: str = "CPU:0",
+    token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> dict[str, Any]:
-    token = {} if token_file is None else {"remote_token_file": token_file}
-    async with open_runtime([device], **token) as rt:
+    async with open_runtime([device], **remote_options(token_file, tls_ca)) as rt:
         a, b, c, d = (rt.alloc(device, 1024, np.int32) for _ in range(4))
         chain = [
             Launch(XOR, [c, a, b]) if i % 2 == 0 else Launch(XOR, [d, c, a]) for i in range(items)
@@ -111,8 +115,9 @@ def main_builtin(
     *,
     device: str = "CPU:0",
     token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> int:
-    results = trio.run(builtin, items, replays, device, token_file)
+    results = trio.run(builtin, items, replays, device, token_file, tls_ca)
     print(f"built-in replay benchmark: {items} tiny xor kernels on {device}")
     print(
         f"  graph replay: {results['graph_us_per_item']:.2f} us/item "

@@ -148,9 +148,20 @@ def check_buffer_size(what: str, dims: tuple[int, ...], dtype: np.dtype[Any]) ->
 
 @attrs.frozen(eq=False, repr=False)
 class Buffer:
-    """A typed, shaped region of device memory. Compared by identity.
+    """A typed, shaped region of a device's memory, made by `rt.alloc`, `rt.wrap` or `view`.
 
-    `offset` is in elements from the start of the base allocation.
+    Items, copies and graph inputs take buffers and views of them. Buffers compare by
+    identity. `Buffer.__dlpack__` lets `numpy.from_dlpack`, `torch.from_dlpack` and the like
+    view a buffer in place.
+
+    Attributes:
+        device: the name of the device the memory is on, say "CPU:0".
+        shape: the shape in elements.
+        dtype: the numpy dtype of the elements.
+        offset: where the buffer starts, in elements of its dtype from the start of its
+            allocation (0 for a buffer `rt.alloc` made).
+        size: how many elements it holds.
+        nbytes: how many bytes it spans.
     """
 
     device: str
@@ -171,20 +182,25 @@ class Buffer:
 
     @property
     def is_view(self) -> bool:
+        """Whether this buffer is a view of another (made by `view`), not a base buffer."""
         return self._base is not None
 
     @property
     def base(self) -> Buffer:
+        """The base buffer whose memory this one is part of (itself for a base buffer)."""
         return self if self._base is None else self._base
 
     @property
     def freed(self) -> bool:
+        """Whether `rt.free` released its memory (using it is an error then)."""
         return self._alloc.freed
 
     @property
     def runtime(self) -> Home | None:
-        """The runtime that allocated (or wrapped) this buffer's memory: the only one
-        whose work may use it."""
+        """The runtime that allocated (or wrapped) this buffer's memory.
+
+        It is the only one whose work may use the buffer.
+        """
         return self._alloc.runtime
 
     @property
@@ -214,7 +230,14 @@ class Buffer:
 
     @property
     def address(self) -> int:
-        """The host address of this buffer's first byte (host-visible devices only)."""
+        """The host address of this buffer's first byte, for host-visible devices only.
+
+        For compiled kernel code that takes pointers (`Kernel(..., cpu_args="addresses")`).
+
+        Raises:
+            UsageError: the buffer is in memory the host cannot see (a GPU's).
+            BufferFreedError: such a buffer was freed.
+        """
         alloc = self._alloc
         memory = alloc.memory
         if not isinstance(memory, np.ndarray):
@@ -257,12 +280,28 @@ class Buffer:
     ) -> Buffer:
         """A view of `size` elements (or `shape`) starting `offset` elements into this buffer.
 
-        Both count elements of this buffer's dtype, never bytes: `buf.view(16, 100)` of an
-        int32 buffer covers bytes 64 to 464. The view shares this buffer's memory.
+        Both count elements of this buffer's dtype, never bytes: `buf.view(16, 100)` of an int32
+        buffer covers bytes 64 to 464. The view shares this buffer's memory; a graph orders
+        its items by the bytes they touch, so items on views that do not overlap do not wait
+        for each other.
 
-        With `dtype=` and/or `byte_offset=`, the view has its own dtype and starts
-        `byte_offset` bytes into this buffer (a multiple of the view's itemsize from the
-        start of the allocation); its size defaults to the rest of this buffer.
+        Args:
+            offset: the first element of the view, in this buffer's elements.
+            size: how many elements (default: the rest of the buffer).
+            shape: the view's shape instead of `size`.
+            dtype: the view's own dtype (the bytes read as another type).
+            byte_offset: with `dtype`, where the view starts, in bytes into this buffer (a
+                multiple of the view's itemsize from the start of the allocation); instead of
+                `offset`.
+
+        Returns:
+            The view, a Buffer on the same memory.
+
+        Raises:
+            UsageError: the view runs past the buffer's end, `size` and `shape` disagree,
+                offset= and byte_offset= are both given, or the byte offset is not a multiple
+                of the view's itemsize.
+            BufferFreedError: this buffer was freed.
         """
         self.check_live("view(): ")
         offset = check_count("view offset", offset)
@@ -343,6 +382,14 @@ class Buffer:
         return new_root.view(byte_offset=delta, dtype=self.dtype, shape=self.shape)
 
     def overlaps(self, other: Buffer) -> bool:
+        """Whether this buffer and `other` share any byte of memory.
+
+        Args:
+            other: another Buffer.
+
+        Returns:
+            True when their byte ranges in one allocation overlap.
+        """
         if self._alloc.uid != other._alloc.uid:
             return False
         a0, a1 = self.byte_range
@@ -350,7 +397,14 @@ class Buffer:
         return a0 < b1 and b0 < a1 and a0 < a1 and b0 < b1
 
     def within(self, other: Buffer) -> bool:
-        """True if this buffer's bytes lie inside `other`'s."""
+        """Whether this buffer's bytes lie inside `other`'s.
+
+        Args:
+            other: another Buffer.
+
+        Returns:
+            True when both are in one allocation and `other` spans every byte of this one.
+        """
         if self._alloc.uid != other._alloc.uid:
             return False
         a0, a1 = self.byte_range

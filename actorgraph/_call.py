@@ -38,12 +38,13 @@ class Owner(Protocol):
 
 
 class Call(Generic[T]):
-    """One piece of work for a background runtime: `await call` or `call.result()`.
+    """One piece of work for a background runtime: `await call`, or `call.result()`.
 
-    Made outside the runtime's thread, a Call is submitted at once, like a
-    concurrent.futures submission: it runs, after every call made before it, whether or
-    not anyone waits for it. Made on the runtime's thread (inside a function given to
-    `call()`), it is plain async code there and runs when awaited.
+    A background runtime's methods return one. Made outside the runtime's thread, a Call
+    is submitted at once, like a concurrent.futures submission: it runs after every call
+    made before it, whether or not anyone waits for it. Made on the runtime's thread
+    (inside a function given to `call()`), it is plain async code there and runs when
+    awaited. Awaiting works under asyncio (a Jupyter cell) and trio.
     """
 
     def __init__(
@@ -127,11 +128,28 @@ class Call(Generic[T]):
         raise AttributeError(f"{self!r} has no attribute {name!r}")
 
     def done(self) -> bool:
-        """Whether the work has finished (or failed)."""
+        """Whether the work has finished (or failed).
+
+        Returns:
+            True once the work's result or error is there.
+        """
         return self._entry is not None and self._entry.future.done()
 
     def result(self, timeout: float | None = None) -> T:
-        """Block this thread until the work is done; return its result or raise its error."""
+        """Block this thread until the work is done; return its result or raise its error.
+
+        Args:
+            timeout: the most seconds to wait (None: as long as it takes).
+
+        Returns:
+            The work's result.
+
+        Raises:
+            UsageError: called on the runtime's own thread, where it would wait for itself
+                (use `await` there).
+            TimeoutError: the work was not done within `timeout` seconds.
+            Exception: whatever the work raised.
+        """
         if self._owner.on_runtime_thread():
             self._awaited = True  # reported here; no second word from __del__
             raise UsageError(
@@ -204,3 +222,7 @@ class Entry:
     future: concurrent.futures.Future[Any] = attrs.field(factory=concurrent.futures.Future)
     observed: bool = False
     start: Callable[[], Any] | None = None
+
+    def observe(self) -> None:
+        """Someone waits for this call (or was told of its failure): its error is theirs."""
+        self.observed = True

@@ -12,16 +12,13 @@ import contextlib
 import contextvars
 import enum
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from ._errors import UsageError, VarError
 from ._kernel import Item
 from ._vars import Var
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
 
 
 class Mode(enum.Enum):
@@ -89,9 +86,9 @@ class Scope:
     var_vals: dict[Var, int]
     record: bool = True
     items: list[Item] = attrs.field(factory=list)
-    runtime: Runtime | None = None  # the runtime it issued work on
+    runtime: object = None  # the runtime it issued work on (None: none yet)
 
-    def issue(self, runtime: Runtime, items: Sequence[Item], var_vals: Any) -> bool:
+    def issue(self, runtime: object, items: Sequence[Item], var_vals: Any) -> bool:
         """Record `items`; return whether the runtime should also run them now."""
         if var_vals:
             raise UsageError(

@@ -13,8 +13,7 @@ order they are posted):
    memory's alignment, and a twin arena of the same layout for the replay's result;
 2. the snapshot: one program of Copy items from the real buffers into the shadows, so
    the shadows hold the memory as the replay finds it;
-3. the replay itself, as it runs unchecked (here and now as one loop where it can be,
-   else submitted, profiled if asked);
+3. the replay itself, posted to its actors (profiled if asked);
 4. one program of Copy items from the real buffers into the twin arenas: the replay's
    result, kept before any later work can change it;
 5. the items on the shadows, one submission each, in program order (as `rt.run` runs
@@ -32,28 +31,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-import trio
 
 from actorgraph.devices import Submission
-from actorgraph.scheduler import build_plan
+from actorgraph.scheduler import DeviceCaps, build_plan
 
-from . import _capture
 from ._buffer import Buffer
 from ._compare import Cluster, Compared, Written, clusters, first_mismatch, mismatch_error
 from ._compare import shadow_offset as place_cluster
 from ._errors import ReplayMismatchError, UsageError
-from ._foreign import TimelinePoints
-from ._graph import NOT_HERE, Graph
 from ._kernel import Copy, Item
 from ._log import logger
-from ._program import Bound, Program, host_program, plan_item, plan_items, raise_failure
+from ._program import Bound, Host, Program, host_program, plan_item, plan_items
 from ._vars import Var
 
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+
+class CheckHost(Host, Protocol):
+    """What a check needs of its runtime (a `Runtime` is one): a Program's host, and
+    shadow memory allocated and freed on its devices."""
+
+    @property
+    def caps(self) -> Mapping[str, DeviceCaps]: ...
+
+    def alloc(self, device: str, shape: int | tuple[int, ...], dtype: Any = ...) -> Buffer: ...
+
+    def free(self, buffer: Buffer) -> None: ...
+
 
 # The real memory's alignment that shadows keep (a multiple of any vector load's).
 _ALIGN = 64
@@ -110,7 +115,7 @@ class Shadows:
     items touch, a copy in an arena of its device (`of` gives the view that mirrors a
     buffer), and room of the same layout for the replay's result (`result_of`)."""
 
-    def __init__(self, runtime: Runtime, items: Sequence[Item]) -> None:
+    def __init__(self, runtime: CheckHost, items: Sequence[Item]) -> None:
         self._runtime = runtime
         self._of: dict[Buffer, Buffer] = {}
         self._result_of: dict[Buffer, Buffer] = {}
@@ -197,11 +202,29 @@ class Shadows:
         self._allocations = []
 
 
+class Checks:
+    """A graph's check mode: its next `left` replays are each posted with a check (the
+    gate of the check stands for the replay). The graph drops it once none is left, so
+    its later replays take the unchecked path, at no cost."""
+
+    def __init__(self, runtime: CheckHost, left: int) -> None:
+        self._runtime = runtime
+        self.left = left
+
+    def post(self, what: str, bound: Bound, replay: Callable[[], Submission]) -> Submission:
+        """Post `replay()` (which posts the replay of `bound`, named `what` in errors) with
+        its check; return the check's gate, done when all of it is (failed as the call
+        fails). One check fewer is left once it is under way."""
+        gate = ReplayCheck(self._runtime, what, bound).start(bound.inputs, replay)
+        self.left -= 1  # a call refused before it ran (no shadows made) is not one
+        return gate
+
+
 class ReplayCheck:
     """One checked replay from its posting to its verdict (the module's steps 1-6).
     `gate` is done when every part is, failed with what the call raises."""
 
-    def __init__(self, runtime: Runtime, what: str, bound: Bound) -> None:
+    def __init__(self, runtime: CheckHost, what: str, bound: Bound) -> None:
         self._runtime = runtime
         self._what = what
         self._program = bound.program
@@ -296,17 +319,7 @@ class ReplayCheck:
     def _count(self, sub: Submission) -> None:
         """Count `sub` (the replay's) as a part: done now, or when it ends."""
         self._left += 1
-        if sub.done.is_set():
-            self._part_done()
-            return
-        chained = sub.on_done
-
-        def on_done(done: Submission) -> None:
-            if chained is not None:
-                chained(done)
-            self._part_done()
-
-        sub.on_done = on_done
+        sub.when_done(lambda _: self._part_done())
 
     def _part_failed_or_done(self, sub: Submission) -> None:
         if sub.error is not None and self._trouble is None:
@@ -387,66 +400,3 @@ class ReplayCheck:
         if mismatch is None:
             return None
         return mismatch_error(self._what, _EAGER, _FIX, mismatch)
-
-
-class CheckedGraph(Graph):
-    """A Graph whose next `checks` replays are checked (see the module). Once it has
-    started them all it is a plain Graph again (its class is set back), so later
-    replays take the unchecked paths as they are, at no cost.
-
-    While checking, every replay goes through `_start`: calls from another thread go to
-    the runtime's (`runs_off_thread` is off), since a check waits for its parts there.
-    """
-
-    def __init__(
-        self, runtime: Runtime, program: Program, *, aliasing: str = "refuse", checks: int
-    ) -> None:
-        super().__init__(runtime, program, aliasing=aliasing)
-        self._checks_left = checks
-        self._off_thread = self.runs_off_thread
-        self.runs_off_thread = False
-
-    async def __call__(
-        self,
-        inputs: Sequence[Buffer] = (),
-        var_vals: Mapping[Var, int] | None = None,
-        *,
-        profile: bool | None = None,
-        after: TimelinePoints = (),
-        then: TimelinePoints = (),
-    ) -> None:
-        """Graph.__call__, checked: returns once the replay and its check are done;
-        raises ReplayMismatchError where they differ (after the replay's own failure,
-        which comes first)."""
-        if after or then:
-            replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
-            await replay.wait()
-            return
-        _capture.check_graph_call()
-        await trio.lowlevel.checkpoint_if_cancelled()
-        bound = self.bind(inputs, var_vals)
-        await self._runtime.admit()
-        self._check_not_closed()
-        sub = self._start(bound, inputs, profile)
-        await sub.done.wait()
-        raise_failure(bound.program, sub)
-
-    def replay_off_thread(
-        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
-    ) -> Any:
-        """A checked replay waits for its check on the runtime's thread: never here."""
-        return NOT_HERE
-
-    def _start(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
-        what = f"replay {self.replays + 1} of graph {self.number} {self!r}"
-        check = ReplayCheck(self._runtime, what, bound)
-        gate = check.start(tuple(inputs), lambda: Graph._start(self, bound, inputs, profile))
-        # Counted once it is under way (a call refused before it ran is not one). A call
-        # of this class that waited while the last check started finds the class set
-        # back, so its `self._start` is Graph's.
-        self._checks_left -= 1
-        self.checked += 1
-        if self._checks_left == 0:
-            self.runs_off_thread = self._off_thread
-            self.__class__ = Graph  # type: ignore[assignment]
-        return gate

@@ -15,6 +15,15 @@ def _device_list(text: str) -> list[str]:
     return names
 
 
+def _tls_ca_argument(parser: argparse.ArgumentParser, scope: str) -> None:
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PATH",
+        help=f"{scope}the CA that signed the --tls-cert of workers that speak TLS (or that "
+        "certificate itself); default: the file ACTORGRAPH_TLS_CA names, if set",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="actorgraph",
@@ -50,13 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the token file of the workers of remote devices (their --token-file; default: "
         "the file ACTORGRAPH_TOKEN_FILE names, if set)",
     )
+    _tls_ca_argument(demo, "")
     demo.add_argument("-v", "--verbose", action="store_true", help="log what actorgraph does")
 
     worker = sub.add_parser(
         "worker",
         help="host devices for REMOTE clients (KIND:N@HOST:PORT device names)",
         description="Serve devices over TCP to actorgraph clients. Prints the address it "
-        "listens on. Binds loopback unless --host says otherwise (then a token is required).",
+        "listens on. Binds loopback unless --host says otherwise (then a token is required, "
+        "and TLS unless --insecure-plaintext).",
     )
     worker.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     worker.add_argument("--port", type=int, default=7000, help="port (default: 7000; 0 picks one)")
@@ -80,6 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert"
+    )
+    worker.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        help="serve a --host other than loopback without TLS: anyone on the network path "
+        "then reads the buffers and can take over a connection after its handshake (the "
+        "token does not protect that); only on a network you trust",
+    )
+    worker.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say refused connections per address (still at most a line per address "
+        "every 10 s), not only the latest of all",
     )
     worker.add_argument(
         "--tls-ca",
@@ -181,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in: the token file of the device's worker (its --token-file; default: "
         "the file ACTORGRAPH_TOKEN_FILE names, if set)",
     )
+    _tls_ca_argument(bench, "built-in: ")
     bench.add_argument(
         "--out",
         metavar="PATH",
@@ -208,12 +234,18 @@ def _bench(args: argparse.Namespace) -> int:
     script = None if args.builtin else bench.core_script()
     if script is None:
         return bench.main_builtin(
-            args.items, args.replays, args.out, device=args.device, token_file=args.token_file
+            args.items,
+            args.replays,
+            args.out,
+            device=args.device,
+            token_file=args.token_file,
+            tls_ca=args.tls_ca,
         )
-    if (args.items, args.replays, args.device, args.token_file) != (256, 200, "CPU:0", None):
+    given = (args.items, args.replays, args.device, args.token_file, args.tls_ca)
+    if given != (256, 200, "CPU:0", None, None):
         print(
-            "actorgraph bench: --items, --replays, --device and --token-file apply to the "
-            "built-in benchmark; add --builtin to use them",
+            "actorgraph bench: --items, --replays, --device, --token-file and --tls-ca apply "
+            "to the built-in benchmark; add --builtin to use them",
             file=sys.stderr,
         )
         return 2
@@ -267,7 +299,9 @@ def _run(args: argparse.Namespace) -> int:
 
             logging.basicConfig(format="%(name)s: %(message)s")
             logging.getLogger("actorgraph").setLevel(logging.DEBUG)  # ours only, not matplotlib's
-        return demo_main(args.devices, args.replays, args.trace, args.plot, args.token_file)
+        return demo_main(
+            args.devices, args.replays, args.trace, args.plot, args.token_file, args.tls_ca
+        )
     if args.command == "bench":
         return _bench(args)
     if args.command == "devices":
@@ -303,6 +337,8 @@ def _run(args: argparse.Namespace) -> int:
             (args.tls_cert, args.tls_key, args.tls_ca),
             args.allow_programs,
             handshakes,
+            args.insecure_plaintext,
+            args.verbose,
         )
     return 2  # pragma: no cover - argparse rejects unknown commands
 

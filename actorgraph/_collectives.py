@@ -65,13 +65,31 @@ ALGORITHMS = ("ring", "tree")
 def all_reduce(
     rt: Allocator, buffers: Sequence[Buffer], *, algorithm: str = "ring", op: str = "sum"
 ) -> list[Launch | Copy]:
-    """The items of an all-reduce: once they have run, every buffer holds the element-wise
-    `op` ("sum", "prod", "max", "min") of all of them, as they were before.
+    """The Launch and Copy items of an all-reduce over `buffers`.
 
-    `buffers` are one per participant (usually one per device), of one dtype and one
-    number of elements, no two sharing memory; their order is the ring's (or the tree's).
-    `algorithm` is "ring" or "tree" (see the module's notes). Scratch buffers are
-    allocated on `rt` now; a graph of the items reuses them on every replay.
+    Once they have run, every buffer holds the element-wise `op` of all of them, as they
+    were before. Run the items eagerly (`rt.run`) or put them in a graph with the rest of a
+    step. Integer sums, max and min equal numpy's exactly; float sums are added in another
+    order, so they match to rounding.
+
+    Args:
+        rt: the runtime (or background runtime) that allocates the scratch buffers, now; a
+            graph of the items reuses them on every replay.
+        buffers: one Buffer per participant (usually one per device), of one dtype and
+            size, no two sharing memory. Their order is the ring's (or the tree's): on a
+            cluster preset, `SIM:0, SIM:1, ...` leaves each node once.
+        algorithm: "ring" (reduce-scatter, then all-gather: 2 (n - 1) steps of a chunk, the
+            fewest bytes per link) or "tree" (pairs add up towards the first buffer, which
+            goes back down: 2 log2 n steps of a whole buffer, for small buffers).
+        op: "sum", "prod", "max" or "min".
+
+    Returns:
+        The items, in an order that runs them correctly; none for one buffer.
+
+    Raises:
+        UsageError: an unknown algorithm or op, no buffers, something that is no Buffer,
+            buffers of different dtypes or sizes, or buffers that overlap.
+        BufferFreedError: a buffer was freed.
     """
     bufs = _checked(buffers, algorithm, op)
     if len(bufs) == 1:

@@ -8,9 +8,11 @@ import numpy as np
 import trio
 
 from ._buffer import Buffer
+from ._graph import Graph
 from ._kernel import Copy, Kernel, Launch
+from ._options import remote_options
 from ._progress import progress
-from ._runtime import open_runtime
+from ._runtime import Runtime, open_runtime
 from ._vars import Var, cdiv
 
 
@@ -75,81 +77,111 @@ async def run_demo(
     trace: str | None = None,
     plot: str | None = None,
     token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> bool:
     """Build a two-stage graph over `devices`, print its plan, replay it, compare with eager.
 
     With `trace` / `plot`, the replays are profiled and written as a Chrome trace / a
     timeline picture. `token_file`: the workers' token, for remote devices (else
-    open_runtime's default, ACTORGRAPH_TOKEN_FILE).
+    open_runtime's default, ACTORGRAPH_TOKEN_FILE); `tls_ca`: the CA of TLS workers'
+    certificates (else ACTORGRAPH_TLS_CA).
     """
-    rng = np.random.default_rng(0)
     profiled = trace is not None or plot is not None
-    token = {} if token_file is None else {"remote_token_file": token_file}
-    async with open_runtime(list(devices), profile=profiled, **token) as rt:
-        first, last = devices[0], devices[-1]
-        a = rt.alloc(first, size, np.int32)
-        b = rt.alloc(first, size, np.int32)
-        mids = [rt.alloc(d, size, np.int32) for d in devices]
-        moved = [rt.alloc(last, size, np.int32) for _ in devices]
-        out = rt.alloc(last, size, np.int32)
-        items: list[Launch | Copy] = []
-        for i, dev in enumerate(devices):
-            # Each device gets a's and b's data, mixes them, and ships the result to `last`.
-            local_a = a if dev == first else rt.alloc(dev, size, np.int32)
-            local_b = b if dev == first else rt.alloc(dev, size, np.int32)
-            if dev != first:
-                items += [Copy(dst=local_a, src=a), Copy(dst=local_b, src=b)]
-            items.append(_launch(XOR if i % 2 == 0 else ADD, [mids[i], local_a, local_b]))
-            items.append(
-                Copy(dst=moved[i], src=mids[i])
-                if dev != last
-                else _launch(XOR, [moved[i], mids[i], mids[i]])
-            )
-        acc = moved[0]
-        for m in moved[1:]:
-            items.append(_launch(ADD, [out, acc, m]))
-            acc = out
+    remote = remote_options(token_file, tls_ca)
+    async with open_runtime(list(devices), profile=profiled, **remote) as rt:
+        items, a, b, acc = _demo_items(rt, devices, size)
         graph = await rt.compile(items, inputs=[a, b], verify=True)
         print(f"plan for {len(items)} items on {', '.join(devices)}:\n")
         print(graph.plan)
         print()
-        ok = True
-        for replay in progress(range(replays), desc="replays"):
-            a_host = rng.integers(0, 1 << 20, size, dtype=np.int32)
-            b_host = rng.integers(0, 1 << 20, size, dtype=np.int32)
-            await rt.copyin(a, a_host)
-            await rt.copyin(b, b_host)
-            await graph([a, b])
-            got = await rt.copyout(acc)
-            await rt.run(items)
-            want = await rt.copyout(acc)
-            if not np.array_equal(got, want):
-                ok = False
-                print(f"replay {replay}: MISMATCH against eager")
+        ok = await _replays_match_eager(rt, graph, items, (a, b, acc), replays)
         print(f"{replays} replays checked against eager: {'OK' if ok else 'FAILED'}")
         if profiled:
-            profile = rt.profile()
-            print(profile.summary())
-            if trace is not None:
-                profile.to_chrome_trace(trace)
-                print(f"trace written to {trace} (open it in Perfetto or chrome://tracing)")
-            if plot is not None:
-                from ._plot import plot_timeline
-
-                # The checked replays sit far apart (eager runs between them), so the
-                # picture shows two more, submitted back to back, on an axis of their own.
-                one = await graph.submit([a, b])
-                two = await graph.submit([a, b])
-                await two.wait()
-                plot_timeline(
-                    rt.profile(),
-                    plot,
-                    replays=[one.number, two.number],
-                    title=f"demo: replays {one.number} and {two.number}, submitted back to back",
-                )
-                print(f"timeline of replays {one.number} and {two.number} written to {plot}")
+            await _write_profile(rt, graph, [a, b], trace, plot)
         await graph.aclose()
         return ok
+
+
+def _demo_items(
+    rt: Runtime, devices: Sequence[str], size: int
+) -> tuple[list[Launch | Copy], Buffer, Buffer, Buffer]:
+    """The demo's items over `devices`: each device gets a's and b's data, mixes them,
+    and ships the result to the last, which adds them all up; and a, b and the sum."""
+    first, last = devices[0], devices[-1]
+    a = rt.alloc(first, size, np.int32)
+    b = rt.alloc(first, size, np.int32)
+    mids = [rt.alloc(d, size, np.int32) for d in devices]
+    moved = [rt.alloc(last, size, np.int32) for _ in devices]
+    out = rt.alloc(last, size, np.int32)
+    items: list[Launch | Copy] = []
+    for i, dev in enumerate(devices):
+        local_a = a if dev == first else rt.alloc(dev, size, np.int32)
+        local_b = b if dev == first else rt.alloc(dev, size, np.int32)
+        if dev != first:
+            items += [Copy(dst=local_a, src=a), Copy(dst=local_b, src=b)]
+        items.append(_launch(XOR if i % 2 == 0 else ADD, [mids[i], local_a, local_b]))
+        items.append(
+            Copy(dst=moved[i], src=mids[i])
+            if dev != last
+            else _launch(XOR, [moved[i], mids[i], mids[i]])
+        )
+    acc = moved[0]
+    for m in moved[1:]:
+        items.append(_launch(ADD, [out, acc, m]))
+        acc = out
+    return items, a, b, acc
+
+
+async def _replays_match_eager(
+    rt: Runtime,
+    graph: Graph,
+    items: Sequence[Launch | Copy],
+    buffers: tuple[Buffer, Buffer, Buffer],
+    replays: int,
+) -> bool:
+    """Replay `graph` on random a and b, `replays` times, each against the items run
+    eagerly; whether every result matched (a mismatch is printed)."""
+    a, b, acc = buffers
+    rng = np.random.default_rng(0)
+    ok = True
+    for replay in progress(range(replays), desc="replays"):
+        await rt.copyin(a, rng.integers(0, 1 << 20, a.size, dtype=np.int32))
+        await rt.copyin(b, rng.integers(0, 1 << 20, b.size, dtype=np.int32))
+        await graph([a, b])
+        got = await rt.copyout(acc)
+        await rt.run(items)
+        want = await rt.copyout(acc)
+        if not np.array_equal(got, want):
+            ok = False
+            print(f"replay {replay}: MISMATCH against eager")
+    return ok
+
+
+async def _write_profile(
+    rt: Runtime, graph: Graph, inputs: list[Buffer], trace: str | None, plot: str | None
+) -> None:
+    """Print the profile's summary; write it as a Chrome trace to `trace`, and draw two
+    replays submitted back to back to `plot`, where given."""
+    profile = rt.profile()
+    print(profile.summary())
+    if trace is not None:
+        profile.to_chrome_trace(trace)
+        print(f"trace written to {trace} (open it in Perfetto or chrome://tracing)")
+    if plot is not None:
+        from ._plot import plot_timeline
+
+        # The checked replays sit far apart (eager runs between them), so the
+        # picture shows two more, submitted back to back, on an axis of their own.
+        one = await graph.submit(inputs)
+        two = await graph.submit(inputs)
+        await two.wait()
+        plot_timeline(
+            rt.profile(),
+            plot,
+            replays=[one.number, two.number],
+            title=f"demo: replays {one.number} and {two.number}, submitted back to back",
+        )
+        print(f"timeline of replays {one.number} and {two.number} written to {plot}")
 
 
 def main(
@@ -158,10 +190,17 @@ def main(
     trace: str | None = None,
     plot: str | None = None,
     token_file: str | None = None,
+    tls_ca: str | None = None,
 ) -> int:
     ok = trio.run(
         lambda: run_demo(
-            list(devices), 4096, replays, trace=trace, plot=plot, token_file=token_file
+            list(devices),
+            4096,
+            replays,
+            trace=trace,
+            plot=plot,
+            token_file=token_file,
+            tls_ca=tls_ca,
         )
     )
     return 0 if ok else 1

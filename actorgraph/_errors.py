@@ -10,31 +10,48 @@ from actorgraph.scheduler import PlanRaceError as PlanRaceError
 
 
 class UsageError(ActorGraphError, ValueError):
-    """A call got arguments that break a rule of the API (checked before anything runs)."""
+    """A call got arguments that break a rule of the API, checked before anything runs.
+
+    Also a ValueError. The message names the argument, the rule and the fix.
+    """
 
 
 class InputError(UsageError):
-    """A graph call's inputs do not match what the graph was compiled for."""
+    """A graph call's inputs do not match what the graph was compiled for (count, device,
+    dtype, shape), share memory, or an @ag.jit call's arguments differ from its capture's.
+    """
 
 
 class VarError(UsageError):
-    """A variable is missing, unknown, or outside its bounds."""
+    """A Var has no value, an unknown one, or a value outside its bounds."""
 
 
 class BufferFreedError(UsageError):
-    """A freed buffer was used."""
+    """A buffer was used after `rt.free` released it."""
 
 
 class GraphvizError(ActorGraphError, RuntimeError):
-    """Graphviz's `dot` program is missing or could not draw the plan."""
+    """Graphviz's `dot` program is missing or could not draw the plan (`graph.to_svg`)."""
 
 
 class ClosedError(ActorGraphError, RuntimeError):
-    """A graph used after aclose(), or a runtime used after its `async with` exited."""
+    """Work on something that has closed: a graph after `aclose()`, a runtime after its
+    `async with` block, or a device whose worker was lost. Also a RuntimeError.
+    """
 
 
 class ItemError(ActorGraphError):
-    """An item (a kernel or copy) raised while running. The original error is __cause__."""
+    """An item (a kernel or a copy) raised while it ran; the original error is `__cause__`.
+
+    The rest of that replay skips its kernels but still signals, so nothing hangs, and the
+    runtime stays usable.
+
+    Attributes:
+        index: the item's index in the list the graph was compiled from (or given to
+            `rt.run`).
+        label: the kernel's name, or the copy's label.
+        device: the device whose queue ran it.
+    """
 
     def __init__(self, message: str, *, index: int, label: str, device: str) -> None:
         super().__init__(message)
@@ -46,7 +63,11 @@ class ItemError(ActorGraphError):
 class DeadlockError(ActorGraphError, RuntimeError):
     """Every actor with work waits on a signal that no pending work can set.
 
-    `blocked` lists the waits (actor, signal, value wanted, value now).
+    The runtime refuses further work after it (a sticky fault). Also a RuntimeError.
+
+    Attributes:
+        blocked: the waits that can never be met, each with its actor, the signal it waits
+            on, the value it wants and the value the signal holds.
     """
 
     def __init__(self, message: str, *, blocked: tuple[object, ...] = ()) -> None:
@@ -55,18 +76,26 @@ class DeadlockError(ActorGraphError, RuntimeError):
 
 
 class MissingExtraError(ActorGraphError, ImportError):
-    """An optional feature needs a package that is not installed (the message names the extra)."""
+    """An optional feature needs a package that is not installed; the message names the
+    extra and how to install it. Also an ImportError.
+    """
 
 
 class ReplayMismatchError(ActorGraphError, RuntimeError):
     """A checked replay (`open_runtime(check_replays=N)`, `install(check_replays=N)`) left
     memory other than the reference run of the same work left it.
 
-    `graph` names the graph (or tinygrad batch) and the replay; `item` is the number of
-    the first item, in program order, whose output differs (-1: memory no item writes);
-    `label` its kernel or copy; `buffer` the buffer it wrote; `index` the first element
-    of that buffer that differs (flat, in the buffer's dtype); `got` the replay's value
-    there and `expected` the reference's.
+    The replay's effects stand and the runtime goes on. Also a RuntimeError.
+
+    Attributes:
+        graph: the graph (or tinygrad batch) and the replay, in words.
+        item: the number of the first item, in program order, whose output differs (-1:
+            memory no item writes).
+        label: that item's kernel or copy.
+        buffer: the buffer it wrote.
+        index: the first element of that buffer that differs (flat, in the buffer's dtype).
+        got: the replay's value there.
+        expected: the reference run's value there.
     """
 
     def __init__(

@@ -162,10 +162,11 @@ def wrap_memory(
     runtime: Home,
     host_memory: HostMemory,
 ) -> Buffer:
-    if not device.host_visible or device.kind != "CPU":
+    if not device.host_visible or not device.host_memory:
         raise UsageError(
-            f"wrap: {device.name} is not a CPU device; rt.wrap(...) takes host memory, on "
-            f"a CPU device (copy it elsewhere with a Copy item)"
+            f"wrap: {device.name} does not hold host memory ({device.kind} devices do "
+            f"not); rt.wrap(...) takes host memory, on a CPU device (copy it elsewhere "
+            f"with a Copy item)"
         )
     dt = buffer_dtype("wrap", dtype)
     address, size, owner = _host_bytes(source, nbytes)
@@ -216,18 +217,25 @@ def _poll(read: Callable[[], int], value: int, timeout: float, name: str) -> Non
 
 @attrs.frozen(eq=False)
 class ExternalTimeline:
-    """A monotonic counter another runtime owns (say, a tinygrad device's timeline
-    signal), that replays can wait for and advance: `graph.submit(inputs,
-    after=[(timeline, v)], then=[(timeline, w)])` starts the replay once `read() >= v`
-    and calls `write(w)` when the replay is complete (failed or not, so the other side
-    never hangs), never moving the counter backwards.
+    """A counter that only grows, owned by another runtime (say, a tinygrad device's
+    timeline signal), that replays can wait for and advance.
 
-    A runtime's replays waiting so are watched by one task of the runtime
-    (`TimelineWaits`), which polls `read()` (cheap, on the runtime's thread), backing off
-    to 1 ms, and fails a wait with TimeoutError after `timeout` seconds (trio's clock).
-    `wait(value)`, if given, blocks a thread until `read() >= value`: a timeline with
-    one has a helper thread (one at a time) waiting in it, whose return wakes its waits
-    at once, and no timeout. `wait_for` is the same wait for code off the runtime's loop.
+    `graph.submit(inputs, after=[(timeline, v)], then=[(timeline, w)])` starts the replay
+    once `read() >= v` and calls `write(w)` when the replay is complete (failed or not,
+    so the other side never hangs), never moving the counter backwards. A runtime's
+    replays waiting so are watched by one task of the runtime, which polls `read()`
+    (cheap, on the runtime's thread), backing off to 1 ms; a timeline with a `wait` has
+    one helper thread at a time blocked in it, whose return wakes its waits at once.
+    `wait_for` is the same wait for code off the runtime's loop.
+
+    Args:
+        name: what messages call it.
+        read: returns the counter's value now.
+        write: sets the counter to a value.
+        wait: blocks the calling thread until `read() >= value`; if None, `read()` is
+            polled.
+        timeout: the most seconds a polled wait lasts before it fails with TimeoutError
+            (on trio's clock); a wait through `wait` has none.
     """
 
     name: str
@@ -237,15 +245,36 @@ class ExternalTimeline:
     timeout: float = 60.0
 
     def reached(self, value: int) -> bool:
+        """Whether the counter has reached `value`.
+
+        Args:
+            value: the value waited for.
+
+        Returns:
+            True when `read() >= value`.
+        """
         return self.read() >= value
 
     def wait_for(self, value: int) -> None:
+        """Block the calling thread until the counter reaches `value` (with `wait`, or polling).
+
+        Args:
+            value: the value waited for.
+
+        Raises:
+            TimeoutError: polling gave up after `timeout` seconds.
+        """
         if self.wait is not None:
             self.wait(value)
         else:
             _poll(self.read, value, self.timeout, self.name)
 
     def advance(self, value: int) -> None:
+        """Move the counter up to `value`, never backwards.
+
+        Args:
+            value: the value to write, if the counter is below it.
+        """
         if self.read() < value:
             self.write(value)
 

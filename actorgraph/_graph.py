@@ -6,28 +6,28 @@ import bisect
 import itertools
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
 
-from actorgraph.devices import NOT_RUN
+from actorgraph.devices import NOT_RUN, NotRun, Ran
 from actorgraph.scheduler import Plan
 
 from . import _capture
 from ._await import Hinted, described, listed
-from ._buffer import Allocation, Buffer, dtype_text
+from ._buffer import Allocation, Buffer, Home, dtype_text
+from ._checker import CheckHost, Checks
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
-from ._profile import Profile, ReplayRecord, build_profile, new_records
+from ._profile import Profile, Profiles, ReplayRecord, build_profile, new_records
 from ._program import Bound, Program, plan_item, raise_failure, raise_item_failure
 from ._vars import Var
+from ._window import Window
 
 if TYPE_CHECKING:
     from actorgraph.devices import Submission
-
-    from ._runtime import Runtime
 
 
 def check_var_vals(
@@ -49,38 +49,36 @@ def check_var_vals(
 
 _BOUND_CACHE = 8
 
-# What Graph.run_here returns when the replay cannot run where it was called.
-NOT_HERE: Any = object()
-
 # Looked up once: Graph.__call__ is the path every replay loop takes.
 _scope = _capture.scope_get
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
 
 
-def _advance_when_done(sub: Submission, then: TimelinePoints) -> None:
-    """Advance external timelines once `sub` is complete, failed or not."""
+def _advance(then: TimelinePoints) -> None:
+    """Advance external timelines: a replay is complete, failed or not."""
+    for timeline, value in then:
+        try:
+            timeline.advance(value)
+        except Exception as error:  # the other runtime's problem: report, go on
+            from ._log import logger
 
-    def advance() -> None:
-        for timeline, value in then:
-            try:
-                timeline.advance(value)
-            except Exception as error:  # the other runtime's problem: report, go on
-                from ._log import logger
+            logger.error("could not advance timeline %s to %d: %s", timeline.name, value, error)
 
-                logger.error("could not advance timeline %s to %d: %s", timeline.name, value, error)
 
-    if sub.done.is_set():
-        advance()
-        return
-    chained = sub.on_done
-
-    def on_done(done: Submission) -> None:
-        if chained is not None:
-            chained(done)
-        advance()
-
-    sub.on_done = on_done
+def run_here(bound: Bound, posted: bool = False, quiet: bool = False) -> Ran | NotRun:
+    """Where a submission of `bound` runs (a replay, an eager item, a host copy), decided
+    for all of them in this one place: here and now, as one run of calls (its LinearRun),
+    when its items all run inline, the caller does not need the actors (`posted`: a
+    profile, a check), (`quiet`) it moves no signal that a task waits on, and its queues
+    are idle and its devices done with earlier work. Returns its first failure or None
+    then; else NOT_RUN, having done nothing: the caller posts it (`Program.submit`). It
+    takes no room in the in-flight window (it is never in flight), so a full window does
+    not hold it back."""
+    linear = bound.linear
+    if linear is None or posted or (quiet and not linear.quiet()):
+        return NOT_RUN
+    return linear.run()
 
 
 class Spans:
@@ -119,32 +117,113 @@ class ReplayCounts:
         self.in_flight: set[Submission] = set()
 
 
-class Replay:
-    """A submitted replay. `await replay.wait()` returns when it is complete (or raises
-    its failure)."""
+class Registry(Protocol):
+    """Where a runtime keeps its graphs' replay counts (its Graphs)."""
 
-    __slots__ = ("_program", "_sub", "graph", "number")
+    def adopt(self, counts: ReplayCounts) -> int: ...
 
-    def __init__(self, graph: Graph, program: Program, sub: Any, number: int) -> None:
-        self.graph = graph
+
+class GraphHost(CheckHost, Home, Protocol):
+    """What a Graph needs of its runtime (a `Runtime` is one): a Program's host and a
+    check's, its parts (the in-flight window, the profiles, the graphs' counts), its
+    checks of buffers and of itself, and what says whether a binding kept before may be
+    used as it is."""
+
+    @property
+    def window(self) -> Window: ...
+
+    @property
+    def profiles(self) -> Profiles: ...
+
+    @property
+    def graphs(self) -> Registry: ...
+
+    @property
+    def verify_plans(self) -> bool: ...
+
+    @property
+    def usable(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def frees(self) -> int: ...
+
+    def check_open(self) -> None: ...
+
+    def check_own(
+        self, buffer: Buffer, what: str = "", error: type[UsageError] = UsageError
+    ) -> None: ...
+
+    def actor_names(self) -> tuple[str, ...]: ...
+
+
+class Submitted:
+    """A submission of `program` that its caller does not wait for (a replay, a host
+    copy): posted as `sub`, or (None) run where it was submitted (`run_here`), with `ran`
+    its failure or None. `await it.wait()` returns once it is complete (or raises its
+    failure)."""
+
+    __slots__ = ("_program", "_ran", "_sub")
+
+    def __init__(self, program: Program, sub: Submission | None, ran: Ran = None) -> None:
         self._program = program
         self._sub = sub
+        self._ran = ran
+
+    @property
+    def done(self) -> bool:
+        """Whether it is complete (finished or failed)."""
+        return self._sub is None or self._sub.done.is_set()
+
+    async def wait(self) -> None:
+        """Wait until it is complete (a checkpoint, even when it is already).
+
+        Raises:
+            ItemError: an item raised; the original error is its `__cause__`.
+            ClosedError: the runtime closed, or a worker it used was lost.
+            DeadlockError: the runtime found its waits can never be met.
+        """
+        if self._sub is None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._sub.done.wait()
+        self.finish()
+
+    def finish(self) -> None:
+        """Raise the failure of a submission that is done (nothing if it succeeded)."""
+        if self._sub is not None:
+            raise_failure(self._program, self._sub)
+        elif self._ran is not None:
+            raise_item_failure(self._program, self._ran)
+
+
+class Replay(Submitted):
+    """A submitted replay: `await replay.wait()` returns when it is complete (or raises
+    its failure).
+
+    `graph.submit(...)` returns one. Replays of a runtime complete in submission order.
+
+    Attributes:
+        graph: the Graph it replays.
+        number: its number among the graph's replays (1, 2, ...), as profiles and
+            `plot_timeline(replays=...)` count them.
+    """
+
+    __slots__ = ("graph", "number")
+
+    def __init__(
+        self, graph: Graph, program: Program, sub: Submission | None, number: int, ran: Ran = None
+    ) -> None:
+        """Replay `number` of `graph` (of its `program`): posted as `sub`, or (None) run
+        where it was submitted, with `ran` its failure or None."""
+        super().__init__(program, sub, ran)
+        self.graph = graph
         self.number = number
 
     def __repr__(self) -> str:
         return f"<Replay {self.number} {'done' if self.done else 'in flight'}>"
-
-    @property
-    def done(self) -> bool:
-        return bool(self._sub.done.is_set())
-
-    async def wait(self) -> None:
-        await self._sub.done.wait()
-        raise_failure(self._program, self._sub)
-
-    def finish(self) -> None:
-        """Raise the failure of a replay that is done (nothing if it succeeded)."""
-        raise_failure(self._program, self._sub)
 
 
 @attrs.frozen
@@ -172,7 +251,12 @@ def check_graph(value: object, what: str) -> None:
 
 
 class Graph(Hinted):
-    """A jit cache planned once. Replays are ordered with all other work on its devices."""
+    """Items planned once, replayed with new inputs and Var values by every call.
+
+    Made by `await rt.compile(items, inputs=[...])`; use it as `await graph(inputs)`.
+    Replays are ordered with all other work on its devices; `async with graph:` closes it
+    at the end of the block.
+    """
 
     def argument_hint(self) -> str:
         return (
@@ -180,14 +264,22 @@ class Graph(Hinted):
             f"(`await graph(inputs)`, then use the output Buffer)"
         )
 
-    def __init__(self, runtime: Runtime, program: Program, *, aliasing: str = "refuse") -> None:
+    def __init__(
+        self, runtime: GraphHost, program: Program, *, aliasing: str = "refuse", checks: int = 0
+    ) -> None:
         if aliasing not in ("refuse", "replan"):
             raise InputError(f"aliasing must be 'refuse' or 'replan', got {aliasing!r}")
+        if type(checks) is not int or checks < 0:
+            raise InputError(
+                f"checks is how many replays to check against eager, an int >= 0; got {checks!r}"
+            )
         self._aliasing = aliasing
         # Replanned programs of aliased input sets, by those inputs (which they hold, so
         # the Buffers, hashing by identity, stay the very same ones). Cleared on a free.
         self._aliased: dict[tuple[Buffer, ...], Program] = {}
         self._runtime = runtime
+        self._window = runtime.window
+        self._profiles = runtime.profiles
         self._program = program
         self._inputs = program.inputs
         self._closed = False
@@ -199,7 +291,7 @@ class Graph(Hinted):
         self._bound: dict[tuple[Buffer, ...], Bound] = {}
         self._frees_seen = runtime.frees
         # The runtime's epoch when the kept bindings were last checked good to use as
-        # they are (-1: never, as while the runtime profiles every replay).
+        # they are (-1: never yet).
         self._epoch_seen = -1
         self._internal: dict[int, list[Buffer]] = {}
         internal = self._internal
@@ -215,10 +307,10 @@ class Graph(Hinted):
                     else:
                         bufs.append(buf)
         # Whether a call may run off the runtime's thread (a background runtime's caller,
-        # see replay_off_thread): every queue runs jobs as QueueActor does, on CPU
-        # devices, whose items are numpy-level calls with no state bound to a thread.
+        # see replay_off_thread): every queue runs jobs as QueueActor does, on devices
+        # whose items are host calls with no state bound to a thread.
         self.runs_off_thread = program.runs_inline and all(
-            device.kind == "CPU" for device in program.devices
+            device.runs_host_kernels for device in program.devices
         )
         # One buffer per internal allocation, checked on every call after a free, as a
         # buffer may be freed between two calls with the same inputs. Per allocation,
@@ -241,19 +333,36 @@ class Graph(Hinted):
         self.time_blocked = 0.0
         self._copy_bytes = sum(program.copy_bytes)
         # Numbers this graph in its runtime's profiles.
-        self.number = runtime.adopt(self._counts)
-        self._profiling = runtime.profiling
+        self.number = runtime.graphs.adopt(self._counts)
+        self._profiling = self._profiles.every
         self._last_record: ReplayRecord | None = None
-        # Replays checked against eager (see _checker.CheckedGraph, which counts them).
+        # Replays checked against eager (_checker.py): its first `checks` are, each posted
+        # with its check; `checked` counts those under way or done.
+        self._checks = Checks(runtime, checks) if checks else None
         self.checked = 0
 
     @property
     def plan(self) -> Plan:
+        """The plan, which holds each queue actor's messages (waits, runs, signals).
+
+        `print(graph.plan)` shows one column per actor; `graph.plan.verify()` proves it
+        deadlock-free and race-free; `graph.plan.to_dot()` is Graphviz text.
+        """
         return self._program.plan
 
     @property
+    def inputs(self) -> tuple[Buffer, ...]:
+        """The buffers it was compiled with as its inputs, in compile() order."""
+        return self._inputs
+
+    @property
+    def free_vars(self) -> frozenset[Var]:
+        """The Vars its items use: a call gives a value for each (`var_vals`)."""
+        return self._program.free_vars
+
+    @property
     def replays(self) -> int:
-        """Replays submitted: those finished and those in flight."""
+        """Replays submitted, finished or still in flight."""
         return self._counts.done + len(self._in_flight)
 
     @property
@@ -267,8 +376,19 @@ class Graph(Hinted):
         return self._counts.done * self._copy_bytes
 
     def to_svg(self, path: str | os.PathLike[str] | None = None) -> str:
-        """This graph's plan drawn as SVG by Graphviz's `dot` (GraphvizError if it is
-        missing); written to `path` too when given. `graph.plan.to_dot()` is the text."""
+        """This graph's plan drawn as SVG by Graphviz's `dot`.
+
+        `graph.plan.to_dot()` is the text it draws.
+
+        Args:
+            path: where to write the SVG too, if given.
+
+        Returns:
+            The SVG text.
+
+        Raises:
+            GraphvizError: Graphviz's `dot` is not installed or could not draw the plan.
+        """
         return plan_to_svg(self.plan, path)
 
     def __repr__(self) -> str:
@@ -279,6 +399,12 @@ class Graph(Hinted):
         )
 
     def statistics(self) -> GraphStatistics:
+        """A frozen snapshot of the graph's counts.
+
+        Returns:
+            Its items and queues, replays submitted, in flight and done, waits parked and the
+            seconds blocked on them, and the bytes its Copy items moved.
+        """
         return GraphStatistics(
             items=len(self._program.items),
             queues=len(self.plan.queues),
@@ -308,18 +434,30 @@ class Graph(Hinted):
         after: TimelinePoints = (),
         then: TimelinePoints = (),
     ) -> None:
-        """Replay with these inputs and var values; return when the replay is complete.
+        """Replay with these inputs and Var values; return when the replay is complete.
 
-        `profile=True` records this replay's item times (see `graph.last_profile`,
-        `rt.profile()`); None follows `open_runtime(..., profile=...)`.
-        Cancelling the call before the replay is submitted submits nothing; cancelling it
-        after abandons only the waiting: the replay completes in order on the devices.
-        `after=[(timeline, v)]` starts the replay only once that ag.ExternalTimeline has
-        reached v; `then=[(timeline, w)]` advances it to w when the replay is complete.
+        As trio's `send`: a cancel point first, then the replay, run here and now where its
+        queues are idle, else submitted and waited for. Cancelling the call before the
+        replay is submitted submits nothing; cancelling it after abandons only the waiting:
+        the replay completes in order on the devices.
 
-        As trio's `send`: a cancel point first, then the replay run here and now if it
-        can be (`run_here`: it then takes one cancel-shielded scheduler pass, so a replay
-        that ran is never lost to a cancellation), else submitted and waited for.
+        Args:
+            inputs: one buffer (or view) per input given to compile, in that order, of the
+                same device, dtype and shape (or at most `max_sizes` elements).
+            var_vals: the value of every Var the items read, `{n: 1000}`.
+            profile: record this replay's item times (see `last_profile`, `rt.profile()`);
+                None follows `open_runtime(..., profile=...)`.
+            after: `[(timeline, v)]`: start the replay only once that ExternalTimeline has
+                reached `v` (waited for on a worker thread).
+            then: `[(timeline, w)]`: advance that ExternalTimeline to `w` when the replay is
+                complete, failed or not.
+
+        Raises:
+            InputError: the inputs do not match the compiled ones (count, type, device,
+                dtype, shape), overlap each other or the graph's own buffers, or were freed.
+            VarError: a Var has no value, or one outside its bounds.
+            ItemError: an item raised; the original error is its `__cause__`.
+            ClosedError: the graph or the runtime was closed, or a worker it uses was lost.
         """
         if after or then:
             replay = await self.submit(inputs, var_vals, profile=profile, after=after, then=then)
@@ -332,51 +470,38 @@ class Graph(Hinted):
         await _checkpoint_if_cancelled()
         # The binding kept for these very inputs and values is used as it is while the
         # runtime's epoch has not moved since it was checked (no buffer freed, the
-        # runtime usable; never while it profiles every replay); else `bind` checks them
-        # (and raises what the call raises for them).
+        # runtime usable); else `bind` checks them (and raises what the call raises).
         try:
             bound = self._bound.get(tuple(inputs))
-        except TypeError:  # an input that cannot be hashed is no Buffer: bind says so
+        except (TypeError, ValueError):  # no Buffer, as it cannot be hashed: bind says so
             bound = None
-        if (
-            bound is None
-            or profile is not None
-            or var_vals != bound.var_vals
-            or self._runtime.epoch != self._epoch_seen
-        ):
+        if bound is None or var_vals != bound.var_vals or self._runtime.epoch != self._epoch_seen:
             bound = self.bind(inputs, var_vals)
-            failure = self.run_here(bound, profile)
-        elif bound.linear is None:
-            failure = NOT_HERE
-        else:  # run_here, for a binding known to run here unless its queues are busy
-            failure = bound.linear.run()
-            if failure is NOT_RUN:
-                failure = NOT_HERE
-            else:
-                self._counts.done += 1  # a replay submitted and done where it was made
-        if failure is NOT_HERE:
+        ran = self._run_here(bound, profile)
+        if ran is NOT_RUN:
             await self._submit_and_wait(bound, inputs, profile)
             return
         await _cancel_shielded_checkpoint()
-        if failure is not None:
-            raise_item_failure(bound.program, failure)
+        if ran is not None:
+            raise_item_failure(bound.program, ran)
 
     async def _submit_and_wait(
         self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None
     ) -> None:
-        """The replay, submitted once the in-flight window has room, and waited for."""
-        await self._runtime.admit()
+        """The replay, posted once the in-flight window has room, and waited for."""
+        await self._window.admit()
         self._check_not_closed()
         program = bound.program
-        reader = program.end_reader
+        # A checked replay's end is its check's, which no connection reads.
+        reader = None if self._checks is not None else program.end_reader
         if reader is None:
-            sub = self._start(bound, inputs, profile)
+            sub = self._post(bound, inputs, profile)
             await sub.done.wait()
         else:
             # A graph living on one worker: this task reads its end (see its connection).
             reader.coming()
             try:
-                sub = self._start(bound, inputs, profile)
+                sub = self._post(bound, inputs, profile)
             except BaseException:
                 reader.not_coming()
                 raise
@@ -393,29 +518,46 @@ class Graph(Hinted):
         after: TimelinePoints = (),
         then: TimelinePoints = (),
     ) -> Replay:
-        """Submit a replay without waiting for it; blocks only while the runtime's
-        in-flight window (`max_in_flight`) is full, or (on a worker thread) until the
-        external timelines in `after` are reached. Replays complete in submission order."""
+        """Submit a replay without waiting for it.
+
+        It blocks only while the runtime's in-flight window (`max_in_flight`) is full, or
+        until the timelines in `after` are reached. Replays complete in submission order.
+
+        Args:
+            inputs: as for a call of the graph.
+            var_vals: as for a call of the graph.
+            profile: as for a call of the graph.
+            after: as for a call of the graph.
+            then: as for a call of the graph.
+
+        Returns:
+            The Replay; `await replay.wait()` for its end.
+
+        Raises:
+            InputError: see the call of the graph.
+            VarError: see the call of the graph.
+            ClosedError: the graph or the runtime was closed.
+        """
         _capture.check_graph_call()
         bound = self.bind(inputs, var_vals)
         waits = [(tl, v) for tl, v in check_points(after, "after") if not tl.reached(v)]
         then = check_points(then, "then")
-        runtime = self._runtime
+        window = self._window
         if not waits:
-            await runtime.admit()
+            await window.admit()
             self._check_not_closed()
-            return self._post(bound, inputs, profile, then)
+            return self._replay(bound, inputs, profile, then)
         # Its place in the window is held while it waits for the timelines: replays that
         # wait so must not all be posted at once when what they wait for comes.
-        await runtime.reserve()
+        await window.reserve()
         try:
             for timeline, value in waits:
                 # Cancelling ends the wait at once (nothing is submitted).
-                await runtime.wait_timeline(timeline, value)
+                await window.wait_timeline(timeline, value)
             self._check_not_closed()
-            return self._post(bound, inputs, profile, then)
+            return self._replay(bound, inputs, profile, then)
         finally:
-            runtime.unreserve()
+            window.unreserve()
 
     def submit_nowait(
         self,
@@ -426,69 +568,99 @@ class Graph(Hinted):
         after: TimelinePoints = (),
         then: TimelinePoints = (),
     ) -> Replay:
-        """`submit` that never blocks: raises trio.WouldBlock (submitting nothing) when the
-        in-flight window is full or a timeline in `after` is not reached yet."""
+        """`submit` that never blocks.
+
+        Args:
+            inputs: as for a call of the graph.
+            var_vals: as for a call of the graph.
+            profile: as for a call of the graph.
+            after: as for a call of the graph.
+            then: as for a call of the graph.
+
+        Returns:
+            The Replay.
+
+        Raises:
+            trio.WouldBlock: the in-flight window is full or a timeline in `after` has not
+                been reached; nothing was submitted.
+            InputError: see the call of the graph.
+            ClosedError: the graph or the runtime was closed.
+        """
         _capture.check_graph_call()
         bound = self.bind(inputs, var_vals)
         then = check_points(then, "then")
         for timeline, value in check_points(after, "after"):
             if not timeline.reached(value):
                 raise trio.WouldBlock
-        runtime = self._runtime
-        runtime.check_open()
-        if not runtime.has_room():
+        self._runtime.check_open()
+        if not self._window.has_room():
             raise trio.WouldBlock
         self._check_not_closed()
-        return self._post(bound, inputs, profile, then)
+        return self._replay(bound, inputs, profile, then)
 
-    def _post(
+    def _replay(
         self,
         bound: Bound,
         inputs: Sequence[Buffer],
         profile: bool | None,
         then: TimelinePoints,
     ) -> Replay:
-        sub = self._start(bound, inputs, profile)
+        ran = self._run_here(bound, profile)
+        if ran is NOT_RUN:
+            sub = self._post(bound, inputs, profile)
+            if then:
+                sub.when_done(lambda _: _advance(then))
+            return Replay(self, bound.program, sub, self.replays)
         if then:
-            _advance_when_done(sub, then)
-        return Replay(self, bound.program, sub, self.replays)
+            _advance(then)
+        return Replay(self, bound.program, None, self.replays, ran)
 
     def replay_off_thread(
         self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None
-    ) -> Any:
+    ) -> bool:
         """A call run by a thread other than the runtime's, while the runtime's trio
         run is stopped (a background runtime's caller holding its loop lock): bind,
-        then `run_here` if the replay moves no signal a task waits on (waking one is
-        for the run's own thread). Return (program, failure) with the failure or None,
-        or NOT_HERE, having run nothing. Raises what binding raises."""
+        then run it here if `_run_here` says so for a replay that moves no signal a task
+        waits on (waking one is for the run's own thread). Returns True once it ran,
+        raising its failure (an ItemError naming the item), or False having run nothing
+        (the call goes to the runtime's thread). Raises what binding raises."""
         bound = self.bind(inputs, var_vals)
-        failure = self.run_here(bound, None, quiet=True)
-        return NOT_HERE if failure is NOT_HERE else (bound.program, failure)
+        ran = self._run_here(bound, None, quiet=True)
+        if ran is NOT_RUN:
+            return False
+        if ran is not None:
+            raise_item_failure(bound.program, ran)
+        return True
 
-    def run_here(self, bound: Bound, profile: bool | None, *, quiet: bool = False) -> Any:
-        """Run a bound replay here and now as one run of calls (its LinearRun), when its
-        items all run inline, its queues are idle, its devices done with earlier work
-        and nothing asks for a profile. Return its failure, None if it succeeded, or
-        NOT_HERE (having done nothing) when it cannot run so: then it is submitted as
-        usual. `quiet`: only if it moves no signal that a task waits on. It takes no
-        room in the in-flight window (it is never in flight), so a full window does not
-        hold it back. (A call's hot path does this for a binding it kept.)"""
-        linear = bound.linear
-        if linear is None or profile or (profile is None and self._profiling):
-            return NOT_HERE
-        if quiet and not linear.quiet():
-            return NOT_HERE
-        failure = linear.run()
-        if failure is NOT_RUN:
-            return NOT_HERE
-        self._counts.done += 1  # a replay submitted and done where it was made
-        return failure
+    def _run_here(self, bound: Bound, profile: bool | None, quiet: bool = False) -> Ran | NotRun:
+        """Where a replay of this graph runs (`run_here`, which decides it): posted to the
+        actors while it is to be checked or profiled (`profile`; None: as the runtime
+        profiles), else here and now where it can be. Counts it when it ran."""
+        ran = run_here(
+            bound,
+            self._checks is not None or (self._profiling if profile is None else profile),
+            quiet,
+        )
+        if ran is not NOT_RUN:
+            self._counts.done += 1  # a replay submitted and done where it was made
+        return ran
 
-    def _start(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
-        failure = self.run_here(bound, profile)
-        if failure is not NOT_HERE:
-            return bound.program.done_submission(failure)
-        if profile or (profile is None and self._profiling):
+    def _post(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
+        """The replay posted to the actors: with its check while checks are left (the
+        gate of the check stands for it then), else as `_submit` posts it."""
+        checks = self._checks
+        if checks is None:
+            return self._submit(bound, inputs, profile)
+        what = f"replay {self.replays + 1} of graph {self.number} {self!r}"
+        gate = checks.post(what, bound, lambda: self._submit(bound, inputs, profile))
+        self.checked += 1
+        if not checks.left:
+            self._checks = None  # its later replays are unchecked
+        return gate
+
+    def _submit(self, bound: Bound, inputs: Sequence[Buffer], profile: bool | None) -> Submission:
+        """The replay posted to its actors, profiled if asked (None: as the runtime)."""
+        if self._profiling if profile is None else profile:
             sub = self._submit_profiled(bound, inputs)
         else:
             sub = bound.program.submit(bound, then=self._count)
@@ -505,7 +677,7 @@ class Graph(Hinted):
         sub = program.submit(bound, jobs, then=self._count)
         record = ReplayRecord(program, self.number, number, tuple(inputs), jobs, submitted)
         self._last_record = record
-        self._runtime.keep_profile(record)
+        self._profiles.keep(record)
         return sub
 
     def _count(self, sub: Submission) -> None:
@@ -533,7 +705,7 @@ class Graph(Hinted):
             self._freed_since()
         try:
             bound = self._bound.get(inputs)
-        except TypeError:  # an input that cannot be hashed is no Buffer: checked below
+        except (TypeError, ValueError):  # no Buffer, as it cannot be hashed: checked below
             bound = None
         if bound is not None and (var_vals or None) == bound.var_vals:
             return bound
@@ -553,8 +725,7 @@ class Graph(Hinted):
         if len(self._bound) >= _BOUND_CACHE:
             self._bound.pop(next(iter(self._bound)))
         self._bound[inputs] = bound
-        if not self._profiling:
-            self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
+        self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
         return bound
 
     def _latest(self) -> Bound | None:

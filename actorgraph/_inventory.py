@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from actorgraph import devices as _devices
+from actorgraph.devices import install_hint
 
 # How a device of a worker is named (see `actorgraph worker`).
 REMOTE_NAMES = "KIND:N@HOST:PORT"
@@ -26,7 +27,20 @@ class GPUInfo:
 
 @attrs.frozen
 class Inventory:
-    """What this machine offers: device kinds, CPU cores, CUDA GPUs, SIM presets."""
+    """What this machine offers (device kinds, CPU cores, CUDA GPUs, SIM presets), as
+    `local_devices()` finds it.
+
+    Attributes:
+        kinds: the device kinds this machine can open ("CPU", "SIM", "CUDA").
+        cpu_cores: the CPU cores the process may use.
+        gpus: each CUDA GPU the driver sees: its index, name, memory and compute capability.
+        gpu_note: why no GPU is listed, or the driver's version.
+        sim_presets: the names of the SIM cost-model presets.
+        sim_default: the preset SIM devices use unless told otherwise.
+        nvrtc_note: which NVRTC compiles CUDA kernels here, or why none does.
+        fake_only: kinds that open here only through the fake CUDA driver (no GPU).
+        sim_machines: per SIM preset, the machine it simulates (shape, links, device names).
+    """
 
     kinds: tuple[str, ...]  # device kinds this machine can open ("CPU", "SIM", ...)
     cpu_cores: int
@@ -41,6 +55,11 @@ class Inventory:
     sim_machines: tuple[tuple[str, str], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
+        """The inventory as plain data, as `actorgraph devices --json` prints it.
+
+        Returns:
+            A dict of lists, strings and numbers that json.dumps writes.
+        """
         return {
             "kinds": list(self.kinds),
             "fake_driver_only": list(self.fake_only),
@@ -107,16 +126,20 @@ def probe_nvrtc() -> str:
         _, major, minor = nvrtc.nvrtcVersion()
         _, archs = nvrtc.nvrtcGetSupportedArchs()
     except Exception:  # noqa: BLE001 - no cuda-python or no NVRTC library
-        return "not installed: pip install 'actorgraph[cuda]' to compile CUDA kernels"
+        return f"not installed: to compile CUDA kernels, {install_hint('cuda')}"
     archs = sorted(int(a) for a in archs)
     return f"{major}.{minor}, builds sm_{archs[0]} to sm_{archs[-1]}"
 
 
 def local_devices() -> Inventory:
-    """What this machine offers (`actorgraph devices`): device kinds, CUDA GPUs, SIM presets.
+    """What this machine offers, as `actorgraph devices` prints it: device kinds, CUDA GPUs,
+    SIM presets.
 
-    Opens nothing; without cuda-python, a driver or a GPU, `gpus` is empty and `gpu_note`
-    says why.
+    It opens nothing; without cuda-python, a driver or a GPU, `gpus` is empty and
+    `gpu_note` says why.
+
+    Returns:
+        The Inventory.
     """
     gpus, note = probe_cuda()
     # SIM's cost-model presets, where this install has SIM devices.

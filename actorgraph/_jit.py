@@ -33,6 +33,7 @@ JitTraceError when it issues anything different from the capture.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import functools
 import inspect
@@ -47,19 +48,23 @@ from ._call import Call
 from ._capture import Mode, Scope, current_scope, entered
 from ._errors import ActorGraphError, InputError, UsageError, VarError
 from ._kernel import Item, Launch
+from ._runtime import Runtime
 from ._vars import Var
 
 if TYPE_CHECKING:
     from ._graph import Graph
-    from ._runtime import Runtime
 
 
 class JitWarning(UserWarning):
-    """A jitted function's capture looks different from its first (eager) call."""
+    """A jitted function's capture call (its second) issued different work than its first,
+    eager call: the replays repeat the capture call's.
+    """
 
 
 class JitTraceError(ActorGraphError):
-    """With check_trace=True: a replayed call's Python issued different work than the capture."""
+    """With `@ag.jit(check_trace=True)`, a replayed call's Python issued different work than
+    the capture: its control flow depends on something the jit does not check.
+    """
 
 
 # -- argument signatures --
@@ -72,6 +77,35 @@ class _Leaf:
     path: str
     kind: str  # "buffer" | "container" | "const"
     value: Any
+
+    def mismatch(self, new: _Leaf, name: str, runtime: Runtime) -> str | None:
+        """Why `new`, at this leaf's place in a call of `name`(), cannot stand for it in
+        the capture (None: it can)."""
+        if self.kind == "container" and self.value != new.value:
+            return (
+                f"{name}(): argument {self.path} is {new.value} but was {self.value} when captured"
+            )
+        if self.kind == "const" and not _same_const(self.value, new.value):
+            return (
+                f"{name}(): argument {self.path} is {_describe(new.value)} but was "
+                f"{_describe(self.value)} when captured; non-Buffer arguments are "
+                f"constants of the capture"
+            )
+        if self.kind != "buffer":
+            return None
+        was, now = self.value, new.value
+        for what in ("device", "dtype", "shape"):
+            if getattr(was, what) != getattr(now, what):
+                return (
+                    f"{name}(): argument {self.path} has {what} {_text(now, what)} but "
+                    f"the capture used {_text(was, what)}"
+                )
+        if not runtime.owns(now):
+            return (
+                f"{name}(): argument {self.path} {now!r} belongs to another runtime "
+                f"than the one {name}() was captured on"
+            )
+        return None
 
 
 def _flatten(value: Any, path: str, out: list[_Leaf]) -> None:
@@ -126,27 +160,9 @@ class _Signature:
                 f"(captured: {was}; now: {now})"
             )
         for old, new in zip(self.leaves, other.leaves):
-            if old.kind == "container" and old.value != new.value:
-                return f"{name}(): argument {old.path} is {new.value} but was {old.value} when captured"
-            if old.kind == "const" and not _same_const(old.value, new.value):
-                return (
-                    f"{name}(): argument {old.path} is {_describe(new.value)} but was "
-                    f"{_describe(old.value)} when captured; non-Buffer arguments are "
-                    f"constants of the capture"
-                )
-            if old.kind == "buffer":
-                was, now = old.value, new.value
-                for what in ("device", "dtype", "shape"):
-                    if getattr(was, what) != getattr(now, what):
-                        return (
-                            f"{name}(): argument {old.path} has {what} {_text(now, what)} but "
-                            f"the capture used {_text(was, what)}"
-                        )
-                if not runtime.owns(now):
-                    return (
-                        f"{name}(): argument {old.path} {now!r} belongs to another runtime "
-                        f"than the one {name}() was captured on"
-                    )
+            why = old.mismatch(new, name, runtime)
+            if why is not None:
+                return why
         old_alias, new_alias = _aliasing(self.buffers), _aliasing(other.buffers)
         if old_alias != new_alias:
             return (
@@ -268,7 +284,6 @@ class _Capture:
     inputs: tuple[Buffer, ...]
     result: Any
     trace: tuple[Any, ...]
-    replays: int = 0
 
 
 @attrs.define(eq=False)
@@ -321,8 +336,10 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 class JitFunction:
     """An async function whose calls after the first two replay a captured Graph.
 
-    Call it like the function, plus an optional `var_vals={var: value}` keyword (reserved)
-    for the Vars its launches use. See the module docstring for the stages and rules.
+    Made by `@ag.jit`. Call 1 runs the function eagerly, call 2 runs it eagerly and
+    records its work, which is planned into a Graph; calls 3 and later check the arguments
+    and replay that graph with the call's buffers and Var values, without running the
+    function's Python.
     """
 
     def __init__(
@@ -361,10 +378,16 @@ class JitFunction:
 
     @property
     def graph(self) -> Graph | None:
-        """The most recently used captured Graph (print(f.graph.plan) to see it), or None."""
+        """The most recently used captured Graph (`print(f.graph.plan)`), or None."""
         return self._captures[-1].graph if self._captures else None
 
     def statistics(self) -> JitStatistics:
+        """A frozen snapshot of the function's counts.
+
+        Returns:
+            Its state (fresh, warm, captured), calls, eager calls, captures, replays and the
+            graphs kept.
+        """
         return JitStatistics(
             state=self._state,
             calls=self._calls,
@@ -382,11 +405,31 @@ class JitFunction:
         self._first_trace = None
 
     def __call__(self, *args: Any, var_vals: Mapping[Var, int] | None = None, **kwargs: Any) -> Any:
-        """`await f(...)`; with a background runtime among the arguments, a Call.
+        """`await f(...)`, as the decorated function is called.
 
-        A background runtime's work must run on its thread, so the whole call goes there
-        as one Call: submitted at once, in order with the runtime's other calls, and
-        awaitable from asyncio or trio or waited for with `.result()` from plain code.
+        With a background runtime (`ag.start_runtime`) among the arguments, the whole call
+        runs on that runtime's thread and this returns a Call: await it from any loop, or
+        `.result()` from plain code.
+
+        Args:
+            *args: the function's own arguments; Buffers (also inside lists, tuples and dicts)
+                are the graph's inputs, anything else a constant of the capture.
+            var_vals: the values of the Vars its launches use, `{n: 1000}` (a keyword of
+                @ag.jit's own).
+            **kwargs: the function's own keyword arguments.
+
+        Returns:
+            An awaitable of the function's result (a Call on a background runtime). A returned
+            Buffer that lies inside an input is the call's input's; any other is the capture's
+            own, which every replay writes again.
+
+        Raises:
+            InputError: the arguments differ from the capture's (structure, a Buffer's device,
+                dtype or shape, a constant, which Vars have values) and `recapture` is off.
+            TypeError: the arguments do not fit the function's signature; the message names the
+                nearest keyword.
+            JitTraceError: with `check_trace=True`, a replay's Python issued different work.
+            VarError: a Var has no value, or one outside its bounds.
         """
         from ._background import forward_target
 
@@ -419,7 +462,10 @@ class JitFunction:
             return await self._replay(last.capture, last.signature, last.values, args, kwargs)
 
         values = self._check_var_vals(var_vals)
-        bound = self._signature.bind(*args, **kwargs)
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise self._call_error(exc, kwargs) from None
         bound.apply_defaults()
         leaves: list[_Leaf] = []
         for pname, value in bound.arguments.items():
@@ -444,6 +490,24 @@ class JitFunction:
         if self._state is State.FRESH or self._capturing:
             return await self._eager(signature, values, args, kwargs)
         return await self._capture(signature, values, args, kwargs)
+
+    def _call_error(self, exc: TypeError, kwargs: Mapping[str, Any]) -> TypeError:
+        """Python's word on arguments that do not fit the function, naming the function,
+        its parameters and, for a keyword it does not take, the nearest name it (or
+        @ag.jit, whose own keyword is var_vals) takes."""
+        params = list(self._signature.parameters)
+        hint = ""
+        for name in kwargs:
+            if name not in params:
+                close = difflib.get_close_matches(name, [*params, "var_vals"], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                break
+        said = str(exc)
+        lead = f"{self.name}() " if said.startswith("got ") else f"{self.name}(): "
+        return TypeError(
+            f"{lead}{said}{hint} ({self.name} takes {', '.join(params)}; var_vals= "
+            f"is @ag.jit's own: the calls' Var values)"
+        )
 
     def _check_var_vals(self, var_vals: Mapping[Var, int] | None) -> dict[Var, int]:
         values = dict(var_vals or {})
@@ -505,13 +569,13 @@ class JitFunction:
             result = await self._run(scope, args, kwargs)
         finally:
             self._capturing = False
-        if not scope.items or scope.runtime is None:
+        runtime = scope.runtime
+        if not scope.items or not isinstance(runtime, Runtime):
             raise UsageError(
                 f"@ag.jit function {self.name}() issued no work through rt.launch / rt.copy "
                 f"/ rt.run on its capture call, so there is nothing to replay; call it "
                 f"without @ag.jit"
             )
-        runtime = scope.runtime
         for leaf in signature.buffers:
             if not runtime.owns(leaf.value):
                 raise InputError(
@@ -572,9 +636,8 @@ class JitFunction:
                     f"on something the jit does not check: make it depend only on the "
                     f"arguments, or call f.reset() to capture again"
                 )
-        needed = capture.graph._program.free_vars
+        needed = capture.graph.free_vars
         await capture.graph(inputs, var_vals={v: values[v] for v in needed})
-        capture.replays += 1
         self._replays += 1
         return _rebuild(capture.result, capture.inputs, inputs)
 
@@ -598,15 +661,27 @@ def jit(
 ) -> Any:
     """Capture an async function's eager work once, then replay it as a Graph.
 
-    `@ag.jit` or `@ag.jit(recapture=True, max_captures=4, check_trace=False)`.
-    Call 1 runs eagerly, call 2 runs eagerly and captures, calls 3+ replay. Buffer
-    arguments are the graph's inputs; other arguments are constants of the capture;
-    `var_vals={var: value}` gives the Vars' values. A call whose arguments differ from
-    the capture raises InputError, or, with recapture=True, is captured in its turn (up
-    to max_captures graphs kept, least recently used dropped). Returned buffers that
-    lie in an input follow the call's input; other returned buffers are the capture's
-    own, and each replay writes them again. check_trace=True re-runs the function's
-    Python on each replay (without its work) and raises JitTraceError on a difference.
+    `@ag.jit`, or `@ag.jit(recapture=True, max_captures=4, check_trace=False)`. Write the
+    function with the runtime's eager calls (`rt.launch`, `rt.copy`, `rt.run`). Call 1 runs
+    eagerly, call 2 runs eagerly and captures, calls 3 and later replay. Buffer arguments
+    are the graph's inputs; other arguments are constants of the capture. Buffers the
+    function allocates are allocated once, at capture. The replay repeats the capture
+    call's path: branches on buffer contents or globals are frozen at capture.
+
+    Args:
+        fn: the async function (when used as `@ag.jit` without parentheses).
+        recapture: capture a call whose arguments differ from the captures' instead of
+            raising InputError, keeping one graph per signature.
+        max_captures: with `recapture`, the most graphs kept (the least recently used is
+            dropped).
+        check_trace: re-run the function's Python on each replay (without its work) and
+            raise JitTraceError on any difference.
+
+    Returns:
+        The JitFunction, or (called with options only) a decorator that makes one.
+
+    Raises:
+        UsageError: `fn` is not an async function, or `max_captures` is not an int >= 1.
     """
 
     def wrap(f: Any) -> JitFunction:

@@ -35,15 +35,32 @@ def _ins(value: Any) -> tuple[int, ...]:
 class Kernel:
     """A named kernel with a body per device kind.
 
-    `outs` are the buffer slots it writes, `ins` the slots it reads (a slot may be in
-    both). `cpu` is called as fn(*numpy_views, *var_values) (plus global_size= and
-    local_size= keywords when pass_dims=True); with cpu_args="addresses" it gets each
-    buffer's host address (an int) instead of a numpy view, for compiled code (a ctypes
-    function, say) that takes pointers; `cuda` is CUDA C source whose entry point
-    is `name`. `code` is compiled machine code (an `ag.remote.MachineCode`) that a
-    worker started with `--allow-programs` runs on its CPU devices: it is shipped to
-    each worker once. `cost` tells simulated devices how long a launch takes: seconds, a
-    Work(flops=..., nbytes=...), or fn(buffer_nbytes, var_values) -> either.
+    `ag.Kernel("xor", cpu=lambda out, a, b: np.bitwise_xor(a, b, out=out), outs=(0,),
+    ins=(1, 2))`: the planner orders launches by the slots a kernel writes and reads.
+
+    Args:
+        name: an identifier; a CUDA source's entry point, and a worker finds the kernel by
+            it.
+        cpu: the body on CPU and SIM devices (and the fake CUDA driver), called as
+            `fn(*views, *var_values)`: a numpy view per buffer, then the launch's Var values
+            (plus `global_size=` and `local_size=` keywords with `pass_dims=True`).
+        cuda: CUDA C source with an `extern "C" __global__` entry point named `name`,
+            compiled by NVRTC for CUDA devices.
+        outs: the buffer slots it writes.
+        ins: the buffer slots it reads (a slot may be in both).
+        cost: how long a launch takes on SIM devices: seconds, an `ag.Work(flops=...,
+            nbytes=...)`, or `fn(buffer_nbytes, var_values)` returning either; by default
+            the bytes its buffers hold over the memory bandwidth.
+        pass_dims: also pass the launch's `global_size=` and `local_size=` to `cpu`.
+        cpu_args: "arrays" (numpy views) or "addresses" (each buffer's host address as an
+            int, for compiled code that takes pointers).
+        code: compiled machine code (an `ag.remote.MachineCode`) that a worker started
+            with `--allow-programs` runs on its CPU devices, shipped to each worker once.
+
+    Raises:
+        UsageError: a name that is no identifier, no body, a `cpu` that is not callable, a
+            `code` that is no MachineCode, no written slot, slots that are not ints >= 0,
+            an unknown `cpu_args`, or a bad `cost`.
     """
 
     name: str
@@ -127,7 +144,24 @@ def _buffers(value: Sequence[Buffer]) -> tuple[Buffer, ...]:
 
 @attrs.frozen(eq=False)
 class Launch:
-    """A kernel launch over buffers; launch dims may be Var expressions (evaluated per call)."""
+    """A kernel launch over buffers, an item of `rt.run` and `rt.compile`.
+
+    Launch dimensions may be expressions of Vars (`ag.cdiv(n, 256)`), evaluated per call.
+
+    Args:
+        kernel: the Kernel.
+        bufs: one buffer (or view) per slot of the kernel, all on one device.
+        vars: the Vars whose values the kernel body takes after the buffers.
+        fixedvars: Var values fixed for this launch (a mapping or pairs), `{n: 4096}`.
+        global_size: the grid: 1 to 3 ints or Var expressions (CUDA blocks).
+        local_size: the block: 1 to 3 ints or Var expressions (CUDA threads).
+
+    Raises:
+        UsageError: a kernel that is no Kernel, no buffers, a slot the kernel uses without a
+            buffer or a buffer in no slot, buffers on several devices, vars that are no
+            Vars, or bad launch dimensions.
+        VarError: a fixed value outside its Var's bounds.
+    """
 
     kernel: Kernel
     bufs: tuple[Buffer, ...] = attrs.field(converter=_buffers)
@@ -167,6 +201,7 @@ class Launch:
 
     @property
     def device(self) -> str:
+        """The device the launch runs on (its buffers' device)."""
         return self.bufs[0].device
 
     @property
@@ -174,7 +209,11 @@ class Launch:
         return self.kernel.name
 
     def free_vars(self) -> frozenset[Var]:
-        """Vars whose values come from the call (not fixed by this launch)."""
+        """The Vars whose values come from the call (not fixed by this launch).
+
+        Returns:
+            The Vars its kernel arguments and launch dimensions read, less the fixed ones.
+        """
         if not self.vars and self.global_size is None and self.local_size is None:
             return _NO_VARS  # most launches: asked for each item of every compile
         used: frozenset[Var] = frozenset(self.vars)
@@ -193,9 +232,20 @@ class Launch:
 
 @attrs.frozen(eq=False)
 class Copy:
-    """Copy src into dst: same device or across devices. Like memmove, src and dst may
-    overlap (the result is as if src went through a temporary); an exact self-copy
-    changes nothing."""
+    """Copy `src` into `dst`: on one device or across devices, an item of `rt.run` and
+    `rt.compile`.
+
+    Like memmove, `dst` and `src` may overlap (the bytes move as if through a temporary);
+    an exact self-copy changes nothing. A copy runs on the destination device's copy
+    queue.
+
+    Args:
+        dst: the Buffer written.
+        src: the Buffer read, of the same dtype and size.
+
+    Raises:
+        UsageError: `dst` or `src` is no Buffer, or their dtypes or sizes differ.
+    """
 
     dst: Buffer
     src: Buffer
@@ -214,6 +264,7 @@ class Copy:
 
     @property
     def device(self) -> str:
+        """The destination's device, whose copy queue runs the copy."""
         return self.dst.device
 
     @property

@@ -1,7 +1,7 @@
 """Timeline pictures of a Profile: a Gantt chart with one row per queue actor.
 
-matplotlib is an optional extra (`pip install 'actorgraph[plot]'`), imported only here and
-only when a plot is asked for, so the default install stays lean.
+matplotlib comes with the plot extra (`pip install -e ".[plot]"` in a checkout), imported
+only here and only when a plot is asked for, so the default install stays lean.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any, Union
 
 import attrs
 
+from actorgraph.devices import install_hint
+
 from ._errors import MissingExtraError, UsageError
 from ._log import logger
 from ._profile import EventKind, Profile, ProfileEvent
@@ -21,6 +23,8 @@ KERNEL_COLOR = "#4c72b0"
 COPY_COLOR = "#dd8452"
 WAIT_COLOR = "#d0d0d0"
 CRITICAL_COLOR = "#c00000"
+HATCH = "////"  # every other labelled replay's items, so overlapping replays tell apart
+LABELLED = 16  # at most this many replays are labelled one by one
 
 
 def require_matplotlib() -> Any:
@@ -30,12 +34,22 @@ def require_matplotlib() -> Any:
     except ImportError as exc:
         raise MissingExtraError(
             "plot_timeline needs matplotlib, which is not installed; "
-            "install the plot extra: pip install 'actorgraph[plot]'"
+            f"install the plot extra: {install_hint('plot')}"
         ) from exc
     return Figure
 
 
 Groups = Union[Mapping[str, Any], Callable[[str], Any]]
+
+
+def _label_rows(ax: Any, labels: list[str], errors: Mapping[str, float], many: bool) -> None:
+    """Name the rows, top down. A worker's queue is timed there: its row says how far off
+    this host's clock it can be (`errors`, by row)."""
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(
+        [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
+        fontsize=6 if many else None,
+    )
 
 
 def plot_timeline(
@@ -49,18 +63,39 @@ def plot_timeline(
     fold_idle: bool = False,
     row_per_device: bool = False,
 ) -> str:
-    """Draw `profile` as a Gantt chart and save it to `path` (format from its suffix).
+    """Draw `profile` as a Gantt chart and save it to `path`.
 
-    One row per actor; kernels and copies in different colours, parked waits in grey,
-    the critical path of each replay underlined in red. `replays=[9, 10]` draws only those
-    replays (by number, of every graph), so the axis spans them alone and their items can
-    be told apart. Returns the path written.
+    One row per queue actor; kernels blue, copies orange, parked waits grey, each replay's
+    critical path underlined in red, the legend beside the axes. Above the rows each
+    replay's span is labelled ("replay 3", or "graph 2, replay 3" when the profile holds
+    replays of several graphs) and every other replay's items are hatched, so replays that
+    overlap (submitted back to back) can be told apart; a profile of more than 16 replays
+    is drawn without them. An idle stretch longer than the longest run of work is cut from
+    the time axis at a dashed line that says how long it was. Needs the plot extra
+    (matplotlib).
 
-    For many devices: `groups` (a mapping or a function of a device or actor name, say
-    `ag.sim_nodes(rt)`) draws the rows of one group together, in bands labelled with the
-    group on the right (an int group is labelled "node N"); `fold_idle=True` leaves out the rows that ran nothing (each
-    group's label counts them); `row_per_device=True` draws a device's queues in one
-    row, kernels in its upper half and copies in its lower half.
+    Args:
+        profile: the Profile to draw (`rt.profile()`).
+        path: the picture's file; its suffix (.png, .svg, .pdf) chooses the format.
+        title: the chart's title (default: how many replays and items).
+        critical_path: underline each replay's critical path.
+        replays: draw only these replays (numbers as in Replay.number, of every graph), on
+            an axis that spans them alone.
+        groups: for many devices, a mapping or a function of device or actor names to a
+            group (say `ag.sim_nodes(rt)`; an int group is labelled "node N"): each group's
+            rows are drawn together in a labelled band.
+        fold_idle: leave out the rows that ran nothing (each band counts them).
+        row_per_device: draw a device's queues in one row, kernels in its upper half and
+            copies in its lower half.
+
+    Returns:
+        The path written, as a string.
+
+    Raises:
+        UsageError: `profile` is no Profile, `replays` names no replay of it, or `groups`
+            is neither a mapping nor a function.
+        MissingExtraError: matplotlib is not installed (the message says how to install the
+            plot extra).
     """
     if not isinstance(profile, Profile):
         raise UsageError(f"plot_timeline takes a Profile (from rt.profile()), got {profile!r}")
@@ -78,13 +113,15 @@ def plot_timeline(
     place, cuts, width = _time_axis(profile)
     width = max(width, 1e-9)
     scale, unit = (1e3, "ms") if width >= 1e-3 else (1e6, "us")
+    marks = _replay_marks(profile, place, width)
+    lanes = 1 + max((mark.lane for mark in marks), default=-1)
     many = len(labels) > 32
     row_height = 0.45 if not many else max(0.14, 14.0 / len(labels))
-    figure = figure_class(figsize=(12, 1.4 + row_height * max(len(labels), 1)), dpi=100)
+    figure = figure_class(figsize=(12, 1.4 + row_height * (max(len(labels), 1) + lanes)), dpi=100)
     ax = figure.add_subplot(1, 1, 1)
     chart = _Chart(ax, layout.rows, place, scale, width, row_per_device)
     chart.draw_bands(bands)
-    chart.draw_events(by_actor)
+    chart.draw_events(by_actor, {mark.key: mark.hatch for mark in marks})
     legend = [
         Patch(facecolor=KERNEL_COLOR, label="kernel"),
         Patch(facecolor=COPY_COLOR, label="copy"),
@@ -93,14 +130,13 @@ def plot_timeline(
     if critical_path and profile.events:
         chart.draw_critical_path(profile.critical_path())
         legend.append(Patch(facecolor=CRITICAL_COLOR, label="critical path"))
-    ax.set_yticks(range(len(labels)))
-    # A worker's queue is timed there: its row says how far off this host's clock it can be.
-    errors = profile.clock_errors()
-    ax.set_yticklabels(
-        [f"{row} (+-{errors[row] * 1e6:.0f} us)" if row in errors else row for row in labels],
-        fontsize=6 if many else None,
-    )
-    ax.set_ylim(len(labels) - 0.3, -0.6)
+    if len(marks) > 1:
+        legend.append(
+            Patch(facecolor="white", edgecolor="0.35", hatch=HATCH, label="every other replay")
+        )
+    _label_rows(ax, labels, profile.clock_errors(), many)
+    ax.set_ylim(len(labels) - 0.3, -0.6 - LANE * lanes - (0.2 if lanes else 0.0))
+    chart.draw_replay_marks(marks)
     if group_of is not None:
         chart.draw_group_labels(bands)
     chart.draw_cuts(cuts)
@@ -158,8 +194,11 @@ class _Chart:
             if index % 2:
                 self.ax.axhspan(first - 0.5, last + 0.5, color="#f2f2f2", zorder=0)
 
-    def draw_events(self, by_actor: Mapping[str, list[ProfileEvent]]) -> None:
-        """Each drawn actor's parked waits, kernels and copies in its lane."""
+    def draw_events(
+        self, by_actor: Mapping[str, list[ProfileEvent]], hatches: Mapping[tuple[int, int], str]
+    ) -> None:
+        """Each drawn actor's parked waits, kernels and copies in its lane; the items of a
+        replay with a hatch in `hatches` (by graph and replay) drawn hatched."""
         for actor, events in by_actor.items():
             if actor not in self.rows:
                 continue
@@ -172,10 +211,35 @@ class _Chart:
             ]
             if waits:
                 self.ax.broken_barh(waits, where, facecolors=WAIT_COLOR)
-            for kind, color in ((EventKind.KERNEL, KERNEL_COLOR), (EventKind.COPY, COPY_COLOR)):
-                spans = [self.span(e.start, e.end) for e in events if e.kind is kind]
-                if spans:
-                    self.ax.broken_barh(spans, where, facecolors=color)
+            bars: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            for e in events:
+                color = KERNEL_COLOR if e.kind is EventKind.KERNEL else COPY_COLOR
+                hatch = hatches.get((e.graph, e.replay), "")
+                bars.setdefault((color, hatch), []).append(self.span(e.start, e.end))
+            for (color, hatch), spans in bars.items():
+                self.ax.broken_barh(
+                    spans,
+                    where,
+                    facecolors=color,
+                    hatch=hatch or None,
+                    edgecolor="white",
+                    linewidth=0,
+                )
+
+    def draw_replay_marks(self, marks: list[_Mark]) -> None:
+        """Each replay's span above the rows, in its lane, with its label."""
+        for mark in marks:
+            y = -0.6 - LANE * (mark.lane + 0.5)
+            x, w = mark.start * self.scale, (mark.end - mark.start) * self.scale
+            self.ax.broken_barh(
+                [(x, max(w, self.width * self.scale * 1e-3))],
+                (y - 0.12, 0.24),
+                facecolors="#e8e8e8",
+                edgecolor="0.35",
+                linewidth=0.6,
+                hatch=mark.hatch or None,
+            )
+            self.ax.text(x, y - 0.15, mark.label, fontsize=7, va="bottom", color="0.2")
 
     def draw_critical_path(self, path: Iterable[ProfileEvent]) -> None:
         """A red strip under each item of the path (in a drawn row), and a line joining
@@ -270,6 +334,44 @@ def _time_axis(
         return offsets[i] + moment - starts[i]
 
     return place, cuts, x + max(profile.end - last, 0.0)
+
+
+LANE = 0.55  # the height of a lane of replay labels above the rows
+
+
+@attrs.frozen
+class _Mark:
+    """A replay's span on the time axis, its label, lane and hatch."""
+
+    key: tuple[int, int]  # (graph, replay)
+    label: str
+    start: float  # seconds along the (cut) axis
+    end: float
+    lane: int
+    hatch: str
+
+
+def _replay_marks(profile: Profile, place: Callable[[float], float], width: float) -> list[_Mark]:
+    """A mark per replay drawn (none past LABELLED replays), in order of their first item,
+    each in the first lane free at its start (room left for its label's text)."""
+    spans: dict[tuple[int, int], list[float]] = {}
+    for e in profile.events:
+        span = spans.setdefault((e.graph, e.replay), [e.start, e.end])
+        span[0], span[1] = min(span[0], e.start), max(span[1], e.end)
+    if not spans or len(spans) > LABELLED:
+        return []
+    several = len({graph for graph, _ in spans}) > 1
+    lane_ends: list[float] = []
+    marks = []
+    for index, (key, (start, end)) in enumerate(sorted(spans.items(), key=lambda kv: kv[1])):
+        x0, x1 = place(start), place(end)
+        lane = next((i for i, free in enumerate(lane_ends) if free <= x0), len(lane_ends))
+        if lane == len(lane_ends):
+            lane_ends.append(0.0)
+        lane_ends[lane] = max(x1, x0 + 0.1 * width)  # a label's room, about
+        label = f"graph {key[0]}, replay {key[1]}" if several else f"replay {key[1]}"
+        marks.append(_Mark(key, label, x0, x1, lane, HATCH if index % 2 else ""))
+    return marks
 
 
 def _seconds(value: float) -> str:

@@ -13,13 +13,13 @@ can be (`ProfileEvent.clock_error`), and so do the summary and the trace.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from actorgraph.devices import JobProfile
-from actorgraph.scheduler import Run, SyncDevice, Wait, WaitKick
+from actorgraph.scheduler import Message, Run, SyncDevice, Wait, WaitKick
 
 from ._buffer import Buffer
 from ._kernel import Copy
@@ -29,11 +29,18 @@ if TYPE_CHECKING:
 
 
 class EventKind(enum.Enum):
+    """What a ProfileEvent's item was: a kernel launch or a copy."""
+
     KERNEL = "kernel"
     COPY = "copy"
 
 
 class WaitKind(enum.Enum):
+    """What a WaitRecord's wait was for: another queue's signal (QUEUE, the item it waited
+    for is known), a device's timeline (DEVICE: everything earlier on that device), or the
+    replay's admission (KICK).
+    """
+
     QUEUE = "queue"  # another queue's signal: the item it waited for is known
     DEVICE = "device"  # a device timeline: everything earlier on that device
     KICK = "kick"  # the replay's admission
@@ -41,11 +48,17 @@ class WaitKind(enum.Enum):
 
 @attrs.frozen
 class WaitRecord:
-    """One plan wait that gated an item: what it waited for, and whether the actor parked.
+    """One wait of the plan that gated an item: what it waited for, and whether the actor
+    parked.
 
-    `on` names the queue actor (QUEUE), the device timeline (DEVICE) or "KICK". For a
-    QUEUE wait, `item` is the index of the item on that queue it waited for.
-    `start`/`end` bound the time parked; both are None when the wait was already met.
+    Attributes:
+        kind: a WaitKind (QUEUE, DEVICE or KICK).
+        on: the queue actor (QUEUE), the device timeline (DEVICE) or "KICK" waited on.
+        value: the timeline value waited for.
+        item: for a QUEUE wait, the index of the item on that queue it waited for; else
+            None.
+        start: when the actor parked on it (None when the wait was already met).
+        end: when it woke (None when the wait was already met).
     """
 
     kind: WaitKind
@@ -57,10 +70,12 @@ class WaitRecord:
 
     @property
     def parked(self) -> bool:
+        """Whether the actor parked on this wait (it was not met when reached)."""
         return self.start is not None
 
     @property
     def blocked(self) -> float:
+        """The seconds the actor was parked on this wait (0 when it was met at once)."""
         if self.start is None or self.end is None:
             return 0.0
         return self.end - self.start
@@ -68,11 +83,27 @@ class WaitRecord:
 
 @attrs.frozen
 class ProfileEvent:
-    """One item of one replay as it ran: times are seconds on the actor's clock.
+    """One item of one replay as it ran; times are seconds on the actor's clock.
 
     A worker's queue is timed on the worker, and its times are put on this host's clock
     (`time.perf_counter`, the clock of its CPU queues) with an offset measured over the
-    connection: `clock_error` is how far off they can be (seconds; 0 on this host).
+    connection. SIM queues keep trio's clock, so their times are simulated time.
+
+    Attributes:
+        actor: the queue actor that ran it, "CPU:0/compute".
+        device: its device.
+        item: its index in the graph's items.
+        label: the kernel's name, or "copy SRC->DST".
+        kind: an EventKind (KERNEL or COPY).
+        graph: the graph's number in its runtime (0, 1, ...).
+        replay: the replay's number (1, 2, ..., as Replay.number).
+        start: when it started, in seconds.
+        end: when it ended, in seconds.
+        buffers: its buffers as a trace names them: `#N` an allocation, `#N[a:b]` a view.
+        writes: per buffer, whether the item writes it.
+        waits: the waits of the plan that gated it (WaitRecords).
+        clock_error: how far off this host's clock its times can be, in seconds (0 on this
+            host's queues).
     """
 
     actor: str
@@ -91,11 +122,12 @@ class ProfileEvent:
 
     @property
     def duration(self) -> float:
+        """How long the item ran, in seconds."""
         return self.end - self.start
 
     @property
     def name(self) -> str:
-        """The item as a trace names it: kernel or copy label, then written <- read buffers."""
+        """The item as a trace names it (its label, then written <- read buffers)."""
         outs = [b for b, w in zip(self.buffers, self.writes) if w]
         ins = [b for b, w in zip(self.buffers, self.writes) if not w]
         return f"{self.label} {', '.join(outs)} <- {', '.join(ins)}"
@@ -103,7 +135,14 @@ class ProfileEvent:
 
 @attrs.frozen
 class ReplaySpan:
-    """One profiled replay: when it was submitted and when its last queue finished."""
+    """One profiled replay, from its submission to the end of its last queue.
+
+    Attributes:
+        graph: the graph's number in its runtime.
+        replay: the replay's number (as Replay.number).
+        submitted: when it was submitted, in seconds.
+        done: when its last queue finished, in seconds.
+    """
 
     graph: int
     replay: int
@@ -113,10 +152,14 @@ class ReplaySpan:
 
 @attrs.frozen
 class Profile:
-    """What profiled replays did, item by item. Build one with `rt.profile()`.
+    """What profiled replays did, item by item; `rt.profile()` or `graph.last_profile` makes
+    one.
 
-    `actors` lists every actor of the runtime, in device order, whether or not it ran
-    anything, so a timeline has a row per actor.
+    Attributes:
+        actors: every queue actor of the runtime, in device order, whether or not it ran
+            anything (a timeline has a row for each).
+        events: a ProfileEvent per item per replay.
+        replays: a ReplaySpan per replay.
     """
 
     actors: tuple[str, ...]
@@ -125,11 +168,13 @@ class Profile:
 
     @property
     def start(self) -> float:
+        """The earliest submission or item start in the profile, in seconds (0 if empty)."""
         times = [r.submitted for r in self.replays] + [e.start for e in self.events]
         return min(times, default=0.0)
 
     @property
     def end(self) -> float:
+        """The latest replay end or item end in the profile, in seconds (0 if empty)."""
         times = [r.done for r in self.replays] + [e.end for e in self.events]
         return max(times, default=0.0)
 
@@ -137,8 +182,12 @@ class Profile:
         return len(self.events)
 
     def clock_errors(self) -> dict[str, float]:
-        """Per actor timed on another host (a worker's queue), how far its times can be
-        off this host's clock (the largest of its events' `clock_error`, seconds)."""
+        """How far the times of each actor timed on another host (a worker's queue) can be off
+        this host's clock.
+
+        Returns:
+            Per such actor, the largest `clock_error` of its events, in seconds.
+        """
         errors: dict[str, float] = {}
         for event in self.events:
             if event.clock_error > errors.get(event.actor, 0.0):
@@ -146,14 +195,26 @@ class Profile:
         return errors
 
     def events_of(self, graph: int, replay: int) -> tuple[ProfileEvent, ...]:
+        """The events of one replay.
+
+        Args:
+            graph: the graph's number (ProfileEvent.graph).
+            replay: the replay's number (ProfileEvent.replay).
+
+        Returns:
+            Its events, in profile order.
+        """
         return tuple(e for e in self.events if e.graph == graph and e.replay == replay)
 
     def critical_path(self) -> tuple[ProfileEvent, ...]:
         """Per replay, the chain of items that decided when it finished.
 
-        Start from the item that ended last; its predecessor is whichever finished last
-        of what it had to follow: the previous item on its queue, or an item on another
-        queue it waited for. Repeat until an item followed nothing of its replay.
+        From the item that ended last, each step goes to whichever finished last of what the
+        item had to follow (the previous item on its queue, or an item on another queue it
+        waited for), until an item followed nothing of its replay.
+
+        Returns:
+            The chains' events, replay after replay, each chain in time order.
         """
         by_replay: dict[tuple[int, int], list[ProfileEvent]] = {}
         for event in self.events:
@@ -164,7 +225,18 @@ class Profile:
         return tuple(path)
 
     def to_chrome_trace(self, path: Any = None) -> dict[str, Any]:
-        """The Chrome trace-event JSON (Perfetto, chrome://tracing); written to `path` if given."""
+        """The profile as Chrome trace-event JSON, for https://ui.perfetto.dev or chrome://tracing.
+
+        A process per device, a track per queue actor, a slice per item, grey slices where
+        an actor parked, flow arrows from each item to the items that waited for it, and a
+        counter of replays in flight.
+
+        Args:
+            path: where to write the JSON too, if given.
+
+        Returns:
+            The trace, as a dict.
+        """
         from ._trace import chrome_trace, write_trace
 
         if path is not None:
@@ -172,8 +244,12 @@ class Profile:
         return chrome_trace(self)
 
     def summary(self) -> str:
-        """Busy time and parked waits per actor, as text; for a worker's queue, how far
-        its times can be off this host's clock."""
+        """Busy time and parked waits per actor, as text; for a worker's queue, how far its times
+        can be off this host's clock.
+
+        Returns:
+            A table, a line per actor.
+        """
         lines = [f"{len(self.replays)} replays, {len(self.events)} items"]
         width = max((len(a) for a in self.actors), default=0)
         errors = self.clock_errors()
@@ -250,6 +326,29 @@ class ReplayRecord:
     submitted: float
 
 
+class Profiles:
+    """The profiled replays of a runtime, kept as they are made until someone asks for
+    them as one Profile. `every`: whether every replay is profiled
+    (`open_runtime(profile=True)`); a call can ask for one too (`profile=True`)."""
+
+    def __init__(self, every: bool, actor_names: Callable[[], Sequence[str]]) -> None:
+        """`actor_names()`: the runtime's actors, in the order profiles list them."""
+        self.every = every
+        self._actor_names = actor_names
+        self._records: list[ReplayRecord] = []
+
+    def keep(self, record: ReplayRecord) -> None:
+        """Keep a profiled replay's record."""
+        self._records.append(record)
+
+    def profile(self, clear: bool = False) -> Profile:
+        """Every replay kept so far, as one Profile (`clear`: start afresh after)."""
+        profile = build_profile(self._actor_names(), self._records)
+        if clear:
+            self._records = []
+        return profile
+
+
 def new_records(program: Program) -> tuple[JobProfile, ...]:
     return tuple(JobProfile() for _ in program.actors)
 
@@ -286,28 +385,9 @@ class _Layout:
         # runs[qi][k]: the item index of the k-th item on queue qi (signal value k+1).
         runs = [[m.item for m in prog if isinstance(m, Run)] for prog in plan.programs]
         # messages[qi][index]: an item index (Run), a met WaitRecord (waits), or None.
-        self.messages: list[list[int | WaitRecord | None]] = []
-        for program_msgs in plan.programs:
-            meanings: list[int | WaitRecord | None] = []
-            for msg in program_msgs:
-                if isinstance(msg, Run):
-                    meanings.append(msg.item if msg.item < len(program.items) else None)
-                elif isinstance(msg, Wait):
-                    src = plan.queues.index(msg.queue)
-                    item = runs[src][msg.value - 1] if 0 < msg.value <= len(runs[src]) else None
-                    meanings.append(
-                        WaitRecord(
-                            WaitKind.QUEUE, self.actor_names[src], msg.value, item, None, None
-                        )
-                    )
-                elif isinstance(msg, SyncDevice):
-                    on = f"{msg.device}/timeline"
-                    meanings.append(WaitRecord(WaitKind.DEVICE, on, 0, None, None, None))
-                elif isinstance(msg, WaitKick):
-                    meanings.append(WaitRecord(WaitKind.KICK, "KICK", 0, None, None, None))
-                else:
-                    meanings.append(None)
-            self.messages.append(meanings)
+        self.messages: list[list[int | WaitRecord | None]] = [
+            [self._meaning(msg, runs) for msg in program_msgs] for program_msgs in plan.programs
+        ]
         self.items: list[tuple[str, EventKind, tuple[bool, ...], list[str]]] = [
             (
                 item.label,
@@ -317,6 +397,23 @@ class _Layout:
             )
             for item in program.items
         ]
+
+    def _meaning(self, msg: Message, runs: list[list[int]]) -> int | WaitRecord | None:
+        """What a plan message means in every replay: the item a Run runs (None: a host
+        copy's placeholder), a wait as it is when met, or None (a signal)."""
+        program = self.program
+        if isinstance(msg, Run):
+            return msg.item if msg.item < len(program.items) else None
+        if isinstance(msg, Wait):
+            src = program.plan.queues.index(msg.queue)
+            item = runs[src][msg.value - 1] if 0 < msg.value <= len(runs[src]) else None
+            return WaitRecord(WaitKind.QUEUE, self.actor_names[src], msg.value, item, None, None)
+        if isinstance(msg, SyncDevice):
+            on = f"{msg.device}/timeline"
+            return WaitRecord(WaitKind.DEVICE, on, 0, None, None, None)
+        if isinstance(msg, WaitKick):
+            return WaitRecord(WaitKind.KICK, "KICK", 0, None, None, None)
+        return None
 
     def events(self, record: ReplayRecord) -> list[ProfileEvent]:
         out: list[ProfileEvent] = []

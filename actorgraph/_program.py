@@ -12,6 +12,7 @@ input set it sees, so a replay with the same bindings finds all of it made.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from actorgraph.devices import (
@@ -19,6 +20,7 @@ from actorgraph.devices import (
     FIRST_QUEUE_SLOT,
     KICK,
     Device,
+    Failure,
     Job,
     JobProfile,
     LaunchRequest,
@@ -58,21 +60,23 @@ from ._templates import linear_order, mark_host_signals
 from ._vars import Var, evaluate
 
 
+class Tracker(Protocol):
+    """What keeps a runtime's submissions in flight (its Window)."""
+
+    def track(self, sub: Submission) -> None: ...
+
+
 class Host(Protocol):
     """What a Program needs of the runtime it runs on (a `Runtime` is one): its devices,
-    its KICK signal, and to be told of each submission it posts (or ran where it was
-    made)."""
+    its KICK signal, and its window, told of each submission a program posts."""
 
     @property
     def kick(self) -> DeviceSignal: ...
 
+    @property
+    def window(self) -> Tracker: ...
+
     def device(self, name: str) -> Device: ...
-
-    def track(self, sub: Submission, then: Callable[[Submission], None] | None = None) -> None: ...
-
-    def count_done(
-        self, sub: Submission, then: Callable[[Submission], None] | None = None
-    ) -> None: ...
 
 
 _new_request = tuple.__new__
@@ -180,6 +184,33 @@ def _dims_of(
     return out + (1,) * (3 - len(out))
 
 
+def _launch_request(
+    item: Launch, bufs: Sequence[Buffer], var_vals: Mapping[Var, int], index: int, kind: QueueKind
+) -> LaunchRequest:
+    """What a device lowers a launch from, for these buffers and var values."""
+    values: Mapping[Var, int] = var_vals
+    if item.fixedvars:
+        values = {**var_vals, **dict(item.fixedvars)}
+    try:
+        var_values = [values[v] for v in item.vars]
+    except KeyError:  # Var.evaluate names the var that has no value
+        var_values = [v.evaluate(values) for v in item.vars]
+    dims = item.global_size, item.local_size
+    # tuple.__new__: half the cost of the NamedTuple constructor, on a per-call path.
+    return _new_request(
+        LaunchRequest,
+        (
+            index,
+            item.kernel,
+            bufs,
+            var_values,
+            _ONE if dims[0] is None else _dims_of(dims[0], values, index, item, "global_size"),
+            _ONE if dims[1] is None else _dims_of(dims[1], values, index, item, "local_size"),
+            kind,
+        ),
+    )
+
+
 class Program:
     """Plan + runtime -> everything a submission needs, except per-call bindings."""
 
@@ -192,22 +223,40 @@ class Program:
         *,
         index_offset: int = 0,
         item_numbers: Sequence[int] | None = None,
+        max_sizes: Mapping[int, int] | None = None,
+        host_bytes: int = 0,
     ) -> None:
+        """Lower `plan` (of `items`, whose buffers may come from `inputs` per call) onto
+        `runtime`'s actors. `item_numbers`: the number the user knows each item by (its
+        place in the list they gave; items are reordered by compile(order="cost")), else
+        `index_offset` and on (eager items are planned one by one). `max_sizes`: input
+        index -> the most elements that input may hold per call (else its captured shape
+        only). `host_bytes`: the bytes a host copy's program (no items, one queue) moves.
+        Raises UsageError for an item's buffer that overlaps an input without being it."""
         self.runtime = runtime
+        self._track = runtime.window.track  # keeps a submission in flight till it is done
         self.items = tuple(items)
         self.inputs = tuple(inputs)
         self.plan = plan
         # Inputs that may vary in size per call: input index -> most elements.
-        self.max_sizes: dict[int, int] = {}
-        # The number a user knows item j by (its place in the list they gave): items
-        # are reordered by compile(order="cost"), and eager items are planned one by one.
+        self.max_sizes: Mapping[int, int] = MappingProxyType(dict(max_sizes or {}))
         self.item_numbers = (
             tuple(item_numbers)
             if item_numbers is not None
             else tuple(range(index_offset, index_offset + len(self.items)))
         )
         self._local = {number: j for j, number in enumerate(self.item_numbers)}
-        nqueues = len(plan.queues)
+        self._take_actors(runtime, plan)
+        self._count_work(plan, host_bytes)
+        # Which item slots come from which input: per item, (slot, input index) pairs.
+        self.item_inputs = self._find_item_inputs()
+        item_vars = [item.free_vars() for item in self.items]
+        self.free_vars: frozenset[Var] = frozenset().union(*item_vars)
+        self.dynamic = [j for j, free in enumerate(item_vars) if self.item_inputs[j] or free]
+        self._lower_templates(plan, item_vars)
+
+    def _take_actors(self, runtime: Host, plan: Plan) -> None:
+        """The actors and devices the plan's queues run on, and how they take jobs."""
         self.actors: list[QueueActor] = [
             runtime.device(q.device).queues[q.kind] for q in plan.queues
         ]
@@ -219,15 +268,19 @@ class Program:
         # its end itself (`end_reader.wait_done(sub)`); None: its actors end it.
         readers = {a.end_reader for a in self.actors}
         self.end_reader: Any = next(iter(readers)) if len(readers) == 1 else None
-        # The device each queue's items are lowered by.
-        self._queue_device = [runtime.device(q.device) for q in plan.queues]
-        # Per item: the device that lowers it, its number, its queue's kind.
+        # Per item: the device that lowers it (its queue's), its number, its queue's kind.
+        queue_device = [runtime.device(q.device) for q in plan.queues]
         self._lowered_by = [
-            (self._queue_device[qi], number, plan.queues[qi].kind)
+            (queue_device[qi], number, plan.queues[qi].kind)
             for qi, number in zip(plan.item_queue, self.item_numbers)
         ]
         self.devices: list[Device] = [runtime.device(d) for d in plan.devices]
         self.timelines = [d.timeline for d in self.devices]
+
+    def _count_work(self, plan: Plan, host_bytes: int) -> None:
+        """What a submission's jobs take: items per queue, devices per queue and jobs per
+        device, bytes copied per queue, base slots."""
+        nqueues = len(plan.queues)
         self.counts = [0] * nqueues
         for qi in plan.item_queue:
             self.counts[qi] += 1
@@ -236,31 +289,36 @@ class Program:
             for qi in range(nqueues)
         ]
         self.device_jobs = [len(qs) for qs in plan.device_queues]
-        # Bytes each queue copies per submission, for statistics (host copies set theirs).
+        # Bytes each queue copies per submission, for statistics.
         self.copy_bytes = [0] * nqueues
+        if host_bytes:
+            self.copy_bytes[0] = host_bytes
         for j, item in enumerate(self.items):
             if isinstance(item, Copy):
                 self.copy_bytes[plan.item_queue[j]] += item.dst.nbytes
         # Base slots (devices/_ops.py): KICK, BATCH, a base per queue, a ticket per device.
         self.nbases = FIRST_QUEUE_SLOT + nqueues + len(self.devices)
 
-        # Which item slots come from which input: (input index, captured root). A buffer
-        # can only be or overlap an input of its own allocation, so each buffer looks at
-        # those inputs alone (a graph over many devices has many inputs).
+    def _find_item_inputs(self) -> list[Sequence[tuple[int, int]]]:
+        """Per item, (slot, input index) for each of its buffers that comes from an input.
+        A buffer can only be or overlap an input of its own allocation, so each buffer
+        looks at those inputs alone (a graph over many devices has many inputs)."""
         by_alloc: dict[int, list[int]] = {}
         for i, root in enumerate(self.inputs):
             by_alloc.setdefault(root.alloc_id, []).append(i)
         none: tuple[tuple[int, int], ...] = ()
-        self.item_inputs: list[Sequence[tuple[int, int]]] = [none] * len(self.items)
+        found: list[Sequence[tuple[int, int]]] = [none] * len(self.items)
         for j, item in enumerate(self.items):
             for slot, buf in enumerate(item.bufs):
                 candidates = by_alloc.get(buf.alloc_id)
                 source = self._input_of(buf, j, candidates) if candidates else None
                 if source is not None:
-                    self.item_inputs[j] = (*self.item_inputs[j], (slot, source))
-        item_vars = [item.free_vars() for item in self.items]
-        self.free_vars: frozenset[Var] = frozenset().union(*item_vars)
-        self.dynamic = [j for j, free in enumerate(item_vars) if self.item_inputs[j] or free]
+                    found[j] = (*found[j], (slot, source))
+        return found
+
+    def _lower_templates(self, plan: Plan, item_vars: Sequence[frozenset[Var]]) -> None:
+        """Each queue's ops, with a place left for each item lowered per call; the order a
+        LinearRun runs them in; the one binding of a program that binds nothing per call."""
         # Where each item's op is: (queue, op index).
         self.where: dict[int, tuple[int, int]] = {}
         index = (
@@ -281,10 +339,9 @@ class Program:
         self._dynamic_at = [
             (j, *self.where[j], bool(self.item_inputs[j]), bool(item_vars[j])) for j in self.dynamic
         ]
-        complete = all(op is not None for t in templates for op in t)
         # A program with nothing to bind per call has one binding, made once (else None).
         self.static_bound: Bound | None = None
-        if complete:
+        if all(op is not None for t in templates for op in t):
             ops = tuple(tuple(op for op in t if op is not None) for t in templates)
             self.static_bound = Bound(self, ops, {})
 
@@ -403,46 +460,10 @@ class Program:
         values, from which its device takes what the values do not change
         (`Device.lower_values`)."""
         item = self.items[j]
-        bufs: Sequence[Buffer] = item.bufs
-        from_inputs = self.item_inputs[j]
-        if from_inputs:
-            bufs = list(bufs)
-            for slot, source in from_inputs:
-                captured = bufs[slot]
-                key = (captured, source)
-                moved = rebased.get(key) if rebased is not None else None
-                if moved is None:
-                    moved = captured.rebased(self.inputs[source], inputs[source])
-                    if rebased is not None:
-                        rebased[key] = moved
-                bufs[slot] = moved
+        bufs = self._call_buffers(j, inputs, rebased) if self.item_inputs[j] else item.bufs
         device, index, kind = self._lowered_by[j]
         if isinstance(item, Launch):
-            values: Mapping[Var, int] = var_vals
-            if item.fixedvars:
-                values = {**var_vals, **dict(item.fixedvars)}
-            try:
-                var_values = [values[v] for v in item.vars]
-            except KeyError:  # Var.evaluate names the var that has no value
-                var_values = [v.evaluate(values) for v in item.vars]
-            dims = item.global_size, item.local_size
-            # tuple.__new__: half the cost of the NamedTuple constructor, on a per-call path.
-            request = _new_request(
-                LaunchRequest,
-                (
-                    index,
-                    item.kernel,
-                    bufs,
-                    var_values,
-                    _ONE
-                    if dims[0] is None
-                    else _dims_of(dims[0], values, index, item, "global_size"),
-                    _ONE
-                    if dims[1] is None
-                    else _dims_of(dims[1], values, index, item, "local_size"),
-                    kind,
-                ),
-            )
+            request = _launch_request(item, bufs, var_vals, index, kind)
             if like is None:
                 return device.lower_launch(request)
             return device.lower_values(like, request)
@@ -451,6 +472,26 @@ class Program:
             if owner is not device and owner.lowers_foreign_copies:
                 return owner.lower_copy(index, bufs[0], bufs[1], kind)
         return device.lower_copy(index, bufs[0], bufs[1], kind)
+
+    def _call_buffers(
+        self,
+        j: int,
+        inputs: Sequence[Buffer],
+        rebased: dict[tuple[Buffer, int], Buffer] | None,
+    ) -> list[Buffer]:
+        """Item j's buffers for a call with `inputs`: those that come from an input moved
+        onto the call's (memoised in `rebased`, when given)."""
+        bufs = list(self.items[j].bufs)
+        for slot, source in self.item_inputs[j]:
+            captured = bufs[slot]
+            key = (captured, source)
+            moved = rebased.get(key) if rebased is not None else None
+            if moved is None:
+                moved = captured.rebased(self.inputs[source], inputs[source])
+                if rebased is not None:
+                    rebased[key] = moved
+            bufs[slot] = moved
+        return bufs
 
     def bind(
         self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int], kept: Bound | None = None
@@ -501,8 +542,9 @@ class Program:
         When every queue's actor is idle, the jobs run here instead, in the caller's task
         (devices.run_inline): a replay of inline items on idle queues then costs no task
         switch at all, and what cannot run here goes to its actor as if posted. With
-        `profiles` (one per queue), each job carries its observer. (A caller that can
-        run the binding's LinearRun tries that first: see Graph and Runtime.)
+        `profiles` (one per queue), each job carries its observer. `then(sub)` is called
+        once the submission is done (at once if it ran to its end here). (A caller that can
+        run the binding here tries that first: `_graph.run_here`.)
         """
         runtime = self.runtime
         actors = self.actors
@@ -519,18 +561,17 @@ class Program:
             runtime.kick.set(kick)
             run_inline(actors, jobs)
             # Nothing ran in between: a submission done here was never in flight.
-            if sub.done.is_set():
-                runtime.count_done(sub, then)
-            else:
-                runtime.track(sub, then)
-            return sub
-        runtime.track(sub, then)
-        for qi in range(nqueues):
-            profile = None if profiles is None else profiles[qi]
-            actors[qi].post(Job(scripts[qi], bases, sub, qi, profile, copy_bytes[qi]))
-        runtime.kick.set(kick)
-        for flush in self._flushes:
-            flush()
+            self._track(sub)
+        else:
+            self._track(sub)
+            for qi in range(nqueues):
+                profile = None if profiles is None else profiles[qi]
+                actors[qi].post(Job(scripts[qi], bases, sub, qi, profile, copy_bytes[qi]))
+            runtime.kick.set(kick)
+            for flush in self._flushes:
+                flush()
+        if then is not None:
+            sub.when_done(then)
         return sub
 
     def _reserve(self) -> list[int]:
@@ -558,14 +599,6 @@ class Program:
             raise
         return bases
 
-    def done_submission(self, failure: tuple[int, str, BaseException] | None) -> Submission:
-        """A finished Submission standing for a LinearRun (for callers that hold one:
-        Replay objects), failed with `failure` if given."""
-        sub = Submission(0, self.timelines, (), self.queue_devices, self.device_jobs)
-        if failure is not None:
-            sub.fail(*failure)
-        return sub
-
 
 def host_program(
     runtime: Host, caps: Mapping[str, DeviceCaps], buffer: Buffer, write: bool
@@ -581,9 +614,7 @@ def host_program(
         buffer.device,
         (Access(buffer.device, buffer.alloc_id, start, stop, write),),
     )
-    program = Program(runtime, (), (), build_plan([item], caps))
-    program.copy_bytes[0] = buffer.nbytes
-    return program
+    return Program(runtime, (), (), build_plan([item], caps), host_bytes=buffer.nbytes)
 
 
 def raise_failure(program: Program, sub: Submission) -> None:
@@ -593,7 +624,7 @@ def raise_failure(program: Program, sub: Submission) -> None:
         raise_item_failure(program, (sub.failed_item, sub.failed_actor, sub.error))
 
 
-def raise_item_failure(program: Program, failure: tuple[int, str, BaseException]) -> None:
+def raise_item_failure(program: Program, failure: Failure) -> None:
     """Raise `failure` ((item, actor name, error) of a run of `program`) as the user sees
     it: an ItemError naming the item, or ClosedError when no item was at fault."""
     failed_item, failed_actor, error = failure

@@ -168,7 +168,15 @@ def _meta(name: str, pid: int, tid: int | None, value: Any, key: str = "name") -
 
 
 def write_trace(profile: Profile, path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write `profile` as Chrome trace-event JSON to `path`; return the trace dict."""
+    """Write `profile` as Chrome trace-event JSON (see Profile.to_chrome_trace).
+
+    Args:
+        profile: the Profile.
+        path: the file to write.
+
+    Returns:
+        The trace, as a dict.
+    """
     trace = chrome_trace(profile)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(trace, f)

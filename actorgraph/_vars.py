@@ -27,12 +27,39 @@ _OPS: dict[str, Callable[[int, int], int]] = {
 
 
 class Expr:
-    """An integer expression over Vars, evaluated per call."""
+    """An integer expression over Vars, evaluated per call.
+
+    Vars combine with ints and with each other by `+`, `-`, `*`, `//` and `cdiv`:
+    `ag.cdiv(n, 256)`, `n * 2`. Launch dimensions may be expressions.
+    """
 
     def evaluate(self, values: Mapping[Var, int]) -> int:
+        """The expression's value for these Var values.
+
+        Args:
+            values: a value for each Var the expression uses.
+
+        Returns:
+            The int it evaluates to.
+
+        Raises:
+            VarError: a Var of the expression has no value in `values`, or it divides by zero
+                for them.
+            NotImplementedError: on Expr itself, which only its kinds (a Var, an operation)
+                implement.
+        """
         raise NotImplementedError
 
     def variables(self) -> frozenset[Var]:
+        """The Vars the expression uses.
+
+        Returns:
+            A frozenset of Vars.
+
+        Raises:
+            NotImplementedError: on Expr itself, which only its kinds (a Var, an operation)
+                implement.
+        """
         raise NotImplementedError
 
     def __add__(self, other: IntLike) -> Expr:
@@ -73,7 +100,19 @@ def _check(value: object) -> IntLike:
 # replay lowers (a decode step with a new position each call lowers 16).
 @attrs.frozen(eq=True, cache_hash=True)
 class Var(Expr):
-    """A named symbolic int with inclusive bounds, bound to a value per call."""
+    """A named symbolic int with inclusive bounds, given a value per call.
+
+    `n = ag.Var("n", 1, 4096)`; a call passes `var_vals={n: 1000}`. The planner plans for
+    every value in the bounds.
+
+    Args:
+        name: a non-empty name, for messages and `var_vals` errors.
+        lo: the smallest value a call may give.
+        hi: the largest value a call may give.
+
+    Raises:
+        VarError: an empty name, or bounds that are not ints with lo <= hi.
+    """
 
     name: str
     lo: int
@@ -99,7 +138,17 @@ class Var(Expr):
         return frozenset((self,))
 
     def check(self, value: object) -> int:
-        """Return `value` if it is an int within bounds, else raise VarError."""
+        """`value` itself, once it is an int within the bounds.
+
+        Args:
+            value: a value for this Var.
+
+        Returns:
+            The value.
+
+        Raises:
+            VarError: the value is not an int (bools are refused), or lies outside [lo, hi].
+        """
         if isinstance(value, bool) or not isinstance(value, int):
             raise VarError(f"Var {self.name!r} needs an int value, got {value!r}")
         if not self.lo <= value <= self.hi:
@@ -140,7 +189,18 @@ class BinOp(Expr):
 
 
 def cdiv(a: IntLike, b: IntLike) -> IntLike:
-    """Ceiling division, for ints or expressions: cdiv(n, 256) blocks of 256 cover n."""
+    """Ceiling division, for ints or expressions: `cdiv(n, 256)` blocks of 256 cover n.
+
+    Args:
+        a: the dividend, an int or an expression of Vars.
+        b: the divisor, an int or an expression of Vars.
+
+    Returns:
+        An int when both are ints, else an expression evaluated per call.
+
+    Raises:
+        TypeError: a side is neither an int nor an expression.
+    """
     a, b = _check(a), _check(b)
     if isinstance(a, int) and isinstance(b, int):
         return _cdiv(a, b)

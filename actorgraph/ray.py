@@ -45,10 +45,14 @@ from typing import Any, NamedTuple
 import attrs
 import trio
 
+from actorgraph.devices import install_hint
+
 from ._background import BackgroundRuntime
 from ._errors import ActorGraphError, MissingExtraError, UsageError
+from ._options import refuse_unknown
 from ._runtime import Runtime, open_runtime
-from .devices.remote._tls import TLSSetupError, client_context
+from .devices.remote.tls import TLSSetupError, client_context
+from .worker import plaintext_problem
 
 try:
     import ray
@@ -56,7 +60,7 @@ try:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 except ImportError as _missing:  # pragma: no cover - depends on what is installed
     raise MissingExtraError(
-        f"actorgraph.ray needs Ray ({_missing}); install it with: pip install 'actorgraph[ray]'"
+        f"actorgraph.ray needs Ray ({_missing}); install the ray extra: {install_hint('ray')}"
     ) from None
 
 __all__ = [
@@ -144,13 +148,15 @@ class WorkerServer:
         limits: Any,
         tls: WorkerTLSFiles | None = None,
         allow_programs: bool = False,
+        insecure_plaintext: bool = False,
     ) -> dict[str, Any] | str:
         """Serve `devices`; the worker's place and address, or why it could not start."""
         bind = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         ready: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=self._main,
-            args=(list(devices), bind, token, list(kernels), limits, tls, allow_programs, ready),
+            args=(list(devices), bind, token, list(kernels), limits, tls, allow_programs),
+            kwargs={"insecure_plaintext": insecure_plaintext, "ready": ready},
             name="actorgraph worker",
             daemon=True,
         )
@@ -182,6 +188,8 @@ class WorkerServer:
         limits: Any,
         tls: WorkerTLSFiles | None,
         allow_programs: bool,
+        *,
+        insecure_plaintext: bool,
         ready: concurrent.futures.Future[tuple[str, int]],
     ) -> None:
         from actorgraph.worker import run_worker
@@ -202,6 +210,7 @@ class WorkerServer:
                         tls_key=None if tls is None else tls.key,
                         tls_ca=None if tls is None else tls.ca,
                         allow_programs=allow_programs,
+                        insecure_plaintext=insecure_plaintext,
                         task_status=task_status,
                     )
                 )
@@ -325,6 +334,7 @@ class RayWorkers:
         connections close as soon as Ray reports a worker lost. With `stop_workers=True`
         leaving the block also stops the workers."""
         self._check_running("open_runtime()")
+        refuse_unknown(options, "workers.open_runtime(...)", own=["stop_workers"])
         return self._runtime_block(self._names(local, options), stop_workers, options)
 
     @asynccontextmanager
@@ -351,6 +361,7 @@ class RayWorkers:
         told by Ray when a worker is lost. With `stop_workers=True`, its `close()` also
         stops the workers."""
         self._check_running("start_runtime()")
+        refuse_unknown(options, "workers.start_runtime(...)", own=["stop_workers"])
         names = self._names(local, options)
         return RayBackgroundRuntime(self, names, dict(options, **self._options()), stop_workers)
 
@@ -600,6 +611,7 @@ def start_workers(
     tls_key: str | os.PathLike[str] | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     allow_programs: bool = False,
+    insecure_plaintext: bool = False,
 ) -> RayWorkers:
     """Start worker actors on the Ray cluster this process is connected to; returns once
     every worker listens.
@@ -625,10 +637,18 @@ def start_workers(
     worker --allow-programs`: tinygrad's AG devices, `agt.install(remote=workers.devices,
     **workers.runtime_options())`); needs the tinygrad extra on every node, and trusts
     every holder of the token with the workers' processes.
+    insecure_plaintext: workers listening beyond loopback without TLS (else refused with
+    UsageError: the token does not protect what crosses the network after the
+    handshake); only for a cluster network you trust.
     """
     devices = _check_request(devices, placement, kernels)
     tls = _tls_files(tls_cert, tls_key, tls_ca)
     bundle = _bundle(placement, num_cpus, num_gpus, resources)
+    problem = plaintext_problem(
+        host or "the node's IP", tls is not None, insecure_plaintext, "insecure_plaintext=True"
+    )
+    if problem is not None:
+        raise UsageError(f"start_workers: {problem}")
     if not ray.is_initialized():
         if address is None:
             raise UsageError(
@@ -651,7 +671,9 @@ def start_workers(
             ) from None
         token = secrets.token_hex(32).encode()
         actors.extend(_worker_actors(group, count, bundle, runtime_env))
-        started = _Start(devices, host, token, list(kernels), limits, tls, allow_programs)
+        started = _Start(
+            devices, host, token, list(kernels), limits, tls, allow_programs, insecure_plaintext
+        )
         workers = _started(actors, started, timeout)
     except BaseException:
         for actor in actors:
@@ -742,6 +764,7 @@ class _Start(NamedTuple):
     limits: Any
     tls: WorkerTLSFiles | None
     allow_programs: bool
+    insecure_plaintext: bool
 
 
 def _started(actors: list[Any], start: _Start, timeout: float) -> list[RayWorker]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from types import MappingProxyType
 from typing import Any
 
 from ._actor import ActorStatistics as ActorStatistics
@@ -20,12 +19,17 @@ from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import DeviceError as DeviceError
 from ._device import LaunchRequest as LaunchRequest
+from ._extras import install_hint as install_hint
 from ._inline import HoldingSignal as HoldingSignal
 from ._inline import InlineRun as InlineRun
 from ._inline import Resumer as Resumer
 from ._inline import run_inline as run_inline
+from ._kinds import DEVICE_KINDS as DEVICE_KINDS
 from ._linear import NOT_RUN as NOT_RUN
+from ._linear import Failure as Failure
 from ._linear import LinearRun as LinearRun
+from ._linear import NotRun as NotRun
+from ._linear import Ran as Ran
 from ._linear import Schedule as Schedule
 from ._links import LinkStatistics as LinkStatistics
 from ._links import SharedLinks as SharedLinks
@@ -80,11 +84,6 @@ from .remote import RemoteDevice as RemoteDevice
 from .remote import RemoteError as RemoteError
 from .remote import open_remote_devices
 
-# Device kinds by name prefix. Read-only: a runtime opens instances, never edits this.
-DEVICE_KINDS: MappingProxyType[str, type[Device]] = MappingProxyType(
-    {"CPU": CPUDevice, "SIM": SIMDevice, "CUDA": CUDADevice}
-)
-
 # Every option of open_runtime(...) some kind of device reads.
 _ALL_KINDS: tuple[type[Device], ...] = (*DEVICE_KINDS.values(), RemoteDevice)
 DEVICE_OPTIONS: frozenset[str] = frozenset().union(*(kind.options_taken for kind in _ALL_KINDS))
@@ -125,5 +124,5 @@ def open_devices(names: Sequence[str], **options: Any) -> dict[str, Device]:
     """Devices by name: `KIND:N` ones of this process, and `KIND:N@HOST:PORT` ones of
     workers (devices/remote), those of one worker sharing one connection."""
     remote = [n for n in names if parse_remote_name(n) is not None]
-    opened = open_remote_devices(remote, **options) if remote else {}
+    opened = open_remote_devices(remote, kinds=DEVICE_KINDS, **options) if remote else {}
     return {n: opened[n] if n in opened else open_device(n, **options) for n in names}

@@ -124,9 +124,12 @@ class QueueActor:
     # None: the actor's own task ends its jobs, and the caller waits on `sub.done`.
     end_reader: Any = None
 
-    def __init__(self, name: str, timeline_start: int = 0) -> None:
+    def __init__(self, name: str, timeline_start: int = 0, signal: Signal | None = None) -> None:
+        """A queue named `name` whose timeline starts at `timeline_start`: its `signal`
+        is the one given (made by the caller at that value, e.g. one that tells others
+        as it moves), else a plain Signal."""
         self.name = name
-        self.signal = Signal(name, timeline_start)
+        self.signal = Signal(name, timeline_start) if signal is None else signal
         self.next_value = timeline_start
         self._inbox: collections.deque[Job] = collections.deque()
         self._doorbell = Doorbell()
@@ -259,7 +262,7 @@ class QueueActor:
         if not self._held:
             self._current = job
             self._held = True
-        job.at = index
+        job.reached(index)
         self.parked_on = (signal, target, index)
         self.parks += 1
         job.submission.parked()
@@ -284,7 +287,7 @@ class QueueActor:
     def hand_over(self, job: Job, index: int) -> None:
         """`job`, run inline up to op `index`, needs a task of its own there: the actor's
         task runs the rest, before any job posted after it."""
-        job.at = index
+        job.reached(index)
         self._held = False
         self._current = None
         self.parked_on = None
@@ -357,18 +360,18 @@ class QueueActor:
         count = len(job.ops)
         observer = job.observer
         if observer is not None:
-            observer.clock = self.clock
-            observer.start = self.clock()
+            observer.use_clock(self.clock)
+            observer.began(self.clock())
         at = step(job, job.at, name)
         while at < count:
             at = step(job, await self._stopped(job, at), name)
         if observer is not None:
-            observer.end = self.clock()
+            observer.finished(self.clock())
         self.finish(job)
 
     async def _stopped(self, job: Job, at: int) -> int:
         """Run op `at`, where `step` stopped, in this task; return where to step on."""
-        job.at = at  # where it has got (an AWAIT op's function may look)
+        job.reached(at)  # (an AWAIT op's function may look where it has got)
         op = job.ops[at]
         if op.code == EXEC_THREAD:
             return await self._run_on_thread(job, at)
@@ -383,7 +386,7 @@ class QueueActor:
             after = await self._run_device_op(op, job, at + 1)
         observer = job.observer
         if observer is not None:
-            observer.spans.append((at, start, self.clock()))
+            observer.span(at, start, self.clock())
         return after
 
     async def _run_on_thread(self, job: Job, at: int) -> int:
@@ -396,12 +399,12 @@ class QueueActor:
             if observer is not None and clock is not time.perf_counter:
                 # Times taken on the thread are perf_counter's: another clock (SIM's is
                 # trio's) cannot be read there. Such devices keep their items off it.
-                observer.clock = time.perf_counter
+                observer.use_clock(time.perf_counter)
             try:
                 failed = await self._thread().run(calls, at, observer)
             finally:
                 if observer is not None:
-                    observer.clock = clock
+                    observer.use_clock(clock)
             if failed is not None:
                 sub.fail(job.item_at(failed[0]), self.name, failed[1])
         return end

@@ -76,9 +76,16 @@ def _positive(instance: Any, attribute: attrs.Attribute[float], value: float) ->
 
 @attrs.frozen
 class Work:
-    """What a kernel launch does, for the roofline estimate.
+    """What a kernel launch does, for the roofline estimate of a SIM device: the launch takes
+    the slower of `flops` / compute throughput and `nbytes` / memory bandwidth.
 
-    `nbytes=None` means the bytes of the buffers the launch touches.
+    Args:
+        flops: the floating-point operations of one launch.
+        nbytes: the bytes it moves through device memory (None: the bytes of the buffers
+            the launch touches).
+
+    Raises:
+        ValueError: a figure that is not a number >= 0.
     """
 
     flops: float = attrs.field(default=0.0, validator=_non_negative)
@@ -96,7 +103,16 @@ class Work:
 
 @attrs.frozen
 class DeviceCost:
-    """Per device kind: seconds per launch, FLOP/s, bytes/s of device memory."""
+    """The figures of one device kind.
+
+    Args:
+        launch_latency: seconds every launch takes before its work.
+        compute_throughput: FLOP/s.
+        memory_bandwidth: bytes/s of device memory.
+
+    Raises:
+        ValueError: a latency below 0, or a throughput or bandwidth that is not above 0.
+    """
 
     launch_latency: float = attrs.field(validator=_non_negative)
     compute_throughput: float = attrs.field(validator=_positive)
@@ -105,7 +121,19 @@ class DeviceCost:
     def kernel_duration(
         self, kernel: Any, buffer_nbytes: Sequence[int], var_values: Sequence[int]
     ) -> float:
-        """Seconds one launch of `kernel` takes on such a device (launch latency included)."""
+        """Seconds one launch of `kernel` takes on such a device, launch latency included.
+
+        Args:
+            kernel: the Kernel, whose `cost` says what a launch does.
+            buffer_nbytes: the bytes of each of the launch's buffers.
+            var_values: the launch's Var values (for a cost function).
+
+        Returns:
+            The seconds.
+
+        Raises:
+            DeviceError: the kernel's cost function gave neither seconds >= 0 nor a Work.
+        """
         cost = kernel.cost
         if cost is None:  # the common case first: bytes the launch touches, at memory speed
             return self.launch_latency + sum(buffer_nbytes) / self.memory_bandwidth
@@ -127,12 +155,28 @@ class DeviceCost:
 
 @attrs.frozen
 class LinkCost:
-    """One kind of link: seconds per transfer, bytes/s."""
+    """One kind of link: a copy over it takes `latency` plus its bytes over `bandwidth`.
+
+    Args:
+        latency: seconds per transfer.
+        bandwidth: bytes/s.
+
+    Raises:
+        ValueError: a latency below 0, or a bandwidth that is not above 0.
+    """
 
     latency: float = attrs.field(validator=_non_negative)
     bandwidth: float = attrs.field(validator=_positive)
 
     def duration(self, nbytes: int) -> float:
+        """Seconds a copy of `nbytes` takes over such a link alone.
+
+        Args:
+            nbytes: the bytes copied.
+
+        Returns:
+            latency + nbytes / bandwidth.
+        """
         return self.latency + nbytes / self.bandwidth
 
 
@@ -151,9 +195,23 @@ def _topology(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
 
 @attrs.frozen
 class CostModel:
-    """A simulated machine: device costs per device kind, its three kinds of link, and
-    its shape (`topology`: nodes of GPUs and the network between them; None: one node of
-    any number of GPUs whose copies never share a link)."""
+    """A simulated machine, plain data: what its devices and links cost, and its shape.
+
+    Give one to `open_runtime(..., sim_preset=...)`, or use a preset by name
+    (`ag.SIM_PRESETS`).
+
+    Args:
+        name: what messages call it.
+        devices: a DeviceCost per device kind ("SIM").
+        same_device: the link of a copy within one GPU.
+        peer: the link between two GPUs of a node (NVLink or PCIe).
+        host: the link between a GPU and host memory.
+        topology: the machine's shape (nodes of GPUs and the network between them); None
+            is one node of any number of GPUs whose copies never share a link.
+
+    Raises:
+        ValueError: a device cost that is no DeviceCost, or a topology that is no Topology.
+    """
 
     name: str
     devices: Mapping[str, DeviceCost] = attrs.field(converter=_device_table)
@@ -178,7 +236,11 @@ class CostModel:
             )
 
     def describe(self) -> str:
-        """The machine in one line: its shape, its links, its device names."""
+        """The machine in one line: its shape, its links, its device names.
+
+        Returns:
+            The line, as `actorgraph devices` prints it.
+        """
         topology = self.topology
         if topology is None:
             return "one node of any number of GPUs (SIM:N), copies never share a link"
@@ -188,11 +250,28 @@ class CostModel:
         return f"{topology.describe()}: {names}"
 
     def node_of(self, index: int) -> int:
-        """The node GPU `index` (SIM:index) sits in; 0 without a topology."""
+        """The node GPU `index` (`SIM:index`) sits in.
+
+        Args:
+            index: the GPU's number, N of SIM:N.
+
+        Returns:
+            Its node's number; 0 without a topology.
+        """
         return 0 if self.topology is None else self.topology.node_of(index)
 
     def peer_route(self, src: int, dst: int, kind: str = "SIM") -> Route:
-        """The route of a copy between GPUs `src` and `dst` (different GPUs)."""
+        """The route of a copy between two different GPUs: its latency, its bandwidth alone, and
+        the links it shares with other copies.
+
+        Args:
+            src: the source GPU's number.
+            dst: the destination GPU's number.
+            kind: the device kind whose names the route's links use.
+
+        Returns:
+            The Route.
+        """
         peer = self.peer
         if self.topology is None:
             return Route(peer.latency, peer.bandwidth)
@@ -210,7 +289,17 @@ class CostModel:
     def kernel_duration(
         self, kind: str, kernel: Any, buffer_nbytes: Sequence[int], var_values: Sequence[int]
     ) -> float:
-        """Seconds one launch of `kernel` takes on a `kind` device (launch latency included)."""
+        """Seconds one launch of `kernel` takes on a `kind` device, launch latency included.
+
+        Args:
+            kind: the device kind ("SIM").
+            kernel: the Kernel.
+            buffer_nbytes: the bytes of each of the launch's buffers.
+            var_values: the launch's Var values.
+
+        Returns:
+            The seconds.
+        """
         return self.device(kind).kernel_duration(kernel, buffer_nbytes, var_values)
 
 

@@ -14,7 +14,15 @@ import numpy as np
 from actorgraph.scheduler import QueueKind
 
 from ._actor import QueueActor
-from ._device import Device, DeviceBuffer, DeviceError, LaunchRequest, nothing, same_bytes
+from ._device import (
+    Device,
+    DeviceBuffer,
+    DeviceError,
+    LaunchRequest,
+    MakeSignal,
+    nothing,
+    same_bytes,
+)
 from ._ops import EXEC, EXEC_THREAD, Op, run_op
 
 DEFAULT_THREAD_BYTES = 1 << 20
@@ -60,6 +68,8 @@ def copy_args(
 class CPUDevice(Device):
     kind = "CPU"
     options_taken = frozenset(["cpu_thread_bytes"])
+    host_memory = True
+    runs_host_kernels = True
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
@@ -69,8 +79,11 @@ class CPUDevice(Device):
             QueueKind.COPY: QueueActor(f"{name}/copy", timeline_start),
         }
 
-    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
-        return QueueActor(name)  # CPU ops carry their arrays: any actor runs them
+    def new_queue(
+        self, kind: QueueKind, name: str, make_signal: MakeSignal | None = None
+    ) -> QueueActor | None:
+        # CPU ops carry their arrays: any actor runs them.
+        return QueueActor(name, signal=None if make_signal is None else make_signal(name, 0))
 
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
         return np.zeros(nelems, dtype=dtype)

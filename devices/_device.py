@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
@@ -13,6 +13,9 @@ from actorgraph.scheduler import ActorGraphError, DeviceCaps, QueueKind
 from ._actor import QueueActor
 from ._ops import Op
 from ._signal import Signal
+
+# Makes a queue's timeline signal: (name, start value) -> the signal (Device.new_queue).
+MakeSignal = Callable[[str, int], Signal]
 
 _VALUE_MAX = (1 << 64) - 1
 
@@ -81,7 +84,9 @@ class LaunchRequest(NamedTuple):
 
 
 class DeviceError(ActorGraphError):
-    """A device cannot be opened, or cannot run what it was given."""
+    """A device cannot be opened (an unknown name, no GPU, a worker that refuses), or cannot
+    run what it was given.
+    """
 
 
 class Device:
@@ -107,6 +112,16 @@ class Device:
     options_taken: ClassVar[frozenset[str]] = frozenset()
     # Its kernels may build slowly on first lowering (compile): see `slow_builds`.
     builds_kernels: ClassVar[bool] = False
+    # Its buffers are this process's host memory, which its kernels read in place: memory
+    # the host owns can be wrapped as its buffers (`rt.wrap`), and the planner takes it
+    # for the host (`DeviceCaps.is_cpu`).
+    host_memory: ClassVar[bool] = False
+    # Its kernels are calls on this host's CPU that carry their arrays, bound to no
+    # thread or stream: machine code compiled for the CPU runs there, any plain queue
+    # actor runs its ops (a worker gives each client its own, whose signal tells other
+    # workers how far it got), a quick one may run on a worker's event loop, and a
+    # replay on such devices alone may run off the runtime's thread.
+    runs_host_kernels: ClassVar[bool] = False
 
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         self.name = name
@@ -132,7 +147,7 @@ class Device:
             kind=self.kind,
             has_copy_queue=QueueKind.COPY in self.queues,
             host_visible=self.host_visible,
-            is_cpu=self.kind == "CPU",
+            is_cpu=self.host_memory,
             host_backed=self.host_backed,
             host_io=self.host_io,
         )
@@ -168,10 +183,14 @@ class Device:
     def close(self) -> None:
         """Release what the device holds outside trio (threads, driver handles)."""
 
-    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
+    def new_queue(
+        self, kind: QueueKind, name: str, make_signal: MakeSignal | None = None
+    ) -> QueueActor | None:
         """Another actor that runs this device's ops of queue `kind` beside its own (a
         worker gives each client its own, so one client's waits never hold another's
-        work), or None where ops are lowered for the device's own queues only."""
+        work), or None where ops are lowered for the device's own queues only.
+        `make_signal(name, start)` makes the timeline signal the new actor owns, where
+        the kind takes one made by the caller (CPU's does); the others make their own."""
         return None
 
     def drop_queue(self, actor: QueueActor) -> bool:

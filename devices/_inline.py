@@ -89,7 +89,7 @@ class InlineRun:
         if at == len(ops):
             actor.finish(job)
             return (actor.signal, *job.submission.timelines)
-        job.at = at
+        job.reached(at)
         op = ops[at]
         if op.code == WAIT:
             parked.setdefault(op.signal, []).append(q)

@@ -25,8 +25,9 @@ next ticket only means the next submission finds its turn already reached).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Final
 
 from ._actor import QueueActor
 from ._device import Device
@@ -39,8 +40,19 @@ _VALUE_MAX = (1 << 64) - 1
 # What a failed run reports: (item, actor name, error).
 Failure = tuple[int, str, BaseException]
 
-# What LinearRun.run returns when it may not run now (and did nothing).
-NOT_RUN: Any = object()
+
+class NotRun(enum.Enum):
+    """The one value that says a submission did not run where it was made, and nothing
+    of it was done (`LinearRun.run`, and the callers that decide where a replay runs):
+    it goes to the actors instead. Its one member is `NOT_RUN`."""
+
+    NOT_RUN = "not run"
+
+
+NOT_RUN: Final = NotRun.NOT_RUN
+
+# What running a submission where it was made gives: its first failure, or None.
+Ran = Failure | None
 
 
 class Schedule:
@@ -147,7 +159,7 @@ class Schedule:
             left = min(left, _VALUE_MAX - 1 - device.next_ticket)
         return left
 
-    def run(self, calls: Calls) -> Any:
+    def run(self, calls: Calls) -> Ran | NotRun:
         """If `ready()`, run `calls` (a binding's calls, in the order), then have the
         owners do the actors' bookkeeping, and return the first failure (later calls
         are skipped, as the actors skip the execs after one) or None. If not, do
@@ -222,7 +234,7 @@ class LinearRun:
         """Whether the run moves no signal a task waits on (Schedule.quiet)."""
         return self._schedule.quiet()
 
-    def run(self) -> Any:
+    def run(self) -> Ran | NotRun:
         """Run the calls if the devices are ready (Schedule.run): the first failure, None,
         or NOT_RUN having done nothing."""
         return self._schedule.run(self._calls)

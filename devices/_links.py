@@ -49,6 +49,26 @@ class _Flow:
         self.end = math.inf
         self.changed = trio.Event()
 
+    def moved_until(self, now: float) -> None:
+        """Count the bytes it moved since `at`, at its rate, as of `now`."""
+        self.left = max(0.0, self.left - self.rate * (now - self.at))
+        self.at = now
+
+    def runs_at(self, rate: float, now: float) -> None:
+        """It moves at `rate` from `now` (its bytes counted to now): wake its task if that
+        moves its end."""
+        self.rate = rate
+        # Copies that end at one instant leave one after the other, in whatever order
+        # their tasks run: what rounding leaves of one (a billionth of its bytes at
+        # most) must not make it end a hair after the others in one order only.
+        if self.left <= self.total * 1e-9:
+            self.left = 0.0
+        end = now + self.left / rate
+        if end != self.end:
+            self.end = end
+            self.changed.set()
+            self.changed = trio.Event()
+
 
 class SharedLinks:
     """The shared links of one runtime's simulated machine and the copies crossing them.
@@ -131,20 +151,9 @@ class SharedLinks:
         now = trio.current_time()
         flows = self._component(seeds)
         for flow in flows:
-            flow.left = max(0.0, flow.left - flow.rate * (now - flow.at))
-            flow.at = now
+            flow.moved_until(now)
         for flow, rate in zip(flows, fair_rates(flows)):
-            flow.rate = rate
-            # Copies that end at one instant leave one after the other, in whatever order
-            # their tasks run: what rounding leaves of one (a billionth of its bytes at
-            # most) must not make it end a hair after the others in one order only.
-            if flow.left <= flow.total * 1e-9:
-                flow.left = 0.0
-            end = now + flow.left / rate
-            if end != flow.end:
-                flow.end = end
-                flow.changed.set()
-                flow.changed = trio.Event()
+            flow.runs_at(rate, now)
 
 
 def fair_rates(flows: list[_Flow]) -> list[float]:
@@ -161,21 +170,7 @@ def fair_rates(flows: list[_Flow]) -> list[float]:
     # Links by name, so that ties fall the same way whatever order the flows came in.
     links = sorted(users, key=lambda lk: lk.name)
     while open_flows:
-        # The tightest constraint: a link's room split among its open flows, or a flow's
-        # own cap.
-        share = math.inf
-        tight: Link | None = None
-        for link in links:
-            count = sum(1 for i in users[link] if i in open_flows)
-            if count and room[link] / count < share:
-                share = room[link] / count
-                tight = link
-        lowest_cap = min(flows[i].cap for i in open_flows)
-        if lowest_cap <= share:
-            share = lowest_cap
-            fixed = [i for i in open_flows if flows[i].cap == share]
-        else:
-            fixed = [i for i in users[tight] if i in open_flows] if tight is not None else []
+        share, fixed = _tightest(flows, open_flows, links, room, users)
         # A share of 0 can only come of rounding on a full link: keep every rate > 0.
         share = max(share, 1.0)
         for i in fixed:
@@ -184,6 +179,28 @@ def fair_rates(flows: list[_Flow]) -> list[float]:
             for link in flows[i].links:
                 room[link] = max(0.0, room[link] - share)
     return rates
+
+
+def _tightest(
+    flows: list[_Flow],
+    open_flows: set[int],
+    links: list[Link],
+    room: dict[Link, float],
+    users: dict[Link, list[int]],
+) -> tuple[float, list[int]]:
+    """The tightest constraint on the open flows: a link's room split among its open
+    flows, or a flow's own cap; the share it leaves each, and the flows it fixes."""
+    share = math.inf
+    tight: Link | None = None
+    for link in links:
+        count = sum(1 for i in users[link] if i in open_flows)
+        if count and room[link] / count < share:
+            share = room[link] / count
+            tight = link
+    lowest_cap = min(flows[i].cap for i in open_flows)
+    if lowest_cap <= share:
+        return lowest_cap, [i for i in open_flows if flows[i].cap == lowest_cap]
+    return share, [i for i in users[tight] if i in open_flows] if tight is not None else []
 
 
 class Transfer:

@@ -301,13 +301,13 @@ class Submission:
     """
 
     __slots__ = (
+        "_callbacks",
+        "_reader",
         "device_left",
         "done",
         "error",
         "failed_actor",
         "failed_item",
-        "interrupt",
-        "on_done",
         "queue_devices",
         "remaining",
         "tickets",
@@ -333,16 +333,42 @@ class Submission:
         self.failed_item = -1
         self.failed_actor = ""
         self.done = trio.Event()
-        self.on_done: Callable[[Submission], None] | None = None
+        # Told once it is done, in the order they were given (`when_done`); None: none.
+        self._callbacks: list[Callable[[Submission], None]] | None = None
         # Set while a task reads this submission's end itself, where no actor would wake
-        # it (a remote connection's wait_done): called with the error when the runtime
-        # fails the submission from outside (`Runtime._break`), so that task stops.
-        self.interrupt: Callable[[BaseException], None] | None = None
+        # it (a remote connection's wait_done, `read_by`): called with the error when the
+        # runtime fails the submission from outside (`break_off`), so that task stops.
+        self._reader: Callable[[BaseException], None] | None = None
         # Counted only where an actor really parks (the slow path), never per op.
         self.waits_parked = 0
         self.time_blocked = 0.0
         if njobs == 0:
             self.done.set()
+
+    def when_done(self, callback: Callable[[Submission], None]) -> None:
+        """Call `callback(self)` once the submission is done, failed or not (at once if it
+        is already), after the callbacks given before it."""
+        if self.done.is_set():
+            callback(self)
+            return
+        callbacks = self._callbacks
+        if callbacks is None:
+            self._callbacks = [callback]
+        else:
+            callbacks.append(callback)
+
+    def read_by(self, interrupt: Callable[[BaseException], None] | None) -> None:
+        """A task reads this submission's end itself (None: no longer), where no actor
+        would wake it: `interrupt(error)` stops it if the submission is failed from
+        outside (`break_off`)."""
+        self._reader = interrupt
+
+    def break_off(self, error: BaseException) -> None:
+        """Fail the submission and finish it now from outside (its runtime broke), and
+        stop the task that reads its end, if one does: its jobs may never end."""
+        self.abandon("", error)
+        if self._reader is not None:
+            self._reader(error)
 
     def fail(self, item: int, actor: str, error: BaseException) -> None:
         """Record the first failure; later ops of this submission skip their execs."""
@@ -378,8 +404,11 @@ class Submission:
 
     def _finish(self) -> None:
         self.done.set()
-        if self.on_done is not None:
-            self.on_done(self)
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
+            for callback in callbacks:
+                callback(self)
 
 
 class JobProfile:
@@ -428,6 +457,22 @@ class JobProfile:
         self.spans = [(index, s - shift, e - shift) for index, s, e in spans]
         self.start = None if start is None else start - shift
         self.end = None if end is None else end - shift
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Take times with `clock` from now on (the clock of whoever runs the job)."""
+        self.clock = clock
+
+    def began(self, at: float) -> None:
+        """The job started at `at`."""
+        self.start = at
+
+    def finished(self, at: float) -> None:
+        """The job ended at `at`."""
+        self.end = at
+
+    def span(self, index: int, start: float, end: float) -> None:
+        """Op `index` ran (or was parked on) from `start` to `end`."""
+        self.spans.append((index, start, end))
 
     def call(self, index: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run op `index`'s call, timed (a raise is recorded, then passed on)."""
@@ -570,6 +615,10 @@ class Job:
     def item_at(self, index: int) -> int:
         """The item op `index` runs (-1: a wait, a signal, or work of the queue's own)."""
         return item_at(self.ops, index)
+
+    def reached(self, at: int) -> None:
+        """Every op before op `at` is done: whoever runs the job next starts there."""
+        self.at = at
 
     def fail(self, actor: str, error: BaseException, item: int | None = None) -> None:
         """Fail the submission (naming `item`, else the job's first) and end this job."""

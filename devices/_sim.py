@@ -29,7 +29,7 @@ from actorgraph.scheduler import DeviceCaps, QueueKind
 from ._actor import QueueActor
 from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
-from ._device import Device, DeviceBuffer, LaunchRequest, nothing, same_bytes
+from ._device import Device, DeviceBuffer, LaunchRequest, MakeSignal, nothing, same_bytes
 from ._links import SharedLinks, Transfer
 from ._ops import HOST_OPS, KICK, SIM_RUN, Job, Op, SimRun, sim_run
 from ._step import run_calls
@@ -38,11 +38,16 @@ from ._topology import Route
 
 @attrs.frozen
 class SimRecord:
-    """One item as a SIM queue ran it.
+    """One item as a SIM queue ran it, in simulated seconds on trio's clock.
 
-    `submission` numbers the runtime's submissions (graph replays, eager items, host
-    copies) in the order they were made; `item` is the item's index in its jit cache
-    (or in the `rt.run` list), -1 for a host copy.
+    Attributes:
+        queue: the queue actor, "SIM:0/compute".
+        submission: which of the runtime's submissions (graph replays, eager items, host
+            copies) it belongs to, numbered in the order they were made; `rt.kick.value`
+            is the latest.
+        item: the item's index in its graph (or in the `rt.run` list), -1 for a host copy.
+        start: when it started.
+        end: when it ended.
     """
 
     queue: str
@@ -135,7 +140,9 @@ class SIMDevice(Device):
     def queues(self) -> Mapping[QueueKind, SimQueueActor]:
         return self._sim_queues
 
-    def new_queue(self, kind: QueueKind, name: str) -> QueueActor | None:
+    def new_queue(
+        self, kind: QueueKind, name: str, make_signal: MakeSignal | None = None
+    ) -> QueueActor | None:
         return SimQueueActor(name)
 
     @property

@@ -51,8 +51,20 @@ def _count(instance: Any, attribute: attrs.Attribute[int], value: int) -> None:
 
 @attrs.frozen
 class Network:
-    """The links between nodes: `nics_per_node` NICs per node, each `nic_bandwidth`
-    bytes/s in each direction, and `latency` seconds from GPU to GPU across the fabric."""
+    """The links between nodes: NICs per node and the fabric's latency.
+
+    GPU g of a node uses NIC `g * nics_per_node // gpus_per_node` (with a NIC per GPU each
+    has its own, as on rail-optimised clusters); each NIC is a link out and one in.
+
+    Args:
+        name: what descriptions call it ("400 Gb/s InfiniBand NDR").
+        latency: seconds from GPU to GPU across the fabric.
+        nic_bandwidth: bytes/s of a NIC in each direction.
+        nics_per_node: how many NICs a node has.
+
+    Raises:
+        ValueError: a latency below 0, a bandwidth that is not above 0, or a count below 1.
+    """
 
     name: str
     latency: float = attrs.field(validator=_latency)
@@ -62,8 +74,22 @@ class Network:
 
 @attrs.frozen
 class Topology:
-    """`nodes` nodes of `gpus_per_node` GPUs; `interconnect` names the links inside a node
-    (their figures are the cost model's `peer` link); `network` joins the nodes."""
+    """A machine of `nodes` nodes of `gpus_per_node` GPUs, its GPUs numbered node by node:
+    `SIM:N` is GPU `N % gpus_per_node` of node `N // gpus_per_node`.
+
+    Inside a node every GPU has a port onto the interconnect, one link out and one in at
+    the cost model's `peer` bandwidth; between nodes copies go NIC to NIC. Copies that
+    cross one link share its bandwidth fairly.
+
+    Args:
+        nodes: how many nodes.
+        gpus_per_node: how many GPUs each node has.
+        interconnect: the name of the links inside a node ("NVLink", "PCIe").
+        network: the links between nodes (needed for more than one node).
+
+    Raises:
+        ValueError: a count below 1, or several nodes without a network.
+    """
 
     nodes: int = attrs.field(validator=_count)
     gpus_per_node: int = attrs.field(validator=_count)
@@ -79,20 +105,39 @@ class Topology:
 
     @property
     def gpus(self) -> int:
+        """How many GPUs the machine has (nodes x GPUs per node)."""
         return self.nodes * self.gpus_per_node
 
     def node_of(self, index: int) -> int:
-        """The node of GPU `index` (SIM:index)."""
+        """The node of GPU `index` (`SIM:index`).
+
+        Args:
+            index: the GPU's number.
+
+        Returns:
+            index // gpus_per_node.
+        """
         return index // self.gpus_per_node
 
     def nic_of(self, index: int) -> int:
-        """The NIC (numbered within its node) that GPU `index` sends and receives through."""
+        """The NIC (numbered within its node) that GPU `index` sends and receives through.
+
+        Args:
+            index: the GPU's number.
+
+        Returns:
+            The NIC's number in its node.
+        """
         network = self.network
         nics = 1 if network is None else network.nics_per_node
         return (index % self.gpus_per_node) * nics // self.gpus_per_node
 
     def describe(self) -> str:
-        """One line: the machine's shape and its links."""
+        """One line: the machine's shape and its links.
+
+        Returns:
+            The line.
+        """
         gpus = f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} GPUs"
         out = f"{gpus}, {self.interconnect} in a node"
         if self.network is not None and self.nodes > 1:

@@ -93,7 +93,8 @@ if __name__ == "__main__":
         placement: str | int = "node"
         host = None  # each worker listens on its node's address
     else:
-        ray.init(num_cpus=2, object_store_memory=80 << 20, include_dashboard=False)
+        # A local Ray of its own, even where one runs already (--address joins that one).
+        ray.init(address="local", num_cpus=2, object_store_memory=80 << 20, include_dashboard=False)
         placement, host = args.workers, "127.0.0.1"
     try:
         with agray.start_workers(

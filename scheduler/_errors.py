@@ -4,16 +4,18 @@ from __future__ import annotations
 
 
 class ActorGraphError(Exception):
-    """Base of every error the project raises on purpose (planner, devices, public API)."""
+    """The base of every error actorgraph raises on purpose (planner, devices, public API)."""
 
 
 class PlanError(ActorGraphError):
-    """A plan could not be built, or a built plan is unsafe (deadlock or race)."""
+    """A plan could not be built, or a built plan is unsafe (a deadlock or a race)."""
 
 
 class PlanDeadlockError(PlanError):
-    """A plan has waits that no pending work can satisfy."""
+    """A plan has waits that no pending work can satisfy (`plan.verify()` found one)."""
 
 
 class PlanRaceError(PlanError):
-    """A plan lets two conflicting accesses run without a happens-before order."""
+    """A plan lets two conflicting accesses to the same bytes run without an order between
+    them (`plan.verify()` found one).
+    """

@@ -29,11 +29,7 @@ def list_schedule_order(plan: Plan, durations: Sequence[float]) -> tuple[int, ..
     for j, before in enumerate(deps):
         for d in before:
             successors[d].append(j)
-    # Longest chain from the start of j to the end: the priority (jit order is topological).
-    rank = [0.0] * count
-    for j in range(count - 1, -1, -1):
-        rank[j] = durations[j] + max((rank[s] for s in successors[j]), default=0.0)
-
+    rank = _chain_ranks(successors, durations)
     nqueues = len(plan.queues)
     ready: list[list[tuple[float, int]]] = [[] for _ in range(nqueues)]
     free_at = [0.0] * nqueues
@@ -56,6 +52,15 @@ def list_schedule_order(plan: Plan, durations: Sequence[float]) -> tuple[int, ..
                 raise PlanError("list_schedule_order: dependencies form a cycle")
             now = max(now, running[0][0])
     return tuple(order)
+
+
+def _chain_ranks(successors: Sequence[Sequence[int]], durations: Sequence[float]) -> list[float]:
+    """Per item, the longest chain from its start to the end: its priority (jit order is
+    topological, so every successor comes later)."""
+    rank = [0.0] * len(successors)
+    for j in range(len(successors) - 1, -1, -1):
+        rank[j] = durations[j] + max((rank[s] for s in successors[j]), default=0.0)
+    return rank
 
 
 def _start_idle(

@@ -44,26 +44,32 @@ def assign_queue(item: PlanItem, caps: Mapping[str, DeviceCaps]) -> QueueId:
             )
     if item.kind is ItemKind.EXEC:
         return QueueId(item.device, QueueKind.COMPUTE)
+    dst = caps[item.device]
     src = caps[item.src_device] if item.src_device is not None else None
-    if src is not None and src.host_io != caps[item.device].host_io:
-        host = caps[item.device] if src.host_io else src
-        return QueueId(host.name, QueueKind.COPY if host.has_copy_queue else QueueKind.COMPUTE)
-    if src is not None and caps[item.device].is_cpu and not src.host_visible and src.has_copy_queue:
+    if src is not None:
+        elsewhere = _not_the_destination(src, dst)
+        if elsewhere is not None:
+            return elsewhere
+    if dst.has_copy_queue:
+        return QueueId(item.device, QueueKind.COPY)
+    if src is not None and src.has_copy_queue:
         return QueueId(src.name, QueueKind.COPY)
-    if (
-        src is not None
-        and not src.host_backed
-        and src.kind != caps[item.device].kind
-        and src.has_copy_queue
-    ):
+    return QueueId(item.device, QueueKind.COMPUTE)
+
+
+def _not_the_destination(src: DeviceCaps, dst: DeviceCaps) -> QueueId | None:
+    """The queue of a copy from `src` to `dst` that the destination's engine must not
+    run (see assign_queue), or None."""
+    if src.host_io != dst.host_io:
+        host = dst if src.host_io else src
+        return QueueId(host.name, QueueKind.COPY if host.has_copy_queue else QueueKind.COMPUTE)
+    if dst.is_cpu and not src.host_visible and src.has_copy_queue:
+        return QueueId(src.name, QueueKind.COPY)
+    if not src.host_backed and src.kind != dst.kind and src.has_copy_queue:
         # Another kind's engine cannot reach this memory (a SIM device's, say, from a
         # CUDA GPU): the source's own engine moves the data.
         return QueueId(src.name, QueueKind.COPY)
-    if caps[item.device].has_copy_queue:
-        return QueueId(item.device, QueueKind.COPY)
-    if item.src_device is not None and caps[item.src_device].has_copy_queue:
-        return QueueId(item.src_device, QueueKind.COPY)
-    return QueueId(item.device, QueueKind.COMPUTE)
+    return None
 
 
 def _queue_order(queue: QueueId, device_order: Mapping[str, int]) -> tuple[int, int]:
@@ -174,6 +180,7 @@ class _Walk:
         programs, run_end, queues = self.programs, self.run_end, self.queues
         position = [0] * len(items)
         tracker = RangeTracker()
+        io_devices = _io_devices(caps)
         for j, item in enumerate(items):
             qi = item_queue[j]
             position[j] = counts[qi]
@@ -182,7 +189,7 @@ class _Walk:
             # Until the item first changes it, `clock` is the array its queue's previous
             # item holds in clock_after: it is copied before the first change.
             private = not position[j]
-            if item.src_device is not None and caps[item.src_device].host_io:
+            if item.src_device in io_devices:
                 deps, source_deps = _io_copy_deps(tracker, item, j)
             else:
                 deps, source_deps = tracker.item(accesses, j), _NO_ITEMS
@@ -271,6 +278,11 @@ class _Walk:
             spliced.append(Signal(count))
             out.append(tuple(spliced))
         return tuple(out)
+
+
+def _io_devices(caps: Mapping[str, DeviceCaps]) -> set[str | None]:
+    """The devices reached by I/O (a worker's), by name."""
+    return {name for name, device in caps.items() if device.host_io}
 
 
 def _io_copy_deps(tracker: RangeTracker, item: PlanItem, j: int) -> tuple[set[int], Set[int]]:

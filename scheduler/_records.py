@@ -26,6 +26,7 @@ class DeviceCaps:
     has_copy_queue: bool = True
     peer_group: str = ""
     host_visible: bool = True
+    # Its memory is this host's, read in place by its kernels (a CPU device's).
     is_cpu: bool = False
     # Its memory is host RAM underneath (CPU, SIM), so another kind's copy engine can
     # reach it through the host; a GPU's memory (CUDA) only its own kind's engines reach.

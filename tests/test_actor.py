@@ -53,7 +53,7 @@ async def test_an_actor_that_stops_fails_the_work_it_never_ran() -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.serve)
         sub = Submission(1, [], [], [()], [])
-        sub.on_done = done_called.append
+        sub.when_done(done_called.append)
         nursery.cancel_scope.cancel()  # the actor stops before it takes the job
         ops = (run_op(EXEC, ran.append, (1,), 7), signal_op(actor.signal, FIRST_QUEUE_SLOT, 1))
         actor.post(Job(ops, [0, 0, actor.reserve(1)], sub, 0))
@@ -61,3 +61,29 @@ async def test_an_actor_that_stops_fails_the_work_it_never_ran() -> None:
     assert isinstance(sub.error, ActorClosedError) and sub.failed_actor == "q"
     assert "q was shut down before it ran this work" in str(sub.error)
     assert ran == []  # its item never ran
+
+
+def test_a_submission_tells_its_callbacks_once_in_order_and_at_once_when_done() -> None:
+    sub = Submission(1, [], [], [()], [])
+    told: list[str] = []
+    sub.when_done(lambda s: told.append("first"))
+    sub.when_done(lambda s: told.append("second"))
+    sub.job_done(0)
+    assert told == ["first", "second"]
+    sub.when_done(lambda s: told.append("late"))  # already done: told at once
+    assert told == ["first", "second", "late"]
+
+
+def test_a_submission_broken_off_fails_finishes_and_stops_its_reader() -> None:
+    sub = Submission(2, [], [], [(), ()], [])
+    stopped: list[BaseException] = []
+    told: list[Submission] = []
+    sub.when_done(told.append)
+    sub.read_by(stopped.append)
+    error = RuntimeError("the runtime broke")
+    sub.break_off(error)
+    assert sub.done.is_set() and sub.error is error and sub.failed_item == -1
+    assert told == [sub] and stopped == [error]
+    sub.read_by(None)
+    sub.break_off(RuntimeError("again"))  # nothing more: done, and nobody reads it now
+    assert told == [sub] and stopped == [error] and sub.error is error

@@ -513,20 +513,15 @@ def test_the_loop_lock_is_free_only_while_the_run_waits_for_io() -> None:
 # What of Runtime's public surface a background runtime does not offer, and why. Every
 # other public name of Runtime (methods, properties, attributes) has a counterpart.
 NOT_MIRRORED = {
-    "admit": "waits in the calling trio task for room in the in-flight window: a hook of "
-    "Graph on the runtime's thread (calls from other threads wait their turn instead)",
-    "has_room": "a check of the in-flight window Graph makes on the runtime's thread",
-    "reserve": "holds a place in the in-flight window for a replay that waits for its "
-    "timelines: a hook of Graph.submit on the runtime's thread",
-    "unreserve": "gives back the place reserve took, on the runtime's thread",
-    "wait_timeline": "waits in the calling trio task for an external timeline: a hook of "
-    "Graph.submit on the runtime's thread (graph.submit(after=...) is the public call)",
-    "track": "bookkeeping Program calls on the runtime's thread for each submission it posts",
-    "count_done": "bookkeeping Program calls on the runtime's thread",
-    "adopt": "bookkeeping Graph calls on the runtime's thread when it is compiled",
+    "window": "the in-flight window (room for submissions, the submissions in flight, "
+    "replays waiting for external timelines): trio state of the runtime's thread; "
+    "`in_flight` and `max_in_flight` answer from others",
+    "graphs": "the runtime's part that compiles graphs and counts their replays, on its "
+    "thread; `compile`, `replays`, `replays_done` and `graphs_compiled` are the public calls",
+    "profiles": "the profiled replays kept on the runtime's thread; `profile()` and "
+    "`profiling` read them",
     "epoch": "a count the fast path of a graph call reads on the runtime's thread (a free, a "
     "break or a close moves it)",
-    "keep_profile": "bookkeeping Graph calls on the runtime's thread; profile() reads it",
     "check_open": "every call checks the runtime on its thread; a closed background runtime "
     "raises ClosedError from any call, and `closed` says so without raising",
     "check_own": "a check the runtime's calls make on its thread; owns() asks the same",

@@ -21,6 +21,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import _extras
 import pytest
 from _paths import ROOT, TESTS
 
@@ -67,7 +68,7 @@ def test_every_benchmark_runs_in_its_quick_mode(script: Path) -> None:
     )
     missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", done.stderr)
     if done.returncode != 0 and missing and missing.group(1).split(".")[0] in OPTIONAL:
-        pytest.skip(f"{script.name} needs {missing.group(1)}, which is not installed")
+        pytest.skip(f"{script.name} cannot run here: {_extras.missing(missing.group(1), 'it')}")
     assert done.returncode == 0, f"{script.name} --quick failed:\n{done.stdout}\n{done.stderr}"
     assert done.stdout.strip(), f"{script.name} --quick printed nothing"
     assert _results_of_full_runs() == before, (

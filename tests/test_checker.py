@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import actorgraph as ag
 from actorgraph._compare import Compared, Written, clusters, first_mismatch, shadow_offset
+from actorgraph._program import Program
 from actorgraph.testing import Worker, open_test_runtime
 
 GUARD = 30  # seconds: a hang guard only
@@ -350,6 +351,16 @@ async def test_check_replays_must_be_a_count(value: object) -> None:
     with pytest.raises(ag.UsageError, match="check_replays must be an int >= 0"):
         async with ag.open_runtime(["CPU:0"], check_replays=value):
             pass
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5])
+async def test_a_graph_refuses_a_check_count_that_is_no_count(value: object) -> None:
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        x, y = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+        items = [ag.Launch(XOR, [y, x, x])]
+        program = Program(rt, items, [], (await rt.compile(items)).plan)
+        with pytest.raises(ag.InputError, match=r"checks is how many replays .* int >= 0; got"):
+            ag.Graph(rt, program, checks=value)  # type: ignore[arg-type]
 
 
 async def test_a_misspelled_check_replays_names_it() -> None:

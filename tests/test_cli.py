@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import trio
+from _extras import importorskip
 from _paths import child_pythonpath
+from actorgraph.devices import install_hint
 
 import actorgraph as ag
 from actorgraph import _bench
@@ -59,7 +61,8 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: str
         (("bench", "--replays", "-3"), r"actorgraph bench: --replays must be >= 1, got -3"),
         (
             ("bench", "--items", "5"),
-            r"--items, --replays, --device and --token-file apply to the built-in benchmark; add --builtin",
+            r"--items, --replays, --device, --token-file and --tls-ca apply to the built-in "
+            r"benchmark; add --builtin",
         ),
         (("demo", "--replays", "0"), r"actorgraph demo: --replays must be >= 1"),
         (
@@ -306,7 +309,7 @@ def test_builtin_bench_reaches_a_worker_with_a_token(
     monkeypatch.setattr(_bench, "core_script", lambda: pathlib.Path("core.py"))
     code, _, err = run_cli(capsys, "bench", "--token-file", "t")
     assert code == 2
-    assert "--items, --replays, --device and --token-file apply to the built-in" in err
+    assert "--items, --replays, --device, --token-file and --tls-ca apply to the built-in" in err
 
 
 async def test_open_runtime_takes_the_token_file_the_environment_names(
@@ -374,6 +377,30 @@ def test_the_demos_profile_shows_the_work_on_a_worker(
     slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert any("@" in e["name"] or "clock_error_us" in e["args"] for e in slices)
     assert plot.stat().st_size > 0
+
+
+def test_the_demos_picture_labels_each_of_its_replays(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved: list[Figure] = []
+    real_savefig = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(self)
+        real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    plot = tmp_path / "timeline.png"
+    code, out, _ = run_cli(capsys, "demo", "--replays", "2", "--plot", str(plot))
+    assert code == 0
+    (ax,) = saved[0].axes
+    labels = [t.get_text() for t in ax.texts if t.get_text().startswith("replay ")]
+    # The picture's two replays, submitted back to back after the two checked ones.
+    assert labels == ["replay 3", "replay 4"]
+    assert "timeline of replays 3 and 4 written to" in out
 
 
 # -- the worker's kernel modules --------------------------------------------------------------
@@ -456,8 +483,8 @@ def test_a_worker_that_cannot_load_programs_will_not_start_with_allow_programs(
         return
     assert done.stderr.strip() == (
         "actorgraph worker: --allow-programs loads shipped CPU programs with tinygrad 0.14's "
-        "ELF loader, which this worker's Python cannot import (no tinygrad here); "
-        "pip install 'actorgraph[tinygrad]' on the worker"
+        "ELF loader, which this worker's Python cannot import (no tinygrad here); on the "
+        f"worker, install the tinygrad extra: {install_hint('tinygrad')}"
     )
 
 

@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorgraph as ag
-from actorgraph import _runtime
+from actorgraph import _window
 from actorgraph._program import Program
 from actorgraph.testing import Worker, start_worker
 from actorgraph.worker import _server as remote_worker
@@ -180,7 +180,7 @@ async def test_slow_remote_kernels_are_progress_not_a_deadlock(
     the client for many deadlock checks, and the monitor must not call that a deadlock."""
     checked = trio.Event()
     checks = []
-    real = _runtime.find_deadlock
+    real = _window.find_deadlock
 
     def counting(actors: Any) -> Any:
         found = real(actors)
@@ -189,7 +189,7 @@ async def test_slow_remote_kernels_are_progress_not_a_deadlock(
             checked.set()
         return found
 
-    monkeypatch.setattr(_runtime, "find_deadlock", counting)
+    monkeypatch.setattr(_window, "find_deadlock", counting)
     worker = start("CPU:0")
     r0 = worker.name("CPU:0")
     try:

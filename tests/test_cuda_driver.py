@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from _cuda_kernels import INC_SRC, needs_gpus
 from _paths import child_pythonpath
+from actorgraph.devices import install_hint
 from actorgraph.devices.cuda import CopyKind, CudaDriver, FakeDriver
 from actorgraph.devices.cuda._driver import open_driver
 from actorgraph.devices.cuda._fake import reached
@@ -278,5 +279,6 @@ def test_opening_cuda_without_cuda_python_names_the_extra() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(
         "cannot open CUDA:0: cuda-python is not installed (import of cuda.bindings halted; "
-        "None in sys.modules); install the cuda extra: pip install 'actorgraph[cuda]'."
+        f"None in sys.modules); install the cuda extra: {install_hint('cuda')}."
     ), done.stdout
+    assert 'pip install -e ".[cuda]" in a checkout of actorgraph' in done.stdout

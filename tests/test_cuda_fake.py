@@ -20,11 +20,13 @@ import pytest
 import trio
 import trio.testing
 from _cuda_kernels import XOR, gpu_count, inc, needs_gpus, xor
+from _extras import importorskip
 from _model import ProgramSpec, check_program, random_programs
 from _paths import ROOT, child_pythonpath
 from actorgraph.devices.cuda import CopyKind, FakeDriver
 from actorgraph.devices.cuda import _commands as C
 from actorgraph.devices.cuda._driver import CudaError
+from actorgraph.devices.remote.wire import decode
 from actorgraph.scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -237,6 +239,24 @@ async def test_a_replay_is_one_graph_launch_and_updates_only_changed_nodes() -> 
         # Only the kernel reading the input changed (plus the per-replay signal values).
         assert driver.statistics().node_updates - updates <= 3
         np.testing.assert_array_equal(await rt.copyout(c), np.full(SIZE, 7 + 8, np.int32))
+
+
+async def test_one_graph_switched_between_input_sets_is_updated_each_time_it_switches() -> None:
+    driver = FakeDriver()
+    async with runtime(["CUDA:0"], driver) as rt:
+        a, a2, b, c = (rt.alloc("CUDA:0", SIZE, np.int32) for _ in range(4))
+        await rt.copyin(a2, np.full(SIZE, 7, np.int32))
+        graph = await rt.compile([xor(c, a, b)] + [inc(c) for _ in range(8)], inputs=[a])
+        compute = rt.device("CUDA:0").queues[QueueKind.COMPUTE]
+        await graph([a])
+        for src, fill in ((a2, 7), (a, 0), (a2, 7), (a2, 7)):
+            updates = driver.statistics().node_updates
+            await graph([src])
+            np.testing.assert_array_equal(await rt.copyout(c), np.full(SIZE, fill + 8, np.int32))
+        # The last call found the graph as the one before left it: only its per-replay
+        # signal values moved; every switch before it updated the input's node as well.
+        assert driver.statistics().node_updates - updates <= 2
+        assert compute.graph_builds == 1 and compute.graph_launches == 5
 
 
 @fake_only
@@ -825,7 +845,7 @@ async def test_gpu_graph_replay_and_dlpack() -> None:
         device = rt.device("CUDA:0")
         # CUDA graphs need 64-bit stream memory operations; without them, plain streams.
         assert device.queues[QueueKind.COMPUTE].graph_launches == (3 if device.mem_ops else 0)
-        torch = pytest.importorskip("torch")
+        torch = importorskip("torch")
         tensor = torch.from_dlpack(c)
         assert tensor.device.type == "cuda"
         assert tensor.cpu().numpy().tolist() == ((np.arange(SIZE) ^ 3) + 10).tolist()
@@ -1051,16 +1071,18 @@ async def test_each_client_of_a_worker_gets_a_stream_of_its_own() -> None:
             async with trio.open_nursery() as nursery:
                 a, b = (Session(server, i + 1, replies[i], nursery) for i in range(2))  # type: ignore[arg-type]
                 for session in (a, b):
-                    session.handle(["alloc", 1, "CUDA:0", SIZE, "<i4"])
+                    session.handle(decode(["alloc", 1, "CUDA:0", SIZE, "<i4"]))
                 # A waits for its mirror 7 on base slot 3: on the stream, on a mapped word.
-                a.handle(["prog", 1, "CUDA:0", [["w", 7, 3, 1], inc_all, ["s", 2, 1]], False])
-                a.handle(["batch", 5, [0, 0, 0, 0], [1], []])
+                a.handle(
+                    decode(["prog", 1, "CUDA:0", [["w", 7, 3, 1], inc_all, ["s", 2, 1]], False])
+                )
+                a.handle(decode(["batch", 5, [0, 0, 0, 0], [1], []]))
                 for batch in (5, 6):
-                    b.handle(["prog", 1, "CUDA:0", [inc_all, ["s", 2, 1]], False])
-                    b.handle(["batch", batch, [0, 0, 0], [1], []])
+                    b.handle(decode(["prog", 1, "CUDA:0", [inc_all, ["s", 2, 1]], False]))
+                    b.handle(decode(["batch", batch, [0, 0, 0], [1], []]))
                     assert (await replies[1].wait_for(batch - 4))[-1] == ["done", batch, 2, None]
                 assert replies[0].sent == []  # A's job still waits
-                a.handle(["ext", [[7, 1]]])
+                a.handle(decode(["ext", [[7, 1]]]))
                 assert (await replies[0].wait_for(1)) == [["done", 5, 2, None]]
                 streams = [s.queues[("CUDA:0", QueueKind.COMPUTE)].stream for s in (a, b)]
                 assert len(set(map(id, streams))) == 2 and len(device.all_queues()) == 4

@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 from _cuda_kernels import INC_SRC, XOR_SRC
+from _extras import importorskip
 from actorgraph.devices.cuda import CopyKind
 from actorgraph.devices.cuda._driver import CudaError
 from actorgraph.devices.cuda._real import RealDriver
 
-cu = pytest.importorskip("cuda.bindings.driver")
-nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+cu = importorskip("cuda.bindings.driver")
+nvrtc = importorskip("cuda.bindings.nvrtc")
 
 
 @functools.cache
@@ -47,7 +48,11 @@ def _missing_driver_error() -> type[BaseException] | None:
     return None
 
 
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_archs(), reason="the NVRTC library is not installed")
+needs_nvrtc = pytest.mark.skipif(
+    not _nvrtc_archs(),
+    reason='the NVRTC library is not installed: pip install -e ".[test]" in the checkout '
+    "(it brings nvidia-cuda-nvrtc) runs these tests",
+)
 needs_no_driver = pytest.mark.skipif(
     _missing_driver_error() is None, reason="libcuda is present: the gpu tests check these calls"
 )
@@ -102,7 +107,10 @@ def test_a_missing_nvrtc_library_says_what_to_install(monkeypatch: pytest.Monkey
             raise OSError("libnvrtc.so.13: cannot open shared object file")
 
     driver = RealDriver(cu, NoLibrary())
-    with pytest.raises(CudaError, match=r"NVRTC_NOT_FOUND: .*pip install 'actorgraph\[cuda\]'"):
+    with pytest.raises(
+        CudaError,
+        match=r'NVRTC_NOT_FOUND: .*install the cuda extra: pip install -e "\.\[cuda\]" in a checkout',
+    ):
         driver.compile(XOR_SRC, "xor_k", "sm_90")
 
 

@@ -92,7 +92,10 @@ async def test_svg_needs_graphviz(monkeypatch: pytest.MonkeyPatch) -> None:
             graph.to_svg()
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
+@pytest.mark.skipif(
+    shutil.which("dot") is None,
+    reason="Graphviz `dot` is not installed: apt-get install graphviz runs this test",
+)
 async def test_svg_when_graphviz_is_installed(tmp_path: Path) -> None:
     path = tmp_path / "plan.svg"
     async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:

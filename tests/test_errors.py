@@ -13,6 +13,7 @@ import trio
 from actorgraph.devices import DEVICE_KINDS
 
 import actorgraph as ag
+from actorgraph._window import Watch
 
 I32 = np.int32
 N = ag.Var("n", 1, 64)
@@ -127,11 +128,15 @@ async def test_wrong_input_device(rt: ag.Runtime) -> None:
 
 async def test_input_that_is_not_a_buffer(rt: ag.Runtime) -> None:
     graph, (a, _, _) = await xor_graph(rt)
-    with raises(ag.InputError, "input 1 must be a Buffer, got array("):
+    with raises(
+        ag.InputError, "input 1 must be a Buffer, got a numpy array (shape (64,), dtype int32): "
+    ):
         await graph([a, np.zeros(64, I32)])  # type: ignore[list-item]
     b = rt.alloc("CPU:0", 64, I32)
     await graph([a, b])  # bound: the next calls look their inputs up first
-    with raises(ag.InputError, "input 1 must be a Buffer, got array("):
+    with raises(
+        ag.InputError, "input 1 must be a Buffer, got a numpy array (shape (64,), dtype int32): "
+    ):
         await graph([a, np.zeros(64, I32)])  # type: ignore[list-item]
     with raises(ag.InputError, "input 1 must be a Buffer, got 7"):
         await graph([a, 7])  # type: ignore[list-item]
@@ -612,6 +617,14 @@ async def test_bad_alloc_and_copyin(rt: ag.Runtime) -> None:
         await rt.copyin(a, np.zeros(63, I32))
     with raises(ag.UsageError, "copyout takes a Buffer, got"):
         await rt.copyout(np.zeros(3))  # type: ignore[arg-type]
+    with raises(
+        ag.UsageError,
+        f"submit_copyin: array dtype float64 does not match {a!r}; convert with "
+        f"array.astype(np.int32)",
+    ):
+        await rt.submit_copyin(a, np.zeros(64))
+    with raises(ag.UsageError, "submit_copyout takes a Buffer, got"):
+        await rt.submit_copyout(np.zeros(3))  # type: ignore[arg-type]
 
 
 async def test_alloc_shapes_are_checked(rt: ag.Runtime) -> None:
@@ -816,22 +829,22 @@ async def test_an_error_with_a_cause_keeps_it() -> None:
 async def test_one_failure_inside_the_runtime_comes_out_as_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def broken_monitor(self: ag.Runtime) -> None:
+    async def broken_monitor(self: Watch) -> None:
         await trio.sleep(0)
         raise RuntimeError("the monitor broke")
 
-    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    monkeypatch.setattr(Watch, "run", broken_monitor)
     with trio.fail_after(10), raises(RuntimeError, "the monitor broke"):
         async with ag.open_runtime(["CPU:0"]):
             await trio.sleep_forever()  # cancelled by the failure, which alone comes out
 
 
 async def test_several_failures_stay_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken_monitor(self: ag.Runtime) -> None:
+    async def broken_monitor(self: Watch) -> None:
         await trio.sleep(0)
         raise RuntimeError("the monitor broke")
 
-    monkeypatch.setattr(ag.Runtime, "_monitor", broken_monitor)
+    monkeypatch.setattr(Watch, "run", broken_monitor)
     with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as info:
         async with ag.open_runtime(["CPU:0"]):
             try:
@@ -998,3 +1011,95 @@ async def test_one_buffer_where_a_list_belongs(rt: ag.Runtime) -> None:
         await rt.compile([item], inputs=a)  # type: ignore[arg-type]
     await graph([a, b])  # the right way
     assert graph.replays == 1
+
+
+# -- host arrays where Buffers belong ---------------------------------------------------------
+
+ARRAY_HINT = (
+    "a numpy array (shape (64,), dtype int32): actorgraph's calls take Buffers; make one "
+    "from it with `buf = rt.alloc(device, arr.shape, arr.dtype)` and "
+    "`await rt.copyin(buf, arr)`, or use its memory in place with "
+    '`buf = rt.wrap("CPU:0", arr)`'
+)
+
+
+async def test_a_numpy_array_where_a_buffer_belongs_says_how_to_make_one(
+    rt: ag.Runtime,
+) -> None:
+    graph, (a, b, c) = await xor_graph(rt)
+    arr = np.arange(64, dtype=I32)
+    with raises(ag.InputError, f"input 0 must be a Buffer, got {ARRAY_HINT}"):
+        await graph([arr, b])  # type: ignore[list-item]
+    with raises(ag.UsageError, f"input 0 must be a Buffer, got {ARRAY_HINT}"):
+        await rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[arr])  # type: ignore[list-item]
+    with raises(ag.UsageError, f"buffer slot 1 must be an actorgraph Buffer, got {ARRAY_HINT}"):
+        ag.Launch(XOR, [c, arr, b])  # type: ignore[list-item]
+    with raises(ag.UsageError, f"Copy src must be an actorgraph Buffer, got {ARRAY_HINT}"):
+        ag.Copy(dst=c, src=arr)  # type: ignore[arg-type]
+    with raises(ag.UsageError, f"copyout takes a Buffer, got {ARRAY_HINT}"):
+        await rt.copyout(arr)  # type: ignore[arg-type]
+    with raises(ag.UsageError, f"all_reduce: buffers[0] must be a Buffer, got {ARRAY_HINT}"):
+        ag.all_reduce(rt, [arr, b])  # type: ignore[list-item]
+    # The array itself where the list of inputs belongs: not 64 inputs, one array.
+    with raises(
+        ag.InputError,
+        "a graph call takes its inputs as a list of Buffers, one per input in compile() "
+        f"order, got {ARRAY_HINT}; write `await graph([x, ...])`",
+    ):
+        await graph(arr)  # type: ignore[arg-type]
+    await graph([a, b])  # the right way
+    assert graph.replays == 1
+
+
+async def test_another_host_array_where_a_buffer_belongs_says_how_to_make_one(
+    rt: ag.Runtime,
+) -> None:
+    # Anything numpy can read (here a memoryview) is named as an array, with the way in.
+    graph, (_, b, _) = await xor_graph(rt)
+    view = memoryview(bytearray(256)).cast("i")
+    with raises(
+        ag.InputError,
+        "input 0 must be a Buffer, got a memoryview, an array of host data: actorgraph's "
+        "calls take Buffers; make one from it with `arr = np.asarray(x)`, "
+        "`buf = rt.alloc(device, arr.shape, arr.dtype)` and `await rt.copyin(buf, arr)`, or "
+        'use its memory in place with `buf = rt.wrap("CPU:0", x)`',
+    ):
+        await graph([view, b])  # type: ignore[list-item]
+
+
+# -- keyword typos where our own code reads the keywords ---------------------------------------
+
+
+def test_start_runtime_suggests_its_own_keyword_beside_open_runtimes() -> None:
+    with raises(
+        ag.UsageError,
+        "start_runtime(...) got an option 'clok' that neither start_runtime(...) nor "
+        "open_runtime(...) takes; did you mean 'clock'? the options are ",
+    ):
+        ag.start_runtime(["CPU:0"], clok=trio.testing.MockClock())
+    with raises(ag.UsageError, "got an option 'profil' that neither start_runtime(...) nor"):
+        ag.start_runtime(["CPU:0"], profil=True)  # refused before any thread starts
+
+
+async def test_a_jit_call_keyword_typo_names_the_function_and_the_near_name(
+    rt: ag.Runtime,
+) -> None:
+    @ag.jit
+    async def step(rt: ag.Runtime, x: ag.Buffer, *, scale: int = 1) -> None:
+        await rt.launch(XOR, [x, x, x])
+
+    (a,) = bufs(rt, 1)
+    with raises(
+        TypeError,
+        "step() got an unexpected keyword argument 'var_val'; did you mean 'var_vals'? "
+        "(step takes rt, x, scale; var_vals= is @ag.jit's own: the calls' Var values)",
+    ):
+        await step(rt, a, var_val={N: 3})
+    with raises(
+        TypeError, "step() got an unexpected keyword argument 'scal'; did you mean 'scale'?"
+    ):
+        await step(rt, a, scal=2)
+    with raises(TypeError, "step(): missing a required argument: 'x' (step takes rt, x, scale;"):
+        await step(rt)
+    await step(rt, a, scale=2)  # the right way
+    assert step.statistics().calls == 1

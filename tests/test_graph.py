@@ -90,6 +90,36 @@ async def test_replan_plans_views_of_one_region_and_overlapping_views(device: st
         np.testing.assert_array_equal(await rt.copyout(b), memory[8:16])
 
 
+async def test_a_submitted_replay_that_ran_where_it_was_submitted_is_done_and_tells_its_failure() -> (
+    None
+):
+    fail = [False]
+
+    def flaky(x: np.ndarray) -> None:
+        if fail[0]:
+            raise ValueError("flaky failed")
+        np.add(x, 1, out=x)
+
+    kernel = ag.Kernel("flaky", cpu=flaky, outs=(0,), ins=(0,))
+    async with ag.open_runtime(["CPU:0"]) as rt:
+        a = rt.alloc("CPU:0", 8, np.int32)
+        graph = await rt.compile([ag.Launch(kernel, [a])])
+        seen = [0]
+        then = ag.ExternalTimeline("then", lambda: seen[0], lambda v: seen.__setitem__(0, v))
+        replay = await graph.submit(then=[(then, 1)])  # idle queues: it runs at once
+        assert replay.done and seen == [1] and "done" in repr(replay)
+        with trio.fail_after(5):
+            await replay.wait()
+        fail[0] = True
+        replay = graph.submit_nowait(then=[(then, 2)])
+        assert replay.done and seen == [2]  # advanced, failed or not
+        with pytest.raises(ag.ItemError, match=r"item 0 \(flaky\) .* ValueError: flaky failed"):
+            replay.finish()
+        with trio.fail_after(5), pytest.raises(ag.ItemError, match="flaky failed"):
+            await replay.wait()
+        assert graph.statistics().replays_done == 2
+
+
 async def test_statistics_count_replays_in_flight_and_done() -> None:
     async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
         a, b = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:1", 8, np.int32)

@@ -1,4 +1,4 @@
-"""The REMOTE handshake (actorgraph/devices/remote/_handshake.py, actorgraph/worker/
+"""The REMOTE handshake (actorgraph/devices/remote/handshake.py, actorgraph/worker/
 _handshake.py): mutual, each MAC bound to the role, both nonces and its direction, so a
 stranger without the token gets nowhere by relaying what a token holder says; and a
 peer of another protocol version is refused, naming both versions.
@@ -296,14 +296,14 @@ async def test_a_worker_on_a_cpu_with_many_features_welcomes_its_clients(
     # handshake's small limits: however many features its CPU names, it must say what
     # fits (a feature it leaves out is one it is taken to lack: a program needing it is
     # refused, never run).
-    from actorgraph.devices.remote import _machine
+    from actorgraph.devices.remote import machine
 
     from actorgraph.worker._server import run_worker
 
     many = frozenset(
         [f"f{k}" for k in range(600)] + [f"a_feature_named_at_length_{k}" for k in range(600)]
     )
-    monkeypatch.setattr(_machine, "_host_features", lambda: many)
+    monkeypatch.setattr(machine, "_host_features", lambda: many)
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
             _, port = await nursery.start(

@@ -1,5 +1,5 @@
 """Shipped programs on a worker (`--allow-programs`, actorgraph/worker/_machine_code.py and
-devices/remote/_machine.py): compiled C shipped once per content hash and called by id,
+devices/remote/machine.py): compiled C shipped once per content hash and called by id,
 kept per session, bounded, refused without the flag or for a CPU the worker cannot run,
 and a worker that a shipped program crashes fails its clients' calls, naming it.
 
@@ -19,7 +19,7 @@ import pytest
 import trio
 from _workers import GUARD, TOKEN, handshake
 from actorgraph.devices.remote.frames import FrameStream, encode
-from actorgraph.devices.remote.wire import CodeEntry, Limits, SignalEntry, as_meta
+from actorgraph.devices.remote.wire import CodeEntry, Limits, SignalEntry, as_meta, decode
 
 import actorgraph as ag
 from actorgraph.remote import MachineCode, WorkerCPU
@@ -309,11 +309,11 @@ async def test_a_departed_clients_programs_give_their_memory_back_at_once() -> N
             memory = weakref.ref(loaded.kernel.cpu.memory)  # type: ignore[attr-defined]
             del loaded
             for handle in (1, 2, 3):
-                session.handle(["alloc", handle, "CPU:0", 64, "<f4"])
+                session.handle(decode(["alloc", handle, "CPU:0", 64, "<f4"]))
             refs = [[handle, 0, []] for handle in (1, 2, 3)]
             call = as_meta(CodeEntry(0, 5, refs, [16], [4, 1, 1], [1, 1, 1]))
-            session.handle(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], False])
-            session.handle(["batch", 1, [0, 0, 0], [1], []])
+            session.handle(decode(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], False]))
+            session.handle(decode(["batch", 1, [0, 0, 0], [1], []]))
             assert await replies.wait_for(1) == [["done", 1, 2, None]]
             gc.disable()
             try:

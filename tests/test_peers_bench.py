@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import _extras
 import numpy as np
 import pytest
 
@@ -57,15 +58,15 @@ def test_actorgraph_and_numpy_peers_write_well_formed_json(tmp_path: Path) -> No
     assert report["rows"]["copies_2dev"]["copies"] == 32 // 8
 
 
-@pytest.mark.skipif(importlib.util.find_spec("dask") is None, reason="dask not installed")
+@pytest.mark.skipif(importlib.util.find_spec("dask") is None, reason=_extras.missing("dask"))
 def test_dask_peer(tmp_path: Path) -> None:
     check_report(run_quick(tmp_path, "actorgraph,dask"), ["actorgraph", "dask"])
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("tinygrad") is None or shutil.which("clang") is None,
-    reason="tinygrad or clang not installed",
+    importlib.util.find_spec("tinygrad") is None, reason=_extras.missing("tinygrad", "this test")
 )
+@pytest.mark.skipif(shutil.which("clang") is None, reason=_extras.NO_CLANG)
 def test_tinygrad_peer_replays_through_its_graph_runner(tmp_path: Path) -> None:
     report = run_quick(tmp_path, "actorgraph,tinygrad")
     check_report(report, ["actorgraph", "tinygrad"])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _extras import importorskip
 
 import actorgraph as ag
 
@@ -31,7 +32,7 @@ async def _profile() -> ag.Profile:
 
 
 async def test_plot_timeline_writes_a_real_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from matplotlib.image import imread
 
     path = tmp_path / "timeline.png"
@@ -46,7 +47,7 @@ async def test_plot_timeline_writes_a_real_png(tmp_path: Path) -> None:
 
 
 async def test_plot_timeline_draws_svg_and_empty_profiles(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     ag.plot_timeline(await _profile(), tmp_path / "t.svg", critical_path=False)
     assert "<svg" in (tmp_path / "t.svg").read_text()
     async with ag.open_runtime(["CPU:0"]) as rt:
@@ -68,13 +69,15 @@ async def test_plot_timeline_without_matplotlib_names_the_extra(
     profile = await _profile()
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ag.MissingExtraError, match=r"pip install 'actorgraph\[plot\]'"):
+    with pytest.raises(
+        ag.MissingExtraError, match=r'install the plot extra: pip install -e "\.\[plot\]" in a'
+    ):
         ag.plot_timeline(profile, tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
 
 
 async def test_plot_timeline_zooms_to_chosen_replays(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from matplotlib.image import imread
 
     profile = await _profile()
@@ -105,7 +108,7 @@ def test_the_zoomed_profile_keeps_only_those_replays() -> None:
 @pytest.fixture
 def saved_figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The matplotlib Figures plot_timeline saves, kept to look into."""
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from matplotlib.figure import Figure
 
     saved: list[Figure] = []
@@ -165,7 +168,47 @@ async def test_idle_time_between_replays_is_cut_from_the_axis(
     shortest = min(e.end - e.start for e in kernels) * 1e6  # us, the axis's unit here
     assert shortest / (high - low) > 0.02  # a bar, not a hairline
     assert "idle time between replays cut at the dashed lines" in ax.get_xlabel()
-    assert [t.get_text() for t in ax.texts] == [" 2 s idle cut", " 2 s idle cut"]
+    cuts = [t.get_text() for t in ax.texts if "idle cut" in t.get_text()]
+    assert cuts == [" 2 s idle cut", " 2 s idle cut"]
+
+
+async def _two_graphs_back_to_back() -> ag.Profile:
+    # Two graphs' replays submitted back to back: their items interleave on the queues.
+    async with ag.open_runtime(["CPU:0", "CPU:1"], profile=True) as rt:
+        a, b, c = (rt.alloc("CPU:0", N, np.int32) for _ in range(3))
+        d, e = (rt.alloc("CPU:1", N, np.int32) for _ in range(2))
+        first = await rt.compile([ag.Launch(XOR, [c, a, b]), ag.Copy(dst=d, src=c)])
+        second = await rt.compile([ag.Launch(XOR, [e, d, d])])
+        replays = [await first.submit(), await first.submit(), await second.submit()]
+        await replays[-1].wait()
+        return rt.profile()
+
+
+def _replay_labels(ax: Any) -> list[str]:
+    return [t.get_text() for t in ax.texts if "replay" in t.get_text()]
+
+
+async def test_each_replay_drawn_is_labelled_and_told_apart(
+    tmp_path: Path, saved_figures: list[Any]
+) -> None:
+    profile = await _profile()
+    ag.plot_timeline(profile, tmp_path / "three.png")
+    (ax,) = saved_figures[-1].axes
+    assert _replay_labels(ax) == ["replay 1", "replay 2", "replay 3"]
+    # Every other replay's items are hatched, its label's bar too, so the bars of two
+    # replays that overlap on the axis are told apart.
+    hatched = [c for c in ax.collections if c.get_hatch()]
+    assert hatched and all(c.get_hatch() == "////" for c in hatched)
+    ag.plot_timeline(profile, tmp_path / "two.png", replays=[2, 3])
+    (ax,) = saved_figures[-1].axes
+    assert _replay_labels(ax) == ["replay 2", "replay 3"]
+    # Replays of several graphs: each label names its graph too.
+    ag.plot_timeline(await _two_graphs_back_to_back(), tmp_path / "graphs.png")
+    (ax,) = saved_figures[-1].axes
+    labels = _replay_labels(ax)
+    assert len(labels) == 3 and len(set(labels)) == 3, labels
+    assert all(re.fullmatch(r"graph \d+, replay [12]", label) for label in labels), labels
+    assert "label" not in ax.get_title()
 
 
 def _cluster_profile() -> tuple[ag.Profile, dict[str, int]]:
@@ -190,7 +233,7 @@ def _cluster_profile() -> tuple[ag.Profile, dict[str, int]]:
 
 
 def test_plot_timeline_groups_rows_by_node_and_folds_idle_queues(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     from actorgraph._plot import _grouping, _rows
 
     profile, nodes = _cluster_profile()

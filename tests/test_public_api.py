@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import attrs
 import numpy as np
 import pytest
 import trio
+from _paths import ROOT
 
 import actorgraph as ag
 from actorgraph import scheduler
+
+# Where each package of the distribution lives in this checkout (devices/ and scheduler/
+# install as actorgraph.devices and actorgraph.scheduler).
+PACKAGE_ROOTS = {
+    "actorgraph": ROOT / "actorgraph",
+    "actorgraph.devices": ROOT / "devices",
+    "actorgraph.scheduler": ROOT / "scheduler",
+}
 
 
 @pytest.mark.parametrize("module", [ag, scheduler], ids=lambda m: m.__name__)
@@ -139,3 +150,79 @@ def test_buffer_reports_its_layout() -> None:
             assert (v.offset, v.shape, v.base is a, v.is_view) == (8, (16,), True, True)
 
     trio.run(main)
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the distribution by its dotted name (a package by its own name)."""
+    found = {}
+    for top, root in PACKAGE_ROOTS.items():
+        for path in root.rglob("*.py"):
+            parts = [*top.split("."), *path.relative_to(root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imported(node: ast.AST, package: str) -> list[str]:
+    """The dotted names an import statement reaches (a from-import: the module and each
+    name under it, which may be a module too)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*parent, *([base] if base else [])])
+    return [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def private_imports_across_packages(modules: dict[str, Path]) -> list[str]:
+    """Each import of a private module (`_name.py`) by a module outside the package that
+    holds it (and outside that package's subpackages): a package's private modules are
+    its own, and what another package needs of it is one of its public modules."""
+    found = []
+    for name, path in sorted(modules.items()):
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in _imported(node, package):
+                owner, _, last = target.rpartition(".")
+                if target not in modules or not last.startswith("_"):
+                    continue
+                if package == owner or package.startswith(owner + "."):
+                    continue
+                found.append(
+                    f"{path.name}:{node.lineno} ({name}) imports {target}, a private "
+                    f"module of {owner}: import the names from a public module of {owner} "
+                    f"(give them one if they have none)"
+                )
+    return found
+
+
+def test_no_package_imports_a_private_module_of_another() -> None:
+    assert private_imports_across_packages(_modules()) == []
+
+
+def test_a_private_import_across_packages_is_found_and_named(tmp_path: Path) -> None:
+    # The check itself, on modules of its own: a worker module reaching into
+    # devices/remote's private module is named; its own package's, a parent package's
+    # and a public module's are not.
+    modules = _modules()
+    worker = tmp_path / "_probe.py"
+    worker.write_text(
+        "from actorgraph.devices.remote._transport import Transport\n"
+        "from ..devices.remote import _connection, wire\n"
+        "from . import _session\n"
+        "from .._errors import UsageError\n"
+    )
+    modules["actorgraph.worker._probe"] = worker
+    found = [line for line in private_imports_across_packages(modules) if "_probe" in line]
+    assert found == [
+        "_probe.py:1 (actorgraph.worker._probe) imports actorgraph.devices.remote._transport, "
+        "a private module of actorgraph.devices.remote: import the names from a public "
+        "module of actorgraph.devices.remote (give them one if they have none)",
+        "_probe.py:2 (actorgraph.worker._probe) imports actorgraph.devices.remote._connection, "
+        "a private module of actorgraph.devices.remote: import the names from a public "
+        "module of actorgraph.devices.remote (give them one if they have none)",
+    ]

@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _extras import importorskip
 from _paths import child_pythonpath
 from remote_kernels import ADD, INC, SLEEPY, XOR
 
 import actorgraph as ag
 from actorgraph import remote
 
-ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
-cluster_utils = pytest.importorskip("ray.cluster_utils", reason="needs the ray extra")
+ray = importorskip("ray")
+cluster_utils = importorskip("ray.cluster_utils")
 agray = pytest.importorskip("actorgraph.ray")
 
 GUARD = 30  # seconds: a hang guard only
@@ -201,7 +202,7 @@ async def test_workers_that_speak_tls(cluster: Any, tmp_path: Any) -> None:
     # The handle passes the certificate and key to every worker and the CA to its
     # runtimes: data between the client and the workers, and between the workers (a
     # TLS worker refuses a link that is not), goes over TLS; the token is kept.
-    trustme = pytest.importorskip("trustme", reason="the TLS test makes its certificates")
+    trustme = importorskip("trustme")  # the TLS test makes its certificates with it
     ca = trustme.CA()
     leaf = ca.issue_cert(LOOPBACK)
     cert, key, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
@@ -402,9 +403,11 @@ def test_bad_requests_are_refused_clearly(
     with pytest.raises(ag.UsageError, match=r"use num_cpus= / num_gpus= for CPU"):
         agray.start_workers(resources={"CPU": 1})
     with pytest.raises(agray.RayWorkerError, match=r"no node of the Ray cluster can hold"):
-        agray.start_workers(resources={"nowhere": 1}, num_cpus=0)
+        agray.start_workers(resources={"nowhere": 1}, num_cpus=0, host=LOOPBACK)
     with pytest.raises(agray.RayWorkerError, match=r"could not place 3 workers"):
-        agray.start_workers(placement=3, resources={"node_a": 1}, num_cpus=0, timeout=1)
+        agray.start_workers(
+            placement=3, resources={"node_a": 1}, num_cpus=0, timeout=1, host=LOOPBACK
+        )
     with pytest.raises(
         agray.RayWorkerError, match=r"could not start: UsageError: kernel module 'no_such_kernels'"
     ):
@@ -420,14 +423,24 @@ def test_bad_requests_are_refused_clearly(
         workers.start_runtime(remote_token=b"x")
     with pytest.raises(ag.UsageError, match=r"names a remote device"):
         workers.start_runtime([workers.devices[0]])
+    for call in ("start_runtime", "open_runtime"):
+        with pytest.raises(
+            ag.UsageError,
+            match=rf"workers\.{call}\(\.\.\.\) got an option 'stop_worker' that neither "
+            rf"workers\.{call}\(\.\.\.\) nor open_runtime\(\.\.\.\) takes; did you mean "
+            r"'stop_workers'\?",
+        ):
+            getattr(workers, call)(stop_worker=True)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with pytest.raises(ag.UsageError, match=r"Ray is not initialised; call ray.init\(\)"):
-        agray.start_workers()
+        agray.start_workers(host=LOOPBACK)
     # With address=, start_workers joins that cluster itself (here: it is already joined).
     joined: list[object] = []
     monkeypatch.setattr(ray, "init", lambda **kwargs: joined.append(kwargs))
     with pytest.raises(agray.RayWorkerError, match=r"no node"):
-        agray.start_workers(resources={"nowhere": 1}, num_cpus=0, address=cluster.address)
+        agray.start_workers(
+            resources={"nowhere": 1}, num_cpus=0, address=cluster.address, host=LOOPBACK
+        )
     assert joined == [{"address": cluster.address}]
 
 
@@ -438,3 +451,40 @@ def test_importing_actorgraph_does_not_import_ray() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=GUARD
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.parametrize("page", ["docs/howto/ray.md", "examples/ray_cluster.py"])
+def test_the_documented_example_starts_a_ray_of_its_own_beside_a_running_one(
+    cluster: Any, page: str, tmp_path: Any
+) -> None:
+    # A user may have a Ray cluster running (`ray start`, found through RAY_ADDRESS or as
+    # the machine's current cluster); the example says it starts a local Ray of its own
+    # (ray.init(num_cpus=2, ...)), so it must, and not join that one.
+    from _paths import ROOT
+    from test_readme import parse_blocks
+
+    if page.endswith(".py"):
+        command = [sys.executable, str(ROOT / page), "--replays", "2"]
+        where = ROOT / "examples"
+    else:
+        text = (ROOT / page).read_text()
+        (block,) = [b for b in parse_blocks(text, page) if "ray.init(" in b.source]
+        command, where = [sys.executable, "-c", block.source], tmp_path
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), RAY_ADDRESS=cluster.address)
+    env["MPLBACKEND"] = "Agg"
+    done = subprocess.run(
+        command, cwd=where, env=env, capture_output=True, text=True, timeout=GUARD * 4
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_workers_beyond_loopback_speak_tls_unless_told_otherwise() -> None:
+    # Checked before Ray is asked for anything: the default host is the node's IP.
+    for host in (None, "0.0.0.0"):
+        where = "the node's IP" if host is None else host
+        with pytest.raises(
+            ag.UsageError,
+            match=rf"start_workers: refusing to serve {where} over plain TCP: .* or pass "
+            r"insecure_plaintext=True on a network you trust",
+        ):
+            agray.start_workers(["CPU:0"], placement=1, host=host)

@@ -4,6 +4,8 @@ Each ```python block is one test, named by its section and line. It runs as a pr
 its own: a fresh namespace, `__name__ == "__main__"`, in a fresh temporary folder (files
 it writes land there). A block that cannot run fails its test; the only skip is a
 block marked `requires` (below) on a machine without what it names, and it says so.
+The pages of the documentation site run the same way (tests/test_docs.py), through
+`parse_blocks` and `run_block` here.
 
 A block may need something set up that the README shows elsewhere (a worker the user
 starts from the shell, the fake CUDA driver). An HTML comment right above the block says
@@ -30,6 +32,9 @@ so; GitHub does not show it. The forms:
     <!-- readme-test: pytest -->
         The block is a user's test module: it is written to a fresh folder and run with
         pytest in a new process (plugins found as installed), which must pass.
+    <!-- readme-test: stdout -->
+        What the block prints is the ```text block right after it, exactly: output shown
+        in a document is what the code prints.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import inspect
+import io
 import os
 import re
 import select
@@ -51,17 +57,19 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
+import _extras
 import attrs
 import pytest
 from _paths import ROOT, child_pythonpath
 
 README = ROOT / "README.md"
+# The page that starts a worker from the shell and shows its kernels module.
+REMOTE_PAGE = ROOT / "docs" / "howto" / "remote.md"
 GUARD = 120  # seconds: a hang guard for a block run in a child process
-TOKEN_TEXT = "some-long-random-secret\n"  # what the README's worker block writes
 
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[ \t]*$")
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\s`]*)(?:[ \t].*)?$")  # MyST: ```{toctree}
 _DIRECTIVE = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<body>.*?)\s*-->\s*$")
-_KINDS = {"notebook", "env", "worker", "pytest", "requires"}
+_KINDS = {"notebook", "env", "worker", "pytest", "requires", "stdout"}
 
 
 @attrs.frozen
@@ -72,6 +80,7 @@ class Block:
     section: str
     source: str
     directives: tuple[tuple[str, tuple[str, ...]], ...]
+    stdout: str | None = None  # what it prints, where a `stdout` directive says so
 
     @property
     def name(self) -> str:
@@ -82,8 +91,9 @@ class Block:
         return [args for k, args in self.directives if k == kind]
 
 
-def parse_blocks(text: str) -> list[Block]:
-    """The ```python blocks of a markdown text, with the directives above them.
+def parse_blocks(text: str, page: str = "README.md") -> list[Block]:
+    """The ```python blocks of a markdown text (`page` names it in errors), with the
+    directives above them.
 
     Raises ValueError on an unclosed fence or a directive that is not understood, so a
     typo cannot make a block run without the set-up it asked for.
@@ -101,7 +111,7 @@ def parse_blocks(text: str) -> list[Block]:
             words = directive.group("body").split()
             if not words or words[0] not in _KINDS:
                 raise ValueError(
-                    f"README.md line {i + 1}: unknown readme-test directive {line.strip()!r}; "
+                    f"{page} line {i + 1}: unknown readme-test directive {line.strip()!r}; "
                     f"the kinds are {sorted(_KINDS)}"
                 )
             pending.append((words[0], tuple(words[1:])))
@@ -114,12 +124,16 @@ def parse_blocks(text: str) -> list[Block]:
                 body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i])
                 i += 1
             if i == len(lines):
-                raise ValueError(f"README.md line {start + 1}: the ``` fence is never closed")
+                raise ValueError(f"{page} line {start + 1}: the ``` fence is never closed")
             if lang in ("python", "py"):
-                blocks.append(Block(start + 1, section, "\n".join(body) + "\n", tuple(pending)))
+                source = "\n".join(body) + "\n"
+                printed = None
+                if any(kind == "stdout" for kind, _ in pending):
+                    printed = _shown_output(lines, i + 1, f"{page} line {start + 1}")
+                blocks.append(Block(start + 1, section, source, tuple(pending), printed))
             elif pending:
                 raise ValueError(
-                    f"README.md line {start + 1}: a readme-test directive sits above a "
+                    f"{page} line {start + 1}: a readme-test directive sits above a "
                     f"{lang or 'plain'} block; only python blocks run"
                 )
             pending = []
@@ -127,11 +141,25 @@ def parse_blocks(text: str) -> list[Block]:
             section = line.lstrip("#").strip()
         elif line.strip() and pending:
             raise ValueError(
-                f"README.md line {i + 1}: a readme-test directive must sit right above its "
+                f"{page} line {i + 1}: a readme-test directive must sit right above its "
                 f"```python block"
             )
         i += 1
     return blocks
+
+
+def _shown_output(lines: list[str], after: int, where: str) -> str:
+    """The ```text block that comes next after line `after` (prose may come between,
+    no heading and no other block)."""
+    i = after
+    while i < len(lines) and not lines[i].lstrip().startswith(("```", "#")):
+        i += 1
+    if i == len(lines) or lines[i].strip() not in ("```text", "```"):
+        raise ValueError(f"{where}: a `stdout` block must be followed by a ```text block")
+    end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+    if end is None:
+        raise ValueError(f"{where}: the ```text block after it is never closed")
+    return "".join(line + "\n" for line in lines[i + 1 : end])
 
 
 BLOCKS = parse_blocks(README.read_text())
@@ -150,11 +178,17 @@ def test_parser_reads_directives_and_indented_blocks() -> None:
     text = (
         "# Top\n\n<!-- readme-test: env A=1 -->\n<!-- readme-test: notebook -->\n"
         "```python\nx = 1\n```\n\n## Next\n\n- item\n\n  ```python\n  y = 2\n  ```\n"
-        "```bash\necho\n```\n"
+        "```bash\necho\n```\n```{toctree}\n:hidden:\n\npage\n```\n"
     )
     first, second = parse_blocks(text)
     assert first == Block(5, "Top", "x = 1\n", (("env", ("A=1",)), ("notebook", ())))
     assert second.source == "y = 2\n" and second.section == "Next" and second.line == 13
+
+
+def test_parser_takes_the_output_a_stdout_block_shows() -> None:
+    text = "<!-- readme-test: stdout -->\n```python\nprint(1)\n```\nIt prints:\n```text\n1\n```\n"
+    (block,) = parse_blocks(text)
+    assert block.stdout == "1\n"
 
 
 def test_notebook_blocks_split_into_cells_at_cell_comments() -> None:
@@ -176,6 +210,8 @@ def test_notebook_blocks_split_into_cells_at_cell_comments() -> None:
         ("<!-- readme-test: notebook -->\n```bash\n```\n", r"only python blocks run"),
         ("<!-- readme-test: notebook -->\ntext\n```python\n```\n", r"right above"),
         ("```python\nx = 1\n", r"never closed"),
+        ("<!-- readme-test: stdout -->\n```python\n```\ntext\n", r"followed by a ```text"),
+        ("<!-- readme-test: stdout -->\n```python\n```\n## Next\n```text\n```\n", r"```text"),
     ],
 )
 def test_parser_refuses_what_it_cannot_honour(text: str, message: str) -> None:
@@ -183,18 +219,19 @@ def test_parser_refuses_what_it_cannot_honour(text: str, message: str) -> None:
         parse_blocks(text)
 
 
-def test_the_readme_shows_the_example_kernels_module_as_it_is() -> None:
-    # The worker's shell block names examples/remote_kernels.py; the README shows it whole.
+def test_the_remote_page_shows_the_example_kernels_module_as_it_is() -> None:
+    # The worker's shell block names examples/remote_kernels.py; the page shows it whole.
+    text = REMOTE_PAGE.read_text()
     shown = (ROOT / "examples" / "remote_kernels.py").read_text()
-    assert any(block.source == shown for block in BLOCKS)
-    assert "--kernels remote_kernels" in worker_shell_block(README.read_text())[-1]
+    assert any(block.source == shown for block in parse_blocks(text, REMOTE_PAGE.name))
+    assert "--kernels remote_kernels" in worker_shell_block(text)[-1]
 
 
 # -- running the blocks --
 
 
 def worker_shell_block(text: str) -> list[str]:
-    """The lines of the README's ```bash block that starts `actorgraph worker`."""
+    """The lines of a page's ```bash block that starts `actorgraph worker`."""
     found = re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
     blocks = [b.splitlines() for b in found if re.search(r"^\S*.*actorgraph worker ", b, re.M)]
     assert len(blocks) == 1, f"expected one shell block starting a worker, found {len(blocks)}"
@@ -202,11 +239,12 @@ def worker_shell_block(text: str) -> list[str]:
 
 
 class _Worker:
-    """`actorgraph worker` on loopback, started by the README's own shell block, as
-    written but for the port (0: a free one) and the folder it runs in (`folder`)."""
+    """`actorgraph worker` on loopback, started by the page's own shell block (`text`,
+    the remote workers page's by default), as written but for the port (0: a free one)
+    and the folder it runs in (`folder`)."""
 
-    def __init__(self, devices: str, port: str, folder: Path) -> None:
-        lines = worker_shell_block(README.read_text())
+    def __init__(self, devices: str, port: str, folder: Path, text: str | None = None) -> None:
+        lines = worker_shell_block(REMOTE_PAGE.read_text() if text is None else text)
         command = lines[-1]
         assert f" --devices {devices} " in command and f" --port {port} " in command, command
         (folder / "examples").symlink_to(ROOT / "examples")
@@ -250,9 +288,9 @@ def notebook_cells(code: str) -> list[str]:
     return ["\n" * start + "\n".join(lines[start:end]) for start, end in zip(bounds, bounds[1:])]
 
 
-def _run_notebook(code: str, namespace: dict[str, object]) -> None:
+def _run_notebook(code: str, namespace: dict[str, object], page: str = "README.md") -> None:
     for cell in notebook_cells(code):
-        compiled = compile(cell, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        compiled = compile(cell, page, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
         async def run_cell(compiled: types.CodeType = compiled) -> None:
             result = eval(compiled, namespace)  # a coroutine where the cell awaits at top level
@@ -304,29 +342,66 @@ def _installed(name: str) -> bool:
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_readme_block(block: Block, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_block(block, README, in_tmp, monkeypatch)
+
+
+def run_block(block: Block, page: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run one python block of `page` (README.md, a docs page) in `folder`, the current
+    folder, as its directives say."""
     code = block.source
     for names in block.options("requires"):
         missing = [n for n in names if not _installed(n)]
         if missing:
-            pytest.skip(f"this README block needs {', '.join(missing)}, which is not installed")
+            where = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name
+            pytest.skip(
+                f"the block at {where} line {block.line} cannot run here: "
+                + "; ".join(
+                    f"{n} is not installed: apt-get install {n} installs it"
+                    if n in PROGRAMS
+                    else _extras.missing(n, "the block")
+                    for n in missing
+                )
+            )
     for (assignment,) in block.options("env"):
         name, _, value = assignment.partition("=")
         monkeypatch.setenv(name, value)
     workers = []
+    saved_path = list(sys.path)
     try:
         for devices, port in block.options("worker"):
-            worker = _Worker(devices, port, in_tmp)
+            worker = _Worker(devices, port, folder, page.read_text())
             workers.append(worker)
-            assert (in_tmp / "token").read_text() == TOKEN_TEXT  # as the block wrote it
+            assert (folder / "token").read_text().strip()  # as the shell block wrote it
             code = code.replace(f"127.0.0.1:{port}", f"127.0.0.1:{worker.port}")
         namespace: dict[str, object] = {"__name__": "__main__"}
-        padded = "\n" * block.line + code  # tracebacks give README.md's own line numbers
-        if block.options("pytest"):
-            _run_pytest(code, in_tmp)
-        elif block.options("notebook"):
-            _run_notebook(padded, namespace)
-        else:
-            exec(compile(padded, "README.md", "exec"), namespace)
+        padded = "\n" * block.line + code  # tracebacks give the page's own line numbers
+        printed = io.StringIO()
+        capture = block.stdout is not None
+        with contextlib.redirect_stdout(printed) if capture else contextlib.nullcontext():
+            if block.options("pytest"):
+                _run_pytest(code, folder)
+            elif block.options("notebook"):
+                _run_notebook(padded, namespace, page.name)
+            else:
+                exec(compile(padded, page.name, "exec"), namespace)
+        if block.stdout is not None:
+            assert printed.getvalue() == block.stdout, (
+                f"{page.name} line {block.line}: the block printed\n{printed.getvalue()}\n"
+                f"where the page shows\n{block.stdout}"
+            )
     finally:
         for worker in workers:
             worker.stop()
+        _forget_imports(saved_path, folder)
+
+
+def _forget_imports(saved_path: list[str], folder: Path) -> None:
+    """Undo what a block did to this process's imports: its changes to sys.path, and the
+    modules it imported from its folder (a kernels module, say), which later tests, and
+    the workers they start with this process's path, must not see."""
+    sys.path[:] = saved_path
+    here = os.path.abspath(folder) + os.sep
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and os.path.abspath(file).startswith(here):
+            del sys.modules[name]

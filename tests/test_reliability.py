@@ -147,8 +147,9 @@ async def test_runtime_exit_cancels_actors_and_fails_pending_work(autojump_clock
 # -- deadlock diagnosis ---------------------------------------------------------------
 
 
-async def deadlocked_graph(rt: ag.Runtime) -> tuple[ag.Graph, ag.Plan]:
-    """A graph whose hand-edited plan has two queues waiting on each other."""
+async def deadlocked_graph(rt: ag.Runtime, checks: int = 0) -> tuple[ag.Graph, ag.Plan]:
+    """A graph whose hand-edited plan has two queues waiting on each other (its first
+    `checks` replays checked)."""
     x, y = rt.alloc("CPU:0", 4, np.int32), rt.alloc("CPU:1", 4, np.int32)
     items = [ag.Launch(INC, [x]), ag.Launch(INC, [y])]
     graph = await rt.compile(items)
@@ -163,7 +164,7 @@ async def deadlocked_graph(rt: ag.Runtime) -> tuple[ag.Graph, ag.Plan]:
             out.append(msg)
         programs.append(tuple(out))
     bad = attrs.evolve(plan, programs=tuple(programs))
-    return ag.Graph(rt, Program(rt, items, [], bad)), bad
+    return ag.Graph(rt, Program(rt, items, [], bad), checks=checks), bad
 
 
 async def test_deadlock_is_diagnosed_not_hung(autojump_clock: object) -> None:
@@ -179,6 +180,29 @@ async def test_deadlock_is_diagnosed_not_hung(autojump_clock: object) -> None:
         # A sticky fault: later calls fail with the same clear error.
         with pytest.raises(ag.ClosedError, match="broken by an earlier fault: deadlock"):
             await rt.copyout(rt.alloc("CPU:0", 4, np.int32))
+
+
+async def test_a_replay_failed_by_a_deadlock_still_advances_its_then_timelines(
+    autojump_clock: object,
+) -> None:
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        graph, _ = await deadlocked_graph(rt)
+        seen = [0]
+        then = ag.ExternalTimeline("then", lambda: seen[0], lambda v: seen.__setitem__(0, v))
+        replay = await graph.submit(then=[(then, 3)])
+        with trio.fail_after(60), pytest.raises(ag.DeadlockError, match="deadlock"):
+            await replay.wait()
+        # Advanced when the replay is complete, failed or not: the other side never hangs.
+        assert seen == [3]
+
+
+async def test_a_checked_replay_in_flight_when_the_runtime_breaks_fails_instead_of_hanging(
+    autojump_clock: object,
+) -> None:
+    async with ag.open_runtime(["CPU:0", "CPU:1"]) as rt:
+        graph, _ = await deadlocked_graph(rt, checks=1)
+        with trio.fail_after(60), pytest.raises(ag.DeadlockError, match="deadlock"):
+            await graph()
 
 
 async def test_watchdog_reports_a_stalled_replay(

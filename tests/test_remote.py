@@ -190,6 +190,25 @@ async def test_one_round_trip_per_replay(ag_remote_runtime: ag.Runtime) -> None:
         np.testing.assert_array_equal(await rt.copyout(y), np.full(16, 3 * 50 + 49))
 
 
+async def test_the_programs_a_worker_keeps_are_bounded_and_a_forgotten_one_is_sent_again(
+    ag_remote_runtime: ag.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote_programs, "PROGRAM_CACHE", 2)
+    rt = ag_remote_runtime
+    r0, _ = rt.devices
+    with trio.fail_after(GUARD):
+        x = rt.alloc(r0, 16, np.int32)
+        # Three graphs of one queue each, with op lists of their own: the worker keeps two.
+        graphs = [await rt.compile([ag.Launch(INC, [x, x]) for _ in range(n)]) for n in (1, 2, 3)]
+        programs = rt.device(r0).connection.programs
+        for _ in range(4):
+            for graph in graphs:
+                await graph()
+                assert len(programs) <= 2
+        assert len(programs) == 2
+        np.testing.assert_array_equal(await rt.copyout(x), np.full(16, 4 * (1 + 2 + 3)))
+
+
 async def test_a_chain_inside_one_worker_reports_only_its_ends(
     ag_remote_runtime: ag.Runtime,
 ) -> None:
@@ -534,19 +553,25 @@ async def test_only_a_profiled_replay_has_its_worker_send_times(
     batches: list[list[Any]] = []
     received: list[str] = []
     real_encode = remote_connection.encode
-    real_report = remote_connection.Connection.report
+    real_handlers = remote_connection.Connection.handlers
 
     def encode_spy(message: Any, tail_len: int = 0) -> bytes:
         if type(message) is Batch:
             batches.append(as_meta(message))
         return real_encode(message, tail_len)
 
-    async def report_spy(self: Any, message: Any, tail: int) -> None:
-        received.append(type(message).__name__)
-        await real_report(self, message, tail)
+    def spied(handler: Any) -> Any:
+        async def spy(message: Any, tail: int) -> None:
+            received.append(type(message).__name__)
+            await handler(message, tail)
+
+        return spy
+
+    def handlers_spy(self: Any) -> dict[type, Any]:
+        return {kind: spied(handler) for kind, handler in real_handlers(self).items()}
 
     monkeypatch.setattr(remote_connection, "encode", encode_spy)
-    monkeypatch.setattr(remote_connection.Connection, "report", report_spy)
+    monkeypatch.setattr(remote_connection.Connection, "handlers", handlers_spy)
     name = workers[0].name("CPU:0")
     with trio.fail_after(GUARD):
         async with runtime([name]) as rt:

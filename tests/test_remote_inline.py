@@ -94,8 +94,8 @@ async def test_a_held_job_that_needs_a_task_goes_to_its_actor_first_in_line() ->
     # that queue, in its own task, gets there.
     ran: list[str] = []
     resumer = Resumer()
-    copy_queue, compute = QueueActor("copy"), QueueActor("compute")
-    copy_queue.signal = HoldingSignal("copy", 0, resumer)
+    copy_queue = QueueActor("copy", signal=HoldingSignal("copy", 0, resumer))
+    compute = QueueActor("compute")
     mirror = HoldingSignal("mirror", 0, resumer)
     gate = trio.Event()
 

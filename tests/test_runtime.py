@@ -24,7 +24,7 @@ async def test_graph_matches_eager_across_two_devices(ag_cpu_runtime: ag.Runtime
 async def test_alloc_counts_elements_starts_zeroed_and_views_count_elements(
     autojump_clock: object,
 ) -> None:
-    # What README.md's Concepts section promises about sizes, zeroing and views.
+    # What the runtime page (docs/in-depth/runtime.md) promises about sizes, zeroing and views.
     async with ag.open_runtime(["CPU:0", "SIM:0"]) as rt:
         for device in rt.devices:
             buf = rt.alloc(device, (4, 8), np.int16)
@@ -49,3 +49,27 @@ async def test_a_freed_buffer_holds_none_of_its_memory(ag_cpu_runtime: ag.Runtim
     memory = weakref.ref(buf.memory)
     rt.free(buf)
     assert memory() is None
+
+
+async def test_host_copies_not_waited_for_run_in_order_where_they_can_or_are_posted(
+    ag_cpu_runtime: ag.Runtime,
+) -> None:
+    # On idle queues a host copy runs where it is submitted, done at once; behind a
+    # replay still in flight (a profiled one goes to the actors) it is posted, and
+    # runs after it.
+    rt = ag_cpu_runtime
+    a, b, c = (rt.alloc("CPU:0", 64, np.int32) for _ in range(3))
+    first = await rt.submit_copyin(a, np.arange(64, dtype=np.int32))
+    assert first.done and first.array is None
+    await first.wait()
+    await rt.copyin(b, np.full(64, 5, np.int32))
+    graph = await rt.compile([ag.Launch(XOR, [c, a, b])], inputs=[a, b])
+    replay = await graph.submit([a, b], profile=True)
+    out = await rt.submit_copyout(c)
+    again = await rt.submit_copyin(a, np.zeros(64, np.int32))
+    assert not out.done
+    for step in (replay, out, again):
+        await step.wait()
+    assert out.array is not None
+    np.testing.assert_array_equal(out.array, np.arange(64, dtype=np.int32) ^ 5)
+    np.testing.assert_array_equal(await rt.copyout(a), np.zeros(64, np.int32))

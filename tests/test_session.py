@@ -156,7 +156,13 @@ async def test_refuses_bad_requests_and_keeps_the_session(
                 (["get", 1, [handle, 0, [4], "int32"]], "get src dtype is 'int32', not a bool"),
                 (["alloc", 3, "GPU:7", 4, "<i4"], "no device 'GPU:7'"),
                 (["batch", 9, [0, 0, 0], [12345], []], "unknown program id 12345"),
-                (["frobnicate", 1], "unknown request 'frobnicate'"),
+                (["frobnicate", 1], "unknown message 'frobnicate'"),
+                # A message of the protocol that a worker sends, not a client.
+                (
+                    ["sig", 1, 2, 3],
+                    "unknown request 'sig': a client sends only alloc, batch, ext, forget, "
+                    "free, getwhen, ping, prog, watch without data",
+                ),
                 (["free"], "has 1 fields, got 0"),
             ]
             for request, message in requests:
@@ -433,12 +439,12 @@ async def test_a_batch_of_programs_seen_before_is_checked_as_any_other() -> None
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = _Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
-            session.handle(["alloc", 2, "CPU:1", 4, "<i4"])
-            session.handle(["prog", 1, "CPU:0", _incs(1, 2, 2), True])
-            session.handle(["prog", 2, "CPU:1", _incs(2, 3, 3), True])
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            session.handle(decode(["alloc", 2, "CPU:1", 4, "<i4"]))
+            session.handle(decode(["prog", 1, "CPU:0", _incs(1, 2, 2), True]))
+            session.handle(decode(["prog", 2, "CPU:1", _incs(2, 3, 3), True]))
             for batch in (10, 11, 12):  # the first is checked in full, the others remembered
-                session.handle(["batch", batch, [0, 0, 0, 0], [1, 2], []])
+                session.handle(decode(["batch", batch, [0, 0, 0, 0], [1, 2], []]))
                 await replies.wait_for(2 * (batch - 9))
             assert (
                 session.batches._seen(decode(["batch", 13, [0, 0, 0, 0], [1, 2], []])) is not None
@@ -458,20 +464,20 @@ async def test_a_batch_of_programs_seen_before_is_checked_as_any_other() -> None
             for request, message in refusals:
                 count = len(replies.sent)
                 try:
-                    session.handle(request)
+                    session.handle(decode(request))
                 except (Refused, WireError) as exc:
                     assert re.search(message, str(exc)), (request, exc)
                 else:
                     done = await replies.wait_for(count + 2)
                     assert all(message in m[3][2] for m in done[count:]), (request, done)
-            session.handle(["forget", 2])
+            session.handle(decode(["forget", 2]))
             with pytest.raises(Refused, match="batch 15: unknown program id 2"):
-                session.handle(["batch", 15, [0, 0, 0, 0], [1, 2], []])
+                session.handle(decode(["batch", 15, [0, 0, 0, 0], [1, 2], []]))
             # Id 2 given to a program refused when lowered: its batch fails, as it would
             # have the first time.
-            session.handle(["prog", 2, "CPU:1", [["k", 0, "nope", [], [], [1], [1]]], True])
+            session.handle(decode(["prog", 2, "CPU:1", [["k", 0, "nope", [], [], [1], [1]]], True]))
             count = len(replies.sent)
-            session.handle(["batch", 16, [0, 0, 0, 0], [1, 2], []])
+            session.handle(decode(["batch", 16, [0, 0, 0, 0], [1, 2], []]))
             done = await replies.wait_for(count + 2)
             assert all(m[:2] == ["done", 16] and m[3] is not None for m in done[count:])
             nursery.cancel_scope.cancel()
@@ -487,18 +493,20 @@ async def test_a_batch_refused_for_overflow_leaves_the_timelines_as_they_were() 
             replies = _Replies()
             session = Session(server, 1, replies)  # type: ignore[arg-type]
             queues = [rt.device(name).queues[QueueKind.COMPUTE] for name in ("CPU:0", "CPU:1")]
-            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
-            session.handle(["alloc", 2, "CPU:1", 4, "<i4"])
-            session.handle(["prog", 1, "CPU:0", _incs(1, 2, 2), True])  # fits: 2 values left
-            session.handle(["prog", 2, "CPU:1", _incs(2, 5, 3), False])  # does not
-            session.handle(["batch", 7, [0, 0, 0, 0], [1, 2], []])
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            session.handle(decode(["alloc", 2, "CPU:1", 4, "<i4"]))
+            session.handle(
+                decode(["prog", 1, "CPU:0", _incs(1, 2, 2), True])
+            )  # fits: 2 values left
+            session.handle(decode(["prog", 2, "CPU:1", _incs(2, 5, 3), False]))  # does not
+            session.handle(decode(["batch", 7, [0, 0, 0, 0], [1, 2], []]))
             done = await replies.wait_for(2)
             for slot, meta in zip((2, 3), done):
                 assert meta[:3] == ["done", 7, slot]
                 assert "CPU:1/compute: timeline would pass 2**64-1" in meta[3][2]
             assert [q.next_value for q in queues] == [top - 3, top - 3]
             # The values the refused batch would have taken are there for the next one.
-            session.handle(["batch", 8, [0, 0, 0], [1], []])
+            session.handle(decode(["batch", 8, [0, 0, 0], [1], []]))
             assert (await replies.wait_for(3))[2] == ["done", 8, 2, None]
             assert queues[0].next_value == top - 1
             np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 2))
@@ -662,17 +670,17 @@ async def test_a_worker_runs_a_kernel_on_its_loop_only_once_seen_to_be_quick() -
             server.times = KernelTimes(clock=lambda: now[0], cpu_clock=lambda: now[0])
             replies = _Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
-            session.handle(["alloc", 2, "CPU:0", 8, "<i4"])
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            session.handle(decode(["alloc", 2, "CPU:0", 8, "<i4"]))
             tick_1 = ["k", 0, "tick", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
             tick_2 = ["k", 0, "tick", [[2, 0, [8]], [2, 0, [8]]], [], [1, 1, 1], [1, 1, 1]]
-            session.handle(["prog", 1, "CPU:0", [tick_1, ["s", 2, 1]], True])
-            session.handle(["prog", 2, "CPU:0", [tick_2, ["s", 2, 1]], True])
+            session.handle(decode(["prog", 1, "CPU:0", [tick_1, ["s", 2, 1]], True]))
+            session.handle(decode(["prog", 2, "CPU:0", [tick_2, ["s", 2, 1]], True]))
 
             async def replay(program: int, cost_s: float) -> bool:
                 cost[0] = cost_s
                 batch = len(replies.sent) + 10
-                session.handle(["batch", batch, [0, 0, 0], [program], []])
+                session.handle(decode(["batch", batch, [0, 0, 0], [program], []]))
                 assert (await replies.wait_for(batch - 9))[-1] == ["done", batch, 2, None]
                 return on_loop[-1]
 
@@ -703,12 +711,12 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                 codes = []
                 for handle, count in ((1, 16), (2, 8)):  # 64 bytes, then 32
                     data = np.arange(count, dtype=np.int32)
-                    session.handle(["alloc", handle, "CPU:0", count, "<i4"])
+                    session.handle(decode(["alloc", handle, "CPU:0", count, "<i4"]))
                     staged = bytearray(data.tobytes())
                     session.keep_blob(handle, staged, len(staged))
                     session.blob_bytes += len(staged)
                     write = ["hw", -1, [handle, 0, [count]], [handle]]
-                    session.handle(["prog", handle, "CPU:0", [write, ["s", 2, 1]], False])
+                    session.handle(decode(["prog", handle, "CPU:0", [write, ["s", 2, 1]], False]))
                     codes.append(
                         [
                             op.code
@@ -716,7 +724,7 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                             if isinstance(op, RunOp) and op.fn is chunks_into
                         ]
                     )
-                    session.handle(["batch", handle, [0, 0, 0], [handle], []])
+                    session.handle(decode(["batch", handle, [0, 0, 0], [handle], []]))
                     assert (await replies.wait_for(handle))[-1] == ["done", handle, 2, None]
                     np.testing.assert_array_equal(session.buffers[handle].host_view(), data)
                 assert codes == [[EXEC_THREAD], [EXEC]]
@@ -738,15 +746,19 @@ async def test_a_clients_gpu_queue_reports_its_own_faults_and_goes_with_it() -> 
             replies = _Replies()
             async with trio.open_nursery() as nursery:
                 session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-                session.handle(["alloc", 1, "CUDA:0", 4, "<i4"])
+                session.handle(decode(["alloc", 1, "CUDA:0", 4, "<i4"]))
                 assert len(device.all_queues()) == 2  # nothing made before it is used
-                session.handle(["prog", 1, "CUDA:0", [_on("boom_gpu", 1), ["s", 2, 1]], False])
-                session.handle(["batch", 3, [0, 0, 0], [1], []])
+                session.handle(
+                    decode(["prog", 1, "CUDA:0", [_on("boom_gpu", 1), ["s", 2, 1]], False])
+                )
+                session.handle(decode(["batch", 3, [0, 0, 0], [1], []]))
                 failed = (await replies.wait_for(1))[0]
                 assert failed[:3] == ["done", 3, 2]
                 assert "ZeroDivisionError: boom on purpose" in failed[3][2]
-                session.handle(["prog", 2, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
-                session.handle(["batch", 4, [0, 0, 0], [2], []])
+                session.handle(
+                    decode(["prog", 2, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
+                )
+                session.handle(decode(["batch", 4, [0, 0, 0], [2], []]))
                 assert (await replies.wait_for(2))[1] == ["done", 4, 2, None]
                 own = session.queues[("CUDA:0", QueueKind.COMPUTE)]
                 assert own in device.all_queues()
@@ -771,10 +783,10 @@ async def test_a_dtype_a_workers_device_refuses_is_refused_and_the_session_goes_
                     match=r"CUDA:0: dtype >i4 is not in this machine's byte order, and a GPU's "
                     r"kernels read memory in theirs: allocate int32",
                 ):
-                    session.handle(["alloc", 1, "CUDA:0", 4, ">i4"])
+                    session.handle(decode(["alloc", 1, "CUDA:0", 4, ">i4"]))
                 with pytest.raises(Refused, match=r"buffer 1 was refused: CUDA:0: dtype >i4"):
                     session.buffer(ref([1, 0, [4]], "get src"), "get src")
-                session.handle(["alloc", 2, "CUDA:0", 4, "<i4"])
+                session.handle(decode(["alloc", 2, "CUDA:0", 4, "<i4"]))
                 assert session.buffers[2].dtype == np.dtype("<i4")
                 nursery.cancel_scope.cancel()
             session.abandon()
@@ -833,11 +845,11 @@ async def test_a_client_leaving_with_gpu_work_stuck_lets_its_memory_go_safely() 
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             async with trio.open_nursery() as nursery:
                 session = Session(server, 1, _Replies(), nursery)  # type: ignore[arg-type]
-                session.handle(["alloc", 1, "CUDA:0", 4, "<i4"])
+                session.handle(decode(["alloc", 1, "CUDA:0", 4, "<i4"]))
                 # Base slot 3 (not KICK's): the stream itself waits, on the mirror's word.
                 stuck = [["w", 77, 3, 1], _on("inc_gpu", 1), ["s", 2, 1]]
-                session.handle(["prog", 1, "CUDA:0", stuck, False])
-                session.handle(["batch", 3, [0, 0, 0, 0], [1], []])
+                session.handle(decode(["prog", 1, "CUDA:0", stuck, False]))
+                session.handle(decode(["batch", 3, [0, 0, 0, 0], [1], []]))
                 await trio.testing.wait_all_tasks_blocked()
                 own = session.queues[("CUDA:0", QueueKind.COMPUTE)]
                 assert own.gpu_busy  # on the stream, waiting on mirror 77's word
@@ -861,13 +873,15 @@ async def test_a_client_leaving_keeps_the_gpu_words_any_of_its_streams_waits_on(
             async with trio.open_nursery() as nursery:
                 session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
                 for handle in (1, 2):
-                    session.handle(["alloc", handle, "CUDA:0", 4, "<i4"])
-                session.handle(["prog", 1, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
-                session.handle(["batch", 3, [0, 0, 0], [1], []])
+                    session.handle(decode(["alloc", handle, "CUDA:0", 4, "<i4"]))
+                session.handle(
+                    decode(["prog", 1, "CUDA:0", [_on("inc_gpu", 1), ["s", 2, 1]], False])
+                )
+                session.handle(decode(["batch", 3, [0, 0, 0], [1], []]))
                 assert (await replies.wait_for(1))[0] == ["done", 3, 2, None]
                 stuck = [["w", 77, 3, 1], ["c", 0, [2, 0, [4]], [1, 0, [4]]], ["s", 2, 1]]
-                session.handle(["prog", 2, "CUDA:0", stuck, False, "copy"])
-                session.handle(["batch", 4, [0, 0, 0, 0], [2], []])
+                session.handle(decode(["prog", 2, "CUDA:0", stuck, False, "copy"]))
+                session.handle(decode(["batch", 4, [0, 0, 0, 0], [2], []]))
                 await trio.testing.wait_all_tasks_blocked()
                 compute = session.queues[("CUDA:0", QueueKind.COMPUTE)]
                 copy = session.queues[("CUDA:0", QueueKind.COPY)]
@@ -892,12 +906,12 @@ async def test_clients_coming_and_going_leave_no_gpu_words_or_tasks_behind() -> 
                 replies = _Replies()
                 async with trio.open_nursery() as nursery:
                     session = Session(server, sid, replies, nursery)  # type: ignore[arg-type]
-                    session.handle(["alloc", 1, "CUDA:0", 4, "<i4"])
+                    session.handle(decode(["alloc", 1, "CUDA:0", 4, "<i4"]))
                     waits = [["w", 10 + k, 3 + k, 1] for k in range(3)]  # on the stream
                     program = [*waits, _on("inc_gpu", 1), ["s", 2, 1]]
-                    session.handle(["prog", 1, "CUDA:0", program, False])
-                    session.handle(["batch", 3, [0, 0, 0, 0, 0, 0], [1], []])
-                    session.handle(["ext", [[10, 1], [11, 1], [12, 1]]])
+                    session.handle(decode(["prog", 1, "CUDA:0", program, False]))
+                    session.handle(decode(["batch", 3, [0, 0, 0, 0, 0, 0], [1], []]))
+                    session.handle(decode(["ext", [[10, 1], [11, 1], [12, 1]]]))
                     assert (await replies.wait_for(1))[0] == ["done", 3, 2, None]
                     assert len(device._mirrors) == 3
                     nursery.cancel_scope.cancel()
@@ -1098,16 +1112,16 @@ async def test_a_job_that_waited_sends_a_read_ahead_with_the_report_of_its_value
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = _HeldReplies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
-            session.handle(["getwhen", 7, [1, 0, [4]], "CPU:0", 1])
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            session.handle(decode(["getwhen", 7, [1, 0, [4]], "CPU:0", 1]))
             inc = ["k", 0, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
             program = [["w", 9, 0, 1], inc, ["s", 2, 1], inc, ["s", 2, 2]]
-            session.handle(["prog", 1, "CPU:0", program, False])
-            session.handle(["batch", 3, [0, 0, 0], [1], []])
+            session.handle(decode(["prog", 1, "CPU:0", program, False]))
+            session.handle(decode(["batch", 3, [0, 0, 0], [1], []]))
             await trio.testing.wait_all_tasks_blocked()
             assert not [m for m in replies.sent if m[0] in ("data", "sig", "done")]
             del replies.sent[:]
-            session.handle(["ext", [[9, 1]]])  # the job goes on
+            session.handle(decode(["ext", [[9, 1]]]))  # the job goes on
             sent = await replies.wait_for(6)
             assert sent[:4] == [
                 ["hold"],
@@ -1300,22 +1314,22 @@ async def test_a_profiled_batch_sends_each_jobs_times_before_its_done() -> None:
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = _Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
             inc = ["k", 7, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
             last = ["k", 8, "inc", [[1, 0, [4]]] * 2, [], [1] * 3, [1] * 3]
             # entries: 0 wait, 1 item 7, 2 signal (reported), 3 item 8, 4 signal
             program = [["w", 9, 0, 1], inc, ["s", 2, 1], last, ["s", 2, 2]]
-            session.handle(["prog", 1, "CPU:0", program, True])
-            session.handle(["batch", 3, [0, 0, 0], [1], []])  # not profiled
+            session.handle(decode(["prog", 1, "CPU:0", program, True]))
+            session.handle(decode(["batch", 3, [0, 0, 0], [1], []]))  # not profiled
             assert (await replies.wait_for(0)) == []
-            session.handle(["ext", [[9, 1]]])
+            session.handle(decode(["ext", [[9, 1]]]))
             sent = await replies.wait_for(2)
             assert [m[0] for m in sent] == ["sig", "done"]
             del replies.sent[:]
             before = time.perf_counter()
-            session.handle(["batch", 4, [1, 0, 0], [1], [], True])  # waits for 2
+            session.handle(decode(["batch", 4, [1, 0, 0], [1], [], True]))  # waits for 2
             await trio.testing.wait_all_tasks_blocked()  # parked on the mirror
-            session.handle(["ext", [[9, 2]]])
+            session.handle(decode(["ext", [[9, 2]]]))
             sent = await replies.wait_for(3)
             after = time.perf_counter()
             assert [m[0] for m in sent] == ["sig", "times", "done"]
@@ -1329,7 +1343,21 @@ async def test_a_profiled_batch_sends_each_jobs_times_before_its_done() -> None:
             assert first[2] <= second[1] <= second[2] <= times.end
             np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 4))
             del replies.sent[:]
-            session.handle(["ping", 5])
+            session.handle(decode(["ping", 5]))
             (pong,) = await replies.wait_for(1)
             assert pong[:2] == ["pong", 5] and after <= pong[2] <= pong[3]
             nursery.cancel_scope.cancel()
+
+
+def test_a_program_with_kernels_placed_by_their_times_is_made_with_those_times() -> None:
+    from actorgraph.devices import EXEC, run_op
+
+    from actorgraph.worker._lowered import Program
+    from actorgraph.worker._placement import AdaptiveKernel, KernelTimes
+
+    times = KernelTimes(clock=lambda: 0.0)
+    ops = [AdaptiveKernel(times, "k", run_op(EXEC, print, (), 0))]
+    with pytest.raises(ValueError, match="coded with those times: pass the worker's KernelTimes"):
+        Program(store=True, slot=2, actor=QueueActor("q"), ops=ops, count=1)
+    program = Program(store=True, slot=2, actor=QueueActor("q"), ops=ops, times=times, count=1)
+    assert len(program.ops) == 1 and program.error is None

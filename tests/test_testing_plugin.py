@@ -251,3 +251,21 @@ async def test_more_than_the_worker_has(ag_remote_runtime):
             "*devices=5) asks for more devices than the worker serves*actorgraph_worker_devices*",
         ]
     )
+
+
+def test_a_marker_keyword_typo_names_the_near_one(pytester: pytest.Pytester) -> None:
+    result = run_module(
+        pytester,
+        """
+@pytest.mark.actorgraph(device=3)
+async def test_typo(ag_cpu_runtime):
+    pass
+""",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*@pytest.mark.actorgraph(...) got an option 'device' that neither "
+            "@pytest.mark.actorgraph(...) nor open_runtime(...) takes; did you mean 'devices'?*"
+        ]
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -16,17 +17,14 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from _extras import NO_CLANG, importorskip
 
 import actorgraph as ag
 
 os.environ.setdefault("DEV", "CPU")  # before tinygrad picks its default device
-tinygrad = pytest.importorskip(
-    "tinygrad", reason="tinygrad is not installed (actorgraph[tinygrad])"
-)
+tinygrad = importorskip("tinygrad")
 if shutil.which(os.environ.get("CC", "clang")) is None:
-    pytest.skip(
-        "clang is not installed: tinygrad's CPU devices compile with it", allow_module_level=True
-    )
+    pytest.skip(NO_CLANG, allow_module_level=True)
 
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 
@@ -390,7 +388,7 @@ def test_install_from_several_threads_is_bitwise(captured: bool) -> None:
     # device's thread, whose timeline the replays join). tinygrad itself is not
     # thread-safe, with or without actorgraph: its capture, its reads of tensors (which
     # schedule) and its own kernels, from several threads at once, raise its errors or,
-    # on 0.11, stop its device thread for good. So, as README's "Threads" says, the
+    # on 0.11, stop its device thread for good. So, as the tinygrad page's "Threads" says, the
     # threads take turns (`tiny`) for tinygrad's own work, and only the replays run at once.
     threads, calls = 3, 40
     fns = [_mlp(seed=10 * t) for t in range(threads)]
@@ -541,6 +539,16 @@ async def test_bad_input_is_refused_with_its_name() -> None:
 def test_install_checks_its_arguments_and_is_idempotent() -> None:
     with pytest.raises(ag.UsageError, match="devices=N"):
         agt.install(devices=0)
+    # install's own keyword is among the near names it suggests, beside open_runtime's.
+    with pytest.raises(
+        ag.UsageError,
+        match=r"agt\.install\(\.\.\.\) got an option 'device' that neither agt\.install\(\.\.\.\) "
+        r"nor open_runtime\(\.\.\.\) takes; did you mean 'devices'\? the options are ",
+    ):
+        agt.install(device=4)
+    with pytest.raises(ag.UsageError, match=r"got an option 'remotes' .* did you mean 'remote'\?"):
+        agt.install(remotes=["CPU:0@127.0.0.1:7000"])
+    assert not agt.installed()
     agt.install(devices=4)
     try:
         agt.install()  # already installed: nothing changes
@@ -553,6 +561,20 @@ def test_install_checks_its_arguments_and_is_idempotent() -> None:
     assert agt.statistics() == agt.TinygradStatistics(
         False, agt.TINYGRAD_VERSION or "", 0, 0, 0, 0, ()
     )
+
+
+def test_tinygrad_0_11_refuses_ag_devices_saying_it_has_its_own() -> None:
+    if not V011:
+        pytest.skip("tinygrad 0.11 only: 0.14 has AG devices")
+    with pytest.raises(
+        ag.UsageError,
+        match=re.escape(
+            "actorgraph's AG devices (install(remote=...) or ACTORGRAPH_REMOTE) need tinygrad "
+            "0.14.0, and tinygrad 0.11.0 is installed, which has its own REMOTE device"
+        ),
+    ):
+        agt.install(remote=["CPU:0@127.0.0.1:7000"])
+    assert not agt.installed()
 
 
 def test_a_runner_built_before_uninstall_says_so() -> None:

@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _extras import NO_CLANG, importorskip
 
 os.environ.setdefault("DEV", "CPU")
-pytest.importorskip("tinygrad", reason="tinygrad is not installed (actorgraph[tinygrad])")
+importorskip("tinygrad")
 if shutil.which(os.environ.get("CC", "clang")) is None:
-    pytest.skip(
-        "clang is not installed: tinygrad's CPU devices compile with it", allow_module_level=True
-    )
+    pytest.skip(NO_CLANG, allow_module_level=True)
 
 from tinygrad import Device, Tensor, TinyJit  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""TLS under REMOTE connections (actorgraph/devices/remote/_tls.py): real workers started
+"""TLS under REMOTE connections (actorgraph/devices/remote/tls.py): real workers started
 with `--tls-cert`/`--tls-key`, clients with `remote_tls_ca=`, links between workers over
 TLS; the refusals when one side does not speak it or the certificate is not trusted;
 and a relay in the middle sees none of the data and can put nothing in.
@@ -10,6 +10,9 @@ The certificates are made here: a CA and a certificate for 127.0.0.1 signed by i
 from __future__ import annotations
 
 import re
+import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
+from _extras import importorskip
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import DeviceError
-from actorgraph.devices.remote._tls import client_context
 from actorgraph.devices.remote._transport import RemoteConnectionError
 from actorgraph.devices.remote.frames import encode
+from actorgraph.devices.remote.tls import client_context
 from actorgraph.devices.remote.wire import Limits
 
 import actorgraph as ag
+from actorgraph import testing as ag_testing
 from actorgraph.testing import Worker
 from actorgraph.worker import run_worker
 from actorgraph.worker._peers import PeerRefusedError, Peers
@@ -32,9 +37,7 @@ from actorgraph.worker._peers import PeerRefusedError, Peers
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import INC  # noqa: E402
 
-trustme = pytest.importorskip(
-    "trustme", reason="the TLS tests make their certificates with trustme"
-)
+trustme = importorskip("trustme")  # the TLS tests make their certificates with it
 
 
 class Certificates:
@@ -144,7 +147,8 @@ async def test_a_plain_client_at_a_tls_worker_is_told_to_use_tls(
             match=re.escape(
                 f"cannot connect to the worker at 127.0.0.1:{a.port}: the worker is running but "
                 f"refused this client: this worker speaks TLS: a client opens the runtime "
-                f"with remote_tls_ca=FILE, the CA that signed the worker's --tls-cert"
+                f"with remote_tls_ca=FILE, the CA that signed the worker's --tls-cert (or "
+                f"sets ACTORGRAPH_TLS_CA=FILE; the actorgraph command: --tls-ca FILE)"
             ),
         ):
             async with runtime([a.name("CPU:0")]):
@@ -326,3 +330,152 @@ async def test_a_relay_in_the_middle_cannot_put_requests_into_a_tls_connection(
                         await rt.copyin(x, np.arange(4, dtype=np.int32))
     # Nothing came back for the get: no frame in the clear after the injection.
     assert b"data" not in b"".join(relay.seen[passed:])
+
+
+# -- a self-signed certificate made by the TLS page's one line of openssl -------------------
+
+
+def _readme_openssl_line() -> str:
+    page = Path(__file__).parent.parent / "docs" / "howto" / "tls.md"
+    lines = [ln.strip() for ln in page.read_text().splitlines() if "openssl req " in ln]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ag_testing.Worker]:
+    """A worker with the certificate and key the TLS page's openssl line makes (for
+    worker.example, 10.0.0.5, localhost and 127.0.0.1), its CA the certificate itself."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the TLS page's self-signed certificate line needs the openssl command")
+    folder = tmp_path_factory.mktemp("self-signed")
+    subprocess.run(shlex.split(_readme_openssl_line()), cwd=folder, check=True, capture_output=True)
+    tls = ["--tls-cert", str(folder / "worker.pem"), "--tls-key", str(folder / "worker.key")]
+    with ag_testing.start_worker(["CPU:0", "CPU:1"], extra_args=tls) as worker:
+        worker.ca = folder / "worker.pem"  # type: ignore[attr-defined]
+        yield worker
+
+
+async def test_the_readme_self_signed_certificate_serves_its_names(
+    self_signed: ag_testing.Worker,
+) -> None:
+    # By address and by name, as the certificate lists them; the token is kept too.
+    ca = self_signed.ca  # type: ignore[attr-defined]
+    for host in ("127.0.0.1", "localhost"):
+        name = f"CPU:0@{host}:{self_signed.port}"
+        with trio.fail_after(GUARD):
+            async with ag.open_runtime(
+                [name], remote_token=self_signed.token, remote_tls_ca=ca
+            ) as rt:
+                assert rt.device(name).connection.statistics().tls
+                x = rt.alloc(name, 1000, np.int32)
+                await rt.copyin(x, np.arange(1000, dtype=np.int32))
+                np.testing.assert_array_equal(await rt.copyout(x), np.arange(1000))
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from actorgraph._cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_demo_and_bench_reach_a_tls_worker_with_its_ca(
+    self_signed: ag_testing.Worker,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ca = str(self_signed.ca)  # type: ignore[attr-defined]
+    monkeypatch.delenv("ACTORGRAPH_TLS_CA", raising=False)
+    monkeypatch.setenv("ACTORGRAPH_TOKEN_FILE", str(self_signed.token_file))
+    demo = ("demo", "--devices", ",".join(["CPU:0", *self_signed.devices]), "--replays", "2")
+    # Without the CA, the refusal says how to give it from the command line.
+    code, _, err = _cli(capsys, *demo)
+    assert code == 2
+    assert "(or sets ACTORGRAPH_TLS_CA=FILE; the actorgraph command: --tls-ca FILE)" in err
+    code, out, err = _cli(capsys, *demo, "--tls-ca", ca)
+    assert (code, err) == (0, "") and "2 replays checked against eager: OK" in out
+    bench = ("bench", "--builtin", "--device", self_signed.devices[0], "--items", "4")
+    code, out, err = _cli(capsys, *bench, "--replays", "2", "--tls-ca", ca)
+    assert (code, err) == (0, "") and "graph replay:" in out
+    # From the environment, as for any program that opens a runtime.
+    monkeypatch.setenv("ACTORGRAPH_TLS_CA", ca)
+    code, out, err = _cli(capsys, *demo)
+    assert (code, err) == (0, "") and "2 replays checked against eager: OK" in out
+    code, out, err = _cli(capsys, *bench, "--replays", "2")
+    assert (code, err) == (0, "") and "graph replay:" in out
+    # A variable naming no file is named; a runtime of local devices never reads it.
+    monkeypatch.setenv("ACTORGRAPH_TLS_CA", "/no/such/ca.pem")
+    code, _, err = _cli(capsys, *demo)
+    assert code == 2
+    assert (
+        "ACTORGRAPH_TLS_CA='/no/such/ca.pem' is not a file; name the PEM file of the CA "
+        "that signed the workers' --tls-cert (or unset it for workers without TLS)"
+    ) in err
+    code, _, err = _cli(capsys, "demo", "--devices", "CPU:0,CPU:1", "--replays", "1")
+    assert (code, err) == (0, "")
+
+
+# -- TLS moves the same bytes as plain TCP, every direction --------------------------------
+
+# Odd sizes and large ones: a byte, a record and a bit, past a frame's chunk, and past
+# what one TLS read asks of the socket.
+SIZES = (1, 16 * 1024 + 3, (1 << 20) + 1, (5 << 20) + 7, (17 << 20) - 5)
+
+
+async def _every_direction(workers: tuple[Worker, Worker], **options: object) -> list[bytes]:
+    """What each direction delivers of random bytes of every size in SIZES: copyin and
+    copyout, graph copies local -> worker, worker -> local, within a worker and worker
+    -> worker, then a replayed graph of kernels and copies across all of them."""
+    a, b = workers
+    a0, a1, b0 = a.name("CPU:0"), a.name("CPU:1"), b.name("CPU:0")
+    seen: list[bytes] = []
+    async with runtime(["CPU:0", a0, a1, b0], **options) as rt:
+        for size in SIZES:
+            data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+            local, back = (rt.alloc("CPU:0", size, np.uint8) for _ in range(2))
+            x, y, z = (rt.alloc(name, size, np.uint8) for name in (a0, a1, b0))
+            await rt.copyin(x, data)  # host -> worker
+            seen.append((await rt.copyout(x)).tobytes())  # worker -> host
+            await rt.copyin(local, data[::-1].copy())
+            await rt.run([ag.Copy(dst=y, src=local)])  # local -> worker
+            await rt.run([ag.Copy(dst=z, src=y)])  # worker -> worker
+            await rt.run([ag.Copy(dst=y, src=x)])  # within a worker
+            await rt.run([ag.Copy(dst=back, src=z)])  # worker -> local
+            seen += [(await rt.copyout(v)).tobytes() for v in (back, y, z)]
+            graph = await rt.compile(
+                [
+                    ag.Launch(INC, [x, x]),
+                    ag.Copy(dst=y, src=x),
+                    ag.Launch(INC, [y, y]),
+                    ag.Copy(dst=z, src=y),
+                    ag.Copy(dst=local, src=z),
+                    ag.Launch(INC, [local, local]),
+                    ag.Copy(dst=x, src=local),
+                ]
+            )
+            for _ in range(2):
+                await graph()
+            seen += [(await rt.copyout(v)).tobytes() for v in (x, y, z, local)]
+            await graph.aclose()
+            for buffer in (local, back, x, y, z):
+                rt.free(buffer)
+    return seen
+
+
+async def test_tls_copies_and_replays_equal_plain_ones_bitwise(
+    certs: Certificates,
+    tls_workers: tuple[Worker, Worker],
+    workers: tuple[Worker, Worker],
+) -> None:
+    with trio.fail_after(4 * GUARD):
+        plain = await _every_direction(workers)
+        sealed = await _every_direction(tls_workers, remote_tls_ca=certs.ca)
+    assert len(sealed) == len(plain) == 8 * len(SIZES)
+    for i, (want, got) in enumerate(zip(plain, sealed, strict=True)):
+        assert got == want, f"result {i} differs over TLS"
+    # And the plain run itself gave the right bytes (the first of each size: copyout).
+    for size, first in zip(SIZES, plain[::8], strict=True):
+        data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+        assert first == data.tobytes()

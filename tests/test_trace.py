@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _extras import importorskip
 
 import actorgraph as ag
 from actorgraph._cli import main as cli_main
@@ -106,7 +107,7 @@ async def test_an_empty_profile_is_an_empty_trace() -> None:
 
 
 def test_cli_demo_writes_trace_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    importorskip("matplotlib")
     trace, plot = tmp_path / "out.json", tmp_path / "out.png"
     code = cli_main(
         [
@@ -139,7 +140,9 @@ def test_cli_demo_plot_without_matplotlib_fails_early(
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     code = cli_main(["demo", "--replays", "1", "--plot", str(tmp_path / "x.png")])
     assert code == 2
-    assert "pip install 'actorgraph[plot]'" in capsys.readouterr().err
+    assert (
+        'install the plot extra: pip install -e ".[plot]" in a checkout' in capsys.readouterr().err
+    )
     assert not (tmp_path / "x.png").exists()
 
 

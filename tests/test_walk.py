@@ -46,7 +46,7 @@ from actorgraph.devices.cuda import _commands as C
 from actorgraph.devices.cuda._fake import FakeDriver
 from actorgraph.devices.cuda._translate import Translation
 from actorgraph.devices.remote._programs import pulls_after_waits
-from actorgraph.devices.remote.wire import Limits
+from actorgraph.devices.remote.wire import Limits, decode
 from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
@@ -237,9 +237,9 @@ async def test_a_worker_refuses_a_program_lowered_to_an_op_its_queue_does_not_ru
             server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
             replies = Replies()
             session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.handle(["alloc", 1, "CPU:0", 4, "<i4"])
-            session.handle(["prog", 1, "CPU:0", [inc, ["s", 2, 1]], True])
-            session.handle(["batch", 10, [0, 0, 0], [1], []])
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            session.handle(decode(["prog", 1, "CPU:0", [inc, ["s", 2, 1]], True]))
+            session.handle(decode(["batch", 10, [0, 0, 0], [1], []]))
             done = (await replies.wait_for(1))[-1]
             assert done[:2] == ["done", 10] and done[3] is not None
             assert done[3][2].startswith(
@@ -247,15 +247,14 @@ async def test_a_worker_refuses_a_program_lowered_to_an_op_its_queue_does_not_ru
                 "no op of the op format"
             ), done
             monkeypatch.undo()  # the device lowers as it should again: the worker goes on
-            session.handle(["prog", 2, "CPU:0", [inc, ["s", 2, 1]], True])
-            session.handle(["batch", 11, [0, 0, 0], [2], []])
+            session.handle(decode(["prog", 2, "CPU:0", [inc, ["s", 2, 1]], True]))
+            session.handle(decode(["batch", 11, [0, 0, 0], [2], []]))
             assert (await replies.wait_for(2))[-1] == ["done", 11, 2, None]
             nursery.cancel_scope.cancel()
 
 
 def test_a_workers_map_of_ops_to_entries_refuses_an_op_of_no_code() -> None:
-    program = WorkerProgram()
-    program.device = "CPU:0"
+    program = WorkerProgram(store=False, slot=FIRST_QUEUE_SLOT, device="CPU:0")
     signal = Signal("s")
     script = Script([wait_op(signal, FIRST_QUEUE_SLOT, 1), _unknown()])
     with pytest.raises(OpCodeError, match=_refusal("the entries of a program on CPU:0")):

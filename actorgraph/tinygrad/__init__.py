@@ -1,4 +1,4 @@
-"""Run tinygrad's captured work on actorgraph (`pip install 'actorgraph[tinygrad]'`).
+"""Run tinygrad's captured work on actorgraph (the tinygrad extra: `pip install -e ".[tinygrad]"`).
 
 - `install()` / `uninstall()`: actorgraph becomes the graph runner of every tinygrad CPU
   device, so `TinyJit` replays through actorgraph's planner and actors unchanged.
@@ -27,6 +27,7 @@ from .._background import BackgroundRuntime
 from .._errors import ClosedError, UsageError
 from ._version import SUPPORTED, TinygradVersionError, adapter_for, installed_version
 
+#: The installed tinygrad's version, read from its distribution's metadata at import.
 TINYGRAD_VERSION = installed_version()
 _adapter: Any = importlib.import_module(f"{__name__}.{adapter_for(TINYGRAD_VERSION)}")
 
@@ -36,6 +37,8 @@ from ._pending import check_remote_names  # noqa: E402
 from ._trio import JitGraph as JitGraph  # noqa: E402
 from ._trio import graph_from_jit as graph_from_jit  # noqa: E402
 
+#: The tinygrad releases actorgraph.tinygrad has an adapter for, oldest first; importing
+#: it with any other release raises TinygradVersionError.
 SUPPORTED_VERSIONS = tuple(SUPPORTED)
 ActorGraph: Any = _adapter.ActorGraph
 
@@ -50,14 +53,15 @@ def install(
     """Make actorgraph the graph runner of every tinygrad CPU device, open or opened later,
     and (tinygrad 0.14) the workers' devices tinygrad devices.
 
-    Starts a background runtime (`ag.start_runtime`) on CPU:0 ... CPU:devices-1 and the
-    worker devices `remote` names (options go to it: `remote_token_file=`,
-    `remote_tls_ca=`, ...); TinyJit then replays through actorgraph's planner and actors
-    with no change to the caller's code. A runner call returns once its replay is done.
-    Calling install() again while installed does nothing.
+    It starts a background runtime (`ag.start_runtime`) on `CPU:0` ... `CPU:devices-1` and
+    the worker devices `remote` names; TinyJit then replays through actorgraph's planner
+    and actors with no change to the caller's code, each replay returning once its work is
+    done. What actorgraph cannot run (other devices, other call kinds, CPU devices past
+    `devices`) tinygrad runs itself. Calling install() again while installed does nothing.
 
-    Parameters:
-        devices: how many local CPU devices (tinygrad's CPU, CPU:1, ...) actorgraph runs.
+    Args:
+        devices: how many CPU devices the runtime opens (tinygrad's `CPU` is `CPU:0`,
+            `CPU:1` is `CPU:1`, ...).
         remote: worker devices (`KIND:N@HOST:PORT`, of workers started with
             `actorgraph worker --allow-programs`) that become tinygrad's `AG`, `AG:1`, ...
             in this order; None reads them from the environment variable
@@ -68,11 +72,15 @@ def install(
             difference raises `ag.ReplayMismatchError` naming the call and the first
             differing element (see `statistics().checked`). CPU devices only: refused
             with remote devices.
+        **options: open_runtime's options (`remote_token_file=`, `remote_tls_ca=`, ...);
+            `cpu_thread_bytes=1 << 20` runs large kernels on the devices' worker threads,
+            so devices compute in parallel.
 
     Raises:
-        UsageError: a bad device count, check_replays or remote name, remote devices on
-            tinygrad 0.11 (which keeps its own REMOTE device), or check_replays with
-            remote devices.
+        UsageError: `devices` is not an int >= 1, a bad check_replays or remote name,
+            remote devices on tinygrad 0.11 (which keeps its own REMOTE device),
+            check_replays with remote devices, or an option that neither install nor
+            open_runtime takes (the message names the closest one).
         ClosedError: a worker could not be reached (the message says why).
     """
     names = _remote_from(remote)
@@ -107,17 +115,28 @@ def _remote_from(remote: Sequence[str] | None) -> list[str]:
 
 def uninstall() -> None:
     """Give every tinygrad CPU device its own graph runner back and close the runtime.
-    Jits captured while installed must capture again (`jit.reset()`)."""
+
+    A jit captured while installed must capture again (`jit.reset()`); else its next call
+    raises ClosedError saying so.
+    """
     _install.uninstall(_adapter.synchronize)
 
 
 def installed() -> bool:
+    """Whether install() is in effect.
+
+    Returns:
+        True between install() and uninstall().
+    """
     return _install.current() is not None
 
 
 def runtime() -> BackgroundRuntime:
     """The background runtime install() started: what `graph_from_jit` takes for a jit
     on AG devices (their memory lives in it).
+
+    Returns:
+        The BackgroundRuntime of install().
 
     Raises:
         ClosedError: actorgraph.tinygrad is not installed.
@@ -130,7 +149,11 @@ def runtime() -> BackgroundRuntime:
 
 
 def statistics() -> TinygradStatistics:
-    """A snapshot of what install() has done."""
+    """A snapshot of what install() has done.
+
+    Returns:
+        The TinygradStatistics (all zeros when not installed).
+    """
     return _install.statistics()
 
 

@@ -34,6 +34,7 @@ import attrs
 from .._background import BackgroundRuntime, start_runtime
 from .._errors import ClosedError, UsageError
 from .._graph import Replay
+from .._options import refuse_unknown
 from .._runtime import Runtime
 from ..remote import WorkerCPU
 from ._batch import Batch
@@ -67,13 +68,24 @@ class Inline:
 
 @attrs.frozen
 class TinygradStatistics:
-    """`graphs`: runners tinygrad built (one per graphed batch of a jit); `plans`: their
-    plans (one per batch, plus one per new largest input size where tinygrad does not
-    say the largest); `replays`: runner calls; `handed_off`: replays that ran on the
-    runtime's thread (items on a worker thread, or the runtime busy), the rest ran on
-    the caller's thread; `version`: the tinygrad release; `remote`: the worker devices
-    of AG, AG:1, ...; `flushes`: submissions of their recorded work (each one batch per
-    worker)."""
+    """What install() has done, as `agt.statistics()` reports it.
+
+    Attributes:
+        installed: whether install() is in effect.
+        version: the installed tinygrad release.
+        graphs: runners tinygrad built (one per graphed batch of a jit).
+        plans: their plans (one per batch, plus one per new largest input size where
+            tinygrad does not say the largest).
+        replays: runner calls.
+        handed_off: replays that ran on the runtime's thread (items on a worker thread, or
+            the runtime busy); the rest ran on the caller's thread.
+        devices: the CPU devices the runtime opened.
+        remote: the worker devices of `AG`, `AG:1`, ... (tinygrad 0.14).
+        flushes: submissions of the work recorded on AG devices (each one batch per
+            worker).
+        checked: replays checked against tinygrad running the batch itself
+            (`install(check_replays=N)`).
+    """
 
     installed: bool
     version: str
@@ -96,8 +108,16 @@ class Installed:
         ndevices: int,
         ordering: Ordering,
         version: str,
+        restore: Callable[[], None],
+        check_replays: int = 0,
         remote: Sequence[str] = (),
+        register: Callable[[Installed], Callable[[], None]] | None = None,
     ) -> None:
+        """What install() made: `runtime` with `ndevices` CPU devices and the `remote`
+        devices that become AG, AG:1, ..., for tinygrad `version` and its `ordering`;
+        `restore()` puts tinygrad's own graph runners back; each batch's first
+        `check_replays` replays are checked. `register(self)`, called last, makes the AG
+        devices tinygrad's and returns what undoes it. Raises what `register` raises."""
         self.runtime = runtime
         self.ndevices = ndevices
         # The worker devices of AG, AG:1, ... (tinygrad 0.14), and their recorded work.
@@ -113,13 +133,18 @@ class Installed:
         self.remote_plans = 0  # plans of batches on AG devices: on the runtime's thread only
         self.replays = 0
         self.handed_off = 0
-        self.restore: Callable[[], None] | None = None
-        self.unregister: Callable[[], None] | None = None
+        self.restore = restore
         # install(check_replays=N): each batch's first N replays are checked, through
         # the release's checked runner (which calls replay_checked); 0: none, and the
         # plain runner, which knows nothing of checks.
-        self.check_replays = 0
+        self.check_replays = check_replays
         self.checked = 0
+        self.unregister = None if register is None else register(self)
+
+    def graph_made(self) -> None:
+        """tinygrad made one more graph runner of actorgraph's."""
+        with self.lock:
+            self.graphs += 1
 
     def check_usable(self) -> None:
         if _installed is not self or self.runtime.closed:
@@ -307,6 +332,7 @@ def install(
             return
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise UsageError(f"install(devices=N) needs an int N >= 1, got {devices!r}")
+        refuse_unknown(options, "agt.install(...)", own=["devices", "remote"])
         options = dict(options)
         checks = options.pop("check_replays", 0)
         if isinstance(checks, bool) or not isinstance(checks, int) or checks < 0:
@@ -328,20 +354,22 @@ def install(
         # unless devices run in parallel (cpu_thread_bytes=N lets them).
         options = {"cpu_thread_bytes": INLINE_BYTES, **options}
         runtime = start_runtime([*(f"CPU:{i}" for i in range(devices)), *remote], **options)
-        state = Installed(runtime, devices, ordering, version, remote)
-        state.check_replays = checks
+        restore: Callable[[], None] | None = None
         try:
             for i in range(devices):
                 # Wrapped memory of each device shares one address space: made once
                 # here, on no replay's path.
                 runtime.runtime.wrap(f"CPU:{i}", bytearray(1))
-            if register is not None:
-                state.unregister = register(state)
+            restore = patch_cpu_devices(runners[1] if checks else runners[0])
+            _installed = Installed(
+                runtime, devices, ordering, version, restore, checks, remote, register
+            )
         except BaseException:
+            # Nothing of a failed install stays: tinygrad's runners, the runtime.
+            if restore is not None:
+                restore()
             runtime.close()
             raise
-        state.restore = patch_cpu_devices(runners[1] if checks else runners[0])
-        _installed = state
 
 
 def uninstall(synchronize: Callable[[str], None]) -> None:
@@ -357,7 +385,6 @@ def uninstall(synchronize: Callable[[str], None]) -> None:
                 state.pending.flush(wait=True)  # the AG work tinygrad asked for, done
             finally:
                 _installed = None
-                assert state.restore is not None
                 devices = patched_devices(state.restore)
                 state.restore()
     for name in devices:
@@ -371,7 +398,6 @@ def statistics() -> TinygradStatistics:
         from ._version import installed_version
 
         return TinygradStatistics(False, installed_version() or "", 0, 0, 0, 0, ())
-    assert state.restore is not None
     return TinygradStatistics(
         installed=True,
         version=state.version,

@@ -30,10 +30,11 @@ import numpy as np
 
 from .._background import BackgroundRuntime
 from .._buffer import Buffer
+from .._eager import HostCopy
 from .._errors import ClosedError, UsageError
-from .._graph import Replay
+from .._graph import Replay, Submitted
 from .._kernel import Copy, Item, Kernel, Launch
-from .._runtime import HostCopy, Runtime
+from .._runtime import Runtime
 from .._vars import Var
 
 U8 = np.dtype(np.uint8)
@@ -196,8 +197,6 @@ class ReplayRecord:
 
 Record = LaunchRecord | WriteRecord | CopyRecord | FreeRecord | ReplayRecord
 _ITEM_RECORDS = (LaunchRecord, CopyRecord)
-# What is submitted and not known done: a graph's replay, or a host copy.
-Submitted = Replay | HostCopy
 
 
 class Pending:

@@ -22,14 +22,12 @@ _adapter: Any = importlib.import_module(f"{__package__}.{adapter_for(installed_v
 
 
 class JitGraph:
-    """A captured TinyJit replayed by actorgraph: `await jit_graph(*args, **kwargs)` takes
-    the jit's own arguments (tensors, bound Variables), checks them as TinyJit does,
-    replays the captured work on the runtime's CPU devices and returns what the jit
-    returns (its output tensors, which the replay wrote). `jit_graph.graph` is the
-    ag.Graph (plan, statistics, profiles).
+    """A captured TinyJit replayed by actorgraph on a runtime you opened (`graph_from_jit`).
 
-    Symbolic shapes replay with one plan, made for the largest sizes the jit allows
-    (`graphs` counts the plans made).
+    `await jit_graph(*args)` takes the jit's own arguments, checks them as TinyJit does,
+    replays the captured work on the runtime's CPU devices and returns what the jit
+    returns. Symbolic shapes replay with one plan, made for the largest sizes the jit
+    allows.
     """
 
     def __init__(
@@ -47,7 +45,11 @@ class JitGraph:
 
     @property
     def graph(self) -> Graph:
-        """The Graph of the latest call."""
+        """The ag.Graph of the latest call (its plan, statistics, profiles).
+
+        Raises:
+            UsageError: the JitGraph has not been called yet.
+        """
         batch = self._source.batch
         if batch is None or batch.graph is None:
             raise UsageError("this JitGraph has not been called yet; await it once first")
@@ -56,13 +58,27 @@ class JitGraph:
 
     @property
     def graphs(self) -> int:
+        """How many plans were made (one, unless a call needed a larger one)."""
         batch = self._source.batch
         return 0 if batch is None else int(batch.plans)
 
     async def inputs(self, *args: Any, **kwargs: Any) -> tuple[Graph, list[Any], dict[Var, int]]:
-        """(graph, input buffers, var values) for a call with these arguments, so that
-        `await graph(buffers, values)` is the replay (with profile=, submit(), ...).
-        Order it after tinygrad's own work yourself (or call the JitGraph instead)."""
+        """The graph, its input buffers and Var values for a call with these arguments.
+
+        So that `await graph(buffers, values)` is the replay, with `profile=`, `submit()` and
+        the rest. Order it after tinygrad's own work yourself (or call the JitGraph instead).
+
+        Args:
+            *args: the jit's own arguments.
+            **kwargs: the jit's own keyword arguments.
+
+        Returns:
+            (the ag.Graph, its input buffers, its Var values).
+
+        Raises:
+            InputError: an argument does not match the jit's capture (a wrong shape, a freed
+                tinygrad buffer), naming the argument and the jitted function.
+        """
         batch, roots, values = await self._prepare(args, kwargs)
         return batch.graph, roots, values
 
@@ -88,9 +104,22 @@ class JitGraph:
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Replay with the jit's own arguments; return what the jit returns, written.
 
-        Cancelled before the replay starts, it starts nothing; cancelled once it has
-        started, it still returns only when the replay is done (tinygrad's own work
-        after the call, inline on this thread, must not pass it)."""
+        Cancelled before its replay starts, it starts nothing; cancelled once it has started,
+        it still returns only when the replay is done (tinygrad's own work after the call,
+        inline on this thread, must not pass it). A jit input that the jit itself writes is
+        copied first, as tinygrad 0.14 does.
+
+        Args:
+            *args: the jit's own arguments (tensors, bound Variables).
+            **kwargs: the jit's own keyword arguments.
+
+        Returns:
+            What the jit returns (its output tensors, which the replay wrote).
+
+        Raises:
+            InputError: an argument does not match the jit's capture.
+            ItemError: a kernel raised.
+        """
         batch, roots, values = await self._prepare(args, kwargs)
         await trio.lowlevel.checkpoint_if_cancelled()
         after, then = self._source.points(batch)  # values taken: from here, they are written
@@ -133,16 +162,25 @@ async def _replays_done(graph: Graph) -> None:
 async def graph_from_jit(
     runtime: Runtime | BackgroundRuntime, jit: Any, *, verify: bool | None = None
 ) -> JitGraph:
-    """A captured TinyJit as a JitGraph on `runtime` (which opens the CPU devices the jit
-    uses: tinygrad's CPU is CPU:0, CPU:1 is CPU:1, ...). The jit must have captured
-    (tinygrad captures on a jit's second call). `verify=True` proves each plan
-    deadlock- and race-free.
+    """A captured TinyJit as a JitGraph on `runtime`, for trio programs.
 
-    A jit on AG devices (tinygrad 0.14, `install(remote=...)`) runs on the runtime
-    install() started, where their memory lives: pass `agt.runtime()`; its replays come
-    after the AG work tinygrad recorded before them.
+    The runtime opens the CPU devices the jit uses: tinygrad's `CPU` is `CPU:0`, `CPU:1`
+    is `CPU:1`, and so on. Every call kind and captured buffer is checked now, not on the
+    first call. A jit on AG devices (tinygrad 0.14, `install(remote=...)`) runs on the
+    runtime install() started, where their memory lives: pass `agt.runtime()`; its
+    replays come after the AG work tinygrad recorded before them.
+
+    Args:
+        runtime: an open Runtime (or a background runtime: `agt.runtime()`).
+        jit: a TinyJit that has captured (tinygrad captures on a jit's second call).
+        verify: prove each plan deadlock- and race-free (default: the runtime's
+            `verify_plans`).
+
+    Returns:
+        The JitGraph.
 
     Raises:
-        UsageError: the jit has not captured, has a call actorgraph cannot run, or runs
-            on AG devices and `runtime` is not install()'s."""
+        UsageError: the jit has not captured, holds work actorgraph cannot run here, or
+            runs on AG devices and `runtime` is not install()'s.
+    """
     return JitGraph(runtime, jit, verify=verify)

@@ -316,8 +316,7 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         names = {b.device for ei in jit_cache for b in ei.bufs if b is not None}
         names.update(input_rawbuffers[k].device for k in sources)
         self._tiny_devices = sorted(names)
-        with state.lock:
-            state.graphs += 1
+        state.graph_made()
 
     @staticmethod
     def supports_exec_item(devs: list[Any], ei: Any) -> bool:

@@ -394,8 +394,7 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
         self._batch = batch_of(described, state.wrapper, self.linear)
         self._places = mixed_places if self._batch.remote else places
         self._tiny_devices = sorted({b.device for _, _, bufs, _ in self.calls for b in bufs})
-        with state.lock:
-            state.graphs += 1
+        state.graph_made()
 
     @staticmethod
     def supports_uop(batch_devs: list[Any], new_call: Any) -> bool:
@@ -582,20 +581,18 @@ class JitSource:
         self, runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Batch, list[Any], dict[str, int]]:
         inputs, var_vals = self._check(args, kwargs)
-        if self.batch is not None and self.batch.stale():
-            self.batch = None  # tinygrad let go of memory the jit held: read it again
-        if self.batch is None:
-            described = describe(self._calls, inputs, remote=self._remote)
-            self._sources = described.sources
-            self.batch = batch_of(described, self._wrapper, self._captured)
+        batch = self.batch
+        if batch is None or batch.stale():
+            # First replay, or tinygrad let go of memory the jit held: read it (again).
+            batch = self._read_calls(inputs)
         # Inputs that are memory the jit writes (its output passed back in, say) are
         # copied first, as TinyJit copies them, so they are roots like any input.
         written = [k for k, (slot, _) in enumerate(self._sources) if inputs[slot] in self._written]
-        if self.batch.remote:  # the workers' memory is resolved on the runtime's thread
-            partial = self.batch.wrap_local_roots(mixed_places(self._sources, inputs))
-            roots = await on_runtime_thread(runtime, self.batch.resolve_roots, partial)
+        if batch.remote:  # the workers' memory is resolved on the runtime's thread
+            partial = batch.wrap_local_roots(mixed_places(self._sources, inputs))
+            roots = await on_runtime_thread(runtime, batch.resolve_roots, partial)
         else:
-            roots = self.batch.wrap_roots(places(self._sources, inputs))
+            roots = batch.wrap_roots(places(self._sources, inputs))
         for k in written:
             scratch = self._scratch.get(k)
             if scratch is None or scratch.nbytes != roots[k].nbytes:
@@ -604,7 +601,16 @@ class JitSource:
                 scratch = self._scratch[k] = runtime.alloc(roots[k].device, roots[k].nbytes, U8)
             await runtime.copy(scratch, roots[k])  # as TinyJit copies it, before the replay
             roots[k] = scratch
-        return self.batch, roots, var_vals
+        return batch, roots, var_vals
+
+    def _read_calls(self, inputs: list[Any]) -> Batch:
+        """The batch of the jit's calls, read against stand-ins for a call's `inputs`
+        (see describe: the jit's own record says which memory is an input), kept as the
+        jit's batch."""
+        described = describe(self._calls, inputs, remote=self._remote)
+        self._sources = described.sources
+        self.batch = batch_of(described, self._wrapper, self._captured)
+        return self.batch
 
     def points(self, batch: Batch) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         if batch.remote and self._state is not None:

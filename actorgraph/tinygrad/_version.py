@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import importlib.metadata
 
+from actorgraph.devices import install_hint
+
 from .._errors import MissingExtraError
 
 # Supported releases -> the adapter module that speaks their API. The newest comes last:
-# it is what `pip install 'actorgraph[tinygrad]'` installs.
+# it is what the tinygrad extra installs.
 SUPPORTED: dict[str, str] = {"0.11.0": "_v011", "0.14.0": "_v014"}
 NEWEST = list(SUPPORTED)[-1]
-PIP_COMMAND = "pip install 'actorgraph[tinygrad]'"
+PIP_COMMAND = install_hint("tinygrad")
 
 
 class TinygradVersionError(MissingExtraError):

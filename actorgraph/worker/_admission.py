@@ -106,15 +106,27 @@ class Admission:
             f"shed {{count}} connection(s) that had not authenticated, the oldest first (the "
             f"latest from {stranger.address}, as {why}; bounds: --max-handshakes "
             f"{self.most}, --max-handshakes-per-address {self.per_address})",
+            stranger.address,
         )
+
+
+# The most kinds a verbose RareLog tells apart by address at once: past it, an event
+# from yet another address is counted under its kind alone, so a flood from many
+# addresses costs the worker a bounded table and a bounded number of lines.
+MOST_ADDRESSES = 256
 
 
 class RareLog:
     """Lines to stderr, at most one per kind every `every` seconds: a kind noted more
-    often is counted, and its next line (when that time has passed) says how many."""
+    often is counted, and its next line (when that time has passed) says how many.
 
-    def __init__(self, every: float = 10.0) -> None:
+    `verbose`: an event noted with its address is a kind of its own per address (at
+    most `MOST_ADDRESSES` of them at once, the others counted under the kind alone), so
+    each address's latest reason is said, still at most once every `every` seconds."""
+
+    def __init__(self, every: float = 10.0, verbose: bool = False) -> None:
         self.every = every
+        self.verbose = verbose
         self._next: dict[str, float] = {}  # kind -> when its next line may go out
         self._counts: dict[str, int] = {}
         self._lines: dict[str, str] = {}
@@ -124,9 +136,12 @@ class RareLog:
         """Counts left over are said by a task in `nursery`, once their time comes."""
         self._nursery = nursery
 
-    def note(self, kind: str, line: str) -> None:
+    def note(self, kind: str, line: str, address: str | None = None) -> None:
         """One more event of `kind`; `line` says it, its `{count}` replaced by how many
-        there were since the last line of that kind."""
+        there were since the last line of that kind. `address`: where it came from (a
+        verbose log tells addresses apart)."""
+        if self.verbose and address is not None:
+            kind = self._by_address(kind, address)
         self._counts[kind] = self._counts.get(kind, 0) + 1
         self._lines[kind] = line
         now = trio.current_time()
@@ -135,6 +150,19 @@ class RareLog:
             self._say(kind, now)
         elif self._counts[kind] == 1 and self._nursery is not None:
             self._nursery.start_soon(self._say_later, kind, due)
+
+    def _by_address(self, kind: str, address: str) -> str:
+        """The kind of an event of `kind` from `address`: its own, while the table of
+        kinds has room (kinds whose time has passed and that have nothing left to say
+        leave it first), else `kind` itself."""
+        own = f"{kind} from {address}"
+        if own in self._next or len(self._next) < MOST_ADDRESSES:
+            return own
+        now = trio.current_time()
+        for old in [k for k, due in self._next.items() if due <= now and k not in self._counts]:
+            del self._next[old]
+            self._lines.pop(old, None)
+        return own if len(self._next) < MOST_ADDRESSES else kind
 
     def flush(self) -> None:
         """Say every count not said yet (the worker stops)."""

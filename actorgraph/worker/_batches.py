@@ -51,8 +51,9 @@ Advances = tuple[list[Signal], list[int], list[list[int]]]
 
 class _BatchSubmission(Submission):
     """The submission of one batch: each job's end is reported to the client as it ends,
-    wherever it ran (inline in the reader's task, or on its actor). A profiled batch's
-    jobs (`profiled`, by slot) and when it came (`received`) go with their reports."""
+    wherever it ran (inline in the reader's task, or on its actor). It makes its jobs
+    (`make_jobs`): a profiled batch's carry observers and are kept (`profiled`, by
+    slot), so their times and when it came (`received`) go with their reports."""
 
     __slots__ = ("batch_id", "batches", "profiled", "programs", "received")
 
@@ -74,6 +75,15 @@ class _BatchSubmission(Submission):
         self.programs = programs
         self.received = received
         self.profiled: list[Job] | None = None
+
+    def make_jobs(self, bases: list[int]) -> list[Job]:
+        """Its jobs, one per program (by slot), relative to `bases`."""
+        programs = self.programs
+        if self.received is None:
+            return [Job(p.script, bases, self, i) for i, p in enumerate(programs)]
+        jobs = [Job(p.script, bases, self, i, JobProfile()) for i, p in enumerate(programs)]
+        self.profiled = jobs
+        return jobs
 
     def job_done(self, slot: int) -> None:
         self.batches.job_done(self.batch_id, self.programs[slot], self, slot)
@@ -284,18 +294,14 @@ class Batches:
         for p in programs:
             p.track(bases[p.slot], batch.bases[p.slot])
         bases[BATCH] = batch.batch  # the id the worker's reports name
-        sub = _BatchSubmission(self, batch.batch, programs, received, advances)
-        self.running.add(sub)
-        sub.on_done = functools.partial(self._batch_done, batch.batch, programs)
         times = session.worker.times
         for p in programs:
             p.recode(times)  # a kernel changed sides since it was coded
+        sub = _BatchSubmission(self, batch.batch, programs, received, advances)
+        self.running.add(sub)
+        sub.when_done(functools.partial(self._batch_done, batch.batch, programs))
         actors = [p.queue() for p in programs]
-        if received is not None:
-            jobs = [Job(p.script, bases, sub, i, JobProfile()) for i, p in enumerate(programs)]
-            sub.profiled = jobs
-        else:
-            jobs = [Job(p.script, bases, sub, i) for i, p in enumerate(programs)]
+        jobs = sub.make_jobs(bases)
         if (
             received is None
             and all(a.idle and a.runs_inline for a in actors)

@@ -1,5 +1,5 @@
 """The worker's side of the handshake (the connecting side's is
-actorgraph/devices/remote/_handshake.py, which describes the exchange): challenge a new
+actorgraph/devices/remote/handshake.py, which describes the exchange): challenge a new
 connection, check its answer, prove this worker holds the token too.
 
 A client must answer the challenge with the worker's token (when it has one); another

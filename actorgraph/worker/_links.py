@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import functools
 import hmac
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from actorgraph.devices.remote.frames import FrameStream
 from actorgraph.devices.remote.wire import (
@@ -64,30 +65,28 @@ class Link:
             meta, tail = await stream.receive()
             req = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
             try:
-                if meta[0] not in ("pread", "pwhen", "pwatch") or tail:
-                    if tail:
-                        await stream.skip(tail)  # the stream stays in step: only this is refused
+                request = decode(meta)
+                handler = self._handlers.get(type(request))
+                if handler is None or tail:
                     raise Refused(
                         f"{meta[0]!r} on a worker-to-worker link: a peer connection can only "
                         f"read ('pread', 'pwhen', 'pwatch'); other requests come from the client"
                     )
-                request = decode(meta)
-                if type(request) is PRead:
-                    await self._send_read(request)
-                elif type(request) is PWhen:
-                    self._read_when(request)
-                else:
-                    assert type(request) is PWatch
-                    self._watch(request)
+                sending = handler(self, request)
+                if sending is not None:
+                    await sending
             except (Refused, WireError) as exc:
+                if tail:
+                    await stream.skip(tail)  # the stream stays in step: only this is refused
                 self.out.send(Error(meta[0], req, str(exc)))
 
-    async def _send_read(self, request: PRead) -> None:
-        """A PRead's bytes, now. They are the buffer itself until they have left, and
-        no longer: a link waiting for its next request holds none of a client's memory
-        (a client may leave meanwhile)."""
+    def _send_read(self, request: PRead) -> Awaitable[None]:
+        """A PRead's bytes, now; what it returns is waited for before the next request.
+        They are the buffer itself until they have left, and no longer: a link waiting
+        for its next request holds none of a client's memory (a client may leave
+        meanwhile)."""
         _, data = self._read(request.session, request.src, request.ticket)
-        await send_data(self.out, request.request, data).wait()
+        return send_data(self.out, request.request, data).wait()
 
     def _count_waiting(self) -> None:
         limit = self.worker.limits.max_signals
@@ -134,6 +133,14 @@ class Link:
                 send_data(self.out, request.request, memoryview(b""))
 
         progress.when(request.value, due)
+
+    # What answers each request a link takes: it answers at once, or returns what the
+    # link waits for (a read's bytes leaving) before it takes the next.
+    _handlers: ClassVar[dict[type, Callable[[Link, Any], Awaitable[None] | None]]] = {
+        PRead: _send_read,
+        PWhen: _read_when,
+        PWatch: _watch,
+    }
 
     def _read(self, sid: int, ref: Ref, ticket: bytes) -> tuple[Session, memoryview]:
         """The session and bytes a peer's read names, checked against its ticket.

@@ -7,7 +7,7 @@ _lowering.py); a batch posts one job of each. A request that breaks a rule raise
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from actorgraph.devices import Op, OpWalker, QueueActor, Script, SignalOp, WaitOp, WorkOp
@@ -46,8 +46,15 @@ class EarlyPull(NamedTuple):
     nbytes: int
 
 
+# A wait on a queue of another worker, which tells this one when it gets there:
+# (slot, value, mirror id, (host, port, session, queue, ticket)).
+Watched = tuple[int, int, int, tuple[str, int, int, str, bytes]]
+
+
 class Program:
-    """A client's program as the worker lowered it onto one of its queue actors."""
+    """A client's program as the worker lowered it onto one of its queue actors (made by
+    _lowering.py's `lower`), or refused (`error`, with no actor and no ops): made whole,
+    and changed after only by its own methods (`recode`, `release`)."""
 
     __slots__ = (
         "actor",
@@ -68,30 +75,55 @@ class Program:
         "watches",
     )
 
-    def __init__(self) -> None:
-        self.actor: QueueActor | None = None
-        self.script = Script(())  # its ops, and what is derived from them
-        self.count = 0
-        self.slot = 0
-        self.max_slot = 0
-        self.local_waits: list[tuple[int, str, QueueKind]] = []
-        self.store = False
-        self.error: tuple[int, str] | None = None
-        self.device = ""  # the queue's name in reports: DEVICE or DEVICE/copy
-        self.kind = QueueKind.COMPUTE
+    def __init__(
+        self,
+        *,
+        store: bool,
+        slot: int,
+        error: tuple[int, str] | None = None,
+        actor: QueueActor | None = None,
+        device: str = "",
+        kind: QueueKind = QueueKind.COMPUTE,
+        ops: Sequence[Op | AdaptiveKernel] = (),
+        times: KernelTimes | None = None,
+        count: int = 0,
+        max_slot: int = 0,
+        local_waits: Sequence[tuple[int, str, QueueKind]] = (),
+        early: Sequence[EarlyPull] = (),
+        watches: Sequence[Watched] = (),
+        wait_entries: Sequence[int] = (),
+        item_entries: Mapping[int, int] | None = None,
+    ) -> None:
+        """A program kept for the batches that name it (`store`), signalling on base
+        `slot`: refused with `error` ((client item or -1, why)), or lowered onto `actor`
+        (`device`, its name in reports: DEVICE or DEVICE/copy; `kind`, its queue's) as
+        `ops`, coded with `times` where kernels are placed by them. `count`: its items;
+        `max_slot`: the highest base slot it reads; `local_waits`: (slot, device, kind)
+        of its waits on this worker's queues of the same batch; `early`: its copies from
+        another worker asked for when a batch arrives; `watches`: its waits on another
+        worker's queue, which that worker tells this one of; `wait_entries` and
+        `item_entries`: the entry each wait (in order) and each item (by client item)
+        came from, for a profiled job's times (`entries_of`)."""
+        self.store = store
+        self.slot = slot
+        self.error = error
+        self.actor = actor
+        self.device = device
+        self.kind = kind
+        self.count = count
+        self.max_slot = max_slot
+        self.local_waits = tuple(local_waits)
+        self.early = tuple(early)
+        self.watches = tuple(watches)
+        self.wait_entries = tuple(wait_entries)
+        self.item_entries: Mapping[int, int] = dict(item_entries or {})
         # With kernels placed by their times (_placement.py): the lowered ops they are
         # coded from, and the stamp they were coded at (KernelTimes.code).
         self.template: list[Op | AdaptiveKernel] | None = None
         self.version: tuple[int, int | None] = (0, None)
-        # Copies from another worker asked for when a batch arrives.
-        self.early: list[EarlyPull] = []
-        # Waits on a queue of another worker, which tells this one when it gets there:
-        # (slot, value, mirror id, (host, port, session, queue, ticket))
-        self.watches: list[tuple[int, int, int, tuple[str, int, int, str, bytes]]] = []
-        # Where its ops came from, for a profiled job's times (`entries_of`): the entry
-        # index of each wait, in order, and of each item, by item index.
-        self.wait_entries: list[int] = []
-        self.item_entries: dict[int, int] = {}
+        self.script = Script(())  # its ops as coded, and what is derived from them
+        if ops:
+            self._code(list(ops), times)
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -103,8 +135,8 @@ class Program:
         self.script = Script(())
         self.template = None
         self.actor = None
-        self.early = []
-        self.watches = []
+        self.early = ()
+        self.watches = ()
 
     def queue(self) -> QueueActor:
         """The queue actor it runs on (a program lowered without error has one)."""
@@ -112,10 +144,15 @@ class Program:
             raise Refused(f"a program refused when lowered cannot run: {self.error}")
         return self.actor
 
-    def code(self, ops: list[Op | AdaptiveKernel], times: KernelTimes) -> None:
+    def _code(self, ops: list[Op | AdaptiveKernel], times: KernelTimes | None) -> None:
         """Its ops, lowered: kernels whose side (loop or thread) follows their times are
         coded from them now, and again when those move (`recode`)."""
         if any(isinstance(op, AdaptiveKernel) for op in ops):
+            if times is None:
+                raise ValueError(
+                    "a program with kernels placed by their times is coded with those "
+                    "times: pass the worker's KernelTimes as `times`"
+                )
             self.template = ops
             coded, self.version = times.code(ops)
             self.script = Script(coded)

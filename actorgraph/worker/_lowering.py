@@ -49,7 +49,7 @@ from actorgraph.devices.remote.wire import (
 from actorgraph.scheduler import QueueKind
 
 from .._buffer import Buffer
-from ._lowered import EarlyPull, Program, Refused
+from ._lowered import EarlyPull, Program, Refused, Watched
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._placement import AdaptiveKernel
@@ -74,37 +74,49 @@ async def _read_from_gpu(job: Job, device: Any, out: np.ndarray[Any, Any], src: 
 
 
 def lower(
-    session: Session, program: Program, device_name: str, entries: object, kind: QueueKind
-) -> None:
+    session: Session, device_name: str, entries: object, kind: QueueKind, store: bool
+) -> Program:
+    """A client's program (its Prog's `entries`) lowered onto `session`'s queue of `kind`
+    on `device_name`, kept for later batches if `store`. Raises Refused (naming the
+    client's item where one is at fault) or WireError for a program that breaks a
+    rule, and what a device raises when it cannot lower an item."""
     runtime = session.worker.runtime
     if device_name not in runtime.devices:
         raise Refused(f"this worker has no device {device_name!r} ({runtime.devices})")
     device = runtime.device(device_name)
     actor = session.queue(device_name, kind)
-    program.actor = actor
-    program.kind = kind
-    # The queue's name in reports of progress (what PWhen reads name): DEVICE for a
-    # compute queue, DEVICE/copy for a copy queue.
-    program.device = _queue_key(device_name, kind)
     entries = want_list(entries, "program", session.worker.limits.max_program_ops)
     with device.lowering_for(actor):  # a CUDA item's host work reports to this actor
-        _Lowering(session, program, device, actor).lower(entries)
+        return _Lowering(session, device, actor, kind, device_name).lower(entries, store)
 
 
 class _Lowering:
-    """One program's entries, lowered in order."""
+    """One program's entries, lowered in order, and what they tell of the program."""
 
-    def __init__(self, session: Session, program: Program, device: Device, actor: QueueActor):
+    def __init__(
+        self, session: Session, device: Device, actor: QueueActor, kind: QueueKind, name: str
+    ) -> None:
         self.session = session
-        self.program = program
         self.device = device
         self.actor = actor
+        self.kind = kind
+        # The queue's name in reports of progress (what PWhen reads name): DEVICE for a
+        # compute queue, DEVICE/copy for a copy queue.
+        self.queue_name = _queue_key(name, kind)
         # Ops, with None where the report of the signal before it goes.
         self.ops: list[Op | AdaptiveKernel | None] = []
         self.signals: list[tuple[int, int]] = []
         self.quiet: set[int] = set()  # reports of signals nobody off the worker needs
+        self.count = 0  # items
+        self.slot = 0  # the base slot its signals are on, once known (_finish)
+        self.max_slot = 0
+        self.local_waits: list[tuple[int, str, QueueKind]] = []
+        self.early: list[EarlyPull] = []
+        self.watches: list[Watched] = []
+        self.wait_entries: list[int] = []
+        self.item_entries: dict[int, int] = {}
 
-    def lower(self, entries: list[Any]) -> None:
+    def lower(self, entries: list[Any], store: bool) -> Program:
         for index, raw in enumerate(entries):
             try:
                 self._entry(decode_entry(raw), index)
@@ -114,23 +126,43 @@ class _Lowering:
                     raise Refused(str(exc), item) from None
                 raise
         self._finish()
+        program = Program(
+            store=store,
+            slot=self.slot,
+            actor=self.actor,
+            device=self.queue_name,
+            kind=self.kind,
+            ops=self._with_reports(),
+            times=self.session.worker.times,
+            count=self.count,
+            max_slot=self.max_slot,
+            local_waits=self.local_waits,
+            early=self.early,
+            watches=self.watches,
+            wait_entries=self.wait_entries,
+            item_entries=self.item_entries,
+        )
+        try:
+            _Runnable(self.actor).walk(program.ops)
+        except OpCodeError as exc:  # the device lowered an entry to what its queue cannot run
+            raise Refused(str(exc)) from None
+        return program
 
     def _entry(self, entry: Any, index: int) -> None:
-        program = self.program
         if isinstance(entry, ItemEntry):
-            program.count += 1
+            self.count += 1
             if entry.item >= 0:
-                program.item_entries[entry.item] = index
+                self.item_entries[entry.item] = index
             lowered = _ITEMS[type(entry)](self, entry)
             if isinstance(lowered, list):  # a host step and a CUDA item
                 self.ops.extend(lowered)
             else:
                 self.ops.append(lowered)
         elif type(entry) is WaitEntry:
-            program.wait_entries.append(index)
+            self.wait_entries.append(index)
             self._wait(entry)
         elif type(entry) is LocalWaitEntry:
-            program.wait_entries.append(index)
+            self.wait_entries.append(index)
             self._local_wait(entry)
         else:
             assert type(entry) is SignalEntry
@@ -142,45 +174,37 @@ class _Lowering:
 
     def _wait(self, entry: WaitEntry) -> None:
         """A wait on a mirror; one on another worker's queue is told by that worker."""
-        program = self.program
-        program.max_slot = max(program.max_slot, entry.slot)
+        self.max_slot = max(self.max_slot, entry.slot)
         self.ops.append(wait_op(self.session.mirror(entry.mirror), entry.slot, entry.rel))
         if entry.source is not None:
-            program.watches.append((entry.slot, entry.rel, entry.mirror, entry.source))
+            self.watches.append((entry.slot, entry.rel, entry.mirror, entry.source))
 
     def _local_wait(self, entry: LocalWaitEntry) -> None:
         """A wait on a queue of this worker in the same batch."""
         if entry.device not in self.session.worker.runtime.devices:
             raise Refused(f"wait on unknown device {entry.device!r}")
-        program = self.program
-        program.max_slot = max(program.max_slot, entry.slot)
+        self.max_slot = max(self.max_slot, entry.slot)
         kind = _queue_kind(entry.kind)
-        program.local_waits.append((entry.slot, entry.device, kind))
+        self.local_waits.append((entry.slot, entry.device, kind))
         signal = self.session.queue(entry.device, kind).signal
         self.ops.append(wait_op(signal, entry.slot, entry.rel))
 
     def _finish(self) -> None:
-        program = self.program
         signals = self.signals
         if not signals:
             raise Refused("a program ends with its queue's signal")
         slots = {slot for slot, _ in signals}
         values = [value for _, value in signals]
-        if len(slots) != 1 or values != sorted(values) or values[-1] != program.count:
+        if len(slots) != 1 or values != sorted(values) or values[-1] != self.count:
             # Signals set a shared actor's timeline: they must stay inside this job's range.
             raise Refused("a program's signals must rise to its item count, on one slot")
-        program.slot = slots.pop()
-        if program.slot < FIRST_QUEUE_SLOT:
+        self.slot = slots.pop()
+        if self.slot < FIRST_QUEUE_SLOT:
             raise Refused(
-                f"a program signals on base slot {program.slot}, which is KICK or BATCH; "
+                f"a program signals on base slot {self.slot}, which is KICK or BATCH; "
                 f"a queue's own slot is {FIRST_QUEUE_SLOT} or above"
             )
-        program.max_slot = max(program.max_slot, program.slot)
-        program.code(self._with_reports(), self.session.worker.times)
-        try:
-            _Runnable(self.actor).walk(program.ops)
-        except OpCodeError as exc:  # the device lowered an entry to what its queue cannot run
-            raise Refused(str(exc)) from None
+        self.max_slot = max(self.max_slot, self.slot)
 
     def _with_reports(self) -> list[Op | AdaptiveKernel]:
         """The ops, each signal a client-side queue waits on reported just before it: the
@@ -190,7 +214,6 @@ class _Lowering:
         (Batches.job_done), so a job with no other report runs inline, whole."""
         ops = self.ops
         last_report = len(ops) - 1 - ops[::-1].index(None)
-        program = self.program
         lowered: list[Op | AdaptiveKernel] = []
         for i, op in enumerate(ops):
             if op is not None:
@@ -200,7 +223,7 @@ class _Lowering:
                 continue
             reported = ops[i - 1]
             assert isinstance(reported, SignalOp)  # each report follows its signal
-            args = (program.slot, reported.rel, program.device)
+            args = (self.slot, reported.rel, self.queue_name)
             lowered.insert(len(lowered) - 1, run_op(AWAIT, self.session.report_op, args, -1))
         return lowered
 
@@ -221,10 +244,11 @@ class _Lowering:
     def _code(self, entry: CodeEntry) -> Lowered:
         """A call of a program this client shipped (--allow-programs)."""
         code = self.session.codes.get(entry.code)
-        if self.device.kind != "CPU":
+        if not self.device.runs_host_kernels:
             raise Refused(
                 f"program {code.name!r} is CPU machine code and {self.device.name} is a "
-                f"{self.device.kind} device; call it on a CPU device of this worker"
+                f"{self.device.kind} device, which does not run host kernels; call it on a "
+                f"CPU device of this worker"
             )
         values = code.values - (code.core_id is not None)
         # Kernels are told apart by code id and name, for the kernel times.
@@ -246,14 +270,12 @@ class _Lowering:
         if len(entry.vars) != values:
             raise Refused(f"kernel {kernel.name!r} takes {values} values, got {len(entry.vars)}")
         dims = (tuple(entry.global_size), tuple(entry.local_size))
-        request = LaunchRequest(
-            entry.item, kernel, bufs, entry.vars, dims[0], dims[1], self.program.kind
-        )
+        request = LaunchRequest(entry.item, kernel, bufs, entry.vars, dims[0], dims[1], self.kind)
         try:
             op = device.lower_launch(request)
         except Exception as exc:
             raise Refused(f"kernel {kernel.name!r}: {exc}") from None
-        if op.code == EXEC and device.kind == "CPU":
+        if op.code == EXEC and device.runs_host_kernels:
             # Under --thread-bytes: on the event loop only once seen to be quick.
             shape = (name, tuple([b.nbytes for b in bufs]), tuple(entry.vars), *dims)
             return AdaptiveKernel(session.worker.times, shape, op)
@@ -278,7 +300,7 @@ class _Lowering:
                     f"queue, which cannot reach {end.device}'s memory; copy it to the "
                     f"client instead (copyout)"
                 )
-        return device.lower_copy(entry.item, dst, src, self.program.kind)
+        return device.lower_copy(entry.item, dst, src, self.kind)
 
     def _pull(self, entry: PullEntry) -> Lowered:
         session = self.session
@@ -305,9 +327,8 @@ class _Lowering:
                 mirror,
                 dst.nbytes,
             )
-            program = self.program
-            program.early.append(early)
-            program.max_slot = max(program.max_slot, slot)
+            self.early.append(early)
+            self.max_slot = max(self.max_slot, slot)
             session.mirror(mirror)  # refused here if there are too many
         source = (entry.host, entry.port, entry.session, entry.src, entry.ticket)
         return run_op(

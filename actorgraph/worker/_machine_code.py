@@ -1,7 +1,7 @@
 """Shipped programs a worker runs (`--allow-programs`): checked, loaded, kept per session.
 
 A client ships a compiled CPU program once per content hash (a `Code` message, its
-relocatable ELF object in the frame's tail, see devices/remote/_machine.py) and calls
+relocatable ELF object in the frame's tail, see devices/remote/machine.py) and calls
 it by id (`CodeEntry`). Each session keeps its own (`CodeStore`): another client's ids
 are unknown here, as its buffers are. Before a program is loaded its bytes are checked
 against the digest it came with, and its CPU against this worker's (`refusal`: the
@@ -12,8 +12,8 @@ SIGILL here. The count and bytes of a session's programs are bounded (`Limits`).
 Loading: the object is laid out and relocated by tinygrad's ELF loader (`jit_loader`,
 what tinygrad's own CPU device loads its kernels with) into executable memory of the
 session's, linked against libm and libgcc_s as tinygrad links its kernels. That is why a
-worker that allows programs needs the tinygrad extra (`pip install
-'actorgraph[tinygrad]'`): `loader_problem` says so at startup.
+worker that allows programs needs the tinygrad extra (`pip install -e ".[tinygrad]"` in a
+checkout): `loader_problem` says so at startup.
 
 What `--allow-programs` trusts: any client holding the worker's token may run any
 machine code in the worker's process, with its rights. A kernel that crashes kills the
@@ -30,13 +30,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from actorgraph.devices.remote._machine import WorkerCPU, refusal
+from actorgraph.devices import install_hint
+from actorgraph.devices.remote.machine import WorkerCPU, refusal
 from actorgraph.devices.remote.wire import Code, Limits
 
 from .._kernel import Kernel
 from ._lowered import Refused
 
-_INSTALL = "pip install 'actorgraph[tinygrad]'"
+_INSTALL = install_hint("tinygrad")
 
 
 def loader_problem() -> str | None:
@@ -51,7 +52,7 @@ def loader_problem() -> str | None:
     except ImportError as exc:
         return (
             f"--allow-programs loads shipped CPU programs with tinygrad 0.14's ELF loader, "
-            f"which this worker's Python cannot import ({exc}); {_INSTALL} on the worker"
+            f"which this worker's Python cannot import ({exc}); on the worker, install the tinygrad extra: {_INSTALL}"
         )
     return None
 

@@ -83,7 +83,7 @@ class Outbox:
             sent = self.stream.send_nowait(data)
         except OSError:
             sent = 0  # the writer meets the error and closes the connection
-        if sent == len(data):
+        if sent == len(data) and not self.stream.backlog:
             parts.clear()
             return True
         self.parts = [memoryview(data)[sent:]]

@@ -31,20 +31,20 @@ import functools
 import itertools
 import socket
 import ssl
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 import attrs
 import trio
 
-from actorgraph.devices.remote._handshake import (
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
+from actorgraph.devices.remote.handshake import (
     HandshakeRefused,
     TokenRequired,
     WorkerUnproven,
     greet,
 )
-from actorgraph.devices.remote._tls import connect_tls, handshake_failure
-from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode
+from actorgraph.devices.remote.tls import connect_tls, handshake_failure
 from actorgraph.devices.remote.wire import (
     CHUNK,
     Data,
@@ -108,6 +108,18 @@ class PeerRead:
         self.arrived = arrived  # called once every byte is in, before `done` is set
         self.lost = lost  # called if it fails without saying the source got there
 
+    def landed(self, nbytes: int) -> bool:
+        """`nbytes` more of its bytes are in: whether that is all of them (it is then done,
+        and `arrived` called)."""
+        self.left -= nbytes
+        if self.left > 0:
+            return False
+        # Done first: what `arrived` lets run may take the bytes at once.
+        self.done.set()
+        if self.arrived is not None:
+            self.arrived()
+        return True
+
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
             self.error = error
@@ -141,10 +153,75 @@ class _PeerLink:
         self.pending: list[bytes | memoryview] = []
         self.writing = False
 
+    def connected(self, stream: FrameStream) -> None:
+        """Its connection is made: requests and answers go over `stream`."""
+        self.stream = stream
+
+    def ask(self, read: PeerRead, request: Request) -> bool:
+        """Register `read` and queue its request (made with the read's id); whether it is
+        the first request waiting to go."""
+        req = next(self.ids)
+        self.reads[req] = read
+        self.pending.append(encode(request(req)))
+        return len(self.pending) == 1
+
+    def send_now(self) -> bool:
+        """Send the requests waiting from this task, as far as the socket takes them now
+        (over TLS, none); whether some are left for a writer task (`write`), which the
+        caller starts. Raises OSError where the socket fails."""
+        if self.writing or not self.pending:
+            return False
+        stream = self.stream
+        assert stream is not None  # an open link
+        data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
+        self.pending.clear()
+        sent = 0 if stream.raw is None else stream.send_nowait(data)  # TLS: the writer's
+        if sent < len(data) or stream.backlog:
+            self.pending.append(memoryview(data)[sent:])
+            self.writing = True
+            return True
+        return False
+
+    async def write(self) -> None:
+        """Send what `send_now` left, and what is queued meanwhile, in a task of its own.
+        Raises what the sends raise."""
+        stream = self.stream
+        assert stream is not None
+        try:
+            while self.pending:
+                parts, self.pending = self.pending, []
+                await stream.send(parts)
+        finally:
+            self.writing = False
+
+    def refused(self, read_id: int, why: str) -> None:
+        """The peer refused the read `read_id` (if it is still waiting): it fails."""
+        read = self.reads.pop(read_id, None)
+        if read is not None:
+            read.fail(PeerRefusedError(f"peer {self.address} refused the read: {why}"))
+
+    def expects(self, read_id: int) -> bool:
+        """Whether the read `read_id` waits for bytes."""
+        return read_id in self.reads
+
+    async def land(self, data: Data, tail: int) -> None:
+        """A read's bytes (the tail), where the read wants them. Raises WireError for
+        bytes outside it."""
+        read = self.reads[data.read]
+        if data.offset + tail > len(read.view):
+            raise WireError(f"peer {self.address} sent bytes outside the read")
+        assert self.stream is not None
+        await self.stream.receive_into(read.view[data.offset : data.offset + tail])
+        if tail >= read.left:
+            del self.reads[data.read]
+        read.landed(tail)
+
     def fail(self, error: BaseException) -> None:
+        """The link is lost (or was never made): every read on it fails with `error`."""
         if self.error is None:
             self.error = error
         self.opened.set()
+        self.pending.clear()
         for read in self.reads.values():
             read.fail(self.error)
         self.reads.clear()
@@ -203,7 +280,8 @@ class Peers:
             with trio.move_on_after(self.timeout) as timer:
                 await sock.connect((host, port))
                 doing = "answer the handshake"
-                stream = link.stream = await self._stream(sock, host, port)
+                stream = await self._stream(sock, host, port)
+                link.connected(stream)
                 await self._authenticate(stream, host, port)
         except BaseException:
             sock.close()
@@ -222,19 +300,19 @@ class Peers:
         scheduler), or TLS over it."""
         sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
         keep_alive(sock)
-        if self.tls is not None:
-            try:
-                tls = await connect_tls(sock, self.tls, host)
-            except (ssl.SSLError, trio.BrokenResourceError) as exc:
-                sock.close()
-                why = handshake_failure(exc, "this worker's --tls-ca")
-                raise PeerRefusedError(
-                    f"worker-to-worker link to {host}:{port} refused: {why}"
-                ) from None
-            return FrameStream(tls, self.limits)
         raw = socket.socket(fileno=sock.detach())
         raw.setblocking(False)
-        return FrameStream(raw, self.limits)
+        if self.tls is None:
+            return FrameStream(raw, self.limits)
+        try:
+            tls = await connect_tls(raw, self.tls, host)
+        except (ssl.SSLError, OSError) as exc:
+            trio.socket.from_stdlib_socket(raw).close()
+            why = handshake_failure(exc, "this worker's --tls-ca")
+            raise PeerRefusedError(
+                f"worker-to-worker link to {host}:{port} refused: {why}"
+            ) from None
+        return FrameStream(tls, self.limits)
 
     async def _authenticate(self, stream: FrameStream, host: str, port: int) -> None:
         """Answer the peer's challenge as a client does, with this worker's token."""
@@ -264,15 +342,10 @@ class Peers:
             while True:
                 meta, tail = await stream.receive()
                 answer = decode(meta)
-                if type(answer) is Error:
-                    read = link.reads.pop(answer.id, None)
-                    if read is not None:
-                        why = f"peer {link.address} refused the read: {answer.why}"
-                        read.fail(PeerRefusedError(why))
-                    continue
-                if type(answer) is not Data or answer.read not in link.reads:
+                handler = self._answers.get(type(answer))
+                if handler is None:
                     raise WireError(f"peer {link.address} answered {meta[0]!r} out of turn")
-                await self._land(link, answer, tail)
+                await handler(link, answer, tail)
         except _LINK_LOST as exc:
             if self.links.get(key) is link:
                 del self.links[key]
@@ -281,18 +354,20 @@ class Peers:
     @staticmethod
     async def _land(link: _PeerLink, data: Data, tail: int) -> None:
         """A read's bytes (the tail), where the read wants them."""
-        read = link.reads[data.read]
-        if data.offset + tail > len(read.view):
-            raise WireError(f"peer {link.address} sent bytes outside the read")
-        assert link.stream is not None
-        await link.stream.receive_into(read.view[data.offset : data.offset + tail])
-        read.left -= tail
-        if read.left <= 0:
-            del link.reads[data.read]
-            # Done first: what `arrived` lets run may take the bytes at once.
-            read.done.set()
-            if read.arrived is not None:
-                read.arrived()
+        if not link.expects(data.read):
+            raise WireError(f"peer {link.address} answered 'data' out of turn")
+        await link.land(data, tail)
+
+    @staticmethod
+    async def _refused(link: _PeerLink, error: Error, tail: int) -> None:
+        """A read the peer refused: it fails, saying why."""
+        link.refused(error.id, error.why)
+
+    # What handles each answer on a link: the link, the answer and the bytes of its tail.
+    _answers: ClassVar[dict[type, Callable[[_PeerLink, Any, int], Awaitable[None]]]] = {
+        Data: _land,
+        Error: _refused,
+    }
 
     def hold(self) -> None:
         """Keep requests made from now until `release` back, to leave in one send per link
@@ -308,11 +383,9 @@ class Peers:
 
     def _request(self, link: _PeerLink, read: PeerRead, request: Request) -> None:
         """Register `read` on the open `link` and send its request (made with its id)."""
-        req = next(link.ids)
-        link.reads[req] = read
-        link.pending.append(encode(request(req)))
+        first = link.ask(read, request)
         if self._held:
-            if len(link.pending) == 1:
+            if first:
                 self._touched.append(link)
             return
         self._flush(link)
@@ -320,42 +393,24 @@ class Peers:
     def _flush(self, link: _PeerLink) -> None:
         """Send `link`'s pending requests from this task if the socket takes them now;
         the rest goes by a writer task."""
-        if link.writing or not link.pending:
+        try:
+            left = link.send_now()
+        except OSError as exc:
+            self._lost(link, exc)
             return
-        stream = link.stream
-        assert stream is not None  # an open link
-        data = link.pending[0] if len(link.pending) == 1 else b"".join(link.pending)
-        link.pending.clear()
-        if stream.raw is None:
-            sent = 0  # TLS: its writer task sends
-        else:
-            try:
-                sent = stream.send_nowait(data)
-            except OSError as exc:
-                self._lost(link, exc)
-                return
-        if sent < len(data):
-            link.pending.append(memoryview(data)[sent:])
-            link.writing = True
+        if left:
             assert self._nursery is not None  # started with the worker
             self._nursery.start_soon(self._write, link)
 
     async def _write(self, link: _PeerLink) -> None:
-        stream = link.stream
-        assert stream is not None
         try:
-            while link.pending:
-                parts, link.pending = link.pending, []
-                await stream.send(parts)
+            await link.write()
         except _LINK_LOST as exc:
             self._lost(link, exc)
-        finally:
-            link.writing = False
 
     def _lost(self, link: _PeerLink, exc: BaseException) -> None:
         """A send on `link` failed: its reads fail (their `lost` relays them), and the next
         read opens a new link."""
-        link.pending.clear()
         for key, kept in list(self.links.items()):
             if kept is link:
                 del self.links[key]

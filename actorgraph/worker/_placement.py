@@ -58,6 +58,11 @@ async def _yield(job: Any) -> None:
     await trio.lowlevel.checkpoint()
 
 
+def _needed(strikes: int) -> int:
+    """The streak a shape with `strikes` needs to run inline: 1, 8, 64, ..."""
+    return 1 << (3 * min(strikes, 10))
+
+
 class _Seen:
     """What a worker has seen of one kernel shape (see KernelTimes)."""
 
@@ -70,6 +75,40 @@ class _Seen:
         self.runs = 0  # quick runs seen
         self.suspects = 0  # runs in a row slow on the wall, not on the CPU
         self.coded = 0.0  # `typical` when it last moved `KernelTimes.tempo`
+
+    def inline(self) -> bool:
+        """Whether its streak is long enough to run it inline."""
+        return self.streak >= _needed(self.strikes)
+
+    def quick(self) -> None:
+        """A quick run: the streak grows (a strike is forgotten after a long one)."""
+        self.streak += 1
+        self.suspects = 0
+        if self.strikes and self.streak >= FORGIVEN_AFTER * _needed(self.strikes):
+            # Quick for that long since: the strike was a fluke (the machine's doing), not
+            # the kernel's; forgetting it keeps strikes from piling up over a long life.
+            self.strikes -= 1
+            self.streak = _needed(self.strikes)  # inline still; the next one waits
+
+    def strike(self) -> None:
+        """A run judged slow: a strike, and the streak starts again."""
+        self.strikes += 1
+        self.streak = 0
+        self.suspects = 0
+
+    def suspect(self) -> None:
+        """A run slow on the wall only (preempted, or blocked: asleep, on I/O?): judged
+        slow once SUSPECTS_SLOW come in a row."""
+        self.suspects += 1
+        if self.suspects >= SUSPECTS_SLOW:
+            self.strike()
+
+    def retimed(self) -> bool:
+        """Whether its typical time moved 2x since it last did (it counts from now)."""
+        if self.coded / 2 <= self.typical <= self.coded * 2:
+            return False
+        self.coded = self.typical
+        return True
 
     def follow(self, seconds: float) -> None:
         """A quick run took `seconds`: the first run is replaced by the second, others
@@ -138,13 +177,9 @@ class KernelTimes:
         self.tempo = 0
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _needed(strikes: int) -> int:
-        return 1 << (3 * min(strikes, 10))
-
     def inline(self, key: Hashable) -> bool:
         seen = self.shapes.get(key)
-        return seen is not None and seen.streak >= self._needed(seen.strikes)
+        return seen is not None and seen.inline()
 
     def quick_time(self, key: Hashable) -> float:
         seen = self.shapes.get(key)
@@ -159,40 +194,18 @@ class KernelTimes:
                 if len(self.shapes) >= SHAPES_KEPT:
                     del self.shapes[next(iter(self.shapes))]
                 seen = self.shapes[key] = _Seen()
-            was_inline = seen.streak >= self._needed(seen.strikes)
+            was_inline = seen.inline()
             if seconds < self.bound:
-                self._quick(seen)
+                seen.quick()
                 seen.follow(seconds)
             elif (cpu_seconds if cpu_seconds is not None else seconds) >= self.bound:
-                self._strike(seen)
+                seen.strike()
             else:
-                # Slow on the wall only: preempted, or blocked (asleep, on I/O)?
-                seen.suspects += 1
-                if seen.suspects >= SUSPECTS_SLOW:
-                    self._strike(seen)
-            if was_inline != (seen.streak >= self._needed(seen.strikes)):
+                seen.suspect()
+            if was_inline != seen.inline():
                 self.version += 1
-            self._moved(seen)
-
-    def _moved(self, seen: _Seen) -> None:
-        if not seen.coded / 2 <= seen.typical <= seen.coded * 2:
-            self.tempo += 1
-            seen.coded = seen.typical
-
-    def _quick(self, seen: _Seen) -> None:
-        seen.streak += 1
-        seen.suspects = 0
-        if seen.strikes and seen.streak >= FORGIVEN_AFTER * self._needed(seen.strikes):
-            # Quick for that long since: the strike was a fluke (the machine's doing), not
-            # the kernel's; forgetting it keeps strikes from piling up over a long life.
-            seen.strikes -= 1
-            seen.streak = self._needed(seen.strikes)  # inline still; the next one waits
-
-    @staticmethod
-    def _strike(seen: _Seen) -> None:
-        seen.strikes += 1
-        seen.streak = 0
-        seen.suspects = 0
+            if seen.retimed():
+                self.tempo += 1
 
     def timed(self, key: Hashable, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run one kernel call on an actor's thread and record how long it took."""
@@ -229,9 +242,10 @@ class KernelTimes:
                 for key, typical in coded.items():
                     seen = self.shapes.get(key)
                     if seen is not None:
-                        self._quick(seen)
+                        seen.quick()
                         seen.follow(typical * scale)
-                        self._moved(seen)
+                        if seen.retimed():
+                            self.tempo += 1
 
     def stale(self, stamp: tuple[int, int | None]) -> bool:
         """Whether ops coded at `stamp` (from `code`) need coding again."""

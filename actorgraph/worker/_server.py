@@ -13,7 +13,7 @@ worker's CPU first.
 Safety: a client must answer an HMAC challenge with the worker's token (when it has one),
 and the worker proves it holds the token too (_handshake.py; both bound to the role and
 both sides' nonces); with a certificate (`--tls-cert`, `--tls-key`) every connection,
-links to other workers included, speaks TLS (actorgraph/devices/remote/_tls.py);
+links to other workers included, speaks TLS (actorgraph/devices/remote/tls.py);
 every frame and allocation is checked against `Limits`; every id is looked up in the
 client's own session, so another client's buffer ids are simply unknown; a bad request
 gets an ["error", what, id, message] reply and the session goes on; a frame that breaks
@@ -40,15 +40,16 @@ import os
 import socket
 import ssl
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar
 
 import attrs
 import trio
 
 from actorgraph.devices import Resumer
-from actorgraph.devices.remote._machine import WorkerCPU
-from actorgraph.devices.remote._tls import (
+from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
+from actorgraph.devices.remote.machine import WorkerCPU
+from actorgraph.devices.remote.tls import (
     PLAIN_REFUSED,
     TLS_HANDSHAKE_TIMEOUT_S,
     TLSSetupError,
@@ -57,7 +58,6 @@ from actorgraph.devices.remote._tls import (
     server_context,
     speaks_plain,
 )
-from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
 from actorgraph.devices.remote.wire import (
     Blob,
     Code,
@@ -78,6 +78,7 @@ from ._admission import BACKOFF_S, SHORT_OF_FILES, Admission, RareLog, Stranger
 from ._handshake import HANDSHAKE_TIMEOUT_S, Greeted, challenge
 from ._kernels import load_kernels
 from ._links import serve_link
+from ._listen import plaintext_problem, token_problem
 from ._lowered import Refused
 from ._machine_code import loader_problem
 from ._outbox import Outbox, send_data
@@ -89,6 +90,10 @@ from ._staging import StagingPool, bytes_of
 _DISCONNECTS = (OSError, ConnectionLostError, trio.BrokenResourceError, trio.ClosedResourceError)
 # What a refused request raises (answered with an Error; the session goes on).
 _REFUSALS = (Refused, WireError, ValueError, TypeError, KeyError, IndexError)
+
+# What handles a type of request with data: the worker, the client's session, the
+# request, its stream and the bytes of its tail (which the handler reads).
+DataHandler = Callable[["Worker", Session, Any, FrameStream, int], Awaitable[None]]
 
 
 # What accept raises for a connection that failed while it waited to be taken in.
@@ -131,6 +136,7 @@ class Worker:
         tls: WorkerTLS | None = None,
         allow_programs: bool = False,
         handshakes: Handshakes | None = None,
+        verbose: bool = False,
     ) -> None:
         self.runtime = runtime
         self.kernels = kernels
@@ -144,7 +150,7 @@ class Worker:
         self.resumer = Resumer()  # held jobs run on where their waits are met
         self.cpu = WorkerCPU.of_this_host(allow_programs)
         self._sids = itertools.count(1)
-        self.log = RareLog()
+        self.log = RareLog(verbose=verbose)
         bound = handshakes or Handshakes()
         self.admission = Admission(bound.most_here(), bound.per_address, self.log)
 
@@ -191,22 +197,29 @@ class Worker:
         except OSError:
             accepted.close()  # reset already: nothing to serve
             return
-        if self.tls is not None:
-            stranger = self.admission.arrive(host, accepted.close)
-            nursery.start_soon(self._tls_connection, accepted, self.tls.accept, stranger)
-            return
-        # The stream reads and writes the plain socket itself (see FrameStream).
+        # The stream reads and writes the plain socket itself (see FrameStream), under
+        # TLS too.
         sock = socket.socket(fileno=accepted.detach())
         sock.setblocking(False)
+        if self.tls is not None:
+            wrapped = trio.socket.from_stdlib_socket(sock)
+            stranger = self.admission.arrive(host, wrapped.close)
+            nursery.start_soon(self._tls_connection, sock, wrapped, self.tls.accept, stranger)
+            return
         stream = FrameStream(sock, self.limits)
         stranger = self.admission.arrive(host, stream.close)
         nursery.start_soon(self._connection, stream, stranger)
 
     async def _tls_connection(
-        self, sock: trio.socket.SocketType, context: ssl.SSLContext, stranger: Stranger
+        self,
+        raw: socket.socket,
+        sock: trio.socket.SocketType,
+        context: ssl.SSLContext,
+        stranger: Stranger,
     ) -> None:
-        """A connection to a TLS worker: its TLS handshake, then as any other. What sends
-        a plain frame first (a client without TLS) is refused in a plain frame."""
+        """A connection to a TLS worker (`raw`, and `sock`, trio's view of it, which
+        closes it): its TLS handshake, then as any other. What sends a plain frame first
+        (a client without TLS) is refused in a plain frame."""
         tls = None
         with stranger.guard():
             try:
@@ -216,7 +229,7 @@ class Worker:
                         await trio.SocketStream(sock).send_all(refusal)
                         self._refused(stranger, "it does not speak TLS")
                     else:
-                        tls = await accept_tls(sock, context)
+                        tls = await accept_tls(raw, context)
             except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 self._refused(stranger, f"its TLS handshake failed ({exc!r})")
         if tls is None:  # not a TLS client of ours (or shed): nothing to answer it in
@@ -230,6 +243,15 @@ class Worker:
             "refused",
             f"refused {{count}} connection(s) that did not authenticate (latest from "
             f"{stranger.address}: {why})",
+            stranger.address,
+        )
+
+    def _dropped(self, stranger: Stranger, why: str) -> None:
+        self.log.note(
+            "dropped",
+            f"closed {{count}} authenticated connection(s) whose framing broke (latest "
+            f"from {stranger.address}: {why})",
+            stranger.address,
         )
 
     async def _connection(self, stream: FrameStream, stranger: Stranger) -> None:
@@ -238,6 +260,7 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 out = Outbox(stream)
                 nursery.start_soon(out.run)
+                greeted: Greeted | None = None
                 try:
                     greeted = await self._handshake(stream, out, stranger)
                     if greeted is None:
@@ -256,6 +279,8 @@ class Worker:
                         await serve_link(self, self.sessions, stream, out)
                 except WireError as exc:
                     # The framing itself is broken: answer, then drop this connection only.
+                    if greeted is not None:
+                        self._dropped(stranger, str(exc))  # a stranger's is said already
                     await out.send(Error("frame", 0, str(exc))).wait()
                 nursery.cancel_scope.cancel()
         # One connection's trouble must never stop the worker, nor join what stops it: a
@@ -300,8 +325,10 @@ class Worker:
         while True:
             meta, tail = await stream.receive()
             try:
-                if meta[0] in ("blob", "put", "get", "code"):
-                    await self._with_data(session, decode(meta), stream, tail)
+                request = decode(meta)
+                with_data = self._data_handlers.get(type(request))
+                if with_data is not None:
+                    await with_data(self, session, request, stream, tail)
                     tail = 0
                 else:
                     if tail:
@@ -310,7 +337,7 @@ class Worker:
                     # one send, after it is handled.
                     session.out.hold()
                     try:
-                        session.handle(meta)
+                        session.handle(request)
                     finally:
                         session.out.release()
             except _REFUSALS as exc:
@@ -319,38 +346,47 @@ class Worker:
                 ref_id = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
                 session.out.send(Error(meta[0], ref_id, str(exc)))
 
-    async def _with_data(
-        self, session: Session, request: Blob | Put | Get | Code, stream: FrameStream, tail: int
-    ) -> None:
-        """A request whose data is its frame's tail (Blob, Put, Code), or is answered with
-        data (Get). Raises, having read none of the tail, if it is refused before it is
-        read (a Code is refused after, too, for what its bytes are)."""
-        if isinstance(request, Code):
-            session.codes.check(request, tail)
-            image = bytearray(tail)
-            await stream.receive_into(memoryview(image))
-            try:
-                session.codes.add(request, bytes(image))
-            except Refused as exc:
-                session.out.send(Error("code", request.code, str(exc)))
-        elif isinstance(request, Blob):
-            # A blob sent again under its id replaces the pending one: its bytes stop
-            # counting (the limit is on what is pending at once).
-            session.drop_blob(request.blob)
-            if session.blob_bytes + tail > self.limits.max_pending_blob_bytes:
-                raise Refused("too many bytes of pending host writes")
-            data = self.staging.take(tail)
-            await stream.receive_into(memoryview(data)[:tail])
-            session.keep_blob(request.blob, data, tail)
-        elif isinstance(request, Put):
-            view = bytes_of(session.buffer(request.dst, "put dst"))
-            if request.offset + tail > len(view):
-                raise Refused(f"put of {tail} bytes at {request.offset} into {len(view)}")
-            await stream.receive_into(view[request.offset : request.offset + tail])
-        else:
-            if tail:
-                raise Refused("request 'get' carries no data")
-            send_data(session.out, request.read, bytes_of(session.buffer(request.src, "get src")))
+    # A request whose data is its frame's tail (Code, Blob, Put), or that is answered with
+    # data (Get): each raises, having read none of the tail, if it is refused before it is
+    # read (a Code is refused after, too, for what its bytes are). The session handles
+    # the others (Session.handle).
+
+    async def _code(self, session: Session, request: Code, stream: FrameStream, tail: int) -> None:
+        session.codes.check(request, tail)
+        image = bytearray(tail)
+        await stream.receive_into(memoryview(image))
+        try:
+            session.codes.add(request, bytes(image))
+        except Refused as exc:
+            session.out.send(Error("code", request.code, str(exc)))
+
+    async def _blob(self, session: Session, request: Blob, stream: FrameStream, tail: int) -> None:
+        # A blob sent again under its id replaces the pending one: its bytes stop counting
+        # (the limit is on what is pending at once).
+        session.drop_blob(request.blob)
+        if session.blob_bytes + tail > self.limits.max_pending_blob_bytes:
+            raise Refused("too many bytes of pending host writes")
+        data = self.staging.take(tail)
+        await stream.receive_into(memoryview(data)[:tail])
+        session.keep_blob(request.blob, data, tail)
+
+    async def _put(self, session: Session, request: Put, stream: FrameStream, tail: int) -> None:
+        view = bytes_of(session.buffer(request.dst, "put dst"))
+        if request.offset + tail > len(view):
+            raise Refused(f"put of {tail} bytes at {request.offset} into {len(view)}")
+        await stream.receive_into(view[request.offset : request.offset + tail])
+
+    async def _get(self, session: Session, request: Get, stream: FrameStream, tail: int) -> None:
+        if tail:
+            raise Refused("request 'get' carries no data")
+        send_data(session.out, request.read, bytes_of(session.buffer(request.src, "get src")))
+
+    _data_handlers: ClassVar[dict[type, DataHandler]] = {
+        Code: _code,
+        Blob: _blob,
+        Put: _put,
+        Get: _get,
+    }
 
 
 @attrs.frozen
@@ -410,6 +446,8 @@ async def run_worker(
     tls_ca: Any = None,
     allow_programs: bool = False,
     handshakes: Handshakes | None = None,
+    insecure_plaintext: bool = False,
+    verbose: bool = False,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `devices` on host:port until cancelled; reports the bound (host, port).
@@ -431,7 +469,16 @@ async def run_worker(
 
     `handshakes`: how many connections not yet authenticated it holds (`Handshakes`);
     where accept finds no file left it sheds the oldest of them, or waits, and goes on.
+
+    `insecure_plaintext`: serve a host other than loopback without TLS (else refused,
+    as without a token: ActorGraphError says why). `verbose`: say each address's
+    refused connections apart (still at most a line per address every 10 s).
     """
+    problem = token_problem(host, token is not None) or plaintext_problem(
+        host, tls_cert is not None, insecure_plaintext, "insecure_plaintext=True"
+    )
+    if problem is not None:
+        raise ActorGraphError(problem)
     kernels = load_kernels(kernel_modules)
     tls = _worker_tls(tls_cert, tls_key, tls_ca)
     if allow_programs:
@@ -447,7 +494,7 @@ async def run_worker(
         listener.listen(128)
         bound = listener.getsockname()
         worker = Worker(
-            runtime, kernels, token, limits or Limits(), tls, allow_programs, handshakes
+            runtime, kernels, token, limits or Limits(), tls, allow_programs, handshakes, verbose
         )
         task_status.started((bound[0], bound[1]))
         try:
@@ -471,14 +518,12 @@ def _worker_tls(cert: Any, key: Any, ca: Any) -> WorkerTLS | None:
     return WorkerTLS(cert, key, ca)
 
 
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
 def _startup(
     host: str,
     token_file: str | None,
     tls: tuple[str | None, str | None, str | None],
     allow_programs: bool,
+    insecure_plaintext: bool = False,
 ) -> tuple[bytes | None, str | None]:
     """(the token, None), or (None, why this worker must not start): checked before
     serving, so a bad file or flag is one clear line."""
@@ -489,15 +534,15 @@ def _startup(
     problem = loader_problem() if allow_programs else None
     if problem is not None:
         return None, problem
+    token = None
     if token_file is not None:
         with open(token_file, "rb") as f:
             token = f.read().strip()
         if not token:
             return None, f"token file {token_file} is empty"
-        return token, None
-    if host not in _LOOPBACK:
-        return None, f"refusing to serve {host} without a token; pass --token-file F"
-    return None, None
+    problem = token_problem(host, token is not None)
+    problem = problem or plaintext_problem(host, tls[0] is not None, insecure_plaintext)
+    return (None, problem) if problem is not None else (token, None)
 
 
 def _stopped(group: BaseExceptionGroup[BaseException]) -> int:
@@ -520,8 +565,10 @@ def worker_main(
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
     allow_programs: bool = False,
     handshakes: Handshakes | None = None,
+    insecure_plaintext: bool = False,
+    verbose: bool = False,
 ) -> int:
-    token, problem = _startup(host, token_file, tls, allow_programs)
+    token, problem = _startup(host, token_file, tls, allow_programs, insecure_plaintext)
     if problem is not None:
         print(f"actorgraph worker: {problem}", file=sys.stderr)
         return 2
@@ -547,6 +594,8 @@ def worker_main(
                     tls_ca=tls[2],
                     allow_programs=allow_programs,
                     handshakes=handshakes,
+                    insecure_plaintext=insecure_plaintext,
+                    verbose=verbose,
                     task_status=task_status,
                 )
             )

@@ -39,7 +39,6 @@ from actorgraph.devices.remote.wire import (
     Ref,
     Watch,
     WireError,
-    decode,
     kind_of,
     read_ticket,
 )
@@ -109,17 +108,16 @@ class Session:
                 )
             own = None
             if self._nursery is not None:
-                own = device.new_queue(kind, f"{shared.name}#{self.sid}")
+                # Its signal tells this client's progress as it moves, where the kind
+                # takes a signal of ours, so a worker waiting on this queue hears of it at
+                # any signal, reported or not.
+                progress = self.progress(_queue_key(device_name, kind))
+                own = device.new_queue(
+                    kind,
+                    f"{shared.name}#{self.sid}",
+                    lambda name, start: TrackedSignal(name, start, progress, self.worker.resumer),
+                )
             if own is not None:
-                if type(own) is QueueActor and type(own.signal) is Signal:
-                    # Its signal tells this client's progress as it moves, so a worker
-                    # waiting on this queue hears of it at any signal, reported or not.
-                    own.signal = TrackedSignal(
-                        own.signal.name,
-                        own.signal.value,
-                        self.progress(_queue_key(device_name, kind)),
-                        self.worker.resumer,
-                    )
                 self._nursery.start_soon(own.serve)  # type: ignore[union-attr]
             actor = self.queues[(device_name, kind)] = own or shared
         return actor
@@ -289,12 +287,17 @@ class Session:
 
     # -- requests --
 
-    def handle(self, meta: list[Any]) -> None:
-        """A request without data, as received ([kind, *fields]): decoded, then handled."""
-        handler = self._handlers.get(meta[0])
+    def handle(self, request: Any) -> None:
+        """A request without data (a message of wire.py, decoded): handled by its type.
+        Raises Refused for a message a client does not send, or what its handler raises
+        (Refused, WireError) for a request refused."""
+        handler = self._handlers.get(type(request))
         if handler is None:
-            raise Refused(f"unknown request {meta[0]!r}")
-        handler(self, decode(meta))
+            raise Refused(
+                f"unknown request {kind_of(type(request))!r}: a client sends only "
+                f"{', '.join(sorted(kind_of(kind) for kind in self._handlers))} without data"
+            )
+        handler(self, request)
 
     def _alloc(self, request: Alloc) -> None:
         handle = request.handle
@@ -349,19 +352,18 @@ class Session:
         limit = self.worker.limits.max_programs
         if len(self.programs) >= limit:
             raise Refused(f"too many programs (limit {limit}); forget some")
-        program = Program()
-        program.store = request.store
-        self.programs[request.program] = program
+        store = request.store
         try:
-            lower(self, program, request.device, request.entries, _queue_kind(request.kind))
+            program = lower(self, request.device, request.entries, _queue_kind(request.kind), store)
         except (Refused, WireError) as exc:
-            program.error = (exc.item if isinstance(exc, Refused) else -1, str(exc))
             # Its batch reports the refusal on the slot the program signals on.
-            program.slot = signal_slot(request.entries)
+            why = (exc.item if isinstance(exc, Refused) else -1, str(exc))
+            program = Program(store=store, slot=signal_slot(request.entries), error=why)
         except Exception as exc:  # a device refused to lower an item: the same, never a
             # program half lowered that a batch would then post
-            program.error = (-1, f"{type(exc).__name__}: {exc}")
-            program.slot = signal_slot(request.entries)
+            why = (-1, f"{type(exc).__name__}: {exc}")
+            program = Program(store=store, slot=signal_slot(request.entries), error=why)
+        self.programs[request.program] = program
 
     def _batch(self, request: Batch) -> None:
         self.batches.run(request)
@@ -408,16 +410,16 @@ class Session:
         received = time.perf_counter()
         self.out.send(Pong(request.ping, received, time.perf_counter()))
 
-    _handlers: ClassVar[dict[str, Callable[[Session, Any], None]]] = {
-        kind_of(Alloc): _alloc,
-        kind_of(Free): _free,
-        kind_of(Forget): _forget,
-        kind_of(Ext): _ext,
-        kind_of(Prog): _prog,
-        kind_of(Batch): _batch,
-        kind_of(GetWhen): _getwhen,
-        kind_of(Watch): _watch,
-        kind_of(Ping): _ping,
+    _handlers: ClassVar[dict[type, Callable[[Session, Any], None]]] = {
+        Alloc: _alloc,
+        Free: _free,
+        Forget: _forget,
+        Ext: _ext,
+        Prog: _prog,
+        Batch: _batch,
+        GetWhen: _getwhen,
+        Watch: _watch,
+        Ping: _ping,
     }
 
     # -- AWAIT ops run by the worker's actors --

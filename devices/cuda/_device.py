@@ -28,7 +28,7 @@ import trio
 from actorgraph.scheduler import DeviceCaps, QueueKind
 
 from .._actor import QueueActor
-from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
+from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest, MakeSignal
 from .._ops import Op, cuda_item
 from .._signal import Signal
 from . import _commands as C
@@ -52,6 +52,14 @@ class CudaMemory:
     host: np.ndarray[Any, Any] | None
     exported: bool = False  # viewed through DLPack: it may outlive the runtime
     released: bool = False  # given back when the runtime closed
+
+    def export(self) -> None:
+        """It is viewed through DLPack from now on: it may outlive the runtime."""
+        self.exported = True
+
+    def release(self) -> None:
+        """It was given back (its runtime closed): DLPack may not view it any more."""
+        self.released = True
 
 
 class _Staging:
@@ -168,7 +176,9 @@ class CUDADevice(Device):
         """The device's two queues and every queue made by new_queue and not dropped."""
         return [*self.queues.values(), *self._more_queues]
 
-    def new_queue(self, kind: QueueKind, name: str) -> CudaQueueActor | None:
+    def new_queue(
+        self, kind: QueueKind, name: str, make_signal: MakeSignal | None = None
+    ) -> CudaQueueActor | None:
         """A queue with a stream of its own beside the device's two: work on it waits for
         nothing queued on theirs (or on another such queue's)."""
         if self._closed:
@@ -204,6 +214,9 @@ class CUDADevice(Device):
         await super().start(nursery)
 
     def close(self) -> None:
+        """Stop the device's queues and give back what it holds: its memory, streams
+        and context, except what the GPU may still use (work left on it) or a DLPack
+        consumer still views."""
         if self._closed:
             return
         self._closed = True
@@ -212,46 +225,59 @@ class CUDADevice(Device):
         for actor in self.all_queues():
             actor.close()
         self._more_queues.clear()
+        self._stop_reaper(busy)
+        if busy or self.lost is not None:
+            return  # the GPU may still use all of it (or the context is gone): leave it be
+        self.driver.set_context(self.context)
+        self._free_host_memory()
+        self._free_streams()
+        if not self._free_buffers():
+            self.driver.close_context(self.index)
+
+    def _stop_reaper(self, busy: bool) -> None:
         with self._reaper_lock:
             reaper, self._reaper = self._reaper, None
         if reaper is not None:
             reaper.put(None)
             if not busy:  # else its last free may wait on the GPU for good: leave it be
                 reaper.thread.join()
-        if busy or self.lost is not None:
-            return  # the GPU may still use all of it (or the context is gone): leave it be
-        driver = self.driver
-        driver.set_context(self.context)
+
+    def _free_host_memory(self) -> None:
+        """Its staging buffers and mapped words."""
         with self._staging_lock:
             pointers = self._staging_all + [entry[1] for entry in self._mirrors.values()]
             pointers += [host for host, _ in self._spare_words] + self._kept_words
             self._spare_words.clear()
             self._kept_words.clear()
             for pointer in pointers:
-                driver.host_free(pointer)
+                self.driver.host_free(pointer)
             self._staging_all.clear()
             self._staging_free.clear()
             self._mirrors.clear()
+
+    def _free_streams(self) -> None:
+        driver = self.driver
         if self._zero_stream is not None:
             driver.stream_destroy(self._zero_stream)  # idle: every memset was waited for
             self._zero_stream = None
         if self._read_stream is not None and not self._reads:
             driver.stream_destroy(self._read_stream)
             self._read_stream = None
-        # The buffers go with the runtime, except those viewed through DLPack (a tensor
-        # may outlive the runtime): they go when their last viewer does, and the context
-        # stays for them.
+
+    def _free_buffers(self) -> bool:
+        """The buffers go with the runtime, except those viewed through DLPack (a tensor
+        may outlive the runtime): they go when their last viewer does, and the context
+        stays for them. Return whether any such is left."""
         exported = False
         for pointer, memory in list(self._live.items()):
             if memory.exported:
                 exported = True
                 self._free_when_unused(memory)
             else:
-                driver.mem_free(pointer)
-                memory.released = True
+                self.driver.mem_free(pointer)
+                memory.release()
             del self._live[pointer]
-        if not exported:
-            driver.close_context(self.index)
+        return exported
 
     def lose(self, error: BaseException) -> None:
         """A sticky CUDA error: fail the work on the GPU, and every later job, clearly."""
@@ -538,8 +564,13 @@ class CUDADevice(Device):
                 ok = False
             self.driver.set_context(self.context)
         self._peers[other.index] = ok
-        other._peers[self.index] = ok
+        other.peer_known(self.index, ok)
         return ok
+
+    def peer_known(self, index: int, ok: bool) -> None:
+        """Whether peer access with device `index` is on, both ways, is known now (it set
+        it up, or found it cannot be)."""
+        self._peers[index] = ok
 
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         actor = self._actor(queue)
@@ -674,7 +705,7 @@ class CUDADevice(Device):
                 f"{buffer!r}: its runtime has closed and its GPU memory is gone; export "
                 f"buffers while their runtime is open (an exported one then stays)"
             )
-        buffer.memory.exported = True
+        buffer.memory.export()
         if self.driver.name == "fake":
             self.sync()
         elif stream != -1:

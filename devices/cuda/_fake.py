@@ -87,6 +87,12 @@ class _Event:
         self.current = threading.Event()
         self.current.set()  # never recorded: waiting on it does not block (as in CUDA)
 
+    def recorded(self) -> Callable[[], None]:
+        """It is recorded on a stream: it is reached once the returned function is
+        called (by the stream, when it gets there)."""
+        self.current = threading.Event()
+        return self.current.set
+
 
 @attrs.define
 class _Graph:
@@ -280,9 +286,7 @@ class FakeDriver:
         pass
 
     def event_record(self, event: Any, stream: Any) -> None:
-        epoch = threading.Event()
-        event.current = epoch
-        stream.put(epoch.set)
+        stream.put(event.recorded())
 
     def wrap_stream(self, handle: int) -> Any:
         stream = self._streams.get(handle)

@@ -48,7 +48,7 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import trio
@@ -83,7 +83,14 @@ DEFAULT_GRAPH_MIN_ITEMS = 2
 _GRAPH_CACHE = 8
 _u64 = ctypes.c_uint64
 _RECORD = -1  # (_RECORD, event, value): event fallback, handled in `_flush`
-_REFUSED = "refused"  # what a Script keeps for a queue that runs its ops on the stream
+
+
+class OnStream(NamedTuple):
+    """What a queue keeps with an op list (`Script.keep`) that it runs on its stream
+    rather than as a CUDA graph, and why (where it runs one as a graph, it keeps the
+    serial of that graph in its cache instead)."""
+
+    why: str
 
 
 class MappedSignal(Signal):
@@ -108,9 +115,15 @@ class MappedSignal(Signal):
     def gpu_value(self) -> int:
         return int(self.word[0])
 
+    def write_word(self, value: int) -> None:
+        """Write `value` into the word, as the GPU would (the host does it where the
+        stream cannot write memory: the event fallback)."""
+        self.word[0] = value
+
 
 class _GraphEntry:
-    """One job shape of this queue, built into a CUDA graph and instantiated once."""
+    """One job shape of this queue, built into a CUDA graph and instantiated once; the
+    queue's graph cache (`CudaQueueActor._graphs`) is its one owner."""
 
     __slots__ = (
         "cmds",
@@ -121,14 +134,10 @@ class _GraphEntry:
         "nodes",
         "notify",
         "reports",
-        "script",
-        "serial",
         "value_nodes",
     )
 
-    def __init__(self, script: Script, translation: Translation) -> None:
-        self.script = script  # the op list it now runs (it may be updated)
-        self.serial = -1  # its key among the queue's graphs, once built
+    def __init__(self, translation: Translation) -> None:
         self.graph: Any = None
         self.exec: Any = None
         self.nodes: list[Any] = []
@@ -144,6 +153,22 @@ class _GraphEntry:
         # `notify`, and the signals to report.
         self.notify = translation.notify
         self.reports = translation.reports
+
+    def built(self, graph: Any, nodes: list[Any], graph_exec: Any) -> None:
+        """Its commands were built into `graph` (`nodes`, one per command) and
+        instantiated as `graph_exec`."""
+        self.graph, self.nodes, self.exec = graph, nodes, graph_exec
+
+    def runs(self, other: _GraphEntry) -> None:
+        """Its graph, its nodes updated to `other`'s commands (of the same shape), runs
+        `other`'s op list from now on: take `other`'s commands and bookkeeping, keeping
+        this graph, its nodes and its instance."""
+        self.cmds = other.cmds
+        self.value_nodes = other.value_nodes
+        self.host_waits = other.host_waits
+        self.items = other.items
+        self.notify = other.notify
+        self.reports = other.reports
 
 
 class CudaQueueActor(QueueActor):
@@ -172,8 +197,10 @@ class CudaQueueActor(QueueActor):
         self._host_jobs_done = 0  # counted on the trio thread
         self._faults: list[tuple[int, int, BaseException]] = []
         self._faults_lock = threading.Lock()
-        # The graphs built, by serial number, least recently used first; a Script keeps
-        # the one it was last run as (`_graph_entry`).
+        # The graphs built, by serial number, least recently used first: their one owner.
+        # A Script keeps the serial of the one it was last run as, or why it runs on the
+        # stream (OnStream; `_graph_entry`). A graph updated for another op list is filed
+        # under a new serial, so the serial an op list keeps names its graph or none.
         self._graphs: collections.OrderedDict[int, _GraphEntry] = collections.OrderedDict()
         self._serials = itertools.count()
         self.graph_min_items = int(
@@ -314,7 +341,7 @@ class CudaQueueActor(QueueActor):
         self.counted(job)
         observer = job.observer
         if observer is not None:
-            observer.clock = self.clock
+            observer.use_clock(self.clock)
         if self._refuse_lost(job):
             return
         if observer is None and self.use_graphs and self.mem_ops:
@@ -326,7 +353,7 @@ class CudaQueueActor(QueueActor):
                     return
                 # The driver would not take this job as a graph: the same commands go on
                 # the stream instead, and this op list is not offered as a graph again.
-                self._refuse(job.script)
+                job.script.keep(self, OnStream(f"the driver refused it as a graph: {exc}"))
                 self.graph_refusals += 1
                 entry = None
             if entry is not None:
@@ -358,13 +385,13 @@ class CudaQueueActor(QueueActor):
             return
         if index < 0:
             if at_start:
-                record.start = now
+                record.began(now)
             else:
-                record.end = now
+                record.finished(now)
         elif at_start:
             self._stamp_start = now
         else:
-            record.spans.append((index, self._stamp_start, now))
+            record.span(index, self._stamp_start, now)
 
     async def _stream_job(self, job: Job, profiled: bool = False) -> None:
         """Put a job's work on the stream command by command (eager work, short jobs):
@@ -499,31 +526,41 @@ class CudaQueueActor(QueueActor):
             return
         # Enqueue now: the event is only ours while its value is ahead of the mirror.
         self._flush(cmds)
-        event = owner._events[bisect.bisect_left(owner._event_values, target)]
+        event = owner.event_for(target)
         self.driver.set_context(self.context)
         self.driver.stream_wait_event(self.stream, event)
+
+    def event_for(self, value: int) -> Any:
+        """Event fallback: the event recorded on this queue's stream where its signal
+        reaches `value`, the first at or past it (one is enqueued: see `enqueued`)."""
+        return self._events[bisect.bisect_left(self._event_values, value)]
 
     # -- the fast path: a job as a CUDA graph --
 
     def _graph_entry(self, job: Job) -> _GraphEntry | None:
-        """The graph for this job's op list: the one its Script keeps for this queue (a
+        """The graph for this job's op list: the one its Script names for this queue (a
         replay with the same inputs and var values reuses its Scripts), else one of the
         same shape (new inputs: the nodes whose pointers or values changed are updated
         in place), else built. None: the op list runs on the stream (and its Script
-        keeps that answer)."""
+        keeps why)."""
         script = job.script
         if len(script.ops) < self.graph_min_items:
             return None
-        kept = script.kept(self)
-        if kept is _REFUSED:
+        kept: int | OnStream | None = script.kept(self)
+        if isinstance(kept, OnStream):
             return None
         graphs = self._graphs
-        if kept is not None and kept.script is script and kept.serial in graphs:
-            graphs.move_to_end(kept.serial)
-            return kept  # type: ignore[no-any-return]
+        if kept is not None:
+            entry = graphs.get(kept)
+            if entry is not None:
+                graphs.move_to_end(kept)
+                return entry
         entry = self._plan_graph(job)
         if entry is None:
-            self._refuse(script)
+            why = (
+                "its ops are not all graph nodes (a host step, a wait on no mapped word, few items)"
+            )
+            script.keep(self, OnStream(why))
             return None
         for serial, old in list(graphs.items()):
             if _same_shape(old.cmds, entry.cmds):
@@ -533,21 +570,20 @@ class CudaQueueActor(QueueActor):
                 except Exception:
                     self.driver.graph_destroy(old.graph, old.exec)  # half updated
                     raise
-                graphs[old.serial] = old
-                script.keep(self, old)
+                self._file(script, old)
                 return old
         self._build_graph(entry)
-        entry.serial = next(self._serials)
-        graphs[entry.serial] = entry
-        script.keep(self, entry)
+        self._file(script, entry)
         while len(graphs) > _GRAPH_CACHE:
             _, dropped = graphs.popitem(last=False)
             self.driver.graph_destroy(dropped.graph, dropped.exec)
         return entry
 
-    def _refuse(self, script: Script) -> None:
-        """The driver would not take `script`'s ops as a graph: they run on the stream."""
-        script.keep(self, _REFUSED)
+    def _file(self, script: Script, entry: _GraphEntry) -> None:
+        """Keep `entry` in the cache under a new serial, the one `script` keeps."""
+        serial = next(self._serials)
+        self._graphs[serial] = entry
+        script.keep(self, serial)
 
     def _plan_graph(self, job: Job) -> _GraphEntry | None:
         """Commands for a graph of this job, or None if it must run on the stream."""
@@ -561,7 +597,7 @@ class CudaQueueActor(QueueActor):
             return None
         if not translation.notify:
             translation.cmds.append((C.HOST, self._host_job_end))
-        return _GraphEntry(job.script, translation)
+        return _GraphEntry(translation)
 
     def _build_graph(self, entry: _GraphEntry) -> None:
         driver = self.driver
@@ -577,7 +613,7 @@ class CudaQueueActor(QueueActor):
         except Exception:
             driver.graph_destroy(graph, None)
             raise
-        entry.graph, entry.nodes, entry.exec = graph, nodes, graph_exec
+        entry.built(graph, nodes, graph_exec)
         self.graph_builds += 1
 
     def _update_graph(self, old: _GraphEntry, new: _GraphEntry) -> None:
@@ -590,13 +626,7 @@ class CudaQueueActor(QueueActor):
                 # Values are bound per replay (`_graph_job`): keep the node's current one.
                 now = cmds[i] = (now[0], now[1], was[2])
             C.update_node(driver, old.exec, old.nodes[i], self.context, was, now)
-        old.cmds = new.cmds
-        old.script = new.script
-        old.value_nodes = new.value_nodes
-        old.host_waits = new.host_waits
-        old.items = new.items
-        old.notify = new.notify
-        old.reports = new.reports
+        old.runs(new)
 
     async def _graph_job(self, job: Job, entry: _GraphEntry) -> None:
         bases, sub = job.bases, job.submission
@@ -675,7 +705,7 @@ def _host_word_writer(actor: CudaQueueActor, value: int) -> Callable[[], None]:
     """Event fallback: no stream writes, so the stream's host function writes the word."""
 
     def write() -> None:
-        actor.signal.word[0] = value
+        actor.signal.write_word(value)
 
     return write
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._extras import install_hint
 from ._driver import CopyKind, CudaError, DriverUnavailable
 
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -33,8 +34,7 @@ def real_driver() -> RealDriver:
         from cuda.bindings import nvrtc
     except ImportError as exc:
         raise DriverUnavailable(
-            f"cuda-python is not installed ({exc}); install the cuda extra: "
-            "pip install 'actorgraph[cuda]'"
+            f"cuda-python is not installed ({exc}); install the cuda extra: {install_hint('cuda')}"
         ) from exc
     try:
         result = cu.cuInit(0)
@@ -260,7 +260,7 @@ class RealDriver:
             raise CudaError(
                 "NVRTC_NOT_FOUND",
                 f"CUDA kernels are compiled with NVRTC, and its library was not found ({exc}); "
-                f"install it with: pip install 'actorgraph[cuda]' (or nvidia-cuda-nvrtc)",
+                f"install the cuda extra: {install_hint('cuda')} (or pip install nvidia-cuda-nvrtc)",
             ) from exc
         wanted = int(arch.removeprefix("sm_"))
         if wanted in known:

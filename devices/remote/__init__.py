@@ -16,19 +16,26 @@ The files:
     _device.py      RemoteDevice and RemoteQueue: lowering items to program entries
     _connection.py  the connection actor: batches, mirrored signals, reports
     _programs.py    op lists as programs a worker keeps; copies asked for ahead
-    _machine.py     compiled CPU programs shipped to a worker, and the CPU they need
     _transport.py   its socket: sending in order, the reader task, a caller's own reads
-    _handshake.py   the connecting side of the handshake (a client, or a worker linking):
-                    mutual, each MAC bound to the role, both nonces and its direction
-    _tls.py         TLS under a connection: contexts, and its handshakes and refusals
+    _sealed.py      TLS records sealed and opened in memory over the socket (TLSSocket)
     _clock.py       the worker's clock against the client's, for profiles
+    _fields.py      the field checks of wire.py, and decoding and encoding a message by
+                    its table
+
+and the public modules both sides use (the worker imports these, never a private one):
+
     wire.py         the protocol's messages, typed and versioned: one table of them
-    _fields.py      their field checks, and decoding and encoding a message by its table
     frames.py       frames over a socket: header, msgpack meta, raw tail
+    handshake.py    the connecting side of the handshake (a client, or a worker linking):
+                    mutual, each MAC bound to the role, both nonces and its direction
+    tls.py          TLS under a connection: contexts, and its handshakes and refusals
+    machine.py      compiled CPU programs shipped to a worker, the CPU they need, and
+                    the check both sides make before one runs
 
 and the worker's (actorgraph/worker/):
 
     _server.py      `actorgraph worker`: the server, accepting and routing connections
+    _listen.py      where it may listen, and in what (TLS beyond loopback)
     _handshake.py   the worker's side of the handshake
     _session.py     one client's state on a worker: buffers, programs, blobs, mirrors
     _batches.py     a client's batches: checked, posted or run where they arrive, reported
@@ -45,6 +52,10 @@ and the worker's (actorgraph/worker/):
 
 Jobs a worker holds on a wait, and runs on in the task that satisfies it, are the
 devices' own (devices/_inline.py).
+
+Every end that reads messages (the client's transport, the worker's server and session,
+a link's two ends) decodes a frame and hands the message to its handler in a table keyed
+by the message's type: one lookup per frame, and a type an end does not take is refused.
 
 How a replay runs
 -----------------
@@ -172,7 +183,7 @@ from ._connection import Connection as Connection
 from ._device import RemoteDevice as RemoteDevice
 from ._device import RemoteQueue as RemoteQueue
 from ._device import open_remote_devices as open_remote_devices
-from ._machine import MachineCode as MachineCode
-from ._machine import WorkerCPU as WorkerCPU
 from ._transport import RemoteConnectionError as RemoteConnectionError
 from ._transport import RemoteError as RemoteError
+from .machine import MachineCode as MachineCode
+from .machine import WorkerCPU as WorkerCPU

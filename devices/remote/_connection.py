@@ -24,10 +24,10 @@ from .._device import DeviceError
 from .._ops import Job
 from .._signal import Signal
 from ._clock import PINGS, ClockSample, PeerClock
-from ._machine import MachineCode, WorkerCPU, refusal
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
-from ._transport import Posted, RemoteConnectionError, RemoteError, Transport
+from ._transport import Handler, Posted, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
+from .machine import MachineCode, WorkerCPU, refusal
 from .wire import (
     DTYPES,
     DTYPES_TEXT,
@@ -91,6 +91,10 @@ class _Batch:
         # (host, port) of the workers whose waits the client relays for this batch: the
         # link from this batch's worker to them failed before they told it.
         self.relayed: set[tuple[str, int]] = set()
+
+    def watch(self, event: trio.Event) -> None:
+        """Set `event` when the batch ends or is relayed."""
+        self.watchers.append(event)
 
     def end(self) -> None:
         for event in self.watchers:
@@ -195,10 +199,16 @@ class Connection:
         """Buffer data that came to the client."""
         return self.transport.bytes_received
 
-    @property
-    def watchers(self) -> set[trio.Event]:
-        """Events set when this connection is lost."""
-        return self.transport.watchers
+    def watch(self, event: trio.Event) -> None:
+        """Set `event` when this connection is lost (until `unwatch`)."""
+        self.transport.watch(event)
+
+    def unwatch(self, event: trio.Event) -> None:
+        self.transport.unwatch(event)
+
+    def add_device(self, device: RemoteDevice) -> None:
+        """`device`, a device of this connection's worker, is served by it."""
+        self.devices.append(device)
 
     def ticket(self, handle: int) -> bytes:
         return self.transport.ticket(handle)
@@ -240,8 +250,9 @@ class Connection:
             return
         self._started = True
         self._nursery = nursery
-        self.transport.names = ", ".join(d.name for d in self.devices)
-        await self.transport.connect([d.inner for d in self.devices])
+        await self.transport.connect(
+            [d.inner for d in self.devices], ", ".join(d.name for d in self.devices)
+        )
         await self.transport.start(nursery)
 
     def close(self, error: RemoteConnectionError | None = None) -> None:
@@ -603,7 +614,7 @@ class Connection:
             raise self.error
         return time.perf_counter() - start
 
-    def _ponged(self, pong: Pong) -> None:
+    async def _ponged(self, pong: Pong, tail: int) -> None:
         back = time.perf_counter()
         ping = self._pings.pop(pong.ping, None)
         if ping is None:
@@ -612,7 +623,7 @@ class Connection:
         self.clock.add(ClockSample(sent, pong.received, pong.sent, back))
         answered.set()
 
-    def _timed(self, times: JobTimes) -> None:
+    async def _timed(self, times: JobTimes, tail: int) -> None:
         """A profiled batch's job as it ran on the worker: its times go on this host's
         clock, into the job's observer, before its Done ends it."""
         back = time.perf_counter()
@@ -635,35 +646,38 @@ class Connection:
 
     # -- reports from the worker --
 
-    async def report(self, message: Any, tail: int) -> None:
-        """Handle one message from the worker (other than a read's bytes)."""
-        kind = type(message)
-        if kind is Sig:
-            batch = self._batches.get(message.batch)
-            if batch is not None and message.slot in batch.jobs:
-                program = batch.jobs[message.slot][1]
-                program.queue.signal.set(batch.bases[message.slot] + message.rel)
-        elif kind is Done:
-            self._job_reported(message)
-        elif kind is JobTimes:
-            self._timed(message)
-        elif kind is Pong:
-            self._ponged(message)
-        elif kind is Relay:
-            # This worker's link to the worker at host:port failed while a job of the
-            # batch waited on it.
-            batch = self._batches.get(message.batch)
-            if batch is not None:
-                batch.relay((message.host, message.port))
-        elif kind is Error:
-            # Refusals of requests without an answer show up where they are used; a
-            # refused read ahead fails the copy waiting for it.
-            if message.request in ("getwhen", "watch"):
-                self.transport.refused_read(message.id, message.why)
-        else:
-            raise WireError(f"unexpected message {type(message).__name__} from the worker")
+    def handlers(self) -> dict[type, Handler]:
+        """Its handler of each type of report from the worker (the transport's table
+        holds these and its own, for a read's bytes)."""
+        return {
+            Sig: self._signalled,
+            Done: self._job_reported,
+            JobTimes: self._timed,
+            Pong: self._ponged,
+            Relay: self._relay_asked,
+            Error: self._refused,
+        }
 
-    def _job_reported(self, done: Done) -> None:
+    async def _signalled(self, sig: Sig, tail: int) -> None:
+        batch = self._batches.get(sig.batch)
+        if batch is not None and sig.slot in batch.jobs:
+            program = batch.jobs[sig.slot][1]
+            program.queue.signal.set(batch.bases[sig.slot] + sig.rel)
+
+    async def _relay_asked(self, relay: Relay, tail: int) -> None:
+        """This worker's link to the worker at host:port failed while a job of the batch
+        waited on it."""
+        batch = self._batches.get(relay.batch)
+        if batch is not None:
+            batch.relay((relay.host, relay.port))
+
+    async def _refused(self, error: Error, tail: int) -> None:
+        """Refusals of requests without an answer show up where they are used; a refused
+        read ahead fails the copy waiting for it."""
+        if error.request in ("getwhen", "watch"):
+            self.transport.refused_read(error.id, error.why)
+
+    async def _job_reported(self, done: Done, tail: int) -> None:
         batch = self._batches.get(done.batch)
         if batch is None or done.slot not in batch.jobs:
             raise WireError(f"worker reported a job it was not given: {[done.batch, done.slot]}")
@@ -715,11 +729,11 @@ def _source(signal: Signal) -> Connection:
 async def _until_either(batch: _Batch, sources: set[Connection]) -> None:
     """Wait until `batch` ends or is relayed, or one of `sources` is lost."""
     event = trio.Event()
-    batch.watchers.append(event)
+    batch.watch(event)
     for source in sources:
-        source.watchers.add(event)
+        source.watch(event)
     try:
         await event.wait()
     finally:
         for source in sources:
-            source.watchers.discard(event)
+            source.unwatch(event)

@@ -18,11 +18,12 @@ from actorgraph.scheduler import QueueKind
 
 from .._actor import QueueActor
 from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
+from .._kinds import DEVICE_KINDS
 from .._names import parse_remote_name
 from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, own_signal, run_op, wire_op
 from ._connection import Connection, RemoteMemory, flat_bytes
-from ._machine import MachineCode
 from ._programs import RemoteSignal
+from .machine import MachineCode
 from .wire import (
     CodeEntry,
     CopyEntry,
@@ -112,7 +113,7 @@ class RemoteQueue(QueueActor):
         only those reported to the client): a CPU device's queue, whose actor on the
         worker is the client's own (see _progress.py, TrackedSignal). A wait on it from
         another worker then travels between the two workers."""
-        return self.device.inner.startswith("CPU:")
+        return self.device.inner_kind.runs_host_kernels
 
     @property
     def busy(self) -> bool:
@@ -148,17 +149,21 @@ class RemoteDevice(Device):
         *,
         connection: Connection,
         inner: str,
+        inner_kind: type[Device] = Device,
         timeline_start: int = 0,
         **options: Any,
     ) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
         self.connection = connection
         self.inner = inner
+        # The kind of the worker's device, whose capabilities it has (Device: none of a
+        # kind this process does not know).
+        self.inner_kind = inner_kind
         self._remote_queues = {
             kind: RemoteQueue(self, kind, timeline_start)
             for kind in (QueueKind.COMPUTE, QueueKind.COPY)
         }
-        connection.devices.append(self)
+        connection.add_device(self)
 
     @property
     def queues(self) -> Mapping[QueueKind, RemoteQueue]:
@@ -213,10 +218,11 @@ class RemoteDevice(Device):
     def _code_entry(self, launch: LaunchRequest, code: MachineCode) -> CodeEntry:
         """A launch of shipped machine code: shipped first if the worker lacks it."""
         item, kernel, buffers, var_values, global_size, local_size, _ = launch
-        if not self.inner.startswith("CPU:"):
+        if not self.inner_kind.runs_host_kernels:
             raise DeviceError(
-                f"kernel {kernel.name!r} is machine code for a CPU, and {self.name} is not a "
-                f"CPU device of its worker; launch it on a CPU:N device of the worker"
+                f"kernel {kernel.name!r} is machine code for a CPU, and {self.name} does not "
+                f"run host kernels (it is not a CPU device of its worker); launch it on a "
+                f"CPU:N device of the worker"
             )
         if len(buffers) != code.buffers or len(var_values) != code.launch_values:
             raise DeviceError(
@@ -249,7 +255,7 @@ class RemoteDevice(Device):
             if dst_dev.connection is src_dev.connection:
                 return wire_op(CopyEntry(item, self._ref(dst), self._ref(src)), item)
         for far in (dst_dev, src_dev):
-            if isinstance(far, RemoteDevice) and far.inner.startswith("CUDA:"):
+            if isinstance(far, RemoteDevice) and not far.inner_kind.host_backed:
                 raise DeviceError(
                     f"copy {src.device}->{dst.device}: a copy between {far.name} and a device "
                     f"off its worker is not supported (its memory is GPU memory, and the "
@@ -303,9 +309,29 @@ class RemoteDevice(Device):
 
 
 def open_remote_devices(
-    names: Sequence[str], timeline_start: int = 0, **options: Any
+    names: Sequence[str],
+    timeline_start: int = 0,
+    *,
+    kinds: Mapping[str, type[Device]] = DEVICE_KINDS,
+    **options: Any,
 ) -> dict[str, Device]:
-    """Remote devices for `names`, one Connection per worker address."""
+    """Remote devices for `names`, one Connection per worker address (none connects
+    before the runtime starts it).
+
+    Args:
+        names: `KIND:N@HOST:PORT` device names.
+        timeline_start: the first value of each device's timeline and queues.
+        kinds: the device kinds by name (`CPU`, ...), whose capabilities a worker's
+            device of that kind has; one not there has none.
+        options: the options of open_runtime(...) the connections read
+            (`remote_token`, `remote_timeout`, `remote_tls_ca`, ...).
+
+    Returns:
+        The devices by name.
+
+    Raises:
+        DeviceError: a name that is not a remote device name.
+    """
     connections: dict[tuple[str, int], Connection] = {}
     out: dict[str, Device] = {}
     for name in names:
@@ -321,6 +347,7 @@ def open_remote_devices(
             index,
             connection=conn,
             inner=f"{kind}:{index}",
+            inner_kind=kinds.get(kind, Device),
             timeline_start=timeline_start,
             **options,
         )

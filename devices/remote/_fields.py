@@ -201,6 +201,8 @@ class Ref(NamedTuple):
 
 
 def ref(value: Any, what: str) -> Ref:
+    """The Ref `value` writes on the wire (see Ref), its fields checked in one pass;
+    raises WireError naming the field (`what`) and the rule it broke."""
     if type(value) is list and 3 <= len(value) <= 4:
         handle, offset, shape = value[:3]
         dtype = value[3] if len(value) == 4 else ""
@@ -209,16 +211,26 @@ def ref(value: Any, what: str) -> Ref:
             and 0 <= handle <= ID_MAX
             and type(offset) is int
             and 0 <= offset <= ID_MAX
-            and type(shape) is list
-            and len(shape) <= 8
+            and _is_shape(shape)
             and (dtype == "" or (type(dtype) is str and dtype in DTYPES))
         ):
-            for dim in shape:
-                if type(dim) is not int or not 0 <= dim <= ID_MAX:
-                    break
-            else:
-                return tuple.__new__(Ref, (handle, offset, tuple(shape), dtype))
-    # Something is wrong: say what.
+            return tuple.__new__(Ref, (handle, offset, tuple(shape), dtype))
+    return _checked_ref(value, what)
+
+
+def _is_shape(shape: Any) -> bool:
+    """Whether `shape` is a Ref's shape as the wire writes it: a list of at most 8 ids."""
+    if type(shape) is not list or len(shape) > 8:
+        return False
+    for dim in shape:
+        if type(dim) is not int or not 0 <= dim <= ID_MAX:
+            return False
+    return True
+
+
+def _checked_ref(value: Any, what: str) -> Ref:
+    """`ref` for a value its one pass refused: each field checked on its own, so the
+    WireError raised says which is wrong and why."""
     fields = want_list(value, what, 4, size=4 if type(value) is list and len(value) > 3 else 3)
     dims = want_list(fields[2], f"{what} shape", 8)
     dtype = fields[3] if len(fields) == 4 else ""

@@ -1,8 +1,9 @@
-"""What a connection makes of the op lists it is given, kept with them (`Script.keep`).
+"""What a connection makes of the op lists it is given.
 
 A worker's queue's op list is written as the entries of a Prog: a program the worker
-keeps (`Programs`), whose waits on another worker's queue that worker tells it of
-instead of the client. The client's signals the worker waits on are mirrored there, each
+keeps (`Programs`, the one owner of the programs a worker keeps; an op list's Script
+keeps only the id its ops were last sent under), whose waits on another worker's queue
+that worker tells it of instead of the client. The client's signals the worker waits on are mirrored there, each
 under an id (`Mirrors`). A client-local job's copies from the worker that follow a wait on
 one of its queues are asked for ahead (`PullsAhead`), so their bytes come with that
 signal's report. The design is described in actorgraph/devices/remote/__init__.py.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from .._device import DeviceError
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 EARLY_PULL_BYTES = 1 << 20  # larger copies from a worker are asked for when they run
 EARLY_BYTES = 64 << 20  # staging a connection holds at most for copies asked for ahead
 PROGRAM_CACHE = 256  # programs a worker keeps for a connection
-
-_SEEN_ONCE = "seen once"  # what a Script keeps when its ops were sent once, not kept
 
 
 class RemoteSignal(Signal):
@@ -115,7 +114,7 @@ class Mirrors:
             del self._moved[ext_id]
         return True
 
-    def due_of(self, mirrors: list[tuple[WaitOp, int]], ext: list[tuple[int, int]]) -> None:
+    def due_of(self, mirrors: Sequence[tuple[WaitOp, int]], ext: list[tuple[int, int]]) -> None:
         """Append to `ext` the values of `mirrors` (a program's: each wait on a mirrored
         signal, with its mirror id) not yet sent, each as (mirror id, value), and count
         them as sent."""
@@ -131,9 +130,21 @@ class Mirrors:
 class KeptProgram:
     """One queue's op list as the worker holds it (or holds it for one batch)."""
 
-    __slots__ = ("direct", "live", "mirrors", "own", "prog_id", "queue", "slot")
+    __slots__ = ("direct", "mirrors", "own", "prog_id", "queue", "slot")
 
-    def __init__(self, prog_id: int, ops: Sequence[Op], queue: RemoteQueue) -> None:
+    def __init__(
+        self,
+        prog_id: int,
+        ops: Sequence[Op],
+        queue: RemoteQueue,
+        mirrors: Sequence[tuple[WaitOp, int]],
+        direct: Set[tuple[int, int, int]],
+    ) -> None:
+        """The program `prog_id` of `queue`, written from `ops`: the client's signals it
+        waits on, as mirrored (`mirrors`: each wait on one, with its mirror id), and the
+        waits among them that another worker tells this one of directly (`direct`: base
+        slot, rel, id), which the client forwards only if it loses that worker. Raises
+        DeviceError for ops that do not end with their queue's own signal."""
         self.prog_id = prog_id
         self.queue = queue
         own = own_signal(ops)
@@ -141,17 +152,16 @@ class KeptProgram:
             raise DeviceError(f"{queue.name}: a queue's op list ends with its own signal")
         self.slot = own.slot
         self.own = own  # its last signal: where a job of it leaves its queue's signal
-        self.mirrors: list[tuple[WaitOp, int]] = []  # each wait on a mirror, and its id
-        # The waits a copy from another worker follows: that worker tells this one
-        # directly, so the client forwards them only if it loses that worker.
-        self.direct: set[tuple[int, int, int]] = set()  # base slot, rel, id
-        self.live = True  # the worker holds it (False once forgotten)
+        self.mirrors = tuple(mirrors)
+        self.direct = frozenset(direct)
 
 
 class Programs:
-    """The programs a connection's worker keeps: each defined by a Prog the first time a
-    kept op list comes, then named by id. An op list seen once (an eager item, a host
-    copy) is sent for its batch alone; one seen again (a graph's) is kept."""
+    """The programs a connection's worker keeps, by id, least recently used first, at
+    most PROGRAM_CACHE: each defined by a Prog, then named by id. An op list sent for the
+    first time (an eager item, a host copy) is sent for its batch alone; one sent again
+    (a graph's) is kept. Its Script keeps the id its ops were last sent under (`keep`),
+    which names a kept program as long as this cache holds one under it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
@@ -164,44 +174,48 @@ class Programs:
         """The program for `job`'s ops: kept, or defined now (its Prog, and the blobs of a
         host write ahead of it, appended to `parts`)."""
         script = job.script
-        kept = script.kept(self)
-        if isinstance(kept, KeptProgram) and kept.live:
+        sent: int | None = script.kept(self)  # the id its ops were last sent under
+        kept = None if sent is None else self._kept.get(sent)
+        if kept is not None:
             self._kept.move_to_end(kept.prog_id)
             return kept
         conn = self._connection
-        program = KeptProgram(conn.new_id(), job.ops, queue)
-        entries, one_shot = _Writer(conn, program, parts).entries(job.ops)
-        # Host writes carry their data: never kept, never remembered.
-        store = kept == _SEEN_ONCE and not one_shot
+        prog_id = conn.new_id()
+        writer = _Writer(conn, queue, parts)
+        entries, one_shot = writer.entries(job.ops)
+        program = KeptProgram(prog_id, job.ops, queue, writer.mirrors, writer.direct)
+        # Kept once sent again; host writes carry their data: never kept, never remembered.
+        store = sent is not None and not one_shot
         entries = [as_meta(entry) for entry in entries]  # each [kind, *fields], as Prog's are
         parts.append(
             encode(Prog(program.prog_id, queue.device.inner, entries, store, queue.kind.value))
         )
         if store:
-            script.keep(self, program)
             self._kept[program.prog_id] = program
             if len(self._kept) > PROGRAM_CACHE:
-                _, old = self._kept.popitem(last=False)
-                old.live = False
-                parts.append(encode(Forget(old.prog_id)))
-        elif not one_shot:
-            script.keep(self, _SEEN_ONCE)
+                forgotten, _ = self._kept.popitem(last=False)
+                parts.append(encode(Forget(forgotten)))
+        if not one_shot:
+            script.keep(self, program.prog_id)
         return program
 
 
 class _Writer(OpWalker):
-    """One op list written as a program's entries (`out`); `one_shot`: it is a host
-    write's (sent once); the blobs of a host write go to `parts`, ahead of it."""
+    """One op list of `queue` written as a program's entries (`out`), and what its waits
+    are (`mirrors`, `direct`: see KeptProgram); `one_shot`: it is a host write's (sent
+    once); the blobs of a host write go to `parts`, ahead of it."""
 
     taker = "a worker's program"
 
-    def __init__(self, connection: Connection, program: KeptProgram, parts: list[Any]) -> None:
-        super().__init__(f"{program.queue.name}'s program for its worker")
+    def __init__(self, connection: Connection, queue: RemoteQueue, parts: list[Any]) -> None:
+        super().__init__(f"{queue.name}'s program for its worker")
         self.connection = connection
-        self.program = program
+        self.queue = queue
         self.parts = parts
         self.out: list[Any] = []
         self.one_shot = False
+        self.mirrors: list[tuple[WaitOp, int]] = []
+        self.direct: set[tuple[int, int, int]] = set()
         # The waits of the item about to come (since the previous item or signal):
         # signal -> (base slot, value, mirror id)
         self.own_waits: dict[Signal, tuple[int, int, int]] = {}
@@ -226,7 +240,7 @@ class _Writer(OpWalker):
 
     def work(self, op: WorkOp, index: int) -> bool:
         if op.code != WIRE:
-            raise self.refuse(op, index, self.program.queue.op_codes)
+            raise self.refuse(op, index, self.queue.op_codes)
         self.out.append(self._item(op.entry))
         if op.blobs is not None:  # a host write: its data goes ahead of it
             self.one_shot = True
@@ -241,14 +255,14 @@ class _Writer(OpWalker):
         if local is not None and local.device.connection is conn:
             return LocalWaitEntry(local.device.inner, op.slot, op.rel, local.kind.value)
         ext_id = conn.mirrors.id_of(signal)
-        self.program.mirrors.append((op, ext_id))
+        self.mirrors.append((op, ext_id))
         self.own_waits[signal] = (op.slot, op.rel, ext_id)
         if local is not None and local.tells_peers:
             # A queue of another worker, which tells this one itself: the client
             # forwards this signal only if it loses that worker.
             source = local.device.connection
             watch = (source.host, source.port, source.session_id, local.key)
-            self.program.direct.add((op.slot, op.rel, ext_id))
+            self.direct.add((op.slot, op.rel, ext_id))
             return WaitEntry(ext_id, op.slot, op.rel, (*watch, source.watch_ticket(local.key)))
         return WaitEntry(ext_id, op.slot, op.rel)
 
@@ -258,7 +272,7 @@ class _Writer(OpWalker):
             return entry
         entry = _with_source_wait(entry, waits)
         if entry.follows is not None:
-            self.program.direct.add(entry.follows)
+            self.direct.add(entry.follows)
         return entry
 
 

@@ -1,7 +1,7 @@
 """The socket under a REMOTE connection: one TCP connection to one worker.
 
 A `Transport` is what a connection (`Connection`, _connection.py) sends and reads with:
-it connects (the handshake is _handshake.py's), sends frames in the order they were
+it connects (the handshake is handshake.py's), sends frames in the order they were
 queued, from the task that queues them when the socket takes them whole, else from its
 writer task, and reads the worker's frames in its reader task, except while a caller
 reads its own replay's end itself (`wait_done`): the reader task lends it the socket
@@ -15,8 +15,8 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import socket
 import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -24,10 +24,10 @@ import trio
 from .._device import DeviceError
 from .._ops import Job, Submission
 from .._signal import Doorbell
-from ._handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
-from ._machine import WorkerCPU
-from ._tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .frames import ConnectionLostError, Frame, FrameStream, encode, no_delay, plain_socket
+from .handshake import HandshakeRefused, TokenRequired, WorkerUnproven, greet
+from .machine import WorkerCPU
+from .tls import TLSSetupError, client_context, connect_tls, handshake_failure
 from .wire import (
     CHUNK,
     Data,
@@ -81,14 +81,20 @@ class _Mirrored:
 Posted = tuple[Job, Any]
 
 
+# What handles one type of message from the worker: the message, and the bytes of its
+# frame's tail (only a read's bytes have any, and its handler reads them).
+Handler = Callable[[Any, int], Awaitable[None]]
+
+
 class TransportOwner(Protocol):
     """What a Transport's owner (a Connection) does with what goes through it."""
 
     def encode_batch(self, group: list[Posted], parts: list[bytes | memoryview]) -> None:
         """Encode one submission's posted jobs for this worker as one batch."""
 
-    async def report(self, message: Any, tail: int) -> None:
-        """Handle a message from the worker that is not a read's bytes."""
+    def handlers(self) -> Mapping[type, Handler]:
+        """Its handler of each type of message it takes from the worker: every one but a
+        read's bytes (`Data`), which land here."""
 
     def lost(self, error: RemoteConnectionError, unsent: list[Posted]) -> None:
         """The connection is lost: fail what is in flight, and the jobs never sent."""
@@ -122,6 +128,8 @@ def _tls_from(options: dict[str, Any]) -> ssl.SSLContext | None:
 
 
 class Read:
+    """Bytes asked of the worker, landing in `view`: done once all are in, or failed."""
+
     __slots__ = ("done", "error", "left", "staged", "view")
 
     def __init__(self, view: memoryview, staged: bool) -> None:
@@ -130,6 +138,19 @@ class Read:
         self.left = len(view)
         self.done = trio.Event()
         self.error: BaseException | None = None
+
+    def landed(self, nbytes: int) -> bool:
+        """`nbytes` more of its bytes are in: whether that is all of them (it is done)."""
+        self.left -= nbytes
+        if self.left > 0:
+            return False
+        self.done.set()
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        """It fails with `error`: done now, its bytes never all in."""
+        self.error = error
+        self.done.set()
 
 
 class Transport:
@@ -143,6 +164,8 @@ class Transport:
         self, host: str, port: int, options: dict[str, Any], owner: TransportOwner
     ) -> None:
         self.owner = owner
+        # What each type of message from the worker goes to: one lookup per frame.
+        self._handlers: dict[type, Handler] = {**owner.handlers(), Data: self._land}
         self.host = host
         self.port = port
         self.address = f"{host}:{port}"
@@ -180,7 +203,7 @@ class Transport:
         self.frames_received = 0
         self.sends = 0  # sends on the socket: the messages this client sent the worker
         self._held = 0  # hold_sends() not yet released: frames wait for release_sends()
-        self.names = ""  # the devices it serves, for errors (set by its owner)
+        self.names = ""  # the devices it serves, for errors (given to `connect`)
         # What flush() could not send whole: the writer sends it before anything else.
         self._unsent: tuple[list[bytes | memoryview], list[Frame]] | None = None
 
@@ -206,6 +229,13 @@ class Transport:
         """Bulk data goes in frames no larger than this side or the worker accepts."""
         return max(1, min(CHUNK, self.limits.max_tail))
 
+    def watch(self, event: trio.Event) -> None:
+        """Set `event` when this connection is lost (until `unwatch`)."""
+        self.watchers.add(event)
+
+    def unwatch(self, event: trio.Event) -> None:
+        self.watchers.discard(event)
+
     def ticket(self, handle: int) -> bytes:
         return read_ticket(self._key, handle)
 
@@ -214,9 +244,11 @@ class Transport:
 
     # -- connecting --
 
-    async def connect(self, devices: list[str]) -> None:
+    async def connect(self, devices: list[str], names: str = "") -> None:
         """Open the connection and answer the worker's handshake for `devices` (its names
-        of them); a RemoteConnectionError says why it could not be done."""
+        of them; `names`: the client's, which errors name); a RemoteConnectionError says
+        why it could not be done."""
+        self.names = names
         try:
             with trio.fail_after(self._timeout):
                 await self._handshake(devices)
@@ -303,13 +335,14 @@ class Transport:
             await stream.sock.connect((self.host, self.port))
             no_delay(stream.sock)
             return stream
-        sock = self._socket = trio.socket.socket(family, trio.socket.SOCK_STREAM)
+        raw = plain_socket(family)
+        sock = self._socket = trio.socket.from_stdlib_socket(raw)
         await sock.connect((self.host, self.port))
         no_delay(sock)
         self._stage = "TLS handshake"
         try:
-            tls = await connect_tls(sock, self._tls, self.host)
-        except (ssl.SSLError, trio.BrokenResourceError) as exc:
+            tls = await connect_tls(raw, self._tls, self.host)
+        except ssl.SSLError as exc:
             raise RemoteError(handshake_failure(exc)) from None
         self._stream = FrameStream(tls, self.limits)
         return self._stream
@@ -373,8 +406,7 @@ class Transport:
         """The worker refused the read `read_id` (a GetWhen or a Watch): it fails."""
         read = self._reads.pop(read_id, None)
         if read is not None:
-            read.error = RemoteError(f"worker {self.address} refused a read: {why}")
-            read.done.set()
+            read.fail(RemoteError(f"worker {self.address} refused a read: {why}"))
 
     def check(self) -> None:
         self.probe()
@@ -420,7 +452,7 @@ class Transport:
         except OSError as exc:
             self.lose(exc)
             sent = len(data)
-        if sent < len(data):
+        if sent < len(data) or stream.backlog:
             self._unsent = ([memoryview(data)[sent:]], frames)
             self._doorbell.ring()
             return
@@ -428,9 +460,7 @@ class Transport:
 
     def _frames_sent(self, frames: list[Frame]) -> None:
         for frame in frames:
-            frame.error = self.error
-            if frame.sent is not None:
-                frame.sent.set()
+            frame.went(self.error)
 
     def _take_pending(self) -> tuple[list[bytes | memoryview], list[Frame]]:
         """Encode what is queued, in order: each submission's jobs as one batch."""
@@ -526,16 +556,8 @@ class Transport:
         the scheduler less per replay). Frames that carry bytes are left to the reader
         task, which gets the socket back when this returns (or is cancelled)."""
         done = sub.done
-        stream = self._stream
         self._coming = False
-        if (
-            done.is_set()
-            or self._driver is not None
-            or self._loop_state == _BUSY
-            or self.error is not None
-            or stream is None
-            or stream.raw is None
-        ):
+        if done.is_set() or not self._may_read_here():
             self._wake_reader()
             await done.wait()
             return
@@ -546,9 +568,42 @@ class Transport:
             self._loop_scope.cancel()
             self._loop_state = _LENT
         self._driver = trio.lowlevel.current_task()
-        sub.interrupt = self._interrupt
+        sub.read_by(self._interrupt)
         self._lent_idle = False
         idle = False
+        try:
+            idle = await self._read_until(done)
+        finally:
+            sub.read_by(None)
+            self._driver = None
+            if idle:
+                # Nothing else in flight: the reader task stays lent, not woken (a trip
+                # through the scheduler per replay), until something goes out or a call
+                # looks at the connection (`probe`: a worker lost meanwhile is found).
+                self._lent_idle = True
+            elif self._handback is not None:
+                self._handback.set()  # the reader task reads again
+        if not done.is_set():
+            await done.wait()
+
+    def _may_read_here(self) -> bool:
+        """Whether a caller may read the worker's frames itself now: nobody else does or
+        is handling one, and the connection is up."""
+        stream = self._stream
+        return (
+            self._driver is None
+            and self._loop_state != _BUSY
+            and self.error is None
+            and stream is not None
+            and stream.raw is not None
+        )
+
+    async def _read_until(self, done: trio.Event) -> bool:
+        """Read frames in this task until `done` is set, or until bytes for a read come
+        (the reader task takes those) or the connection is lost. Return whether the
+        connection is idle once it is done (nothing else for the reader task to read)."""
+        stream = self._stream
+        assert stream is not None  # _may_read_here said so
         try:
             while not done.is_set():
                 frame = stream.next_frame(tails=False)
@@ -560,22 +615,11 @@ class Transport:
                     await stream.wait_more()
         except _LOST as exc:
             self.lose(exc)
-        else:
-            if done.is_set():
-                self.ends_read_by_callers += 1
-                idle = self._idle()
-        finally:
-            sub.interrupt = None
-            self._driver = None
-            if idle:
-                # Nothing else in flight: the reader task stays lent, not woken (a trip
-                # through the scheduler per replay), until something goes out or a call
-                # looks at the connection (`probe`: a worker lost meanwhile is found).
-                self._lent_idle = True
-            elif self._handback is not None:
-                self._handback.set()  # the reader task reads again
-        if not done.is_set():
-            await done.wait()
+            return False
+        if done.is_set():
+            self.ends_read_by_callers += 1
+            return self._idle()
+        return False
 
     def coming(self) -> None:
         """A caller is about to submit a replay and read its end itself (wait_done):
@@ -617,11 +661,10 @@ class Transport:
         if not self._lent_idle and (self._loop_state != _WAITING or self._driver is not None):
             return
         stream = self._stream
-        raw = stream.raw if stream is not None else None
-        if raw is None:
+        if stream is None or stream.raw is None:
             return
         try:
-            data = raw.recv(1, socket.MSG_PEEK)
+            data = stream.peek()
         except BlockingIOError:
             return
         except OSError as exc:
@@ -641,10 +684,10 @@ class Transport:
         """One frame from the worker: a read's bytes land here, the rest is the owner's."""
         self.frames_received += 1
         message = decode(meta)
-        if type(message) is Data:
-            await self._land(message, tail)
-        else:
-            await self.owner.report(message, tail)
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise WireError(f"unexpected message {meta[0]!r} from the worker")
+        await handler(message, tail)
 
     async def _land(self, data: Data, tail: int) -> None:
         read = self._reads.get(data.read)
@@ -655,8 +698,10 @@ class Transport:
             return
         offset = data.offset
         if data.error is not None:
-            read.error = RemoteError(f"worker {self.address} could not read: {data.error}")
-        elif offset + tail > len(read.view):
+            del self._reads[data.read]
+            read.fail(RemoteError(f"worker {self.address} could not read: {data.error}"))
+            return
+        if offset + tail > len(read.view):
             raise WireError(
                 f"worker sent {tail} bytes at {offset} for a {len(read.view)}-byte read"
             )
@@ -669,12 +714,9 @@ class Transport:
             read.view[offset : offset + tail] = memoryview(self._staging)[:tail]
         else:
             await stream.receive_into(read.view[offset : offset + tail])
-        if data.error is None:
-            read.left -= tail
-            self.bytes_received += tail
-        if read.left <= 0 or read.error is not None:
+        self.bytes_received += tail
+        if read.landed(tail):
             del self._reads[data.read]
-            read.done.set()
 
     # -- the end --
 
@@ -698,9 +740,7 @@ class Transport:
             if type(entry) is tuple:
                 unsent.append(entry)
             elif type(entry) is Frame:
-                entry.error = error
-                if entry.sent is not None:
-                    entry.sent.set()
+                entry.went(error)
         if self._unsent is not None:
             self._frames_sent(self._unsent[1])
             self._unsent = None
@@ -708,7 +748,6 @@ class Transport:
         for event in self.watchers:
             event.set()
         for read in self._reads.values():
-            read.error = error
-            read.done.set()
+            read.fail(error)
         self._reads.clear()
         self._doorbell.ring()

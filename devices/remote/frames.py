@@ -10,8 +10,9 @@ Both lengths are checked against `Limits` before a byte of the body is read, so 
 oversized frame costs the receiver nothing, and a frame of another protocol version is
 refused at its header. What a meta part may hold is the wire module's (wire.py: typed
 messages, each field checked); this one moves them. `decode_frame` is pure, so it can
-be fuzzed on its own. TLS goes under `FrameStream`: it reads and writes one socket, or
-one trio stream (a `trio.SSLStream`), and nothing above it does.
+be fuzzed on its own. TLS goes under `FrameStream`: it reads and writes one socket,
+plain or through a `TLSSocket` (_sealed.py: records sealed and opened in memory, with a
+plain socket's calls), and nothing above it does.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 import trio
 
+from ._sealed import READ as _TLS_READ
+from ._sealed import TLSSocket
 from .wire import VERSION, Limits, WireError, as_meta
 
 MAGIC = b"AG"
@@ -32,8 +35,7 @@ HEADER = struct.Struct(">2sHIQ")
 
 _READ = 1 << 16  # the most a read for a frame's header and meta asks for at once
 _SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
-_STREAM_READ = 1 << 18  # the most a read of a trio stream (TLS) asks for at once
-_STREAM_WRITE = 1 << 16  # the most a write to a trio stream (TLS) hands it at once
+_TLS_SMALL_READ = 1 << 15  # what a TLS read asks of the socket while frames are small
 
 
 class ConnectionLostError(ConnectionError):
@@ -109,34 +111,34 @@ def decode_frame(data: bytes, limits: Limits) -> tuple[list[Any], bytes]:
 
 
 class FrameStream:
-    """Frames over one connected socket, or one trio stream. One reader task and one
-    writer at a time.
+    """Frames over one connected socket. One reader task and one writer at a time.
 
-    Given a plain (stdlib) socket, it reads and writes it directly, non-blocking, and
-    waits on trio only when the socket has nothing to read or no room to write: a frame
-    that is already there costs no trip through trio's scheduler, and `send_nowait` lets
-    a task send a small frame at once, without a writer task. A trio stream (a
-    `trio.SSLStream` for TLS) or a trio socket (tests that speak the raw protocol) goes
-    through trio's own methods: `raw` is None, so its users send by a writer task and
-    never cancel a read (a TLS stream cancelled in a read is broken).
+    Given a plain (stdlib) socket, or a `TLSSocket` over one, it reads and writes it
+    directly, non-blocking, and waits on trio only when the socket has nothing to read
+    or no room to write: a frame that is already there costs no trip through trio's
+    scheduler, and `send_nowait` lets a task send a small frame at once, without a
+    writer task; a read waiting for bytes may be cancelled, losing nothing. A trio
+    socket (tests that speak the raw protocol) goes through trio's own methods: `raw` is
+    None, so its users send by a writer task.
     """
 
     def __init__(
-        self, sock: trio.socket.SocketType | socket.socket | trio.abc.Stream, limits: Limits
+        self,
+        sock: trio.socket.SocketType | socket.socket | TLSSocket,
+        limits: Limits,
     ) -> None:
-        self.raw: socket.socket | None = None
-        self.tls = isinstance(sock, trio.SSLStream)
+        self.raw: socket.socket | TLSSocket | None = None
+        self._tls: TLSSocket | None = None
+        if isinstance(sock, TLSSocket):
+            self.raw = self._tls = sock
+            sock = sock.socket
         if isinstance(sock, socket.socket):
-            self.raw = sock
+            self.raw = self.raw or sock
             sock = trio.socket.from_stdlib_socket(sock)
-        if isinstance(sock, trio.abc.Stream):
-            self._stream: trio.abc.Stream | None = sock
-            self.sock: trio.socket.SocketType = _socket_under(sock)
-        else:
-            self._stream = None
-            self.sock = sock
+        self.sock: trio.socket.SocketType = sock
         self.limits = limits
         self._chunk = _chunk_for(limits)  # the most a read for a frame's head asks for
+        self._read_at_most(limits)
         self._buf = bytearray()
         self._pos = 0
         self._eager = 0  # reads in a row that found data waiting: see _recv
@@ -144,8 +146,6 @@ class FrameStream:
     async def _recv(self, n: int) -> bytes | bytearray:
         raw = self.raw
         if raw is None:
-            if self._stream is not None:
-                return await self._stream.receive_some(n)
             return await self.sock.recv(n)
         while True:
             try:
@@ -161,14 +161,21 @@ class FrameStream:
                 await trio.lowlevel.checkpoint()
             return chunk
 
+    @property
+    def tls(self) -> bool:
+        """Whether the connection speaks TLS."""
+        return self._tls is not None
+
+    def _read_at_most(self, limits: Limits) -> None:
+        """A TLS read asks the socket for little while frames are small (a handshake's:
+        what a stranger sends is not taken in bulk), else for a lot at once."""
+        if self._tls is not None:
+            small = limits.max_meta + limits.max_tail < _TLS_READ
+            self._tls.read_at_most(_TLS_SMALL_READ if small else _TLS_READ)
+
     async def _recv_into(self, view: memoryview) -> int:
         raw = self.raw
         if raw is None:
-            if self._stream is not None:
-                # At most a few TLS records at a time: a read allocates what it asks for.
-                data = await self._stream.receive_some(min(len(view), _STREAM_READ))
-                view[: len(data)] = data
-                return len(data)
             return await self.sock.recv_into(view, len(view))
         while True:
             try:
@@ -193,10 +200,12 @@ class FrameStream:
         own limits again."""
         kept = self.limits
         self.limits, self._chunk = limits, _chunk_for(limits)
+        self._read_at_most(limits)
         try:
             yield
         finally:
             self.limits, self._chunk = kept, _chunk_for(kept)
+            self._read_at_most(kept)
 
     def _take(self, n: int) -> bytes:
         out = bytes(self._buf[self._pos : self._pos + n])
@@ -205,8 +214,10 @@ class FrameStream:
 
     @property
     def buffered(self) -> int:
-        """Bytes received and not yet taken: another frame may be waiting in them."""
-        return len(self._buf) - self._pos
+        """Bytes received and not yet taken: another frame may be waiting in them (TLS:
+        records received and not yet opened count too)."""
+        opened = len(self._buf) - self._pos
+        return opened if self._tls is None else opened + self._tls.pending
 
     async def receive(self) -> tuple[list[Any], int]:
         """The next message, and the length of its tail (read it with receive_into/skip)."""
@@ -242,8 +253,7 @@ class FrameStream:
 
     async def wait_more(self) -> None:
         """Receive at least one more byte into the buffer (next_frame takes frames from
-        it). Cancelling it loses nothing on a plain socket: bytes received are kept (a
-        TLS stream cancelled here is broken: its users never cancel it)."""
+        it). Cancelling it loses nothing: bytes received are kept."""
         raw = self.raw
         if self._pos:
             del self._buf[: self._pos]
@@ -292,14 +302,31 @@ class FrameStream:
             n -= step
 
     def send_nowait(self, data: bytes | memoryview) -> int:
-        """Send what the socket takes of `data` now, without waiting: the count sent (0
-        when it has no room). Only on a plain socket, and only while no send is under way
-        (the caller keeps frames in order). A broken connection raises OSError."""
+        """Send what the socket takes of `data` now, without waiting: the count taken (0
+        when it has no room). Over TLS, what was taken may still be partly in `backlog`,
+        which the next `send` (even of nothing) finishes. Only on a stdlib socket (`raw`),
+        and only while no send is under way (the caller keeps frames in order). A broken
+        connection raises OSError."""
         assert self.raw is not None  # callers check `raw`
         try:
             return self.raw.send(data)
         except BlockingIOError:
             return 0
+
+    @property
+    def backlog(self) -> int:
+        """Bytes taken by a send over TLS and not yet on the wire (0 without TLS)."""
+        return 0 if self._tls is None else self._tls.backlog
+
+    def peek(self) -> bytes:
+        """Without waiting or taking anything: a byte of what was received and not read,
+        b"" if the other side closed the connection. Raises BlockingIOError when nothing
+        came, OSError if it broke. Only on a stdlib socket (`raw`)."""
+        raw = self.raw
+        if isinstance(raw, TLSSocket):
+            return raw.peek()
+        assert raw is not None  # callers check `raw`
+        return raw.recv(1, socket.MSG_PEEK)
 
     async def send(self, parts: Sequence[bytes | memoryview]) -> None:
         """Send frames (headers, metas and tails, in order): small parts go in one syscall."""
@@ -318,12 +345,6 @@ class FrameStream:
     async def _send_all(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         raw = self.raw
-        if raw is None and self._stream is not None:
-            # In pieces: TLS encrypts what it is given into memory before sending any of
-            # it, which for one large tail is slow (and holds a second copy of it).
-            for off in range(0, len(view), _STREAM_WRITE):
-                await self._stream.send_all(view[off : off + _STREAM_WRITE])
-            return
         while view:
             if raw is None:
                 sent = await self.sock.send(view)
@@ -334,6 +355,12 @@ class FrameStream:
                     await trio.lowlevel.wait_writable(raw)
                     continue
             view = view[sent:]
+        tls = self._tls
+        while tls is not None and tls.backlog:
+            try:
+                tls.flush()
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(tls)
 
     def close(self) -> None:
         """Close the connection at once (no TLS goodbye): a task reading or writing it
@@ -344,15 +371,6 @@ class FrameStream:
 def _chunk_for(limits: Limits) -> int:
     """How much a read for a frame's header and meta asks for under `limits`."""
     return min(_READ, HEADER.size + limits.max_meta)
-
-
-def _socket_under(stream: trio.abc.Stream) -> trio.socket.SocketType:
-    """The socket a trio stream (a SocketStream, or a TLS stream over one) runs on."""
-    while isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    if not isinstance(stream, trio.SocketStream):
-        raise TypeError(f"a FrameStream runs on a socket, got {type(stream).__name__}")
-    return stream.socket
 
 
 def plain_socket(family: int = socket.AF_INET) -> socket.socket:
@@ -368,9 +386,18 @@ def no_delay(sock: socket.socket | trio.socket.SocketType) -> None:
 
 
 class Frame:
+    """Parts to send as they are, in order; `sent` is set once they went (or never will:
+    `error` says why)."""
+
     __slots__ = ("error", "parts", "sent")
 
     def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
         self.parts = parts
         self.sent = sent
         self.error: BaseException | None = None
+
+    def went(self, error: BaseException | None) -> None:
+        """It was sent (`error` None), or never will be (the connection's error)."""
+        self.error = error
+        if self.sent is not None:
+            self.sent.set()

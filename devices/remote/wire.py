@@ -202,7 +202,7 @@ _TICKET = blob(32)
 _EXT = pairs
 
 
-# The handshake (see devices/remote/_handshake.py). The connecting side (a client, or a
+# The handshake (see devices/remote/handshake.py). The connecting side (a client, or a
 # worker opening a link) says Hello (its role and its nonce) and the worker its Challenge
 # (its nonce, and whether it needs a token), each at once; the connecting side answers
 # with Auth (its MAC, `handshake_mac`, and a client's devices); the worker says Welcome

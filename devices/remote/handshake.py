@@ -15,10 +15,11 @@ does not open a worker-to-worker link; and the worker's proof is no answer. A st
 posing as a worker cannot make the proof: the client refuses it. What the token does
 not do is hide or seal what follows the handshake: a relay that passes a whole
 connection on, byte for byte, sees and can change it. TLS under the stream does that
-(the worker's certificate, checked against the client's CA: _tls.py).
+(the worker's certificate, checked against the client's CA: tls.py).
 
-`greet` is this exchange on a stream already open; the worker's side is
-actorgraph/worker/_handshake.py.
+`greet` is this exchange on a stream already open, for both connecting sides: a client
+(devices/remote/_transport.py) and a worker linking to another (actorgraph/worker/
+_peers.py). The worker's side is actorgraph/worker/_handshake.py.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from .wire import (
     handshake_mac,
 )
 
+__all__ = ["HandshakeRefused", "TokenRequired", "WorkerUnproven", "greet"]
+
 
 class HandshakeRefused(Exception):
     """The worker answered the handshake with an Error: its reason is the message."""
@@ -57,12 +60,26 @@ class WorkerUnproven(Exception):
 
 
 async def greet(stream: FrameStream, token: bytes | None, role: str, devices: list[str]) -> Welcome:
-    """Say hello as `role` ("client" or "peer"), answer the worker's challenge naming
-    `devices` (a client's; a peer names none), check the worker's proof when this side
-    holds a token; return its Welcome. Raises HandshakeRefused with the worker's reason,
-    TokenRequired, WorkerUnproven, or WireError when what answers does not speak this
-    protocol. The worker's frames are read with the handshake's small limits until it
-    has proved the token."""
+    """The connecting side's handshake: say hello, answer the worker's challenge, and
+    check the worker's proof when this side holds a token. The worker's frames are read
+    with the handshake's small limits until it has proved the token.
+
+    Args:
+        stream: the connection, open (and under TLS where it speaks it).
+        token: the shared token of the role, or None without one.
+        role: "client", or "peer" for a worker linking to another.
+        devices: the worker's devices a client uses (`CPU:0`, ...); a peer names none.
+
+    Returns:
+        The worker's Welcome (its session, limits, CPU and proof).
+
+    Raises:
+        HandshakeRefused: the worker refused; the message is its reason.
+        TokenRequired: the worker needs a token and `token` is None.
+        WorkerUnproven: this side holds a token and what answered could not prove it
+            holds it too.
+        WireError: what answered does not speak this protocol (or this version of it).
+    """
     with stream.limited(HANDSHAKE_LIMITS):
         return await _greet(stream, token, role, devices)
 

@@ -1,4 +1,5 @@
-"""TLS under REMOTE connections: the standard library's `ssl` with `trio.SSLStream`.
+"""TLS under REMOTE connections: the standard library's `ssl`, its records sealed and
+opened in memory under our own transport (_sealed.py's `TLSSocket`).
 
 A worker started with a certificate and its key (`actorgraph worker --tls-cert F
 --tls-key F`) speaks TLS on every connection it accepts; a client reaches it with
@@ -6,12 +7,16 @@ A worker started with a certificate and its key (`actorgraph worker --tls-cert F
 that its certificate is checked against, host name included. A worker with a
 certificate links to other workers over TLS as well, checking theirs against its
 `--tls-ca` (by default its own certificate: workers that share one). The token is
-checked as well, inside TLS (_handshake.py): TLS says the worker is the one the CA
+checked as well, inside TLS (handshake.py): TLS says the worker is the one the CA
 names and keeps the bytes private and whole; the token says who may use it.
 
 The connecting side speaks first (its hello), so a client that does not speak TLS
 meets a TLS worker's clear refusal (`PLAIN_REFUSED`), and a TLS client a plain worker's
 first frame in place of the TLS handshake (`handshake_failure` says so).
+
+Both ends use this module: a client (devices/remote/_transport.py) and a worker linking
+to another (actorgraph/worker/_peers.py) connect with `client_context` and `connect_tls`;
+a worker accepts with `server_context`, `speaks_plain` and `accept_tls`.
 """
 
 from __future__ import annotations
@@ -23,8 +28,22 @@ from typing import Any
 
 import trio
 
+from ._sealed import TLSSocket
 from .frames import MAGIC
 
+__all__ = [
+    "PLAIN_REFUSED",
+    "TLS_HANDSHAKE_TIMEOUT_S",
+    "TLSSetupError",
+    "accept_tls",
+    "client_context",
+    "connect_tls",
+    "handshake_failure",
+    "server_context",
+    "speaks_plain",
+]
+
+# How long a worker gives a connection to finish the TLS handshake, in seconds.
 TLS_HANDSHAKE_TIMEOUT_S = 30
 
 
@@ -33,8 +52,21 @@ class TLSSetupError(ValueError):
 
 
 def client_context(ca_file: Any, what: str) -> ssl.SSLContext:
-    """A context that checks a worker's certificate against the CA in `ca_file` (and
-    that it names the host connected to). `what` names the option, for errors."""
+    """A connecting side's context: it checks a worker's certificate against a CA, and
+    that the certificate names the host connected to.
+
+    Args:
+        ca_file: the PEM file (a path) of the CA that signed the workers' certificates,
+            or a worker's self-signed certificate itself.
+        what: the option `ca_file` came from (`remote_tls_ca`, `--tls-ca`), for errors.
+
+    Returns:
+        The context, TLS 1.2 at least, for `connect_tls`.
+
+    Raises:
+        TLSSetupError: `ca_file` is not a path, names no file, or holds no CA
+            certificate that loads; the message names `what` and the file.
+    """
     path = _existing(ca_file, what)
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -51,7 +83,19 @@ def client_context(ca_file: Any, what: str) -> ssl.SSLContext:
 
 
 def server_context(cert_file: Any, key_file: Any) -> ssl.SSLContext:
-    """A worker's context: its certificate chain and key."""
+    """A worker's context, for `accept_tls`: its certificate chain and key.
+
+    Args:
+        cert_file: the PEM certificate (chain) the worker shows (`--tls-cert`).
+        key_file: the PEM private key that goes with it (`--tls-key`).
+
+    Returns:
+        The context, TLS 1.2 at least.
+
+    Raises:
+        TLSSetupError: a path that is not one or names no file, or a certificate and
+            key that cannot be loaded together; the message names the flags.
+    """
     cert = _existing(cert_file, "--tls-cert")
     key = _existing(key_file, "--tls-key")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -78,29 +122,57 @@ def _existing(path: Any, what: str) -> str:
     return name
 
 
-async def connect_tls(
-    sock: trio.socket.SocketType, context: ssl.SSLContext, host: str
-) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over a connected socket, its handshake done (the worker's certificate checked
-    against `context`'s CA, for `host`). Raises ssl.SSLError or trio.BrokenResourceError
-    (see `handshake_failure`)."""
-    stream = trio.SSLStream(trio.SocketStream(sock), context, server_hostname=host)
-    await stream.do_handshake()
-    return stream
+async def connect_tls(sock: socket.socket, context: ssl.SSLContext, host: str) -> TLSSocket:
+    """TLS over a connected non-blocking socket, its handshake done.
+
+    Args:
+        sock: a non-blocking socket connected to the worker.
+        context: from `client_context`: the worker's certificate is checked against it.
+        host: the host connected to, which the certificate must name.
+
+    Returns:
+        The TLS socket, ready for frames.
+
+    Raises:
+        ssl.SSLError, OSError: the handshake failed; `handshake_failure` says why, with
+            the fix.
+    """
+    tls = TLSSocket(sock, context, server_side=False, server_hostname=host)
+    await tls.handshake()
+    return tls
 
 
-async def accept_tls(
-    sock: trio.socket.SocketType, context: ssl.SSLContext
-) -> trio.SSLStream[trio.SocketStream]:
-    """TLS over an accepted socket, its handshake done."""
-    stream = trio.SSLStream(trio.SocketStream(sock), context, server_side=True)
-    await stream.do_handshake()
-    return stream
+async def accept_tls(sock: socket.socket, context: ssl.SSLContext) -> TLSSocket:
+    """TLS over an accepted non-blocking socket, its handshake done.
+
+    Args:
+        sock: a non-blocking socket a worker accepted.
+        context: from `server_context`.
+
+    Returns:
+        The TLS socket, ready for frames.
+
+    Raises:
+        ssl.SSLError, OSError: the connecting side's handshake failed.
+    """
+    tls = TLSSocket(sock, context, server_side=True)
+    await tls.handshake()
+    return tls
 
 
 async def speaks_plain(sock: trio.socket.SocketType) -> bool:
     """Whether what connected to a TLS worker sent an actorgraph frame (a client without
-    TLS) rather than a TLS handshake: its first byte, peeked."""
+    TLS, which a worker answers with `PLAIN_REFUSED`) rather than a TLS handshake.
+
+    Args:
+        sock: a socket a worker accepted; its first byte is peeked, not read.
+
+    Returns:
+        True for a plain frame's first byte.
+
+    Raises:
+        OSError: the socket failed.
+    """
     first = await sock.recv(1, socket.MSG_PEEK)
     return first == MAGIC[:1]
 
@@ -108,14 +180,24 @@ async def speaks_plain(sock: trio.socket.SocketType) -> bool:
 # What a TLS worker answers (in a plain frame) a client that does not speak TLS.
 PLAIN_REFUSED = (
     "this worker speaks TLS: a client opens the runtime with remote_tls_ca=FILE, the CA "
-    "that signed the worker's --tls-cert; a worker linking to it needs --tls-cert and "
-    "--tls-key of its own"
+    "that signed the worker's --tls-cert (or sets ACTORGRAPH_TLS_CA=FILE; the actorgraph "
+    "command: --tls-ca FILE); a worker linking to it needs --tls-cert and --tls-key of "
+    "its own"
 )
 
 
 def handshake_failure(exc: BaseException, ca_option: str = "remote_tls_ca=") -> str:
-    """Why a TLS handshake with a worker failed, with the fix (`ca_option`: where this
-    side's CA comes from)."""
+    """Why a TLS handshake with a worker failed, with the fix.
+
+    Args:
+        exc: what `connect_tls` raised (its causes are searched for the ssl.SSLError).
+        ca_option: where this side's CA comes from (`remote_tls_ca=`, `--tls-ca`), named
+            in the fix.
+
+    Returns:
+        The reason, as a sentence: a refused certificate, a worker without TLS, or the
+        error itself.
+    """
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, ssl.SSLError):
         cause = cause.__cause__ or cause.__context__

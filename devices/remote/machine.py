@@ -22,22 +22,37 @@ import attrs
 
 from .wire import MAX_CPU_FEATURE_CHARS, MAX_CPU_FEATURES
 
+__all__ = ["MachineCode", "WorkerCPU", "machine_name", "refusal", "sayable"]
+
 # An ELF header's e_machine for the machines a worker may run programs for.
 ELF_MACHINES = {"x86_64": 62, "arm64": 183, "riscv64": 243}
 _MACHINE_NAMES = {"amd64": "x86_64", "aarch64": "arm64"}
 
 
 def machine_name(raw: str) -> str:
-    """A machine as compilers name it (x86_64, arm64, riscv64), from what the OS says."""
+    """A machine as compilers name it.
+
+    Args:
+        raw: the machine as the OS says it (`platform.machine()`: AMD64, aarch64, ...).
+
+    Returns:
+        Its compilers' name (x86_64, arm64, riscv64), lower case.
+    """
     raw = raw.lower()
     return _MACHINE_NAMES.get(raw, raw)
 
 
 @attrs.frozen
 class WorkerCPU:
-    """The CPU a worker runs on: its machine and its instruction-set features (as Linux
-    names them in /proc/cpuinfo: `avx2`, `f16c`, ...), and whether the worker runs
-    shipped programs at all (`--allow-programs`)."""
+    """The CPU a worker runs on, as it says at connect
+    (`connection.statistics().worker_cpu`).
+
+    Attributes:
+        machine: the machine (`x86_64`, `arm64`, ...).
+        features: its instruction-set features, as Linux names them in /proc/cpuinfo
+            (`avx2`, `f16c`, ...).
+        programs: whether the worker runs shipped programs at all (`--allow-programs`).
+    """
 
     machine: str
     features: frozenset[str] = frozenset()
@@ -51,10 +66,16 @@ class WorkerCPU:
 
 
 def sayable(features: Iterable[str]) -> frozenset[str]:
-    """The features a worker says it has, of those its CPU names: the names of at most
-    MAX_CPU_FEATURE_CHARS characters, the first MAX_CPU_FEATURES of them in sorted order
-    (every CPU so far names fewer). One left out is taken to be lacking: a program that
-    needs it is refused, never run."""
+    """The features a worker says it has, of those its CPU names.
+
+    Args:
+        features: the CPU's features, as /proc/cpuinfo names them.
+
+    Returns:
+        The names of at most MAX_CPU_FEATURE_CHARS characters, the first
+        MAX_CPU_FEATURES of them in sorted order (every CPU so far names fewer). One left
+        out is taken to be lacking: a program that needs it is refused, never run.
+    """
     short = sorted(name for name in features if len(name) <= MAX_CPU_FEATURE_CHARS)
     return frozenset(short[:MAX_CPU_FEATURES])
 
@@ -82,14 +103,28 @@ def _features(value: Iterable[str]) -> frozenset[str]:
 class MachineCode:
     """A compiled CPU program a worker runs (`Kernel(name, code=MachineCode(...))`).
 
-    `image` is a relocatable ELF object whose code starts with the function (one
-    function per object, as tinygrad's CPU compiler emits). The function takes
-    `buffers` addresses, then `values` 64-bit integers (the launch's var values), each
-    passed as a uint64; it is called `global_size[0]` times per launch, and with
-    `core_id` set, the value at that index among the values is the call's number
-    (0, 1, ...), not passed by the launch. `machine` (x86_64, arm64, ...) and `features`
-    (instruction-set extensions as /proc/cpuinfo names them) say what CPU it needs: a
-    worker whose CPU lacks one refuses the program instead of running it.
+    The function takes `buffers` addresses, then `values` 64-bit integers (the launch's
+    var values), each passed as a uint64; it is called `global_size[0]` times per launch.
+    A worker whose CPU is another machine, or lacks one of `features`, refuses the
+    program instead of running it, saying why.
+
+    Args:
+        name: the kernel's name, as messages give it.
+        image: a relocatable ELF object whose code starts with the function (one function
+            per object, as tinygrad's CPU compiler emits), without zero-initialized
+            static data (`.bss`).
+        machine: the machine it was compiled for (`x86_64`, `arm64`, ...).
+        features: the instruction-set extensions it needs, as /proc/cpuinfo names them
+            (`avx2`, `f16c`, ...).
+        buffers: how many buffer addresses it takes (0 to 64).
+        values: how many 64-bit values follow them (0 to 64).
+        core_id: the index among the values of the one that numbers the call (0, 1, ...
+            up to `global_size[0]`), which the launch does not pass; None when there is
+            none.
+
+    Raises:
+        ValueError: an empty image, more than 64 buffers or values, or a `core_id` that
+            is not one of the values.
     """
 
     name: str
@@ -128,8 +163,20 @@ class MachineCode:
 def refusal(
     name: str, image: bytes, machine: str, features: Iterable[str], cpu: WorkerCPU, where: str
 ) -> str | None:
-    """Why the program `name` (built for `machine` with `features`) must not run on `cpu`
-    (`where` names that worker), or None when it may."""
+    """Why a compiled program must not run on a worker's CPU: the check both sides make,
+    the client before it sends the program and the worker before it loads it.
+
+    Args:
+        name: the program's name, for the reason.
+        image: its ELF object (its header's machine and its sections are read).
+        machine: the machine it was compiled for (x86_64, arm64, ...).
+        features: the CPU features it needs.
+        cpu: the worker's CPU, as the worker said it at connect.
+        where: names that worker in the reason ("worker 127.0.0.1:7000", "this worker").
+
+    Returns:
+        The reason, with the fix, or None when the program may run there.
+    """
     if not cpu.programs:
         return (
             f"{where} does not run shipped programs; start it with `actorgraph worker "
