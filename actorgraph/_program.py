@@ -30,9 +30,7 @@ from actorgraph.devices import (
     RemoteConnectionError,
     Schedule,
     Script,
-    SignalOp,
     Submission,
-    WaitOp,
     run_inline,
     signal_op,
     wait_op,
@@ -58,6 +56,7 @@ from actorgraph.scheduler import (
 from ._buffer import Buffer
 from ._errors import ClosedError, DeadlockError, ItemError, ReplayMismatchError, UsageError
 from ._kernel import Copy, Item, Launch
+from ._templates import linear_order, mark_host_signals
 from ._vars import Var, evaluate
 
 
@@ -327,13 +326,11 @@ class Program:
             {d: i for i, d in enumerate(plan.devices)},
         )
         templates = [self._template(qi, p, *index) for qi, p in enumerate(plan.programs)]
-        self._mark_host_signals(templates)
+        mark_host_signals(self.actors, templates)
         self.templates = templates
         # A LinearRun runs EXEC ops only: a plan with an item op of another kind (a
         # SIM_RUN, a CUDA_ITEM) that no call re-lowers never has one, so needs no order.
-        self.linear_order = (
-            self._linear_order(templates) if self._may_run_linear(templates) else None
-        )
+        self.linear_order = linear_order(templates) if self._may_run_linear(templates) else None
         # What every binding's LinearRun shares (devices.Schedule), made with the first.
         self._schedule: Schedule | None = None
         self.dynamic_queues = sorted({self.where[j][0] for j in self.dynamic})
@@ -388,42 +385,9 @@ class Program:
             return False
         for qi, pos in self.where.values():
             op = templates[qi][pos]
-            if op is not None and op[0] != EXEC:
+            if op is not None and op.code != EXEC:
                 return False
         return True
-
-    def _linear_order(self, templates: list[list[Op | None]]) -> tuple[tuple[int, int], ...] | None:
-        """Every item op of the plan as (queue, op index), in an order one task can run
-        them in: each queue runs until a wait on another queue of the plan is not yet
-        signalled, then the next queue runs (waits for the kick and the devices'
-        earlier work are taken as reached: the caller checks those). None if no order
-        finishes, which a verified plan never does."""
-        nqueues = len(templates)
-        signalled = [0] * nqueues
-        at = [0] * nqueues
-        order: list[tuple[int, int]] = []
-        moved = True
-        while moved:
-            moved = False
-            for q, ops in enumerate(templates):
-                i = at[q]
-                while i < len(ops):
-                    op = ops[i]
-                    if isinstance(op, WaitOp):
-                        src = op.slot - FIRST_QUEUE_SLOT
-                        if 0 <= src < nqueues and signalled[src] < op.rel:
-                            break
-                    elif isinstance(op, SignalOp):
-                        signalled[q] = max(signalled[q], op.rel)
-                    else:
-                        order.append((q, i))
-                    i += 1
-                if i != at[q]:
-                    at[q] = i
-                    moved = True
-        if any(at[q] < len(ops) for q, ops in enumerate(templates)):
-            return None
-        return tuple(order)
 
     def linear_run(self, ops: Sequence[Sequence[Op]]) -> LinearRun | None:
         """The bound op lists `ops` (one per queue) as one run of calls in linear_order
@@ -444,29 +408,6 @@ class Program:
                 self.copy_bytes,
             )
         return LinearRun.of(schedule, ops)
-
-    def _mark_host_signals(self, templates: list[list[Op | None]]) -> None:
-        """Flag each SIGNAL by whether an actor waits on it through the trio side: the
-        first signal at or past each such wait's value. GPU queues report only those
-        (and job ends) to the host, so their streams do not stop for host callbacks
-        that nobody needs."""
-        nqueues = len(self.actors)
-        host_waits: list[list[int]] = [[] for _ in range(nqueues)]
-        for wi, ops in enumerate(templates):
-            for op in ops:
-                if isinstance(op, WaitOp) and 0 <= op.slot - FIRST_QUEUE_SLOT < nqueues:
-                    src = op.slot - FIRST_QUEUE_SLOT
-                    if not self.actors[wi].waits_without_host(self.actors[src]):
-                        host_waits[src].append(op.rel)
-        for qi, ops in enumerate(templates):
-            pending = sorted(host_waits[qi])
-            for k, op in enumerate(ops):
-                if isinstance(op, SignalOp):
-                    reached = 0
-                    while reached < len(pending) and pending[reached] <= op.rel:
-                        reached += 1
-                    ops[k] = signal_op(op.signal, op.slot, op.rel, reached > 0)
-                    del pending[:reached]
 
     def _input_of(self, buf: Buffer, index: int, candidates: Sequence[int]) -> int | None:
         """The input `buf` is (or a view of), among the inputs `candidates` (indices, in

@@ -41,7 +41,6 @@ from ._ops import BATCH as BATCH
 from ._ops import EXEC as EXEC
 from ._ops import EXEC_THREAD as EXEC_THREAD
 from ._ops import FIRST_QUEUE_SLOT as FIRST_QUEUE_SLOT
-from ._ops import ITEM as ITEM
 from ._ops import KICK as KICK
 from ._ops import SIGNAL as SIGNAL
 from ._ops import WAIT as WAIT
@@ -50,6 +49,7 @@ from ._ops import ActorClosedError as ActorClosedError
 from ._ops import Job as Job
 from ._ops import JobProfile as JobProfile
 from ._ops import Op as Op
+from ._ops import OpCodeError as OpCodeError
 from ._ops import Quick as Quick
 from ._ops import RunOp as RunOp
 from ._ops import Script as Script
@@ -57,6 +57,7 @@ from ._ops import SignalOp as SignalOp
 from ._ops import Submission as Submission
 from ._ops import WaitOp as WaitOp
 from ._ops import WireOp as WireOp
+from ._ops import WorkOp as WorkOp
 from ._ops import own_signal as own_signal
 from ._ops import run_op as run_op
 from ._ops import signal_op as signal_op
@@ -76,6 +77,7 @@ from ._topology import Link as Link
 from ._topology import Network as Network
 from ._topology import Route as Route
 from ._topology import Topology as Topology
+from ._walk import OpWalker as OpWalker
 from .cuda import CUDADevice as CUDADevice
 from .remote import RemoteConnectionError as RemoteConnectionError
 from .remote import RemoteDevice as RemoteDevice

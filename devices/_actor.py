@@ -28,15 +28,15 @@ from ._ops import (
     AWAIT,
     EXEC_THREAD,
     HOST_OPS,
-    ITEM,
     WAIT,
     ActorClosedError,
     Job,
     JobProfile,
     Op,
     Quick,
+    RunOp,
     Submission,
-    op_name,
+    refuse_op,
 )
 from ._signal import Doorbell, Signal
 from ._step import Calls, run_calls, step
@@ -373,14 +373,13 @@ class QueueActor:
         """Run op `at`, where `step` stopped, in this task; return where to step on."""
         job.reached(at)  # (an AWAIT op's function may look where it has got)
         op = job.ops[at]
-        code = op[0]
-        if code == EXEC_THREAD:
+        if op.code == EXEC_THREAD:
             return await self._run_on_thread(job, at)
         start = self.clock()
-        if code == WAIT:
-            await self._park(op[1], job.bases[op[2]] + op[3], job.submission, at)
+        if op.code == WAIT:
+            await self._park(op.signal, op.target(job.bases), job.submission, at)
             after = at + 1
-        elif code == AWAIT:
+        elif op.code == AWAIT:
             await self._await_op(job, op)
             after = at + 1
         else:
@@ -407,19 +406,19 @@ class QueueActor:
                 if observer is not None:
                     observer.use_clock(clock)
             if failed is not None:
-                sub.fail(job.ops[failed[0]][ITEM], self.name, failed[1])
+                sub.fail(job.item_at(failed[0]), self.name, failed[1])
         return end
 
-    async def _await_op(self, job: Job, op: Op) -> None:
+    async def _await_op(self, job: Job, op: RunOp) -> None:
         """An AWAIT op: awaited even after a failure (its function checks)."""
-        fn = op[1]
+        fn = op.fn
         try:
             if type(fn) is Quick:
-                await fn.run_later(job, *op[2])  # `step` tried it at once
+                await fn.run_later(job, *op.args)  # `step` tried it at once
             else:
-                await fn(job, *op[2])
+                await fn(job, *op.args)
         except Exception as exc:
-            job.submission.fail(op[ITEM], self.name, exc)
+            job.submission.fail(op.item, self.name, exc)
 
     async def _park(self, signal: Signal, target: int, sub: Submission, index: int) -> None:
         """A WAIT that is not yet satisfied (the slow path, so counting here is free):
@@ -438,9 +437,5 @@ class QueueActor:
 
     async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
         """Run an op of this device kind's own (op `next_index - 1`); return the index
-        of the next op to run."""
-        raise RuntimeError(
-            f"{self.name}: op code {op_name(op[0])} is not one a {type(self).__name__} runs "
-            f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op list was lowered "
-            f"for another kind of queue"
-        )
+        of the next op to run. Raises OpCodeError for one it does not run."""
+        raise refuse_op(self.name, op, next_index - 1, f"a {type(self).__name__}", self.op_codes)

@@ -8,7 +8,7 @@ run on the actor's own worker thread, so two CPU devices really compute in paral
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from actorgraph.scheduler import QueueKind
@@ -88,7 +88,8 @@ class CPUDevice(Device):
     def allocate(self, nelems: int, dtype: np.dtype[Any]) -> Any:
         return np.zeros(nelems, dtype=dtype)
 
-    def _code(self, nbytes: int) -> int:
+    def _code(self, nbytes: int) -> Literal[2, 3]:
+        """EXEC_THREAD for ops on `nbytes` or more (the `cpu_thread_bytes` option), else EXEC."""
         return EXEC_THREAD if nbytes >= self.thread_bytes else EXEC
 
     def lower_launch(self, launch: LaunchRequest) -> Op:
@@ -101,8 +102,10 @@ class CPUDevice(Device):
         if launch[1].pass_dims:
             return self.lower_launch(launch)
         values = launch[3]
-        args = op[2][: len(launch[2])]
-        return run_op(op[0], op[1], args + tuple(values) if values else args, launch[0])
+        if op.code != EXEC and op.code != EXEC_THREAD:
+            return self.lower_launch(launch)  # not an op this device lowered a launch to
+        args = op.args[: len(launch[2])]
+        return run_op(op.code, op.fn, args + tuple(values) if values else args, launch[0])
 
     def lower_copy(self, item: int, dst: DeviceBuffer, src: DeviceBuffer, queue: QueueKind) -> Op:
         # np.copyto copies overlapping views as if through a temporary (memmove).

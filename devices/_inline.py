@@ -90,8 +90,9 @@ class InlineRun:
             actor.finish(job)
             return (actor.signal, *job.submission.timelines)
         job.reached(at)
-        if ops[at][0] == WAIT:
-            parked.setdefault(ops[at][1], []).append(q)
+        op = ops[at]
+        if op.code == WAIT:
+            parked.setdefault(op.signal, []).append(q)
         else:
             actor.post(job)
         return (actor.signal,)
@@ -102,8 +103,7 @@ class InlineRun:
         still = []
         for q in waiting:
             job = self.jobs[q]
-            wait = job.ops[job.at]
-            if value >= job.bases[wait[2]] + wait[3]:
+            if value >= _wait_target(job):
                 ready.append(q)
             else:
                 still.append(q)
@@ -114,8 +114,7 @@ class InlineRun:
         holds jobs (on a worker), else its actor runs it from there."""
         job = self.jobs[q]
         if isinstance(signal, HoldingSignal):
-            wait = job.ops[job.at]
-            target = job.bases[wait[2]] + wait[3]
+            target = _wait_target(job)
             self.actors[q].hold(job, signal, target, job.at)
             signal.hold(target, self, q)
         else:
@@ -136,13 +135,21 @@ class InlineRun:
             actor.release()
             return
         op = ops[at]
-        signal = op[1]
-        if op[0] == WAIT and isinstance(signal, HoldingSignal):
-            target = job.bases[op[2]] + op[3]
+        if op.code == WAIT and isinstance(op.signal, HoldingSignal):
+            signal = op.signal
+            target = op.target(job.bases)
             actor.hold(job, signal, target, at)
             signal.hold(target, self, q)
             return
         actor.hand_over(job, at)
+
+
+def _wait_target(job: Job) -> int:
+    """The value the wait `job` stands at (a parked job's) waits for."""
+    wait = job.ops[job.at]
+    if wait.code != WAIT:
+        raise AssertionError(f"op {job.at} of a parked job is {wait!r}, not a wait")
+    return wait.target(job.bases)
 
 
 def run_inline(actors: Sequence[QueueActor], jobs: Sequence[Job]) -> None:

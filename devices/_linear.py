@@ -31,7 +31,7 @@ from typing import Final
 
 from ._actor import QueueActor
 from ._device import Device
-from ._ops import EXEC, ITEM, Op, own_signal
+from ._ops import EXEC, Op, item_at, own_signal
 from ._signal import Signal
 from ._step import Calls, run_calls
 
@@ -94,7 +94,7 @@ class Schedule:
         items = []
         self._names: dict[int, str] = {}  # item -> the actor it belongs to, for failures
         for q, i in order:
-            item = ops[q][i][ITEM]
+            item = item_at(ops[q], i)
             items.append(item)
             self._names[item] = actors[q].name
         self._kick = kick
@@ -103,7 +103,7 @@ class Schedule:
         queues = []
         for q, actor in enumerate(actors):
             last = own_signal(ops[q])
-            queues.append((actor, counts[q], -1 if last is None else last[3], copy_bytes[q]))
+            queues.append((actor, counts[q], -1 if last is None else last.rel, copy_bytes[q]))
         self._queues = tuple(queues)
         self._devices = tuple(devices)
         # The owners' own bookkeeping of a run, bound once: each queue's, then each device's.
@@ -214,11 +214,13 @@ class LinearRun:
     def of(cls, schedule: Schedule, ops: Sequence[Sequence[Op]]) -> LinearRun | None:
         """The bound op lists `ops` (one per queue) in `schedule`'s order, or None when
         an op it names does not run inline (a worker thread, I/O)."""
-        ordered = [ops[q][i] for q, i in schedule.order]
-        for op in ordered:
-            if op[0] != EXEC:
+        calls = []
+        for q, i in schedule.order:
+            op = ops[q][i]
+            if op.code != EXEC:
                 return None
-        return cls(schedule, tuple([(op[1], op[2]) for op in ordered]))
+            calls.append((op.fn, op.args))
+        return cls(schedule, tuple(calls))
 
     @property
     def copy_bytes(self) -> int:

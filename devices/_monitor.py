@@ -4,8 +4,9 @@ The planner's plans are deadlock-free on their own and submissions are ordered b
 device tickets, so a runtime deadlock means something outside the plans went wrong (a
 hand-built plan, a device that lost work). When every actor that has work is parked on
 a signal, the monitor runs all pending work abstractly, from the parked positions on:
-waits compare simulated signal values, signals set them, a job's end counts down its
-submission's device timelines. If the abstract run cannot finish, nothing real can
+waits compare simulated signal values, signals set them (each job walked by an
+`OpWalker`, devices/_walk.py, which refuses an op it does not know), a job's end counts
+down its submission's device timelines. If the abstract run cannot finish, nothing real can
 either: the blocked waits are reported as a wait-for cycle instead of hanging.
 """
 
@@ -16,8 +17,9 @@ from collections.abc import Sequence
 import attrs
 
 from ._actor import QueueActor
-from ._ops import SIGNAL, WAIT, Job, Submission
+from ._ops import WAIT, Job, SignalOp, Submission, WaitOp
 from ._signal import Signal
+from ._walk import OpWalker
 
 
 @attrs.frozen
@@ -29,7 +31,9 @@ class BlockedWait:
 
 
 def find_deadlock(actors: Sequence[QueueActor]) -> list[BlockedWait] | None:
-    """Return the blocked waits if the pending work can never finish, else None."""
+    """Return the blocked waits if the pending work can never finish, else None.
+
+    Raises OpCodeError where a pending job holds an op that is none of the op format's."""
     busy = [a for a in actors if a.busy]
     if not busy or any(a.parked_on is None and a.current is not None for a in busy):
         return None  # someone is running (or waiting on a thread/driver): not a deadlock
@@ -37,16 +41,17 @@ def find_deadlock(actors: Sequence[QueueActor]) -> list[BlockedWait] | None:
     progress = True
     while progress:
         progress = False
-        for work in run.queues.values():
-            if run.advance(work):
+        for actor, work in run.queues.items():
+            if run.advance(actor, work):
                 progress = True
     blocked = []
     for actor, work in run.queues.items():
         if work:
             job, index = work[0]
             op = job.ops[index]
-            target = job.bases[op[2]] + op[3]
-            blocked.append(BlockedWait(actor.name, op[1].name, target, run.value(op[1])))
+            assert op.code == WAIT  # where an abstract run stops
+            target = op.target(job.bases)
+            blocked.append(BlockedWait(actor.name, op.signal.name, target, run.value(op.signal)))
     return blocked or None
 
 
@@ -62,12 +67,12 @@ class _AbstractRun:
     def value(self, signal: Signal) -> int:
         return self.values.get(signal, signal.value)
 
-    def advance(self, work: list[tuple[Job, int]]) -> bool:
+    def advance(self, actor: QueueActor, work: list[tuple[Job, int]]) -> bool:
         """Run one actor's pending jobs as far as they can go; whether they moved."""
         moved = False
         while work:
             job, start = work[0]
-            index = self._run(job, start)
+            index = _JobRun(self, actor, job).walk(job.ops, start)
             if index < len(job.ops):
                 if index != start:
                     work[0] = (job, index)
@@ -78,19 +83,6 @@ class _AbstractRun:
             moved = True
         return moved
 
-    def _run(self, job: Job, index: int) -> int:
-        """Where `job`, run from op `index`, stops: at a wait not met, or at its end."""
-        ops = job.ops
-        while index < len(ops):
-            op = ops[index]
-            if op[0] == WAIT and self.value(op[1]) < job.bases[op[2]] + op[3]:
-                break
-            if op[0] == SIGNAL:
-                target = job.bases[op[2]] + op[3]
-                self.values[op[1]] = max(self.value(op[1]), target)
-            index += 1
-        return index
-
     def _finish(self, job: Job) -> None:
         sub = job.submission
         counts = self.left.setdefault(sub, list(sub.device_left))
@@ -99,3 +91,21 @@ class _AbstractRun:
             if counts[d] == 0:
                 timeline = sub.timelines[d]
                 self.values[timeline] = max(self.value(timeline), sub.tickets[d])
+
+
+class _JobRun(OpWalker):
+    """One pending job run abstractly, in its run: it stops at a wait not met."""
+
+    taker = "the deadlock check"
+
+    def __init__(self, run: _AbstractRun, actor: QueueActor, job: Job) -> None:
+        super().__init__(f"the deadlock check of {actor.name}'s pending work")
+        self.run = run
+        self.bases = job.bases
+
+    def wait(self, op: WaitOp, index: int) -> bool:
+        return self.run.value(op.signal) >= op.target(self.bases)
+
+    def signal(self, op: SignalOp, index: int) -> None:
+        run = self.run
+        run.values[op.signal] = max(run.value(op.signal), op.value(self.bases))

@@ -2,13 +2,14 @@
 
 A *job* is one queue's part of one submission (a graph replay, an eager item, a host
 copy): a tuple of ops plus the per-submission *bases* its waits and signals are
-relative to. Ops are tuples (NamedTuples, so a reader may name the fields, and the
-replay loops still index them at tuple speed). Field 0 is always the op code:
+relative to. Ops are immutable typed records (NamedTuples), read by field name; `Op` is
+the union of them, and `code` (their first field, typed as the literal codes it may
+hold) tells them apart, so a check of `op.code` narrows the type:
 
-    WaitOp(WAIT, signal, slot, rel)      park until signal >= bases[slot] + rel
+    WaitOp(WAIT, signal, slot, rel)      park until signal >= target(bases)
     SignalOp(SIGNAL, signal, slot, rel, host)
-                                         set signal to bases[slot] + rel; `host` False:
-                                         no actor waits on it through the trio side (a GPU
+                                         set signal to value(bases); `host` False: no
+                                         actor waits on it through the trio side (a GPU
                                          queue may then skip telling the host)
     RunOp(EXEC, fn, args, item)          fn(*args) inline, in the actor
     RunOp(EXEC_THREAD, fn, args, item)   fn(*args) on the actor's worker thread; runs of
@@ -26,37 +27,45 @@ replay loops still index them at tuple speed). Field 0 is always the op code:
     WireOp(WIRE, entry, blobs, item)     REMOTE queues: a wire entry for the worker, with
                                          (blob id, bytes) to send ahead of it or None
 
-Every op that runs an item keeps the item's index at [ITEM] (-1: a host copy).
+A wait's value is `WaitOp.target(bases)` and a signal's `SignalOp.value(bases)`: both
+are `bases[slot] + rel`, written there alone. Every op other than a wait or a signal (a
+`WorkOp`) keeps the index of the item it runs in `item` (-1: a host copy, or work of
+the queue's own).
 
 The bases of a job: slot KICK holds the runtime's KICK value for the submission (it
 numbers the runtime's submissions, and is reached before any job runs), slot BATCH the
 id of the batch a worker got the job in (0 on the client), then one base per queue of
 the plan (FIRST_QUEUE_SLOT + queue index) and one ticket per device after them. The
 layout travels to workers as is, so both sides read the same slot numbers.
+
+What the ops mean when they run is `step` (devices/_step.py); those who only follow a
+job's waits and signals walk it with an `OpWalker` (devices/_walk.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, cast
 
 import trio
 
 if TYPE_CHECKING:
+    from ._links import Transfer
     from ._signal import Signal
+    from .remote.wire import ItemEntry
 
 # -- the op codes: one table for every kind of queue --
 
-WAIT = 0
-SIGNAL = 1
-EXEC = 2
-EXEC_THREAD = 3
-AWAIT = 4
-SIM_RUN = 16
-CUDA_ITEM = 17
-WIRE = 18
+WAIT: Final = 0
+SIGNAL: Final = 1
+EXEC: Final = 2
+EXEC_THREAD: Final = 3
+AWAIT: Final = 4
+SIM_RUN: Final = 16
+CUDA_ITEM: Final = 17
+WIRE: Final = 18
 
 OP_NAMES: MappingProxyType[int, str] = MappingProxyType(
     {
@@ -71,13 +80,8 @@ OP_NAMES: MappingProxyType[int, str] = MappingProxyType(
     }
 )
 
-# The shape of each code's op.
-OP_TYPES: MappingProxyType[int, type[tuple[Any, ...]]]  # filled in below the classes
-
 # The codes every queue actor runs itself; the others belong to one device kind each.
 HOST_OPS = frozenset([WAIT, SIGNAL, EXEC, EXEC_THREAD, AWAIT])
-
-ITEM = 3  # where an op that runs an item keeps the item's index
 
 # -- base slots --
 
@@ -87,60 +91,116 @@ FIRST_QUEUE_SLOT = 2
 
 
 def op_name(code: object) -> str:
+    """The name of op code `code` (its repr if it is none of the table's)."""
     return OP_NAMES.get(code, repr(code)) if isinstance(code, int) else repr(code)
+
+
+class OpCodeError(RuntimeError):
+    """An op list holds an op its reader cannot take: one of no code of the table above
+    (or not of its code's shape), or one of a code that another kind of queue runs."""
+
+
+def is_op(op: object) -> bool:
+    """Whether `op` is an op of this format: a record of a code of the table, in that
+    code's shape (`OP_TYPES`)."""
+    code = getattr(op, "code", None)
+    return type(code) is int and OP_TYPES.get(code) is type(op)
+
+
+def refuse_op(
+    who: str, op: object, index: int, taker: str = "", takes: Collection[int] = ()
+) -> OpCodeError:
+    """The error (returned, for the caller to raise) for `op`, op `index` of an op list,
+    which `who` (what reads it, named first in the message) cannot take: an op that is
+    no op of this format (see `is_op`), or else one of a code that `taker` (e.g. "a CUDA
+    queue") does not run, as it runs only the codes `takes`."""
+    code = getattr(op, "code", None)
+    if not is_op(op):
+        return OpCodeError(
+            f"{who}: op {index} ({type(op).__name__}) has op code {op_name(code)}, which is "
+            f"no op of the op format (devices/_ops.py: {', '.join(OP_NAMES.values())}, each "
+            f"of its own shape); make ops with the builders there (wait_op, signal_op, "
+            f"run_op, sim_run, cuda_item, wire_op)"
+        )
+    runs = ", ".join(op_name(c) for c in sorted(takes))
+    return OpCodeError(
+        f"{who}: op {index} has op code {op_name(code)}, which {taker} does not run (it "
+        f"runs {runs}); the op list was lowered for another kind of queue"
+    )
 
 
 # -- the ops --
 
 
 class WaitOp(NamedTuple):
-    code: int
+    """WAIT: nothing to do once `signal` has reached `target(bases)`."""
+
+    code: Literal[0]
     signal: Signal
     slot: int
     rel: int
 
+    def target(self, bases: Sequence[int]) -> int:
+        """The value `signal` must reach, for a job with these `bases`."""
+        return bases[self.slot] + self.rel
+
 
 class SignalOp(NamedTuple):
-    code: int
+    """SIGNAL: set `signal` to `value(bases)`. `host` False: no actor waits on it through
+    the trio side (a GPU queue may then skip telling the host)."""
+
+    code: Literal[1]
     signal: Signal
     slot: int
     rel: int
     host: bool = True
 
+    def value(self, bases: Sequence[int]) -> int:
+        """The value it sets `signal` to, for a job with these `bases`."""
+        return bases[self.slot] + self.rel
+
 
 class RunOp(NamedTuple):
-    """EXEC, EXEC_THREAD or AWAIT."""
+    """EXEC, EXEC_THREAD or AWAIT: a call (see the table above)."""
 
-    code: int
+    code: Literal[2, 3, 4]
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     item: int
 
 
 class SimRun(NamedTuple):
-    code: int
+    """SIM_RUN: a call now, and `seconds` of simulated time (or `transfer`'s share of
+    the links it crosses)."""
+
+    code: Literal[16]
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     item: int
     seconds: float
-    transfer: Any = None  # devices._links.Transfer, or None
+    transfer: Transfer | None = None
 
 
 class CudaItem(NamedTuple):
-    code: int
-    commands: tuple[Any, ...]
-    keep: Any
+    """CUDA_ITEM: stream commands (devices/cuda/_commands.py), with what they point into."""
+
+    code: Literal[17]
+    commands: tuple[tuple[Any, ...], ...]
+    keep: object
     item: int
 
 
 class WireOp(NamedTuple):
-    code: int
-    entry: Any  # a program entry of devices/remote/wire.py
+    """WIRE: a program entry for a worker, with the blobs to send ahead of it."""
+
+    code: Literal[18]
+    entry: ItemEntry
     blobs: list[tuple[int, memoryview]] | None
     item: int
 
 
-OP_TYPES = MappingProxyType(
+# The shape of each code's op.
+OP_TYPES: MappingProxyType[int, type[Op]] = MappingProxyType(
     {
         WAIT: WaitOp,
         SIGNAL: SignalOp,
@@ -153,9 +213,10 @@ OP_TYPES = MappingProxyType(
     }
 )
 
-# What readers take: any of the above. Plain tuple typing keeps the replay loops'
-# indexing (op[1](*op[2])) free of casts; builders return the precise NamedTuple.
-Op = tuple[Any, ...]
+# An op that runs something: an item (its index in `item`) or work of the queue's own.
+WorkOp = RunOp | SimRun | CudaItem | WireOp
+# What a job's ops are.
+Op = WaitOp | SignalOp | WorkOp
 
 # tuple.__new__ skips the NamedTuple constructor's argument handling: half its cost, and
 # several of these run per call for graphs whose inputs are rebound.
@@ -170,35 +231,57 @@ def signal_op(signal: Signal, slot: int, rel: int, host: bool = True) -> SignalO
     return _new(SignalOp, (SIGNAL, signal, slot, rel, host))
 
 
-def run_op(code: int, fn: Callable[..., Any], args: tuple[Any, ...], item: int) -> RunOp:
+def run_op(
+    code: Literal[2, 3, 4], fn: Callable[..., Any], args: tuple[Any, ...], item: int
+) -> RunOp:
     """An EXEC, EXEC_THREAD or AWAIT op."""
     return _new(RunOp, (code, fn, args, item))
 
 
 def sim_run(
-    fn: Callable[..., Any], args: tuple[Any, ...], item: int, seconds: float, transfer: Any = None
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    item: int,
+    seconds: float,
+    transfer: Transfer | None = None,
 ) -> SimRun:
     return _new(SimRun, (SIM_RUN, fn, args, item, seconds, transfer))
 
 
-def cuda_item(commands: tuple[Any, ...], item: int, keep: Any = None) -> CudaItem:
+def cuda_item(commands: tuple[tuple[Any, ...], ...], item: int, keep: object = None) -> CudaItem:
     return _new(CudaItem, (CUDA_ITEM, commands, keep, item))
 
 
-def wire_op(entry: Any, item: int, blobs: list[tuple[int, memoryview]] | None = None) -> WireOp:
+def wire_op(
+    entry: ItemEntry,
+    item: int,
+    blobs: list[tuple[int, memoryview]] | None = None,
+) -> WireOp:
     return _new(WireOp, (WIRE, entry, blobs, item))
+
+
+def item_at(ops: Sequence[Op], index: int) -> int:
+    """The item op `index` runs (-1: a wait, a signal, or work of the queue's own)."""
+    op = ops[index]
+    if op.code == WAIT or op.code == SIGNAL:
+        return -1
+    return op.item
 
 
 def first_item(ops: Sequence[Op]) -> int:
     """The index of the first item a job runs, or -1 (for errors that name no item)."""
-    return next((op[ITEM] for op in ops if op[0] not in (WAIT, SIGNAL)), -1)
+    for op in ops:
+        if op.code != WAIT and op.code != SIGNAL:
+            return op.item
+    return -1
 
 
 def own_signal(ops: Sequence[Op]) -> SignalOp | None:
     """A job's last SIGNAL: its queue's own slot and final value (None if it has none)."""
-    for op in reversed(ops):
-        if op[0] == SIGNAL:
-            return op  # type: ignore[return-value]
+    for i in range(len(ops) - 1, -1, -1):
+        op = ops[i]
+        if op.code == SIGNAL:
+            return op
     return None
 
 
@@ -463,16 +546,18 @@ class Script:
         count = len(ops)
         i = 0
         while i < count:
-            code = ops[i][0]
+            code = ops[i].code
             if code not in _NOT_ITEMS:
                 self.items += 1
             if code not in _RUNS:
                 i += 1
                 continue
             end = i + 1
-            while end < count and ops[end][0] == code:
+            while end < count and ops[end].code == code:
                 end += 1
-            self.runs[i] = (end, tuple([(op[1], op[2]) for op in ops[i:end]]))
+            # Ops of one of the codes in _RUNS: each a RunOp or a SimRun.
+            calls = cast("tuple[RunOp | SimRun, ...]", ops[i:end])
+            self.runs[i] = (end, tuple([(op.fn, op.args) for op in calls]))
             self.items += end - i - 1
             i = end
 
@@ -526,6 +611,10 @@ class Job:
         self.slot = slot
         self.observer = observer
         self.copy_bytes = copy_bytes
+
+    def item_at(self, index: int) -> int:
+        """The item op `index` runs (-1: a wait, a signal, or work of the queue's own)."""
+        return item_at(self.ops, index)
 
     def reached(self, at: int) -> None:
         """Every op before op `at` is done: whoever runs the job next starts there."""

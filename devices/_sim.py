@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import numpy as np
@@ -31,7 +31,7 @@ from ._costmodel import DEFAULT_PRESET, CostModel, LinkCost, resolve_cost_model
 from ._cpu import copy_args, host_launch_call
 from ._device import Device, DeviceBuffer, LaunchRequest, MakeSignal, nothing, same_bytes
 from ._links import SharedLinks, Transfer
-from ._ops import HOST_OPS, ITEM, KICK, SIM_RUN, Job, Op, sim_run
+from ._ops import HOST_OPS, KICK, SIM_RUN, Job, Op, SimRun, sim_run
 from ._step import run_calls
 from ._topology import Route
 
@@ -79,7 +79,7 @@ class SimQueueActor(QueueActor):
         self._records.clear()
 
     async def _run_device_op(self, op: Op, job: Job, next_index: int) -> int:
-        if op[0] != SIM_RUN:
+        if op.code != SIM_RUN:
             return await super()._run_device_op(op, job, next_index)
         # A run of SIM_RUN ops: their bodies as `step` runs a run of calls, their times
         # one after another on the simulated hardware. A profiled job takes them one at a
@@ -88,22 +88,23 @@ class SimQueueActor(QueueActor):
         if job.observer is None:
             end, calls = job.script.runs[at]
         else:
-            end, calls = next_index, ((op[1], op[2]),)
+            end, calls = next_index, ((op.fn, op.args),)
         now = trio.current_time()
         sub = job.submission
         if sub.error is None:
             failed = run_calls(calls, at, None)
             if failed is not None:
-                sub.fail(job.ops[failed[0]][ITEM], self.name, failed[1])
+                sub.fail(job.item_at(failed[0]), self.name, failed[1])
         busy = self._busy_until
         kick = job.bases[KICK]  # numbers submissions runtime-wide
-        for op in job.ops[at:end]:
+        # Ops of a run of SIM_RUN ops (Script.runs).
+        for run in cast("tuple[SimRun, ...]", job.ops[at:end]):
             start = busy if busy > now else now
-            transfer = op[5]
+            transfer = run.transfer
             # A copy over shared links ends when its share of them has moved its bytes
             # (trio's time is then its end).
-            busy = start + op[4] if transfer is None else await transfer.run(start)
-            self._records.append((kick, op[ITEM], start, busy))
+            busy = start + run.seconds if transfer is None else await transfer.run(start)
+            self._records.append((kick, run.item, start, busy))
         self._busy_until = busy
         # Something observable comes next (a signal, a wait, the job's end): let
         # simulated time catch up first.
@@ -240,15 +241,15 @@ class SIMDevice(Device):
 
 def sim_op_seconds(op: Op) -> float:
     """Simulated seconds of a lowered op: its duration for SIM ops, 0 for any other."""
-    return float(op[4]) if op[0] == SIM_RUN else 0.0
+    return float(op.seconds) if op.code == SIM_RUN else 0.0
 
 
 def sim_op_links(op: Op) -> list[tuple[str, float]]:
     """The shared links a lowered op crosses and how long it holds each at full speed
     (a copy between SIM GPUs of a topology); [] for any other op."""
-    if op[0] != SIM_RUN or op[5] is None:
+    if op.code != SIM_RUN or op.transfer is None:
         return []
-    return op[5].link_seconds()  # type: ignore[no-any-return]
+    return op.transfer.link_seconds()
 
 
 def join_sim_devices(devices: Iterable[Device]) -> SharedLinks | None:

@@ -22,7 +22,8 @@ ops are all done, else the index of an op it did not run, which says why it stop
     EXEC_THREAD  a run of them goes to the actor's worker thread
     AWAIT        to be awaited (a `Quick` one is tried at once, and stops only if it
                  cannot finish now)
-    any other    an op of a device kind's own (SIM_RUN, CUDA_ITEM, WIRE)
+    any other    an op of a device kind's own (SIM_RUN, CUDA_ITEM, WIRE); a driver
+                 refuses one its kind does not run, or of no code at all (OpCodeError)
 
 What the codes every queue shares mean (devices/_ops.py has the format):
 
@@ -30,10 +31,14 @@ What the codes every queue shares mean (devices/_ops.py has the format):
   (`run_calls`). Once an item of the submission has failed, later EXEC and
   EXEC_THREAD ops are skipped; the first failure is the submission's, naming the item
   and the actor (`name`) that ran it.
-- WAIT: nothing, once `signal.value >= bases[slot] + rel` (a satisfied wait is free).
-- SIGNAL: `signal.set(bases[slot] + rel)`.
+- WAIT: nothing, once `signal.value >= target(bases)` (a satisfied wait is free).
+- SIGNAL: `signal.set(value(bases))`.
 - EXEC_THREAD: as EXEC, on the actor's worker thread: a run of them in one hop.
 - AWAIT: `await fn(job, *args)`, even after a failure (fn checks the submission).
+
+Those who follow a job's waits and signals without running it (the deadlock monitor, a
+program's linear order, ...) walk its ops with an `OpWalker` (devices/_walk.py), in the
+meaning this table gives them.
 
 Profiling is an observer, not another loop: a job that carries one (`job.observer`, a
 JobProfile) has each call of its runs timed (`run_calls`) and each `Quick` op done at
@@ -46,7 +51,7 @@ from collections.abc import Callable, Sequence
 from operator import length_hint
 from typing import Any
 
-from ._ops import AWAIT, EXEC, ITEM, SIGNAL, WAIT, Job, JobProfile, Quick
+from ._ops import AWAIT, EXEC, SIGNAL, WAIT, Job, JobProfile, Quick, RunOp
 
 Calls = Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]
 
@@ -80,23 +85,22 @@ def step(job: Job, at: int, name: str, end: int = -1) -> int:
     count = len(ops) if end < 0 else end
     while at < count:
         op = ops[at]
-        code = op[0]
-        if code == EXEC:
+        if op.code == EXEC:
             stop, calls = job.script.runs[at]
             if job.submission.error is None:
                 failed = run_calls(calls, at, job.observer)
                 if failed is not None:
-                    job.submission.fail(ops[failed[0]][ITEM], name, failed[1])
+                    job.submission.fail(job.item_at(failed[0]), name, failed[1])
             at = stop
-        elif code == WAIT:
-            if op[1].value < job.bases[op[2]] + op[3]:
+        elif op.code == WAIT:
+            if op.signal.value < op.target(job.bases):
                 return at
             at += 1
-        elif code == SIGNAL:
-            op[1].set(job.bases[op[2]] + op[3])
+        elif op.code == SIGNAL:
+            op.signal.set(op.value(job.bases))
             at += 1
-        elif code == AWAIT and type(op[1]) is Quick:
-            if not _quick_now(job, at, name):
+        elif op.code == AWAIT and type(op.fn) is Quick:
+            if not _quick_now(job, op, op.fn, at, name):
                 return at
             at += 1
         else:
@@ -104,17 +108,16 @@ def step(job: Job, at: int, name: str, end: int = -1) -> int:
     return at
 
 
-def _quick_now(job: Job, at: int, name: str) -> bool:
-    """Try op `at`, a `Quick` AWAIT op, at once: whether it is done (a raise fails the
-    submission, as if awaited, and the op is done). Timed into the job's observer when
-    it is done here (else its driver times it as it awaits it)."""
-    op = job.ops[at]
+def _quick_now(job: Job, op: RunOp, quick: Quick, at: int, name: str) -> bool:
+    """Try `op`, op `at`, an AWAIT op whose function is `quick`, at once: whether it is
+    done (a raise fails the submission, as if awaited, and the op is done). Timed into
+    the job's observer when it is done here (else its driver times it as it awaits it)."""
     observer = job.observer
     start = 0.0 if observer is None else observer.clock()
     try:
-        done = bool(op[1].now(job, *op[2]))
+        done = bool(quick.now(job, *op.args))
     except Exception as exc:
-        job.submission.fail(op[ITEM], name, exc)
+        job.submission.fail(op.item, name, exc)
         done = True
     if done and observer is not None:
         observer.spans.append((at, start, observer.clock()))

@@ -353,7 +353,7 @@ async def test_gpu_queues_stop_for_a_host_callback_only_where_the_host_waits() -
             actor: Any = rt.device(name).queues[queue]
             (entry,) = actor._graphs.values()
             writes = sum(1 for c in entry.cmds if c[0] == C.WRITE_VALUE)
-            reports = sum(1 for c in entry.cmds if c[0] == C.HOST and c[1] == actor._host_signal)
+            reports = sum(1 for c in entry.cmds if c[0] == C.HOST and c[1] == actor.host_signal)
             return writes, reports
 
         # CUDA:0 signals CUDA:1's copy queue only; CUDA:1's copy queue signals CUDA:1's

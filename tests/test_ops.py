@@ -26,6 +26,7 @@ from actorgraph.devices._ops import (
     SIGNAL,
     WAIT,
     Op,
+    OpCodeError,
     cuda_item,
     run_op,
     signal_op,
@@ -35,6 +36,7 @@ from actorgraph.devices._ops import (
 )
 from actorgraph.devices._signal import Signal
 from actorgraph.devices.cuda._fake import FakeDriver
+from actorgraph.devices.remote.wire import KernelEntry
 from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
@@ -60,20 +62,35 @@ def test_builders_make_the_shape_of_their_code() -> None:
         run_op(AWAIT, print, (), 0),
         sim_run(print, (), 0, 1.0),
         cuda_item((), 0),
-        wire_op(["k"], 0),
+        wire_op(KernelEntry(0, "k", [], [], [1, 1, 1], [1, 1, 1]), 0),
     ]
-    assert sorted(op[0] for op in built) == sorted(OP_NAMES)
+    assert sorted(op.code for op in built) == sorted(OP_NAMES)
     for op in built:
-        assert type(op) is OP_TYPES[op[0]]
-        if op[0] not in (WAIT, SIGNAL):
-            assert op[_ops.ITEM] == 0 == op.item  # type: ignore[attr-defined]
+        assert type(op) is OP_TYPES[op.code]
+        if op.code != WAIT and op.code != SIGNAL:
+            assert op.item == 0
     assert signal_op(signal, 2, 1).host is True
+
+
+def test_a_waits_target_and_a_signals_value_are_their_base_plus_rel() -> None:
+    signal = Signal("s")
+    bases = [7, 0, 100, 200]
+    assert wait_op(signal, FIRST_QUEUE_SLOT + 1, 3).target(bases) == 203
+    assert signal_op(signal, FIRST_QUEUE_SLOT, 5).value(bases) == 105
+
+
+def test_ops_are_immutable() -> None:
+    op = wait_op(Signal("s"), FIRST_QUEUE_SLOT, 1)
+    with pytest.raises(AttributeError):
+        op.rel = 2  # type: ignore[misc]
 
 
 def test_a_queue_given_a_code_it_does_not_run_names_it() -> None:
     actor = QueueActor("q")
-    with pytest.raises(RuntimeError, match=r"q: op code CUDA_ITEM is not one a QueueActor runs"):
-        trio.run(actor._run_device_op, cuda_item((), 0), None, 0)
+    with pytest.raises(
+        OpCodeError, match=r"q: op 0 has op code CUDA_ITEM, which a QueueActor does not run"
+    ):
+        trio.run(actor._run_device_op, cuda_item((), 0), None, 1)
 
 
 @pytest.mark.parametrize("name", ["CPU:0", "SIM:0", "CUDA:0"])

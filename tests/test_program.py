@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 import numpy as np
-from actorgraph.devices import FIRST_QUEUE_SLOT, KICK, SIGNAL, WAIT, SignalOp, WaitOp
+from actorgraph.devices import FIRST_QUEUE_SLOT, KICK, SIGNAL, WAIT, Op, RunOp, SignalOp, WaitOp
 
 import actorgraph as ag
 from actorgraph._program import Program
@@ -38,7 +38,7 @@ async def test_waits_and_signals_name_the_slots_of_ops() -> None:
             signals = [op for op in template if isinstance(op, SignalOp)]
             assert signals and all(op.slot == FIRST_QUEUE_SLOT + qi for op in signals)
             assert all(op.signal is program.actors[qi].signal for op in signals)
-        assert {op[0] for op in ops} >= {WAIT, SIGNAL}
+        assert {op.code for op in ops} >= {WAIT, SIGNAL}
 
 
 async def test_a_signal_says_whether_the_trio_side_waits_on_it() -> None:
@@ -70,8 +70,10 @@ async def test_op_lists_are_lowered_once_and_rebound_only_where_inputs_go() -> N
         first, second = dynamic.bind([a], {}), dynamic.bind([other], {})
         assert sorted(dynamic.dynamic) == [0, 1]  # both items touch the input
         qi, pos = dynamic.where[0]  # the launch: lowered per call, onto that call's input
-        assert np.shares_memory(first[qi][pos][2][0], a.host_view())
-        assert np.shares_memory(second[qi][pos][2][0], other.host_view())
+        launches = first[qi][pos], second[qi][pos]
+        assert isinstance(launches[0], RunOp) and isinstance(launches[1], RunOp)
+        assert np.shares_memory(launches[0].args[0], a.host_view())
+        assert np.shares_memory(launches[1].args[0], other.host_view())
         assert dynamic.bind([a], {})[qi][pos] is not first[qi][pos]  # (Graph caches, not Program)
 
 
@@ -96,17 +98,18 @@ def _items(x: ag.Buffer, w: ag.Buffer, y: ag.Buffer, n: ag.Var) -> list[Any]:
     ]
 
 
-def _same_op(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
+def _same_op(got: Op, want: Op) -> bool:
     """Two lowered CPU ops call the same body on the same memory with the same values."""
-    if got[0] != want[0] or got[3] != want[3] or len(got[2]) != len(want[2]):
+    assert isinstance(got, RunOp) and isinstance(want, RunOp)  # what CPU devices lower to
+    if got.code != want.code or got.item != want.item or len(got.args) != len(want.args):
         return False
-    if got[1] != want[1] and not (  # a body given its dims is a new partial per lowering
-        isinstance(got[1], functools.partial)
-        and isinstance(want[1], functools.partial)
-        and (got[1].func, got[1].keywords) == (want[1].func, want[1].keywords)
+    if got.fn != want.fn and not (  # a body given its dims is a new partial per lowering
+        isinstance(got.fn, functools.partial)
+        and isinstance(want.fn, functools.partial)
+        and (got.fn.func, got.fn.keywords) == (want.fn.func, want.fn.keywords)
     ):
         return False
-    for a, b in zip(got[2], want[2]):
+    for a, b in zip(got.args, want.args):
         if isinstance(b, np.ndarray):
             if not (isinstance(a, np.ndarray) and a.shape == b.shape and np.shares_memory(a, b)):
                 return False

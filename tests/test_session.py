@@ -18,7 +18,7 @@ import trio
 import trio.testing
 from _workers import GUARD, TOKEN, handshake, hello, runtime, start
 from _workers import Replies as _Replies
-from actorgraph.devices import Job, QueueActor, Submission
+from actorgraph.devices import Job, QueueActor, RunOp, Submission
 from actorgraph.devices.remote.frames import HEADER, FrameStream, decode_frame, encode
 from actorgraph.devices.remote.wire import (
     TO_WORKER,
@@ -718,7 +718,11 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                     write = ["hw", -1, [handle, 0, [count]], [handle]]
                     session.handle(decode(["prog", handle, "CPU:0", [write, ["s", 2, 1]], False]))
                     codes.append(
-                        [op[0] for op in session.programs[handle].ops if op[1] is chunks_into]
+                        [
+                            op.code
+                            for op in session.programs[handle].ops
+                            if isinstance(op, RunOp) and op.fn is chunks_into
+                        ]
                     )
                     session.handle(decode(["batch", handle, [0, 0, 0], [handle], []]))
                     assert (await replies.wait_for(handle))[-1] == ["done", handle, 2, None]
@@ -1148,10 +1152,11 @@ async def test_a_long_run_of_quick_kernels_lets_other_clients_in_between() -> No
     ops, _ = times.code(template)
     kernels_between: list[list[int]] = [[]]  # kernels of each run, cut at the checkpoints
     for op in ops:
-        if op[0] == AWAIT:
+        assert isinstance(op, RunOp)  # a program of kernels: calls and checkpoints only
+        if op.code == AWAIT:
             kernels_between.append([])
-        elif op[1] is note:
-            kernels_between[-1].append(op[2][0])
+        elif op.fn is note:
+            kernels_between[-1].append(op.args[0])
     assert [len(run) for run in kernels_between] == [11, 11, 1]
     actor = QueueActor("q")
     async with trio.open_nursery() as nursery:
@@ -1236,11 +1241,11 @@ def test_a_kernels_typical_time_ignores_its_cold_first_run_and_spikes() -> None:
     times.record("k", 1e-6)
     assert times.quick_time("k") == pytest.approx(2.25e-6 - 1.25e-6 / 8)
     template = [AdaptiveKernel(times, "k", run_op(EXEC, print, (i,), i)) for i in range(100)]
-    assert not [op for op in times.code(template)[0] if op[0] == AWAIT]
+    assert not [op for op in times.code(template)[0] if op.code == AWAIT]
     # Still cut where the typical times add up past the budget.
     count = int(RUN_BUDGET_S / times.quick_time("k")) + 2
     many = [AdaptiveKernel(times, "k", run_op(EXEC, print, (i,), i)) for i in range(count)]
-    assert len([op for op in times.code(many)[0] if op[0] == AWAIT]) == 1
+    assert len([op for op in times.code(many)[0] if op.code == AWAIT]) == 1
 
 
 def test_a_run_of_inline_kernels_faster_than_expected_recodes_its_programs() -> None:
@@ -1268,7 +1273,7 @@ def test_a_run_of_inline_kernels_faster_than_expected_recodes_its_programs() -> 
     assert times.stale(cut) and not times.stale(small)
     assert times.inline("a") and times.inline("b")
     ops, cut = times.code(template)
-    assert not [op for op in ops if op[0] == AWAIT] and not times.stale(cut)
+    assert not [op for op in ops if op.code == AWAIT] and not times.stale(cut)
 
 
 async def test_a_peer_is_told_how_far_a_queue_got_only_with_its_ticket(

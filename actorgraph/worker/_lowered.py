@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from actorgraph.devices import ITEM, SIGNAL, WAIT, Op, QueueActor, Script
+from actorgraph.devices import Op, OpWalker, QueueActor, Script, SignalOp, WaitOp, WorkOp
 from actorgraph.devices.remote.wire import Ref
 from actorgraph.scheduler import QueueKind
 
@@ -172,16 +172,7 @@ class Program:
         Worked out once per coding, and kept with the script."""
         entries: list[int] | None = script.kept(self)
         if entries is None:
-            entries = []
-            waits = iter(self.wait_entries)
-            for op in script.ops:
-                code = op[0]
-                if code == WAIT:
-                    entries.append(next(waits, -1))
-                elif code == SIGNAL:
-                    entries.append(-1)
-                else:
-                    entries.append(self.item_entries.get(op[ITEM], -1))
+            entries = _Entries(self).of(script.ops)
             script.keep(self, entries)
         return entries
 
@@ -191,6 +182,33 @@ class Program:
         signal = self.queue().signal
         if type(signal) is TrackedSignal:
             signal.track(base, base + self.count, client_base)
+
+
+class _Entries(OpWalker):
+    """A program's ops mapped to the entries they came from (`Program.entries_of`)."""
+
+    taker = "a worker's program"
+
+    def __init__(self, program: Program) -> None:
+        super().__init__(f"the entries of a program on {program.device}")
+        self.waits = iter(program.wait_entries)
+        self.items = program.item_entries
+        self.entries: list[int] = []
+
+    def of(self, ops: Sequence[Op]) -> list[int]:
+        self.walk(ops)
+        return self.entries
+
+    def wait(self, op: WaitOp, index: int) -> bool:
+        self.entries.append(next(self.waits, -1))
+        return True
+
+    def signal(self, op: SignalOp, index: int) -> None:
+        self.entries.append(-1)
+
+    def work(self, op: WorkOp, index: int) -> bool:
+        self.entries.append(self.items.get(op.item, -1))
+        return True
 
 
 def queue_kind(value: object) -> QueueKind:

@@ -8,7 +8,7 @@ A `Session` (_session.py) hands each Prog's entries to `lower`; the result is a 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -21,8 +21,11 @@ from actorgraph.devices import (
     Job,
     LaunchRequest,
     Op,
+    OpCodeError,
+    OpWalker,
     QueueActor,
     SignalOp,
+    WorkOp,
     run_op,
     signal_op,
     wait_op,
@@ -32,6 +35,7 @@ from actorgraph.devices.remote.wire import (
     CopyEntry,
     HostReadEntry,
     HostWriteEntry,
+    ItemEntry,
     KernelEntry,
     LocalWaitEntry,
     PullEntry,
@@ -55,7 +59,6 @@ if TYPE_CHECKING:
     from ._session import Session
 
 
-_ITEM_ENTRIES = (KernelEntry, CodeEntry, CopyEntry, PullEntry, HostWriteEntry, HostReadEntry)
 EARLY_PULL_BYTES = 1 << 20  # larger copies between workers are read when they run
 
 # A lowered entry: an op, a kernel placed by its times, or (a GPU's host write or read)
@@ -123,7 +126,7 @@ class _Lowering:
                     raise Refused(str(exc), item) from None
                 raise
         self._finish()
-        return Program(
+        program = Program(
             store=store,
             slot=self.slot,
             actor=self.actor,
@@ -139,9 +142,14 @@ class _Lowering:
             wait_entries=self.wait_entries,
             item_entries=self.item_entries,
         )
+        try:
+            _Runnable(self.actor).walk(program.ops)
+        except OpCodeError as exc:  # the device lowered an entry to what its queue cannot run
+            raise Refused(str(exc)) from None
+        return program
 
     def _entry(self, entry: Any, index: int) -> None:
-        if isinstance(entry, _ITEM_ENTRIES):
+        if isinstance(entry, ItemEntry):
             self.count += 1
             if entry.item >= 0:
                 self.item_entries[entry.item] = index
@@ -267,7 +275,7 @@ class _Lowering:
             op = device.lower_launch(request)
         except Exception as exc:
             raise Refused(f"kernel {kernel.name!r}: {exc}") from None
-        if op[0] == EXEC and device.runs_host_kernels:
+        if op.code == EXEC and device.runs_host_kernels:
             # Under --thread-bytes: on the event loop only once seen to be quick.
             shape = (name, tuple([b.nbytes for b in bufs]), tuple(entry.vars), *dims)
             return AdaptiveKernel(session.worker.times, shape, op)
@@ -335,7 +343,9 @@ class _Lowering:
         if total != dst.nbytes:
             raise Refused(f"host write of {total} bytes into {dst.nbytes}")
         # A large write would hold the event loop (every client) for its memcpy.
-        code = EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
+        code: Literal[2, 3] = (
+            EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
+        )
         staging = session.worker.staging
         if device.host_visible:
             return run_op(code, chunks_into, (dst.host_view(), chunks, staging), -1)
@@ -359,6 +369,21 @@ class _Lowering:
         ]
 
 
+class _Runnable(OpWalker):
+    """A program's ops, each checked to be one its queue actor runs."""
+
+    taker = "its queue"
+
+    def __init__(self, actor: QueueActor) -> None:
+        super().__init__(f"the program lowered for {actor.name}")
+        self.codes = actor.op_codes
+
+    def work(self, op: WorkOp, index: int) -> bool:
+        if op.code not in self.codes:
+            raise self.refuse(op, index, self.codes)
+        return True
+
+
 def _item_of(entry: object) -> int | None:
     """The item index an entry names, if it is an item's and names one (for refusals)."""
     if isinstance(entry, list) and len(entry) > 1 and entry[0] in _ITEM_KINDS:
@@ -368,7 +393,7 @@ def _item_of(entry: object) -> int | None:
     return None
 
 
-_ITEM_KINDS = frozenset(kind_of(cls) for cls in _ITEM_ENTRIES)
+_ITEM_KINDS = frozenset(kind_of(cls) for cls in get_args(ItemEntry))
 _ITEMS: dict[type, Any] = {
     KernelEntry: _Lowering._kernel,
     CodeEntry: _Lowering._code,

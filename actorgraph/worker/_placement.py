@@ -44,7 +44,7 @@ from typing import Any
 
 import trio
 
-from actorgraph.devices import AWAIT, EXEC, EXEC_THREAD, Op, run_op
+from actorgraph.devices import AWAIT, EXEC, EXEC_THREAD, Op, RunOp, run_op
 
 INLINE_BOUND_S = 100e-6  # a kernel seen to take longer leaves the event loop
 RUN_BUDGET_S = 1e-3  # inline kernels expected to take longer in all yield between them
@@ -126,10 +126,10 @@ class AdaptiveKernel:
 
     __slots__ = ("key", "thread_op", "inline_op")
 
-    def __init__(self, times: KernelTimes, key: Hashable, op: Op) -> None:
+    def __init__(self, times: KernelTimes, key: Hashable, op: RunOp) -> None:
         self.key = key
-        self.inline_op = run_op(EXEC, op[1], op[2], op[3])
-        self.thread_op = run_op(EXEC_THREAD, times.timed, (key, op[1], op[2]), op[3])
+        self.inline_op = run_op(EXEC, op.fn, op.args, op.item)
+        self.thread_op = run_op(EXEC_THREAD, times.timed, (key, op.fn, op.args), op.item)
 
 
 class KernelTimes:

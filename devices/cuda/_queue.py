@@ -34,6 +34,9 @@ Job completion: the last command of every job is a host function that tells the 
 thread to finish the oldest job in flight (streams are in order, so completions come
 in submission order). Until then the submission is not done and the device timeline
 does not move, so eager work and later replays stay ordered after it.
+
+A job goes on the stream command by command (`_stream_job`) or as a CUDA graph
+(`_graph_job`); both take its commands from one translation of its ops (_translate.py).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import ctypes
 import functools
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -59,19 +62,18 @@ from actorgraph.devices._ops import (
     SIGNAL,
     WAIT,
     ActorClosedError,
-    CudaItem,
     Job,
+    OpCodeError,
     Script,
-    SignalOp,
     Submission,
     WaitOp,
-    op_name,
 )
 from actorgraph.devices._signal import Signal
 from actorgraph.devices._step import step
 
 from . import _commands as C
 from ._driver import CudaDriver, CudaError
+from ._translate import HOST_STEPS, Translation
 
 if TYPE_CHECKING:
     from ._device import CUDADevice
@@ -81,7 +83,6 @@ DEFAULT_GRAPH_MIN_ITEMS = 2
 _GRAPH_CACHE = 8
 _u64 = ctypes.c_uint64
 _RECORD = -1  # (_RECORD, event, value): event fallback, handled in `_flush`
-_HOST_STEPS = frozenset([EXEC, EXEC_THREAD, AWAIT])
 
 
 class OnStream(NamedTuple):
@@ -136,22 +137,22 @@ class _GraphEntry:
         "value_nodes",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, translation: Translation) -> None:
         self.graph: Any = None
         self.exec: Any = None
         self.nodes: list[Any] = []
-        self.cmds: list[C.Command] = []
-        # (node index, base slot, relative value, signal waited on or None for a write):
-        # the mem-op values bound per replay.
-        self.value_nodes: list[tuple[int, int, int, Signal | None]] = []
-        # (signal, base slot, relative value, op index): host-side waits, before launch.
-        self.host_waits: list[tuple[Signal, int, int, int]] = []
-        self.items = 0
+        self.cmds = translation.cmds
+        # (node index, op): the mem-op values bound per replay, each its op's wait target
+        # or signal value.
+        self.value_nodes = translation.values
+        # (op, op index): host-side waits (on KICK), before launch.
+        self.host_waits = translation.host_waits
+        self.items = translation.items
         # A graph with no host work of its own (no staging copies, no host bodies) tells
         # the host from a side stream, so its stream never stops for a callback:
-        # `notify`, and the (base slot, relative value) of the signals to report.
-        self.notify = False
-        self.reports: list[tuple[int, int]] = []
+        # `notify`, and the signals to report.
+        self.notify = translation.notify
+        self.reports = translation.reports
 
     def built(self, graph: Any, nodes: list[Any], graph_exec: Any) -> None:
         """Its commands were built into `graph` (`nodes`, one per command) and
@@ -210,7 +211,7 @@ class CudaQueueActor(QueueActor):
         self.graph_builds = 0
         self.graph_refusals = 0  # jobs the driver would not build as a graph (run on the stream)
         # Bound once: host functions and graph host nodes keep the same identity.
-        self._host_signal: Callable[[], None] = self._on_signal_written
+        self.host_signal: Callable[[], None] = self._on_signal_written
         self._host_job_end: Callable[[], None] = self._on_job_end
         self._host_notified_end: Callable[[], None] = self._on_notified_end
         # The side stream that reports graph jobs' signals and ends (created when needed),
@@ -375,7 +376,9 @@ class CudaQueueActor(QueueActor):
                 C.enqueue(driver, stream, cmd)
         cmds.clear()
 
-    def _stamp(self, job: Job, index: int, at_start: bool) -> None:
+    def stamp(self, job: Job, index: int, at_start: bool) -> None:
+        """A profiled job's time, run by the stream as a host function: its start or end
+        (`index` -1), or the start or end of op `index`."""
         now = self.clock()
         record = job.observer
         if record is None:
@@ -391,70 +394,54 @@ class CudaQueueActor(QueueActor):
             record.span(index, self._stamp_start, now)
 
     async def _stream_job(self, job: Job, profiled: bool = False) -> None:
-        """Put a job's work on the stream command by command (eager work, short jobs).
-
-        Ops are indexed as in `step` (fields in devices/_ops.py)."""
-        ops, bases, sub = job.ops, job.bases, job.submission
-        cmds: list[C.Command] = []
-        stamp = self._stamp
+        """Put a job's work on the stream command by command (eager work, short jobs):
+        the commands of its ops (`Translation`), with what cannot be a command (a wait
+        with no word to wait on, host steps) done here where the walk stops."""
+        ops = job.ops
+        translation = Translation(self, job, graph=False)
+        cmds = translation.cmds
         try:
             if profiled:
-                cmds.append((C.HOST, functools.partial(stamp, job, -1, True)))
-            index = job.at
+                cmds.append((C.HOST, functools.partial(self.stamp, job, -1, True)))
+            index = translation.walk(ops, job.at)
             while index < len(ops):
                 op = ops[index]
-                code = op[0]
-                if code == CUDA_ITEM:
-                    if sub.error is None:
-                        if profiled:
-                            cmds.append((C.HOST, functools.partial(stamp, job, index, True)))
-                            cmds.extend(op[1])
-                            cmds.append((C.HOST, functools.partial(stamp, job, index, False)))
-                        else:
-                            cmds.extend(op[1])
-                elif code == WAIT:
-                    await self._stream_wait(cmds, job, index)
-                elif code == SIGNAL:
-                    self._signal_commands(cmds, bases[op[2]] + op[3], op[4])
-                elif code in _HOST_STEPS:
+                if op.code == WAIT:
+                    await self._wait_off_stream(cmds, job, op, index)
+                    index += 1
+                else:  # host steps
                     self._flush(cmds)
                     await self._drain(job, index)
                     index = await self._host_steps(job, index)
-                    continue
-                else:
-                    raise RuntimeError(
-                        f"{self.name}: op code {op_name(code)} cannot run on a CUDA queue "
-                        f"(it runs {sorted(op_name(c) for c in self.op_codes)}); the op "
-                        f"list was lowered for another kind of queue"
-                    )
-                index += 1
+                index = translation.walk(ops, index)
             if profiled:
-                cmds.append((C.HOST, functools.partial(stamp, job, -1, False)))
+                cmds.append((C.HOST, functools.partial(self.stamp, job, -1, False)))
             cmds.append((C.HOST, self._host_job_end))
             self._in_flight.append(job)
             self._flush(cmds)
         except Exception as exc:  # a driver call refused: fail the job, never hang
             self._fail_unsent(job, exc)
 
-    async def _stream_wait(self, cmds: list[C.Command], job: Job, index: int) -> None:
-        """A WAIT on the stream: on a GPU queue's word (or event), on a word that follows
-        a trio-side signal, or, where there is neither, on the host."""
-        op = job.ops[index]
-        signal: Signal = op[1]
-        target = job.bases[op[2]] + op[3]
-        if signal.value >= target:
-            return
+    def wait_word(self, signal: Signal, slot: int) -> int | None:
+        """The word a wait on `signal` (relative to base `slot`) waits on on this queue's
+        stream: a GPU queue's own (when both signal the same way), or a mapped word that
+        follows a trio-side signal; None where there is neither (KICK is set before any
+        job runs: it never needs a word)."""
         if isinstance(signal, MappedSignal) and signal.owner.mem_ops == self.mem_ops:
-            if self.mem_ops:
-                cmds.append((C.WAIT_VALUE, signal.device_pointer, target))
-            else:
-                await self._wait_event(cmds, signal, target, job.submission, index)
-            return
-        # A trio-side signal, or a GPU queue whose kind of signalling this one cannot
-        # wait on: through a mirror word, else on the host.
-        word = self._mirror(signal, op[2], job.bases)
-        if word is not None:
-            cmds.append((C.WAIT_VALUE, word, target))
+            return signal.device_pointer if self.mem_ops else None
+        if not self.mem_ops or slot == KICK:
+            return None
+        return self.device.mirror(signal)
+
+    async def _wait_off_stream(
+        self, cmds: list[C.Command], job: Job, op: WaitOp, index: int
+    ) -> None:
+        """A WAIT, op `index`, with no word to wait on: on the event of a GPU queue that
+        signals with events too, else on the host."""
+        signal = op.signal
+        target = op.target(job.bases)
+        if isinstance(signal, MappedSignal) and signal.owner.mem_ops == self.mem_ops:
+            await self._wait_event(cmds, signal, target, job.submission, index)
         else:
             self._flush(cmds)
             await self._park(signal, target, job.submission, index)
@@ -465,7 +452,7 @@ class CudaQueueActor(QueueActor):
         Return the index after them."""
         ops = job.ops
         end = at
-        while end < len(ops) and ops[end][0] in _HOST_STEPS:
+        while end < len(ops) and ops[end].code in HOST_STEPS:
             end += 1
         while at < end:
             at = step(job, at, self.name, end)
@@ -496,13 +483,6 @@ class CudaQueueActor(QueueActor):
             for _, item, exc in mine:
                 job.submission.fail(item, self.name, exc)
 
-    def _mirror(self, signal: Signal, slot: int, bases: Sequence[int]) -> int | None:
-        """A mapped word following a trio-side signal, or None: then the host waits.
-        KICK is set before any job runs: it never needs a word."""
-        if not self.mem_ops or slot == KICK:
-            return None
-        return self.device.mirror(signal)
-
     def _fail_unsent(self, job: Job, exc: Exception) -> None:
         # A driver call refused: name the job's first item (which one is not known).
         if job in self._in_flight:
@@ -525,16 +505,15 @@ class CudaQueueActor(QueueActor):
         job.fail(self.name, lost)
         return True
 
-    def _signal_commands(self, cmds: list[C.Command], value: int, host: bool = True) -> None:
-        if self.mem_ops:
-            cmds.append((C.WRITE_VALUE, self.signal.device_pointer, value))
-            if not host:
-                return  # only GPU queues wait on it, on the word: no host callback
-        else:
-            event = self._event_pool.pop() if self._event_pool else self.driver.event_create()
-            cmds.append((_RECORD, event, value))
-            cmds.append((C.HOST, _host_word_writer(self, value)))
-        cmds.append((C.HOST, self._host_signal))
+    def event_signal(self, value: int) -> list[C.Command]:
+        """Without stream memory operations, a signal of `value`: an event recorded on
+        the stream, and host functions that write the word and tell the trio side."""
+        event = self._event_pool.pop() if self._event_pool else self.driver.event_create()
+        return [
+            (_RECORD, event, value),
+            (C.HOST, _host_word_writer(self, value)),
+            (C.HOST, self.host_signal),
+        ]
 
     async def _wait_event(
         self, cmds: list[C.Command], signal: MappedSignal, target: int, sub: Submission, index: int
@@ -608,49 +587,17 @@ class CudaQueueActor(QueueActor):
 
     def _plan_graph(self, job: Job) -> _GraphEntry | None:
         """Commands for a graph of this job, or None if it must run on the stream."""
-        ops, bases = job.ops, job.bases
-        entry = _GraphEntry()
-        cmds = entry.cmds
-        entry.notify = not any(
-            cmd[0] == C.HOST or (cmd[0] == C.KERNEL and cmd[6] is not None)
-            for op in ops
-            if isinstance(op, CudaItem)
-            for cmd in op.commands
-        )
-        for index, op in enumerate(ops):
-            if isinstance(op, CudaItem):
-                entry.items += 1
-                cmds.extend(op.commands)
-            elif isinstance(op, WaitOp):
-                signal, slot, rel = op.signal, op.slot, op.rel
-                if isinstance(signal, MappedSignal) and signal.owner.mem_ops:
-                    entry.value_nodes.append((len(cmds), slot, rel, signal))
-                    cmds.append((C.WAIT_VALUE, signal.device_pointer, bases[slot] + rel))
-                elif slot == KICK:
-                    # Set when the job was posted: awaiting it first cannot deadlock.
-                    entry.host_waits.append((signal, slot, rel, index))
-                else:
-                    word = self.device.mirror(signal)
-                    if word is None:
-                        return None
-                    entry.value_nodes.append((len(cmds), slot, rel, signal))
-                    cmds.append((C.WAIT_VALUE, word, bases[slot] + rel))
-            elif isinstance(op, SignalOp):
-                entry.value_nodes.append((len(cmds), op.slot, op.rel, None))
-                cmds.append((C.WRITE_VALUE, self.signal.device_pointer, bases[op.slot] + op.rel))
-                if not op.host:
-                    pass  # only GPU queues wait on it, on the word
-                elif entry.notify:
-                    entry.reports.append((op.slot, op.rel))
-                else:  # a host node: it stops the stream until the callback has run
-                    cmds.append((C.HOST, self._host_signal))
-            else:
-                return None
-        if entry.items < self.graph_min_items:
+        translation = Translation(self, job, graph=True)
+        try:
+            if translation.walk(job.ops) < len(job.ops):
+                return None  # a host step, or a wait with no word to wait on
+        except OpCodeError:
+            return None  # the stream path refuses the job, naming the op
+        if translation.items < self.graph_min_items:
             return None
-        if not entry.notify:
-            cmds.append((C.HOST, self._host_job_end))
-        return entry
+        if not translation.notify:
+            translation.cmds.append((C.HOST, self._host_job_end))
+        return _GraphEntry(translation)
 
     def _build_graph(self, entry: _GraphEntry) -> None:
         driver = self.driver
@@ -683,22 +630,25 @@ class CudaQueueActor(QueueActor):
 
     async def _graph_job(self, job: Job, entry: _GraphEntry) -> None:
         bases, sub = job.bases, job.submission
-        for signal, slot, rel, index in entry.host_waits:
-            target = bases[slot] + rel
-            if signal.value < target:
-                await self._park(signal, target, sub, index)
+        for wait, index in entry.host_waits:
+            target = wait.target(bases)
+            if wait.signal.value < target:
+                await self._park(wait.signal, target, sub, index)
         try:
             driver = self.driver
             driver.set_context(self.context)
             cmds = entry.cmds
-            for index, slot, rel, waited in entry.value_nodes:
+            for index, op in entry.value_nodes:
                 cmd = cmds[index]
-                value = bases[slot] + rel
-                if waited is not None and waited.value >= value:
-                    # Already reached: the node's older (lower) target passes at once, so
-                    # it needs no update (targets on one word only grow, and stay within
-                    # 2**63 of it, as the cyclic comparison needs).
-                    continue
+                if op.code == WAIT:
+                    value = op.target(bases)
+                    if op.signal.value >= value:
+                        # Already reached: the node's older (lower) target passes at once,
+                        # so it needs no update (targets on one word only grow, and stay
+                        # within 2**63 of it, as the cyclic comparison needs).
+                        continue
+                else:
+                    value = op.value(bases)
                 if cmd[2] != value:
                     new = (cmd[0], cmd[1], value)
                     C.update_node(driver, entry.exec, entry.nodes[index], self.context, cmd, new)
@@ -707,7 +657,7 @@ class CudaQueueActor(QueueActor):
             driver.graph_launch(entry.exec, self.stream)
             self.graph_launches += 1
             if entry.notify:
-                self._notify_from_side(job, [bases[slot] + rel for slot, rel in entry.reports])
+                self._notify_from_side(job, [op.value(bases) for op in entry.reports])
         except Exception as exc:
             self._fail_unsent(job, exc)
 
@@ -721,7 +671,7 @@ class CudaQueueActor(QueueActor):
         notify = self._notify
         for value in reports:
             driver.stream_wait_value64(notify, self.signal.device_pointer, value)
-            driver.launch_host_func(notify, self._host_signal)
+            driver.launch_host_func(notify, self.host_signal)
         event = self._end_events.pop() if self._end_events else driver.event_create()
         driver.event_record(event, self.stream)
         driver.stream_wait_event(notify, event)

@@ -400,7 +400,7 @@ class Connection:
         ext_id = self.mirrors.known(signal_op.signal)
         if ext_id is None:
             return  # this worker does not wait on that signal
-        value = job.bases[signal_op.slot] + signal_op.rel
+        value = signal_op.value(job.bases)
         if self.mirrors.due(ext_id, value):
             parts.append(encode(Ext([(ext_id, value)])))
 
@@ -469,11 +469,12 @@ class Connection:
             batch.jobs[program.slot] = (job, program)
             prog_ids.append(program.prog_id)
             self.mirrors.due_of(program.mirrors, ext)
-            for signal, slot, rel, ext_id in program.mirrors:
-                target = bases[slot] + rel
+            for wait, ext_id in program.mirrors:
+                signal = wait.signal
+                target = wait.target(bases)
                 if signal.value >= target:
                     continue
-                if (slot, rel, ext_id) in program.direct and queue_of(signal) is not None:
+                if (wait.slot, wait.rel, ext_id) in program.direct and queue_of(signal) is not None:
                     direct.append((signal, target, ext_id))
                 else:
                     # Forwarded from the task that sets the signal, as it sets it (often
@@ -691,7 +692,7 @@ class Connection:
             sub.fail(item, program.queue.name, error)
         queue = program.queue
         queue.ended(job)
-        queue.signal.set(batch.bases[done.slot] + program.final)
+        queue.signal.set(program.own.value(batch.bases))
         queue.finish(job)
 
     # -- failure --

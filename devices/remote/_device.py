@@ -94,7 +94,7 @@ class RemoteQueue(QueueActor):
         self.ended(job)
         own = own_signal(job.ops)
         if own is not None:
-            self.signal.set(job.bases[own.slot] + own.rel)
+            self.signal.set(own.value(job.bases))
         job.fail(self.name, error, item=-1)
 
     def pending(self) -> list[tuple[Job, int]]:

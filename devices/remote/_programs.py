@@ -17,8 +17,20 @@ from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from .._device import DeviceError
-from .._ops import AWAIT, Job, Op, Script, SignalOp, WaitOp, WireOp, own_signal
+from .._ops import (
+    AWAIT,
+    WIRE,
+    Job,
+    Op,
+    RunOp,
+    Script,
+    SignalOp,
+    WaitOp,
+    WorkOp,
+    own_signal,
+)
 from .._signal import Signal
+from .._walk import OpWalker
 from ._transport import Read
 from .frames import Frame, encode
 from .wire import (
@@ -102,14 +114,13 @@ class Mirrors:
             del self._moved[ext_id]
         return True
 
-    def due_of(
-        self, mirrors: Sequence[tuple[Signal, int, int, int]], ext: list[tuple[int, int]]
-    ) -> None:
-        """Append to `ext` the values of `mirrors` (a program's: signal, slot, rel, id)
-        not yet sent, each as (mirror id, value), and count them as sent."""
+    def due_of(self, mirrors: Sequence[tuple[WaitOp, int]], ext: list[tuple[int, int]]) -> None:
+        """Append to `ext` the values of `mirrors` (a program's: each wait on a mirrored
+        signal, with its mirror id) not yet sent, each as (mirror id, value), and count
+        them as sent."""
         sent = self._sent
-        for signal, _, _, ext_id in mirrors:
-            value = signal.value
+        for wait, ext_id in mirrors:
+            value = wait.signal.value
             if sent.get(ext_id, -1) < value:
                 sent[ext_id] = value
                 if not self._moved or not self._by_worker(ext_id, value):
@@ -119,18 +130,18 @@ class Mirrors:
 class KeptProgram:
     """One queue's op list as the worker holds it (or holds it for one batch)."""
 
-    __slots__ = ("direct", "final", "mirrors", "prog_id", "queue", "slot")
+    __slots__ = ("direct", "mirrors", "own", "prog_id", "queue", "slot")
 
     def __init__(
         self,
         prog_id: int,
         ops: Sequence[Op],
         queue: RemoteQueue,
-        mirrors: Sequence[tuple[Signal, int, int, int]],
+        mirrors: Sequence[tuple[WaitOp, int]],
         direct: Set[tuple[int, int, int]],
     ) -> None:
         """The program `prog_id` of `queue`, written from `ops`: the client's signals it
-        waits on, as mirrored (`mirrors`: signal, base slot, rel, mirror id), and the
+        waits on, as mirrored (`mirrors`: each wait on one, with its mirror id), and the
         waits among them that another worker tells this one of directly (`direct`: base
         slot, rel, id), which the client forwards only if it loses that worker. Raises
         DeviceError for ops that do not end with their queue's own signal."""
@@ -140,7 +151,7 @@ class KeptProgram:
         if own is None:
             raise DeviceError(f"{queue.name}: a queue's op list ends with its own signal")
         self.slot = own.slot
-        self.final = own.rel  # where the job leaves its queue's signal
+        self.own = own  # its last signal: where a job of it leaves its queue's signal
         self.mirrors = tuple(mirrors)
         self.direct = frozenset(direct)
 
@@ -170,8 +181,8 @@ class Programs:
             return kept
         conn = self._connection
         prog_id = conn.new_id()
-        writer = _Writer(conn, queue)
-        entries, one_shot = writer.entries(job.ops, parts)
+        writer = _Writer(conn, queue, parts)
+        entries, one_shot = writer.entries(job.ops)
         program = KeptProgram(prog_id, job.ops, queue, writer.mirrors, writer.direct)
         # Kept once sent again; host writes carry their data: never kept, never remembered.
         store = sent is not None and not one_shot
@@ -189,40 +200,53 @@ class Programs:
         return program
 
 
-class _Writer:
-    """One op list of `queue` written as a program's entries, and what its waits are
-    (`mirrors`, `direct`: see KeptProgram)."""
+class _Writer(OpWalker):
+    """One op list of `queue` written as a program's entries (`out`), and what its waits
+    are (`mirrors`, `direct`: see KeptProgram); `one_shot`: it is a host write's (sent
+    once); the blobs of a host write go to `parts`, ahead of it."""
 
-    def __init__(self, connection: Connection, queue: RemoteQueue) -> None:
+    taker = "a worker's program"
+
+    def __init__(self, connection: Connection, queue: RemoteQueue, parts: list[Any]) -> None:
+        super().__init__(f"{queue.name}'s program for its worker")
         self.connection = connection
         self.queue = queue
-        self.mirrors: list[tuple[Signal, int, int, int]] = []
+        self.parts = parts
+        self.out: list[Any] = []
+        self.one_shot = False
+        self.mirrors: list[tuple[WaitOp, int]] = []
         self.direct: set[tuple[int, int, int]] = set()
         # The waits of the item about to come (since the previous item or signal):
         # signal -> (base slot, value, mirror id)
         self.own_waits: dict[Signal, tuple[int, int, int]] = {}
 
-    def entries(self, ops: Sequence[Op], parts: list[Any]) -> tuple[list[Any], bool]:
-        """The entries, and whether the op list is a host write's (sent once)."""
-        out: list[Any] = []
-        one_shot = False
-        for op in ops:
-            if isinstance(op, WaitOp):
-                out.append(self._wait(op))
-            elif isinstance(op, SignalOp):
-                self.own_waits = {}
-                # Reported back only where a queue off this worker waits on it (the job's
-                # last signal always is, with its "done").
-                out.append(SignalEntry(op.slot, op.rel, 1 if op.host else 0))
-            elif isinstance(op, WireOp):
-                out.append(self._item(op.entry))
-                if op.blobs is not None:  # a host write: its data goes ahead of it
-                    one_shot = True
-                    for blob_id, chunk in op.blobs:
-                        parts += [encode(Blob(blob_id), len(chunk)), chunk]
-            else:
-                raise DeviceError(f"{self.queue.name}: op {op[0]!r} cannot run on a worker")
-        return out, one_shot
+    def entries(self, ops: Sequence[Op]) -> tuple[list[Any], bool]:
+        """The entries, and whether the op list is a host write's (sent once).
+
+        Raises OpCodeError for an op a worker's queue does not run (one not lowered by
+        a REMOTE device)."""
+        self.walk(ops)
+        return self.out, self.one_shot
+
+    def wait(self, op: WaitOp, index: int) -> bool:
+        self.out.append(self._wait(op))
+        return True
+
+    def signal(self, op: SignalOp, index: int) -> None:
+        self.own_waits = {}
+        # Reported back only where a queue off this worker waits on it (the job's last
+        # signal always is, with its "done").
+        self.out.append(SignalEntry(op.slot, op.rel, 1 if op.host else 0))
+
+    def work(self, op: WorkOp, index: int) -> bool:
+        if op.code != WIRE:
+            raise self.refuse(op, index, self.queue.op_codes)
+        self.out.append(self._item(op.entry))
+        if op.blobs is not None:  # a host write: its data goes ahead of it
+            self.one_shot = True
+            for blob_id, chunk in op.blobs:
+                self.parts += [encode(Blob(blob_id), len(chunk)), chunk]
+        return True
 
     def _wait(self, op: WaitOp) -> Any:
         conn = self.connection
@@ -231,7 +255,7 @@ class _Writer:
         if local is not None and local.device.connection is conn:
             return LocalWaitEntry(local.device.inner, op.slot, op.rel, local.kind.value)
         ext_id = conn.mirrors.id_of(signal)
-        self.mirrors.append((signal, op.slot, op.rel, ext_id))
+        self.mirrors.append((op, ext_id))
         self.own_waits[signal] = (op.slot, op.rel, ext_id)
         if local is not None and local.tells_peers:
             # A queue of another worker, which tells this one itself: the client
@@ -286,45 +310,75 @@ class LocalPlan:
 
     def __init__(self, connection: Connection, ops: Sequence[Op]) -> None:
         self.pulls = pulls_after_waits(connection, ops)
-        self.signal_after: dict[int, SignalOp] = {}  # op index of a push -> its signal
-        for i in range(len(ops) - 1):
-            op, after = ops[i], ops[i + 1]
-            if isinstance(after, SignalOp) and op[0] == AWAIT and op[1] == connection.push:
-                self.signal_after[i] = after
+        # op index of a push -> the signal right after it
+        self.signal_after = _LocalReader(connection).read(ops).signal_after
 
 
-# A copy from the worker asked for ahead: (buffer ref, bytes, the wait's slot and value,
-# the queue's name, the copy's op index)
-AheadPull = tuple[Any, int, int, int, str, int]
+# A copy from the worker asked for ahead: (buffer ref, bytes, the wait it follows, the
+# queue's name, the copy's op index)
+AheadPull = tuple[Any, int, WaitOp, str, int]
 
 
 def pulls_after_waits(connection: Connection, ops: Sequence[Op]) -> list[AheadPull]:
     """The copies from this worker in `ops` that follow a wait on one of its queues."""
-    found = []
-    for i in range(1, len(ops)):
-        op = ops[i]
-        if op[0] != AWAIT or op[1] != connection.pull:
-            continue
-        # The copy's own waits (those just before it) on this worker's queues: they
-        # are on the source device's, for what wrote the source. With one, its value
-        # says the bytes are ready; with two (both of its queues wrote them), neither
-        # alone does, and the copy reads when it runs.
+    return _LocalReader(connection).read(ops).pulls
+
+
+class _LocalReader(OpWalker):
+    """A client-local queue's op list, read for the copies from the connection's worker
+    that follow a wait on one of its queues (`pulls`) and the signal right after each
+    push to it (`signal_after`)."""
+
+    taker = "a client-local queue"
+
+    def __init__(self, connection: Connection) -> None:
+        super().__init__(f"the transfers of {connection.host}:{connection.port}")
+        self.connection = connection
+        self.pulls: list[AheadPull] = []
+        self.signal_after: dict[int, SignalOp] = {}
+        self.waits: list[WaitOp] = []  # those right before the op walked now
+        self.push = -1  # the index of the op before this one if it is a push, else -1
+
+    def read(self, ops: Sequence[Op]) -> _LocalReader:
+        self.walk(ops)
+        return self
+
+    def wait(self, op: WaitOp, index: int) -> bool:
+        self.waits.append(op)
+        self.push = -1
+        return True
+
+    def signal(self, op: SignalOp, index: int) -> None:
+        if self.push == index - 1:
+            self.signal_after[self.push] = op
+        self.waits = []
+        self.push = -1
+
+    def work(self, op: WorkOp, index: int) -> bool:
+        connection = self.connection
+        if op.code == AWAIT and op.fn == connection.pull:
+            self._pull(op, index)
+        self.push = index if op.code == AWAIT and op.fn == connection.push else -1
+        self.waits = []
+        return True
+
+    def _pull(self, op: RunOp, index: int) -> None:
+        # The copy's own waits (those just before it) on this worker's queues: they are
+        # on the source device's, for what wrote the source. With one, its value says
+        # the bytes are ready; with two (both of its queues wrote them), neither alone
+        # does, and the copy reads when it runs.
         mine: list[tuple[WaitOp, RemoteQueue]] = []
-        j = i - 1
-        while j >= 0 and isinstance(ops[j], WaitOp):
-            wait: WaitOp = ops[j]  # type: ignore[assignment]
+        for wait in self.waits:
             queue = queue_of(wait.signal)
-            if queue is not None and queue.device.connection is connection:
+            if queue is not None and queue.device.connection is self.connection:
                 mine.append((wait, queue))
-            j -= 1
         if len(mine) != 1:
-            continue
+            return
         wait, queue = mine[0]
-        dst, ref = op[2]
+        dst, ref = op.args
         nbytes = int(dst.nbytes)
         if nbytes <= EARLY_PULL_BYTES:
-            found.append((ref, nbytes, wait.slot, wait.rel, queue.key, i))
-    return found
+            self.pulls.append((ref, nbytes, wait, queue.key, index))
 
 
 class PullsAhead:
@@ -356,14 +410,14 @@ class PullsAhead:
             return
         parts: list[bytes | memoryview] = []
         early: dict[int, tuple[Read, bytearray]] = {}
-        for ref, nbytes, slot, rel, queue, index in pulls:
+        for ref, nbytes, wait, queue, index in pulls:
             if self.bytes + nbytes > EARLY_BYTES:
                 break  # the rest are read when they run
             staging = bytearray(nbytes)
             read_id, read = transport.expect_read(memoryview(staging))
             early[index] = (read, staging)
             self.bytes += nbytes
-            parts.append(encode(GetWhen(read_id, ref, queue, job.bases[slot] + rel)))
+            parts.append(encode(GetWhen(read_id, ref, queue, wait.target(job.bases))))
         if early:
             self._early[job] = early
             transport.queue_now(Frame(parts))

@@ -106,6 +106,7 @@ __all__ = [
     "HostReadEntry",
     "HostWriteEntry",
     "ID_MAX",
+    "ItemEntry",
     "JobTimes",
     "KernelEntry",
     "Limits",
@@ -720,6 +721,11 @@ class HostReadEntry(NamedTuple):
     item: int
     src: Ref
     read: int
+
+
+# The entries that run an item of the client's program (a WIRE op's entry), each with its
+# index in `item`: the others are its waits and signals.
+ItemEntry = KernelEntry | CodeEntry | CopyEntry | PullEntry | HostWriteEntry | HostReadEntry
 
 
 def _watch_source(value: Any, what: str) -> tuple[str, int, int, str, bytes]:
