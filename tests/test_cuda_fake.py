@@ -25,7 +25,7 @@ from _model import ProgramSpec, check_program, random_programs
 from _paths import ROOT, child_pythonpath
 from actorgraph.devices.cuda import CopyKind, FakeDriver
 from actorgraph.devices.cuda import _commands as C
-from actorgraph.devices.cuda._driver import CudaError
+from actorgraph.devices.cuda._driver import CudaError, running_host_callback
 from actorgraph.devices.remote.wire import decode
 from actorgraph.scheduler import DeviceCaps, ItemKind, PlanItem, QueueId, QueueKind, assign_queue
 from hypothesis import given, settings
@@ -1111,3 +1111,39 @@ async def test_a_gpu_buffer_is_read_into_host_memory_from_a_trio_task() -> None:
             part = np.zeros(8, np.int32)
             await device.read_into(part, x.view(offset=5, size=8))
             np.testing.assert_array_equal(part, np.arange(5, 13))
+
+
+async def test_an_exported_buffer_collected_in_a_host_function_is_freed_off_that_thread() -> None:
+    # The collector may run an exported buffer's finalizer on the thread of a stream's
+    # host function, where the driver may not be called: its memory goes from a thread
+    # of its own, never that one.
+    freed_on: list[int] = []
+
+    class Recording(FakeDriver):
+        def mem_free(self, pointer: int) -> None:
+            freed_on.append(threading.get_ident())
+            super().mem_free(pointer)
+
+    driver = Recording()
+    async with runtime(["CUDA:0"], driver) as rt:
+        b = rt.alloc("CUDA:0", SIZE, np.int32)
+        view = np.from_dlpack(b)
+        pointer = b.memory.pointer
+        del b
+    freed_on.clear()
+    host: list[int] = []
+
+    def collect_in_a_host_function() -> None:
+        nonlocal view
+        host.append(threading.get_ident())
+        with running_host_callback():
+            del view
+            gc.collect()
+
+    thread = threading.Thread(target=collect_in_a_host_function)
+    thread.start()
+    thread.join(30)
+    for freeing in [t for t in threading.enumerate() if t.name == "CUDA:0/free"]:
+        freeing.join(30)
+    assert not driver.allocated(pointer)
+    assert freed_on and host[0] not in freed_on
