@@ -281,6 +281,29 @@ async def test_worker_to_worker_copy_skips_the_client(
             np.testing.assert_array_equal(await rt.copyout(y), np.arange(1 << 16) + 1)
 
 
+async def test_a_copy_to_a_worker_lands_before_another_worker_reads_it(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # The copy from this host to A is done here once its bytes are sent, and B reads them
+    # from A over a link of its own, which can arrive first: B's read must wait until A
+    # has taken what the client sent it before (the buffer's alloc, then its bytes).
+    a_worker, b_worker = workers
+    ra, rb = a_worker.name("CPU:0"), b_worker.name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", ra, rb]) as rt:
+            for k, n in enumerate([1 << 14] * 30 + [1 << 20] * 3):
+                x = rt.alloc("CPU:0", n, np.int32)
+                await rt.copyin(x, np.arange(n, dtype=np.int32) + k)
+                y = rt.alloc(ra, n, np.int32)  # new each time: its alloc races the read too
+                z = rt.alloc(rb, n, np.int32)
+                graph = await rt.compile([ag.Copy(dst=y, src=x), ag.Copy(dst=z, src=y)])
+                await graph()
+                got = await rt.copyout(z)
+                np.testing.assert_array_equal(got, np.arange(n) + k, err_msg=f"copy {k}")
+                for buf in (x, y, z):
+                    rt.free(buf)
+
+
 async def test_concurrent_replays_and_eager_work_keep_order(
     workers: tuple[Worker, Worker],
 ) -> None:

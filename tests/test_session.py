@@ -5,7 +5,9 @@ peers read only what a ticket names. Spoken to over the raw wire protocol.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -160,7 +162,7 @@ async def test_refuses_bad_requests_and_keeps_the_session(
                 # A message of the protocol that a worker sends, not a client.
                 (
                     ["sig", 1, 2, 3],
-                    "unknown request 'sig': a client sends only alloc, batch, ext, forget, "
+                    "unknown request 'sig': a client sends only alloc, batch, ext, fence, forget, "
                     "free, getwhen, ping, prog, watch without data",
                 ),
                 (["free"], "has 1 fields, got 0"),
@@ -372,6 +374,43 @@ async def test_peer_reads_need_a_valid_ticket(workers: tuple[Worker, Worker]) ->
             meta, tail = await stream.receive()
             assert meta[:2] == ["data", 2] and tail == 16
             stream.sock.close()
+
+
+async def test_a_peer_read_waits_for_what_the_client_sent_before_its_fence(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # A read names how far the source's client had written there (`after`, bytes of its
+    # frames): it is answered once the worker has taken that much, and a bad ticket is
+    # refused at once whatever it names.
+    worker, _ = workers
+    with trio.fail_after(GUARD):
+        async with runtime([worker.name("CPU:0")]) as rt:
+            x = rt.alloc(worker.name("CPU:0"), 4, np.int32)
+            await rt.copyin(x, np.arange(4, dtype=np.int32))
+            conn = rt.device(worker.name("CPU:0")).connection
+            ref = [x.memory.handle, 0, [4]]
+            ticket = conn.ticket(ref[0])
+            ahead = conn.transport.taken + 1  # the client has not sent that much yet
+            parked, other = await _peer(worker.port), await _peer(worker.port)
+            await parked.send([encode(["pread", 1, conn.session_id, ref, b"0" * 32, 1 << 60])])
+            meta, _ = await parked.receive()
+            assert meta[0] == "error" and "bad read ticket" in meta[-1]
+            await parked.send([encode(["pread", 2, conn.session_id, ref, ticket, ahead])])
+            taken = conn.transport.taken
+            await other.send([encode(["pread", 3, conn.session_id, ref, ticket, taken])])
+            meta, tail = await other.receive()
+            assert meta[:2] == ["data", 3] and tail == 16
+            assert not parked.buffered  # still waiting for the client: nothing came
+            with socket.socket(fileno=os.dup(parked.sock.fileno())) as raw:
+                raw.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    raw.recv(1, socket.MSG_PEEK)
+            # The client sends more (a read of its own): the parked read goes.
+            np.testing.assert_array_equal(await rt.copyout(x), np.arange(4))
+            meta, tail = await parked.receive()
+            assert meta[:2] == ["data", 2] and tail == 16
+            parked.sock.close()
+            other.sock.close()
 
 
 def test_worker_refuses_to_serve_other_hosts_without_a_token(

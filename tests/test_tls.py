@@ -440,11 +440,7 @@ async def _every_direction(workers: tuple[Worker, Worker], **options: object) ->
             seen.append((await rt.copyout(x)).tobytes())  # worker -> host
             await rt.copyin(local, data[::-1].copy())
             await rt.run([ag.Copy(dst=y, src=local)])  # local -> worker
-            # A write from this host to a worker is done here once it is sent, and
-            # another worker's pull of it does not wait for it to land: read it back
-            # over the same connection first, which does.
-            await rt.copyout(y)
-            await rt.run([ag.Copy(dst=z, src=y)])  # worker -> worker
+            await rt.run([ag.Copy(dst=z, src=y)])  # worker -> worker, right after
             await rt.run([ag.Copy(dst=y, src=x)])  # within a worker
             await rt.run([ag.Copy(dst=back, src=z)])  # worker -> local
             seen += [(await rt.copyout(v)).tobytes() for v in (back, y, z)]

@@ -8,7 +8,9 @@ from actorgraph.devices.remote.frames import HEADER, decode_frame, encode
 from actorgraph.devices.remote.wire import (
     VERSION,
     Batch,
+    Fence,
     Limits,
+    PRead,
     PullEntry,
     Ref,
     SignalEntry,
@@ -114,6 +116,27 @@ def test_optional_fields_at_their_defaults_are_not_sent() -> None:
     assert as_meta(SignalEntry(2, 1, 0)) == ["s", 2, 1, 0]
     ref = Ref(1, 0, ())
     assert len(as_meta(PullEntry(0, ref, "h", 1, 2, ref, b"t", "CPU:0"))) == 9  # no follows
+    # A read between workers that need not wait for its source's client goes without
+    # its fence (`after` 0); one that must says how far.
+    ticket = bytes(32)
+    assert len(as_meta(PRead(4, 2, ref, ticket))) == 5
+    assert _sent(PRead(4, 2, ref, ticket, 70)).after == 70
+
+
+def _sent(message: object) -> object:
+    """`message` as the other side decodes it."""
+    return decode(decode_frame(encode(as_meta(message)), LIMITS)[0])
+
+
+def test_a_fence_names_each_source_and_how_far() -> None:
+    fence = Fence([("10.0.0.5", 7000, 3, 1 << 40)])
+    assert _sent(fence) == fence
+    with pytest.raises(WireError, match="fence port = 0 is outside 1..65535"):
+        decode(["fence", [["h", 0, 1, 2]]])
+    with pytest.raises(WireError, match="fence entry must have 4 entries"):
+        decode(["fence", [["h", 1, 2]]])
+    with pytest.raises(WireError, match="fence bytes = -1 is outside"):
+        decode(["fence", [["h", 1, 2, -1]]])
 
 
 @pytest.mark.parametrize(

@@ -91,10 +91,14 @@ class _BatchSubmission(Submission):
 
 
 class _Early(NamedTuple):
-    """A copy's bytes read ahead from another worker: the read, and where they land."""
+    """A copy's bytes read ahead from another worker: the read, where they land, and how
+    far the client had written to the source when they were asked for (its Fence then):
+    if it wrote there since, before it let the copy go on, they may be older than that
+    write, and the copy reads them again."""
 
     read: PeerRead
     staging: bytearray
+    fence: int
 
 
 class Batches:
@@ -255,6 +259,7 @@ class Batches:
                     continue
                 self.early_bytes += early.nbytes
                 value = client_bases[early.slot] + early.rel
+                fence = session.fence_of(early.host, early.port, early.session)
                 arrived = functools.partial(session.mirror(early.mirror).set, value)
                 lost = functools.partial(self.link_lost, batch_id, early.host, early.port)
                 read, staging = peers.pull_when(
@@ -268,8 +273,9 @@ class Batches:
                     early.nbytes,
                     arrived,
                     lost,
+                    fence,
                 )
-                self._early[(batch_id, early.item)] = _Early(read, staging)
+                self._early[(batch_id, early.item)] = _Early(read, staging, fence)
         for p in programs:
             pulled = {(e.slot, e.rel, e.mirror) for e in p.early}
             for slot, rel, ext_id, (host, port, sid, queue, ticket) in p.watches:
@@ -377,9 +383,12 @@ class Batches:
         early = self._early.get(key)
         if early is None:
             return False
-        read, staging = early
+        read, staging, fence = early
         if not read.done.is_set() or read.error is not None:
             return False
+        host, port, sid = source[:3]
+        if self.session.fence_of(host, port, sid) > fence:  # type: ignore[arg-type]
+            return False  # the client wrote there since: `_pull` reads them again
         del self._early[key]
         self.early_bytes -= len(staging)
         dst[:] = staging
@@ -399,19 +408,26 @@ class Batches:
         if job.submission.error is not None:
             return
         peers = self.session.worker.peers
+        # What the client had written to the source before it let this copy go on.
+        after = self.session.fence_of(host, port, sid)
         early = self._early.pop((job.bases[BATCH], item), None)
         if early is None:
-            await peers.pull(host, port, sid, ref, ticket, dst)
+            await peers.pull(host, port, sid, ref, ticket, dst, after)
             return
-        read, staging = early
+        read, staging, fence = early
         self.early_bytes -= len(staging)
+        if after > fence:
+            # The client wrote to the source after these were asked for, and before it
+            # let this copy go on: they may be older than that write.
+            await peers.pull(host, port, sid, ref, ticket, dst, after)
+            return
         await read.done.wait()
         if isinstance(read.error, PeerRefusedError):
             raise ConnectionError(str(read.error))
         if read.error is not None:
             # The link failed before the bytes came (the client relayed the wait this
             # copy follows): read them now, over a new link, or fail naming it.
-            await peers.pull(host, port, sid, ref, ticket, dst)
+            await peers.pull(host, port, sid, ref, ticket, dst, after)
             return
         dst[:] = staging
 

@@ -81,12 +81,30 @@ class Link:
                 self.out.send(Error(meta[0], req, str(exc)))
 
     def _send_read(self, request: PRead) -> Awaitable[None]:
-        """A PRead's bytes, now; what it returns is waited for before the next request.
-        They are the buffer itself until they have left, and no longer: a link waiting
-        for its next request holds none of a client's memory (a client may leave
-        meanwhile)."""
+        """A PRead's bytes, now (once the source's client's frames are taken as far as
+        the read says); what it returns is waited for before the next request. They are
+        the buffer itself until they have left, and no longer: a link waiting for its
+        next request holds none of a client's memory (a client may leave meanwhile)."""
+        session = self._fenced(request.session, request.src, request.ticket, request.after)
+        if session is not None:
+            return self._send_read_after(request, session)
         _, data = self._read(request.session, request.src, request.ticket)
         return send_data(self.out, request.request, data).wait()
+
+    def _fenced(self, sid: int, ref: Ref, ticket: bytes, after: int) -> Session | None:
+        """The session a read must wait for first (its client's frames not yet taken up
+        to `after`: a write it sent ahead of what let the read go on), else None."""
+        session = self.sessions.get(sid)
+        if session is None or session.taken >= after:
+            return None
+        if not hmac.compare_digest(ticket, session.read_ticket(ref.handle)):
+            return None  # refused by _read, as any bad ticket
+        return session
+
+    async def _send_read_after(self, request: PRead, session: Session) -> None:
+        await session.client_took(request.after)
+        _, data = self._read(request.session, request.src, request.ticket)
+        await send_data(self.out, request.request, data).wait()
 
     def _count_waiting(self) -> None:
         limit = self.worker.limits.max_signals
@@ -94,8 +112,20 @@ class Link:
             raise Refused(f"too many waiting reads (limit {limit})")
         self.waiting += 1
 
-    def _read_when(self, request: PWhen) -> None:
-        """Send the bytes once the source's queue gets there, from the task that moves it."""
+    def _read_when(self, request: PWhen) -> Awaitable[None] | None:
+        """Send the bytes once the source's queue gets there, from the task that moves it
+        (asked once the source's client's frames are taken as far as the read says)."""
+        session = self._fenced(request.session, request.src, request.ticket, request.after)
+        if session is not None:
+            return self._read_when_after(request, session)
+        self._read_when_now(request)
+        return None
+
+    async def _read_when_after(self, request: PWhen, session: Session) -> None:
+        await session.client_took(request.after)
+        self._read_when_now(request)
+
+    def _read_when_now(self, request: PWhen) -> None:
         data: memoryview | None  # None: looked up when they go
         try:
             session, data = self._read(request.session, request.src, request.ticket)

@@ -437,13 +437,20 @@ class Peers:
             read.fail(ConnectionError(f"worker-to-worker read from {host}:{port} failed: {exc}"))
 
     async def pull(
-        self, host: str, port: int, sid: int, ref: Ref, ticket: bytes, dst: memoryview
+        self,
+        host: str,
+        port: int,
+        sid: int,
+        ref: Ref,
+        ticket: bytes,
+        dst: memoryview,
+        after: int = 0,
     ) -> None:
-        """Read the source buffer now into `dst`."""
+        """Read the source buffer into `dst`, now, or once the source has taken `after`
+        bytes of its client's frames (PRead.after)."""
         read = PeerRead(dst)
-        await self._ask(
-            host, port, read, functools.partial(PRead, session=sid, src=ref, ticket=ticket)
-        )
+        request = functools.partial(PRead, session=sid, src=ref, ticket=ticket, after=after)
+        await self._ask(host, port, read, request)
         await read.done.wait()
         if isinstance(read.error, PeerRefusedError):
             raise read.error
@@ -481,6 +488,7 @@ class Peers:
         nbytes: int,
         arrived: Callable[[], None],
         lost: Callable[[BaseException], None],
+        after: int = 0,
     ) -> tuple[PeerRead, bytearray]:
         """Ask for the source buffer's bytes once the source's queue `queue` reaches
         `value`; they land in the staging returned with the read. `lost` is called if the
@@ -488,7 +496,7 @@ class Peers:
         staging = bytearray(nbytes)
         read = PeerRead(memoryview(staging), arrived, lost)
         request = functools.partial(
-            PWhen, session=sid, src=ref, ticket=ticket, queue=queue, value=value
+            PWhen, session=sid, src=ref, ticket=ticket, queue=queue, value=value, after=after
         )
         self._ask_soon(host, port, read, request)
         return read, staging

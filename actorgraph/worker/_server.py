@@ -324,7 +324,9 @@ class Worker:
         return None  # shed: Admission said so
 
     async def _client_loop(self, stream: FrameStream, session: Session) -> None:
+        start = stream.taken  # the handshake's frames: the client counts from after them
         while True:
+            session.took(stream.taken - start)
             meta, tail = await stream.receive()
             try:
                 request = decode(meta)

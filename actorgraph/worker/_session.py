@@ -30,6 +30,7 @@ from actorgraph.devices.remote.wire import (
     Alloc,
     Batch,
     Ext,
+    Fence,
     Forget,
     Free,
     GetWhen,
@@ -58,6 +59,9 @@ from ._staging import bytes_of
 
 if TYPE_CHECKING:
     from ._host import Host
+
+
+_MAX_FENCED = 1 << 12  # other workers' sessions a client may fence reads of
 
 
 class Session:
@@ -94,6 +98,15 @@ class Session:
         self.batches = Batches(self)
         # AWAIT ops a job run inline runs at once where it can (devices/_inline.py).
         self.report_op = Quick(self._report_now)
+        # Bytes of this client's frames taken (each handled) since the handshake, what
+        # reads by other workers wait for (`client_took`), and the reads waiting.
+        self.taken = 0
+        self._fenced: list[tuple[int, trio.Event]] = []
+        # How far this client had written to each other worker's session this one reads
+        # from, by (host, port, session id), as its Fences said: what such a read waits
+        # for there (PRead.after).
+        self.fences: dict[tuple[str, int, int], int] = {}
+        self.closed = False
 
     def queue(self, device_name: str, kind: QueueKind = QueueKind.COMPUTE) -> QueueActor:
         """The queue of `kind` this client's programs on `device_name` run on."""
@@ -180,6 +193,35 @@ class Session:
         self.mirrors.clear()
         self._progress.clear()
         self.bytes_used = 0
+        self.closed = True
+        fenced, self._fenced = self._fenced, []
+        for _, event in fenced:
+            event.set()  # the reads find no session, and say so
+
+    # -- how far this client's frames are taken: what another worker's read waits for --
+
+    def took(self, taken: int) -> None:
+        """This client's frames are taken and handled up to byte `taken` of its stream."""
+        self.taken = taken
+        if self._fenced:
+            due = [event for after, event in self._fenced if after <= taken]
+            self._fenced = [(after, event) for after, event in self._fenced if after > taken]
+            for event in due:
+                event.set()
+
+    async def client_took(self, after: int) -> None:
+        """Return once this client's frames are taken up to byte `after` of its stream
+        (or the session ended): a read of its buffers by another worker follows every
+        write its client had sent here before it let that read go on."""
+        if self.taken >= after or self.closed:
+            return
+        event = trio.Event()
+        self._fenced.append((after, event))
+        await event.wait()
+
+    def fence_of(self, host: str, port: int, sid: int) -> int:
+        """How far this client had written to that worker's session when it last said."""
+        return self.fences.get((host, port, sid), 0)
 
     # -- lookups, each with a refusal that names the id --
 
@@ -348,6 +390,18 @@ class Session:
     def _ext(self, request: Ext) -> None:
         self.set_mirrors(request.values)
 
+    def _fence(self, request: Fence) -> None:
+        fences = self.fences
+        for host, port, sid, taken in request.sources:
+            key = (host, port, sid)
+            if key not in fences and len(fences) >= _MAX_FENCED:
+                raise Refused(
+                    f"fences for more than {_MAX_FENCED} sessions of other workers; a client "
+                    f"names only the sessions its copies read from"
+                )
+            if taken > fences.get(key, 0):
+                fences[key] = taken
+
     def _prog(self, request: Prog) -> None:
         limit = self.worker.limits.max_programs
         if len(self.programs) >= limit:
@@ -415,6 +469,7 @@ class Session:
         Free: _free,
         Forget: _forget,
         Ext: _ext,
+        Fence: _fence,
         Prog: _prog,
         Batch: _batch,
         GetWhen: _getwhen,

@@ -159,6 +159,15 @@ costs one message from worker to worker, and none through the client. The client
 forwards that signal too, later, which is what lets the destination go on if the source
 worker dies. Copies over 1 MiB are read when they run ("pread"), into the destination.
 
+What the client writes to a worker outside its queues (an alloc, a push's bytes) it
+counts done once sent, so another worker's read of that buffer could reach the source
+first. Each worker the client's programs read from is fenced: before anything that may
+let such a read go on, the client tells the reading worker how far its frames to the
+source go (["fence", [[host, port, session, bytes]]], where the source's last alloc or
+push ends), and the read names that point ("pread"/"pwhen" `after`); the source answers
+it once it has taken that many bytes of its client's frames. Bytes read ahead under an
+older fence are read again.
+
 Profiles
 --------
 A profiled replay's batch says so (`Batch.profile`): the worker posts its jobs to their

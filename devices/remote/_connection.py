@@ -37,6 +37,7 @@ from .wire import (
     Done,
     Error,
     Ext,
+    Fence,
     Free,
     Get,
     JobTimes,
@@ -158,6 +159,9 @@ class Connection:
         self.ahead = PullsAhead(self)
         self.allocated = 0
         self.batches_sent = 0
+        # The connections whose workers this one's copies read from, each with the point
+        # of its stream (Transport.taken) last told this worker (`fence`).
+        self._sources: dict[Connection, int] = {}
         # The worker's clock against this host's (for profiles), and the pings out:
         # ping id -> (when it left, set when its Pong came or the connection was lost).
         self.clock = PeerClock()
@@ -282,7 +286,8 @@ class Connection:
             )
         handle = self.new_id()
         self.allocated += nbytes
-        self.transport.queue(Frame([encode(Alloc(handle, device.inner, nelems, dtype.str))]))
+        alloc = encode(Alloc(handle, device.inner, nelems, dtype.str))
+        self.transport.queue(Frame([alloc], writes=True))
         return RemoteMemory(handle, nbytes, self, dtype)
 
     def free(self, memory: RemoteMemory) -> None:
@@ -365,7 +370,7 @@ class Connection:
         if not parts:
             parts = [encode(Put(ref, 0))]
         self._announce_signal_after(job, parts)
-        frame = Frame(parts, sent)
+        frame = Frame(parts, sent, writes=True)
         transport.queue_now(frame)
         if sent.is_set():
             # Sent from this task at once: no trip through the scheduler (a wake-up per
@@ -452,6 +457,22 @@ class Connection:
         # Held until the submission is whole (flush): its jobs for this worker go as one
         # batch, from the submitter's task.
         self.transport.hold((job, queue))
+
+    def reads_from(self, source: Connection) -> None:
+        """This worker's programs copy from `source`'s worker: what the client has written
+        there is fenced ahead of what lets such a copy go on (`fence`)."""
+        if source is not self:
+            self._sources.setdefault(source, 0)
+
+    def fence(self) -> bytes | None:
+        moved = []
+        sources = self._sources
+        for source, told in sources.items():
+            written = source.transport.written
+            if written > told:
+                sources[source] = written
+                moved.append((source.host, source.port, source.session_id, written))
+        return encode(Fence(moved)) if moved else None
 
     def encode_batch(self, group: list[Posted], parts: list[bytes | memoryview]) -> None:
         """One submission's jobs for this worker, as one Batch (and the Progs it needs)."""

@@ -264,6 +264,7 @@ class RemoteDevice(Device):
                 )
         if isinstance(dst_dev, RemoteDevice) and isinstance(src_dev, RemoteDevice):
             source = src_dev.connection
+            dst_dev.connection.reads_from(source)
             entry = PullEntry(
                 item,
                 self._ref(dst),

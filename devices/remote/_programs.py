@@ -285,7 +285,8 @@ def _with_source_wait(entry: PullEntry, waits: dict[Signal, tuple[int, int, int]
     device reached by I/O, its waits on what wrote the source even where they are known
     met through another queue (a wait of an earlier item may be for a lower value). With
     waits on both queues of the source device (both wrote it, or one it must not
-    overtake), one alone does not say it: the copy then reads when it runs."""
+    overtake), one alone does not say it: the copy then reads when it runs. (What the
+    client wrote there itself, the read waits for too: see the worker's Fence.)"""
     found: list[tuple[RemoteQueue, tuple[int, int, int]]] = []
     for signal, wait in waits.items():
         queue = queue_of(signal)

@@ -102,6 +102,10 @@ class TransportOwner(Protocol):
     def in_flight(self) -> bool:
         """Whether something sent is still to be answered (a batch)."""
 
+    def fence(self) -> bytes | None:
+        """A `Fence` frame to send ahead of what is taken now (how far the client has
+        written to the workers this one reads from, where that moved), or None."""
+
 
 def _token_from(options: dict[str, Any]) -> bytes | None:
     token = options.get("remote_token")
@@ -202,6 +206,11 @@ class Transport:
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         self.frames_received = 0
         self.sends = 0  # sends on the socket: the messages this client sent the worker
+        # Bytes of the frames taken to send since the handshake, in order (the worker
+        # counts the same of what it has taken), and where the last frame that writes
+        # (Frame.writes) ends in them: what a Fence for this worker names.
+        self.taken = 0
+        self.written = 0
         self._held = 0  # hold_sends() not yet released: frames wait for release_sends()
         self.names = ""  # the devices it serves, for errors (given to `connect`)
         # What flush() could not send whole: the writer sends it before anything else.
@@ -469,6 +478,12 @@ class Transport:
         pending = self._pending
         parts: list[bytes | memoryview] = []
         frames: list[Frame] = []
+        # First, how far the client has written to the workers this one reads from: a
+        # copy this take lets go on reads them only once they have taken that much.
+        fence = self.owner.fence() if pending else None
+        if fence is not None:
+            parts.append(fence)
+        writes = False
         while pending:
             entry = pending.popleft()
             if type(entry) is tuple:
@@ -482,6 +497,10 @@ class Transport:
             else:
                 parts += entry.parts
                 frames.append(entry)
+                writes = writes or entry.writes
+        self.taken += sum(map(len, parts))
+        if writes:
+            self.written = self.taken
         return parts, frames
 
     async def _serve(

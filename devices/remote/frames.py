@@ -142,6 +142,9 @@ class FrameStream:
         self._buf = bytearray()
         self._pos = 0
         self._eager = 0  # reads in a row that found data waiting: see _recv
+        # Bytes of frames taken (headers, metas and tails, read or skipped): a point of
+        # the stream the sender counts too (a client's `Transport.taken`).
+        self.taken = 0
 
     async def _recv(self, n: int) -> bytes | bytearray:
         raw = self.raw
@@ -210,6 +213,7 @@ class FrameStream:
     def _take(self, n: int) -> bytes:
         out = bytes(self._buf[self._pos : self._pos + n])
         self._pos += n
+        self.taken += n
         return out
 
     @property
@@ -241,6 +245,7 @@ class FrameStream:
         if len(buf) < end or (tail_len and not tails):
             return None
         self._pos = end
+        self.taken += end - pos
         return decode_meta(bytes(buf[pos + HEADER.size : end]), self.limits), tail_len
 
     @property
@@ -284,6 +289,7 @@ class FrameStream:
     async def receive_into(self, view: memoryview) -> None:
         """Fill `view` with the next len(view) bytes of the stream (a tail)."""
         n = len(view)
+        self.taken += n
         have = min(n, len(self._buf) - self._pos)
         if have:
             view[:have] = self._buf[self._pos : self._pos + have]
@@ -387,13 +393,20 @@ def no_delay(sock: socket.socket | trio.socket.SocketType) -> None:
 
 class Frame:
     """Parts to send as they are, in order; `sent` is set once they went (or never will:
-    `error` says why)."""
+    `error` says why). `writes`: they make or fill a buffer on the worker outside its
+    queues (an alloc, a put), which another worker's read of it must follow."""
 
-    __slots__ = ("error", "parts", "sent")
+    __slots__ = ("error", "parts", "sent", "writes")
 
-    def __init__(self, parts: list[bytes | memoryview], sent: trio.Event | None = None) -> None:
+    def __init__(
+        self,
+        parts: list[bytes | memoryview],
+        sent: trio.Event | None = None,
+        writes: bool = False,
+    ) -> None:
         self.parts = parts
         self.sent = sent
+        self.writes = writes
         self.error: BaseException | None = None
 
     def went(self, error: BaseException | None) -> None:

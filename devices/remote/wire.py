@@ -30,6 +30,12 @@ frame, naming both. It moves whenever a message's fields change.
                program once (`Code`, its bytes in the tail) and calls it by id
                (`CodeEntry`); a batch may say which of its device timelines the worker
                moves itself once the jobs that touch them end (`Batch.advances`)
+    version 6: a client tells a worker how far it has written to the other workers that
+               worker's copies read from (`Fence`: bytes of frames per source session),
+               and a read between workers waits until the source has taken that much of
+               its client's frames (`PRead.after`, `PWhen.after`): a copy to one worker
+               that the client counts done once sent can no longer be overtaken by
+               another worker's read of it
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
 worker lowers them (`decode_entry`), so a refusal names the item it is about. The field
@@ -97,6 +103,7 @@ __all__ = [
     "Done",
     "Error",
     "Ext",
+    "Fence",
     "Forget",
     "Free",
     "Get",
@@ -148,7 +155,7 @@ __all__ = [
     "watch_ticket",
 ]
 
-VERSION = 5
+VERSION = 6
 
 CHUNK = 64 << 20  # bulk data goes in frames of at most this many bytes
 
@@ -311,6 +318,31 @@ class Ext(NamedTuple):
     """Mirrored signals' new values: [[mirror id, value], ...]."""
 
     values: list[tuple[int, int]]
+
+
+def _fence(value: Any, what: str) -> list[tuple[str, int, int, int]]:
+    out = []
+    for item in want_list(value, what, 1 << 12):
+        fields = want_list(item, "fence entry", 4, size=4)
+        out.append(
+            (
+                want_str(fields[0], "fence host"),
+                want_int(fields[1], "fence port", 1, 65535),
+                want_int(fields[2], "fence session"),
+                want_int(fields[3], "fence bytes", 0, 1 << 62),
+            )
+        )
+    return out
+
+
+@message("fence", ("fence", _fence))
+class Fence(NamedTuple):
+    """How far the client has written to other workers this one reads from: [[host,
+    port, session id, bytes], ...], each the bytes of the frames the client had sent
+    that session when it sent what follows. A read from that session (`PRead.after`,
+    `PWhen.after`) waits until the source has taken them."""
+
+    sources: list[tuple[str, int, int, int]]
 
 
 @message(
@@ -569,14 +601,17 @@ class Relay(NamedTuple):
     ("session id", integer()),
     ("pread src", ref),
     ("ticket", _TICKET),
+    ("after", integer(0, 1 << 62)),
 )
 class PRead(NamedTuple):
-    """A buffer's bytes now."""
+    """A buffer's bytes once the source has taken `after` bytes of its client's frames
+    (the client's last `Fence` for it), at once if it has."""
 
     request: int
     session: int
     src: Ref
     ticket: bytes
+    after: int = 0
 
 
 @message(
@@ -587,9 +622,11 @@ class PRead(NamedTuple):
     ("ticket", _TICKET),
     ("queue", text()),
     ("queue value", integer(0, 1 << 63)),
+    ("after", integer(0, 1 << 62)),
 )
 class PWhen(NamedTuple):
-    """A buffer's bytes once the session's queue reaches a value."""
+    """A buffer's bytes once the session's queue reaches a value, and the source has
+    taken `after` bytes of its client's frames (as PRead)."""
 
     request: int
     session: int
@@ -597,6 +634,7 @@ class PWhen(NamedTuple):
     ticket: bytes
     queue: str
     value: int
+    after: int = 0
 
 
 @message(
