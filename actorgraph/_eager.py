@@ -11,6 +11,7 @@ submits a replay. `Runtime.run`, `copyin`, `copyout`, `submit_copyin` and
 
 from __future__ import annotations
 
+import collections
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,11 +57,35 @@ class HostCopy(Submitted):
         self.array = array
 
 
+_HOST_PROGRAMS = 64  # host copies' programs an Eager keeps (see Eager._host_program)
+
+
 class Eager:
     """The eager work of one runtime (see the module)."""
 
     def __init__(self, runtime: GraphHost) -> None:
         self._runtime = runtime
+        # The programs of recent host copies, by (device, into it, bytes), least recently
+        # used first: a copy's program is the same for any buffer of that size there.
+        self._host_programs: collections.OrderedDict[tuple[str, bool, int], Program] = (
+            collections.OrderedDict()
+        )
+
+    def _host_program(self, buffer: Buffer, write: bool) -> Program:
+        """The one-item program of a host copy into (`write`) or out of `buffer`: planned
+        once per device, direction and size (a plan of one item on one queue orders it
+        after earlier work on that device whatever bytes it touches), then reused."""
+        key = (buffer.device, write, buffer.nbytes)
+        programs = self._host_programs
+        program = programs.get(key)
+        if program is not None:
+            programs.move_to_end(key)
+            return program
+        runtime = self._runtime
+        program = programs[key] = host_program(runtime, runtime.caps, buffer, write)
+        if len(programs) > _HOST_PROGRAMS:
+            programs.popitem(last=False)
+        return program
 
     async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None) -> None:
         """Run `items` now, one after another (inside an @ag.jit function: recorded, and
@@ -116,7 +141,7 @@ class Eager:
         _capture.check_host_transfer("copyin")
         data = self._host_array(what, buffer, array)
         runtime = self._runtime
-        program = host_program(runtime, runtime.caps, buffer, write=True)
+        program = self._host_program(buffer, write=True)
         queue = program.plan.queues[0]
         op = runtime.device(buffer.device).lower_host_write(buffer, data, queue.kind)
         # The host op fills the one Run placeholder of a single-item host program.
@@ -132,7 +157,7 @@ class Eager:
         runtime.check_own(buffer, f"{what}: ")
         buffer.check_live(f"{what}: ")
         out = np.empty(buffer.shape, dtype=buffer.dtype)
-        program = host_program(runtime, runtime.caps, buffer, write=False)
+        program = self._host_program(buffer, write=False)
         queue = program.plan.queues[0]
         op = runtime.device(buffer.device).lower_host_read(buffer, out, queue.kind)
         return program, program.bind_host(op), out

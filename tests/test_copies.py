@@ -79,3 +79,23 @@ async def test_an_exact_self_copy_is_allowed_and_a_size_mismatch_is_not() -> Non
             ag.UsageError, match="Copy needs dst and src of the same dtype and size"
         ):
             ag.Copy(dst=a.view(0, 4), src=a.view(2, 5))
+
+
+async def test_host_copies_of_one_size_share_a_program_and_each_moves_its_own_buffer() -> None:
+    # A host copy's program is planned once per device, direction and size, and kept (a
+    # bounded number of them): the next copy of that size reuses it with its own buffer.
+    async with open_test_runtime("CPU", 2) as rt:
+        bufs = [rt.alloc(f"CPU:{k % 2}", 8, np.int32) for k in range(6)]
+        for k, buf in enumerate(bufs):
+            await rt.copyin(buf, np.full(8, k, np.int32))
+        for k, buf in enumerate(bufs):
+            np.testing.assert_array_equal(await rt.copyout(buf), np.full(8, k))
+        kept = rt._eager._host_programs
+        assert sorted(kept) == [(f"CPU:{d}", w, 32) for d in (0, 1) for w in (False, True)]
+        for size in range(1, 100):  # more sizes than it keeps: the oldest go
+            buf = rt.alloc("CPU:0", size, np.int8)
+            await rt.copyin(buf, np.arange(size, dtype=np.int8))
+            np.testing.assert_array_equal(await rt.copyout(buf), np.arange(size, dtype=np.int8))
+            rt.free(buf)
+        assert len(kept) == 64
+        assert ("CPU:0", False, 99) in kept and ("CPU:1", True, 32) not in kept
