@@ -32,7 +32,7 @@ from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest, MakeSign
 from .._ops import Op, cuda_item
 from .._signal import Signal
 from . import _commands as C
-from ._driver import CopyKind, CudaDriver, DriverUnavailable, in_host_callback, open_driver
+from ._driver import CopyKind, CudaDriver, DriverUnavailable, open_driver
 from ._queue import CudaQueueActor
 
 ENV_DRIVER = "ACTORGRAPH_CUDA_DRIVER"
@@ -426,17 +426,15 @@ class CUDADevice(Device):
             _log.warning("%s could not free %#x: %s", self.name, pointer, error)
 
     def _reap(self, pointer: int) -> None:
-        """Free `pointer` on the helper thread; at once once the device is closed with
-        nothing left on its GPU (nothing there to wait for), unless this thread runs a
-        stream's host function (a finalizer the collector ran there: the driver may not
-        be called there), which leaves it to a thread of its own."""
+        """Free `pointer` on the helper thread; once the device is closed with nothing
+        left on its GPU (nothing there to wait for), on a thread of its own at once. Never
+        on this thread: a finalizer the collector runs calls this on whatever thread it
+        interrupts, a stream's host function's among them, where the driver may not be
+        called (even before that function's own first line)."""
         if self._closed and not self._closed_busy:
-            if in_host_callback():
-                threading.Thread(
-                    target=self._free_now, args=(pointer,), name=f"{self.name}/free", daemon=True
-                ).start()
-            else:
-                self._free_now(pointer)
+            threading.Thread(
+                target=self._free_now, args=(pointer,), name=f"{self.name}/free", daemon=True
+            ).start()
             return
         with self._reaper_lock:
             if self._reaper is None:

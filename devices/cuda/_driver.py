@@ -12,10 +12,8 @@ device code; device pointers are plain ints.
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -246,23 +244,3 @@ def open_driver(choice: object, ordinal: int) -> CudaDriver:
             f"instance (set ACTORGRAPH_CUDA_DRIVER=fake to pick the fake one everywhere)"
         )
     return choice  # type: ignore[return-value]
-
-
-_host_callback = threading.local()
-
-
-@contextlib.contextmanager
-def running_host_callback() -> Iterator[None]:
-    """Mark this thread as running a stream's host function (cuLaunchHostFunc) for the
-    duration: the driver may not be called there, so whatever runs in it (a finalizer
-    the collector happens to run, say) must leave driver calls to another thread."""
-    _host_callback.active = True
-    try:
-        yield
-    finally:
-        _host_callback.active = False
-
-
-def in_host_callback() -> bool:
-    """Whether this thread is running a stream's host function now."""
-    return bool(getattr(_host_callback, "active", False))

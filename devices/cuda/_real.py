@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._extras import install_hint
-from ._driver import CopyKind, CudaError, DriverUnavailable, running_host_callback
+from ._driver import CopyKind, CudaError, DriverUnavailable
 
 _HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
@@ -83,8 +83,7 @@ class RealDriver:
             if entry is not None and entry[1]:
                 del self._host_fns[user_data or 0]
         if entry is not None:
-            with running_host_callback():
-                entry[0]()
+            entry[0]()
 
     def _token(self, fn: Callable[[], None], once: bool) -> int:
         token = next(self._tokens)
