@@ -41,6 +41,9 @@ class Allocation:
     address: int = 0
     foreign: bool = False
     owner: Any = None
+    # Where host memory of actorgraph's own begins, once asked (`Buffer.address`): a
+    # numpy array's memory never moves, and asking numpy costs microseconds a buffer.
+    host_base: int = 0
     # The runtime that made it (rt.alloc, rt.wrap); None only for allocations made
     # outside a runtime.
     runtime: Home | None = None
@@ -247,7 +250,10 @@ class Buffer:
             # Wrapped memory says where it is (rt.wrap): no numpy call, which lowering a
             # rebound replay would make for every buffer of every item.
             return alloc.address + self.offset * self.dtype.itemsize
-        return int(memory.ctypes.data) + self.offset * self.dtype.itemsize
+        base = alloc.host_base
+        if not base:
+            base = alloc.host_base = int(memory.ctypes.data)
+        return base + self.offset * self.dtype.itemsize
 
     def __repr__(self) -> str:
         dims = "x".join(map(str, self.shape))
