@@ -1146,3 +1146,33 @@ async def test_an_exported_buffer_collected_on_another_thread_is_freed_off_that_
         freeing.join(30)
     assert not driver.allocated(pointer)
     assert freed_on and host[0] not in freed_on
+
+
+async def test_a_free_reaped_while_its_reaper_starts_does_not_wait_on_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Starting the device's freeing thread allocates, and the collector may run another
+    # buffer's finalizer right there, on the same thread, which frees through it too: it
+    # must not wait for the first to finish starting it (that would never come).
+    from actorgraph.devices.cuda import _device as cuda_device
+
+    driver = FakeDriver()
+    async with runtime(["CUDA:0"], driver) as rt:
+        device = rt.device("CUDA:0")
+        first, second = driver.mem_alloc(64), driver.mem_alloc(64)
+        start = cuda_device._Reaper.__init__
+
+        def start_with_a_finalizer(reaper: Any, dev: Any) -> None:
+            monkeypatch.setattr(cuda_device._Reaper, "__init__", start)
+            start(reaper, dev)
+            dev._reap(second)  # as a finalizer the collector ran here would
+
+        monkeypatch.setattr(cuda_device._Reaper, "__init__", start_with_a_finalizer)
+        freeing = threading.Thread(target=device._reap, args=(first,), daemon=True)
+        freeing.start()
+        freeing.join(30)
+        if freeing.is_alive():
+            device._reaper_lock.release()  # let the runtime close, then fail
+            pytest.fail("the free waited on itself")
+    # Closing the runtime stops the freeing thread once it freed what it was given.
+    assert not driver.allocated(first) and not driver.allocated(second)

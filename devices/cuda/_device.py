@@ -437,9 +437,20 @@ class CUDADevice(Device):
             ).start()
             return
         with self._reaper_lock:
+            reaper = self._reaper
+            if reaper is not None:
+                reaper.put(pointer)
+                return
+        # Made outside the lock: making it allocates, so the collector may run another
+        # finalizer right there, on this thread, which reaps too (it would wait on the
+        # lock for good). Whichever is made first is kept; another ends its thread.
+        made: _Reaper | None = _Reaper(self)
+        with self._reaper_lock:
             if self._reaper is None:
-                self._reaper = _Reaper(self)
-            self._reaper.put(pointer)
+                self._reaper, made = made, None
+            self._reaper.put(pointer)  # type: ignore[union-attr]
+        if made is not None:
+            made.put(None)
 
     def _free_when_unused(self, memory: CudaMemory) -> None:
         # A DLPack consumer (a torch tensor, say) may still view it: free it once the
