@@ -95,10 +95,8 @@ class Link:
         """The session a read must wait for first (its client's frames not yet taken up
         to `after`: a write it sent ahead of what let the read go on), else None."""
         session = self.sessions.get(sid)
-        if session is None or session.taken >= after:
-            return None
-        if not hmac.compare_digest(ticket, session.read_ticket(ref.handle)):
-            return None  # refused by _read, as any bad ticket
+        if session is None or session.taken >= after or not _ticket_good(session, ref, ticket):
+            return None  # nothing to wait for, or refused by _read (as any bad ticket)
         return session
 
     async def _send_read_after(self, request: PRead, session: Session) -> None:
@@ -177,7 +175,7 @@ class Link:
         UnknownBuffer if the ticket is good but the session holds no such buffer now."""
         session = self.sessions.get(sid)
         handle = ref.handle
-        if session is None or not hmac.compare_digest(ticket, session.read_ticket(handle)):
+        if session is None or not _ticket_good(session, ref, ticket):
             # The same answer either way: a peer learns nothing of other sessions.
             raise Refused(
                 f"read of buffer {handle} of session {sid} refused: no such session or a bad "
@@ -208,6 +206,11 @@ class Link:
             self.out.send(Error("pwhen", req, str(exc)))
             return
         send_data(self.out, req, data)
+
+
+def _ticket_good(session: Session, ref: Ref, ticket: bytes) -> bool:
+    """Whether `ticket` is the one `session`'s client made for reading `ref`'s buffer."""
+    return hmac.compare_digest(ticket, session.read_ticket(ref.handle))
 
 
 async def serve_link(

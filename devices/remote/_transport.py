@@ -449,8 +449,9 @@ class Transport:
         ):
             self._doorbell.ring()
             return
+        before = self.taken
         parts, frames = self._take_pending()
-        if sum(map(len, parts)) > _SEND_NOW:
+        if self.taken - before > _SEND_NOW:
             self._unsent = (parts, frames)
             self._doorbell.ring()
             return
