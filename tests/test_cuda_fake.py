@@ -1176,3 +1176,24 @@ async def test_a_free_reaped_while_its_reaper_starts_does_not_wait_on_itself(
             pytest.fail("the free waited on itself")
     # Closing the runtime stops the freeing thread once it freed what it was given.
     assert not driver.allocated(first) and not driver.allocated(second)
+
+
+async def test_a_staging_buffer_given_back_while_its_lock_is_held_on_this_thread() -> None:
+    # A staging buffer goes back to its device's pool from a finalizer, which the
+    # collector may run at any allocation, on a thread that holds the pool's lock then
+    # (taking or giving back another, or freeing them all at close).
+    async with runtime(["CUDA:0"], FakeDriver()) as rt:
+        device = rt.device("CUDA:0")
+        pointer, size, array = device._take_staging(100)
+
+        def give_back_under_the_lock() -> None:
+            with device._staging_lock:
+                device._give_staging(pointer, size, array)  # as such a finalizer would
+
+        giving = threading.Thread(target=give_back_under_the_lock, daemon=True)
+        giving.start()
+        giving.join(30)
+        if giving.is_alive():
+            device._staging_lock.release()  # let the runtime close, then fail
+            pytest.fail("the finalizer waited on a lock its own thread held")
+        assert device._take_staging(100)[0] == pointer  # back in the pool

@@ -133,7 +133,9 @@ class CUDADevice(Device):
         ) and bool(options.get("cuda_mem_ops", True))
         self._functions: dict[tuple[str, str], Any] = {}
         self._peers: dict[int, bool] = {}
-        self._staging_lock = threading.Lock()
+        # Reentrant: a staging buffer's finalizer takes it, and the collector may run one
+        # on a thread that holds it already (at any allocation under it).
+        self._staging_lock = threading.RLock()
         self._staging_free: dict[int, list[tuple[int, np.ndarray[Any, Any]]]] = {}
         self._staging_all: list[int] = []
         # Mapped words that follow trio-side signals, so streams can wait on them.
@@ -444,12 +446,13 @@ class CUDADevice(Device):
         # Made outside the lock: making it allocates, so the collector may run another
         # finalizer right there, on this thread, which reaps too (it would wait on the
         # lock for good). Whichever is made first is kept; another ends its thread.
-        made: _Reaper | None = _Reaper(self)
+        made = _Reaper(self)
         with self._reaper_lock:
             if self._reaper is None:
-                self._reaper, made = made, None
-            self._reaper.put(pointer)  # type: ignore[union-attr]
-        if made is not None:
+                self._reaper = made
+            reaper = self._reaper
+            reaper.put(pointer)
+        if reaper is not made:
             made.put(None)
 
     def _free_when_unused(self, memory: CudaMemory) -> None:
