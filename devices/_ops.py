@@ -24,8 +24,10 @@ hold) tells them apart, so a check of `op.code` narrows the type:
     CudaItem(CUDA_ITEM, commands, keep, item)
                                          CUDA queues: stream commands; `keep` holds what
                                          they point into (staging memory) while the op lives
-    WireOp(WIRE, entry, blobs, item)     REMOTE queues: a wire entry for the worker, with
-                                         (blob id, bytes) to send ahead of it or None
+    WireOp(WIRE, entry, blobs, item, into)
+                                         REMOTE queues: a wire entry for the worker, with
+                                         (blob id, bytes) to send ahead of it or None, and
+                                         where a host read's bytes land or None
 
 A wait's value is `WaitOp.target(bases)` and a signal's `SignalOp.value(bases)`: both
 are `bases[slot] + rel`, written there alone. Every op other than a wait or a signal (a
@@ -191,12 +193,14 @@ class CudaItem(NamedTuple):
 
 
 class WireOp(NamedTuple):
-    """WIRE: a program entry for a worker, with the blobs to send ahead of it."""
+    """WIRE: a program entry for a worker, with the blobs to send ahead of it (a host
+    write's), or where its bytes land (`into`: a host read's, asked for per batch)."""
 
     code: Literal[18]
     entry: ItemEntry
     blobs: list[tuple[int, memoryview]] | None
     item: int
+    into: memoryview | None
 
 
 # The shape of each code's op.
@@ -256,8 +260,9 @@ def wire_op(
     entry: ItemEntry,
     item: int,
     blobs: list[tuple[int, memoryview]] | None = None,
+    into: memoryview | None = None,
 ) -> WireOp:
-    return _new(WireOp, (WIRE, entry, blobs, item))
+    return _new(WireOp, (WIRE, entry, blobs, item, into))
 
 
 def item_at(ops: Sequence[Op], index: int) -> int:

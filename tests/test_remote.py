@@ -209,6 +209,55 @@ async def test_the_programs_a_worker_keeps_are_bounded_and_a_forgotten_one_is_se
         np.testing.assert_array_equal(await rt.copyout(x), np.full(16, 4 * (1 + 2 + 3)))
 
 
+async def test_a_copy_out_of_a_buffer_is_defined_on_the_worker_once(
+    ag_remote_runtime: ag.Runtime,
+) -> None:
+    """A copy out of a worker's buffer, done again and again, is a program the worker
+    keeps (from its second time): each later one names it and the read its bytes go to,
+    and reads the buffer as it is then, whatever was written between."""
+    rt = ag_remote_runtime
+    r0, _ = rt.devices
+    with trio.fail_after(GUARD):
+        x = rt.alloc(r0, 37, np.int32)  # an odd size
+        y = rt.alloc(r0, 37, np.int32)
+        conn = rt.device(r0).connection
+        for k in range(12):
+            await rt.copyin(x, np.arange(37, dtype=np.int32) * k)
+            if k == 2:
+                sent = conn.statistics().programs_sent
+            np.testing.assert_array_equal(await rt.copyout(x), np.arange(37) * k)
+            copies = [await rt.submit_copyout(b) for b in (x, y, x)]  # in flight together
+            for copy in copies:
+                await copy.wait()
+            for got, expected in zip(copies, (np.arange(37) * k, np.zeros(37), np.arange(37) * k)):
+                np.testing.assert_array_equal(got.array, expected)
+        # From the third round on: only the copies in (a host write carries its bytes).
+        assert conn.statistics().programs_sent - sent == 9
+
+
+async def test_a_graph_bound_again_to_inputs_it_had_runs_the_programs_the_worker_kept(
+    ag_remote_runtime: ag.Runtime,
+) -> None:
+    """A graph called with more inputs in turn than it keeps bindings for binds each
+    again: written as before, its programs are found kept on the worker, not sent."""
+    rt = ag_remote_runtime
+    r0, _ = rt.devices
+    with trio.fail_after(GUARD):
+        xs = [rt.alloc(r0, 16, np.int32) for _ in range(12)]
+        out = rt.alloc(r0, 16, np.int32)
+        graph = await rt.compile([ag.Launch(ADD, [out, xs[0], xs[0]])], inputs=[xs[0]])
+        conn = rt.device(r0).connection
+        for k, x in enumerate(xs):
+            await rt.copyin(x, np.full(16, k, np.int32))
+        for round in range(3):
+            if round == 2:
+                sent = conn.statistics().programs_sent
+            for k, x in enumerate(xs):
+                await graph([x])
+                np.testing.assert_array_equal(await rt.copyout(out), np.full(16, 2 * k))
+        assert conn.statistics().programs_sent == sent
+
+
 async def test_a_chain_inside_one_worker_reports_only_its_ends(
     ag_remote_runtime: ag.Runtime,
 ) -> None:

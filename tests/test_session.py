@@ -40,6 +40,7 @@ from actorgraph import remote
 from actorgraph.testing import Worker
 from actorgraph.worker._kernels import load_kernels
 from actorgraph.worker._lowered import Refused
+from actorgraph.worker._outbox import Outbox
 from actorgraph.worker._server import Worker as WorkerServer
 from actorgraph.worker._session import Session
 from actorgraph.worker._staging import chunks_into
@@ -519,6 +520,107 @@ async def test_a_batch_of_programs_seen_before_is_checked_as_any_other() -> None
             session.handle(decode(["batch", 16, [0, 0, 0, 0], [1, 2], []]))
             done = await replies.wait_for(count + 2)
             assert all(m[:2] == ["done", 16] and m[3] is not None for m in done[count:])
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_kept_program_reads_to_the_client_under_the_read_ids_each_batch_names() -> None:
+    """A program with host reads is kept like any other: each batch of it names the read
+    id of each of its reads (Batch.reads), and its bytes go there, as they are when its
+    queue gets there. A batch that names too few or too many, or a program whose reads
+    are not numbered 0, 1, ... in order, is refused with the rule."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            inc = ["k", 0, "inc", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
+            reads = [inc, ["hr", -1, [1, 0, [4]], 0], ["hr", -1, [1, 0, [4]], 1], ["s", 2, 3]]
+            session.handle(decode(["prog", 1, "CPU:0", reads, True]))
+            for batch, ids in ((10, [70, 71]), (11, [90, 91])):
+                count = len(replies.sent)
+                session.handle(decode(["batch", batch, [0, 0, 0], [1], [], False, [], [ids]]))
+                got = await replies.wait_for(count + 3)
+                data = [m for m in got[count:] if m[0] == "data"]
+                assert [m[1] for m in data] == ids  # one Data each, under the batch's ids
+                assert ["done", batch, 2, None] in got[count:]
+            np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 2))
+            refusals = [
+                (["batch", 12, [0, 0, 0], [1], []], r"have \[2\] host reads.*read ids for none"),
+                (["batch", 12, [0, 0, 0], [1], [], False, [], [[5]]], r"names read ids \[1\]"),
+                (["batch", 12, [0, 0, 0], [1], [], False, [], [[5, 6, 7]]], "one read id for each"),
+                (
+                    ["batch", 12, [0, 0, 0], [1], [], False, [], [[5, 6], []]],
+                    "one read id for each",
+                ),
+            ]
+            for request, message in refusals:
+                with pytest.raises(Refused, match=message):
+                    session.handle(decode(request))
+            # Numbered out of order: refused when lowered, and its batch fails with why.
+            wrong = [["hr", -1, [1, 0, [4]], 1], ["s", 2, 1]]
+            session.handle(decode(["prog", 2, "CPU:0", wrong, True]))
+            count = len(replies.sent)
+            session.handle(decode(["batch", 13, [0, 0, 0], [2], [], False, [], [[8]]]))
+            done = await replies.wait_for(count + 1)
+            assert done[count][:3] == ["done", 13, 2]
+            assert "numbers its host reads 0, 1, ... in order" in done[count][3][2]
+            nursery.cancel_scope.cancel()
+
+
+async def _frame(stream: FrameStream) -> list[Any]:
+    """The next message from a worker (its tail read and checked: a read's int32s)."""
+    meta, tail = await stream.receive()
+    if tail:
+        data = bytearray(tail)
+        await stream.receive_into(memoryview(data))
+        assert np.frombuffer(data, np.int32).tolist() == [0] * 4
+    return meta
+
+
+async def test_what_the_requests_received_together_make_leaves_in_one_send() -> None:
+    """Frames that came together (a client's submission: its batches) are handled one by
+    one and what they make (their reports, a read's bytes) leaves in one send after the
+    last; a frame that is still coming does not hold back what the ones before made."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            here, there = socket.socketpair()
+            worker_side = FrameStream(here, Limits())
+            client = FrameStream(there, Limits())
+            sends: list[int] = []
+            send_nowait = worker_side.send_nowait
+
+            def counted(data: bytes | memoryview) -> int:
+                sends.append(len(data))
+                return send_nowait(data)
+
+            worker_side.send_nowait = counted  # type: ignore[method-assign]
+            out = Outbox(worker_side)
+            nursery.start_soon(out.run)
+            session = Session(server, 1, out, nursery)
+            nursery.start_soon(server._client_loop, worker_side, session)
+            buf = ["alloc", 1, "CPU:0", 4, "<i4"]
+            prog = ["prog", 1, "CPU:0", [["hr", -1, [1, 0, [4]], 0], ["s", 2, 1]], True]
+            batches = [["batch", b, [0, 0, 0], [1], [], False, [], [[b]]] for b in (9, 10, 11, 12)]
+            await client.send([encode(m) for m in (buf, prog, batches[0])])
+            got = [await _frame(client) for _ in range(2)]  # (its queue starts meanwhile)
+            sends.clear()
+            await client.send([encode(m) for m in batches[1:]])
+            got = [await _frame(client) for _ in range(6)]  # a Data and a Done each
+            assert [m[:2] for m in got] == [[k, b] for b in (10, 11, 12) for k in ("data", "done")]
+            assert len(sends) == 1, sends
+            # A batch whose next frame is only partly here: its reports go at once.
+            head = encode(["batch", 14, [0, 0, 0], [1], [], False, [], [[14]]])
+            await client.send(
+                [encode(["batch", 13, [0, 0, 0], [1], [], False, [], [[13]]]), head[:5]]
+            )
+            got = [await _frame(client) for _ in range(2)]
+            assert [m[:2] for m in got] == [["data", 13], ["done", 13]]
+            await client.send([head[5:]])
+            got = [await _frame(client) for _ in range(2)]
+            assert [m[:2] for m in got] == [["data", 14], ["done", 14]]
+            assert len(sends) == 3, sends
             nursery.cancel_scope.cancel()
 
 

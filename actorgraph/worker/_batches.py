@@ -55,7 +55,7 @@ class _BatchSubmission(Submission):
     (`make_jobs`): a profiled batch's carry observers and are kept (`profiled`, by
     slot), so their times and when it came (`received`) go with their reports."""
 
-    __slots__ = ("batch_id", "batches", "profiled", "programs", "received")
+    __slots__ = ("batch_id", "batches", "profiled", "programs", "reads", "received")
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class _BatchSubmission(Submission):
         programs: list[Program],
         received: float | None = None,
         advances: Advances = ([], [], []),
+        reads: list[list[int]] | None = None,
     ) -> None:
         timelines, tickets, jobs = advances
         # Mirrors of the client's device timelines that this batch's jobs move as they
@@ -75,6 +76,7 @@ class _BatchSubmission(Submission):
         self.programs = programs
         self.received = received
         self.profiled: list[Job] | None = None
+        self.reads = reads or []  # each job's read ids (Batch.reads), checked
 
     def make_jobs(self, bases: list[int]) -> list[Job]:
         """Its jobs, one per program (by slot), relative to `bases`."""
@@ -88,6 +90,13 @@ class _BatchSubmission(Submission):
     def job_done(self, slot: int) -> None:
         self.batches.job_done(self.batch_id, self.programs[slot], self, slot)
         super().job_done(slot)
+
+
+def read_of(job: Job, index: int) -> int:
+    """The read id the batch of `job` (a worker's) names for its host read `index`."""
+    sub = job.submission
+    assert type(sub) is _BatchSubmission
+    return sub.reads[job.slot][index]
 
 
 class _Early(NamedTuple):
@@ -139,6 +148,8 @@ class Batches:
         error: Failure | None = None
         if programs is None:
             programs, error = self._check(batch)
+        if error is None:
+            self._check_reads(batch, programs)
         session.set_mirrors(batch.ext)
         advances = self._advances(batch, len(programs))
         bases = list(batch.bases)
@@ -159,6 +170,22 @@ class Batches:
         finally:
             peers.release()
         self._start(batch, programs, bases, received, advances)
+
+    @staticmethod
+    def _check_reads(batch: Batch, programs: list[Program]) -> None:
+        """A batch names a read id for each host read of its programs (Batch.reads)."""
+        reads = batch.reads
+        if not reads and not any(p.reads for p in programs):
+            return
+        if len(reads) != len(programs) or any(
+            len(ids) != p.reads for ids, p in zip(reads, programs)
+        ):
+            wanted = [p.reads for p in programs]
+            raise Refused(
+                f"batch {batch.batch}: its programs have {wanted} host reads, and it names "
+                f"read ids {[len(ids) for ids in reads] if reads else 'for none'}; a batch "
+                f"names one read id for each host read of each of its programs"
+            )
 
     def _advances(self, batch: Batch, njobs: int) -> Advances:
         """The mirrors the batch's jobs move as they end (Batch.advances), checked."""
@@ -303,7 +330,7 @@ class Batches:
         times = session.worker.times
         for p in programs:
             p.recode(times)  # a kernel changed sides since it was coded
-        sub = _BatchSubmission(self, batch.batch, programs, received, advances)
+        sub = _BatchSubmission(self, batch.batch, programs, received, advances, batch.reads)
         self.running.add(sub)
         sub.when_done(functools.partial(self._batch_done, batch.batch, programs))
         actors = [p.queue() for p in programs]

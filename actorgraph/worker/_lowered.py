@@ -66,6 +66,7 @@ class Program:
         "kind",
         "local_waits",
         "max_slot",
+        "reads",
         "script",
         "slot",
         "store",
@@ -93,6 +94,7 @@ class Program:
         watches: Sequence[Watched] = (),
         wait_entries: Sequence[int] = (),
         item_entries: Mapping[int, int] | None = None,
+        reads: int = 0,
     ) -> None:
         """A program kept for the batches that name it (`store`), signalling on base
         `slot`: refused with `error` ((client item or -1, why)), or lowered onto `actor`
@@ -103,7 +105,8 @@ class Program:
         another worker asked for when a batch arrives; `watches`: its waits on another
         worker's queue, which that worker tells this one of; `wait_entries` and
         `item_entries`: the entry each wait (in order) and each item (by client item)
-        came from, for a profiled job's times (`entries_of`)."""
+        came from, for a profiled job's times (`entries_of`); `reads`: its host reads,
+        whose read ids each batch names (Batch.reads)."""
         self.store = store
         self.slot = slot
         self.error = error
@@ -111,6 +114,7 @@ class Program:
         self.device = device
         self.kind = kind
         self.count = count
+        self.reads = reads
         self.max_slot = max_slot
         self.local_waits = tuple(local_waits)
         self.early = tuple(early)

@@ -115,6 +115,7 @@ class _Lowering:
         self.watches: list[Watched] = []
         self.wait_entries: list[int] = []
         self.item_entries: dict[int, int] = {}
+        self.reads = 0  # host reads
 
     def lower(self, entries: list[Any], store: bool) -> Program:
         for index, raw in enumerate(entries):
@@ -141,6 +142,7 @@ class _Lowering:
             watches=self.watches,
             wait_entries=self.wait_entries,
             item_entries=self.item_entries,
+            reads=self.reads,
         )
         try:
             _Runnable(self.actor).walk(program.ops)
@@ -359,13 +361,20 @@ class _Lowering:
     def _host_read(self, entry: HostReadEntry) -> Lowered:
         session, device = self.session, self.device
         src = session.buffer(entry.src, "host read src")
+        index = self.reads
+        if entry.read != index:
+            raise Refused(
+                f"host read number {entry.read}: a program numbers its host reads 0, 1, ... "
+                f"in order (this one is its number {index})"
+            )
+        self.reads += 1
         if device.host_visible:
-            return run_op(AWAIT, session.send_read, (entry.read, bytes_of(src)), -1)
+            return run_op(AWAIT, session.read_op, (index, bytes_of(src)), -1)
         # GPU memory: download it, then send it once the stream got there.
         out = np.empty(src.shape, src.dtype)
         return [
             device.lower_host_read(src, out, QueueKind.COMPUTE),
-            run_op(AWAIT, session.send_read, (entry.read, out.reshape(-1).view(np.uint8).data), -1),
+            run_op(AWAIT, session.read_op, (index, out.reshape(-1).view(np.uint8).data), -1),
         ]
 
 

@@ -15,6 +15,8 @@ import trio
 from actorgraph.devices.remote.frames import FrameStream, encode
 from actorgraph.devices.remote.wire import CHUNK, Data
 
+COPIED_BELOW = 1 << 16  # a tail smaller than this is copied as it is sent
+
 
 class Outbox:
     """Frames a session sends, in order.
@@ -27,8 +29,6 @@ class Outbox:
     Invariants: `parts` is empty unless the writer has been woken or the outbox is held;
     frames leave in the order `send` was called.
     """
-
-    _NOW = 1 << 16  # frames this small (and no bigger bytes ahead) may go out at once
 
     def __init__(self, stream: FrameStream) -> None:
         self.stream = stream
@@ -48,7 +48,7 @@ class Outbox:
         head = encode(message, len(tail) if tail is not None else 0)
         if tail is None:
             self.parts.append(head)
-        elif len(tail) < self._NOW:
+        elif len(tail) < COPIED_BELOW:  # and may go out at once, with nothing big ahead
             self.parts.append(head + bytes(tail))  # small: copied, so sent as it is now
         else:
             self.parts += [head, tail]

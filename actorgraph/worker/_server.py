@@ -325,30 +325,39 @@ class Worker:
 
     async def _client_loop(self, stream: FrameStream, session: Session) -> None:
         start = stream.taken  # the handshake's frames: the client counts from after them
-        while True:
-            session.took(stream.taken - start)
-            meta, tail = await stream.receive()
-            try:
-                request = decode(meta)
-                with_data = self._data_handlers.get(type(request))
-                if with_data is not None:
-                    await with_data(self, session, request, stream, tail)
-                    tail = 0
-                else:
-                    if tail:
-                        raise Refused(f"request {meta[0]!r} carries no data")
-                    # What the request makes (a batch run inline: its reports) leaves in
-                    # one send, after it is handled.
-                    session.out.hold()
-                    try:
+        out = session.out
+        held = False
+        try:
+            while True:
+                session.took(stream.taken - start)
+                if held and not stream.whole_next:
+                    held = False
+                    out.release()
+                meta, tail = await stream.receive()
+                try:
+                    request = decode(meta)
+                    with_data = self._data_handlers.get(type(request))
+                    if with_data is not None:
+                        await with_data(self, session, request, stream, tail)
+                        tail = 0
+                    else:
+                        if tail:
+                            raise Refused(f"request {meta[0]!r} carries no data")
+                        # What the request makes (a batch run inline: its reports) leaves
+                        # in one send, after it is handled, with what the requests already
+                        # here after it make (a client's submission: its batches).
+                        if not held:
+                            held = True
+                            out.hold()
                         session.handle(request)
-                    finally:
-                        session.out.release()
-            except _REFUSALS as exc:
-                if tail:
-                    await stream.skip(tail)
-                ref_id = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
-                session.out.send(Error(meta[0], ref_id, str(exc)))
+                except _REFUSALS as exc:
+                    if tail:
+                        await stream.skip(tail)
+                    ref_id = meta[1] if len(meta) > 1 and isinstance(meta[1], int) else 0
+                    out.send(Error(meta[0], ref_id, str(exc)))
+        finally:
+            if held:
+                out.release()
 
     # A request whose data is its frame's tail (Code, Blob, Put), or that is answered with
     # data (Get): each raises, having read none of the tail, if it is refused before it is

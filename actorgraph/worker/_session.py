@@ -47,13 +47,13 @@ from actorgraph.scheduler import QueueKind
 
 from .._buffer import Buffer
 from .._errors import ActorGraphError, UsageError
-from ._batches import Batches
+from ._batches import Batches, read_of
 from ._lowered import Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._lowering import lower
 from ._machine_code import CodeStore
-from ._outbox import Outbox, send_data
+from ._outbox import COPIED_BELOW, Outbox, send_data
 from ._progress import Progress, TrackedSignal
 from ._staging import bytes_of
 
@@ -98,6 +98,8 @@ class Session:
         self.batches = Batches(self)
         # AWAIT ops a job run inline runs at once where it can (devices/_inline.py).
         self.report_op = Quick(self._report_now)
+        # The AWAIT op of a host read: done at once unless its bytes are sent as they are.
+        self.read_op = Quick(self._read_now, self._read_later)
         # Bytes of this client's frames taken (each handled) since the handshake, what
         # reads by other workers wait for (`client_took`), and the reads waiting.
         self.taken = 0
@@ -490,10 +492,21 @@ class Session:
             self.out.release()
         return True
 
-    async def send_read(self, job: Job, read_id: int, data: memoryview) -> None:
-        """A host read's bytes (an HR entry), once its queue got there."""
+    def _read_now(self, job: Job, index: int, data: memoryview) -> bool:
+        """A host read (an HR entry, its program's host read `index`) once its queue got
+        there: its bytes go to the read its batch names for it. Small ones are copied as
+        they are sent: done at once (True); a large one is sent as the buffer itself,
+        which must not change until it has left (False: `_read_later`)."""
+        if job.submission.error is None and len(data) >= COPIED_BELOW:
+            return False
+        self._send_read(job, index, data)
+        return True
+
+    async def _read_later(self, job: Job, index: int, data: memoryview) -> None:
+        await self._send_read(job, index, data).wait()
+
+    def _send_read(self, job: Job, index: int, data: memoryview) -> trio.Event:
+        read_id = read_of(job, index)
         if job.submission.error is not None:
-            send_data(self.out, read_id, data, "an earlier item of this submission failed")
-            return
-        # The tail is the buffer itself: it must not change until it is sent.
-        await send_data(self.out, read_id, data).wait()
+            return send_data(self.out, read_id, data, "an earlier item of this submission failed")
+        return send_data(self.out, read_id, data)

@@ -69,12 +69,18 @@ where an item is a *wire entry* (kernel by name, buffers by handle) instead of a
 submission posts all of its jobs synchronously, the connection actor wakes to find every
 job of the submission for its worker side by side, and sends them as ONE batch frame:
 
-    ["batch", batch id, bases, [program ids], [[signal id, value], ...]]
+    ["batch", batch id, bases, [program ids], [[signal id, value], ...], ...]
 
 The worker keeps each queue's lowered program (defined by a "prog" frame the first time a
 job's op list is seen, then referred to by id), so a replay of a graph that lives on one
 worker costs one frame out and one "done" frame back per queue: one round trip. Items
-whose input buffers are rebound produce new op lists, which are sent again.
+whose input buffers are rebound produce new op lists: one written as the entries of a
+program the worker keeps (a graph bound again to inputs it had before) names that
+program, any other is sent again. A host read ("hr") is numbered among its program's
+reads, and each batch names the read id of each (`Batch.reads`), so the copy out of a
+buffer is a program kept like any other; a host write carries its bytes and is sent
+each time. The worker answers the frames that came together (a submission's batches)
+in one send, after the last of them.
 
 How order crosses hosts
 -----------------------

@@ -21,7 +21,7 @@ import numpy as np
 import trio
 
 from .._device import DeviceError
-from .._ops import Job
+from .._ops import Job, WireOp
 from .._signal import Signal
 from ._clock import PINGS, ClockSample, PeerClock
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
@@ -132,6 +132,8 @@ class ConnectionStatistics:
     worker_cpu: WorkerCPU | None = None
     # Sends on the socket (frames sent together count once): the messages to the worker.
     messages_sent: int = 0
+    # Programs defined (each a Prog): a kept one is named by its id after that.
+    programs_sent: int = 0
 
 
 class Connection:
@@ -245,6 +247,7 @@ class Connection:
             programs_shipped=len(self._codes),
             worker_cpu=self.cpu,
             messages_sent=transport.sends,
+            programs_sent=self.programs.sent,
         )
 
     # -- lifecycle --
@@ -485,10 +488,12 @@ class Connection:
         prog_ids = []
         ext: list[tuple[int, int]] = []
         direct: list[tuple[Signal, int, int]] = []  # waits the source's worker tells of
+        reads: list[list[int]] = []
         for job, queue in group:
             program = self.programs.program_of(job, queue, parts)
             batch.jobs[program.slot] = (job, program)
             prog_ids.append(program.prog_id)
+            reads.append(self._reads(job, program))
             self.mirrors.due_of(program.mirrors, ext)
             for wait, ext_id in program.mirrors:
                 signal = wait.signal
@@ -507,10 +512,26 @@ class Connection:
             nursery.start_soon(self._forward_direct, batch, direct)
         self._batches[batch_id] = batch
         advances = self._advances(first.submission, group)
-        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled, advances)))
+        if not any(reads):
+            reads = []
+        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled, advances, reads)))
         self.batches_sent += 1
         if profiled:
             self._measure_clock_if_due()
+
+    def _reads(self, job: Job, program: KeptProgram) -> list[int]:
+        """The read ids of this job's host reads (Batch.reads): each lands where its op
+        says (a fresh array: large bytes land in warm memory first)."""
+        if not program.reads:
+            return []
+        ops = job.ops
+        expect = self.transport.expect_read
+        ids = []
+        for index in program.reads:
+            op = ops[index]
+            assert type(op) is WireOp and op.into is not None
+            ids.append(expect(op.into, staged=True)[0])
+        return ids
 
     def _advances(self, sub: Any, group: list[Posted]) -> list[tuple[int, int, list[int]]]:
         """The timelines of this worker's devices that only the jobs of `group` (one

@@ -305,8 +305,8 @@ class RemoteDevice(Device):
     def lower_host_read(
         self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind
     ) -> Op:
-        read_id, _ = self.connection.transport.expect_read(flat_bytes(out), staged=True)
-        return wire_op(HostReadEntry(-1, self._ref(buffer), read_id), -1)
+        # Its read id is asked for per batch (Batch.reads), so its program can be kept.
+        return wire_op(HostReadEntry(-1, self._ref(buffer), 0), -1, into=flat_bytes(out))
 
 
 def open_remote_devices(

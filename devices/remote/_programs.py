@@ -32,11 +32,12 @@ from .._ops import (
 from .._signal import Signal
 from .._walk import OpWalker
 from ._transport import Read
-from .frames import Frame, encode
+from .frames import Frame, encode, pack
 from .wire import (
     Blob,
     Forget,
     GetWhen,
+    HostReadEntry,
     LocalWaitEntry,
     Prog,
     PullEntry,
@@ -130,7 +131,7 @@ class Mirrors:
 class KeptProgram:
     """One queue's op list as the worker holds it (or holds it for one batch)."""
 
-    __slots__ = ("direct", "mirrors", "own", "prog_id", "queue", "slot")
+    __slots__ = ("content", "direct", "mirrors", "own", "prog_id", "queue", "reads", "slot")
 
     def __init__(
         self,
@@ -139,12 +140,17 @@ class KeptProgram:
         queue: RemoteQueue,
         mirrors: Sequence[tuple[WaitOp, int]],
         direct: Set[tuple[int, int, int]],
+        reads: Sequence[int] = (),
+        content: bytes | None = None,
     ) -> None:
         """The program `prog_id` of `queue`, written from `ops`: the client's signals it
         waits on, as mirrored (`mirrors`: each wait on one, with its mirror id), and the
         waits among them that another worker tells this one of directly (`direct`: base
-        slot, rel, id), which the client forwards only if it loses that worker. Raises
-        DeviceError for ops that do not end with their queue's own signal."""
+        slot, rel, id), which the client forwards only if it loses that worker; the ops
+        of its host reads, in order (`reads`: where each batch's bytes land is theirs);
+        its entries as written (`content`: what another op list written the same finds
+        it by). Raises DeviceError for ops that do not end with their queue's own
+        signal."""
         self.prog_id = prog_id
         self.queue = queue
         own = own_signal(ops)
@@ -154,18 +160,27 @@ class KeptProgram:
         self.own = own  # its last signal: where a job of it leaves its queue's signal
         self.mirrors = tuple(mirrors)
         self.direct = frozenset(direct)
+        self.reads = tuple(reads)
+        self.content = content
 
 
 class Programs:
     """The programs a connection's worker keeps, by id, least recently used first, at
     most PROGRAM_CACHE: each defined by a Prog, then named by id. An op list sent for the
-    first time (an eager item, a host copy) is sent for its batch alone; one sent again
-    (a graph's) is kept. Its Script keeps the id its ops were last sent under (`keep`),
-    which names a kept program as long as this cache holds one under it."""
+    first time is sent for its batch alone; one sent again is kept: the same op list (a
+    graph's), or another written as the same entries (a graph bound again to inputs it
+    had before, a host read of the same buffer: a host read's bytes go to the read each
+    batch names). A host write carries its data: never kept. Its Script keeps the id its
+    ops were last sent under (`keep`), which names a kept program as long as this cache
+    holds one under it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._kept: collections.OrderedDict[int, KeptProgram] = collections.OrderedDict()
+        self._by_content: dict[bytes, int] = {}  # a kept program's entries -> its id
+        # Entries sent once for their batch alone: kept if they come again.
+        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self.sent = 0  # Progs sent
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -180,24 +195,51 @@ class Programs:
             self._kept.move_to_end(kept.prog_id)
             return kept
         conn = self._connection
-        prog_id = conn.new_id()
         writer = _Writer(conn, queue, parts)
         entries, one_shot = writer.entries(job.ops)
-        program = KeptProgram(prog_id, job.ops, queue, writer.mirrors, writer.direct)
-        # Kept once sent again; host writes carry their data: never kept, never remembered.
-        store = sent is not None and not one_shot
         entries = [as_meta(entry) for entry in entries]  # each [kind, *fields], as Prog's are
-        parts.append(
-            encode(Prog(program.prog_id, queue.device.inner, entries, store, queue.kind.value))
-        )
-        if store:
-            self._kept[program.prog_id] = program
-            if len(self._kept) > PROGRAM_CACHE:
-                forgotten, _ = self._kept.popitem(last=False)
-                parts.append(encode(Forget(forgotten)))
+        kind = queue.kind.value
+        content = None
         if not one_shot:
-            script.keep(self, program.prog_id)
+            content = pack([queue.device.inner, kind, entries])
+            found = self._by_content.get(content)
+            if found is not None:
+                self._kept.move_to_end(found)
+                script.keep(self, found)
+                return self._kept[found]
+        prog_id = conn.new_id()
+        program = KeptProgram(
+            prog_id, job.ops, queue, writer.mirrors, writer.direct, writer.reads, content
+        )
+        # Kept once sent again; host writes carry their data: never kept, never remembered.
+        store = not one_shot and (sent is not None or self._seen_before(content))
+        parts.append(encode(Prog(prog_id, queue.device.inner, entries, store, kind)))
+        self.sent += 1
+        if store:
+            self._kept[prog_id] = program
+            if content is not None:
+                self._by_content[content] = prog_id
+            if len(self._kept) > PROGRAM_CACHE:
+                _, forgotten = self._kept.popitem(last=False)
+                if forgotten.content is not None:
+                    del self._by_content[forgotten.content]
+                parts.append(encode(Forget(forgotten.prog_id)))
+        if not one_shot:
+            script.keep(self, prog_id)
         return program
+
+    def _seen_before(self, content: bytes | None) -> bool:
+        """Whether entries written as `content` were sent before (remembering them now)."""
+        if content is None:
+            return False
+        seen = self._seen
+        if content in seen:
+            del seen[content]
+            return True
+        seen[content] = None
+        if len(seen) > PROGRAM_CACHE:
+            seen.popitem(last=False)
+        return False
 
 
 class _Writer(OpWalker):
@@ -214,6 +256,7 @@ class _Writer(OpWalker):
         self.parts = parts
         self.out: list[Any] = []
         self.one_shot = False
+        self.reads: list[int] = []  # the ops of its host reads, in order
         self.mirrors: list[tuple[WaitOp, int]] = []
         self.direct: set[tuple[int, int, int]] = set()
         # The waits of the item about to come (since the previous item or signal):
@@ -241,7 +284,12 @@ class _Writer(OpWalker):
     def work(self, op: WorkOp, index: int) -> bool:
         if op.code != WIRE:
             raise self.refuse(op, index, self.queue.op_codes)
-        self.out.append(self._item(op.entry))
+        entry = op.entry
+        if op.into is not None:  # a host read: its place among them, its read per batch
+            assert type(entry) is HostReadEntry
+            entry = entry._replace(read=len(self.reads))
+            self.reads.append(index)
+        self.out.append(self._item(entry))
         if op.blobs is not None:  # a host write: its data goes ahead of it
             self.one_shot = True
             for blob_id, chunk in op.blobs:

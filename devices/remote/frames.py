@@ -46,10 +46,16 @@ class FrameTooLarge(WireError):
     """A frame's header says it is larger than the receiver's limits allow."""
 
 
+def pack(value: Any) -> bytes:
+    """`value` (msgpack's own types) as msgpack, as a frame's meta is written."""
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
+
+
 def encode(message: Any, tail_len: int = 0) -> bytes:
     """Header + meta of one frame holding `message` (a typed message of wire.py, or the
     list [kind, *fields] itself); the caller sends `tail_len` raw bytes after it."""
-    body: bytes = msgpack.packb(as_meta(message), use_bin_type=True)
+    body = pack(as_meta(message))
     return HEADER.pack(MAGIC, VERSION, len(body), tail_len) + body
 
 
@@ -247,6 +253,16 @@ class FrameStream:
         self._pos = end
         self.taken += end - pos
         return decode_meta(bytes(buf[pos + HEADER.size : end]), self.limits), tail_len
+
+    @property
+    def whole_next(self) -> bool:
+        """Whether the next message is all received already (its header and meta), and
+        has no tail: taking it waits for nothing."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER.size:
+            return False
+        _, _, meta_len, tail_len = HEADER.unpack_from(buf, pos)
+        return not tail_len and len(buf) - pos - HEADER.size >= meta_len
 
     @property
     def has_tail(self) -> bool:

@@ -155,7 +155,7 @@ __all__ = [
     "watch_ticket",
 ]
 
-VERSION = 6
+VERSION = 7
 
 CHUNK = 64 << 20  # bulk data goes in frames of at most this many bytes
 
@@ -388,6 +388,7 @@ def _advances(value: Any, what: str) -> list[tuple[int, int, list[int]]]:
     ("mirror values", _EXT),
     ("profile", flag),
     ("advances", _advances),
+    ("reads", list_of("program's reads", list_of("read id", integer(), 1 << 12), 1 << 16)),
 )
 class Batch(NamedTuple):
     """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
@@ -396,7 +397,9 @@ class Batch(NamedTuple):
     `advances`: [mirror id, value, [job, ...]]: set that mirror to the value once those
     jobs (by their place in `programs`) have ended: a device timeline that only this
     worker's jobs of the submission move, which its next submissions wait on here, with
-    no word from the client in between."""
+    no word from the client in between. `reads`: for each program (left out when none
+    has any), the read ids of its host reads in their order (HostReadEntry.read), so a
+    program that reads to the client is kept and each batch of it names its own reads."""
 
     batch: int
     bases: list[int]
@@ -404,6 +407,7 @@ class Batch(NamedTuple):
     ext: list[tuple[int, int]]
     profile: bool = False
     advances: list[tuple[int, int, list[int]]] = []
+    reads: list[list[int]] = []
 
 
 @message(
@@ -754,8 +758,11 @@ class HostWriteEntry(NamedTuple):
     blobs: list[int]
 
 
-@entry("hr", ("item index", _ITEM), ("host read src", ref), ("read id", integer()))
+@entry("hr", ("item index", _ITEM), ("host read src", ref), ("read index", integer(0, 1 << 12)))
 class HostReadEntry(NamedTuple):
+    """Send `src`'s bytes to the client: `read` is its place among its program's host
+    reads (0, 1, ...), and each batch names the read id of each (Batch.reads)."""
+
     item: int
     src: Ref
     read: int
