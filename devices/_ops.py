@@ -24,10 +24,10 @@ hold) tells them apart, so a check of `op.code` narrows the type:
     CudaItem(CUDA_ITEM, commands, keep, item)
                                          CUDA queues: stream commands; `keep` holds what
                                          they point into (staging memory) while the op lives
-    WireOp(WIRE, entry, blobs, item, into)
+    WireOp(WIRE, entry, chunks, item, into)
                                          REMOTE queues: a wire entry for the worker, with
-                                         (blob id, bytes) to send ahead of it or None, and
-                                         where a host read's bytes land or None
+                                         a host write's bytes to send ahead of its batch
+                                         or None, and where a host read's land or None
 
 A wait's value is `WaitOp.target(bases)` and a signal's `SignalOp.value(bases)`: both
 are `bases[slot] + rel`, written there alone. Every op other than a wait or a signal (a
@@ -193,12 +193,12 @@ class CudaItem(NamedTuple):
 
 
 class WireOp(NamedTuple):
-    """WIRE: a program entry for a worker, with the blobs to send ahead of it (a host
-    write's), or where its bytes land (`into`: a host read's, asked for per batch)."""
+    """WIRE: a program entry for a worker, with the bytes a host write sends ahead of its
+    batch (`chunks`), or where a host read's bytes land (`into`), each batch's own."""
 
     code: Literal[18]
     entry: ItemEntry
-    blobs: list[tuple[int, memoryview]] | None
+    chunks: list[memoryview] | None
     item: int
     into: memoryview | None
 
@@ -259,10 +259,10 @@ def cuda_item(commands: tuple[tuple[Any, ...], ...], item: int, keep: object = N
 def wire_op(
     entry: ItemEntry,
     item: int,
-    blobs: list[tuple[int, memoryview]] | None = None,
+    chunks: list[memoryview] | None = None,
     into: memoryview | None = None,
 ) -> WireOp:
-    return _new(WireOp, (WIRE, entry, blobs, item, into))
+    return _new(WireOp, (WIRE, entry, chunks, item, into))
 
 
 def item_at(ops: Sequence[Op], index: int) -> int:

@@ -43,7 +43,7 @@ from actorgraph.worker._lowered import Refused
 from actorgraph.worker._outbox import Outbox
 from actorgraph.worker._server import Worker as WorkerServer
 from actorgraph.worker._session import Session
-from actorgraph.worker._staging import chunks_into
+from actorgraph.worker._staging import land
 
 sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import GATED, INC, INC_GPU
@@ -547,7 +547,7 @@ async def test_a_kept_program_reads_to_the_client_under_the_read_ids_each_batch_
             np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 2))
             refusals = [
                 (["batch", 12, [0, 0, 0], [1], []], r"have \[2\] host reads.*read ids for none"),
-                (["batch", 12, [0, 0, 0], [1], [], False, [], [[5]]], r"names read ids \[1\]"),
+                (["batch", 12, [0, 0, 0], [1], [], False, [], [[5]]], r"names read ids for \[1\]"),
                 (["batch", 12, [0, 0, 0], [1], [], False, [], [[5, 6, 7]]], "one read id for each"),
                 (
                     ["batch", 12, [0, 0, 0], [1], [], False, [], [[5, 6], []]],
@@ -565,6 +565,51 @@ async def test_a_kept_program_reads_to_the_client_under_the_read_ids_each_batch_
             done = await replies.wait_for(count + 1)
             assert done[count][:3] == ["done", 13, 2]
             assert "numbers its host reads 0, 1, ... in order" in done[count][3][2]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_kept_program_writes_the_blobs_each_batch_names() -> None:
+    """A program with host writes is kept like any other: each batch of it names the blobs
+    its writes land (Batch.blobs), sent ahead of it. A batch that names too few or too
+    many is refused, one whose blob never came or holds other than the buffer's bytes
+    fails with why, and a batch that never runs lets go of the blobs it names."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            write = [["hw", -1, [1, 0, [4]], 2], ["s", 2, 1]]  # 16 bytes in two blobs
+            session.handle(decode(["prog", 1, "CPU:0", write, True]))
+
+            def blobs(first: int, *parts: bytes) -> list[int]:
+                for k, part in enumerate(parts):
+                    session.keep_blob(first + k, bytearray(part), len(part))
+                return list(range(first, first + len(parts)))
+
+            def batch(b: int, ids: list[int]) -> Any:
+                return decode(["batch", b, [0, 0, 0], [1], [], False, [], [], [ids]])
+
+            for b, values in ((10, [1, 2, 3, 4]), (11, [5, 6, 7, 8])):
+                data = np.array(values, np.int32).tobytes()
+                session.handle(batch(b, blobs(100 + 10 * b, data[:4], data[4:])))
+                assert (await replies.wait_for(b - 9))[-1] == ["done", b, 2, None]
+                np.testing.assert_array_equal(session.buffers[1].host_view(), values)
+            assert session.blob_bytes == 0
+            for ids, message in (([], r"land \[2\] blobs and it names \[0\]"), ([7], r"names \[1\]")):
+                with pytest.raises(Refused, match=message):
+                    session.handle(batch(12, blobs(7, b"x" * 16) if ids else []))
+                assert session.blob_bytes == 0  # the refused batch's blob went back
+            for b, sent, why in (
+                (13, lambda: [*blobs(300, b"z" * 8), 301], "unknown blob id 301"),
+                (14, lambda: blobs(400, b"x" * 8, b"y" * 4), "host write of 12 bytes into 16"),
+            ):
+                count = len(replies.sent)
+                session.handle(batch(b, sent()))
+                done = (await replies.wait_for(count + 1))[-1]
+                assert done[:3] == ["done", b, 2] and why in done[3][2], done
+                assert session.blob_bytes == 0
+            np.testing.assert_array_equal(session.buffers[1].host_view(), [5, 6, 7, 8])
             nursery.cancel_scope.cancel()
 
 
@@ -856,16 +901,17 @@ async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
                     staged = bytearray(data.tobytes())
                     session.keep_blob(handle, staged, len(staged))
                     session.blob_bytes += len(staged)
-                    write = ["hw", -1, [handle, 0, [count]], [handle]]
+                    write = ["hw", -1, [handle, 0, [count]], 1]
                     session.handle(decode(["prog", handle, "CPU:0", [write, ["s", 2, 1]], False]))
                     codes.append(
                         [
                             op.code
                             for op in session.programs[handle].ops
-                            if isinstance(op, RunOp) and op.fn is chunks_into
+                            if isinstance(op, RunOp) and op.fn is land
                         ]
                     )
-                    session.handle(decode(["batch", handle, [0, 0, 0], [handle], []]))
+                    batch = ["batch", handle, [0, 0, 0], [handle], [], False, [], [], [[handle]]]
+                    session.handle(decode(batch))
                     assert (await replies.wait_for(handle))[-1] == ["done", handle, 2, None]
                     np.testing.assert_array_equal(session.buffers[handle].host_view(), data)
                 assert codes == [[EXEC_THREAD], [EXEC]]

@@ -55,7 +55,7 @@ class _BatchSubmission(Submission):
     (`make_jobs`): a profiled batch's carry observers and are kept (`profiled`, by
     slot), so their times and when it came (`received`) go with their reports."""
 
-    __slots__ = ("batch_id", "batches", "profiled", "programs", "reads", "received")
+    __slots__ = ("batch_id", "batches", "blobs", "profiled", "programs", "reads", "received")
 
     def __init__(
         self,
@@ -65,6 +65,7 @@ class _BatchSubmission(Submission):
         received: float | None = None,
         advances: Advances = ([], [], []),
         reads: list[list[int]] | None = None,
+        blobs: list[list[int]] | None = None,
     ) -> None:
         timelines, tickets, jobs = advances
         # Mirrors of the client's device timelines that this batch's jobs move as they
@@ -77,6 +78,7 @@ class _BatchSubmission(Submission):
         self.received = received
         self.profiled: list[Job] | None = None
         self.reads = reads or []  # each job's read ids (Batch.reads), checked
+        self.blobs = blobs or []  # and blob ids (Batch.blobs)
 
     def make_jobs(self, bases: list[int]) -> list[Job]:
         """Its jobs, one per program (by slot), relative to `bases`."""
@@ -97,6 +99,13 @@ def read_of(job: Job, index: int) -> int:
     sub = job.submission
     assert type(sub) is _BatchSubmission
     return sub.reads[job.slot][index]
+
+
+def blobs_of(job: Job) -> list[int]:
+    """The blob ids the batch of `job` (a worker's) names for its host writes."""
+    sub = job.submission
+    assert type(sub) is _BatchSubmission
+    return sub.blobs[job.slot]
 
 
 class _Early(NamedTuple):
@@ -149,13 +158,14 @@ class Batches:
         if programs is None:
             programs, error = self._check(batch)
         if error is None:
-            self._check_reads(batch, programs)
+            self._check_named(batch, programs)
         session.set_mirrors(batch.ext)
         advances = self._advances(batch, len(programs))
         bases = list(batch.bases)
         if error is None:
             error = self._reserve(programs, bases)
         if error is not None:
+            self.drop_blobs(batch)
             for p in programs:
                 session.out.send(Done(batch.batch, p.slot, (error[0], "worker", error[1])))
             # Its jobs end here: what waits for them to end may go on.
@@ -172,20 +182,31 @@ class Batches:
         self._start(batch, programs, bases, received, advances)
 
     @staticmethod
-    def _check_reads(batch: Batch, programs: list[Program]) -> None:
-        """A batch names a read id for each host read of its programs (Batch.reads)."""
-        reads = batch.reads
-        if not reads and not any(p.reads for p in programs):
-            return
-        if len(reads) != len(programs) or any(
-            len(ids) != p.reads for ids, p in zip(reads, programs)
-        ):
-            wanted = [p.reads for p in programs]
+    def _check_named(batch: Batch, programs: list[Program]) -> None:
+        """A batch names a read id for each host read of its programs (Batch.reads), and
+        the blobs their host writes land (Batch.blobs)."""
+        reads = [p.reads for p in programs]
+        if (batch.reads or any(reads)) and [len(ids) for ids in batch.reads] != reads:
+            named = [len(ids) for ids in batch.reads] if batch.reads else "none"
             raise Refused(
-                f"batch {batch.batch}: its programs have {wanted} host reads, and it names "
-                f"read ids {[len(ids) for ids in reads] if reads else 'for none'}; a batch "
-                f"names one read id for each host read of each of its programs"
+                f"batch {batch.batch}: its programs have {reads} host reads and it names read "
+                f"ids for {named}; a batch names one read id for each host read of each of "
+                f"its programs, in order"
             )
+        blobs = [p.blobs for p in programs]
+        if (batch.blobs or any(blobs)) and [len(ids) for ids in batch.blobs] != blobs:
+            named = [len(ids) for ids in batch.blobs] if batch.blobs else "none"
+            raise Refused(
+                f"batch {batch.batch}: its programs' host writes land {blobs} blobs and it "
+                f"names {named}; a batch names the blobs of each of its programs' host "
+                f"writes, in order"
+            )
+
+    def drop_blobs(self, batch: Batch) -> None:
+        """Let go of the blobs a batch that never runs names."""
+        for ids in batch.blobs:
+            for blob_id in ids:
+                self.session.drop_blob(blob_id)
 
     def _advances(self, batch: Batch, njobs: int) -> Advances:
         """The mirrors the batch's jobs move as they end (Batch.advances), checked."""
@@ -330,7 +351,9 @@ class Batches:
         times = session.worker.times
         for p in programs:
             p.recode(times)  # a kernel changed sides since it was coded
-        sub = _BatchSubmission(self, batch.batch, programs, received, advances, batch.reads)
+        sub = _BatchSubmission(
+            self, batch.batch, programs, received, advances, batch.reads, batch.blobs
+        )
         self.running.add(sub)
         sub.when_done(functools.partial(self._batch_done, batch.batch, programs))
         actors = [p.queue() for p in programs]

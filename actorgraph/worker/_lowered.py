@@ -58,6 +58,7 @@ class Program:
 
     __slots__ = (
         "actor",
+        "blobs",
         "count",
         "device",
         "early",
@@ -95,6 +96,7 @@ class Program:
         wait_entries: Sequence[int] = (),
         item_entries: Mapping[int, int] | None = None,
         reads: int = 0,
+        blobs: int = 0,
     ) -> None:
         """A program kept for the batches that name it (`store`), signalling on base
         `slot`: refused with `error` ((client item or -1, why)), or lowered onto `actor`
@@ -106,7 +108,8 @@ class Program:
         worker's queue, which that worker tells this one of; `wait_entries` and
         `item_entries`: the entry each wait (in order) and each item (by client item)
         came from, for a profiled job's times (`entries_of`); `reads`: its host reads,
-        whose read ids each batch names (Batch.reads)."""
+        whose read ids each batch names (Batch.reads); `blobs`: the blobs its host writes
+        land, which each batch names (Batch.blobs)."""
         self.store = store
         self.slot = slot
         self.error = error
@@ -115,6 +118,7 @@ class Program:
         self.kind = kind
         self.count = count
         self.reads = reads
+        self.blobs = blobs
         self.max_slot = max_slot
         self.local_waits = tuple(local_waits)
         self.early = tuple(early)

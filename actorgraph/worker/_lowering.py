@@ -53,7 +53,7 @@ from ._lowered import EarlyPull, Program, Refused, Watched
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
 from ._placement import AdaptiveKernel
-from ._staging import bytes_of, chunks_into
+from ._staging import Taken, bytes_of, land
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -116,6 +116,7 @@ class _Lowering:
         self.wait_entries: list[int] = []
         self.item_entries: dict[int, int] = {}
         self.reads = 0  # host reads
+        self.blobs = 0  # the blobs its host writes land
 
     def lower(self, entries: list[Any], store: bool) -> Program:
         for index, raw in enumerate(entries):
@@ -143,6 +144,7 @@ class _Lowering:
             wait_entries=self.wait_entries,
             item_entries=self.item_entries,
             reads=self.reads,
+            blobs=self.blobs,
         )
         try:
             _Runnable(self.actor).walk(program.ops)
@@ -338,23 +340,27 @@ class _Lowering:
         )
 
     def _host_write(self, entry: HostWriteEntry) -> Lowered:
+        """Each batch's blobs for it (Batch.blobs, from `first` on), taken by an op of their
+        own, then landed: a large write would hold the event loop (every client) for its
+        memcpy, so that goes to the queue's thread."""
         session, device = self.session, self.device
         dst = session.buffer(entry.dst, "host write dst")
-        chunks = [session.take_blob(blob_id) for blob_id in entry.blobs]
-        total = sum(size for _, size in chunks)
-        if total != dst.nbytes:
-            raise Refused(f"host write of {total} bytes into {dst.nbytes}")
-        # A large write would hold the event loop (every client) for its memcpy.
+        first = self.blobs
+        self.blobs += entry.chunks
         code: Literal[2, 3] = (
-            EXEC_THREAD if total >= getattr(device, "thread_bytes", 1 << 20) else EXEC
+            EXEC_THREAD if dst.nbytes >= getattr(device, "thread_bytes", 1 << 20) else EXEC
         )
+        taken = Taken()
+        take = run_op(AWAIT, session.take_op, (first, entry.chunks, dst.nbytes, taken), -1)
         staging = session.worker.staging
         if device.host_visible:
-            return run_op(code, chunks_into, (dst.host_view(), chunks, staging), -1)
-        # GPU memory: gather the chunks in host memory, then upload them in order.
+            return [take, run_op(code, land, (dst.host_view(), taken, staging), -1)]
+        # GPU memory: gather the chunks in host memory, then upload them in order (each
+        # a host step, run once the stream got there: a batch after lands there again).
         staged = np.empty(dst.shape, dst.dtype)
         return [
-            run_op(code, chunks_into, (staged, chunks, staging), -1),
+            take,
+            run_op(code, land, (staged, taken, staging), -1),
             device.lower_host_write(dst, staged, QueueKind.COMPUTE),
         ]
 

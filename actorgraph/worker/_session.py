@@ -47,7 +47,7 @@ from actorgraph.scheduler import QueueKind
 
 from .._buffer import Buffer
 from .._errors import ActorGraphError, UsageError
-from ._batches import Batches, read_of
+from ._batches import Batches, blobs_of, read_of
 from ._lowered import Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
@@ -55,7 +55,7 @@ from ._lowering import lower
 from ._machine_code import CodeStore
 from ._outbox import COPIED_BELOW, Outbox, send_data
 from ._progress import Progress, TrackedSignal
-from ._staging import bytes_of
+from ._staging import Taken, bytes_of
 
 if TYPE_CHECKING:
     from ._host import Host
@@ -100,6 +100,8 @@ class Session:
         self.report_op = Quick(self._report_now)
         # The AWAIT op of a host read: done at once unless its bytes are sent as they are.
         self.read_op = Quick(self._read_now, self._read_later)
+        # The AWAIT op that takes a host write's blobs for its batch: always at once.
+        self.take_op = Quick(self._take_now)
         # Bytes of this client's frames taken (each handled) since the handshake, what
         # reads by other workers wait for (`client_took`), and the reads waiting.
         self.taken = 0
@@ -422,7 +424,11 @@ class Session:
         self.programs[request.program] = program
 
     def _batch(self, request: Batch) -> None:
-        self.batches.run(request)
+        try:
+            self.batches.run(request)
+        except (Refused, WireError):
+            self.batches.drop_blobs(request)  # it never runs: its bytes go back
+            raise
 
     def _count_read(self) -> None:
         limit = self.worker.limits.max_signals
@@ -491,6 +497,31 @@ class Session:
         finally:
             self.out.release()
         return True
+
+    def _take_now(self, job: Job, first: int, count: int, nbytes: int, taken: Taken) -> bool:
+        """A host write's blobs, as its batch names them (Batch.blobs: `count` from
+        `first`), for the op that lands them (`taken`); let go of at once if its
+        submission failed. Raises Refused for a blob that did not come, or bytes that
+        are not `nbytes`."""
+        chunks = []
+        try:
+            for blob_id in blobs_of(job)[first : first + count]:
+                chunks.append(self.take_blob(blob_id))
+            total = sum(size for _, size in chunks)
+            if total != nbytes and job.submission.error is None:
+                raise Refused(f"host write of {total} bytes into {nbytes}")
+        except Refused:
+            self._give_back(chunks)
+            raise
+        if job.submission.error is not None:
+            self._give_back(chunks)
+        else:
+            taken.chunks = chunks
+        return True
+
+    def _give_back(self, chunks: list[tuple[bytearray, int]]) -> None:
+        for data, _ in chunks:
+            self.worker.staging.give(data)
 
     def _read_now(self, job: Job, index: int, data: memoryview) -> bool:
         """A host read (an HR entry, its program's host read `index`) once its queue got

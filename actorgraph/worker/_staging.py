@@ -45,6 +45,22 @@ def chunks_into(
         pool.give(buf)
 
 
+class Taken:
+    """The blobs a host write took for the batch now running it, until they land: its
+    queue runs its take and its landing one after the other, a batch at a time."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[bytearray, int]] = []
+
+
+def land(dst: np.ndarray[Any, Any], taken: Taken, pool: StagingPool) -> None:
+    """A host write's blobs, as taken (`Taken`), into `dst`."""
+    chunks, taken.chunks = taken.chunks, []
+    chunks_into(dst, chunks, pool)
+
+
 def bytes_of(buf: Buffer) -> memoryview:
     """A host-visible buffer's bytes (a worker's CPU and SIM devices)."""
     return buf.host_view().reshape(-1).view(np.uint8).data

@@ -77,9 +77,10 @@ worker costs one frame out and one "done" frame back per queue: one round trip. 
 whose input buffers are rebound produce new op lists: one written as the entries of a
 program the worker keeps (a graph bound again to inputs it had before) names that
 program, any other is sent again. A host read ("hr") is numbered among its program's
-reads, and each batch names the read id of each (`Batch.reads`), so the copy out of a
-buffer is a program kept like any other; a host write carries its bytes and is sent
-each time. The worker answers the frames that came together (a submission's batches)
+reads, and each batch names the read id of each (`Batch.reads`); a host write ("hw")
+says how many blobs its bytes come in, and each batch names them (`Batch.blobs`, each
+blob a frame ahead of the batch). So a copy to or from a buffer is a program kept like
+any other. The worker answers the frames that came together (a submission's batches)
 in one send, after the last of them.
 
 How order crosses hosts

@@ -33,6 +33,7 @@ from .wire import (
     DTYPES_TEXT,
     Alloc,
     Batch,
+    Blob,
     Code,
     Done,
     Error,
@@ -489,11 +490,13 @@ class Connection:
         ext: list[tuple[int, int]] = []
         direct: list[tuple[Signal, int, int]] = []  # waits the source's worker tells of
         reads: list[list[int]] = []
+        blobs: list[list[int]] = []
         for job, queue in group:
             program = self.programs.program_of(job, queue, parts)
             batch.jobs[program.slot] = (job, program)
             prog_ids.append(program.prog_id)
             reads.append(self._reads(job, program))
+            blobs.append(self._blobs(job, program, parts))
             self.mirrors.due_of(program.mirrors, ext)
             for wait, ext_id in program.mirrors:
                 signal = wait.signal
@@ -512,12 +515,29 @@ class Connection:
             nursery.start_soon(self._forward_direct, batch, direct)
         self._batches[batch_id] = batch
         advances = self._advances(first.submission, group)
-        if not any(reads):
-            reads = []
-        parts.append(encode(Batch(batch_id, list(bases), prog_ids, ext, profiled, advances, reads)))
+        reads = reads if any(reads) else []
+        blobs = blobs if any(blobs) else []
+        message = Batch(batch_id, list(bases), prog_ids, ext, profiled, advances, reads, blobs)
+        parts.append(encode(message))
         self.batches_sent += 1
         if profiled:
             self._measure_clock_if_due()
+
+    def _blobs(self, job: Job, program: KeptProgram, parts: list[bytes | memoryview]) -> list[int]:
+        """The blob ids of this job's host writes' bytes (Batch.blobs), each blob sent
+        ahead of the batch in `parts`."""
+        if not program.writes:
+            return []
+        ops = job.ops
+        ids = []
+        for index in program.writes:
+            op = ops[index]
+            assert type(op) is WireOp and op.chunks is not None
+            for chunk in op.chunks:
+                blob_id = self.next_blob()
+                parts += [encode(Blob(blob_id), len(chunk)), chunk]
+                ids.append(blob_id)
+        return ids
 
     def _reads(self, job: Job, program: KeptProgram) -> list[int]:
         """The read ids of this job's host reads (Batch.reads): each lands where its op

@@ -298,9 +298,8 @@ class RemoteDevice(Device):
         data = flat_bytes(array)
         step = self.connection.chunk
         chunks = [data[i : i + step] for i in range(0, len(data), step)] or [data]
-        blob_ids = [self.connection.next_blob() for _ in chunks]
-        entry = HostWriteEntry(-1, self._ref(buffer), blob_ids)
-        return wire_op(entry, -1, list(zip(blob_ids, chunks)))
+        # Sent as blobs ahead of each batch, which names them: its program can be kept.
+        return wire_op(HostWriteEntry(-1, self._ref(buffer), len(chunks)), -1, chunks)
 
     def lower_host_read(
         self, buffer: DeviceBuffer, out: np.ndarray[Any, Any], queue: QueueKind

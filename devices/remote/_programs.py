@@ -34,7 +34,6 @@ from .._walk import OpWalker
 from ._transport import Read
 from .frames import Frame, encode, pack
 from .wire import (
-    Blob,
     Forget,
     GetWhen,
     HostReadEntry,
@@ -131,7 +130,17 @@ class Mirrors:
 class KeptProgram:
     """One queue's op list as the worker holds it (or holds it for one batch)."""
 
-    __slots__ = ("content", "direct", "mirrors", "own", "prog_id", "queue", "reads", "slot")
+    __slots__ = (
+        "content",
+        "direct",
+        "mirrors",
+        "own",
+        "prog_id",
+        "queue",
+        "reads",
+        "slot",
+        "writes",
+    )
 
     def __init__(
         self,
@@ -141,16 +150,17 @@ class KeptProgram:
         mirrors: Sequence[tuple[WaitOp, int]],
         direct: Set[tuple[int, int, int]],
         reads: Sequence[int] = (),
-        content: bytes | None = None,
+        writes: Sequence[int] = (),
+        content: bytes = b"",
     ) -> None:
         """The program `prog_id` of `queue`, written from `ops`: the client's signals it
         waits on, as mirrored (`mirrors`: each wait on one, with its mirror id), and the
         waits among them that another worker tells this one of directly (`direct`: base
         slot, rel, id), which the client forwards only if it loses that worker; the ops
-        of its host reads, in order (`reads`: where each batch's bytes land is theirs);
-        its entries as written (`content`: what another op list written the same finds
-        it by). Raises DeviceError for ops that do not end with their queue's own
-        signal."""
+        of its host reads and host writes, in order (`reads`, `writes`: where each
+        batch's bytes land, and the bytes it sends, are theirs); its entries as written
+        (`content`: what another op list written the same finds it by). Raises
+        DeviceError for ops that do not end with their queue's own signal."""
         self.prog_id = prog_id
         self.queue = queue
         own = own_signal(ops)
@@ -161,6 +171,7 @@ class KeptProgram:
         self.mirrors = tuple(mirrors)
         self.direct = frozenset(direct)
         self.reads = tuple(reads)
+        self.writes = tuple(writes)
         self.content = content
 
 
@@ -169,10 +180,10 @@ class Programs:
     most PROGRAM_CACHE: each defined by a Prog, then named by id. An op list sent for the
     first time is sent for its batch alone; one sent again is kept: the same op list (a
     graph's), or another written as the same entries (a graph bound again to inputs it
-    had before, a host read of the same buffer: a host read's bytes go to the read each
-    batch names). A host write carries its data: never kept. Its Script keeps the id its
-    ops were last sent under (`keep`), which names a kept program as long as this cache
-    holds one under it."""
+    had before, a copy to or from the same buffer: a host read's bytes go to the read
+    each batch names, a host write's come in the blobs it names). Its Script keeps the id
+    its ops were last sent under (`keep`), which names a kept program as long as this
+    cache holds one under it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
@@ -186,8 +197,8 @@ class Programs:
         return len(self._kept)
 
     def program_of(self, job: Job, queue: RemoteQueue, parts: list[Any]) -> KeptProgram:
-        """The program for `job`'s ops: kept, or defined now (its Prog, and the blobs of a
-        host write ahead of it, appended to `parts`)."""
+        """The program for `job`'s ops: kept, or defined now (its Prog appended to
+        `parts`)."""
         script = job.script
         sent: int | None = script.kept(self)  # the id its ops were last sent under
         kept = None if sent is None else self._kept.get(sent)
@@ -195,43 +206,41 @@ class Programs:
             self._kept.move_to_end(kept.prog_id)
             return kept
         conn = self._connection
-        writer = _Writer(conn, queue, parts)
-        entries, one_shot = writer.entries(job.ops)
-        entries = [as_meta(entry) for entry in entries]  # each [kind, *fields], as Prog's are
+        writer = _Writer(conn, queue)
+        entries = [as_meta(entry) for entry in writer.entries(job.ops)]  # as Prog's are
         kind = queue.kind.value
-        content = None
-        if not one_shot:
-            content = pack([queue.device.inner, kind, entries])
-            found = self._by_content.get(content)
-            if found is not None:
-                self._kept.move_to_end(found)
-                script.keep(self, found)
-                return self._kept[found]
+        content = pack([queue.device.inner, kind, entries])
+        found = self._by_content.get(content)
+        if found is not None:
+            self._kept.move_to_end(found)
+            script.keep(self, found)
+            return self._kept[found]
         prog_id = conn.new_id()
         program = KeptProgram(
-            prog_id, job.ops, queue, writer.mirrors, writer.direct, writer.reads, content
+            prog_id,
+            job.ops,
+            queue,
+            writer.mirrors,
+            writer.direct,
+            writer.reads,
+            writer.writes,
+            content,
         )
-        # Kept once sent again; host writes carry their data: never kept, never remembered.
-        store = not one_shot and (sent is not None or self._seen_before(content))
+        store = sent is not None or self._seen_before(content)  # kept once sent again
         parts.append(encode(Prog(prog_id, queue.device.inner, entries, store, kind)))
         self.sent += 1
         if store:
             self._kept[prog_id] = program
-            if content is not None:
-                self._by_content[content] = prog_id
+            self._by_content[content] = prog_id
             if len(self._kept) > PROGRAM_CACHE:
                 _, forgotten = self._kept.popitem(last=False)
-                if forgotten.content is not None:
-                    del self._by_content[forgotten.content]
+                del self._by_content[forgotten.content]
                 parts.append(encode(Forget(forgotten.prog_id)))
-        if not one_shot:
-            script.keep(self, prog_id)
+        script.keep(self, prog_id)
         return program
 
-    def _seen_before(self, content: bytes | None) -> bool:
+    def _seen_before(self, content: bytes) -> bool:
         """Whether entries written as `content` were sent before (remembering them now)."""
-        if content is None:
-            return False
         seen = self._seen
         if content in seen:
             del seen[content]
@@ -244,32 +253,29 @@ class Programs:
 
 class _Writer(OpWalker):
     """One op list of `queue` written as a program's entries (`out`), and what its waits
-    are (`mirrors`, `direct`: see KeptProgram); `one_shot`: it is a host write's (sent
-    once); the blobs of a host write go to `parts`, ahead of it."""
+    are (`mirrors`, `direct`) and where its host reads and writes are (`reads`,
+    `writes`): see KeptProgram."""
 
     taker = "a worker's program"
 
-    def __init__(self, connection: Connection, queue: RemoteQueue, parts: list[Any]) -> None:
+    def __init__(self, connection: Connection, queue: RemoteQueue) -> None:
         super().__init__(f"{queue.name}'s program for its worker")
         self.connection = connection
         self.queue = queue
-        self.parts = parts
         self.out: list[Any] = []
-        self.one_shot = False
         self.reads: list[int] = []  # the ops of its host reads, in order
+        self.writes: list[int] = []  # and of its host writes
         self.mirrors: list[tuple[WaitOp, int]] = []
         self.direct: set[tuple[int, int, int]] = set()
         # The waits of the item about to come (since the previous item or signal):
         # signal -> (base slot, value, mirror id)
         self.own_waits: dict[Signal, tuple[int, int, int]] = {}
 
-    def entries(self, ops: Sequence[Op]) -> tuple[list[Any], bool]:
-        """The entries, and whether the op list is a host write's (sent once).
-
-        Raises OpCodeError for an op a worker's queue does not run (one not lowered by
-        a REMOTE device)."""
+    def entries(self, ops: Sequence[Op]) -> list[Any]:
+        """The entries. Raises OpCodeError for an op a worker's queue does not run (one
+        not lowered by a REMOTE device)."""
         self.walk(ops)
-        return self.out, self.one_shot
+        return self.out
 
     def wait(self, op: WaitOp, index: int) -> bool:
         self.out.append(self._wait(op))
@@ -289,11 +295,9 @@ class _Writer(OpWalker):
             assert type(entry) is HostReadEntry
             entry = entry._replace(read=len(self.reads))
             self.reads.append(index)
+        elif op.chunks is not None:  # a host write: its bytes go ahead of each batch
+            self.writes.append(index)
         self.out.append(self._item(entry))
-        if op.blobs is not None:  # a host write: its data goes ahead of it
-            self.one_shot = True
-            for blob_id, chunk in op.blobs:
-                self.parts += [encode(Blob(blob_id), len(chunk)), chunk]
         return True
 
     def _wait(self, op: WaitOp) -> Any:

@@ -389,6 +389,7 @@ def _advances(value: Any, what: str) -> list[tuple[int, int, list[int]]]:
     ("profile", flag),
     ("advances", _advances),
     ("reads", list_of("program's reads", list_of("read id", integer(), 1 << 12), 1 << 16)),
+    ("blobs", list_of("program's blobs", list_of("blob id", integer(), 1 << 16), 1 << 16)),
 )
 class Batch(NamedTuple):
     """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
@@ -398,8 +399,10 @@ class Batch(NamedTuple):
     jobs (by their place in `programs`) have ended: a device timeline that only this
     worker's jobs of the submission move, which its next submissions wait on here, with
     no word from the client in between. `reads`: for each program (left out when none
-    has any), the read ids of its host reads in their order (HostReadEntry.read), so a
-    program that reads to the client is kept and each batch of it names its own reads."""
+    has any), the read ids of its host reads in their order (HostReadEntry.read); `blobs`:
+    likewise, the ids of the blobs its host writes land, in order (HostWriteEntry.chunks
+    each). So a program that copies to or from the client is kept like any other, and
+    each batch of it names its own reads and bytes."""
 
     batch: int
     bases: list[int]
@@ -408,6 +411,7 @@ class Batch(NamedTuple):
     profile: bool = False
     advances: list[tuple[int, int, list[int]]] = []
     reads: list[list[int]] = []
+    blobs: list[list[int]] = []
 
 
 @message(
@@ -746,16 +750,14 @@ class PullEntry(NamedTuple):
     follows: tuple[int, int, int] | None = None
 
 
-@entry(
-    "hw",
-    ("item index", _ITEM),
-    ("host write dst", ref),
-    ("blob ids", list_of("blob id", integer(), 1 << 12)),
-)
+@entry("hw", ("item index", _ITEM), ("host write dst", ref), ("chunks", integer(1, 1 << 12)))
 class HostWriteEntry(NamedTuple):
+    """Land host bytes in `dst`: they come in `chunks` blobs (Blob frames ahead of the
+    batch), the next of those each batch names for its program (Batch.blobs)."""
+
     item: int
     dst: Ref
-    blobs: list[int]
+    chunks: int
 
 
 @entry("hr", ("item index", _ITEM), ("host read src", ref), ("read index", integer(0, 1 << 12)))
