@@ -231,7 +231,9 @@ async def test_copies_to_and_from_a_buffer_are_defined_on_the_worker_once(
             reads = [await rt.submit_copyout(b) for b in (x, y, x)]
             for copy in [*writes, *reads]:
                 await copy.wait()
-            for got, expected in zip(reads, (np.arange(37) * k, np.full(37, -k), np.arange(37) * k)):
+            for got, expected in zip(
+                reads, (np.arange(37) * k, np.full(37, -k), np.arange(37) * k)
+            ):
                 np.testing.assert_array_equal(got.array, expected)
         assert conn.statistics().programs_sent == sent
 

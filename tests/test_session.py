@@ -596,7 +596,10 @@ async def test_a_kept_program_writes_the_blobs_each_batch_names() -> None:
                 assert (await replies.wait_for(b - 9))[-1] == ["done", b, 2, None]
                 np.testing.assert_array_equal(session.buffers[1].host_view(), values)
             assert session.blob_bytes == 0
-            for ids, message in (([], r"land \[2\] blobs and it names \[0\]"), ([7], r"names \[1\]")):
+            for ids, message in (
+                ([], r"land \[2\] blobs and it names \[0\]"),
+                ([7], r"names \[1\]"),
+            ):
                 with pytest.raises(Refused, match=message):
                     session.handle(batch(12, blobs(7, b"x" * 16) if ids else []))
                 assert session.blob_bytes == 0  # the refused batch's blob went back
