@@ -191,6 +191,36 @@ class Submitted:
             await self._sub.done.wait()
         self.finish()
 
+    async def wait_here(self) -> None:
+        """Wait until its jobs on this host's devices are done (a worker's may still run):
+        what it reads or writes of this host's memory is read or written then. Raises its
+        failure if it is done by then and failed; a later `wait` raises it otherwise."""
+        sub = self._sub
+        if sub is None or sub.done.is_set():
+            await self.wait()
+            return
+        here = [
+            (sub.timelines[d], sub.tickets[d])
+            for d, device in enumerate(self._program.devices)
+            if not device.host_io and sub.timelines[d].value < sub.tickets[d]
+        ]
+        if not here:
+            return
+        reached = trio.Event()
+        left = [len(here)]
+
+        def one_more() -> None:
+            left[0] -= 1
+            if not left[0]:
+                reached.set()
+
+        for timeline, ticket in here:
+            timeline.when(ticket, one_more)
+        sub.when_done(lambda _: reached.set())  # failed from outside: timelines stay
+        await reached.wait()
+        if sub.done.is_set():
+            self.finish()
+
     def finish(self) -> None:
         """Raise the failure of a submission that is done (nothing if it succeeded)."""
         if self._sub is not None:

@@ -405,6 +405,34 @@ def test_a_data_parallel_jit_over_cpu_and_ag_devices_is_one_graph(two_workers: A
     assert agt.statistics().graphs == graphs + 2
 
 
+def test_a_jit_over_cpu_and_ag_devices_returns_once_this_hosts_part_is_done(
+    two_workers: Any,
+) -> None:
+    """A jit that reads or writes this host's memory returns once that part is done (a
+    worker's part may still run): its local output is whole the moment it returns, and
+    its local input may be written over at once."""
+    from tinygrad import TinyJit
+
+    def to_worker(x: Tensor) -> Tensor:
+        return (x.to("AG") * 2 + 1).realize()
+
+    def and_back(x: Tensor) -> Tensor:
+        return ((x.to("AG:2") * 3).to("CPU:1") + 1).realize()
+
+    for fn, expect in ((to_worker, lambda a: a * 2 + 1), (and_back, lambda a: a * 3 + 1)):
+        jit = TinyJit(fn)
+        for seed in range(6):
+            data = _data(60 + seed, 64, 64)
+            x = Tensor(data, device="CPU").realize()
+            out = jit(x)
+            if out.device == "CPU:1":  # written here: read it at once, with no sync
+                got = out.uop.buffer.as_memoryview(force_zero_copy=True)
+                assert np.frombuffer(got, np.float32).tobytes() == expect(data).tobytes()
+            # Its input, written over as soon as the call returns, was read already.
+            x.uop.buffer.as_memoryview(force_zero_copy=True)[:] = bytes(data.nbytes)
+            assert out.numpy().tobytes() == expect(data).tobytes()
+
+
 def test_the_runtimes_thread_never_takes_what_replays_on_other_threads_hold(
     two_workers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

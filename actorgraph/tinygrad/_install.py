@@ -189,8 +189,9 @@ class Installed:
         self, batch: Batch, places: Sequence[tuple[Any, int]], given: Mapping[Any, int], wait: bool
     ) -> float | None:
         """A batch on AG devices: recorded with their work, in tinygrad's order, and sent
-        with it; waited for here only when it touches tinygrad's CPU memory too (which
-        tinygrad's inline work after it uses) or the caller asks for its time. This
+        with it; waited for only as far as it touches tinygrad's CPU memory too (which
+        tinygrad's inline work after it uses: its jobs on this host's devices), or whole
+        when the caller asks for its time. This
         host's memory is wrapped here, under the lock; the workers' memory is resolved
         and the batch planned on the runtime's thread (`_submit_remote`)."""
         start = time.perf_counter() if wait else 0.0
@@ -206,8 +207,10 @@ class Installed:
             self.replays += 1
         submit = functools.partial(self._submit_remote, batch, partial, held, values)
         self.pending.add(ReplayRecord(submit))
-        if batch.local or wait:
+        if wait:
             self.pending.flush(wait=True)
+        elif batch.local:
+            self.pending.flush(here=True)
         return time.perf_counter() - start if wait else None
 
     async def _submit_remote(

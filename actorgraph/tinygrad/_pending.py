@@ -225,15 +225,16 @@ class Pending:
         if full:
             self.flush()
 
-    def flush(self, wait: bool = False) -> None:
+    def flush(self, wait: bool = False, here: bool = False) -> None:
         """Submit what is recorded, in order; with `wait`, return once every submission
-        made so far is done, raising the first failure."""
+        made so far is done, raising the first failure; with `here`, once what this flush
+        submits is done on this host's devices (Submitted.wait_here)."""
         with self._lock:
             records, self._records = self._records, []
         if not records and not wait:
             return
-        call = self._runtime.call(self._submit, records, wait, None)
-        if wait:
+        call = self._runtime.call(self._submit, records, wait, None, here)
+        if wait or here:
             call.result()
 
     def read(self, dest: memoryview, src: AGMemory) -> None:
@@ -253,11 +254,16 @@ class Pending:
         return list(found.values())
 
     async def _submit(
-        self, records: list[Record], wait: bool, read: tuple[memoryview, AGMemory] | None
+        self,
+        records: list[Record],
+        wait: bool,
+        read: tuple[memoryview, AGMemory] | None,
+        here: bool = False,
     ) -> None:
         runtime = self._runtime.runtime
         self._reap()
         connections = self._connections(runtime)
+        submitted = len(self._in_flight)
         for connection in connections:
             connection.hold_sends()  # what follows goes in one message per worker
         try:
@@ -269,6 +275,9 @@ class Pending:
             self.flushes += 1
         if wait:
             await self._wait_all()
+        elif here:
+            for entry in self._in_flight[submitted:]:
+                await entry.wait_here()
         if copy is not None and read is not None and copy.array is not None:
             np.frombuffer(read[0], U8)[...] = copy.array.reshape(-1)
 
