@@ -14,6 +14,7 @@ Starts two workers on loopback (`actorgraph worker --port 0`, devices CPU:0,CPU:
   trio process (a replay's floor: the worker is another process) and the kernels called
   in a plain loop, with the CPU time per replay on the client and (where /proc tells) on
   the worker;
+- small copies: a copyin and a copyout of 4 KiB of new data, each a round trip;
 - copy bandwidth client <-> worker (copyin/copyout, and graph Copy items between a local
   CPU device and a remote one) and worker -> worker (a graph Copy between two workers,
   the bytes going directly), 64 MiB (target >= 2 GB/s);
@@ -204,6 +205,29 @@ async def per_replay(
             None if worker0 is None or worker1 is None else (worker1 - worker0) / replays * 1e6
         ),
     }
+
+
+async def small_copies(rt: ag.Runtime, device: str, n: int) -> dict[str, float]:
+    """us per copyin and per copyout of 4 KiB to and from a worker, each of new data (the
+    median of 5 rounds of `n`): a copy costs a round trip, as a replay does."""
+    x = rt.alloc(device, 1024, np.int32)
+    arrays = [np.full(1024, k, np.int32) for k in range(16)]
+    for k in range(20):
+        await rt.copyin(x, arrays[k % 16])
+        await rt.copyout(x)
+    out: dict[str, list[float]] = {"copyin_4KiB_us": [], "copyout_4KiB_us": []}
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for k in range(n):
+            await rt.copyin(x, arrays[k % 16])
+        out["copyin_4KiB_us"].append((time.perf_counter() - t0) / n * 1e6)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            got = await rt.copyout(x)
+        out["copyout_4KiB_us"].append((time.perf_counter() - t0) / n * 1e6)
+        if not np.array_equal(got, arrays[(n - 1) % 16]):
+            raise AssertionError("a copy to or from the worker read other bytes")
+    return {key: statistics.median(values) for key, values in out.items()}
 
 
 CHAIN_STEPS = 32
@@ -481,6 +505,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
             }
             r100 = await per_replay(rt, a, 100, replays, wa.pid)
             r1 = await per_replay(rt, a, 1, replays, wa.pid)
+            small = await small_copies(rt, a, replays)
             bw = await bandwidth(rt, a, b, nbytes, reps=2 if quick else 8)
         isolation = await replay_beside_a_slow_kernel(a, n=replays // 2 if quick else 200)
         tls = await tls_cost((port_a, port_b), steps, replays, nbytes, 2 if quick else 4)
@@ -500,6 +525,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
         "ray_compiled_graphs": "skipped with --quick" if quick else ray_chain(),
         "replay_100_items": r100,
         "replay_1_item": r1,
+        "small_copies": small,
         "bandwidth_bytes": nbytes,
         "bandwidth_GBps_64MiB": bw,
         "replay_beside_a_slow_kernel": isolation,
@@ -569,6 +595,11 @@ def report(results: dict[str, Any]) -> None:
             f"  CPU per {name} replay: client {r['client_cpu_us_per_replay']:.1f} us, worker "
             + ("(not known)" if worker is None else f"{worker:.1f} us")
         )
+    small = results["small_copies"]
+    print(
+        f"copyin of 4 KiB: {small['copyin_4KiB_us']:.1f} us, copyout of 4 KiB: "
+        f"{small['copyout_4KiB_us']:.1f} us (process round trip {process_floor:.1f} us)"
+    )
     size = results["bandwidth_bytes"] >> 20
     for key, value in bw.items():
         print(f"copy {key.replace('_', ' '):36s} {value:6.2f} GB/s ({size} MiB; target >= 2 GB/s)")
