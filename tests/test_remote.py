@@ -213,7 +213,7 @@ async def test_copies_to_and_from_a_buffer_are_defined_on_the_worker_once(
     ag_remote_runtime: ag.Runtime,
 ) -> None:
     """A copy into or out of a worker's buffer, done again and again, is a program the
-    worker keeps (from its second time): each later one names it, with the bytes it
+    worker keeps from the first: each later one names it, with the bytes it
     sends or the read they go to, and lands or reads the buffer as it is then."""
     rt = ag_remote_runtime
     r0, _ = rt.devices

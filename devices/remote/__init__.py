@@ -74,9 +74,10 @@ job of the submission for its worker side by side, and sends them as ONE batch f
 The worker keeps each queue's lowered program (defined by a "prog" frame the first time a
 job's op list is seen, then referred to by id), so a replay of a graph that lives on one
 worker costs one frame out and one "done" frame back per queue: one round trip. Items
-whose input buffers are rebound produce new op lists: one written as the entries of a
-program the worker keeps (a graph bound again to inputs it had before) names that
-program, any other is sent again. A host read ("hr") is numbered among its program's
+whose input buffers or var values are rebound produce new op lists: one written as the
+entries of a program the worker keeps (a graph bound again to inputs or values it had
+before, eager work on the same buffers again) names that program, any other is defined
+(and kept: the least recently used of more than 256 is forgotten). A host read ("hr") is numbered among its program's
 reads, and each batch names the read id of each (`Batch.reads`); a host write ("hw")
 says how many blobs its bytes come in, and each batch names them (`Batch.blobs`, each
 blob a frame ahead of the batch). So a copy to or from a buffer is a program kept like

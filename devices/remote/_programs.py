@@ -177,20 +177,17 @@ class KeptProgram:
 
 class Programs:
     """The programs a connection's worker keeps, by id, least recently used first, at
-    most PROGRAM_CACHE: each defined by a Prog, then named by id. An op list sent for the
-    first time is sent for its batch alone; one sent again is kept: the same op list (a
-    graph's), or another written as the same entries (a graph bound again to inputs it
-    had before, a copy to or from the same buffer: a host read's bytes go to the read
-    each batch names, a host write's come in the blobs it names). Its Script keeps the id
-    its ops were last sent under (`keep`), which names a kept program as long as this
-    cache holds one under it."""
+    most PROGRAM_CACHE: each defined by a Prog, then named by id, by the op list it was
+    written from (a graph's) or by another written as the same entries (a graph bound
+    again to inputs or var values it had before, eager work or a copy of the same
+    buffers again: a host read's bytes go to the read each batch names, a host write's
+    come in the blobs it names). Its Script keeps the id its ops were last sent under
+    (`keep`), which names a kept program as long as this cache holds one under it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._kept: collections.OrderedDict[int, KeptProgram] = collections.OrderedDict()
         self._by_content: dict[bytes, int] = {}  # a kept program's entries -> its id
-        # Entries sent once for their batch alone: kept if they come again.
-        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.sent = 0  # Progs sent
 
     def __len__(self) -> int:
@@ -198,7 +195,7 @@ class Programs:
 
     def program_of(self, job: Job, queue: RemoteQueue, parts: list[Any]) -> KeptProgram:
         """The program for `job`'s ops: kept, or defined now (its Prog appended to
-        `parts`)."""
+        `parts`, and a Forget for the least recently used one past the bound)."""
         script = job.script
         sent: int | None = script.kept(self)  # the id its ops were last sent under
         kept = None if sent is None else self._kept.get(sent)
@@ -226,29 +223,16 @@ class Programs:
             writer.writes,
             content,
         )
-        store = sent is not None or self._seen_before(content)  # kept once sent again
-        parts.append(encode(Prog(prog_id, queue.device.inner, entries, store, kind)))
+        parts.append(encode(Prog(prog_id, queue.device.inner, entries, True, kind)))
         self.sent += 1
-        if store:
-            self._kept[prog_id] = program
-            self._by_content[content] = prog_id
-            if len(self._kept) > PROGRAM_CACHE:
-                _, forgotten = self._kept.popitem(last=False)
-                del self._by_content[forgotten.content]
-                parts.append(encode(Forget(forgotten.prog_id)))
+        self._kept[prog_id] = program
+        self._by_content[content] = prog_id
+        if len(self._kept) > PROGRAM_CACHE:
+            _, forgotten = self._kept.popitem(last=False)
+            del self._by_content[forgotten.content]
+            parts.append(encode(Forget(forgotten.prog_id)))
         script.keep(self, prog_id)
         return program
-
-    def _seen_before(self, content: bytes) -> bool:
-        """Whether entries written as `content` were sent before (remembering them now)."""
-        seen = self._seen
-        if content in seen:
-            del seen[content]
-            return True
-        seen[content] = None
-        if len(seen) > PROGRAM_CACHE:
-            seen.popitem(last=False)
-        return False
 
 
 class _Writer(OpWalker):
