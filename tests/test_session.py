@@ -616,6 +616,32 @@ async def test_a_kept_program_writes_the_blobs_each_batch_names() -> None:
             nursery.cancel_scope.cancel()
 
 
+async def test_a_view_a_program_names_is_made_once_and_goes_with_its_buffer() -> None:
+    """The views of a buffer that programs name are made once and kept while the buffer
+    lives: a program lowered again names the same view, and one lowered after its
+    buffer was freed and its id allocated again names the new memory."""
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            ref = decode(["get", 1, [1, 4, [4]]]).src  # elements 4..7 of buffer 1
+            session.handle(decode(["alloc", 1, "CPU:0", 8, "<i4"]))
+            view = session.buffer(ref, "a view")
+            assert session.buffer(ref, "a view") is view
+            inc = ["k", 0, "inc", [[1, 4, [4]], [1, 4, [4]]], [], [1, 1, 1], [1, 1, 1]]
+            for batch, handle in ((10, 1), (11, 2)):
+                if handle == 2:  # the id freed and allocated again: new memory
+                    session.handle(decode(["free", 1]))
+                    session.handle(decode(["alloc", 1, "CPU:0", 8, "<i4"]))
+                    assert session.buffer(ref, "a view") is not view
+                session.handle(decode(["prog", handle, "CPU:0", [inc, ["s", 2, 1]], True]))
+                session.handle(decode(["batch", batch, [0, 0, 0], [handle], []]))
+                await replies.wait_for(batch - 9)
+                np.testing.assert_array_equal(session.buffers[1].host_view(), [0] * 4 + [1] * 4)
+            nursery.cancel_scope.cancel()
+
+
 async def _frame(stream: FrameStream) -> list[Any]:
     """The next message from a worker (its tail read and checked: a read's int32s)."""
     meta, tail = await stream.receive()

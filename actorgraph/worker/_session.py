@@ -64,6 +64,9 @@ if TYPE_CHECKING:
 _MAX_FENCED = 1 << 12  # other workers' sessions a client may fence reads of
 
 
+_VIEWS = 256  # views of one buffer a session keeps made (a KV cache's, one per position)
+
+
 class Session:
     """One client's state on the worker: its buffers, programs, blobs and mirrors."""
 
@@ -87,6 +90,9 @@ class Session:
         # lives: its read ticket, and its bytes by (offset, shape).
         self._tickets: dict[int, bytes] = {}
         self._peer_views: dict[int, dict[tuple[int | str, ...], memoryview]] = {}
+        # The views of a buffer its programs name, by (offset, dtype, shape), kept while
+        # it lives (at most _VIEWS a buffer): a program lowered again finds them made.
+        self._views: dict[int, dict[tuple[int | str, ...], Buffer]] = {}
         self.refused: dict[int, str] = {}
         self.programs: dict[int, Program] = {}
         self._blobs: dict[int, tuple[bytearray, int]] = {}  # id -> (landing space, size)
@@ -187,6 +193,7 @@ class Session:
         self.refused.clear()
         self._tickets.clear()
         self._peer_views.clear()
+        self._views.clear()
         for program in self.programs.values():
             program.release()
         self.programs.clear()
@@ -242,19 +249,31 @@ class Session:
                 raise Refused(f"{what}: buffer {ref.handle} was refused: {why}")
             raise Refused(f"{what}: unknown buffer id {ref.handle} (not allocated by this client)")
         shape = ref.shape
+        if not ref.dtype and (not shape or (ref.offset == 0 and shape == base.shape)):
+            # The whole buffer: the same object each time, so a kernel given it twice
+            # gets one array twice (numpy skips its overlap check for identical arrays).
+            return base
+        views = self._views.get(ref.handle)
+        if views is None:
+            views = self._views[ref.handle] = {}
+        key: tuple[int | str, ...] = (ref.offset, ref.dtype, *shape)
+        view = views.get(key)
+        if view is not None:
+            return view
         try:
             if ref.dtype:  # a view with a dtype of its own: the offset counts its elements
                 dtype = np.dtype(ref.dtype)
-                return base.view(
+                view = base.view(
                     byte_offset=ref.offset * dtype.itemsize, dtype=dtype, shape=shape or None
                 )
-            if not shape or (ref.offset == 0 and shape == base.shape):
-                # The whole buffer: the same object each time, so a kernel given it twice
-                # gets one array twice (numpy skips its overlap check for identical arrays).
-                return base
-            return base.view(offset=ref.offset, shape=shape)
+            else:
+                view = base.view(offset=ref.offset, shape=shape)
         except UsageError as exc:
             raise Refused(f"{what}: {exc}") from None
+        if len(views) >= _VIEWS:
+            views.clear()
+        views[key] = view
+        return view
 
     def read_ticket(self, handle: int) -> bytes:
         """The ticket a read of buffer `handle` must carry (the HMAC this client made)."""
@@ -385,6 +404,7 @@ class Session:
             return
         self._tickets.pop(request.handle, None)
         self._peer_views.pop(request.handle, None)
+        self._views.pop(request.handle, None)
         self.bytes_used -= buf.nbytes
         self.worker.runtime.free(buf)
 
