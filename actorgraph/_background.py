@@ -764,16 +764,19 @@ class BackgroundRuntime:
         """
         return self._call("copyin(...)", self.runtime.copyin, buffer, array)
 
-    def copyout(self, buffer: Buffer) -> Call[np.ndarray[Any, Any]]:
+    def copyout(
+        self, buffer: Buffer, out: np.ndarray[Any, Any] | None = None
+    ) -> Call[np.ndarray[Any, Any]]:
         """A host copy of `buffer`, in order with the calls made before (Runtime.copyout).
 
         Args:
             buffer: the Buffer to read.
+            out: a numpy array to copy into (as Runtime.copyout takes it).
 
         Returns:
             The Call, whose result is the numpy array.
         """
-        return self._call("copyout(...)", self.runtime.copyout, buffer)
+        return self._call("copyout(...)", self.runtime.copyout, buffer, out)
 
     def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> Call[None]:
         """Run items eagerly, in order with the calls made before (Runtime.run).

@@ -60,6 +60,28 @@ class HostCopy(Submitted):
 _HOST_PROGRAMS = 64  # host copies' programs an Eager keeps (see Eager._host_program)
 
 
+def _check_out(what: str, buffer: Buffer, out: object) -> None:
+    """`out` can take `buffer`'s bytes: a writable C-contiguous numpy array of its shape
+    and dtype."""
+    if not isinstance(out, np.ndarray):
+        raise UsageError(
+            f"{what}: out= takes a numpy array, got a {type(out).__name__}; pass "
+            f"np.empty(buf.shape, buf.dtype), or no out= for a new one"
+        )
+    if out.shape != tuple(buffer.shape) or out.dtype != buffer.dtype:
+        raise UsageError(
+            f"{what}: out= is a {out.dtype} array of shape {out.shape}, and {buffer!r} holds "
+            f"{buffer.dtype} of shape {tuple(buffer.shape)}; pass an array of the buffer's "
+            f"shape and dtype (np.empty(buf.shape, buf.dtype)), or no out= for a new one"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise UsageError(
+            f"{what}: out= must be a writable C-contiguous array (this one is "
+            f"{'not C-contiguous' if not out.flags.c_contiguous else 'read-only'}); pass "
+            f"np.empty(buf.shape, buf.dtype), or no out= for a new one"
+        )
+
+
 class Eager:
     """The eager work of one runtime (see the module)."""
 
@@ -116,10 +138,13 @@ class Eager:
         program, bound = self._host_write("copyin", buffer, array)
         await _run(program, bound, self._runtime)
 
-    async def copyout(self, buffer: Buffer) -> np.ndarray[Any, Any]:
-        """A host copy of `buffer`'s contents, after all earlier work on its device.
-        Raises UsageError for anything but a live Buffer of the runtime."""
-        program, bound, out = self._host_read("copyout", buffer)
+    async def copyout(
+        self, buffer: Buffer, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """A host copy of `buffer`'s contents, after all earlier work on its device, in
+        `out` if given (else a new array). Raises UsageError for anything but a live
+        Buffer of the runtime, or an `out` that cannot hold it."""
+        program, bound, out = self._host_read("copyout", buffer, out)
         await _run(program, bound, self._runtime)
         return out
 
@@ -129,11 +154,13 @@ class Eager:
         program, bound = self._host_write("submit_copyin", buffer, array)
         return await self._submit(program, bound, None)
 
-    async def submit_copyout(self, buffer: Buffer) -> HostCopy:
+    async def submit_copyout(
+        self, buffer: Buffer, out: np.ndarray[Any, Any] | None = None
+    ) -> HostCopy:
         """`copyout` submitted but not waited for: once the HostCopy is done,
-        `copy.array` holds the bytes of `buffer` as of that point. Raises what `copyout`
-        raises."""
-        program, bound, out = self._host_read("submit_copyout", buffer)
+        `copy.array` (`out`, if given) holds the bytes of `buffer` as of that point.
+        Raises what `copyout` raises."""
+        program, bound, out = self._host_read("submit_copyout", buffer, out)
         return await self._submit(program, bound, out)
 
     def _host_write(self, what: str, buffer: Buffer, array: Any) -> tuple[Program, Bound]:
@@ -147,16 +174,21 @@ class Eager:
         # The host op fills the one Run placeholder of a single-item host program.
         return program, program.bind_host(op)
 
-    def _host_read(self, what: str, buffer: Buffer) -> tuple[Program, Bound, np.ndarray[Any, Any]]:
-        """The one-item program of a copy of `buffer` out to a new host array, bound, and
-        that array."""
+    def _host_read(
+        self, what: str, buffer: Buffer, out: np.ndarray[Any, Any] | None = None
+    ) -> tuple[Program, Bound, np.ndarray[Any, Any]]:
+        """The one-item program of a copy of `buffer` out to `out` (a new host array if
+        None), bound, and that array."""
         _capture.check_host_transfer("copyout")
         if not isinstance(buffer, Buffer):
             raise UsageError(f"{what} takes a Buffer, got {described(buffer)}")
         runtime = self._runtime
         runtime.check_own(buffer, f"{what}: ")
         buffer.check_live(f"{what}: ")
-        out = np.empty(buffer.shape, dtype=buffer.dtype)
+        if out is None:
+            out = np.empty(buffer.shape, dtype=buffer.dtype)
+        else:
+            _check_out(what, buffer, out)
         program = self._host_program(buffer, write=False)
         queue = program.plan.queues[0]
         op = runtime.device(buffer.device).lower_host_read(buffer, out, queue.kind)

@@ -365,22 +365,26 @@ class Runtime:
         self.check_open()
         await self._eager.copyin(buffer, array)
 
-    async def copyout(self, buffer: Buffer) -> np.ndarray[Any, Any]:
+    async def copyout(
+        self, buffer: Buffer, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
         """A host copy of `buffer`'s contents, after all earlier work on its device.
 
         Args:
             buffer: the Buffer to read, of this runtime.
+            out: a numpy array to copy into (writable, C-contiguous, of the buffer's
+                shape and dtype), instead of a new one.
 
         Returns:
-            A new numpy array of the buffer's shape and dtype.
+            `out`, or a new numpy array of the buffer's shape and dtype.
 
         Raises:
-            UsageError: `buffer` is no live Buffer of this runtime; or an @ag.jit function
-                being captured calls it.
+            UsageError: `buffer` is no live Buffer of this runtime; `out` cannot hold it;
+                or an @ag.jit function being captured calls it.
             ClosedError: the runtime has closed, or the buffer's worker is lost.
         """
         self.check_open()
-        return await self._eager.copyout(buffer)
+        return await self._eager.copyout(buffer, out)
 
     async def submit_copyin(self, buffer: Buffer, array: Any) -> HostCopy:
         """`copyin` without waiting for it to be done: it is submitted (after all earlier
@@ -402,12 +406,15 @@ class Runtime:
         self.check_open()
         return await self._eager.submit_copyin(buffer, array)
 
-    async def submit_copyout(self, buffer: Buffer) -> HostCopy:
+    async def submit_copyout(
+        self, buffer: Buffer, out: np.ndarray[Any, Any] | None = None
+    ) -> HostCopy:
         """`copyout` without waiting for it: once the HostCopy is done (`await
         copy.wait()`), `copy.array` holds the bytes of `buffer` as of that point.
 
         Args:
             buffer: the Buffer to read, of this runtime.
+            out: a numpy array to copy into (as for `copyout`): then `copy.array`.
 
         Returns:
             The HostCopy.
@@ -418,7 +425,7 @@ class Runtime:
             ClosedError: the runtime has closed, or the buffer's worker is lost.
         """
         self.check_open()
-        return await self._eager.submit_copyout(buffer)
+        return await self._eager.submit_copyout(buffer, out)
 
     async def run(self, items: Sequence[Item], var_vals: Mapping[Any, int] | None = None) -> None:
         """Run items eagerly, one after another: the reference semantics for graphs.

@@ -99,3 +99,38 @@ async def test_host_copies_of_one_size_share_a_program_and_each_moves_its_own_bu
             rt.free(buf)
         assert len(kept) == 64
         assert ("CPU:0", False, 99) in kept and ("CPU:1", True, 32) not in kept
+
+
+@pytest.mark.parametrize("kind", ["CPU", "CUDA", "REMOTE"])
+async def test_a_copy_out_lands_in_the_array_given_and_refuses_one_that_cannot_hold_it(
+    kind: str, ag_worker: Worker
+) -> None:
+    """`copyout(buf, out=array)` and `submit_copyout(buf, out=array)` fill that array, on
+    every kind of device; an array of another shape or dtype, not C-contiguous, or
+    read-only is refused with the rule, and the buffer is read as before."""
+    with trio.fail_after(GUARD):
+        async with open_test_runtime(kind, 1, worker=ag_worker) as rt:
+            buf = rt.alloc(rt.devices[0], (3, 5), np.float32)
+            data = np.arange(15, dtype=np.float32).reshape(3, 5)
+            await rt.copyin(buf, data)
+            out = np.full((3, 5), -1, np.float32)
+            assert await rt.copyout(buf, out=out) is out
+            np.testing.assert_array_equal(out, data)
+            again = np.zeros((3, 5), np.float32)
+            copy = await rt.submit_copyout(buf, out=again)
+            await copy.wait()
+            assert copy.array is again
+            np.testing.assert_array_equal(again, data)
+            read_only = np.zeros((3, 5), np.float32)
+            read_only.flags.writeable = False
+            refused = [
+                (np.zeros(15, np.float32), r"shape \(15,\).*holds float32 of shape \(3, 5\)"),
+                (np.zeros((3, 5), np.float64), r"a float64 array .*np.empty\(buf.shape"),
+                (np.zeros((5, 3), np.float32).T, "not C-contiguous"),
+                (read_only, "read-only"),
+                ([0.0] * 15, "out= takes a numpy array, got a list"),
+            ]
+            for bad, message in refused:
+                with pytest.raises(ag.UsageError, match=message):
+                    await rt.copyout(buf, out=bad)  # type: ignore[arg-type]
+            np.testing.assert_array_equal(await rt.copyout(buf), data)

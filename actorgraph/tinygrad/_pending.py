@@ -267,7 +267,7 @@ class Pending:
         for connection in connections:
             connection.hold_sends()  # what follows goes in one message per worker
         try:
-            copy = await self._submit_records(runtime, records, read)
+            await self._submit_records(runtime, records, read)
         finally:
             for connection in connections:
                 connection.release_sends()
@@ -278,12 +278,10 @@ class Pending:
         elif here:
             for entry in self._in_flight[submitted:]:
                 await entry.wait_here()
-        if copy is not None and read is not None and copy.array is not None:
-            np.frombuffer(read[0], U8)[...] = copy.array.reshape(-1)
 
     async def _submit_records(
         self, runtime: Runtime, records: list[Record], read: tuple[memoryview, AGMemory] | None
-    ) -> HostCopy | None:
+    ) -> None:
         items: list[Item] = []
         frees: list[AGMemory] = []
         for record in records:
@@ -296,15 +294,15 @@ class Pending:
                 items = []
                 self._in_flight.append(await record.submit(runtime))
         await self._submit_items(runtime, items)
-        copy = None
         if read is not None:
-            copy = await runtime.submit_copyout(read[1].buffer(runtime))
+            # Straight into tinygrad's memory: its bytes, of the buffer's (uint8) shape.
+            into = np.frombuffer(read[0], U8)
+            copy = await runtime.submit_copyout(read[1].buffer(runtime), out=into)
             self._in_flight.append(copy)
         for memory in frees:
             buf = memory.allocated()
             if buf is not None:
                 runtime.free(buf)  # given back once the work submitted before is done
-        return copy
 
     async def _submit_items(self, runtime: Runtime, items: list[Item]) -> None:
         if items:
