@@ -43,6 +43,16 @@ if TYPE_CHECKING:
     from ._peers import PeerRead
     from ._session import Session
 
+# What a batch names for its programs' host reads and writes (Batch.reads, Batch.blobs).
+_READS_RULE = (
+    "its programs have {wanted} host reads and it names read ids for {named}; a batch "
+    "names one read id for each host read of each of its programs, in order"
+)
+_BLOBS_RULE = (
+    "its programs' host writes land {wanted} blobs and it names {named}; a batch names the "
+    "blobs of each of its programs' host writes, in order"
+)
+
 # Why a batch's jobs fail without running: (item, message).
 Failure = tuple[int, str]
 # A batch's device timelines moved by its jobs: (mirrors, their values, jobs of each).
@@ -184,23 +194,15 @@ class Batches:
     @staticmethod
     def _check_named(batch: Batch, programs: list[Program]) -> None:
         """A batch names a read id for each host read of its programs (Batch.reads), and
-        the blobs their host writes land (Batch.blobs)."""
-        reads = [p.reads for p in programs]
-        if (batch.reads or any(reads)) and [len(ids) for ids in batch.reads] != reads:
-            named = [len(ids) for ids in batch.reads] if batch.reads else "none"
-            raise Refused(
-                f"batch {batch.batch}: its programs have {reads} host reads and it names read "
-                f"ids for {named}; a batch names one read id for each host read of each of "
-                f"its programs, in order"
-            )
-        blobs = [p.blobs for p in programs]
-        if (batch.blobs or any(blobs)) and [len(ids) for ids in batch.blobs] != blobs:
-            named = [len(ids) for ids in batch.blobs] if batch.blobs else "none"
-            raise Refused(
-                f"batch {batch.batch}: its programs' host writes land {blobs} blobs and it "
-                f"names {named}; a batch names the blobs of each of its programs' host "
-                f"writes, in order"
-            )
+        the blobs their host writes land (Batch.blobs), in order."""
+        for named, wanted, rule in (
+            (batch.reads, [p.reads for p in programs], _READS_RULE),
+            (batch.blobs, [p.blobs for p in programs], _BLOBS_RULE),
+        ):
+            counts = [len(ids) for ids in named]
+            if (named or any(wanted)) and counts != wanted:
+                have = counts if named else "none"
+                raise Refused(f"batch {batch.batch}: " + rule.format(wanted=wanted, named=have))
 
     def drop_blobs(self, batch: Batch) -> None:
         """Let go of the blobs a batch that never runs names."""

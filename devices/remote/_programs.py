@@ -149,9 +149,9 @@ class KeptProgram:
         queue: RemoteQueue,
         mirrors: Sequence[tuple[WaitOp, int]],
         direct: Set[tuple[int, int, int]],
-        reads: Sequence[int] = (),
-        writes: Sequence[int] = (),
-        content: bytes = b"",
+        reads: Sequence[int],
+        writes: Sequence[int],
+        content: bytes,
     ) -> None:
         """The program `prog_id` of `queue`, written from `ops`: the client's signals it
         waits on, as mirrored (`mirrors`: each wait on one, with its mirror id), and the
