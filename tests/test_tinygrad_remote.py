@@ -203,6 +203,25 @@ async def _guarded(body: Any) -> Any:
         return await trio.to_thread.run_sync(body, abandon_on_cancel=True)
 
 
+async def test_eager_work_past_the_in_flight_window_is_sent_not_held() -> None:
+    # A flush submits what tinygrad queued as one message per worker, holding what it
+    # sends until its end; past the runtime's in-flight window a submission waits for
+    # room, which only the held ones completing make: they must go first (it hung).
+    worker = start_worker(["CPU:0"], token=TOKEN, extra_args=["--allow-programs"])
+    agt.install(devices=1, remote=worker.devices, remote_token=TOKEN, max_in_flight=8)
+    try:
+        tensors = [Tensor(np.full(16, k, np.float32), device="AG").realize() for k in range(40)]
+        twice = [(t * 2).realize() for t in tensors[:20]]
+        await _guarded(Device["AG"].synchronize)
+        got = await _guarded(lambda: [t.numpy() for t in (*tensors, *twice)])
+        want = [np.full(16, k, np.float32) for k in (*range(40), *range(0, 40, 2))]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    finally:
+        worker.kill()  # first: a flush stuck on it fails, so uninstall cannot hang
+        agt.uninstall()
+
+
 async def test_a_worker_lost_mid_call_fails_the_read_naming_it() -> None:
     worker = start_worker(["CPU:0"], token=TOKEN, extra_args=["--allow-programs"])
     agt.install(devices=2, remote=worker.devices, remote_token=TOKEN)

@@ -264,13 +264,11 @@ class Pending:
         self._reap()
         connections = self._connections(runtime)
         submitted = len(self._in_flight)
-        for connection in connections:
-            connection.hold_sends()  # what follows goes in one message per worker
+        held = _HeldSends(connections)  # what follows goes in one message per worker
         try:
-            await self._submit_records(runtime, records, read)
+            await self._submit_records(runtime, records, read, held)
         finally:
-            for connection in connections:
-                connection.release_sends()
+            held.let_go()
         if records:
             self.flushes += 1
         if wait:
@@ -280,7 +278,11 @@ class Pending:
                 await entry.wait_here()
 
     async def _submit_records(
-        self, runtime: Runtime, records: list[Record], read: tuple[memoryview, AGMemory] | None
+        self,
+        runtime: Runtime,
+        records: list[Record],
+        read: tuple[memoryview, AGMemory] | None,
+        held: _HeldSends,
     ) -> None:
         items: list[Item] = []
         frees: list[AGMemory] = []
@@ -290,11 +292,13 @@ class Pending:
             elif isinstance(record, FreeRecord):
                 frees.append(record.memory)
             else:
-                await self._submit_items(runtime, items)
+                await self._submit_items(runtime, items, held)
                 items = []
+                held.let_go_if_full(runtime)
                 self._in_flight.append(await record.submit(runtime))
-        await self._submit_items(runtime, items)
+        await self._submit_items(runtime, items, held)
         if read is not None:
+            held.let_go_if_full(runtime)
             # Straight into tinygrad's memory: its bytes, of the buffer's (uint8) shape.
             into = np.frombuffer(read[0], U8)
             copy = await runtime.submit_copyout(read[1].buffer(runtime), out=into)
@@ -304,9 +308,10 @@ class Pending:
             if buf is not None:
                 runtime.free(buf)  # given back once the work submitted before is done
 
-    async def _submit_items(self, runtime: Runtime, items: list[Item]) -> None:
+    async def _submit_items(self, runtime: Runtime, items: list[Item], held: _HeldSends) -> None:
         if items:
             graph = await runtime.compile(items)
+            held.let_go_if_full(runtime)
             self._in_flight.append(await graph.submit())
 
     def _reap(self) -> None:
@@ -346,3 +351,27 @@ def check_remote_names(names: Sequence[str]) -> list[str]:
             raise UsageError(f"install(remote=...) names {name!r} twice; name each device once")
         out.append(name)
     return out
+
+
+class _HeldSends:
+    """A flush's hold on what its connections send (its submissions go in one message per
+    worker), let go of once: at its end, or before a submission that waits for room in
+    the runtime's in-flight window. That room is made by submissions completing, and
+    those of this flush cannot while their messages are held: from there on, they go
+    as they come."""
+
+    __slots__ = ("_connections",)
+
+    def __init__(self, connections: list[Any]) -> None:
+        self._connections = connections
+        for connection in connections:
+            connection.hold_sends()
+
+    def let_go(self) -> None:
+        connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.release_sends()
+
+    def let_go_if_full(self, runtime: Runtime) -> None:
+        if self._connections and not runtime.window.has_room():
+            self.let_go()
