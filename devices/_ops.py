@@ -194,13 +194,15 @@ class CudaItem(NamedTuple):
 
 class WireOp(NamedTuple):
     """WIRE: a program entry for a worker, with the bytes a host write sends ahead of its
-    batch (`chunks`), or where a host read's bytes land (`into`), each batch's own."""
+    batch (`chunks`), where a host read's bytes land (`into`), or the var values a call
+    of a shipped program takes (`values`), each batch's own."""
 
     code: Literal[18]
     entry: ItemEntry
     chunks: list[memoryview] | None
     item: int
     into: memoryview | None
+    values: list[int] | None
 
 
 # The shape of each code's op.
@@ -261,8 +263,9 @@ def wire_op(
     item: int,
     chunks: list[memoryview] | None = None,
     into: memoryview | None = None,
+    values: list[int] | None = None,
 ) -> WireOp:
-    return _new(WireOp, (WIRE, entry, chunks, item, into))
+    return _new(WireOp, (WIRE, entry, chunks, item, into, values))
 
 
 def item_at(ops: Sequence[Op], index: int) -> int:

@@ -19,7 +19,14 @@ import pytest
 import trio
 from _workers import GUARD, TOKEN, handshake
 from actorgraph.devices.remote.frames import FrameStream, encode
-from actorgraph.devices.remote.wire import CodeEntry, Limits, SignalEntry, as_meta, decode
+from actorgraph.devices.remote.wire import (
+    Batch,
+    CodeEntry,
+    Limits,
+    SignalEntry,
+    as_meta,
+    decode,
+)
 
 import actorgraph as ag
 from actorgraph.remote import MachineCode, WorkerCPU
@@ -179,12 +186,47 @@ async def _call(stream: FrameStream, prog_id: int, code_id: int) -> list[Any]:
         await stream.send([encode(["alloc", prog_id * 10 + handle, "CPU:0", 64, "<f4"])])
     refs = [[prog_id * 10 + handle, 0, []] for handle in (1, 2, 3)]
     entries = [
-        as_meta(CodeEntry(0, code_id, refs, [16], [4, 1, 1], [1, 1, 1])),
+        as_meta(CodeEntry(0, code_id, refs, [4, 1, 1], [1, 1, 1])),
         as_meta(SignalEntry(2, 1)),
     ]
     await stream.send([encode(["prog", prog_id, "CPU:0", entries, False])])
-    await stream.send([encode(["batch", prog_id, [0, 0, 0], [prog_id], []])])
+    batch = Batch(prog_id, [0, 0, 0], [prog_id], [], values=[[16]])  # the call's n
+    await stream.send([encode(as_meta(batch))])
     return await _reply(stream)
+
+
+async def test_a_programs_var_values_come_with_each_batch(program_worker: Worker) -> None:
+    image = _compile(ADD)
+    with trio.fail_after(GUARD):
+        stream = await _session(program_worker.port)
+        await _send_code(stream, 5, image)
+        for handle in (1, 2, 3):
+            await stream.send([encode(["alloc", handle, "CPU:0", 64, "<f4"])])
+        refs = [[handle, 0, []] for handle in (1, 2, 3)]
+        entries = [
+            as_meta(CodeEntry(0, 5, refs, [4, 1, 1], [1, 1, 1])),
+            as_meta(SignalEntry(2, 1)),
+        ]
+        await stream.send([encode(["prog", 1, "CPU:0", entries, True])])  # kept
+        await stream.send([encode(as_meta(Batch(1, [0, 0, 0], [1], [], values=[[16]])))])
+        assert await _reply(stream) == ["done", 1, 2, None]
+        for values, why in (
+            ([], "none"),
+            ([[16, 1]], r"\[2\]"),
+            ([[]], r"\[0\]"),
+        ):
+            await stream.send([encode(as_meta(Batch(2, [0, 0, 0], [1], [], values=values)))])
+            refused = await _reply(stream)
+            assert refused[:3] == ["error", "batch", 2], refused
+            assert re.fullmatch(
+                rf"batch 2: its programs' calls of shipped code take \[1\] var values and it "
+                rf"sends {why}; a batch sends the var values of each of its programs' calls, "
+                rf"in order",
+                refused[3],
+            ), refused
+        # The program kept runs with each batch's own value.
+        await stream.send([encode(as_meta(Batch(3, [0, 0, 0], [1], [], values=[[4]])))])
+        assert await _reply(stream) == ["done", 3, 2, None]
 
 
 async def test_programs_are_kept_per_session_and_checked_before_they_load(
@@ -311,9 +353,9 @@ async def test_a_departed_clients_programs_give_their_memory_back_at_once() -> N
             for handle in (1, 2, 3):
                 session.handle(decode(["alloc", handle, "CPU:0", 64, "<f4"]))
             refs = [[handle, 0, []] for handle in (1, 2, 3)]
-            call = as_meta(CodeEntry(0, 5, refs, [16], [4, 1, 1], [1, 1, 1]))
+            call = as_meta(CodeEntry(0, 5, refs, [4, 1, 1], [1, 1, 1]))
             session.handle(decode(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], False]))
-            session.handle(decode(["batch", 1, [0, 0, 0], [1], []]))
+            session.handle(decode(as_meta(Batch(1, [0, 0, 0], [1], [], values=[[16]]))))
             assert await replies.wait_for(1) == [["done", 1, 2, None]]
             gc.disable()
             try:
@@ -321,6 +363,46 @@ async def test_a_departed_clients_programs_give_their_memory_back_at_once() -> N
                 assert memory() is None  # unmapped: nothing refers to it
             finally:
                 gc.enable()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_kept_program_runs_each_batch_with_its_var_values_as_one_shape() -> None:
+    # One program, kept, called with n = 4, 8, 2 by three batches: each fills 4n floats
+    # (4 cores, n each), and the worker sees one kernel shape, not one per value (a value
+    # never seen does not send the call to the thread to be timed again).
+    import hashlib
+
+    from _workers import Replies
+    from actorgraph.devices.remote.wire import Code, Ref
+
+    from actorgraph.worker._server import Worker as WorkerServer
+    from actorgraph.worker._session import Session
+
+    image = _compile(ADD)
+    code = Code(5, hashlib.sha256(image).digest(), "add_k", HOST.machine, [], 3, 2, 1)
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, {}, None, Limits(), allow_programs=True)
+            replies = Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.codes.add(code, image)
+            for handle in (1, 2, 3):
+                session.handle(decode(["alloc", handle, "CPU:0", 64, "<f4"]))
+            out, a, b = (session.buffer(Ref(h, 0, []), "test").host_view() for h in (1, 2, 3))
+            a[:] = np.arange(64)
+            b[:] = 100
+            refs = [[handle, 0, []] for handle in (1, 2, 3)]
+            call = as_meta(CodeEntry(0, 5, refs, [4, 1, 1], [1, 1, 1]))
+            session.handle(decode(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], True]))
+            for batch, n in enumerate((4, 8, 2), 1):
+                out[:] = -1
+                session.handle(decode(as_meta(Batch(batch, [0, 0, 0], [1], [], values=[[n]]))))
+                assert (await replies.wait_for(batch))[-1] == ["done", batch, 2, None]
+                want = np.full(64, -1, np.float32)
+                want[: 4 * n] = np.arange(4 * n) + 200
+                np.testing.assert_array_equal(out, want)
+            assert [key[0] for key in server.times.shapes] == ["add_k#5"]
+            session.close()
             nursery.cancel_scope.cancel()
 
 

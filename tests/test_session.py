@@ -912,6 +912,34 @@ async def test_a_worker_runs_a_kernel_on_its_loop_only_once_seen_to_be_quick() -
             nursery.cancel_scope.cancel()
 
 
+async def test_a_kernels_var_values_are_its_data_not_its_shape() -> None:
+    """A kernel seen to be quick runs on the worker's loop at var values it never had (a
+    decoder's kernels at its next position): the values are what it runs on, as its
+    buffers' contents are, not a shape to be timed on the thread first."""
+    on_loop: list[bool] = []
+
+    def add_n(out: np.ndarray, a: np.ndarray, n: int) -> None:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        np.add(a, n, out=out)
+
+    kernels = {"add_n": ag.Kernel("add_n", cpu=add_n, outs=(0,), ins=(1,))}
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, kernels, None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
+            for n in (1, 1, 5, 9):
+                call = ["k", 0, "add_n", [[1, 0, [4]], [1, 0, [4]]], [n], [1, 1, 1], [1, 1, 1]]
+                batch = len(replies.sent) + 1
+                session.handle(decode(["prog", batch, "CPU:0", [call, ["s", 2, 1]], False]))
+                session.handle(decode(["batch", batch, [0, 0, 0], [batch], []]))
+                assert (await replies.wait_for(batch))[-1] == ["done", batch, 2, None]
+            assert on_loop == [False, True, True, True]
+            np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 16))
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
     """A host write of --thread-bytes or more is copied into its buffer on the client's
     thread, not on the event loop every client shares; a small one stays inline."""

@@ -557,11 +557,17 @@ def test_a_symbolic_jit_on_a_worker_plans_once(two_workers: Any) -> None:
 
     (remote, ra, rb), (local, la, lb) = make("AG:1"), make("CPU")
     plans = agt.statistics().plans
+    a = two_workers[0]
+    sent = []
     for k in range(24):
         n = vi.bind(1 + (k * 5) % 12)
         got = remote(ra[:, :n], rb[:n, :]).numpy()
         assert got.tobytes() == local(la[:, :n], lb[:n, :]).numpy().tobytes(), k
+        sent.append(_stats(a).programs_sent)
     assert agt.statistics().plans == plans + 2  # one for each jit, over 12 sizes
+    # The worker's programs take the var values with each batch: one each, whatever i is
+    # (the 12 values come first at calls 0-11; the jit replays from call 2).
+    assert sent[2] == sent[-1], sent
 
 
 async def test_graph_from_jit_runs_a_jit_on_workers(two_workers: Any) -> None:

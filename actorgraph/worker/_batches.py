@@ -52,6 +52,10 @@ _BLOBS_RULE = (
     "its programs' host writes land {wanted} blobs and it names {named}; a batch names the "
     "blobs of each of its programs' host writes, in order"
 )
+_VALUES_RULE = (
+    "its programs' calls of shipped code take {wanted} var values and it sends {named}; a "
+    "batch sends the var values of each of its programs' calls, in order"
+)
 
 # Why a batch's jobs fail without running: (item, message).
 Failure = tuple[int, str]
@@ -65,7 +69,16 @@ class _BatchSubmission(Submission):
     (`make_jobs`): a profiled batch's carry observers and are kept (`profiled`, by
     slot), so their times and when it came (`received`) go with their reports."""
 
-    __slots__ = ("batch_id", "batches", "blobs", "profiled", "programs", "reads", "received")
+    __slots__ = (
+        "batch_id",
+        "batches",
+        "blobs",
+        "profiled",
+        "programs",
+        "reads",
+        "received",
+        "values",
+    )
 
     def __init__(
         self,
@@ -76,6 +89,7 @@ class _BatchSubmission(Submission):
         advances: Advances = ([], [], []),
         reads: list[list[int]] | None = None,
         blobs: list[list[int]] | None = None,
+        values: list[list[int]] | None = None,
     ) -> None:
         timelines, tickets, jobs = advances
         # Mirrors of the client's device timelines that this batch's jobs move as they
@@ -89,6 +103,7 @@ class _BatchSubmission(Submission):
         self.profiled: list[Job] | None = None
         self.reads = reads or []  # each job's read ids (Batch.reads), checked
         self.blobs = blobs or []  # and blob ids (Batch.blobs)
+        self.values = values or []  # and var values (Batch.values)
 
     def make_jobs(self, bases: list[int]) -> list[Job]:
         """Its jobs, one per program (by slot), relative to `bases`."""
@@ -116,6 +131,13 @@ def blobs_of(job: Job) -> list[int]:
     sub = job.submission
     assert type(sub) is _BatchSubmission
     return sub.blobs[job.slot]
+
+
+def values_of(job: Job) -> list[int]:
+    """The var values the batch of `job` (a worker's) sends for its calls of shipped code."""
+    sub = job.submission
+    assert type(sub) is _BatchSubmission
+    return sub.values[job.slot]
 
 
 class _Early(NamedTuple):
@@ -193,11 +215,13 @@ class Batches:
 
     @staticmethod
     def _check_named(batch: Batch, programs: list[Program]) -> None:
-        """A batch names a read id for each host read of its programs (Batch.reads), and
-        the blobs their host writes land (Batch.blobs), in order."""
+        """A batch names a read id for each host read of its programs (Batch.reads), the
+        blobs their host writes land (Batch.blobs), and sends the var values of their
+        calls of shipped code (Batch.values), in order."""
         for named, wanted, rule in (
             (batch.reads, [p.reads for p in programs], _READS_RULE),
             (batch.blobs, [p.blobs for p in programs], _BLOBS_RULE),
+            (batch.values, [p.values for p in programs], _VALUES_RULE),
         ):
             counts = [len(ids) for ids in named]
             if (named or any(wanted)) and counts != wanted:
@@ -354,7 +378,14 @@ class Batches:
         for p in programs:
             p.recode(times)  # a kernel changed sides since it was coded
         sub = _BatchSubmission(
-            self, batch.batch, programs, received, advances, batch.reads, batch.blobs
+            self,
+            batch.batch,
+            programs,
+            received,
+            advances,
+            batch.reads,
+            batch.blobs,
+            batch.values,
         )
         self.running.add(sub)
         sub.when_done(functools.partial(self._batch_done, batch.batch, programs))

@@ -72,6 +72,7 @@ class Program:
         "slot",
         "store",
         "template",
+        "values",
         "version",
         "wait_entries",
         "watches",
@@ -97,6 +98,7 @@ class Program:
         item_entries: Mapping[int, int] | None = None,
         reads: int = 0,
         blobs: int = 0,
+        values: int = 0,
     ) -> None:
         """A program kept for the batches that name it (`store`), signalling on base
         `slot`: refused with `error` ((client item or -1, why)), or lowered onto `actor`
@@ -109,7 +111,8 @@ class Program:
         `item_entries`: the entry each wait (in order) and each item (by client item)
         came from, for a profiled job's times (`entries_of`); `reads`: its host reads,
         whose read ids each batch names (Batch.reads); `blobs`: the blobs its host writes
-        land, which each batch names (Batch.blobs)."""
+        land, which each batch names (Batch.blobs); `values`: the var values its calls of
+        shipped code take, which each batch sends (Batch.values)."""
         self.store = store
         self.slot = slot
         self.error = error
@@ -119,6 +122,7 @@ class Program:
         self.count = count
         self.reads = reads
         self.blobs = blobs
+        self.values = values
         self.max_slot = max_slot
         self.local_waits = tuple(local_waits)
         self.early = tuple(early)

@@ -24,6 +24,7 @@ from actorgraph.devices import (
     OpCodeError,
     OpWalker,
     QueueActor,
+    RunOp,
     SignalOp,
     WorkOp,
     run_op,
@@ -117,6 +118,10 @@ class _Lowering:
         self.item_entries: dict[int, int] = {}
         self.reads = 0  # host reads
         self.blobs = 0  # the blobs its host writes land
+        self.values = 0  # the var values its calls of shipped code take from each batch
+        # Where a job of it puts its batch's var values as it starts, for those calls
+        # (a queue runs one job at a time: a job's calls read its own values).
+        self.cell: list[list[int]] = [[]]
 
     def lower(self, entries: list[Any], store: bool) -> Program:
         for index, raw in enumerate(entries):
@@ -128,6 +133,8 @@ class _Lowering:
                     raise Refused(str(exc), item) from None
                 raise
         self._finish()
+        if self.values:
+            self.ops.insert(0, run_op(AWAIT, self.session.values_op, (self.cell,), -1))
         program = Program(
             store=store,
             slot=self.slot,
@@ -145,6 +152,7 @@ class _Lowering:
             item_entries=self.item_entries,
             reads=self.reads,
             blobs=self.blobs,
+            values=self.values,
         )
         try:
             _Runnable(self.actor).walk(program.ops)
@@ -243,10 +251,11 @@ class _Lowering:
                 f"start it with --kernels MODULE, where MODULE.KERNELS lists it"
             )
         takes = len(set(kernel.outs) | set(kernel.ins))
-        return self._launch(entry, kernel, name, takes, len(entry.vars))
+        return self._launch(entry, kernel, name, takes, entry.vars)
 
     def _code(self, entry: CodeEntry) -> Lowered:
-        """A call of a program this client shipped (--allow-programs)."""
+        """A call of a program this client shipped (--allow-programs), with the var values
+        each batch sends for it: lowered with stand-ins, called with the job's own."""
         code = self.session.codes.get(entry.code)
         if not self.device.runs_host_kernels:
             raise Refused(
@@ -256,10 +265,29 @@ class _Lowering:
             )
         values = code.values - (code.core_id is not None)
         # Kernels are told apart by code id and name, for the kernel times.
-        return self._launch(entry, code.kernel, f"{code.name}#{entry.code}", code.buffers, values)
+        name = f"{code.name}#{entry.code}"
+        lowered = self._launch(entry, code.kernel, name, code.buffers, [0] * values)
+        if not values:
+            return lowered
+        start = self.values
+        self.values += values
+        op = lowered.inline_op if isinstance(lowered, AdaptiveKernel) else lowered
+        if type(op) is not RunOp or (op.code != EXEC and op.code != EXEC_THREAD):
+            raise Refused(f"program {code.name!r}: {self.device.name} did not lower it to a call")
+        # A host kernel's call is fn(*its buffers' args, *its var values) (devices/_cpu.py).
+        args = (op.fn, op.args[: code.buffers], self.cell, start, self.values)
+        valued = run_op(op.code, _call_with_values, args, op.item)
+        if isinstance(lowered, AdaptiveKernel):
+            return AdaptiveKernel(self.session.worker.times, lowered.key, valued)
+        return valued
 
     def _launch(
-        self, entry: KernelEntry | CodeEntry, kernel: Any, name: str, takes: int, values: int
+        self,
+        entry: KernelEntry | CodeEntry,
+        kernel: Any,
+        name: str,
+        takes: int,
+        values: list[int],
     ) -> Lowered:
         session = self.session
         device = self.device
@@ -271,17 +299,16 @@ class _Lowering:
             )
         if len(bufs) != takes:
             raise Refused(f"kernel {kernel.name!r} takes {takes} buffers, got {len(bufs)}")
-        if len(entry.vars) != values:
-            raise Refused(f"kernel {kernel.name!r} takes {values} values, got {len(entry.vars)}")
         dims = (tuple(entry.global_size), tuple(entry.local_size))
-        request = LaunchRequest(entry.item, kernel, bufs, entry.vars, dims[0], dims[1], self.kind)
+        request = LaunchRequest(entry.item, kernel, bufs, values, dims[0], dims[1], self.kind)
         try:
             op = device.lower_launch(request)
         except Exception as exc:
             raise Refused(f"kernel {kernel.name!r}: {exc}") from None
         if op.code == EXEC and device.runs_host_kernels:
-            # Under --thread-bytes: on the event loop only once seen to be quick.
-            shape = (name, tuple([b.nbytes for b in bufs]), tuple(entry.vars), *dims)
+            # Under --thread-bytes: on the event loop only once seen to be quick. Var
+            # values are a call's data, as its buffers' contents are: not its shape.
+            shape = (name, tuple([b.nbytes for b in bufs]), *dims)
             return AdaptiveKernel(session.worker.times, shape, op)
         return op
 
@@ -382,6 +409,14 @@ class _Lowering:
             device.lower_host_read(src, out, QueueKind.COMPUTE),
             run_op(AWAIT, session.read_op, (index, out.reshape(-1).view(np.uint8).data), -1),
         ]
+
+
+def _call_with_values(
+    fn: Any, args: tuple[Any, ...], cell: list[list[int]], start: int, stop: int
+) -> None:
+    """A call of shipped code with its var values: those its job's batch sent (put in
+    `cell` as the job started), from `start` to `stop`."""
+    fn(*args, *cell[0][start:stop])
 
 
 class _Runnable(OpWalker):

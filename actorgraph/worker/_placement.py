@@ -4,7 +4,9 @@ A kernel run on the worker's event loop (trio's thread) costs nothing extra, but
 runs no other client's work moves; run on the thread of its client's own queue actor it
 delays nobody else, at a thread hop (~100 us) per run of such kernels. A worker places
 each kernel call by what it has seen that call take (`KernelTimes`), per kernel *shape*:
-kernel name, bytes of each buffer, var values.
+kernel name, bytes of each buffer, launch dims. Var values are a call's data, as its
+buffers' contents are: a decoder's kernel at its next position is the shape it was at
+the last one, not a shape never seen (run on the thread, a hop per kernel, each step).
 
 - A shape never seen runs on the thread, where its time is measured: a kernel is never
   trusted to be quick before it has been seen to be.

@@ -47,7 +47,7 @@ from actorgraph.scheduler import QueueKind
 
 from .._buffer import Buffer
 from .._errors import ActorGraphError, UsageError
-from ._batches import Batches, blobs_of, read_of
+from ._batches import Batches, blobs_of, read_of, values_of
 from ._lowered import Program, Refused, signal_slot
 from ._lowered import queue_key as _queue_key
 from ._lowered import queue_kind as _queue_kind
@@ -108,6 +108,9 @@ class Session:
         self.read_op = Quick(self._read_now, self._read_later)
         # The AWAIT op that takes a host write's blobs for its batch: always at once.
         self.take_op = Quick(self._take_now)
+        # The AWAIT op that puts a job's var values where its calls of shipped code read
+        # them, as it starts: always at once.
+        self.values_op = Quick(_values_now)
         # Bytes of this client's frames taken (each handled) since the handshake, what
         # reads by other workers wait for (`client_took`), and the reads waiting.
         self.taken = 0
@@ -561,3 +564,10 @@ class Session:
         if job.submission.error is not None:
             return send_data(self.out, read_id, data, "an earlier item of this submission failed")
         return send_data(self.out, read_id, data)
+
+
+def _values_now(job: Job, cell: list[list[int]]) -> bool:
+    """A job of a program whose calls of shipped code take var values starts: theirs are
+    those its batch sent (Batch.values)."""
+    cell[0] = values_of(job)
+    return True

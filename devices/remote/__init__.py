@@ -75,13 +75,15 @@ The worker keeps each queue's lowered program (defined by a "prog" frame the fir
 job's op list is seen, then referred to by id), so a replay of a graph that lives on one
 worker costs one frame out and one "done" frame back per queue: one round trip. Items
 whose input buffers or var values are rebound produce new op lists: one written as the
-entries of a program the worker keeps (a graph bound again to inputs or values it had
-before, eager work on the same buffers again) names that program, any other is defined
-(and kept: the least recently used of more than 256 is forgotten). A host read ("hr") is numbered among its program's
-reads, and each batch names the read id of each (`Batch.reads`); a host write ("hw")
-says how many blobs its bytes come in, and each batch names them (`Batch.blobs`, each
-blob a frame ahead of the batch). So a copy to or from a buffer is a program kept like
-any other. The worker answers the frames that came together (a submission's batches)
+entries of a program the worker keeps (a graph bound again to inputs it had before, or
+to any var values; eager work on the same buffers again) names that program, any other
+is defined (and kept: the least recently used of more than 256 is forgotten). A call of
+shipped code ("x") carries no var values: each batch sends those of its programs' calls
+(`Batch.values`), so a decoder's step at a position never seen is the program it was at
+the last one. A host read ("hr") is numbered among its program's reads, and each batch
+names the read id of each (`Batch.reads`); a host write ("hw") says how many blobs its
+bytes come in, and each batch names them (`Batch.blobs`, each blob a frame ahead of the
+batch). So a copy to or from a buffer is a program kept like any other. The worker answers the frames that came together (a submission's batches)
 in one send, after the last of them.
 
 How order crosses hosts

@@ -491,12 +491,14 @@ class Connection:
         direct: list[tuple[Signal, int, int]] = []  # waits the source's worker tells of
         reads: list[list[int]] = []
         blobs: list[list[int]] = []
+        values: list[list[int]] = []
         for job, queue in group:
             program = self.programs.program_of(job, queue, parts)
             batch.jobs[program.slot] = (job, program)
             prog_ids.append(program.prog_id)
             reads.append(self._reads(job, program))
             blobs.append(self._blobs(job, program, parts))
+            values.append(_values(job, program))
             self.mirrors.due_of(program.mirrors, ext)
             for wait, ext_id in program.mirrors:
                 signal = wait.signal
@@ -517,7 +519,10 @@ class Connection:
         advances = self._advances(first.submission, group)
         reads = reads if any(reads) else []
         blobs = blobs if any(blobs) else []
-        message = Batch(batch_id, list(bases), prog_ids, ext, profiled, advances, reads, blobs)
+        values = values if any(values) else []
+        message = Batch(
+            batch_id, list(bases), prog_ids, ext, profiled, advances, reads, blobs, values
+        )
         parts.append(encode(message))
         self.batches_sent += 1
         if profiled:
@@ -799,3 +804,16 @@ async def _until_either(batch: _Batch, sources: set[Connection]) -> None:
     finally:
         for source in sources:
             source.unwatch(event)
+
+
+def _values(job: Job, program: KeptProgram) -> list[int]:
+    """The var values of this job's calls of shipped code (Batch.values), in order."""
+    if not program.values:
+        return []
+    ops = job.ops
+    values: list[int] = []
+    for index in program.values:
+        op = ops[index]
+        assert type(op) is WireOp and op.values is not None
+        values += op.values
+    return values

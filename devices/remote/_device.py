@@ -20,7 +20,7 @@ from .._actor import QueueActor
 from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
 from .._kinds import DEVICE_KINDS
 from .._names import parse_remote_name
-from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, own_signal, run_op, wire_op
+from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, WireOp, own_signal, run_op, wire_op
 from ._connection import Connection, RemoteMemory, flat_bytes
 from ._programs import RemoteSignal
 from .machine import MachineCode
@@ -204,7 +204,8 @@ class RemoteDevice(Device):
         item, kernel, buffers, var_values, global_size, local_size, queue = launch
         code = getattr(kernel, "code", None)
         if code is not None:
-            return wire_op(self._code_entry(launch, code), item)
+            values = [int(v) for v in launch[3]]
+            return wire_op(self._code_entry(launch, code), item, values=values or None)
         entry = KernelEntry(
             item,
             kernel.name,
@@ -214,6 +215,18 @@ class RemoteDevice(Device):
             list(local_size),
         )
         return wire_op(entry, item)
+
+    def lower_values(self, op: Op, launch: LaunchRequest) -> Op:
+        # A call of shipped code sends its var values with each batch: bound to other
+        # values (and the same dims), it is the same entry, and names the same program.
+        entry = op.entry if type(op) is WireOp else None
+        if (
+            type(entry) is CodeEntry
+            and entry.global_size == list(launch[4])
+            and entry.local_size == list(launch[5])
+        ):
+            return wire_op(entry, launch[0], values=[int(v) for v in launch[3]] or None)
+        return self.lower_launch(launch)
 
     def _code_entry(self, launch: LaunchRequest, code: MachineCode) -> CodeEntry:
         """A launch of shipped machine code: shipped first if the worker lacks it."""
@@ -234,7 +247,6 @@ class RemoteDevice(Device):
             item,
             self.connection.code_id(code, self.name),
             [self._ref(b) for b in buffers],
-            [int(v) for v in var_values],
             list(global_size),
             list(local_size),
         )

@@ -139,6 +139,7 @@ class KeptProgram:
         "queue",
         "reads",
         "slot",
+        "values",
         "writes",
     )
 
@@ -151,6 +152,7 @@ class KeptProgram:
         direct: Set[tuple[int, int, int]],
         reads: Sequence[int],
         writes: Sequence[int],
+        values: Sequence[int],
         content: bytes,
     ) -> None:
         """The program `prog_id` of `queue`, written from `ops`: the client's signals it
@@ -158,7 +160,9 @@ class KeptProgram:
         waits among them that another worker tells this one of directly (`direct`: base
         slot, rel, id), which the client forwards only if it loses that worker; the ops
         of its host reads and host writes, in order (`reads`, `writes`: where each
-        batch's bytes land, and the bytes it sends, are theirs); its entries as written
+        batch's bytes land, and the bytes it sends, are theirs), and of its calls of
+        shipped code that take var values (`values`: each batch sends theirs); its
+        entries as written
         (`content`: what another op list written the same finds it by). Raises
         DeviceError for ops that do not end with their queue's own signal."""
         self.prog_id = prog_id
@@ -172,6 +176,7 @@ class KeptProgram:
         self.direct = frozenset(direct)
         self.reads = tuple(reads)
         self.writes = tuple(writes)
+        self.values = tuple(values)
         self.content = content
 
 
@@ -179,9 +184,9 @@ class Programs:
     """The programs a connection's worker keeps, by id, least recently used first, at
     most PROGRAM_CACHE: each defined by a Prog, then named by id, by the op list it was
     written from (a graph's) or by another written as the same entries (a graph bound
-    again to inputs or var values it had before, eager work or a copy of the same
-    buffers again: a host read's bytes go to the read each batch names, a host write's
-    come in the blobs it names). Its Script keeps the id its ops were last sent under
+    again to inputs it had before, or to any var values, eager work or a copy of the
+    same buffers again: a host read's bytes go to the read each batch names, a host
+    write's come in the blobs it names, a call's var values come with each batch). Its Script keeps the id its ops were last sent under
     (`keep`), which names a kept program as long as this cache holds one under it."""
 
     def __init__(self, connection: Connection) -> None:
@@ -221,6 +226,7 @@ class Programs:
             writer.direct,
             writer.reads,
             writer.writes,
+            writer.values,
             content,
         )
         parts.append(encode(Prog(prog_id, queue.device.inner, entries, True, kind)))
@@ -237,8 +243,8 @@ class Programs:
 
 class _Writer(OpWalker):
     """One op list of `queue` written as a program's entries (`out`), and what its waits
-    are (`mirrors`, `direct`) and where its host reads and writes are (`reads`,
-    `writes`): see KeptProgram."""
+    are (`mirrors`, `direct`) and where its host reads, host writes and calls that take
+    var values are (`reads`, `writes`, `values`): see KeptProgram."""
 
     taker = "a worker's program"
 
@@ -249,6 +255,7 @@ class _Writer(OpWalker):
         self.out: list[Any] = []
         self.reads: list[int] = []  # the ops of its host reads, in order
         self.writes: list[int] = []  # and of its host writes
+        self.values: list[int] = []  # and of its calls that take var values
         self.mirrors: list[tuple[WaitOp, int]] = []
         self.direct: set[tuple[int, int, int]] = set()
         # The waits of the item about to come (since the previous item or signal):
@@ -281,6 +288,8 @@ class _Writer(OpWalker):
             self.reads.append(index)
         elif op.chunks is not None:  # a host write: its bytes go ahead of each batch
             self.writes.append(index)
+        elif op.values is not None:  # a call's var values go with each batch
+            self.values.append(index)
         self.out.append(self._item(entry))
         return True
 

@@ -36,6 +36,14 @@ frame, naming both. It moves whenever a message's fields change.
                its client's frames (`PRead.after`, `PWhen.after`): a copy to one worker
                that the client counts done once sent can no longer be overtaken by
                another worker's read of it
+    version 7: a program's host reads are numbered in it (`HostReadEntry.read`) and a
+               host write says how many blobs its bytes come in (`HostWriteEntry.chunks`);
+               each batch names the read ids and blobs of its programs (`Batch.reads`,
+               `Batch.blobs`, the blobs sent ahead of it), so a copy is a program kept
+               like any other
+    version 8: a shipped program's call carries no var values (`CodeEntry`): each batch
+               sends those of its programs' calls (`Batch.values`), so a program bound
+               to other var values (a decoder's next position) is the same program
 
 A program's entries (`Prog.entries`) are messages of their own, decoded one by one as the
 worker lowers them (`decode_entry`), so a refusal names the item it is about. The field
@@ -155,7 +163,7 @@ __all__ = [
     "watch_ticket",
 ]
 
-VERSION = 7
+VERSION = 8
 
 CHUNK = 64 << 20  # bulk data goes in frames of at most this many bytes
 
@@ -202,6 +210,7 @@ MAX_CPU_FEATURE_CHARS = 20
 
 _DIMS = list_of("launch dim", integer(1, 1 << 40), 3, size=3)
 _ITEM = integer(-1, 1 << 40)
+_VALUE = integer(-(1 << 63), (1 << 64) - 1)  # a var value as a shipped program takes it
 _SLOT = integer(0, SLOT_MAX)
 _REL = integer(0, REL_MAX)
 _PORT = integer(1, 65535)
@@ -390,6 +399,7 @@ def _advances(value: Any, what: str) -> list[tuple[int, int, list[int]]]:
     ("advances", _advances),
     ("reads", list_of("program's reads", list_of("read id", integer(), 1 << 12), 1 << 16)),
     ("blobs", list_of("program's blobs", list_of("blob id", integer(), 1 << 16), 1 << 16)),
+    ("values", list_of("program's var values", list_of("var value", _VALUE, 1 << 16), 1 << 16)),
 )
 class Batch(NamedTuple):
     """One job of each program, relative to `bases` (devices/_ops.py's slots), with the
@@ -402,7 +412,9 @@ class Batch(NamedTuple):
     has any), the read ids of its host reads in their order (HostReadEntry.read); `blobs`:
     likewise, the ids of the blobs its host writes land, in order (HostWriteEntry.chunks
     each). So a program that copies to or from the client is kept like any other, and
-    each batch of it names its own reads and bytes."""
+    each batch of it names its own reads and bytes. `values`: likewise, the var values
+    of each program's calls of shipped programs (`CodeEntry`), in order, as many as
+    each call's program takes: a program is kept whatever its var values are."""
 
     batch: int
     bases: list[int]
@@ -412,6 +424,7 @@ class Batch(NamedTuple):
     advances: list[tuple[int, int, list[int]]] = []
     reads: list[list[int]] = []
     blobs: list[list[int]] = []
+    values: list[list[int]] = []
 
 
 @message(
@@ -689,17 +702,16 @@ class KernelEntry(NamedTuple):
     ("item index", _ITEM),
     ("code id", integer()),
     ("buffers", list_of("code buffer", ref, 64)),
-    ("vars", list_of("var value", integer(-(1 << 63), (1 << 64) - 1), 64)),
     ("global size", _DIMS),
     ("local size", _DIMS),
 )
 class CodeEntry(NamedTuple):
-    """A call of a shipped program (`Code`): once per core, `global_size[0]` times."""
+    """A call of a shipped program (`Code`): once per core, `global_size[0]` times, with
+    the var values each batch sends for it (`Batch.values`)."""
 
     item: int
     code: int
     buffers: list[Ref]
-    vars: list[int]
     global_size: list[int]
     local_size: list[int]
 
