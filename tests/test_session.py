@@ -642,6 +642,39 @@ async def test_a_view_a_program_names_is_made_once_and_goes_with_its_buffer() ->
             nursery.cancel_scope.cancel()
 
 
+async def test_a_program_forgotten_or_defined_again_is_let_go_of() -> None:
+    """A worker lets go of a program its client forgot, or whose id the client gave to
+    another, even one of a set of programs it checked together for a batch (kept to
+    skip those checks when the same set comes again): what the program holds (its ops,
+    the views of buffers they name) goes with it."""
+    import gc
+    import weakref
+
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
+            replies = _Replies()
+            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+            session.handle(decode(["alloc", 1, "CPU:0", 8, "<i4"]))
+            inc = ["k", 0, "inc", [[1, 4, [4]], [1, 4, [4]]], [], [1, 1, 1], [1, 1, 1]]
+            gone = []
+            for batch, forget in ((10, ["forget", 1]), (11, None)):
+                session.handle(decode(["prog", 1, "CPU:0", [inc, ["s", 2, 1]], True]))
+                gone.append(weakref.ref(session.programs[1]))
+                for again in (batch, batch + 10):  # a set checked, then seen
+                    count = len(replies.sent) + 1
+                    session.handle(decode(["batch", again, [0, 0, 0], [1], []]))
+                    assert (await replies.wait_for(count))[-1] == ["done", again, 2, None]
+                if forget is not None:
+                    session.handle(decode(forget))
+            # Program 1 forgotten, then defined again (the second one replaced below).
+            session.handle(decode(["prog", 1, "CPU:0", [inc, ["s", 2, 1]], True]))
+            gc.collect()
+            assert [ref() is None for ref in gone] == [True, True]
+            np.testing.assert_array_equal(session.buffers[1].host_view(), [0] * 4 + [4] * 4)
+            nursery.cancel_scope.cancel()
+
+
 async def _frame(stream: FrameStream) -> list[Any]:
     """The next message from a worker (its tail read and checked: a read's int32s)."""
     meta, tail = await stream.receive()

@@ -160,6 +160,9 @@ class Batches:
         # Program ids of batches that passed every check together -> (their programs,
         # the highest base slot they use): see `_seen`.
         self._seen_sets: dict[tuple[int, ...], tuple[tuple[Program, ...], int]] = {}
+        # Program id -> the keys of `_seen_sets` it is in, so that a program forgotten
+        # takes its sets with it (they hold it, its ops and the views of its buffers).
+        self._sets_of: dict[int, list[tuple[int, ...]]] = {}
         self.running: set[Submission] = set()
         self.client_bases: dict[int, list[int]] = {}  # batch id -> the client's bases
         self._early: dict[tuple[int, int], _Early] = {}  # (batch id, item) -> bytes ahead
@@ -176,6 +179,7 @@ class Batches:
         """The client is gone and its batches failed (`abandon`): forget the programs
         checked together and the bytes read ahead for them."""
         self._seen_sets.clear()
+        self._sets_of.clear()
         self.client_bases.clear()
         self._early.clear()
         self.early_bytes = 0
@@ -283,9 +287,19 @@ class Batches:
         if error is None and programs and all(p.store for p in programs):
             if len(self._seen_sets) >= self.session.worker.limits.max_programs:
                 self._seen_sets.clear()
+                self._sets_of.clear()
             highest = max(p.max_slot for p in programs)
-            self._seen_sets[tuple(batch.programs)] = (tuple(programs), highest)
+            key = tuple(batch.programs)
+            self._seen_sets[key] = (tuple(programs), highest)
+            for pid in set(key):
+                self._sets_of.setdefault(pid, []).append(key)
         return programs, error
+
+    def forget(self, program_id: int) -> None:
+        """The program of `program_id` is forgotten (or that id given to another): the
+        sets of programs checked together it is in go with it."""
+        for key in self._sets_of.pop(program_id, ()):
+            self._seen_sets.pop(key, None)
 
     def _fits(self, programs: list[Program], nbases: int) -> Failure | None:
         """Why the programs cannot run as one batch with `nbases` bases, or None."""

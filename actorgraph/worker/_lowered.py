@@ -76,6 +76,7 @@ class Program:
         "version",
         "wait_entries",
         "watches",
+        "__weakref__",
     )
 
     def __init__(

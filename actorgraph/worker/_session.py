@@ -412,7 +412,8 @@ class Session:
         self.worker.runtime.free(buf)
 
     def _forget(self, request: Forget) -> None:
-        self.programs.pop(request.program, None)
+        if self.programs.pop(request.program, None) is not None:
+            self.batches.forget(request.program)
 
     def _ext(self, request: Ext) -> None:
         self.set_mirrors(request.values)
@@ -444,6 +445,8 @@ class Session:
             # program half lowered that a batch would then post
             why = (-1, f"{type(exc).__name__}: {exc}")
             program = Program(store=store, slot=signal_slot(request.entries), error=why)
+        if self.programs.get(request.program) is not None:
+            self.batches.forget(request.program)  # its id now names another program
         self.programs[request.program] = program
 
     def _batch(self, request: Batch) -> None:
