@@ -9,9 +9,11 @@ kernels (a relocatable ELF object); real workers run them in subprocesses on loo
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -330,8 +332,52 @@ async def test_a_departed_clients_programs_give_their_memory_back_at_once() -> N
     # leaves, that memory goes at once, whatever still refers to the session (a frame a
     # reference cycle keeps until the collector runs), not when the collector runs.
     import gc
-    import hashlib
     import weakref
+
+    with trio.fail_after(GUARD):
+        async with _session_calling_add_k(store=False) as (session, replies):
+            loaded = session.codes.get(5)
+            memory = weakref.ref(loaded.kernel.cpu.memory)  # type: ignore[attr-defined]
+            del loaded
+            session.handle(decode(as_meta(Batch(1, [0, 0, 0], [1], [], values=[[16]]))))
+            assert await replies.wait_for(1) == [["done", 1, 2, None]]
+            gc.disable()
+            try:
+                session.close()
+                assert memory() is None  # unmapped: nothing refers to it
+            finally:
+                gc.enable()
+
+
+async def test_a_kept_program_runs_each_batch_with_its_var_values_as_one_shape() -> None:
+    # One program, kept, called with n = 4, 8, 2 by three batches: each fills 4n floats
+    # (4 cores, n each), and the worker sees one kernel shape, not one per value (a value
+    # never seen does not send the call to the thread to be timed again).
+    from actorgraph.devices.remote.wire import Ref
+
+    with trio.fail_after(GUARD):
+        async with _session_calling_add_k(store=True) as (session, replies):
+            out, a, b = (session.buffer(Ref(h, 0, []), "test").host_view() for h in (1, 2, 3))
+            a[:] = np.arange(64)
+            b[:] = 100
+            for batch, n in enumerate((4, 8, 2), 1):
+                out[:] = -1
+                session.handle(decode(as_meta(Batch(batch, [0, 0, 0], [1], [], values=[[n]]))))
+                assert (await replies.wait_for(batch))[-1] == ["done", batch, 2, None]
+                want = np.full(64, -1, np.float32)
+                want[: 4 * n] = np.arange(4 * n) + 200
+                np.testing.assert_array_equal(out, want)
+            assert [key[0] for key in session.worker.times.shapes] == ["add_k#5"]
+            session.close()
+
+
+@contextlib.asynccontextmanager
+async def _session_calling_add_k(store: bool) -> AsyncIterator[tuple[Any, Any]]:
+    """A worker's session in this process (on CPU:0, shipped programs allowed) with ADD
+    loaded as code 5, three buffers of 64 floats (1: out, 2 and 3: its inputs), and
+    program 1 calling it on them (kept if `store`), its value n from each batch; and
+    what the session sends, kept in a list. Its tasks end with it."""
+    import hashlib
 
     from _workers import Replies
     from actorgraph.devices.remote.wire import Code
@@ -341,69 +387,18 @@ async def test_a_departed_clients_programs_give_their_memory_back_at_once() -> N
 
     image = _compile(ADD)
     code = Code(5, hashlib.sha256(image).digest(), "add_k", HOST.machine, [], 3, 2, 1)
-    with trio.fail_after(GUARD):
-        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
-            server = WorkerServer(rt, {}, None, Limits(), allow_programs=True)
-            replies = Replies()
-            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.codes.add(code, image)
-            loaded = session.codes.get(5)
-            memory = weakref.ref(loaded.kernel.cpu.memory)  # type: ignore[attr-defined]
-            del loaded
-            for handle in (1, 2, 3):
-                session.handle(decode(["alloc", handle, "CPU:0", 64, "<f4"]))
-            refs = [[handle, 0, []] for handle in (1, 2, 3)]
-            call = as_meta(CodeEntry(0, 5, refs, [4, 1, 1], [1, 1, 1]))
-            session.handle(decode(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], False]))
-            session.handle(decode(as_meta(Batch(1, [0, 0, 0], [1], [], values=[[16]]))))
-            assert await replies.wait_for(1) == [["done", 1, 2, None]]
-            gc.disable()
-            try:
-                session.close()
-                assert memory() is None  # unmapped: nothing refers to it
-            finally:
-                gc.enable()
-            nursery.cancel_scope.cancel()
-
-
-async def test_a_kept_program_runs_each_batch_with_its_var_values_as_one_shape() -> None:
-    # One program, kept, called with n = 4, 8, 2 by three batches: each fills 4n floats
-    # (4 cores, n each), and the worker sees one kernel shape, not one per value (a value
-    # never seen does not send the call to the thread to be timed again).
-    import hashlib
-
-    from _workers import Replies
-    from actorgraph.devices.remote.wire import Code, Ref
-
-    from actorgraph.worker._server import Worker as WorkerServer
-    from actorgraph.worker._session import Session
-
-    image = _compile(ADD)
-    code = Code(5, hashlib.sha256(image).digest(), "add_k", HOST.machine, [], 3, 2, 1)
-    with trio.fail_after(GUARD):
-        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
-            server = WorkerServer(rt, {}, None, Limits(), allow_programs=True)
-            replies = Replies()
-            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
-            session.codes.add(code, image)
-            for handle in (1, 2, 3):
-                session.handle(decode(["alloc", handle, "CPU:0", 64, "<f4"]))
-            out, a, b = (session.buffer(Ref(h, 0, []), "test").host_view() for h in (1, 2, 3))
-            a[:] = np.arange(64)
-            b[:] = 100
-            refs = [[handle, 0, []] for handle in (1, 2, 3)]
-            call = as_meta(CodeEntry(0, 5, refs, [4, 1, 1], [1, 1, 1]))
-            session.handle(decode(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], True]))
-            for batch, n in enumerate((4, 8, 2), 1):
-                out[:] = -1
-                session.handle(decode(as_meta(Batch(batch, [0, 0, 0], [1], [], values=[[n]]))))
-                assert (await replies.wait_for(batch))[-1] == ["done", batch, 2, None]
-                want = np.full(64, -1, np.float32)
-                want[: 4 * n] = np.arange(4 * n) + 200
-                np.testing.assert_array_equal(out, want)
-            assert [key[0] for key in server.times.shapes] == ["add_k#5"]
-            session.close()
-            nursery.cancel_scope.cancel()
+    async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+        server = WorkerServer(rt, {}, None, Limits(), allow_programs=True)
+        replies = Replies()
+        session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+        session.codes.add(code, image)
+        for handle in (1, 2, 3):
+            session.handle(decode(["alloc", handle, "CPU:0", 64, "<f4"]))
+        refs = [[handle, 0, []] for handle in (1, 2, 3)]
+        call = as_meta(CodeEntry(0, 5, refs, [4, 1, 1], [1, 1, 1]))
+        session.handle(decode(["prog", 1, "CPU:0", [call, as_meta(SignalEntry(2, 1))], store]))
+        yield session, replies
+        nursery.cancel_scope.cancel()
 
 
 ZEROED_STATE = r"""

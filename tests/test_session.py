@@ -5,12 +5,14 @@ peers read only what a ticket names. Spoken to over the raw wire protocol.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -523,16 +525,28 @@ async def test_a_batch_of_programs_seen_before_is_checked_as_any_other() -> None
             nursery.cancel_scope.cancel()
 
 
+@contextlib.asynccontextmanager
+async def _in_process_session(
+    kernels: dict[str, Any] | None = None,
+) -> AsyncIterator[tuple[Session, _Replies]]:
+    """A worker's session on a runtime of CPU:0 in this process, with `kernels` (the
+    test kernels by default) and what it sends kept in a list; its tasks end with it."""
+    if kernels is None:
+        kernels = load_kernels(["remote_kernels"])
+    async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
+        server = WorkerServer(rt, kernels, None, Limits())
+        replies = _Replies()
+        yield Session(server, 1, replies, nursery), replies  # type: ignore[arg-type]
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_kept_program_reads_to_the_client_under_the_read_ids_each_batch_names() -> None:
     """A program with host reads is kept like any other: each batch of it names the read
     id of each of its reads (Batch.reads), and its bytes go there, as they are when its
     queue gets there. A batch that names too few or too many, or a program whose reads
     are not numbered 0, 1, ... in order, is refused with the rule."""
     with trio.fail_after(GUARD):
-        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
-            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
-            replies = _Replies()
-            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+        async with _in_process_session() as (session, replies):
             session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
             inc = ["k", 0, "inc", [[1, 0, [4]], [1, 0, [4]]], [], [1, 1, 1], [1, 1, 1]]
             reads = [inc, ["hr", -1, [1, 0, [4]], 0], ["hr", -1, [1, 0, [4]], 1], ["s", 2, 3]]
@@ -565,7 +579,6 @@ async def test_a_kept_program_reads_to_the_client_under_the_read_ids_each_batch_
             done = await replies.wait_for(count + 1)
             assert done[count][:3] == ["done", 13, 2]
             assert "numbers its host reads 0, 1, ... in order" in done[count][3][2]
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_kept_program_writes_the_blobs_each_batch_names() -> None:
@@ -574,10 +587,7 @@ async def test_a_kept_program_writes_the_blobs_each_batch_names() -> None:
     many is refused, one whose blob never came or holds other than the buffer's bytes
     fails with why, and a batch that never runs lets go of the blobs it names."""
     with trio.fail_after(GUARD):
-        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
-            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
-            replies = _Replies()
-            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+        async with _in_process_session() as (session, replies):
             session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
             write = [["hw", -1, [1, 0, [4]], 2], ["s", 2, 1]]  # 16 bytes in two blobs
             session.handle(decode(["prog", 1, "CPU:0", write, True]))
@@ -613,7 +623,6 @@ async def test_a_kept_program_writes_the_blobs_each_batch_names() -> None:
                 assert done[:3] == ["done", b, 2] and why in done[3][2], done
                 assert session.blob_bytes == 0
             np.testing.assert_array_equal(session.buffers[1].host_view(), [5, 6, 7, 8])
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_view_a_program_names_is_made_once_and_goes_with_its_buffer() -> None:
@@ -621,10 +630,7 @@ async def test_a_view_a_program_names_is_made_once_and_goes_with_its_buffer() ->
     lives: a program lowered again names the same view, and one lowered after its
     buffer was freed and its id allocated again names the new memory."""
     with trio.fail_after(GUARD):
-        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
-            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
-            replies = _Replies()
-            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+        async with _in_process_session() as (session, replies):
             ref = decode(["get", 1, [1, 4, [4]]]).src  # elements 4..7 of buffer 1
             session.handle(decode(["alloc", 1, "CPU:0", 8, "<i4"]))
             view = session.buffer(ref, "a view")
@@ -639,7 +645,6 @@ async def test_a_view_a_program_names_is_made_once_and_goes_with_its_buffer() ->
                 session.handle(decode(["batch", batch, [0, 0, 0], [handle], []]))
                 await replies.wait_for(batch - 9)
                 np.testing.assert_array_equal(session.buffers[1].host_view(), [0] * 4 + [1] * 4)
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_program_forgotten_or_defined_again_is_let_go_of() -> None:
@@ -651,10 +656,7 @@ async def test_a_program_forgotten_or_defined_again_is_let_go_of() -> None:
     import weakref
 
     with trio.fail_after(GUARD):
-        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
-            server = WorkerServer(rt, load_kernels(["remote_kernels"]), None, Limits())
-            replies = _Replies()
-            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+        async with _in_process_session() as (session, replies):
             session.handle(decode(["alloc", 1, "CPU:0", 8, "<i4"]))
             inc = ["k", 0, "inc", [[1, 4, [4]], [1, 4, [4]]], [], [1, 1, 1], [1, 1, 1]]
             gone = []
@@ -672,7 +674,6 @@ async def test_a_program_forgotten_or_defined_again_is_let_go_of() -> None:
             gc.collect()
             assert [ref() is None for ref in gone] == [True, True]
             np.testing.assert_array_equal(session.buffers[1].host_view(), [0] * 4 + [4] * 4)
-            nursery.cancel_scope.cancel()
 
 
 async def _frame(stream: FrameStream) -> list[Any]:
@@ -957,10 +958,7 @@ async def test_a_kernels_var_values_are_its_data_not_its_shape() -> None:
 
     kernels = {"add_n": ag.Kernel("add_n", cpu=add_n, outs=(0,), ins=(1,))}
     with trio.fail_after(GUARD):
-        async with ag.open_runtime(["CPU:0"]) as rt, trio.open_nursery() as nursery:
-            server = WorkerServer(rt, kernels, None, Limits())
-            replies = _Replies()
-            session = Session(server, 1, replies, nursery)  # type: ignore[arg-type]
+        async with _in_process_session(kernels) as (session, replies):
             session.handle(decode(["alloc", 1, "CPU:0", 4, "<i4"]))
             for n in (1, 1, 5, 9):
                 call = ["k", 0, "add_n", [[1, 0, [4]], [1, 0, [4]]], [n], [1, 1, 1], [1, 1, 1]]
@@ -970,7 +968,6 @@ async def test_a_kernels_var_values_are_its_data_not_its_shape() -> None:
                 assert (await replies.wait_for(batch))[-1] == ["done", batch, 2, None]
             assert on_loop == [False, True, True, True]
             np.testing.assert_array_equal(session.buffers[1].host_view(), np.full(4, 16))
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_large_host_write_runs_off_the_workers_event_loop() -> None:
