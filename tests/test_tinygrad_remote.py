@@ -402,6 +402,82 @@ def test_a_jit_over_workers_replays_as_one_batch_per_worker(two_workers: Any) ->
     assert got.tobytes() == want.tobytes()
 
 
+def test_a_jit_tinygrad_cuts_into_parts_replays_as_one_batch_per_worker(
+    two_workers: Any,
+) -> None:
+    """tinygrad cuts a jit's work into graphs of 32, 64, ... calls (JIT_BATCH_SIZE),
+    each replayed on its own; the parts of one call over workers still go as one graph:
+    one batch per worker per replay, planned once."""
+    from tinygrad import TinyJit
+    from tinygrad.helpers import Context
+
+    def make(names: dict[str, str]) -> Any:
+        w = Tensor(_data(22, 16, 16), device=names["AG"]).realize()
+        v = Tensor(_data(23, 16, 16), device=names["AG:2"]).realize()
+
+        @TinyJit
+        def step(x: Tensor) -> Tensor:
+            for _ in range(2):
+                x = (x @ w).relu().realize()
+            x = x.to(names["AG:2"]).realize()
+            for _ in range(3):
+                x = (x @ v - 0.5).relu().realize()
+            return x
+
+        return step
+
+    a, b = two_workers
+    remote, local = make({n: n for n in LOCAL}), make(LOCAL)
+    graphs, plans = agt.statistics().graphs, agt.statistics().plans
+    with Context(JIT_BATCH_SIZE=2):  # six calls: graphs of 2 and 4
+        for seed in range(3):  # capture (tinygrad 0.14 replays from its second call)
+            remote(Tensor(_data(seed, 4, 16), device="AG")).numpy()
+            local(Tensor(_data(seed, 4, 16), device="CPU")).numpy()
+    assert agt.statistics().graphs == graphs + 4  # two parts of each jit
+    inputs = [Tensor(_data(30 + k, 4, 16), device="AG").realize() for k in range(4)]
+    Device["AG"].synchronize()
+    stats = agt.statistics()
+    assert stats.plans == plans + 3  # the local jit's two parts; the remote one's as one
+    for k, x in enumerate(inputs):
+        batches = _stats(a).batches_sent, _stats(b).batches_sent
+        got = remote(x).numpy()
+        # One batch to each worker (A's kernels, B's copy from A and kernels), and the
+        # read from B.
+        assert (_stats(a).batches_sent, _stats(b).batches_sent) == (batches[0] + 1, batches[1] + 2)
+        want = local(Tensor(_data(30 + k, 4, 16), device="CPU")).numpy()
+        assert got.tobytes() == want.tobytes(), k
+    assert agt.statistics().replays == stats.replays + 4 * len(inputs)  # two parts of each
+    assert agt.statistics().plans == stats.plans
+
+
+def test_a_jit_input_that_two_parts_use_is_one_input_of_their_graph(two_workers: Any) -> None:
+    from tinygrad import TinyJit
+    from tinygrad.helpers import Context
+
+    def make(device: str) -> Any:
+        w = Tensor(_data(24, 16, 16), device=device).realize()
+
+        @TinyJit
+        def step(x: Tensor) -> Tensor:
+            y = x
+            for _ in range(5):  # graphs of 2 and 3 calls, each reading x
+                y = (y @ w + x).relu().realize()
+            return y
+
+        return step
+
+    remote, local = make("AG:1"), make("CPU")
+    with Context(JIT_BATCH_SIZE=2):
+        for seed in range(3):
+            remote(Tensor(_data(seed, 4, 16), device="AG:1")).numpy()
+            local(Tensor(_data(seed, 4, 16), device="CPU")).numpy()
+    plans = agt.statistics().plans
+    for k in range(4):
+        got = remote(Tensor(_data(40 + k, 4, 16), device="AG:1")).numpy()
+        assert got.tobytes() == local(Tensor(_data(40 + k, 4, 16), device="CPU")).numpy().tobytes()
+    assert agt.statistics().plans == plans
+
+
 def test_a_data_parallel_jit_over_cpu_and_ag_devices_is_one_graph(two_workers: Any) -> None:
     from tinygrad import TinyJit
 

@@ -39,6 +39,13 @@ from ._convert import (
 
 T = TypeVar("T")
 
+# The chains (a batch and the ones after it in a jit call, planned as one graph) kept per
+# batch: a jit call cut into parts makes one; a few more cover calls that stop early.
+_CHAINS_KEPT = 4
+# A chain's batches after the first, and for each root of the chain (the first batch's,
+# then each next one's) the index of its buffer among the graph's inputs.
+ChainKey = tuple[tuple["Batch", ...], tuple[int, ...]]
+
 
 class Batch:
     """The calls of one captured batch, its roots, its variables, and its newest plan.
@@ -95,6 +102,9 @@ class Batch:
         self.remote = any("@" in name for name in names)
         self.local = any("@" not in name for name in names)
         self.checked = 0  # replays checked (install(check_replays=N))
+        # Plans of this batch followed by others of its jit call, as one graph (see
+        # chain_for), by the batches that follow: the newest few.
+        self._chains: dict[ChainKey, tuple[Any, tuple[int, ...]]] = {}
 
     def take_check(self, limit: int) -> int:
         """The number of this replay among the batch's checked ones (1, 2, ...), or 0
@@ -188,6 +198,41 @@ class Batch:
             inputs[k] = stand_in
         items = build_items(self.calls, inputs, held_lookup(held, runtime))
         return items, inputs, limits
+
+    def joins_chains(self, roots: Sequence[Buffer], runtime: Runtime) -> bool:
+        """Whether this batch over these roots can be a part of a graph planned with the
+        batches of its jit call that follow it (`chain_part`): not where a root shares
+        memory the jit holds, which only a plan of its own (`plan`) handles."""
+        return not any(self._held_overlaps(given, runtime) for given in roots)
+
+    def chain_part(
+        self, roots: Sequence[Buffer], held: Mapping[Key, Buffer], runtime: Runtime
+    ) -> tuple[list[Item], list[int]]:
+        """(items, limits) of this batch over these roots, as a part of a chain's graph
+        (`keep_chain`), where `joins_chains` says it can be."""
+        return build_items(self.calls, roots, held_lookup(held, runtime)), self._limits_for(roots)
+
+    def chain_for(self, key: ChainKey, inputs: Sequence[Buffer]) -> Any:
+        """The plan of this batch and then others as one graph (`key`: those others, and
+        which of the graph's inputs each root of the chain is), serving these inputs; or
+        None when they need one (`chain_part`)."""
+        kept = self._chains.get(key)
+        if kept is None:
+            return None
+        graph, limits = kept
+        for buf, limit in zip(inputs, limits):
+            if buf.nbytes > limit:
+                return None
+        return graph
+
+    def keep_chain(self, key: ChainKey, graph: Any, limits: Sequence[int]) -> None:
+        """Keep `graph`, planned for `limits` (per input), as the plan of `key`'s chain;
+        the oldest of more than a few goes."""
+        chains = self._chains
+        chains.pop(key, None)
+        chains[key] = (graph, tuple(limits))
+        while len(chains) > _CHAINS_KEPT:
+            del chains[next(iter(chains))]
 
     def _limits_for(self, roots: Sequence[Buffer]) -> list[int]:
         limits = []

@@ -23,7 +23,6 @@ a batch on AG devices (their memory, its plan) touches nothing a lock guards.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,12 +31,15 @@ from typing import Any, Protocol
 import attrs
 
 from .._background import BackgroundRuntime, start_runtime
+from .._buffer import Buffer
 from .._errors import ClosedError, UsageError
 from .._graph import Replay
+from .._kernel import Item
 from .._options import refuse_unknown
 from .._runtime import Runtime
+from .._vars import Var
 from ..remote import WorkerCPU
-from ._batch import Batch
+from ._batch import Batch, ChainKey
 from ._check import Reference, TinyCheck
 from ._convert import Wrapper
 from ._pending import Pending, ReplayRecord
@@ -160,11 +162,14 @@ class Installed:
         given: Mapping[Any, int],
         tiny_devices: Sequence[str],
         wait: bool,
+        call: object = None,
     ) -> float | None:
         """Replay `batch` with its roots at these (address, nbytes) places and these
-        tinygrad var values; return the seconds it took when `wait`."""
+        tinygrad var values; return the seconds it took when `wait`. `call`: the jit
+        call the batch is part of (tinygrad's object for it, the same for each of its
+        batches), or None: on workers, the batches of one call go as one graph."""
         if batch.remote:
-            return self._replay_remote(batch, places, given, wait)
+            return self._replay_remote(batch, places, given, wait, call)
         start = time.perf_counter() if wait else 0.0
         with self.lock:
             if _installed is not self:
@@ -186,14 +191,19 @@ class Installed:
         return time.perf_counter() - start if wait else None
 
     def _replay_remote(
-        self, batch: Batch, places: Sequence[tuple[Any, int]], given: Mapping[Any, int], wait: bool
+        self,
+        batch: Batch,
+        places: Sequence[tuple[Any, int]],
+        given: Mapping[Any, int],
+        wait: bool,
+        call: object,
     ) -> float | None:
         """A batch on AG devices: recorded with their work, in tinygrad's order, and sent
         with it; waited for only as far as it touches tinygrad's CPU memory too (which
         tinygrad's inline work after it uses: its jobs on this host's devices), or whole
-        when the caller asks for its time. This
-        host's memory is wrapped here, under the lock; the workers' memory is resolved
-        and the batch planned on the runtime's thread (`_submit_remote`)."""
+        when the caller asks for its time. This host's memory is wrapped here, under the
+        lock; the workers' memory is resolved and the batch planned on the runtime's
+        thread (`_submit_remote`)."""
         start = time.perf_counter() if wait else 0.0
         with self.lock:
             if _installed is not self:
@@ -205,33 +215,94 @@ class Installed:
             held = batch.hold()
             values = batch.values(given, "this jit") if batch.variables else None
             self.replays += 1
-        submit = functools.partial(self._submit_remote, batch, partial, held, values)
-        self.pending.add(ReplayRecord(submit))
+        self.pending.add(ReplayRecord(batch, partial, held, values, call, self._submit_remote))
         if wait:
             self.pending.flush(wait=True)
         elif batch.local:
             self.pending.flush(here=True)
         return time.perf_counter() - start if wait else None
 
-    async def _submit_remote(
-        self,
-        batch: Batch,
-        partial: Sequence[Any],
-        held: Mapping[Any, Any],
-        values: dict[Any, int] | None,
-        runtime: Runtime,
+    async def _submit_remote(self, run: Sequence[ReplayRecord], runtime: Runtime) -> list[Replay]:
+        """On the runtime's thread: plan the replays of `run` (the batches of one jit
+        call, in order) where their roots need it, and submit them: as one graph where
+        each batch can be a part of one (Batch.chain_part), else one graph each. Takes
+        no lock (a caller holding install()'s lock may be waiting for this thread)."""
+        roots = [record.batch.resolve_roots(record.roots, runtime) for record in run]
+        if len(run) > 1:
+            replay = await self._submit_chain(run, roots, runtime)
+            if replay is not None:
+                return [replay]
+        return [await self._submit_one(r, part, runtime) for r, part in zip(run, roots)]
+
+    async def _submit_one(
+        self, record: ReplayRecord, roots: list[Buffer], runtime: Runtime
     ) -> Replay:
-        """On the runtime's thread: plan the batch if these roots need it, submit it.
-        Takes no lock (a caller holding install()'s lock may be waiting for this thread)."""
-        roots = batch.resolve_roots(partial, runtime)
+        batch = record.batch
         graph = batch.graph_for(roots)
         if graph is None:
-            items, inputs, limits = batch.plan(roots, held, runtime)
+            items, inputs, limits = batch.plan(roots, record.held, runtime)
             graph = await runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
             batch.keep_plan(graph, limits, runtime)
             self.remote_plans += 1
-        replay: Replay = await graph.submit(roots, values)
+        replay: Replay = await graph.submit(roots, record.values)
         return replay
+
+    async def _submit_chain(
+        self, run: Sequence[ReplayRecord], roots: list[list[Buffer]], runtime: Runtime
+    ) -> Replay | None:
+        # A root in more than one batch (a jit input two parts use) is one input.
+        inputs: list[Buffer] = []
+        found: dict[int, int] = {}
+        slots = []
+        for part in roots:
+            for buf in part:
+                slot = found.setdefault(id(buf), len(inputs))
+                if slot == len(inputs):
+                    inputs.append(buf)
+                slots.append(slot)
+        first = run[0].batch
+        key: ChainKey = (tuple(record.batch for record in run[1:]), tuple(slots))
+        graph = first.chain_for(key, inputs)
+        if graph is None:
+            graph = await self._plan_chain(run, roots, inputs, key, runtime)
+            if graph is None:
+                return None
+        values: dict[Var, int] | None = None
+        for record in run:
+            if record.values:
+                values = {**(values or {}), **record.values}
+        replay: Replay = await graph.submit(inputs, values)
+        return replay
+
+    async def _plan_chain(
+        self,
+        run: Sequence[ReplayRecord],
+        roots: list[list[Buffer]],
+        inputs: list[Buffer],
+        key: ChainKey,
+        runtime: Runtime,
+    ) -> Any:
+        """The batches of `run` planned as one graph over `inputs` (each root of theirs
+        one of them, as `key` says), kept by the first; None (planning nothing) where
+        one of them needs a plan of its own (Batch.chain_part), or two distinct inputs
+        share memory (a plan of the batches one by one handles that as before)."""
+        for k, buf in enumerate(inputs):
+            if any(buf.overlaps(other) for other in inputs[k + 1 :]):
+                return None
+        if not all(r.batch.joins_chains(part, runtime) for r, part in zip(run, roots)):
+            return None
+        items: list[Item] = []
+        limits = [1] * len(inputs)
+        slots = iter(key[1])
+        for record, part in zip(run, roots):
+            part_items, part_limits = record.batch.chain_part(part, record.held, runtime)
+            items += part_items
+            for limit, slot in zip(part_limits, slots):
+                limits[slot] = max(limits[slot], limit)
+        graph = await runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
+        run[0].batch.keep_chain(key, graph, limits)
+        self.remote_plans += 1
+        return graph
 
     def _run(self, graph: Any, roots: Sequence[Any], values: dict[Any, int] | None) -> None:
         # On this thread as one loop where the runtime allows it (the usual case), else on

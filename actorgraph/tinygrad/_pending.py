@@ -183,16 +183,42 @@ class FreeRecord:
 
 
 class ReplayRecord:
-    """A replay of a jit's batch over AG devices: `start` submits it on the runtime's
-    thread and returns its Replay."""
+    """A replay of a jit's batch over AG devices: its batch, its roots as far as this
+    thread resolves them, the host memory the jit holds, its var values, and `call`, the
+    jit call it is part of (tinygrad's own object for that call, compared by identity:
+    a record keeps it alive until it is submitted). `start` submits a run of replays
+    recorded one after another on the runtime's thread, returning a Replay for each
+    graph it submitted (one, where it could plan the run as one graph)."""
 
-    __slots__ = ("start",)
+    __slots__ = ("batch", "call", "held", "roots", "start", "values")
 
-    def __init__(self, start: Callable[[Runtime], Awaitable[Replay]]) -> None:
+    def __init__(
+        self,
+        batch: Any,
+        roots: Sequence[Any],
+        held: Any,
+        values: dict[Var, int] | None,
+        call: object,
+        start: Callable[[Sequence[ReplayRecord], Runtime], Awaitable[list[Replay]]],
+    ) -> None:
+        self.batch = batch
+        self.roots = roots
+        self.held = held
+        self.values = values
+        self.call = call
         self.start = start
 
-    async def submit(self, runtime: Runtime) -> Replay:
-        return await self.start(runtime)
+    def joins(self, run: Sequence[ReplayRecord]) -> bool:
+        """Whether this replay goes with `run`, the replays recorded just before it: the
+        next part of the same jit call (tinygrad cuts a jit's work into batches of 32,
+        64, ... calls, each replayed on its own) whose batch the run does not have yet."""
+        first = run[0]
+        return (
+            self.call is not None
+            and self.call is first.call
+            and self.start == first.start
+            and all(self.batch is not other.batch for other in run)
+        )
 
 
 Record = LaunchRecord | WriteRecord | CopyRecord | FreeRecord | ReplayRecord
@@ -286,7 +312,11 @@ class Pending:
     ) -> None:
         items: list[Item] = []
         frees: list[AGMemory] = []
+        runs: list[ReplayRecord] = []  # replays of one jit call, submitted together
         for record in records:
+            if runs and not (isinstance(record, ReplayRecord) and record.joins(runs)):
+                await self._submit_replays(runtime, runs, held)
+                runs = []
             if isinstance(record, _ITEM_RECORDS):
                 items.append(record.item(runtime))
             elif isinstance(record, FreeRecord):
@@ -294,8 +324,12 @@ class Pending:
             else:
                 await self._submit_items(runtime, items, held)
                 items = []
+                if isinstance(record, ReplayRecord):
+                    runs.append(record)
+                    continue
                 held.let_go_if_full(runtime)
                 self._in_flight.append(await record.submit(runtime))
+        await self._submit_replays(runtime, runs, held)
         await self._submit_items(runtime, items, held)
         if read is not None:
             held.let_go_if_full(runtime)
@@ -313,6 +347,13 @@ class Pending:
             graph = await runtime.compile(items)
             held.let_go_if_full(runtime)
             self._in_flight.append(await graph.submit())
+
+    async def _submit_replays(
+        self, runtime: Runtime, runs: list[ReplayRecord], held: _HeldSends
+    ) -> None:
+        if runs:
+            held.let_go_if_full(runtime)
+            self._in_flight += await runs[0].start(runs, runtime)
 
     def _reap(self) -> None:
         """Forget the submissions that are done, raising the first failure of one."""

@@ -413,8 +413,14 @@ class ActorGraph(MultiGraphRunner):  # type: ignore[misc]
     def __call__(
         self, input_uops: tuple[Any, ...], var_vals: dict[str, int], wait: bool = False
     ) -> float | None:
+        # input_uops: tinygrad's tuple for this jit call, the same for each of its batches.
         return self._state.replay(
-            self._batch, self._places(self._sources, input_uops), var_vals, self._tiny_devices, wait
+            self._batch,
+            self._places(self._sources, input_uops),
+            var_vals,
+            self._tiny_devices,
+            wait,
+            input_uops,
         )
 
 
