@@ -8,7 +8,9 @@ here in the order tinygrad makes them, and go when tinygrad needs a result: all 
 records since the last time, planned as one graph and submitted once (one batch per
 worker), with the read that needs them in the same submission (`flush`). A call whose
 result is never read costs no round trip: nothing waits for it, and it goes with the
-next read, or when `limit` records have piled up.
+next read, or when `limit` records have piled up. The replays of one jit call (tinygrad
+cuts a long jit into batches, each replayed on its own) are submitted together, as one
+graph where they can be (`ReplayRecord.joins`, Installed._submit_remote).
 
 Everything here runs on the caller's thread except `_submit`, which runs on the
 background runtime's thread (a `Call`), in the order the flushes were made: the runtime
