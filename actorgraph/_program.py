@@ -92,7 +92,7 @@ class Bound:
     bound. `var_vals` are the values it was bound with, None for none; `inputs` the
     input buffers."""
 
-    __slots__ = ("_scripts", "inputs", "linear", "ops", "program", "var_vals")
+    __slots__ = ("_from", "_scripts", "inputs", "linear", "ops", "program", "var_vals")
 
     def __init__(
         self,
@@ -100,21 +100,35 @@ class Bound:
         ops: tuple[tuple[Op, ...], ...],
         var_vals: Mapping[Var, int],
         inputs: Sequence[Buffer] = (),
+        made_from: tuple[tuple[Script, ...], Sequence[Sequence[int]]] | None = None,
     ) -> None:
         self.program = program
         self.ops = ops
         self.var_vals: Mapping[Var, int] | None = var_vals or None
         self.inputs = tuple(inputs)
         self._scripts: tuple[Script, ...] | None = None
+        # The Scripts of the binding these ops were made from and, per queue, where they
+        # differ: until this one's are made (each then has its origin: Script.origin).
+        self._from = made_from
         self.linear = program.linear_run(ops)
 
     @property
     def scripts(self) -> tuple[Script, ...]:
         """One Script per queue (the same ones every time: queues keep what they make
-        of them with them)."""
+        of them with them); a queue's ops that are those of the binding they were made
+        from are its Script too."""
         scripts = self._scripts
         if scripts is None:
-            scripts = self._scripts = tuple(Script(ops) for ops in self.ops)
+            made_from, self._from = self._from, None
+            if made_from is None:
+                scripts = tuple(Script(ops) for ops in self.ops)
+            else:
+                old, changed = made_from
+                scripts = tuple(
+                    Script(ops, (old[qi], tuple(changed[qi]))) if changed[qi] else old[qi]
+                    for qi, ops in enumerate(self.ops)
+                )
+            self._scripts = scripts
         return scripts
 
     def __getitem__(self, queue: int) -> tuple[Op, ...]:
@@ -510,21 +524,30 @@ class Program:
         for qi in self.dynamic_queues:
             ops[qi] = list(ops[qi])
         rebased: dict[tuple[Buffer, int], Buffer] = {}
-        old = None
-        same_inputs = False
-        if kept is not None and kept.program is self:
-            old = kept.ops
-            same_inputs = kept.inputs == tuple(inputs)  # Buffers compare by identity
+        if kept is None or kept.program is not self:
+            for j, qi, pos, _, _ in self._dynamic_at:
+                ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
+            return Bound(self, tuple(map(tuple, ops)), dict(var_vals), inputs)  # type: ignore[arg-type]
+        old = kept.ops
+        same_inputs = kept.inputs == tuple(inputs)  # Buffers compare by identity
+        changed: list[list[int]] = [[] for _ in ops]
         for j, qi, pos, on_inputs, reads_vars in self._dynamic_at:
-            if old is not None and (same_inputs or not on_inputs):
+            if same_inputs or not on_inputs:
                 like = old[qi][pos]
                 if reads_vars:
                     ops[qi][pos] = self.lower(j, inputs, var_vals, rebased, like)
+                    changed[qi].append(pos)
                 else:
                     ops[qi][pos] = like
             else:
                 ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
-        return Bound(self, tuple(map(tuple, ops)), dict(var_vals), inputs)  # type: ignore[arg-type]
+                changed[qi].append(pos)
+        bound_ops = tuple(
+            tuple(queue_ops) if changed[qi] else old[qi] for qi, queue_ops in enumerate(ops)
+        )
+        # Made from kept's Scripts where it has them (a binding that was submitted).
+        made_from = None if kept._scripts is None else (kept._scripts, changed)
+        return Bound(self, bound_ops, dict(var_vals), inputs, made_from)  # type: ignore[arg-type]
 
     def bind_host(self, op: Op) -> Bound:
         """The op lists of a host copy's program: `op` fills its one item's place."""

@@ -536,20 +536,31 @@ class Script:
       run is one plain loop over its calls;
     - `items`: how many items the ops run (what an actor counts as `items_run`);
     - what a queue that runs them made of them for itself (`kept`: a CUDA queue's
-      graph, a connection's program on a worker), found again by whoever holds them.
+      graph, a connection's program on a worker), found again by whoever holds them;
+    - `origin`: the Script these ops were made from by changing some of them (a graph
+      bound again to new var values), with the indices of the ops that changed, or
+      None: an owner whose kept form of that one does not depend on what changed (a
+      connection's program, where only the var values a batch sends did) takes it as
+      is (`take_origin`).
 
     Invariants: `ops` never changes; `runs` has an entry at every index where a run
     starts (index 0 or after an op of another code), which is every index where a job
-    can come to such an op (devices/_step.py).
+    can come to such an op (devices/_step.py); an origin has no origin of its own (so
+    no Script holds a chain of older ones).
     """
 
-    __slots__ = ("_kept", "items", "ops", "runs")
+    __slots__ = ("_kept", "items", "ops", "origin", "runs")
 
-    def __init__(self, ops: Sequence[Op]) -> None:
+    def __init__(
+        self, ops: Sequence[Op], origin: tuple[Script, tuple[int, ...]] | None = None
+    ) -> None:
         self.ops: tuple[Op, ...] = ops if type(ops) is tuple else tuple(ops)
         self.runs: dict[int, CallRun] = {}
         self.items = 0
         self._kept: dict[object, Any] | None = None
+        self.origin: tuple[Script, tuple[int, ...]] | None = None
+        if origin is not None and origin[0].origin is None:
+            self.origin = origin
         ops = self.ops
         count = len(ops)
         i = 0
@@ -579,6 +590,11 @@ class Script:
         """What `owner` (a queue, a connection) keeps with these ops, or None."""
         kept = self._kept
         return None if kept is None else kept.get(owner)
+
+    def take_origin(self) -> tuple[Script, tuple[int, ...]] | None:
+        """`origin`, let go of: asked once, by the owner that runs these ops."""
+        origin, self.origin = self.origin, None
+        return origin
 
     def keep(self, owner: object, value: Any) -> None:
         """Have these ops hold what `owner` made of them, for as long as they live (None:

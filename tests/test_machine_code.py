@@ -231,6 +231,35 @@ async def test_a_programs_var_values_come_with_each_batch(program_worker: Worker
         assert await _reply(stream) == ["done", 3, 2, None]
 
 
+async def test_a_graph_bound_to_new_var_values_names_its_kept_program_unless_dims_change(
+    program_worker: Worker,
+) -> None:
+    # ADD over g cores of n elements each: new n alone is the same program on the worker
+    # (its value goes with the batch); a new g is a launch of other dims, another program.
+    g = ag.Var("g", 1, 4)
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal(64, dtype=np.float32) for _ in range(2))
+    device = program_worker.devices[0]
+    with trio.fail_after(GUARD):
+        async with ag.open_runtime([device], remote_token=TOKEN) as rt:
+            out, x, y = (rt.alloc(device, 64, np.float32) for _ in range(3))
+            await rt.copyin(x, a)
+            await rt.copyin(y, b)
+            launch = ag.Launch(_add_kernel(), [out, x, y], vars=[N], global_size=(g, 1, 1))
+            graph = await rt.compile([launch])
+            stats = rt.device(device).connection.statistics
+            sent = []
+            for cores, n in ((4, 16), (4, 8), (4, 2), (2, 16), (2, 4), (4, 4)):
+                await rt.copyin(out, np.full(64, -1, np.float32))
+                await graph(var_vals={g: cores, N: n})
+                want = np.full(64, -1, np.float32)
+                want[: cores * n] = (a + b * np.float32(2))[: cores * n]
+                np.testing.assert_array_equal(await rt.copyout(out), want)
+                sent.append(stats().programs_sent)
+            # The graph's program for 4 cores, then for 2, then the first again (kept).
+            assert [s - sent[0] for s in sent] == [0, 0, 0, 1, 1, 1], sent
+
+
 async def test_programs_are_kept_per_session_and_checked_before_they_load(
     program_worker: Worker,
 ) -> None:

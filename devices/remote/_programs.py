@@ -26,6 +26,7 @@ from .._ops import (
     Script,
     SignalOp,
     WaitOp,
+    WireOp,
     WorkOp,
     own_signal,
 )
@@ -204,6 +205,8 @@ class Programs:
         script = job.script
         sent: int | None = script.kept(self)  # the id its ops were last sent under
         kept = None if sent is None else self._kept.get(sent)
+        if kept is None and script.origin is not None:
+            kept = self._kept_for_origin(script)
         if kept is not None:
             self._kept.move_to_end(kept.prog_id)
             return kept
@@ -239,6 +242,33 @@ class Programs:
             parts.append(encode(Forget(forgotten.prog_id)))
         script.keep(self, prog_id)
         return program
+
+    def _kept_for_origin(self, script: Script) -> KeptProgram | None:
+        """The kept program of the ops `script` was made from, where it is this one's
+        too: each op that changed a call of the same entry, taking var values, reading
+        or writing host bytes as the one before did (what changed then goes with each
+        batch: Batch.values, reads, blobs), so the two write the same program."""
+        origin = script.take_origin()
+        assert origin is not None
+        before, changed = origin
+        sent = before.kept(self)
+        kept = None if sent is None else self._kept.get(sent)
+        if kept is None:
+            return None
+        ops, old_ops = script.ops, before.ops
+        for index in changed:
+            op, old = ops[index], old_ops[index]
+            if not (
+                type(op) is WireOp
+                and type(old) is WireOp
+                and op.entry is old.entry
+                and (op.values is None) == (old.values is None)
+                and (op.into is None) == (old.into is None)
+                and (op.chunks is None) == (old.chunks is None)
+            ):
+                return None
+        script.keep(self, kept.prog_id)
+        return kept
 
 
 class _Writer(OpWalker):
