@@ -478,6 +478,37 @@ def test_a_jit_input_that_two_parts_use_is_one_input_of_their_graph(two_workers:
     assert agt.statistics().plans == plans
 
 
+def test_a_jit_over_ag_and_cpu_devices_cut_into_parts_equals_tinygrad_alone(
+    two_workers: Any,
+) -> None:
+    """Parts on a worker, on this host's CPU:1 and over both: those recorded together go
+    as one graph, each part that touches this host's memory waited for as it replays."""
+    from tinygrad import TinyJit
+    from tinygrad.helpers import Context
+
+    def make(first: str) -> Any:
+        w = Tensor(_data(25, 16, 16), device=first).realize()
+        v = Tensor(_data(26, 16, 16), device="CPU:1").realize()
+
+        @TinyJit
+        def step(x: Tensor) -> Tensor:
+            for _ in range(3):
+                x = (x @ w).relu().realize()
+            x = x.to("CPU:1").realize()
+            for _ in range(3):
+                x = (x @ v - 0.25).relu().realize()
+            return x.to(first).realize()
+
+        return step
+
+    remote, local = make("AG"), make("CPU")
+    with Context(JIT_BATCH_SIZE=2):
+        for seed in range(6):
+            got = remote(Tensor(_data(50 + seed, 4, 16), device="AG")).numpy()
+            want = local(Tensor(_data(50 + seed, 4, 16), device="CPU")).numpy()
+            assert got.tobytes() == want.tobytes(), seed
+
+
 def test_a_data_parallel_jit_over_cpu_and_ag_devices_is_one_graph(two_workers: Any) -> None:
     from tinygrad import TinyJit
 
