@@ -677,6 +677,41 @@ def test_a_symbolic_jit_on_a_worker_plans_once(two_workers: Any) -> None:
     assert sent[2] == sent[-1], sent
 
 
+def test_a_symbolic_jit_cut_into_parts_on_a_worker_plans_once(two_workers: Any) -> None:
+    from tinygrad import TinyJit, Variable
+    from tinygrad.helpers import Context
+
+    vi = Variable("i", 1, 12)
+
+    def make(device: str) -> tuple[Any, Tensor, Tensor]:
+        a = Tensor(_data(62, 3, 12), device=device).realize()
+        b = Tensor(_data(63, 12, 4), device=device).realize()
+
+        @TinyJit
+        def step(x: Tensor, y: Tensor) -> Tensor:
+            h = (x @ y).relu().realize()
+            h = (h * 2).realize()
+            h = (h + 1).realize()
+            return (h * 3).sum(1).realize()  # graphs of 2 and 2 calls
+
+        return step, a, b
+
+    (remote, ra, rb), (local, la, lb) = make("AG"), make("CPU")
+    with Context(JIT_BATCH_SIZE=2):
+        for k in range(3):  # capture
+            n = vi.bind(1 + k)
+            remote(ra[:, :n], rb[:n, :]).numpy()
+            local(la[:, :n], lb[:n, :]).numpy()
+        plans = agt.statistics().plans
+        batches = _stats(two_workers[0]).batches_sent
+        for k in range(24):
+            n = vi.bind(1 + (k * 5) % 12)
+            got = remote(ra[:, :n], rb[:n, :]).numpy()
+            assert got.tobytes() == local(la[:, :n], lb[:n, :]).numpy().tobytes(), k
+    assert agt.statistics().plans == plans  # the two parts' graph serves all 12 sizes
+    assert _stats(two_workers[0]).batches_sent == batches + 2 * 24  # each: one, and the read
+
+
 async def test_graph_from_jit_runs_a_jit_on_workers(two_workers: Any) -> None:
     remote, local = _two_worker_jit({n: n for n in LOCAL}), _two_worker_jit(LOCAL)
     for seed in range(2):
