@@ -131,6 +131,11 @@ class Bound:
             self._scripts = scripts
         return scripts
 
+    @property
+    def made_scripts(self) -> tuple[Script, ...] | None:
+        """Its Scripts if they were made (it was submitted), else None: made from none."""
+        return self._scripts
+
     def __getitem__(self, queue: int) -> tuple[Op, ...]:
         """Queue `queue`'s op list."""
         return self.ops[queue]
@@ -546,7 +551,8 @@ class Program:
             tuple(queue_ops) if changed[qi] else old[qi] for qi, queue_ops in enumerate(ops)
         )
         # Made from kept's Scripts where it has them (a binding that was submitted).
-        made_from = None if kept._scripts is None else (kept._scripts, changed)
+        scripts = kept.made_scripts
+        made_from = None if scripts is None else (scripts, changed)
         return Bound(self, bound_ops, dict(var_vals), inputs, made_from)  # type: ignore[arg-type]
 
     def bind_host(self, op: Op) -> Bound:

@@ -647,22 +647,33 @@ async def test_graph_from_jit_resolves_worker_memory_on_the_runtimes_thread(
     assert elsewhere == []
 
 
+def _symbolic_jit(device: str, seed: int, body: Any) -> tuple[Any, Tensor, Tensor]:
+    """`body` as a TinyJit, and a (3, 12) and a (12, 4) tensor on `device` for it, whose
+    shared dimension the tests cut to a bound Variable's value."""
+    from tinygrad import TinyJit
+
+    a = Tensor(_data(seed, 3, 12), device=device).realize()
+    b = Tensor(_data(seed + 1, 12, 4), device=device).realize()
+    return TinyJit(body), a, b
+
+
+def _relu_sum(x: Tensor, y: Tensor) -> Tensor:
+    return ((x @ y).relu().realize() * 2).sum(1).realize()
+
+
+def _four_kernels(x: Tensor, y: Tensor) -> Tensor:
+    h = (x @ y).relu().realize()
+    h = (h * 2).realize()
+    h = (h + 1).realize()
+    return (h * 3).sum(1).realize()
+
+
 def test_a_symbolic_jit_on_a_worker_plans_once(two_workers: Any) -> None:
-    from tinygrad import TinyJit, Variable
+    from tinygrad import Variable
 
     vi = Variable("i", 1, 12)
-
-    def make(device: str) -> tuple[Any, Tensor, Tensor]:
-        a = Tensor(_data(60, 3, 12), device=device).realize()
-        b = Tensor(_data(61, 12, 4), device=device).realize()
-
-        @TinyJit
-        def step(x: Tensor, y: Tensor) -> Tensor:
-            return ((x @ y).relu().realize() * 2).sum(1).realize()
-
-        return step, a, b
-
-    (remote, ra, rb), (local, la, lb) = make("AG:1"), make("CPU")
+    remote, ra, rb = _symbolic_jit("AG:1", 60, _relu_sum)
+    local, la, lb = _symbolic_jit("CPU", 60, _relu_sum)
     plans = agt.statistics().plans
     a = two_workers[0]
     sent = []
@@ -678,25 +689,13 @@ def test_a_symbolic_jit_on_a_worker_plans_once(two_workers: Any) -> None:
 
 
 def test_a_symbolic_jit_cut_into_parts_on_a_worker_plans_once(two_workers: Any) -> None:
-    from tinygrad import TinyJit, Variable
+    from tinygrad import Variable
     from tinygrad.helpers import Context
 
     vi = Variable("i", 1, 12)
-
-    def make(device: str) -> tuple[Any, Tensor, Tensor]:
-        a = Tensor(_data(62, 3, 12), device=device).realize()
-        b = Tensor(_data(63, 12, 4), device=device).realize()
-
-        @TinyJit
-        def step(x: Tensor, y: Tensor) -> Tensor:
-            h = (x @ y).relu().realize()
-            h = (h * 2).realize()
-            h = (h + 1).realize()
-            return (h * 3).sum(1).realize()  # graphs of 2 and 2 calls
-
-        return step, a, b
-
-    (remote, ra, rb), (local, la, lb) = make("AG"), make("CPU")
+    # Four kernels: graphs of 2 and 2 calls.
+    remote, ra, rb = _symbolic_jit("AG", 62, _four_kernels)
+    local, la, lb = _symbolic_jit("CPU", 62, _four_kernels)
     with Context(JIT_BATCH_SIZE=2):
         for k in range(3):  # capture
             n = vi.bind(1 + k)

@@ -153,12 +153,7 @@ class Batch:
     def graph_for(self, roots: Sequence[Buffer]) -> Any:
         """The plan serving these roots, or None when they need a new one (plan())."""
         graph = self.graph
-        if graph is None:
-            return None
-        for buf, limit in zip(roots, self.limits):
-            if buf.nbytes > limit:
-                return None
-        return graph
+        return graph if graph is not None and _within(roots, self.limits) else None
 
     def hold(self) -> dict[Key, Buffer]:
         """The wrappers of this host's memory the jit holds, by (device, address, nbytes):
@@ -217,13 +212,7 @@ class Batch:
         which of the graph's inputs each root of the chain is), serving these inputs; or
         None when they need one (`chain_part`)."""
         kept = self._chains.get(key)
-        if kept is None:
-            return None
-        graph, limits = kept
-        for buf, limit in zip(inputs, limits):
-            if buf.nbytes > limit:
-                return None
-        return graph
+        return kept[0] if kept is not None and _within(inputs, kept[1]) else None
 
     def keep_chain(self, key: ChainKey, graph: Any, limits: Sequence[int]) -> None:
         """Keep `graph`, planned for `limits` (per input), as the plan of `key`'s chain;
@@ -305,6 +294,11 @@ class Batch:
                 )
             out[var] = value
         return out
+
+
+def _within(bufs: Sequence[Buffer], limits: Sequence[int]) -> bool:
+    """Whether each buffer holds at most its limit: what a plan for those limits serves."""
+    return all(buf.nbytes <= limit for buf, limit in zip(bufs, limits))
 
 
 async def on_runtime_thread(runtime: BackgroundRuntime, fn: Callable[..., T], *args: Any) -> T:
