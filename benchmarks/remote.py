@@ -125,9 +125,11 @@ trio.run(main)
 """
 
 
-async def process_round_trip(n: int = 2000) -> float:
+async def process_round_trip(n: int = 2000) -> tuple[float, dict[str, float | None]]:
     """A bare request/reply between this process and another trio process over loopback
-    TCP: the floor of any replay on a worker, which is in another process."""
+    TCP: the floor of any replay on a worker, which is in another process. Returns us
+    per round trip, and the CPU us each side spends on one (the floor of a replay's
+    CPU: "client", and "server" where /proc tells)."""
     proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline()) if proc.stdout else 0
@@ -137,16 +139,22 @@ async def process_round_trip(n: int = 2000) -> float:
         for _ in range(100):
             await client.send(b"x" * 40)
             await client.recv(64)
+        server0 = process_cpu_s(proc.pid)
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         for _ in range(n):
             await client.send(b"x" * 40)
             await client.recv(64)
         elapsed = time.perf_counter() - t0
+        cpu = {"client": (time.process_time() - cpu0) / n * 1e6, "server": None}
+        server1 = process_cpu_s(proc.pid)
+        if server0 is not None and server1 is not None:
+            cpu["server"] = (server1 - server0) / n * 1e6
         client.close()
     finally:
         proc.kill()
         proc.wait()
-    return elapsed / n * 1e6
+    return elapsed / n * 1e6, cpu
 
 
 def kernels_in_a_loop(nitems: int, rounds: int = 400) -> float:
@@ -497,7 +505,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
         a, b = f"CPU:0@127.0.0.1:{port_a}", f"CPU:0@127.0.0.1:{port_b}"
         a1 = f"CPU:1@127.0.0.1:{port_a}"
         floor = await tcp_round_trip(trips)
-        process_floor = await process_round_trip(trips)
+        process_floor, floor_cpu = await process_round_trip(trips)
         async with ag.open_runtime(["CPU:0", "CPU:1", a, a1, b]) as rt:
             chains = {
                 "two local CPU devices": await chain_step(rt, "CPU:0", "CPU:1", steps),
@@ -518,6 +526,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
     return {
         "tcp_round_trip_us": floor,
         "process_round_trip_us": process_floor,
+        "process_round_trip_cpu_us": floor_cpu,
         "kernels_in_a_loop_us": {
             "1": kernels_in_a_loop(1, loops),
             "100": kernels_in_a_loop(100, loops),
@@ -576,6 +585,13 @@ def report(results: dict[str, Any]) -> None:
     print(f"bare loopback TCP round trip (trio):      {results['tcp_round_trip_us']:7.1f} us")
     process_floor = results["process_round_trip_us"]
     print(f"bare loopback TCP round trip to another trio process: {process_floor:7.1f} us")
+    floor_cpu = results.get("process_round_trip_cpu_us")
+    if floor_cpu is not None:
+        server = floor_cpu["server"]
+        print(
+            f"  CPU per bare round trip: client {floor_cpu['client']:.1f} us, other process "
+            + ("(not known)" if server is None else f"{server:.1f} us")
+        )
     kernels = results["kernels_in_a_loop_us"]
     print(
         f"the kernels alone, called in a loop here: 1: {kernels['1']:.1f} us, "
