@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -63,8 +65,26 @@ class _LoopLock(trio.abc.Instrument):
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.wanted = False
+        self._due: list[Callable[[], None]] = []
+
+    def as_it_waits(self, fn: Callable[[], None]) -> None:
+        """Call `fn` (on the run's thread) once the run next stops to wait for I/O, just
+        before it lets go of `lock`: a result handed to another thread then wakes it as
+        this one goes to sleep, not while this one still has steps to run (it would
+        take the GIL from them at their next system call)."""
+        self._due.append(fn)
+
+    def run_due(self) -> None:
+        due, self._due = self._due, []
+        for fn in due:
+            try:
+                fn()
+            except Exception:  # (a failing instrument is dropped by trio: never raise)
+                _log.exception("handing a result to its caller failed")
 
     def before_io_wait(self, timeout: float) -> None:
+        if self._due:
+            self.run_due()
         self.lock.release()
 
     def after_io_wait(self, timeout: float) -> None:
@@ -207,7 +227,13 @@ class BackgroundRuntime:
         # order they were made; once _finished is set nothing is queued any more.
         self._lock = threading.Lock()
         self._queue: collections.deque[Entry] = collections.deque()
-        self._wake: trio.Event | None = None
+        # The dispatcher's bell: a byte written to `_bell` wakes the dispatcher where it
+        # waits for calls (`_idle`, under _lock: it waits), straight from the run's
+        # I/O wait: no run_sync_soon callback, no task woken in between.
+        self._bell, self._bell_reader = socket.socketpair()
+        self._bell.setblocking(False)
+        self._bell_reader.setblocking(False)
+        self._idle = False
         # Set while the dispatcher runs a call (on the runtime's thread only): no call
         # may start beside it.
         self._busy = False
@@ -233,7 +259,6 @@ class BackgroundRuntime:
                 with trio.CancelScope() as cancel:
                     self._runtime = runtime
                     self._cancel = cancel
-                    self._wake = trio.Event()
                     self._token = trio.lowlevel.current_trio_token()
                     # From here to the end of the run this thread holds the loop lock
                     # whenever it runs anything (see _LoopLock).
@@ -250,6 +275,7 @@ class BackgroundRuntime:
             else:
                 self._crash = error
         finally:
+            self._loop.run_due()  # (the run may end without waiting for I/O again)
             with self._lock:
                 self._finished = True
                 left = list(self._queue)
@@ -257,6 +283,8 @@ class BackgroundRuntime:
             for entry in left:
                 closed = ClosedError(f"{entry.what}: the background runtime closed before it ran")
                 self._fail(entry, closed, report=False)
+            self._bell.close()
+            self._bell_reader.close()
 
     async def _dispatch(self) -> None:
         """Run the submitted calls one after another, in the order they were made."""
@@ -264,12 +292,16 @@ class BackgroundRuntime:
             with self._lock:
                 entry = self._queue.popleft() if self._queue else None
                 closing = self._closing
+                self._idle = entry is None and not closing
             if entry is None:
                 if closing:
                     return
-                assert self._wake is not None
-                await self._wake.wait()
-                self._wake = trio.Event()
+                try:
+                    await trio.lowlevel.wait_readable(self._bell_reader)
+                finally:
+                    with self._lock:
+                        self._idle = False
+                self._drain_bell()
                 continue
             if not entry.future.set_running_or_notify_cancel():
                 continue
@@ -287,7 +319,7 @@ class BackgroundRuntime:
                 if not isinstance(error, Exception):
                     raise
             else:
-                entry.future.set_result(result)
+                self._loop.as_it_waits(functools.partial(entry.future.set_result, result))
             finally:
                 self._busy = False
 
@@ -329,8 +361,8 @@ class BackgroundRuntime:
                 entry.future.set_result(None)
         with self._lock:
             waiting = bool(self._queue) or self._closing
-        if waiting and self._wake is not None:
-            self._wake.set()
+        if waiting:
+            self._wake_dispatcher()
 
     def _take(self, entry: Entry) -> None:
         with self._lock:
@@ -401,11 +433,14 @@ class BackgroundRuntime:
                     f"ag.start_runtime([...])"
                 )
             self._queue.append(entry)
+            ring = start is None and self._idle
+        if start is None:
+            if ring:  # (a busy dispatcher takes it next without one)
+                self._wake_dispatcher()
+            return entry
         assert self._token is not None
         try:
-            self._token.run_sync_soon(
-                self._start_calls if start is not None else self._wake_dispatcher
-            )
+            self._token.run_sync_soon(self._start_calls)
         except trio.RunFinishedError:
             pass  # _main's exit fails what is still queued
         return entry
@@ -491,8 +526,18 @@ class BackgroundRuntime:
         self._loop.lock.release()
 
     def _wake_dispatcher(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        """Ring the dispatcher's bell (from any thread): it looks at the queue again."""
+        try:
+            self._bell.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a bell full of rings wakes it all the same; a closed one, nobody
+
+    def _drain_bell(self) -> None:
+        try:
+            while self._bell_reader.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"
@@ -877,8 +922,8 @@ class BackgroundRuntime:
         with self._lock:
             self._closing = True
         if self._token is not None:
+            self._wake_dispatcher()
             try:
-                self._token.run_sync_soon(self._wake_dispatcher)
                 self._thread.join(timeout)
                 if self._thread.is_alive():
                     _log.warning("close(): calls still running after %ss are cancelled", timeout)

@@ -359,6 +359,40 @@ def test_a_call_used_as_its_result_says_to_wait(brt: ag.BackgroundRuntime) -> No
     compiling.result(timeout=10)
 
 
+def test_calls_made_from_many_threads_at_once_each_run_once_in_their_order(
+    brt: ag.BackgroundRuntime,
+) -> None:
+    # The runtime's thread sleeps between calls and is woken by whoever queues the next:
+    # with threads queueing calls as it falls asleep and as it wakes, none is missed
+    # (a missed one would leave its caller waiting: the timeouts fail it) or run twice.
+    seen: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+
+    async def record(thread: int, index: int) -> None:
+        seen.append((thread, index))
+
+    def caller(thread: int) -> None:
+        try:
+            for index in range(300):
+                call = brt.call(record, thread, index)
+                if index % 3 == 0:
+                    call.result(timeout=10)  # (so the runtime's thread falls idle between)
+        except BaseException as error:  # noqa: BLE001 - failed below
+            errors.append(error)
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    brt.call(record, -1, -1).result(timeout=10)  # runs after every call made before it
+    assert seen[-1] == (-1, -1)
+    assert sorted(seen[:-1]) == [(t, i) for t in range(4) for i in range(300)]
+    for t in range(4):
+        assert [i for u, i in seen if u == t] == list(range(300))
+
+
 def test_graph_calls_start_on_the_runtime_thread_in_the_order_they_were_made(
     brt: ag.BackgroundRuntime,
 ) -> None:
