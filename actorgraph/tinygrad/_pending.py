@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
+import trio
 
 from .._background import BackgroundRuntime
 from .._buffer import Buffer
@@ -370,11 +371,21 @@ class Pending:
         raise the first failure."""
         in_flight, self._in_flight = self._in_flight, []
         failure: BaseException | None = None
+        waited = False
         for entry in in_flight:
             try:
-                await entry.wait()
+                # One done already is finished here: each wait is a pass of the run's
+                # scheduler, and those that end together (a replay and the read after
+                # it, told of in one message) need none each.
+                if entry.done:
+                    entry.finish()
+                else:
+                    waited = True
+                    await entry.wait()
             except Exception as error:  # noqa: BLE001 - raised below, once all are done
                 failure = failure or error
+        if not waited:
+            await trio.lowlevel.checkpoint()
         if failure is not None:
             raise failure
 
