@@ -261,6 +261,56 @@ async def test_a_graph_bound_again_to_inputs_it_had_runs_the_programs_the_worker
         assert conn.statistics().programs_sent == sent
 
 
+async def test_a_graph_bound_to_inputs_it_had_finds_its_programs_without_writing_them(
+    ag_remote_runtime: ag.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph bound anew to an input it had (more inputs in turn than it keeps bindings
+    for) finds the worker's program for it by what changed from the binding before (the
+    calls that name the input), without writing the program again to look it up; each
+    call reads its own input, also once the worker forgot the programs of some."""
+    rt = ag_remote_runtime
+    r0, _ = rt.devices
+    written: list[int] = []  # graph programs written (not the copyouts' one-op programs)
+    entries = remote_programs._Writer.entries
+
+    def counting(self: Any, ops: Any) -> Any:
+        if any(type(getattr(op, "entry", None)).__name__ == "KernelEntry" for op in ops):
+            written.append(len(ops))
+        return entries(self, ops)
+
+    monkeypatch.setattr(remote_programs._Writer, "entries", counting)
+    with trio.fail_after(GUARD):
+        xs = [rt.alloc(r0, 16, np.int32) for _ in range(12)]
+        out, twice = rt.alloc(r0, 16, np.int32), rt.alloc(r0, 16, np.int32)
+        graph = await rt.compile(
+            [ag.Launch(ADD, [out, xs[0], xs[0]]), ag.Launch(ADD, [twice, out, xs[0]])],
+            inputs=[xs[0]],
+        )
+        conn = rt.device(r0).connection
+        for k, x in enumerate(xs):
+            await rt.copyin(x, np.full(16, k, np.int32))
+        for round in range(5):
+            if round == 1:
+                assert len(written) == len(xs)  # one program an input
+                sent = conn.statistics().programs_sent
+            if round == 2:
+                # (Round 1's first call was bound from the last input's binding, where
+                # round 0's first had none: found once by its entries, then by that.)
+                written.clear()
+            if round == 3:
+                assert written == [] and conn.statistics().programs_sent == sent
+                # Programs for new inputs push the others out of a cache of 3.
+                monkeypatch.setattr(remote_programs, "PROGRAM_CACHE", 3)
+                for k in range(len(xs), len(xs) + 4):
+                    xs.append(rt.alloc(r0, 16, np.int32))
+                    await rt.copyin(xs[k], np.full(16, k, np.int32))
+            for k, x in enumerate(xs):
+                await graph([x])
+                np.testing.assert_array_equal(await rt.copyout(twice), np.full(16, 3 * k))
+        # Forgotten by the worker, the programs were written and sent again: still right.
+        assert written and conn.statistics().programs_sent > sent
+
+
 async def test_a_chain_inside_one_worker_reports_only_its_ends(
     ag_remote_runtime: ag.Runtime,
 ) -> None:

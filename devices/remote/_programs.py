@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 EARLY_PULL_BYTES = 1 << 20  # larger copies from a worker are asked for when they run
 EARLY_BYTES = 64 << 20  # staging a connection holds at most for copies asked for ahead
 PROGRAM_CACHE = 256  # programs a worker keeps for a connection
+# Programs found by what they were derived from (Programs._derived), remembered at most.
+DERIVED_KEPT = 4 * PROGRAM_CACHE
 
 
 class RemoteSignal(Signal):
@@ -187,13 +189,19 @@ class Programs:
     written from (a graph's) or by another written as the same entries (a graph bound
     again to inputs it had before, or to any var values, eager work or a copy of the
     same buffers again: a host read's bytes go to the read each batch names, a host
-    write's come in the blobs it names, a call's var values come with each batch). Its Script keeps the id its ops were last sent under
-    (`keep`), which names a kept program as long as this cache holds one under it."""
+    write's come in the blobs it names, a call's var values come with each batch). Its
+    Script keeps the id its ops were last sent under (`keep`), which names a kept
+    program as long as this cache holds one under it; a Script made from another by
+    changing some ops finds the program through that one's (`_kept_for_origin`), without
+    writing its entries."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._kept: collections.OrderedDict[int, KeptProgram] = collections.OrderedDict()
         self._by_content: dict[bytes, int] = {}  # a kept program's entries -> its id
+        # (a kept program's id, the entries that replace some of its ops', by index) ->
+        # the id of the program written as the result: see _kept_for_origin.
+        self._derived: dict[tuple[int, tuple[tuple[int, bytes], ...]], int] = {}
         self.sent = 0  # Progs sent
 
     def __len__(self) -> int:
@@ -205,8 +213,9 @@ class Programs:
         script = job.script
         sent: int | None = script.kept(self)  # the id its ops were last sent under
         kept = None if sent is None else self._kept.get(sent)
+        derived = None
         if kept is None and script.origin is not None:
-            kept = self._kept_for_origin(script)
+            kept, derived = self._kept_for_origin(script)
         if kept is not None:
             self._kept.move_to_end(kept.prog_id)
             return kept
@@ -219,6 +228,7 @@ class Programs:
         if found is not None:
             self._kept.move_to_end(found)
             script.keep(self, found)
+            self._derive(derived, found)
             return self._kept[found]
         prog_id = conn.new_id()
         program = KeptProgram(
@@ -241,34 +251,66 @@ class Programs:
             del self._by_content[forgotten.content]
             parts.append(encode(Forget(forgotten.prog_id)))
         script.keep(self, prog_id)
+        self._derive(derived, prog_id)
         return program
 
-    def _kept_for_origin(self, script: Script) -> KeptProgram | None:
-        """The kept program of the ops `script` was made from, where it is this one's
-        too: each op that changed a call of the same entry, taking var values, reading
-        or writing host bytes as the one before did (what changed then goes with each
-        batch: Batch.values, reads, blobs), so the two write the same program."""
+    def _kept_for_origin(
+        self, script: Script
+    ) -> tuple[KeptProgram | None, tuple[int, tuple[tuple[int, bytes], ...]] | None]:
+        """The kept program for `script`, found through the ops it was made from: theirs
+        where each op that changed is a call of the same entry, taking var values,
+        reading or writing host bytes as the one before did (what changed then goes with
+        each batch: Batch.values, reads, blobs), so the two write the same program; else
+        the one written before for the same entries in the changed places of that one's
+        (a graph bound to new inputs: their calls name other buffers), found by them
+        (`_derived`). None if there is none, with the key to remember the program
+        written then under (None where the ops it was made from have no kept program,
+        or an op changed its kind)."""
         origin = script.take_origin()
         assert origin is not None
         before, changed = origin
         sent = before.kept(self)
         kept = None if sent is None else self._kept.get(sent)
         if kept is None:
-            return None
+            return None, None
         ops, old_ops = script.ops, before.ops
+        same = True
+        entries = []
         for index in changed:
             op, old = ops[index], old_ops[index]
             if not (
                 type(op) is WireOp
                 and type(old) is WireOp
-                and op.entry is old.entry
                 and (op.values is None) == (old.values is None)
                 and (op.into is None) == (old.into is None)
                 and (op.chunks is None) == (old.chunks is None)
             ):
-                return None
-        script.keep(self, kept.prog_id)
-        return kept
+                return None, None
+            same = same and op.entry is old.entry
+            entries.append((index, op.entry))
+        if same:
+            script.keep(self, kept.prog_id)
+            return kept, None
+        # A program's entries follow from its ops' alone, each in its place: the program
+        # of these ops is that of `kept`'s with these entries in these places.
+        key = (kept.prog_id, tuple((index, pack(as_meta(entry))) for index, entry in entries))
+        found = self._derived.get(key)
+        program = None if found is None else self._kept.get(found)
+        if program is None:
+            return None, key
+        script.keep(self, program.prog_id)
+        return program, None
+
+    def _derive(self, key: tuple[int, tuple[tuple[int, bytes], ...]] | None, prog_id: int) -> None:
+        """Remember program `prog_id` as the one derived as `key` says (see
+        _kept_for_origin); the oldest such go past DERIVED_KEPT. (An id names one
+        program only: a key whose program was forgotten finds nothing.)"""
+        if key is None:
+            return
+        derived = self._derived
+        if len(derived) >= DERIVED_KEPT:
+            del derived[next(iter(derived))]
+        derived[key] = prog_id
 
 
 class _Writer(OpWalker):
