@@ -183,23 +183,37 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 async def per_replay(
-    rt: ag.Runtime, device: str, nitems: int, n: int, worker_pid: int | None = None
+    rt: ag.Runtime,
+    device: str,
+    nitems: int,
+    n: int,
+    worker_pid: int | None = None,
+    new_inputs: int = 0,
 ) -> dict[str, float | None]:
     """us per replay (best and median of 5 rounds of `n`), and CPU us per replay on the
-    client and, where /proc tells, on the worker (`worker_pid`)."""
+    client and, where /proc tells, on the worker (`worker_pid`). With `new_inputs`, the
+    graph's buffer is its input, and each call passes the next of that many buffers in
+    turn (more than a graph keeps bindings for: each call binds anew, as a stream of
+    new inputs does)."""
     x = rt.alloc(device, 256, np.int32)
-    graph = await rt.compile([ag.Launch(INC, [x, x]) for _ in range(nitems)])
+    graph = await rt.compile(
+        [ag.Launch(INC, [x, x]) for _ in range(nitems)], inputs=[x] if new_inputs else ()
+    )
+    # The arguments of each call in turn: none, or the next input.
+    given: list[tuple[Any, ...]] = [
+        ([rt.alloc(device, 256, np.int32)],) for _ in range(new_inputs)
+    ] or [()]
     conn = rt.device(device).connection
-    for _ in range(20):
-        await graph()
+    for k in range(20):
+        await graph(*given[k % len(given)])
     samples = []
     sent0, recv0 = conn.batches_sent, conn.frames_received
     cpu0 = time.process_time()
     worker0 = None if worker_pid is None else process_cpu_s(worker_pid)
     for _ in range(5):
         t0 = time.perf_counter()
-        for _ in range(n):
-            await graph()
+        for k in range(n):
+            await graph(*given[k % len(given)])
         samples.append((time.perf_counter() - t0) / n * 1e6)
     replays = 5 * n
     worker1 = None if worker_pid is None else process_cpu_s(worker_pid)
@@ -515,6 +529,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
             }
             r100 = await per_replay(rt, a, 100, replays, wa.pid)
             r1 = await per_replay(rt, a, 1, replays, wa.pid)
+            r1_new = await per_replay(rt, a, 1, replays, wa.pid, new_inputs=100)
             small = await small_copies(rt, a, replays)
             bw = await bandwidth(rt, a, b, nbytes, reps=2 if quick else 8)
         isolation = await replay_beside_a_slow_kernel(a, n=replays // 2 if quick else 200)
@@ -536,6 +551,7 @@ async def main(quick: bool = False) -> dict[str, Any]:
         "ray_compiled_graphs": "skipped with --quick" if quick else ray_chain(),
         "replay_100_items": r100,
         "replay_1_item": r1,
+        "replay_1_item_new_inputs": r1_new,
         "small_copies": small,
         "bandwidth_bytes": nbytes,
         "bandwidth_GBps_64MiB": bw,
@@ -602,6 +618,12 @@ def report(results: dict[str, Any]) -> None:
         f"{process_floor + kernels['1']:.1f} us, 100-item {process_floor + kernels['100']:.1f} us"
     )
     print(f"replay, 1-item graph on one worker:       {r1['us_per_replay']:7.1f} us")
+    r1_new = results.get("replay_1_item_new_inputs")
+    if r1_new is not None:
+        print(
+            f"  with a new input every call (100 in turn): {r1_new['us_per_replay']:7.1f} us "
+            f"(client CPU {r1_new['client_cpu_us_per_replay']:.1f} us)"
+        )
     print(
         f"replay, 100-item graph on one worker:     {r100['us_per_replay']:7.1f} us "
         f"(median {r100['us_per_replay_median']:.1f}; {r100['batches_per_replay']:.0f} batch "
