@@ -358,20 +358,16 @@ def _input_device(model: Model) -> str:
     return model.devices[0] if len(model.devices) == 1 else "CPU"
 
 
-def _per_call(jit: Any, inputs: Sequence[Tensor], model: Model) -> float:
-    """A round of calls, each reading its output (what a caller of a model does)."""
+def _per_call(
+    jit: Any, inputs: Sequence[Tensor], model: Model, calls: range | None = None
+) -> float:
+    """Calls `calls` (a round: the model's first `model.calls`), each on the round's
+    input of its turn and reading its output (what a caller of a model does)."""
+    calls = range(model.calls) if calls is None else calls
     start = time.perf_counter()
-    for k in range(model.calls):
-        jit(inputs[k], *model.more(k)).numpy()
-    return (time.perf_counter() - start) / model.calls
-
-
-def _past_rounds(jit: Any, inputs: Sequence[Tensor], model: Model) -> float:
-    """Calls at the positions past a round's (each once), each reading its output."""
-    start = time.perf_counter()
-    for k in range(model.calls, model.positions):
+    for k in calls:
         jit(inputs[k % model.calls], *model.more(k)).numpy()
-    return (time.perf_counter() - start) / (model.positions - model.calls)
+    return (time.perf_counter() - start) / len(calls)
 
 
 def _round_trips(names: Sequence[str], count: int = 20) -> float:
@@ -416,9 +412,10 @@ def measure_ag(
         if remote.positions > remote.calls:
             # The rest of a generation: each call at a position no round had (on the
             # rounds' inputs, which the rounds brought to the workers).
+            past = range(remote.calls, remote.positions)
             generation = {
-                "tinygrad": _past_rounds(own, local_inputs, local) * 1e6,
-                "ag": _past_rounds(ours, inputs, remote) * 1e6,
+                "tinygrad": _per_call(own, local_inputs, local, past) * 1e6,
+                "ag": _per_call(ours, inputs, remote, past) * 1e6,
                 "calls": remote.positions - remote.calls,
             }
         used = [agt.statistics().remote[i] for i in range(len(remote.devices))]

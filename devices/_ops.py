@@ -538,10 +538,11 @@ class Script:
     - what a queue that runs them made of them for itself (`kept`: a CUDA queue's
       graph, a connection's program on a worker), found again by whoever holds them;
     - `origin`: the Script these ops were made from by changing some of them (a graph
-      bound again to new var values), with the indices of the ops that changed, or
-      None: an owner whose kept form of that one does not depend on what changed (a
-      connection's program, where only the var values a batch sends did) takes it as
-      is (`take_origin`).
+      bound again to new var values or inputs), with the indices of the ops that
+      changed, or None: an owner finds its kept form of these ops through that one's
+      (`take_origin`): as it is where it does not depend on what changed (a
+      connection's program, where only the var values a batch sends did), else the one
+      it made before for the same change (a connection's program for an input it had).
 
     Invariants: `ops` never changes; `runs` has an entry at every index where a run
     starts (index 0 or after an op of another code), which is every index where a job
