@@ -111,7 +111,9 @@ def step(job: Job, at: int, name: str, end: int = -1) -> int:
 def _quick_now(job: Job, op: RunOp, quick: Quick, at: int, name: str) -> bool:
     """Try `op`, op `at`, an AWAIT op whose function is `quick`, at once: whether it is
     done (a raise fails the submission, as if awaited, and the op is done). Timed into
-    the job's observer when it is done here (else its driver times it as it awaits it)."""
+    the job's observer when it is done here (else its driver times it as it awaits it).
+    The job is at the op meanwhile (`job.at`), as when its actor awaits one."""
+    job.at = at
     observer = job.observer
     start = 0.0 if observer is None else observer.clock()
     try:

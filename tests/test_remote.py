@@ -1055,14 +1055,13 @@ async def test_a_copy_from_a_worker_written_by_both_its_queues_is_read_when_it_r
     # alone says x is ready: it is not asked for ahead on one of them. y, written by the
     # kernel only, is.
     ahead: list[int] = []
-    pulls_after_waits = remote_programs.pulls_after_waits
 
-    def spy(conn: Any, ops: Any) -> Any:
-        found = pulls_after_waits(conn, ops)
-        ahead.extend(int(ref[0]) for ref, *_ in found)
-        return found
+    class Spy(remote_programs.LocalPlan):
+        def __init__(self, conn: Any, ops: Any) -> None:
+            super().__init__(conn, ops)
+            ahead.extend(int(ref[0]) for ref, *_ in self.pulls)
 
-    monkeypatch.setattr(remote_programs, "pulls_after_waits", spy)
+    monkeypatch.setattr(remote_programs, "LocalPlan", Spy)
     a_worker, _ = workers
     ra, ra1 = a_worker.name("CPU:0"), a_worker.name("CPU:1")
     with trio.fail_after(GUARD):
@@ -1166,6 +1165,37 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
                 await graph()
                 assert reads_on_demand == []
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 8)
+
+
+async def test_a_job_asks_for_its_copies_ahead_once_whatever_follows_them(
+    workers: tuple[Worker, Worker],
+) -> None:
+    # The local copy queue's job pushes, pulls (asked for ahead), then pushes again: the
+    # last push must not ask for the pulled bytes a second time. Asked again, they would
+    # come to staging nobody takes, kept with the job for as long as the connection
+    # lives, and count against the bytes a connection asks for ahead until it asks for
+    # none. Every replay ends with nothing kept.
+    name = workers[0].name("CPU:0")
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", name], verify_plans=True) as rt:
+            here, there = rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)
+            graph = await rt.compile(
+                [
+                    ag.Launch(INC, [here, here]),
+                    ag.Copy(dst=there, src=here),
+                    ag.Launch(INC, [there, there]),
+                    ag.Copy(dst=here, src=there),
+                    ag.Launch(INC, [here, here]),
+                    ag.Copy(dst=there, src=here),
+                ]
+            )
+            ahead = rt.device(name).connection.ahead
+            start_value = np.arange(64, dtype=np.int32)
+            await rt.copyin(here, start_value)
+            for n in range(1, 6):
+                await graph()
+                assert (ahead.bytes, ahead.jobs) == (0, 0)
+                np.testing.assert_array_equal(await rt.copyout(there), start_value + 3 * n)
 
 
 async def test_a_local_item_failing_before_a_push_lets_the_worker_go_on(

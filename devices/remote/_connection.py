@@ -21,11 +21,11 @@ import numpy as np
 import trio
 
 from .._device import DeviceError
-from .._ops import Job, WireOp
+from .._ops import Job, Quick, WireOp
 from .._signal import Signal
 from ._clock import PINGS, ClockSample, PeerClock
 from ._programs import KeptProgram, Mirrors, Programs, PullsAhead, queue_of
-from ._transport import Handler, Posted, RemoteConnectionError, RemoteError, Transport
+from ._transport import Handler, Posted, Read, RemoteConnectionError, RemoteError, Transport
 from .frames import Frame, encode
 from .machine import MachineCode, WorkerCPU, refusal
 from .wire import (
@@ -169,7 +169,13 @@ class Connection:
         # ping id -> (when it left, set when its Pong came or the connection was lost).
         self.clock = PeerClock()
         self._pings: dict[int, tuple[float, trio.Event]] = {}
-        self._eager = 0  # transfers in a row that needed no wait: see push
+        self._eager = 0  # transfers in a row that needed no wait: see `_in_a_row`
+        # The AWAIT ops of transfers between a client-local queue and this worker, and
+        # what they left to their later form, by job (one transfer of a job at a time).
+        self.push = Quick(self._push_now, self._push_later)
+        self.pull = Quick(self._pull_now, self._pull_later)
+        self._pushing: dict[Job, Frame] = {}
+        self._pulling: dict[Job, tuple[Read, bytearray]] = {}
         # Programs shipped to the worker on this connection: content hash -> code id.
         self._codes: dict[bytes, int] = {}
         self.code_bytes = 0  # their bytes
@@ -358,15 +364,22 @@ class Connection:
         return code_id
 
     # -- AWAIT ops of client-local queues: transfers between the client and the worker --
+    #
+    # Each is a `Quick` op: tried at once wherever its job runs (its actor's task, the
+    # task that submitted it, or the one that met the wait it was held on), so a step
+    # of a chain between this host and a worker needs no task of its own here; what
+    # cannot finish at once is awaited by the job's actor (`_push_later`, `_pull_later`).
 
-    async def push(self, job: Job, src: np.ndarray[Any, Any], ref: Ref) -> None:
+    def _push_now(self, job: Job, src: np.ndarray[Any, Any], ref: Ref) -> bool:
+        """Send the bytes (with the signal right after the push, if the worker waits on
+        it): done (True) once they left from this task; else (False) the frame is queued
+        and `_push_later` waits for it to leave."""
         self.ahead.arm(job)
         if job.submission.error is not None:
-            return
+            return True
         transport = self.transport
         transport.check()
         data = flat_bytes(src)
-        sent = trio.Event()
         parts: list[bytes | memoryview] = []
         for off in range(0, len(data), self.chunk):
             chunk = data[off : off + self.chunk]
@@ -374,23 +387,36 @@ class Connection:
         if not parts:
             parts = [encode(Put(ref, 0))]
         self._announce_signal_after(job, parts)
+        sent = trio.Event()
         frame = Frame(parts, sent, writes=True)
         transport.queue_now(frame)
         if sent.is_set():
-            # Sent from this task at once: no trip through the scheduler (a wake-up per
-            # step of a chain between the client and a worker), but a checkpoint now and
-            # then, so a long run of pushes lets other tasks in.
-            await self._eager_checkpoint()
-        else:
+            if frame.error is not None:
+                raise frame.error
+            if self._in_a_row():
+                return True
+        self._pushing[job] = frame
+        return False
+
+    async def _push_later(self, job: Job, src: np.ndarray[Any, Any], ref: Ref) -> None:
+        frame = self._pushing.pop(job)
+        sent = frame.sent
+        assert sent is not None
+        if not sent.is_set():
             await sent.wait()
+        else:
+            await trio.lowlevel.checkpoint()  # one of a long run done at once
         if frame.error is not None:
             raise frame.error
 
-    async def _eager_checkpoint(self) -> None:
+    def _in_a_row(self) -> bool:
+        """A transfer was done at once: whether the job may go on without a checkpoint
+        (a long run of them lets other tasks in now and then)."""
         self._eager += 1
-        if self._eager >= _EAGER_MAX:
-            self._eager = 0
-            await trio.lowlevel.checkpoint()
+        if self._eager < _EAGER_MAX:
+            return True
+        self._eager = 0
+        return False
 
     def _announce_signal_after(self, job: Job, parts: list[Any]) -> None:
         """A push followed at once by its queue's signal: send that signal's new value to
@@ -413,32 +439,43 @@ class Connection:
         if self.mirrors.due(ext_id, value):
             parts.append(encode(Ext([(ext_id, value)])))
 
-    async def pull(self, job: Job, dst: np.ndarray[Any, Any], ref: Ref) -> None:
+    def _pull_now(self, job: Job, dst: np.ndarray[Any, Any], ref: Ref) -> bool:
+        """Take bytes asked for ahead that have landed (True); else (False) leave the
+        copy to `_pull_later`, which waits for them or asks for them now."""
         self.ahead.arm(job)
         early = self.ahead.take(job, job.at)
         if job.submission.error is not None:
-            return
-        transport = self.transport
-        transport.check()
-        if early is not None:
-            # Asked for when the job began: sent by the worker with the signal this copy
-            # waited for, into staging (the destination may have been in use till now).
-            read, staging = early
-            if not read.done.is_set():
-                await read.done.wait()
-            else:
-                # The bytes came with the signal this copy waited for (the usual case):
-                # no trip through the scheduler, as for a push sent at once.
-                await self._eager_checkpoint()
+            return True
+        self.transport.check()
+        if early is None:
+            return False
+        # Asked for when the job began: sent by the worker with the signal this copy
+        # waited for, into staging (the destination may have been in use till now).
+        read, staging = early
+        if read.done.is_set() and self._in_a_row():
             if read.error is not None:
                 raise read.error
             flat_bytes(dst)[:] = staging
-            return
-        read_id, read = transport.expect_read(flat_bytes(dst))
-        transport.queue_now(Frame([encode(Get(read_id, ref))]))
-        await read.done.wait()
+            return True
+        self._pulling[job] = early
+        return False
+
+    async def _pull_later(self, job: Job, dst: np.ndarray[Any, Any], ref: Ref) -> None:
+        early = self._pulling.pop(job, None)
+        if early is None:
+            read_id, read = self.transport.expect_read(flat_bytes(dst))
+            self.transport.queue_now(Frame([encode(Get(read_id, ref))]))
+            await read.done.wait()
+        else:
+            read, staging = early
+            if read.done.is_set():
+                await trio.lowlevel.checkpoint()  # one of a long run done at once
+            else:
+                await read.done.wait()
         if read.error is not None:
             raise read.error
+        if early is not None:
+            flat_bytes(dst)[:] = early[1]
 
     async def told_when(self, queue: str, value: int) -> None:
         """Return once this worker's queue `queue` (DEVICE or DEVICE/copy) reaches

@@ -421,15 +421,17 @@ def _with_source_wait(entry: PullEntry, waits: dict[Signal, tuple[int, int, int]
 
 class LocalPlan:
     """What a connection makes of a client-local queue's op list: the copies from its
-    worker that follow a wait on one of its queues (asked for ahead), and the signal
-    right after each push (sent with the push's bytes)."""
+    worker that follow a wait on one of its queues (asked for ahead), the signal right
+    after each push (sent with the push's bytes), and the index of its first transfer
+    with the worker (where a job asks for those copies' bytes, once)."""
 
-    __slots__ = ("pulls", "signal_after")
+    __slots__ = ("first", "pulls", "signal_after")
 
     def __init__(self, connection: Connection, ops: Sequence[Op]) -> None:
-        self.pulls = pulls_after_waits(connection, ops)
-        # op index of a push -> the signal right after it
-        self.signal_after = _LocalReader(connection).read(ops).signal_after
+        reader = _LocalReader(connection).read(ops)
+        self.pulls = reader.pulls
+        self.signal_after = reader.signal_after  # op index of a push -> the signal after it
+        self.first = reader.first
 
 
 # A copy from the worker asked for ahead: (buffer ref, bytes, the wait it follows, the
@@ -456,6 +458,7 @@ class _LocalReader(OpWalker):
         self.signal_after: dict[int, SignalOp] = {}
         self.waits: list[WaitOp] = []  # those right before the op walked now
         self.push = -1  # the index of the op before this one if it is a push, else -1
+        self.first = -1  # the index of the first transfer with the worker
 
     def read(self, ops: Sequence[Op]) -> _LocalReader:
         self.walk(ops)
@@ -474,9 +477,13 @@ class _LocalReader(OpWalker):
 
     def work(self, op: WorkOp, index: int) -> bool:
         connection = self.connection
-        if op.code == AWAIT and op.fn == connection.pull:
+        pull = op.code == AWAIT and op.fn is connection.pull
+        push = op.code == AWAIT and op.fn is connection.push
+        if pull:
             self._pull(op, index)
-        self.push = index if op.code == AWAIT and op.fn == connection.push else -1
+        if (pull or push) and self.first < 0:
+            self.first = index
+        self.push = index if push else -1
         self.waits = []
         return True
 
@@ -519,16 +526,17 @@ class PullsAhead:
         """At a client-local job's first transfer with this worker: ask the worker for
         the bytes of each later copy from it that follows a wait on its queue (GetWhen),
         so it sends them with the report of that signal instead of when asked after it.
-        A copy from a worker then costs one message, not a report and a round trip."""
-        pulls = self.plan(job.script).pulls
-        if not pulls or job in self._early:
+        A copy from a worker then costs one message, not a report and a round trip.
+        (Asked once per job: at its first transfer, op `first` of its plan.)"""
+        plan = self.plan(job.script)
+        if not plan.pulls or job.at != plan.first:
             return
         transport = self._connection.transport
         if not transport.connected:
             return
         parts: list[bytes | memoryview] = []
         early: dict[int, tuple[Read, bytearray]] = {}
-        for ref, nbytes, wait, queue, index in pulls:
+        for ref, nbytes, wait, queue, index in plan.pulls:
             if self.bytes + nbytes > EARLY_BYTES:
                 break  # the rest are read when they run
             staging = bytearray(nbytes)
@@ -551,6 +559,11 @@ class PullsAhead:
         if got is not None:
             self.bytes -= len(got[1])
         return got
+
+    @property
+    def jobs(self) -> int:
+        """How many jobs have copies asked for ahead and not yet run."""
+        return len(self._early)
 
     def clear(self) -> None:
         self._early.clear()
