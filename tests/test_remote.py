@@ -24,7 +24,7 @@ from actorgraph.devices import Op
 from actorgraph.devices.remote import _connection as remote_connection
 from actorgraph.devices.remote import _programs as remote_programs
 from actorgraph.devices.remote.frames import FrameStream, encode
-from actorgraph.devices.remote.wire import Batch, Get, Limits, as_meta
+from actorgraph.devices.remote.wire import Batch, Get, Limits, Put, as_meta
 from actorgraph.scheduler import QueueId, QueueKind
 from hypothesis import given
 from hypothesis import strategies as st
@@ -1168,14 +1168,24 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
 
 
 async def test_a_job_asks_for_its_copies_ahead_once_whatever_follows_them(
-    workers: tuple[Worker, Worker],
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The local copy queue's job pushes, pulls (asked for ahead), then pushes again: the
     # last push must not ask for the pulled bytes a second time. Asked again, they would
     # come to staging nobody takes, kept with the job for as long as the connection
     # lives, and count against the bytes a connection asks for ahead until it asks for
-    # none. Every replay ends with nothing kept.
+    # none. Every replay ends with nothing kept, also where a transfer is tried twice
+    # (one of a long run done at once is left to its actor, which tries it again): and
+    # each transfer goes once, its bytes asked for ahead, none read as it runs.
     name = workers[0].name("CPU:0")
+    sent: list[str] = []
+    encode_frame = remote_connection.encode
+
+    def counted(message: Any, tail_len: int = 0) -> bytes:
+        sent.append(type(message).__name__)
+        return encode_frame(message, tail_len)
+
+    monkeypatch.setattr(remote_connection, "encode", counted)
     with trio.fail_after(GUARD):
         async with runtime(["CPU:0", name], verify_plans=True) as rt:
             here, there = rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)
@@ -1192,10 +1202,62 @@ async def test_a_job_asks_for_its_copies_ahead_once_whatever_follows_them(
             ahead = rt.device(name).connection.ahead
             start_value = np.arange(64, dtype=np.int32)
             await rt.copyin(here, start_value)
-            for n in range(1, 6):
+            for n in range(1, 2 * remote_connection._EAGER_MAX // 3 + 2):
+                del sent[:]
                 await graph()
                 assert (ahead.bytes, ahead.jobs) == (0, 0)
+                assert (sent.count("Put"), sent.count("Get")) == (2, 0)
                 np.testing.assert_array_equal(await rt.copyout(there), start_value + 3 * n)
+
+
+async def test_a_long_run_of_copies_to_a_worker_lets_other_tasks_run(
+    workers: tuple[Worker, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 200 copies to a worker in a row on one local queue, each sent at once: another
+    # task still runs between every _EAGER_MAX of them. (It looks between its own
+    # steps, and trio runs the tasks of one pass in a random order: two runs of
+    # _EAGER_MAX may fall between two of its looks.)
+    name = workers[0].name("CPU:0")
+    puts: list[int] = []
+    encode_frame = remote_connection.encode
+
+    def counted(message: Any, tail_len: int = 0) -> bytes:
+        if type(message) is Put:
+            puts.append(1)
+        return encode_frame(message, tail_len)
+
+    monkeypatch.setattr(remote_connection, "encode", counted)
+    with trio.fail_after(GUARD):
+        async with runtime(["CPU:0", name]) as rt:
+            here = rt.alloc("CPU:0", 200, np.int32)
+            there = rt.alloc(name, 200, np.int32)
+            graph = await rt.compile(
+                [
+                    ag.Copy(dst=there.view(offset=i, size=1), src=here.view(offset=i, size=1))
+                    for i in range(200)
+                ]
+            )
+            await graph()
+            seen: list[int] = []
+            done = False
+
+            async def other_task() -> None:
+                while not done:
+                    seen.append(len(puts))
+                    await trio.lowlevel.checkpoint()
+
+            await rt.copyin(here, np.arange(200, dtype=np.int32))
+            del puts[:]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other_task)
+                while not seen:
+                    await trio.lowlevel.checkpoint()
+                await graph()
+                done = True
+            seen.append(len(puts))
+            runs = [b - a for a, b in zip(seen, seen[1:])]
+            assert sum(runs) == 200 and max(runs) <= 2 * remote_connection._EAGER_MAX
+            np.testing.assert_array_equal(await rt.copyout(there), np.arange(200))
 
 
 async def test_a_local_item_failing_before_a_push_lets_the_worker_go_on(

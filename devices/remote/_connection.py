@@ -170,6 +170,7 @@ class Connection:
         self.clock = PeerClock()
         self._pings: dict[int, tuple[float, trio.Event]] = {}
         self._eager = 0  # transfers in a row that needed no wait: see `_in_a_row`
+        self._eager_waits = 0  # the reader's waits when that run began
         # The AWAIT ops of transfers between a client-local queue and this worker, and
         # what they left to their later form, by job (one transfer of a job at a time).
         self.push = Quick(self._push_now, self._push_later)
@@ -373,7 +374,10 @@ class Connection:
     def _push_now(self, job: Job, src: np.ndarray[Any, Any], ref: Ref) -> bool:
         """Send the bytes (with the signal right after the push, if the worker waits on
         it): done (True) once they left from this task; else (False) the frame is queued
-        and `_push_later` waits for it to leave."""
+        and `_push_later` waits for it to leave (a driver that tries it again before
+        that, as a job's actor does when it takes the job over, finds it queued)."""
+        if job in self._pushing:
+            return False
         self.ahead.arm(job)
         if job.submission.error is not None:
             return True
@@ -411,7 +415,13 @@ class Connection:
 
     def _in_a_row(self) -> bool:
         """A transfer was done at once: whether the job may go on without a checkpoint
-        (a long run of them lets other tasks in now and then)."""
+        (a long run of them lets other tasks in now and then). A run ends where the
+        connection's reader waited for the worker (other tasks ran then): a chain's
+        steps, each run on as its report lands, never need one."""
+        waits = self.transport.read_waits
+        if waits != self._eager_waits:
+            self._eager_waits = waits
+            self._eager = 0
         self._eager += 1
         if self._eager < _EAGER_MAX:
             return True
@@ -442,6 +452,8 @@ class Connection:
     def _pull_now(self, job: Job, dst: np.ndarray[Any, Any], ref: Ref) -> bool:
         """Take bytes asked for ahead that have landed (True); else (False) leave the
         copy to `_pull_later`, which waits for them or asks for them now."""
+        if job in self._pulling:
+            return False  # tried before: its bytes are on their way
         self.ahead.arm(job)
         early = self.ahead.take(job, job.at)
         if job.submission.error is not None:

@@ -206,6 +206,8 @@ class Transport:
         self.ends_read_by_callers = 0  # submissions whose caller read their end itself
         self.frames_received = 0
         self.sends = 0  # sends on the socket: the messages this client sent the worker
+        # Waits for the worker's bytes, by whoever read them: each let other tasks run.
+        self.read_waits = 0
         # Bytes of the frames taken to send since the handshake, in order (the worker
         # counts the same of what it has taken), and where the last frame that writes
         # (Frame.writes) ends in them: what a Fence for this worker names.
@@ -564,6 +566,7 @@ class Transport:
                             await self._received(*frame)
                         else:
                             self._loop_state = _WAITING
+                            self.read_waits += 1
                             await stream.wait_more()
                 self._loop_scope = None
         except _LOST as exc:
@@ -632,6 +635,7 @@ class Transport:
                 elif stream.has_tail:
                     break  # bytes for a read: the reader task takes them
                 else:
+                    self.read_waits += 1
                     await stream.wait_more()
         except _LOST as exc:
             self.lose(exc)
