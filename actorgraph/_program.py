@@ -281,6 +281,11 @@ class Program:
         ]
         # Every queue's actor runs jobs as QueueActor does: a submission may run inline.
         self.runs_inline = all(actor.runs_inline for actor in self.actors)
+        # The queues whose jobs may run inline, and the rest (a worker's, a GPU stream's):
+        # with the others posted, those may run here while their actors are idle.
+        self._here = [qi for qi, actor in enumerate(self.actors) if actor.runs_inline]
+        self._here_actors = [self.actors[qi] for qi in self._here]
+        self._elsewhere = [qi for qi, actor in enumerate(self.actors) if not actor.runs_inline]
         # Actors that hold what is posted until told the submission is whole (REMOTE).
         self._flushes = [a.flush for a in self.actors if a.flushes]
         # Where every queue's jobs go to one connection, the caller of a replay may read
@@ -571,6 +576,8 @@ class Program:
         When every queue's actor is idle, the jobs run here instead, in the caller's task
         (devices.run_inline): a replay of inline items on idle queues then costs no task
         switch at all, and what cannot run here goes to its actor as if posted. With
+        queues that run no job inline (a worker's, a GPU stream's), theirs are posted
+        first, and the rest run here while their actors are idle. With
         `profiles` (one per queue), each job carries its observer. `then(sub)` is called
         once the submission is done (at once if it ran to its end here). (A caller that can
         run the binding here tries that first: `_graph.run_here`.)
@@ -585,12 +592,25 @@ class Program:
         sub = Submission(nqueues, self.timelines, tickets, self.queue_devices, self.device_jobs)
         copy_bytes = self.copy_bytes
         scripts = bound.scripts
-        if profiles is None and self.runs_inline and all(actor.idle for actor in actors):
+        if profiles is None and self._here and all(a.idle for a in self._here_actors):
             jobs = [Job(scripts[qi], bases, sub, qi, None, copy_bytes[qi]) for qi in range(nqueues)]
-            runtime.kick.set(kick)
-            run_inline(actors, jobs)
-            # Nothing ran in between: a submission done here was never in flight.
-            self._track(sub)
+            if self.runs_inline:
+                runtime.kick.set(kick)
+                run_inline(actors, jobs)
+                # Nothing ran in between: a submission done here was never in flight.
+                self._track(sub)
+            else:
+                # The other queues' jobs go first (a worker's as one batch), then these
+                # run here: a job waiting on a worker's queue or one of these is held
+                # there, and runs on in the task that moves it (the one that takes the
+                # worker's report), as a worker runs its own (devices/_inline.py).
+                self._track(sub)
+                for qi in self._elsewhere:
+                    actors[qi].post(jobs[qi])
+                runtime.kick.set(kick)
+                for flush in self._flushes:
+                    flush()
+                run_inline(self._here_actors, [jobs[qi] for qi in self._here])
         else:
             self._track(sub)
             for qi in range(nqueues):

@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 import trio
 
-from actorgraph.devices import Device, Signal, join_sim_devices, open_devices
+from actorgraph.devices import Device, Resumer, Signal, join_sim_devices, open_devices
 from actorgraph.scheduler import DeviceCaps
 
 from ._await import Pending
@@ -107,8 +107,12 @@ class Runtime:
         # was freed, or the runtime became unusable (broken, closed). See Graph.__call__.
         self.epoch = 0
         self.number = next(_runtime_numbers)
+        # Runs on the jobs held on its queues' signals, in the task that moves them: one
+        # for all its devices (and, on a worker, its sessions), so held jobs never run
+        # one inside another (devices/_inline.py).
+        self.resumer = Resumer()
         self._devices: dict[str, Device] = open_devices(
-            device_names, timeline_start=timeline_start, **options
+            device_names, timeline_start=timeline_start, resumer=self.resumer, **options
         )
         # Its SIM devices are one simulated machine: their copies share its links.
         join_sim_devices(self._devices.values())

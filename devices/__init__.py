@@ -109,20 +109,31 @@ def parse_device_name(name: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
-def open_device(name: str, **options: Any) -> Device:
-    """A device of this process by name (`KIND:N`)."""
+def open_device(name: str, *, resumer: Resumer | None = None, **options: Any) -> Device:
+    """A device of this process by name (`KIND:N`); `resumer` runs on the jobs held on
+    its queues (a runtime gives all its devices its own; None: one of the device's)."""
     kind, index = parse_device_name(name)
     if kind == "REMOTE":
         raise DeviceError(
             f"{name!r} names a device of a worker: open it with devices.open_devices "
             f"(open_runtime does), not with devices.open_device"
         )
-    return DEVICE_KINDS[kind](name, index, **options)
+    return DEVICE_KINDS[kind](name, index, resumer=resumer, **options)
 
 
-def open_devices(names: Sequence[str], **options: Any) -> dict[str, Device]:
+def open_devices(
+    names: Sequence[str], *, resumer: Resumer | None = None, **options: Any
+) -> dict[str, Device]:
     """Devices by name: `KIND:N` ones of this process, and `KIND:N@HOST:PORT` ones of
-    workers (devices/remote), those of one worker sharing one connection."""
+    workers (devices/remote), those of one worker sharing one connection. `resumer`
+    runs on the jobs held on any of their queues (None: a new one they all share)."""
+    resumer = Resumer() if resumer is None else resumer
     remote = [n for n in names if parse_remote_name(n) is not None]
-    opened = open_remote_devices(remote, kinds=DEVICE_KINDS, **options) if remote else {}
-    return {n: opened[n] if n in opened else open_device(n, **options) for n in names}
+    opened = (
+        open_remote_devices(remote, kinds=DEVICE_KINDS, resumer=resumer, **options)
+        if remote
+        else {}
+    )
+    return {
+        n: opened[n] if n in opened else open_device(n, resumer=resumer, **options) for n in names
+    }

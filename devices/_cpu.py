@@ -74,9 +74,15 @@ class CPUDevice(Device):
     def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
         super().__init__(name, index, timeline_start=timeline_start, **options)
         self.thread_bytes = int(options.get("cpu_thread_bytes", DEFAULT_THREAD_BYTES))
+        # Jobs may be held on its queues' signals (a step of a chain with a worker runs
+        # on in the task that takes the worker's report: devices/_inline.py).
         self._queues = {
-            QueueKind.COMPUTE: QueueActor(f"{name}/compute", timeline_start),
-            QueueKind.COPY: QueueActor(f"{name}/copy", timeline_start),
+            kind: QueueActor(
+                f"{name}/{kind.value}",
+                timeline_start,
+                self.holding_signal(f"{name}/{kind.value}", timeline_start),
+            )
+            for kind in (QueueKind.COMPUTE, QueueKind.COPY)
         }
 
     def new_queue(

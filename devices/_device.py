@@ -11,6 +11,7 @@ import trio
 from actorgraph.scheduler import ActorGraphError, DeviceCaps, QueueKind
 
 from ._actor import QueueActor
+from ._inline import HoldingSignal, Resumer
 from ._ops import Op
 from ._signal import Signal
 
@@ -123,9 +124,20 @@ class Device:
     # replay on such devices alone may run off the runtime's thread.
     runs_host_kernels: ClassVar[bool] = False
 
-    def __init__(self, name: str, index: int, *, timeline_start: int = 0, **options: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        *,
+        timeline_start: int = 0,
+        resumer: Resumer | None = None,
+        **options: Any,
+    ) -> None:
         self.name = name
         self.index = index
+        # What runs on the jobs held on its queues' signals (devices/_inline.py): the
+        # runtime's, shared by all its devices, so held jobs never run one inside another.
+        self.resumer = Resumer() if resumer is None else resumer
         self.timeline = Signal(f"{name}/timeline", timeline_start)
         self.next_ticket = timeline_start
         self._queues: dict[QueueKind, QueueActor] = {}
@@ -151,6 +163,12 @@ class Device:
             host_backed=self.host_backed,
             host_io=self.host_io,
         )
+
+    def holding_signal(self, name: str, value: int) -> HoldingSignal:
+        """A signal for a queue of this device that jobs may be held on: a job run where
+        it was submitted that waits on it stays parked on its actor, and whoever moves it
+        runs the job on (`Resumer`), with no task switch."""
+        return HoldingSignal(name, value, self.resumer)
 
     def take_ticket(self) -> int:
         """Give the next submission its place on this device; return the value to wait for."""

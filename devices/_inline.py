@@ -8,15 +8,19 @@ stands, so it runs exactly as if posted so: a job that needs a task of its own (
 kernel on the worker thread, I/O), and, once nothing here can move, a job waiting on
 work outside the submission.
 
-On a worker, such a job may instead be *held* where it waits, when the signal can hold
-jobs (a `HoldingSignal`: a mirror of another worker's or the client's queue, or a
-queue of the client's own): it stays parked on its actor (which starts nothing else
+Such a job may instead be *held* where it waits, when the signal can hold jobs (a
+`HoldingSignal`: a CPU device's queue; on a client, a worker's queue as its reports
+move it; on a worker, a mirror of another worker's or the client's queue, or a queue
+of the client's own): it stays parked on its actor (which starts nothing else
 meanwhile, see `QueueActor.hold`), and whichever task moves that signal runs it on at
-once (`Resumer`): the link reader that lands a copy's bytes from another worker, the
-reader that takes the client's "ext", or the job that signals the queue. So a step of a
-chain between two workers costs the receiving worker no task switch. A held job runs
-on only as far as ops that need no task; at any other, its actor's task takes it over,
-first in line, so a slow kernel never runs in a link reader.
+once (`Resumer`): on a client, the task that takes a worker's report (with the bytes
+of a copy from it that came ahead); on a worker, the link reader that lands a copy's
+bytes from another worker, the reader that takes the client's "ext"; anywhere, the
+job that signals the queue. So a step of a chain between two workers, or between this
+host and a worker, costs the receiving side no task switch. A held job runs on only as
+far as ops that need no task; at any other, its actor's task takes it over, first in
+line, so a slow kernel never runs in a reader. A runtime has one `Resumer` for all its
+devices (a worker's, for all its clients' sessions too).
 
 Held jobs run one at a time, never one inside another: a signal moved while jobs run
 (by a job's own signal) only queues the jobs it satisfies.

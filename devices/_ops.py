@@ -494,8 +494,10 @@ class JobProfile:
 
 class Quick:
     """An AWAIT op's function that can often finish at once: `now(job, *args)` does the op
-    and returns True, or does nothing and returns False, and `later(job, *args)` is then
-    awaited. Whoever runs the op tries `now` first, in its own task (devices/_step.py):
+    and returns True, or returns False, and `later(job, *args)` is then awaited. `now`
+    may be tried more than once before `later` (by the driver that ran the job, then by
+    the actor that takes it over): what it started the first time (a send, a read it
+    asked for), it must not start again, but leave to `later`. Whoever runs the op tries `now` first, in its own task (devices/_step.py):
     a job then goes on without a task of its own (a worker's held jobs, _inline.py).
     Awaited as a plain AWAIT function, it does the same (`__call__`)."""
 

@@ -562,6 +562,8 @@ NOT_MIRRORED = {
     "device": "returns a Device, whose actors are trio state of the runtime's thread: "
     "rt.runtime.device(name) in a function given to call()",
     "kick": "the KICK signal, trio state of the runtime's thread",
+    "resumer": "runs held jobs on in the task that meets their waits: trio state of the "
+    "runtime's thread",
     "usable": "a flag the runtime's fast path reads on its thread; `closed` answers from others",
     "submit_copyin": "copyin without waiting, for trio code on the runtime's thread (its "
     "HostCopy is waited for there); a background runtime's copyin returns at once (a Call)",

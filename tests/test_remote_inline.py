@@ -1,7 +1,8 @@
 """Jobs a worker holds parked and runs on in the task that satisfies their wait
 (devices/_inline.py): in order with their actor's other jobs, handed to the
 actor's task where an op needs one, dropped if the actor stopped; and a chain between
-workers whose kernel is slow keeps other clients of that worker responsive.
+workers whose kernel is slow keeps other clients of that worker responsive. A client
+holds its local jobs of a replay on a worker's queue the same way.
 """
 
 from __future__ import annotations
@@ -279,3 +280,41 @@ async def test_a_fault_in_a_held_job_ends_only_its_clients_connection(
                 await rt_y.run([ag.Launch(INC, [y, y])])
                 np.testing.assert_array_equal(await rt_y.copyout(y), np.ones(4))
             nursery.cancel_scope.cancel()
+
+
+async def test_a_chain_with_a_worker_runs_its_local_steps_where_the_reports_land(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # local kernel -> copy to the worker -> its kernel -> copy back, eight times: each
+    # local step waits on the worker's report, and runs on in the task that takes it
+    # (the copy back's bytes came with it), so the local queues' own tasks run none of
+    # a replay's jobs; the results equal numpy's every time.
+    ran_by_actor: list[str] = []
+    run_job = QueueActor._run_job
+
+    async def counted(self: QueueActor, job: Job) -> None:
+        ran_by_actor.append(self.name)
+        await run_job(self, job)
+
+    monkeypatch.setattr(QueueActor, "_run_job", counted)
+    worker = start("CPU:0")
+    name = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", name], verify_plans=True) as rt:
+                xs = [rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)]
+                items: list[Any] = []
+                for i in range(16):
+                    here, there = xs[i % 2], xs[(i + 1) % 2]
+                    items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
+                graph = await rt.compile(items)
+                rng = np.random.default_rng(3)
+                for _ in range(4):
+                    start_value = rng.integers(0, 1 << 30, 64, dtype=np.int32)
+                    await rt.copyin(xs[0], start_value)
+                    del ran_by_actor[:]
+                    await graph()
+                    assert [a for a in ran_by_actor if a.startswith("CPU:0/")] == []
+                    np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 16)
+    finally:
+        worker.kill()

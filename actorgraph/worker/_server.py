@@ -48,7 +48,6 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from actorgraph.devices import Resumer
 from actorgraph.devices.remote.frames import ConnectionLostError, FrameStream, encode, no_delay
 from actorgraph.devices.remote.machine import WorkerCPU
 from actorgraph.devices.remote.tls import (
@@ -149,7 +148,7 @@ class Worker:
         self.peers = Peers(limits, token, tls.links if tls is not None else None)
         self.staging = StagingPool()
         self.times = KernelTimes()
-        self.resumer = Resumer()  # held jobs run on where their waits are met
+        self.resumer = runtime.resumer  # held jobs run on where their waits are met
         self.cpu = WorkerCPU.of_this_host(allow_programs)
         self._sids = itertools.count(1)
         self.log = RareLog(verbose=verbose)

@@ -51,7 +51,12 @@ and the worker's (actorgraph/worker/):
     _machine_code.py  shipped programs a session keeps (--allow-programs): checked, loaded
 
 Jobs a worker holds on a wait, and runs on in the task that satisfies it, are the
-devices' own (devices/_inline.py).
+devices' own (devices/_inline.py); so are a client's: the local jobs of a replay that
+also runs on workers run where it is submitted while their queues are idle, and one
+that waits on a worker's queue is held on its signal (a `RemoteSignal`), run on by the
+task that takes the worker's report. A transfer between a local queue and a worker is
+a `Quick` op there: a push whose bytes the socket takes at once, or a pull whose bytes
+came ahead, needs no task of its own.
 
 Every end that reads messages (the client's transport, the worker's server and session,
 a link's two ends) decodes a frame and hands the message to its handler in a table keyed

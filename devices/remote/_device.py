@@ -18,6 +18,7 @@ from actorgraph.scheduler import QueueKind
 
 from .._actor import QueueActor
 from .._device import Device, DeviceBuffer, DeviceError, LaunchRequest
+from .._inline import Resumer
 from .._kinds import DEVICE_KINDS
 from .._names import parse_remote_name
 from .._ops import AWAIT, SIGNAL, WAIT, WIRE, Job, Op, WireOp, own_signal, run_op, wire_op
@@ -63,7 +64,7 @@ class RemoteQueue(QueueActor):
         # The worker's name of this queue: what its reports of progress are keyed by.
         self.key = device.inner if kind is QueueKind.COMPUTE else f"{device.inner}/{kind.value}"
         self.in_flight: collections.deque[Job] = collections.deque()
-        self.signal: RemoteSignal = RemoteSignal(self.name, timeline_start, self)
+        self.signal: RemoteSignal = RemoteSignal(self.name, timeline_start, self, device.resumer)
 
     @property
     def end_reader(self) -> Connection:
@@ -325,6 +326,7 @@ def open_remote_devices(
     timeline_start: int = 0,
     *,
     kinds: Mapping[str, type[Device]] = DEVICE_KINDS,
+    resumer: Resumer | None = None,
     **options: Any,
 ) -> dict[str, Device]:
     """Remote devices for `names`, one Connection per worker address (none connects
@@ -335,6 +337,9 @@ def open_remote_devices(
         timeline_start: the first value of each device's timeline and queues.
         kinds: the device kinds by name (`CPU`, ...), whose capabilities a worker's
             device of that kind has; one not there has none.
+        resumer: runs on the jobs held on their queues' signals as the worker's
+            reports move them (a runtime's, shared by all its devices; None: one the
+            devices opened here share).
         options: the options of open_runtime(...) the connections read
             (`remote_token`, `remote_timeout`, `remote_tls_ca`, ...).
 
@@ -344,6 +349,7 @@ def open_remote_devices(
     Raises:
         DeviceError: a name that is not a remote device name.
     """
+    resumer = Resumer() if resumer is None else resumer
     connections: dict[tuple[str, int], Connection] = {}
     out: dict[str, Device] = {}
     for name in names:
@@ -361,6 +367,7 @@ def open_remote_devices(
             inner=f"{kind}:{index}",
             inner_kind=kinds.get(kind, Device),
             timeline_start=timeline_start,
+            resumer=resumer,
             **options,
         )
     return out

@@ -17,6 +17,7 @@ from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from .._device import DeviceError
+from .._inline import HoldingSignal, Resumer
 from .._ops import (
     AWAIT,
     WIRE,
@@ -57,14 +58,16 @@ PROGRAM_CACHE = 256  # programs a worker keeps for a connection
 DERIVED_KEPT = 4 * PROGRAM_CACHE
 
 
-class RemoteSignal(Signal):
+class RemoteSignal(HoldingSignal):
     """A RemoteQueue's signal: the worker queue's progress as reported back. It knows its
-    queue, so a wait on it says which worker queue it is on."""
+    queue, so a wait on it says which worker queue it is on. A client-local job run
+    where it was submitted may be held on it: the task that takes the worker's report
+    runs the job on (devices/_inline.py)."""
 
     __slots__ = ("queue",)
 
-    def __init__(self, name: str, value: int, queue: RemoteQueue) -> None:
-        super().__init__(name, value)
+    def __init__(self, name: str, value: int, queue: RemoteQueue, resumer: Resumer) -> None:
+        super().__init__(name, value, resumer)
         self.queue = queue
 
 
@@ -477,12 +480,13 @@ class _LocalReader(OpWalker):
 
     def work(self, op: WorkOp, index: int) -> bool:
         connection = self.connection
-        pull = op.code == AWAIT and op.fn is connection.pull
-        push = op.code == AWAIT and op.fn is connection.push
-        if pull:
-            self._pull(op, index)
-        if (pull or push) and self.first < 0:
-            self.first = index
+        push = False
+        if op.code == AWAIT:
+            push = op.fn is connection.push
+            if op.fn is connection.pull:
+                self._pull(op, index)
+            if (push or op.fn is connection.pull) and self.first < 0:
+                self.first = index
         self.push = index if push else -1
         self.waits = []
         return True
@@ -527,9 +531,10 @@ class PullsAhead:
         the bytes of each later copy from it that follows a wait on its queue (GetWhen),
         so it sends them with the report of that signal instead of when asked after it.
         A copy from a worker then costs one message, not a report and a round trip.
-        (Asked once per job: at its first transfer, op `first` of its plan.)"""
+        (Asked once per job: at its first transfer, op `first` of its plan, which may be
+        tried more than once: see Quick.)"""
         plan = self.plan(job.script)
-        if not plan.pulls or job.at != plan.first:
+        if not plan.pulls or job.at != plan.first or job in self._early:
             return
         transport = self._connection.transport
         if not transport.connected:
