@@ -220,6 +220,11 @@ class HoldingSignal(Signal):
         self._held: list[tuple[int, int, InlineRun, int]] = []
         self.resumer = resumer
 
+    @property
+    def waiting(self) -> bool:
+        """As Signal's, and also whether a job is held here (setting it may run one)."""
+        return bool(self._held) or super().waiting
+
     def hold(self, target: int, run: InlineRun, q: int) -> None:
         """Job q of `run` is held here until the value reaches `target`."""
         heapq.heappush(self._held, (target, next(_SEQ), run, q))

@@ -69,9 +69,12 @@ async def test_a_held_job_runs_on_in_the_task_that_meets_its_wait_before_later_j
                 signal_op(actor.signal, 2, 2),
             ]
         )
+        assert not mirror.waiting
         resumer.start(InlineRun([actor], [first], _unexpected))
         assert ran == ["a"]  # ran here, up to its wait, where it is held
         assert not actor.idle and actor.parked_on == (mirror, 1, 1)
+        # Setting it runs a job: a run off the runtime's thread must leave it be.
+        assert mirror.waiting
         later, later_sub = _job([run_op(EXEC, ran.append, ("later",), 0)])
         actor.post(later)
         with trio.fail_after(GUARD):
@@ -79,7 +82,7 @@ async def test_a_held_job_runs_on_in_the_task_that_meets_its_wait_before_later_j
         assert ran == ["a"]  # the actor starts nothing while it holds a job
         mirror.set(1)
         assert ran == ["a", "b"] and first_sub.done.is_set()  # at once, in this task
-        assert actor.signal.value == 2
+        assert actor.signal.value == 2 and not mirror.waiting
         with trio.fail_after(GUARD):
             await later_sub.done.wait()
         assert ran == ["a", "b", "later"]
