@@ -34,6 +34,7 @@ from actorgraph.devices import (
     run_inline,
     signal_op,
     wait_op,
+    without_bytes,
 )
 from actorgraph.devices import Signal as DeviceSignal
 from actorgraph.scheduler import (
@@ -352,6 +353,9 @@ class Program:
         templates = [self._template(qi, p, *index) for qi, p in enumerate(plan.programs)]
         mark_host_signals(self.actors, templates)
         self.templates = templates
+        # A host copy's Scripts of its first copy's ops, its op standing in without its
+        # bytes, and where that op is: what its later copies are made from (bind_host).
+        self._host_origin: tuple[tuple[Script, ...], list[list[int]]] | None = None
         # A LinearRun runs EXEC ops only: a plan with an item op of another kind (a
         # SIM_RUN, a CUDA_ITEM) that no call re-lowers never has one, so needs no order.
         self.linear_order = linear_order(templates) if self._may_run_linear(templates) else None
@@ -561,9 +565,24 @@ class Program:
         return Bound(self, bound_ops, dict(var_vals), inputs, made_from)  # type: ignore[arg-type]
 
     def bind_host(self, op: Op) -> Bound:
-        """The op lists of a host copy's program: `op` fills its one item's place."""
+        """The op lists of a host copy's program: `op` fills its one item's place. Its
+        Scripts are made from those of the program's first copy, with that copy's op
+        standing in without its bytes (`without_bytes`): a queue that keeps what it made
+        of the ops before finds it again for an op like that one (a worker's program
+        for a copy out of the same buffer), and keeps no caller's array."""
         ops = tuple(tuple(op if o is None else o for o in t) for t in self.templates)
-        return Bound(self, ops, {})
+        made_from = self._host_origin
+        if made_from is None:
+            stand_in = without_bytes(op)
+            if stand_in is None:
+                return Bound(self, ops, {})
+            made_from = self._host_origin = (
+                tuple(
+                    Script(tuple(stand_in if o is None else o for o in t)) for t in self.templates
+                ),
+                [[i for i, o in enumerate(t) if o is None] for t in self.templates],
+            )
+        return Bound(self, ops, {}, (), made_from)
 
     def submit(
         self,

@@ -63,6 +63,7 @@ from ._ops import run_op as run_op
 from ._ops import signal_op as signal_op
 from ._ops import wait_op as wait_op
 from ._ops import wire_op as wire_op
+from ._ops import without_bytes as without_bytes
 from ._signal import Doorbell as Doorbell
 from ._signal import Signal as Signal
 from ._sim import SIMDevice as SIMDevice

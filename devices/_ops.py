@@ -268,6 +268,20 @@ def wire_op(
     return _new(WireOp, (WIRE, entry, chunks, item, into, values))
 
 
+def without_bytes(op: Op) -> Op | None:
+    """`op` as it stands for every op like it: a WIRE op with none of one call's bytes (an
+    empty `into`, no `chunks`); None for any other op, whose call holds its bytes.
+
+    A host copy's program keeps one as the op its later copies are made from (their
+    Scripts' origin), which holds no caller's array."""
+    if type(op) is not WireOp:
+        return None
+    return op._replace(
+        chunks=None if op.chunks is None else [],
+        into=None if op.into is None else memoryview(b""),
+    )
+
+
 def item_at(ops: Sequence[Op], index: int) -> int:
     """The item op `index` runs (-1: a wait, a signal, or work of the queue's own)."""
     op = ops[index]

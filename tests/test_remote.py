@@ -9,8 +9,10 @@ mock clock, so every test guards against hangs with a generous trio.fail_after.
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +238,46 @@ async def test_copies_to_and_from_a_buffer_are_defined_on_the_worker_once(
             ):
                 np.testing.assert_array_equal(got.array, expected)
         assert conn.statistics().programs_sent == sent
+
+
+async def test_copies_to_and_from_buffers_find_their_programs_without_writing_them(
+    ag_remote_runtime: ag.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copies in and out of two buffers of one size (one host program per direction
+    there), again and again, find the worker's program for each buffer by what the copy
+    before left, without writing it again; the program keeps none of the caller's
+    arrays, and what each copy reads is the buffer as it is then."""
+    rt = ag_remote_runtime
+    r0, _ = rt.devices
+    written: list[str] = []
+    entries = remote_programs._Writer.entries
+
+    def counting(self: Any, ops: Any) -> Any:
+        written.extend(type(getattr(op, "entry", None)).__name__ for op in ops if op.code == 18)
+        return entries(self, ops)
+
+    monkeypatch.setattr(remote_programs._Writer, "entries", counting)
+    with trio.fail_after(GUARD):
+        x, y = rt.alloc(r0, 1000, np.float32), rt.alloc(r0, 1000, np.float32)
+        for k in range(6):
+            if k == 1:
+                # One program written per buffer and direction, the first time.
+                assert sorted(written) == ["HostReadEntry"] * 2 + ["HostWriteEntry"] * 2
+                written.clear()
+            for j, buf in enumerate((x, y)):
+                data = np.full(1000, 10 * k + j, np.float32)
+                gone = weakref.ref(data)
+                await rt.copyin(buf, data)
+                del data
+                gc.collect()
+                assert gone() is None  # not kept by the copy's program
+                out = await rt.copyout(buf)
+                np.testing.assert_array_equal(out, np.full(1000, 10 * k + j, np.float32))
+                gone = weakref.ref(out)
+                del out
+                gc.collect()
+                assert gone() is None
+        assert written == []
 
 
 async def test_a_graph_bound_again_to_inputs_it_had_runs_the_programs_the_worker_kept(

@@ -216,7 +216,7 @@ class Programs:
         script = job.script
         sent: int | None = script.kept(self)  # the id its ops were last sent under
         kept = None if sent is None else self._kept.get(sent)
-        derived = None
+        derived: Derived = None
         if kept is None and script.origin is not None:
             kept, derived = self._kept_for_origin(script)
         if kept is not None:
@@ -257,39 +257,42 @@ class Programs:
         self._derive(derived, prog_id)
         return program
 
-    def _kept_for_origin(
-        self, script: Script
-    ) -> tuple[KeptProgram | None, tuple[int, tuple[tuple[int, bytes], ...]] | None]:
+    def _kept_for_origin(self, script: Script) -> tuple[KeptProgram | None, Derived]:
         """The kept program for `script`, found through the ops it was made from: theirs
         where each op that changed is a call of the same entry, taking var values,
         reading or writing host bytes as the one before did (what changed then goes with
         each batch: Batch.values, reads, blobs), so the two write the same program; else
         the one written before for the same entries in the changed places of that one's
         (a graph bound to new inputs: their calls name other buffers), found by them
-        (`_derived`). None if there is none, with the key to remember the program
-        written then under (None where the ops it was made from have no kept program,
-        or an op changed its kind)."""
+        (`_derived`). None if there is none, with what to remember the program written
+        then as (`_derive`): the key it is found by; or, where the ops it was made from
+        have no kept program (a host copy's stand-in ops, never sent themselves; or
+        forgotten), those ops' Script, whose program it is too when the changed places
+        hold the same entries; None where an op changed its kind."""
         origin = script.take_origin()
         assert origin is not None
         before, changed = origin
         sent = before.kept(self)
         kept = None if sent is None else self._kept.get(sent)
-        if kept is None:
-            return None, None
         ops, old_ops = script.ops, before.ops
+        if kept is None:
+            for index in changed:
+                op, old = ops[index], old_ops[index]
+                if not (
+                    type(op) is WireOp
+                    and type(old) is WireOp
+                    and _same_kind(op, old)
+                    and (op.entry is old.entry or op.entry == old.entry)
+                ):
+                    return None, None
+            return None, before
         same = True
         entries = []
         for index in changed:
             op, old = ops[index], old_ops[index]
-            if not (
-                type(op) is WireOp
-                and type(old) is WireOp
-                and (op.values is None) == (old.values is None)
-                and (op.into is None) == (old.into is None)
-                and (op.chunks is None) == (old.chunks is None)
-            ):
+            if not (type(op) is WireOp and type(old) is WireOp and _same_kind(op, old)):
                 return None, None
-            same = same and op.entry is old.entry
+            same = same and (op.entry is old.entry or op.entry == old.entry)
             entries.append((index, op.entry))
         if same:
             script.keep(self, kept.prog_id)
@@ -304,16 +307,38 @@ class Programs:
         script.keep(self, program.prog_id)
         return program, None
 
-    def _derive(self, key: tuple[int, tuple[tuple[int, bytes], ...]] | None, prog_id: int) -> None:
+    def _derive(self, key: Derived, prog_id: int) -> None:
         """Remember program `prog_id` as the one derived as `key` says (see
-        _kept_for_origin); the oldest such go past DERIVED_KEPT. (An id names one
-        program only: a key whose program was forgotten finds nothing.)"""
+        _kept_for_origin): the program of a Script (kept with it), or found by a key, the
+        oldest such going past DERIVED_KEPT. (An id names one program only: a key whose
+        program was forgotten finds nothing.)"""
         if key is None:
             return
+        if type(key) is Script:
+            key.keep(self, prog_id)
+            return
+        assert type(key) is tuple
         derived = self._derived
         if len(derived) >= DERIVED_KEPT:
             del derived[next(iter(derived))]
         derived[key] = prog_id
+
+
+# What a program written for a Script made from another is remembered as: the key it is
+# found by (a kept program's id, the entries in the changed places), or the Script it
+# was made from (whose own program it is too); None: nothing (see _kept_for_origin).
+Derived = tuple[int, tuple[tuple[int, bytes], ...]] | Script | None
+
+
+def _same_kind(op: WireOp, old: WireOp) -> bool:
+    """Whether two WIRE ops write the same kind of entry: both take var values, read host
+    bytes or write them, or neither does (what each call sends then goes with its
+    batch)."""
+    return (
+        (op.values is None) == (old.values is None)
+        and (op.into is None) == (old.into is None)
+        and (op.chunks is None) == (old.chunks is None)
+    )
 
 
 class _Writer(OpWalker):
