@@ -375,7 +375,12 @@ class Connection:
         """Send the bytes (with the signal right after the push, if the worker waits on
         it): done (True) once they left from this task; else (False) the frame is queued
         and `_push_later` waits for it to leave (a driver that tries it again before
-        that, as a job's actor does when it takes the job over, finds it queued)."""
+        that, as a job's actor does when it takes the job over, finds it queued).
+
+        Never done before its bytes left, even where they are copied: the queue's signal
+        may move once it is done, and a batch still queued behind it (sends held, or a
+        busy socket) carries that signal's value as it is when encoded, which must not
+        let the worker's jobs that wait on it run before the bytes have landed."""
         if job in self._pushing:
             return False
         self.ahead.arm(job)
@@ -475,6 +480,8 @@ class Connection:
     async def _pull_later(self, job: Job, dst: np.ndarray[Any, Any], ref: Ref) -> None:
         early = self._pulling.pop(job, None)
         if early is None:
+            if job.submission.error is not None:
+                return  # failed since it was tried: nothing to read
             read_id, read = self.transport.expect_read(flat_bytes(dst))
             self.transport.queue_now(Frame([encode(Get(read_id, ref))]))
             await read.done.wait()
