@@ -33,6 +33,7 @@ from actorgraph.devices import (
     signal_op,
     wait_op,
 )
+from actorgraph.scheduler import QueueKind
 
 import actorgraph as ag
 from actorgraph.worker import _batches as remote_batches
@@ -319,5 +320,41 @@ async def test_a_chain_with_a_worker_runs_its_local_steps_where_the_reports_land
                     await graph()
                     assert [a for a in ran_by_actor if a.startswith("CPU:0/")] == []
                     np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 16)
+    finally:
+        worker.kill()
+
+
+async def test_a_push_held_back_with_its_batch_is_done_only_once_its_bytes_left() -> None:
+    # Sends to the worker held (what is submitted meanwhile goes as one message, as a
+    # tinygrad flush sends it): the push cannot be done before its bytes leave, even
+    # though it could have copied them. Done earlier, its queue's signal would move,
+    # and the batch still held, encoded after it with that value, would let the
+    # worker's kernel run before the bytes landed (and the copy overwrite its result).
+    worker = start("CPU:0")
+    name = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", name], verify_plans=True) as rt:
+                here, there = rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)
+                graph = await rt.compile(
+                    [
+                        ag.Launch(INC, [here, here]),
+                        ag.Copy(dst=there, src=here),
+                        ag.Launch(INC, [there, there]),
+                    ]
+                )
+                await graph()  # its programs are written
+                connection = rt.device(name).connection
+                copy_queue = rt.device("CPU:0").queues[QueueKind.COPY]
+                for k in range(3):
+                    await rt.copyin(here, np.full(64, 10 * k, np.int32))
+                    connection.hold_sends()
+                    try:
+                        replay = await graph.submit()
+                        assert not copy_queue.idle  # the push waits for its bytes to leave
+                    finally:
+                        connection.release_sends()
+                    await replay.wait()
+                    np.testing.assert_array_equal(await rt.copyout(there), np.full(64, 10 * k + 2))
     finally:
         worker.kill()
