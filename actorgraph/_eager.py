@@ -145,7 +145,7 @@ class Eager:
         `out` if given (else a new array). Raises UsageError for anything but a live
         Buffer of the runtime, or an `out` that cannot hold it."""
         program, bound, out = self._host_read("copyout", buffer, out)
-        await _run(program, bound, self._runtime)
+        await _run(program, bound, self._runtime, reads_bytes=True)
         return out
 
     async def submit_copyin(self, buffer: Buffer, array: Any) -> HostCopy:
@@ -242,14 +242,29 @@ def _dtype_code(dtype: np.dtype[Any]) -> str:
     return f"np.{dtype.name}" if dtype.isnative else repr(dtype.str)
 
 
-async def _run(program: Program, bound: Bound, runtime: GraphHost) -> None:
-    """A one-off program, as `await graph(...)` runs a replay (see the module)."""
+async def _run(
+    program: Program, bound: Bound, runtime: GraphHost, reads_bytes: bool = False
+) -> None:
+    """A one-off program, as `await graph(...)` runs a replay (see the module). One on a
+    single worker that reads no bytes back (a copy into its buffer, a kernel there) has
+    this task read its end, as a replay on one worker does; the bytes of a read, the
+    connection's reader task lands, and wakes this one."""
     await trio.lowlevel.checkpoint_if_cancelled()
     ran = run_here(bound)
     if ran is NOT_RUN:
         await runtime.window.admit()
-        sub = program.submit(bound)
-        await sub.done.wait()
+        reader = None if reads_bytes else program.end_reader
+        if reader is None:
+            sub = program.submit(bound)
+            await sub.done.wait()
+        else:
+            reader.coming()
+            try:
+                sub = program.submit(bound)
+            except BaseException:
+                reader.not_coming()
+                raise
+            await reader.wait_done(sub)
         raise_failure(program, sub)
         return
     await trio.lowlevel.cancel_shielded_checkpoint()

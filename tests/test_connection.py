@@ -281,6 +281,29 @@ async def test_a_caller_reads_its_replays_end_and_leaves_others_their_turn(gate:
         worker.kill()
 
 
+async def test_a_copy_in_or_a_kernel_run_on_one_worker_is_read_by_its_caller() -> None:
+    # rt.copyin into a worker's buffer and rt.run of a kernel there end with a report and
+    # no bytes: their caller reads it, as a replay's; a copyout's bytes are the reader
+    # task's to land. Every result equals numpy.
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime([r0]) as rt:
+                x = rt.alloc(r0, 16, np.int32)
+                conn = rt.device(r0).connection
+                await rt.copyin(x, np.zeros(16, np.int32))
+                for k in range(4):
+                    before = conn.statistics().ends_read_by_callers
+                    await rt.copyin(x, np.arange(16, dtype=np.int32) * k)
+                    await rt.run([ag.Launch(INC, [x, x])])
+                    assert conn.statistics().ends_read_by_callers == before + 2
+                    np.testing.assert_array_equal(await rt.copyout(x), np.arange(16) * k + 1)
+                    assert conn.statistics().ends_read_by_callers == before + 2
+    finally:
+        worker.kill()
+
+
 async def test_a_caller_cancelled_while_reading_leaves_the_replay_to_end_in_order(
     gate: Path,
 ) -> None:
