@@ -26,6 +26,16 @@ def runtime(names: list[str], **options: object) -> object:
     return ag.open_runtime(names, remote_token=TOKEN, **options)
 
 
+def chain(kernel: ag.Kernel, xs: Sequence[Any], steps: int) -> list[Any]:
+    """A chain between the two buffers `xs`: `kernel` on one in place, then a copy of it
+    to the other, `steps` times (each step on the device the last copy went to)."""
+    items: list[Any] = []
+    for i in range(steps):
+        here, there = xs[i % 2], xs[(i + 1) % 2]
+        items += [ag.Launch(kernel, [here, here]), ag.Copy(dst=there, src=here)]
+    return items
+
+
 class Replies:
     """What a session sends its client, kept in a list (an in-process session's outbox)."""
 

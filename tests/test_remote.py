@@ -21,7 +21,7 @@ import pytest
 import trio
 import trio.testing
 from _op_samples import OpSampler
-from _workers import GUARD, handshake, runtime, start
+from _workers import GUARD, chain, handshake, runtime, start
 from actorgraph.devices import Op
 from actorgraph.devices.remote import _connection as remote_connection
 from actorgraph.devices.remote import _programs as remote_programs
@@ -39,6 +39,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 from remote_kernels import ADD, GATED, INC, SCALE, XOR
 
 # -- names --
+
+
+def _record_sent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The messages connections encode from here on, in order (`encode` spied on)."""
+    sent: list[Any] = []
+    encode_frame = remote_connection.encode
+
+    def recorded(message: Any, tail_len: int = 0) -> bytes:
+        sent.append(message)
+        return encode_frame(message, tail_len)
+
+    monkeypatch.setattr(remote_connection, "encode", recorded)
+    return sent
+
+
+def _count(sent: list[Any], kind: type) -> int:
+    return sum(type(message) is kind for message in sent)
 
 
 def test_remote_names_parse() -> None:
@@ -362,11 +379,7 @@ async def test_a_chain_inside_one_worker_reports_only_its_ends(
     r0, r1 = rt.devices
     with trio.fail_after(GUARD):
         xs = [rt.alloc(r0, 16, np.int32), rt.alloc(r1, 16, np.int32)]
-        items: list[Any] = []
-        for i in range(20):
-            here, there = xs[i % 2], xs[(i + 1) % 2]
-            items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
-        graph = await rt.compile(items)
+        graph = await rt.compile(chain(INC, xs, 20))
         conn = rt.device(r0).connection
         await rt.copyin(xs[0], np.arange(16, dtype=np.int32))
         await graph()
@@ -964,11 +977,7 @@ async def test_waits_between_workers_travel_between_the_workers(
     with trio.fail_after(GUARD):
         async with runtime([ra, rb]) as rt:
             xs = [rt.alloc(ra, 64, np.int32), rt.alloc(rb, 64, np.int32)]
-            items: list[Any] = []
-            for i in range(6):
-                here, there = xs[i % 2], xs[(i + 1) % 2]
-                items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
-            graph = await rt.compile(items)
+            graph = await rt.compile(chain(INC, xs, 6))
             await rt.copyin(xs[0], np.arange(64, dtype=np.int32))
             for n in range(1, 4):
                 await graph()
@@ -1182,30 +1191,18 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
     # follows a wait on the worker's queue, so the client asks for its bytes when the job
     # begins and reads none when the copy runs; the results still equal numpy.
     name = workers[0].name("CPU:0")
-    reads_on_demand: list[int] = []
-    encode_frame = remote_connection.encode
-
-    def counted(message: Any, tail_len: int = 0) -> bytes:
-        if type(message) is Get:  # a copy's bytes asked for as it runs
-            reads_on_demand.append(message.read)
-        return encode_frame(message, tail_len)
-
-    monkeypatch.setattr(remote_connection, "encode", counted)
+    sent = _record_sent(monkeypatch)
     with trio.fail_after(GUARD):
         async with runtime(["CPU:0", name], verify_plans=True) as rt:
             xs = [rt.alloc("CPU:0", 32, np.int32), rt.alloc(name, 32, np.int32)]
-            items: list[Any] = []
-            for i in range(8):
-                here, there = xs[i % 2], xs[(i + 1) % 2]
-                items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
-            graph = await rt.compile(items)
+            graph = await rt.compile(chain(INC, xs, 8))
             rng = np.random.default_rng(5)
             for _ in range(3):
                 start_value = rng.integers(0, 1 << 30, 32, dtype=np.int32)
                 await rt.copyin(xs[0], start_value)
-                del reads_on_demand[:]
+                del sent[:]
                 await graph()
-                assert reads_on_demand == []
+                assert _count(sent, Get) == 0  # no copy's bytes asked for as it runs
                 np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 8)
 
 
@@ -1220,14 +1217,7 @@ async def test_a_job_asks_for_its_copies_ahead_once_whatever_follows_them(
     # (one of a long run done at once is left to its actor, which tries it again): and
     # each transfer goes once, its bytes asked for ahead, none read as it runs.
     name = workers[0].name("CPU:0")
-    sent: list[str] = []
-    encode_frame = remote_connection.encode
-
-    def counted(message: Any, tail_len: int = 0) -> bytes:
-        sent.append(type(message).__name__)
-        return encode_frame(message, tail_len)
-
-    monkeypatch.setattr(remote_connection, "encode", counted)
+    sent = _record_sent(monkeypatch)
     with trio.fail_after(GUARD):
         async with runtime(["CPU:0", name], verify_plans=True) as rt:
             here, there = rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)
@@ -1248,7 +1238,7 @@ async def test_a_job_asks_for_its_copies_ahead_once_whatever_follows_them(
                 del sent[:]
                 await graph()
                 assert (ahead.bytes, ahead.jobs) == (0, 0)
-                assert (sent.count("Put"), sent.count("Get")) == (2, 0)
+                assert (_count(sent, Put), _count(sent, Get)) == (2, 0)
                 np.testing.assert_array_equal(await rt.copyout(there), start_value + 3 * n)
 
 
@@ -1260,15 +1250,7 @@ async def test_a_long_run_of_copies_to_a_worker_lets_other_tasks_run(
     # steps, and trio runs the tasks of one pass in a random order: two runs of
     # _EAGER_MAX may fall between two of its looks.)
     name = workers[0].name("CPU:0")
-    puts: list[int] = []
-    encode_frame = remote_connection.encode
-
-    def counted(message: Any, tail_len: int = 0) -> bytes:
-        if type(message) is Put:
-            puts.append(1)
-        return encode_frame(message, tail_len)
-
-    monkeypatch.setattr(remote_connection, "encode", counted)
+    sent = _record_sent(monkeypatch)
     with trio.fail_after(GUARD):
         async with runtime(["CPU:0", name]) as rt:
             here = rt.alloc("CPU:0", 200, np.int32)
@@ -1285,18 +1267,18 @@ async def test_a_long_run_of_copies_to_a_worker_lets_other_tasks_run(
 
             async def other_task() -> None:
                 while not done:
-                    seen.append(len(puts))
+                    seen.append(_count(sent, Put))
                     await trio.lowlevel.checkpoint()
 
             await rt.copyin(here, np.arange(200, dtype=np.int32))
-            del puts[:]
+            del sent[:]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(other_task)
                 while not seen:
                     await trio.lowlevel.checkpoint()
                 await graph()
                 done = True
-            seen.append(len(puts))
+            seen.append(_count(sent, Put))
             runs = [b - a for a, b in zip(seen, seen[1:])]
             assert sum(runs) == 200 and max(runs) <= 2 * remote_connection._EAGER_MAX
             np.testing.assert_array_equal(await rt.copyout(there), np.arange(200))
@@ -1359,11 +1341,7 @@ async def test_a_chain_between_two_workers_reports_only_its_ends(
     with trio.fail_after(GUARD):
         async with runtime([a, b], verify_plans=True) as rt:
             xs = [rt.alloc(a, 16, np.int32), rt.alloc(b, 16, np.int32)]
-            items: list[Any] = []
-            for i in range(12):
-                here, there = xs[i % 2], xs[(i + 1) % 2]
-                items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
-            graph = await rt.compile(items)
+            graph = await rt.compile(chain(INC, xs, 12))
             conns = [rt.device(a).connection, rt.device(b).connection]
             start_value = np.arange(16, dtype=np.int32)
             for replay in range(3):

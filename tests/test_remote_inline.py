@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from _workers import GUARD, TOKEN, runtime, start
+from _workers import GUARD, TOKEN, chain, runtime, start
 from actorgraph.devices import (
     AWAIT,
     EXEC,
@@ -307,11 +307,7 @@ async def test_a_chain_with_a_worker_runs_its_local_steps_where_the_reports_land
         with trio.fail_after(GUARD):
             async with runtime(["CPU:0", name], verify_plans=True) as rt:
                 xs = [rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)]
-                items: list[Any] = []
-                for i in range(16):
-                    here, there = xs[i % 2], xs[(i + 1) % 2]
-                    items += [ag.Launch(INC, [here, here]), ag.Copy(dst=there, src=here)]
-                graph = await rt.compile(items)
+                graph = await rt.compile(chain(INC, xs, 16))
                 rng = np.random.default_rng(3)
                 for _ in range(4):
                     start_value = rng.integers(0, 1 << 30, 64, dtype=np.int32)
