@@ -29,7 +29,15 @@ from ._compile import build_slow, checked_items, slow_builds
 from ._errors import UsageError
 from ._graph import GraphHost, Submitted, check_var_vals, run_here
 from ._kernel import Item
-from ._program import Bound, Program, host_program, plan_item, raise_failure, raise_item_failure
+from ._program import (
+    Bound,
+    Program,
+    host_program,
+    plan_item,
+    post_and_wait,
+    raise_failure,
+    raise_item_failure,
+)
 
 
 class HostCopy(Submitted):
@@ -254,17 +262,7 @@ async def _run(
     if ran is NOT_RUN:
         await runtime.window.admit()
         reader = None if reads_bytes else program.end_reader
-        if reader is None:
-            sub = program.submit(bound)
-            await sub.done.wait()
-        else:
-            reader.coming()
-            try:
-                sub = program.submit(bound)
-            except BaseException:
-                reader.not_coming()
-                raise
-            await reader.wait_done(sub)
+        sub = await post_and_wait(reader, lambda: program.submit(bound))
         raise_failure(program, sub)
         return
     await trio.lowlevel.cancel_shielded_checkpoint()

@@ -22,7 +22,14 @@ from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
 from ._graphviz import plan_to_svg
 from ._profile import Profile, Profiles, ReplayRecord, build_profile, new_records
-from ._program import Bound, Program, plan_item, raise_failure, raise_item_failure
+from ._program import (
+    Bound,
+    Program,
+    plan_item,
+    post_and_wait,
+    raise_failure,
+    raise_item_failure,
+)
 from ._vars import Var
 from ._window import Window
 
@@ -524,18 +531,7 @@ class Graph(Hinted):
         program = bound.program
         # A checked replay's end is its check's, which no connection reads.
         reader = None if self._checks is not None else program.end_reader
-        if reader is None:
-            sub = self._post(bound, inputs, profile)
-            await sub.done.wait()
-        else:
-            # A graph living on one worker: this task reads its end (see its connection).
-            reader.coming()
-            try:
-                sub = self._post(bound, inputs, profile)
-            except BaseException:
-                reader.not_coming()
-                raise
-            await reader.wait_done(sub)
+        sub = await post_and_wait(reader, lambda: self._post(bound, inputs, profile))
         if sub.error is not None:
             raise_failure(program, sub)
 

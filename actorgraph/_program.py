@@ -685,6 +685,25 @@ def host_program(
     return Program(runtime, (), (), build_plan([item], caps), host_bytes=buffer.nbytes)
 
 
+async def post_and_wait(reader: Any, post: Callable[[], Submission]) -> Submission:
+    """Post a submission (`post()`) and wait for it to end: read by this task where every
+    job of it went to one connection (`reader`: the program's `end_reader`, which reads
+    a worker's report itself instead of having its reader task wake this one), else
+    woken as its actors end it (`reader` None)."""
+    if reader is None:
+        sub = post()
+        await sub.done.wait()
+        return sub
+    reader.coming()
+    try:
+        sub = post()
+    except BaseException:
+        reader.not_coming()
+        raise
+    await reader.wait_done(sub)
+    return sub
+
+
 def raise_failure(program: Program, sub: Submission) -> None:
     """Raise what a finished submission of `program` failed with, as the user sees it:
     an ItemError naming the item, or ClosedError when no item was at fault."""
