@@ -24,6 +24,7 @@ import trio
 import trio.testing
 from _model import DTYPE, SALT, ProgramSpec, build_items, check_program, random_programs
 from _workers import GUARD, TOKEN, runtime, start
+from actorgraph.devices import Job, Submission
 from actorgraph.devices.remote import _connection as remote_connection
 from actorgraph.devices.remote.wire import Limits, Ref
 from actorgraph.scheduler import Run, Wait
@@ -300,6 +301,29 @@ async def test_a_copy_in_or_a_kernel_run_on_one_worker_is_read_by_its_caller() -
                     assert conn.statistics().ends_read_by_callers == before + 2
                     np.testing.assert_array_equal(await rt.copyout(x), np.arange(16) * k + 1)
                     assert conn.statistics().ends_read_by_callers == before + 2
+    finally:
+        worker.kill()
+
+
+async def test_a_copy_from_a_worker_left_to_its_actor_fails_if_the_worker_was_lost_since() -> None:
+    # A copy from a worker tried where its job ran, without bytes asked for ahead, is
+    # left to its queue's actor; if the connection is lost before the actor gets to it,
+    # the copy fails with the connection's error at once (a read asked for then would
+    # never end).
+    worker = start("CPU:0")
+    r0 = worker.name("CPU:0")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(["CPU:0", r0]) as rt:
+                x = rt.alloc(r0, 4, np.int32)
+                conn = rt.device(r0).connection
+                worker.kill()
+                with pytest.raises(ag.ClosedError, match="connection to worker"):
+                    await rt.copyout(x)
+                job = Job((), [0, 0, 0], Submission(1, [], [], [()], []), 0)
+                lost = remote_connection.RemoteConnectionError
+                with pytest.raises(lost, match="connection to worker"):
+                    await conn.pull.run_later(job, np.zeros(4, np.int32), Ref(1, 0, [4]))
     finally:
         worker.kill()
 

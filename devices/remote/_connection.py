@@ -482,6 +482,7 @@ class Connection:
         if early is None:
             if job.submission.error is not None:
                 return  # failed since it was tried: nothing to read
+            self.transport.check()  # lost since it was tried: a read now would never end
             read_id, read = self.transport.expect_read(flat_bytes(dst))
             self.transport.queue_now(Frame([encode(Get(read_id, ref))]))
             await read.done.wait()
