@@ -8,10 +8,11 @@ socket has nothing to read or no room, and `fileno` for trio to wait on. So a TL
 connection takes the paths a plain one takes, and goes through trio's scheduler only
 where plain TCP does: a caller reads its own replay's report, a small frame leaves from
 the task that makes it, and a read opens every record the socket holds before it waits.
-A read asks the socket for up to `READ` bytes at once; a send seals up to `WRITE` bytes
-of plaintext into records and hands them to the socket in one call. What was sealed
-and not yet taken by the socket is its `backlog`: a send takes nothing more until the
-socket took it, and `flush` (or a later send) finishes it.
+A read asks the socket for up to `READ` bytes at once, into memory the connection
+keeps, and opens records only while some are there (no failed open per read); a send
+seals up to `WRITE` bytes of plaintext into records and hands them to the socket in one
+call. What was sealed and not yet taken by the socket is its `backlog`: a send takes
+nothing more until the socket took it, and `flush` (or a later send) finishes it.
 
 The handshake (`handshake`) runs the same way, over the same socket, before the
 connection's first frame. A peer that closes without a TLS goodbye (as every side here
@@ -48,6 +49,10 @@ class TLSSocket:
         )
         self._backlog = memoryview(b"")
         self._read = READ  # what a read asks of the socket at once
+        # Where the socket's bytes land on their way into the incoming BIO, as large as
+        # a read asks for (made once: a recv of a fresh bytes object that large costs an
+        # allocation and its release every read, more than opening a small record).
+        self._scratch = memoryview(b"")
 
     def read_at_most(self, n: int) -> None:
         """Ask the socket for at most `n` bytes at once (a connection not yet trusted
@@ -97,11 +102,20 @@ class TLSSocket:
     def _take_in(self) -> None:
         """Move what the socket holds into the incoming BIO (its end, once it closed).
         Raises BlockingIOError when it holds nothing."""
-        chunk = self.socket.recv(self._read)
-        if chunk:
-            self._in.write(chunk)
+        scratch = self._scratch
+        if len(scratch) < self._read:
+            scratch = self._scratch = memoryview(bytearray(self._read))
+        got = self.socket.recv_into(scratch, self._read)
+        if got:
+            self._in.write(scratch[:got])
         else:
             self._in.write_eof()
+
+    def _opened_all(self) -> bool:
+        """Whether no plaintext is left to open without more from the socket: nothing
+        opened and unread, no ciphertext received and unopened, the end not seen (a read
+        then needs the socket first; one would raise SSLWantReadError)."""
+        return not self._tls.pending() and not self._in.pending and not self._in.eof
 
     def recv(self, n: int) -> bytes:
         """Up to `n` bytes of plaintext: what the records received hold, opening more
@@ -109,6 +123,10 @@ class TLSSocket:
         BlockingIOError when nothing is there yet."""
         out = bytearray()
         while len(out) < n:
+            if self._opened_all():
+                if out:
+                    break
+                self._take_in()
             try:
                 got = self._tls.read(n - len(out))
             except ssl.SSLWantReadError:
@@ -129,6 +147,10 @@ class TLSSocket:
         n = nbytes or len(view)
         have = 0
         while have < n:
+            if self._opened_all():
+                if have:
+                    break
+                self._take_in()
             try:
                 # Given a buffer, read returns the count (typeshed says bytes).
                 got: int = self._tls.read(n - have, view[have:])  # type: ignore[assignment]
