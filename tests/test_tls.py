@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,9 +24,10 @@ import trio
 from _extras import importorskip
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import DeviceError
+from actorgraph.devices.remote._sealed import TLSSocket
 from actorgraph.devices.remote._transport import RemoteConnectionError
 from actorgraph.devices.remote.frames import encode
-from actorgraph.devices.remote.tls import client_context
+from actorgraph.devices.remote.tls import accept_tls, client_context, connect_tls, server_context
 from actorgraph.devices.remote.wire import Limits
 
 import actorgraph as ag
@@ -479,3 +481,80 @@ async def test_tls_copies_and_replays_equal_plain_ones_bitwise(
     for size, first in zip(SIZES, plain[::8], strict=True):
         data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
         assert first == data.tobytes()
+
+
+async def _tls_pair(certs: Certificates) -> tuple[TLSSocket, TLSSocket]:
+    """Two ends of one TLS connection over a loopback socket pair, handshake done."""
+    here, there = socket.socketpair()
+    for end in (here, there):
+        end.setblocking(False)
+    client = client_context(str(certs.ca), "remote_tls_ca")
+    server = server_context(str(certs.cert), str(certs.key))
+    ends: list[TLSSocket] = []
+
+    async def accept() -> None:
+        ends.append(await accept_tls(there, server))
+
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept)
+            connected = await connect_tls(here, client, "127.0.0.1")
+    return connected, ends[0]
+
+
+async def _send_sealed(end: TLSSocket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[end.send(view) :]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(end.socket)
+    while end.backlog:
+        try:
+            end.flush()
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(end.socket)
+
+
+async def test_a_tls_read_opens_every_record_there_and_waits_only_when_none_is(
+    certs: Certificates,
+) -> None:
+    """A read gives all the plaintext of the records received (several small records in
+    one read, a large one across reads into a buffer), raises BlockingIOError when none
+    is there, and reads the end once the other side closed, with the bytes intact."""
+    writer, reader = await _tls_pair(certs)
+    with pytest.raises(BlockingIOError):
+        reader.recv(1 << 16)
+    small = [bytes([k]) * (100 + k) for k in range(5)]
+    for part in small:  # five sends: five records
+        await _send_sealed(writer, part)
+    # (A socket pair: what one end sent, the other holds.)
+    assert reader.recv(1 << 16) == b"".join(small)
+    assert reader.pending == 0
+    with pytest.raises(BlockingIOError):
+        reader.recv(1 << 16)
+    # Larger than a record and than a read of the socket, of an odd size.
+    large = np.random.default_rng(7).integers(0, 256, (3 << 20) + 13, np.uint8).tobytes()
+    into = bytearray(len(large))
+    view = memoryview(into)
+    have = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_send_sealed, writer, large)
+        with trio.fail_after(GUARD):
+            while have < len(large):
+                try:
+                    have += reader.recv_into(view[have:])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(reader.socket)
+    assert bytes(into) == large
+    writer.socket.shutdown(socket.SHUT_WR)  # (a close would reset: the writer has unread bytes)
+    with trio.fail_after(GUARD):
+        while True:
+            try:
+                assert reader.recv(1 << 16) == b""
+                break
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(reader.socket)
+    assert reader.recv_into(memoryview(bytearray(8))) == 0
+    reader.socket.close()
+    writer.socket.close()
