@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import trio
 from _extras import importorskip
 from _workers import GUARD, TOKEN, runtime, start
 from actorgraph.devices import DeviceError
-from actorgraph.devices.remote._sealed import TLSSocket
+from actorgraph.devices.remote._sealed import READ, TLSSocket
 from actorgraph.devices.remote._transport import RemoteConnectionError
 from actorgraph.devices.remote.frames import encode
 from actorgraph.devices.remote.tls import accept_tls, client_context, connect_tls, server_context
@@ -558,3 +559,20 @@ async def test_a_tls_read_opens_every_record_there_and_waits_only_when_none_is(
     assert reader.recv_into(memoryview(bytearray(8))) == 0
     reader.socket.close()
     writer.socket.close()
+
+
+async def test_a_tls_handshake_reads_the_other_side_a_little_at_a_time(
+    certs: Certificates,
+) -> None:
+    """What a stranger sends in its TLS handshake is read in small pieces: the handshake
+    of both ends of a connection takes less memory than half of one bulk read (READ), which
+    a connection asks for only once its owner trusts the other side."""
+    tracemalloc.start()
+    try:
+        writer, reader = await _tls_pair(certs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < READ // 2, f"a TLS handshake took {peak} bytes at its peak"
+    writer.socket.close()
+    reader.socket.close()

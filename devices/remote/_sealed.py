@@ -27,6 +27,7 @@ import ssl
 import trio
 
 READ = 1 << 20  # ciphertext asked of the socket at once
+SMALL_READ = 1 << 15  # the same, while the other side is not trusted (its handshakes)
 WRITE = 1 << 18  # plaintext sealed into records per send
 
 
@@ -48,7 +49,9 @@ class TLSSocket:
             self._in, self._out, server_side=server_side, server_hostname=server_hostname
         )
         self._backlog = memoryview(b"")
-        self._read = READ  # what a read asks of the socket at once
+        # What a read asks of the socket at once: little until the connection's owner
+        # says (read_at_most), so the TLS handshake of a stranger is not read in bulk.
+        self._read = SMALL_READ
         # Where the socket's bytes land on their way into the incoming BIO, as large as
         # a read asks for (made once: a recv of a fresh bytes object that large costs an
         # allocation and its release every read, more than opening a small record).

@@ -27,6 +27,7 @@ import msgpack  # type: ignore[import-untyped]
 import trio
 
 from ._sealed import READ as _TLS_READ
+from ._sealed import SMALL_READ as _TLS_SMALL_READ
 from ._sealed import TLSSocket
 from .wire import VERSION, Limits, WireError, as_meta
 
@@ -35,7 +36,6 @@ HEADER = struct.Struct(">2sHIQ")
 
 _READ = 1 << 16  # the most a read for a frame's header and meta asks for at once
 _SMALL = 1 << 16  # frames below this are joined before sending: one syscall for a batch
-_TLS_SMALL_READ = 1 << 15  # what a TLS read asks of the socket while frames are small
 
 
 class ConnectionLostError(ConnectionError):
