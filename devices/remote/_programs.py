@@ -275,17 +275,6 @@ class Programs:
         sent = before.kept(self)
         kept = None if sent is None else self._kept.get(sent)
         ops, old_ops = script.ops, before.ops
-        if kept is None:
-            for index in changed:
-                op, old = ops[index], old_ops[index]
-                if not (
-                    type(op) is WireOp
-                    and type(old) is WireOp
-                    and _same_kind(op, old)
-                    and (op.entry is old.entry or op.entry == old.entry)
-                ):
-                    return None, None
-            return None, before
         same = True
         entries = []
         for index in changed:
@@ -294,6 +283,8 @@ class Programs:
                 return None, None
             same = same and (op.entry is old.entry or op.entry == old.entry)
             entries.append((index, op.entry))
+        if kept is None:
+            return None, before if same else None
         if same:
             script.keep(self, kept.prog_id)
             return kept, None
