@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import trio
 from actorgraph.devices.remote.wire import NONCE_BYTES, TO_WORKER, as_meta, handshake_mac
 
@@ -34,6 +35,30 @@ def chain(kernel: ag.Kernel, xs: Sequence[Any], steps: int) -> list[Any]:
         here, there = xs[i % 2], xs[(i + 1) % 2]
         items += [ag.Launch(kernel, [here, here]), ag.Copy(dst=there, src=here)]
     return items
+
+
+async def replay_chain_rounds(
+    rt: ag.Runtime,
+    graph: ag.Graph,
+    start: ag.Buffer,
+    steps: int,
+    rounds: int,
+    seed: int,
+    before: Callable[[], None],
+    after: Callable[[], None],
+) -> None:
+    """Replay `graph`, a `chain` of `steps` steps of INC from buffer `start`, `rounds`
+    times, each from a new random int32 value copied into `start`: `before` is called
+    before each replay and `after` after it, then the result (the start plus `steps`) is
+    checked against numpy."""
+    rng = np.random.default_rng(seed)
+    for _ in range(rounds):
+        start_value = rng.integers(0, 1 << 30, start.size, dtype=np.int32)
+        await rt.copyin(start, start_value)
+        before()
+        await graph()
+        after()
+        np.testing.assert_array_equal(await rt.copyout(start), start_value + steps)
 
 
 class Replies:

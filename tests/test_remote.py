@@ -21,7 +21,7 @@ import pytest
 import trio
 import trio.testing
 from _op_samples import OpSampler
-from _workers import GUARD, chain, handshake, runtime, start
+from _workers import GUARD, chain, handshake, replay_chain_rounds, runtime, start
 from actorgraph.devices import Op
 from actorgraph.devices.remote import _connection as remote_connection
 from actorgraph.devices.remote import _programs as remote_programs
@@ -1196,14 +1196,11 @@ async def test_copies_from_a_worker_are_asked_for_ahead(
         async with runtime(["CPU:0", name], verify_plans=True) as rt:
             xs = [rt.alloc("CPU:0", 32, np.int32), rt.alloc(name, 32, np.int32)]
             graph = await rt.compile(chain(INC, xs, 8))
-            rng = np.random.default_rng(5)
-            for _ in range(3):
-                start_value = rng.integers(0, 1 << 30, 32, dtype=np.int32)
-                await rt.copyin(xs[0], start_value)
-                del sent[:]
-                await graph()
+
+            def none_asked_as_it_ran() -> None:
                 assert _count(sent, Get) == 0  # no copy's bytes asked for as it runs
-                np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 8)
+
+            await replay_chain_rounds(rt, graph, xs[0], 8, 3, 5, sent.clear, none_asked_as_it_ran)
 
 
 async def test_a_job_asks_for_its_copies_ahead_once_whatever_follows_them(
@@ -1221,16 +1218,7 @@ async def test_a_job_asks_for_its_copies_ahead_once_whatever_follows_them(
     with trio.fail_after(GUARD):
         async with runtime(["CPU:0", name], verify_plans=True) as rt:
             here, there = rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)
-            graph = await rt.compile(
-                [
-                    ag.Launch(INC, [here, here]),
-                    ag.Copy(dst=there, src=here),
-                    ag.Launch(INC, [there, there]),
-                    ag.Copy(dst=here, src=there),
-                    ag.Launch(INC, [here, here]),
-                    ag.Copy(dst=there, src=here),
-                ]
-            )
+            graph = await rt.compile(chain(INC, [here, there], 3))  # push, pull, push
             ahead = rt.device(name).connection.ahead
             start_value = np.arange(64, dtype=np.int32)
             await rt.copyin(here, start_value)

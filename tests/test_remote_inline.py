@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from _workers import GUARD, TOKEN, chain, runtime, start
+from _workers import GUARD, TOKEN, chain, replay_chain_rounds, runtime, start
 from actorgraph.devices import (
     AWAIT,
     EXEC,
@@ -308,14 +308,13 @@ async def test_a_chain_with_a_worker_runs_its_local_steps_where_the_reports_land
             async with runtime(["CPU:0", name], verify_plans=True) as rt:
                 xs = [rt.alloc("CPU:0", 64, np.int32), rt.alloc(name, 64, np.int32)]
                 graph = await rt.compile(chain(INC, xs, 16))
-                rng = np.random.default_rng(3)
-                for _ in range(4):
-                    start_value = rng.integers(0, 1 << 30, 64, dtype=np.int32)
-                    await rt.copyin(xs[0], start_value)
-                    del ran_by_actor[:]
-                    await graph()
+
+                def none_ran_by_a_local_actor() -> None:
                     assert [a for a in ran_by_actor if a.startswith("CPU:0/")] == []
-                    np.testing.assert_array_equal(await rt.copyout(xs[0]), start_value + 16)
+
+                await replay_chain_rounds(
+                    rt, graph, xs[0], 16, 4, 3, ran_by_actor.clear, none_ran_by_a_local_actor
+                )
     finally:
         worker.kill()
 
