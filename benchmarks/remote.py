@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from _floors import process_cpu_s, process_round_trip, tcp_round_trip  # noqa: E402
 from remote_kernels import GATED, INC  # noqa: E402
 
 import actorgraph as ag  # noqa: E402
@@ -82,81 +83,6 @@ def start_worker(devices: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.
     return proc, int(match.group(1))
 
 
-async def tcp_round_trip(n: int = 2000) -> float:
-    """A bare request/reply between two trio tasks over loopback TCP: the floor."""
-    listener = trio.socket.socket()
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    port = listener.getsockname()[1]
-
-    async def echo() -> None:
-        conn, _ = await listener.accept()
-        conn.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        while data := await conn.recv(64):
-            await conn.send(data)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(echo)
-        client = trio.socket.socket()
-        await client.connect(("127.0.0.1", port))
-        client.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            await client.send(b"x" * 40)
-            await client.recv(64)
-        elapsed = time.perf_counter() - t0
-        client.close()
-        nursery.cancel_scope.cancel()
-    return elapsed / n * 1e6
-
-
-ECHO_SERVER = """
-import sys, trio
-async def main():
-    listener = trio.socket.socket()
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    print(listener.getsockname()[1], flush=True)
-    conn, _ = await listener.accept()
-    conn.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-    while data := await conn.recv(64):
-        await conn.send(data)
-trio.run(main)
-"""
-
-
-async def process_round_trip(n: int = 2000) -> tuple[float, dict[str, float | None]]:
-    """A bare request/reply between this process and another trio process over loopback
-    TCP: the floor of any replay on a worker, which is in another process. Returns us
-    per round trip, and the CPU us each side spends on one (the floor of a replay's
-    CPU: "client", and "server" where /proc tells)."""
-    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline()) if proc.stdout else 0
-        client = trio.socket.socket()
-        await client.connect(("127.0.0.1", port))
-        client.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        for _ in range(100):
-            await client.send(b"x" * 40)
-            await client.recv(64)
-        server0 = process_cpu_s(proc.pid)
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            await client.send(b"x" * 40)
-            await client.recv(64)
-        elapsed = time.perf_counter() - t0
-        cpu = {"client": (time.process_time() - cpu0) / n * 1e6, "server": None}
-        server1 = process_cpu_s(proc.pid)
-        if server0 is not None and server1 is not None:
-            cpu["server"] = (server1 - server0) / n * 1e6
-        client.close()
-    finally:
-        proc.kill()
-        proc.wait()
-    return elapsed / n * 1e6, cpu
-
-
 def kernels_in_a_loop(nitems: int, rounds: int = 400) -> float:
     """us for `nitems` calls of the benchmark's kernel on one 256-int32 buffer, in plain
     Python in this process: the work of an `nitems`-item replay with no runtime at all."""
@@ -170,16 +96,6 @@ def kernels_in_a_loop(nitems: int, rounds: int = 400) -> float:
                 fn(x, x)
         best = min(best, (time.perf_counter() - t0) / rounds * 1e6)
     return best
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) process `pid` used so far, where /proc tells."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def per_replay(
