@@ -40,10 +40,11 @@ between this process and another one ("rtt"), a call handed to another thread an
 connection ("ping"). Targets: a call on a worker at most tinygrad alone's + 1.5 round
 trips (dp2: its local data-parallel step's + 1.5), on the bare round trip (the verdicts
 on the Ping are kept beside them); an eager kernel whose result is not read costs no
-round trip (no message sent, less time than one). "floor" is tinygrad alone's + one
-thread hand-over + one round trip: the least a call whose kernels are a small part of
-it can cost with tinygrad's thread and the runtime's apart, as they are (a worker runs
-the kernels beside this process's Python: a model heavy in kernels can come in under it).
+round trip (no message sent, less time than one). "floor" (JSON `floor_two_threads`,
+not the jit's own floor of the rows above) is tinygrad alone's + one thread hand-over
++ one round trip: the least a call whose kernels are a small part of it can cost with
+tinygrad's thread and the runtime's apart, as they are (a worker runs the kernels
+beside this process's Python: a model heavy in kernels can come in under it).
 
     python benchmarks/tinygrad_models.py            # -> benchmarks/results/tinygrad_models.json
     python benchmarks/tinygrad_models.py --quick    # tiny sizes: checks the script runs
@@ -447,7 +448,7 @@ def measure_ag(
     )
     # The least a call on a worker can cost with the runtime on a thread of its own: one
     # hand-over to that thread and back, and one round trip to the worker's process.
-    row["floor"] = row["tinygrad"] + row["thread_rtt"] + process_rtt
+    row["floor_two_threads"] = row["tinygrad"] + row["thread_rtt"] + process_rtt
     row["extra_round_trips"] = (row["ag"] - row["tinygrad"]) / process_rtt
     row["extra_pings"] = (row["ag"] - row["tinygrad"]) / row["rtt"]
     if generation is not None:
@@ -534,7 +535,7 @@ def report_ag(rows: Sequence[dict[str, Any]]) -> None:
         print(
             f"{r['name']:8} {devices:>8} {r['tinygrad']:9.1f} {r['ag']:8.1f} "
             f"{r['process_rtt']:6.1f} {r['rtt']:6.1f} {r['thread_rtt']:6.1f} "
-            f"{r['target']:8.1f} {r['floor']:8.1f} {r['extra_round_trips']:10.2f}"
+            f"{r['target']:8.1f} {r['floor_two_threads']:8.1f} {r['extra_round_trips']:10.2f}"
         )
         if "first_positions" in r:
             f = r["first_positions"]
