@@ -481,3 +481,25 @@ class Buffer:
     @property
     def device_object(self) -> Device:
         return self._alloc.device
+
+
+def check_out(what: str, buffer: Buffer, out: object) -> None:
+    """`out` can take `buffer`'s bytes: a writable C-contiguous numpy array of its shape
+    and dtype."""
+    if not isinstance(out, np.ndarray):
+        raise UsageError(
+            f"{what}: out= takes a numpy array, got a {type(out).__name__}; pass "
+            f"np.empty(buf.shape, buf.dtype), or no out= for a new one"
+        )
+    if out.shape != tuple(buffer.shape) or out.dtype != buffer.dtype:
+        raise UsageError(
+            f"{what}: out= is a {out.dtype} array of shape {out.shape}, and {buffer!r} holds "
+            f"{buffer.dtype} of shape {tuple(buffer.shape)}; pass an array of the buffer's "
+            f"shape and dtype (np.empty(buf.shape, buf.dtype)), or no out= for a new one"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise UsageError(
+            f"{what}: out= must be a writable C-contiguous array (this one is "
+            f"{'not C-contiguous' if not out.flags.c_contiguous else 'read-only'}); pass "
+            f"np.empty(buf.shape, buf.dtype), or no out= for a new one"
+        )

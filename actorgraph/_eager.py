@@ -24,7 +24,7 @@ from actorgraph.scheduler import build_plan
 
 from . import _capture
 from ._await import Hinted, Pending, described
-from ._buffer import Buffer, dtype_text
+from ._buffer import Buffer, check_out, dtype_text
 from ._compile import build_slow, checked_items, slow_builds
 from ._errors import UsageError
 from ._graph import GraphHost, Submitted, check_var_vals, run_here
@@ -66,28 +66,6 @@ class HostCopy(Submitted):
 
 
 _HOST_PROGRAMS = 64  # host copies' programs an Eager keeps (see Eager._host_program)
-
-
-def _check_out(what: str, buffer: Buffer, out: object) -> None:
-    """`out` can take `buffer`'s bytes: a writable C-contiguous numpy array of its shape
-    and dtype."""
-    if not isinstance(out, np.ndarray):
-        raise UsageError(
-            f"{what}: out= takes a numpy array, got a {type(out).__name__}; pass "
-            f"np.empty(buf.shape, buf.dtype), or no out= for a new one"
-        )
-    if out.shape != tuple(buffer.shape) or out.dtype != buffer.dtype:
-        raise UsageError(
-            f"{what}: out= is a {out.dtype} array of shape {out.shape}, and {buffer!r} holds "
-            f"{buffer.dtype} of shape {tuple(buffer.shape)}; pass an array of the buffer's "
-            f"shape and dtype (np.empty(buf.shape, buf.dtype)), or no out= for a new one"
-        )
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise UsageError(
-            f"{what}: out= must be a writable C-contiguous array (this one is "
-            f"{'not C-contiguous' if not out.flags.c_contiguous else 'read-only'}); pass "
-            f"np.empty(buf.shape, buf.dtype), or no out= for a new one"
-        )
 
 
 class Eager:
@@ -196,7 +174,7 @@ class Eager:
         if out is None:
             out = np.empty(buffer.shape, dtype=buffer.dtype)
         else:
-            _check_out(what, buffer, out)
+            check_out(what, buffer, out)
         program = self._host_program(buffer, write=False)
         queue = program.plan.queues[0]
         op = runtime.device(buffer.device).lower_host_read(buffer, out, queue.kind)

@@ -9,14 +9,15 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
+import numpy as np
 import trio
 
-from actorgraph.devices import NOT_RUN, NotRun, Ran
-from actorgraph.scheduler import Plan
+from actorgraph.devices import NOT_RUN, NotRun, Ran, without_bytes
+from actorgraph.scheduler import Plan, QueueKind
 
 from . import _capture
 from ._await import Hinted, described, listed
-from ._buffer import Allocation, Buffer, Home, dtype_text
+from ._buffer import Allocation, Buffer, Home, check_out, dtype_text
 from ._checker import CheckHost, Checks
 from ._errors import ClosedError, InputError, UsageError, VarError
 from ._foreign import TimelinePoints, check_points
@@ -326,6 +327,11 @@ class Graph(Hinted):
         # identity, so a hit means the very same buffers; only checked inputs (Buffers)
         # are stored. Cleared when anything is freed, and when the graph closes.
         self._bound: dict[tuple[Buffer, ...], Bound] = {}
+        # A replay's program with a copy out of a buffer after it (submit_reading), by
+        # that buffer; and by the buffer and the inputs, the binding each call's is made
+        # from. Cleared like `_bound`.
+        self._reading: dict[Buffer, Program] = {}
+        self._read_origins: dict[tuple[Buffer, tuple[Buffer, ...]], Bound] = {}
         self._frees_seen = runtime.frees
         # The runtime's epoch when the kept bindings were last checked good to use as
         # they are (-1: never yet).
@@ -624,6 +630,80 @@ class Graph(Hinted):
         self._check_not_closed()
         return self._replay(bound, inputs, profile, then)
 
+    async def submit_reading(
+        self,
+        inputs: Sequence[Buffer],
+        var_vals: Mapping[Var, int] | None,
+        buffer: Buffer,
+        out: np.ndarray[Any, Any],
+    ) -> Replay | None:
+        """`submit`, with a copy of a worker's `buffer` into `out` once the replay has
+        written it, as one submission: the copy is one more item of the replay's plan,
+        after every item that writes `buffer`, and the worker sends its bytes with the
+        report of the job that copies them. `submit` then `rt.submit_copyout` send two
+        jobs and take two reports.
+
+        Args:
+            inputs: as for a call of the graph.
+            var_vals: as for a call of the graph.
+            buffer: the Buffer to read, on a worker's device.
+            out: the numpy array its bytes go to, of its shape and dtype.
+
+        Returns:
+            The Replay (once it is done, `out` holds the bytes); or None, having
+            submitted nothing, where the copy cannot go with the replay (then `submit`,
+            then `rt.submit_copyout`): a `buffer` of this host (its copy sends no message
+            anyway), a replay to be checked or profiled, inputs replanned for aliasing,
+            or a `buffer` that is or overlaps an input (the plan orders the graph's own
+            memory).
+
+        Raises:
+            UsageError: `buffer` is no live Buffer of this runtime, or `out` cannot hold
+                its bytes (a writable C-contiguous array of its shape and dtype).
+            InputError: see the call of the graph.
+            VarError: see the call of the graph.
+            ClosedError: the graph or the runtime was closed.
+        """
+        _capture.check_graph_call()
+        runtime = self._runtime
+        if not isinstance(buffer, Buffer):
+            raise UsageError(f"submit_reading reads a Buffer, got {described(buffer)}")
+        runtime.check_own(buffer, "submit_reading: ")
+        buffer.check_live("submit_reading: ")
+        check_out("submit_reading", buffer, out)
+        if self._checks is not None or self._profiling:
+            return None
+        op = runtime.device(buffer.device).lower_host_read(buffer, out, QueueKind.COMPUTE)
+        stand_in = without_bytes(op)
+        if stand_in is None:
+            return None  # not a copy over a connection
+        bound = self.bind(inputs, var_vals)
+        program = bound.program
+        if program is not self._program or any(
+            buffer.overlaps(b) for b in (*program.inputs, *bound.inputs)
+        ):
+            return None
+        values = bound.var_vals or {}
+        origin = self._read_origins.get((buffer, bound.inputs))
+        if origin is None:
+            reading = self._reading.get(buffer)
+            if reading is None:
+                reading = self._reading[buffer] = program.reading(buffer, runtime.caps)
+                if runtime.verify_plans:
+                    reading.plan.verify()
+            # Its copy's op stands in without its bytes (as for `bind_host`): each call's
+            # binding is made from this one's Scripts, which the worker's program for
+            # them is found by, and no caller's array is kept.
+            origin = reading.bind(bound.inputs, values, host=stand_in)
+            origin.scripts  # noqa: B018 - made now, the Scripts the others are made from
+            if len(self._read_origins) >= _BOUND_CACHE:
+                self._read_origins.pop(next(iter(self._read_origins)))
+            self._read_origins[(buffer, bound.inputs)] = origin
+        bound = origin.program.bind(bound.inputs, values, origin, host=op)
+        await self._window.admit()
+        self._check_not_closed()
+        return self._replay(bound, inputs, None, ())
+
     def _replay(
         self,
         bound: Bound,
@@ -767,6 +847,8 @@ class Graph(Hinted):
             if buf.freed:
                 buf.check_live("this graph's buffer ")
         self._bound.clear()
+        self._reading.clear()
+        self._read_origins.clear()
         self._aliased.clear()
         self._frees_seen = self._runtime.frees
 
@@ -872,6 +954,8 @@ class Graph(Hinted):
         """Refuse further calls, then wait for the replays already submitted."""
         self._closed = True
         self._bound.clear()
+        self._reading.clear()
+        self._read_origins.clear()
         for sub in list(self._in_flight):
             await sub.done.wait()
 

@@ -251,8 +251,9 @@ class Program:
         place in the list they gave; items are reordered by compile(order="cost")), else
         `index_offset` and on (eager items are planned one by one). `max_sizes`: input
         index -> the most elements that input may hold per call (else its captured shape
-        only). `host_bytes`: the bytes a host copy's program (no items, one queue) moves.
-        Raises UsageError for an item's buffer that overlaps an input without being it."""
+        only). `host_bytes`: the bytes its host copy (the plan's item after `items`,
+        whose op `bind_host` or `bind(host=...)` fills in) moves. Raises UsageError for
+        an item's buffer that overlaps an input without being it."""
         self.runtime = runtime
         self._track = runtime.window.track  # keeps a submission in flight till it is done
         self.items = tuple(items)
@@ -317,7 +318,7 @@ class Program:
         # Bytes each queue copies per submission, for statistics.
         self.copy_bytes = [0] * nqueues
         if host_bytes:
-            self.copy_bytes[0] = host_bytes
+            self.copy_bytes[plan.item_queue[len(self.items)]] += host_bytes
         for j, item in enumerate(self.items):
             if isinstance(item, Copy):
                 self.copy_bytes[plan.item_queue[j]] += item.dst.nbytes
@@ -522,7 +523,11 @@ class Program:
         return bufs
 
     def bind(
-        self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int], kept: Bound | None = None
+        self,
+        inputs: Sequence[Buffer],
+        var_vals: Mapping[Var, int],
+        kept: Bound | None = None,
+        host: Op | None = None,
     ) -> Bound:
         """The op lists for these inputs and var values, with what is derived from them.
 
@@ -531,12 +536,18 @@ class Program:
         program's own buffers, or inputs `kept` was bound to as well) takes its op from
         `kept` as it is if it reads no var, else has its device lower only what the new
         values change (a decode step's new position re-lowers only the values of the
-        launches that read it). Items on new input buffers are lowered anew."""
+        launches that read it). Items on new input buffers are lowered anew. `host`:
+        the op of a reading program's host read (`reading`), new at every call."""
         if self.static_bound is not None:
             return self.static_bound
         ops = [t for t in self.templates]
         for qi in self.dynamic_queues:
             ops[qi] = list(ops[qi])
+        at: tuple[int, int] | None = None
+        if host is not None:
+            at = self.where[len(self.items)]
+            ops[at[0]] = list(ops[at[0]])
+            ops[at[0]][at[1]] = host
         rebased: dict[tuple[Buffer, int], Buffer] = {}
         if kept is None or kept.program is not self:
             for j, qi, pos, _, _ in self._dynamic_at:
@@ -556,6 +567,8 @@ class Program:
             else:
                 ops[qi][pos] = self.lower(j, inputs, var_vals, rebased)
                 changed[qi].append(pos)
+        if at is not None:
+            changed[at[0]] = sorted([*changed[at[0]], at[1]])
         bound_ops = tuple(
             tuple(queue_ops) if changed[qi] else old[qi] for qi, queue_ops in enumerate(ops)
         )
@@ -563,6 +576,28 @@ class Program:
         scripts = kept.made_scripts
         made_from = None if scripts is None else (scripts, changed)
         return Bound(self, bound_ops, dict(var_vals), inputs, made_from)  # type: ignore[arg-type]
+
+    def reading(self, buffer: Buffer, caps: Mapping[str, DeviceCaps]) -> Program:
+        """This program with a host read of `buffer` (a buffer of no input) after the
+        items that write it, on its device's compute queue: a replay and a copy out of
+        its result as one submission (on a worker, the read's bytes come back with the
+        report of the job it ends). Its op is given per call: `bind(..., host=op)`."""
+        start, stop = buffer.byte_range
+        read = PlanItem(
+            "host read",
+            ItemKind.EXEC,
+            buffer.device,
+            (Access(buffer.device, buffer.alloc_id, start, stop, False),),
+        )
+        return Program(
+            self.runtime,
+            self.items,
+            self.inputs,
+            build_plan([*self.plan.items, read], caps),
+            item_numbers=self.item_numbers,
+            max_sizes=self.max_sizes,
+            host_bytes=buffer.nbytes,
+        )
 
     def bind_host(self, op: Op) -> Bound:
         """The op lists of a host copy's program: `op` fills its one item's place. Its

@@ -138,6 +138,32 @@ async def test_statistics_count_replays_in_flight_and_done() -> None:
             await graph()
 
 
+ADD = ag.Kernel("add", cpu=lambda out, a, b: np.add(a, b, out=out), outs=(0,), ins=(1, 2))
+
+
+async def test_submit_reading_refuses_a_buffer_or_array_it_cannot_read_into() -> None:
+    """graph.submit_reading (test_remote.py) checks what it is given first; a buffer of
+    this host it leaves to submit and submit_copyout (None: nothing submitted)."""
+    async with ag.open_runtime(["CPU:0"]) as rt, ag.open_runtime(["CPU:0"]) as other:
+        x, gone = rt.alloc("CPU:0", 8, np.int32), rt.alloc("CPU:0", 8, np.int32)
+        graph = await rt.compile([ag.Launch(INC, [x])])
+        out = np.empty(8, np.int32)
+        with pytest.raises(ag.UsageError, match="submit_reading reads a Buffer, got"):
+            await graph.submit_reading([], None, out, out)  # type: ignore[arg-type]
+        with pytest.raises(ag.UsageError, match=r"submit_reading: out= is a int64 array"):
+            await graph.submit_reading([], None, x, np.empty(8, np.int64))
+        with pytest.raises(ag.UsageError, match="submit_reading: out= must be a writable"):
+            await graph.submit_reading([], None, x, np.empty(16, np.int32)[::2])
+        with pytest.raises(ag.UsageError, match=r"submit_reading: .* was allocated by"):
+            await graph.submit_reading([], None, other.alloc("CPU:0", 8, np.int32), out)
+        submissions = rt.statistics().submissions
+        assert await graph.submit_reading([], None, x, out) is None
+        assert rt.statistics().submissions == submissions
+        rt.free(gone)
+        with pytest.raises(ag.BufferFreedError, match="submit_reading: .* was freed"):
+            await graph.submit_reading([], None, gone, out)
+
+
 _RANGE = st.tuples(st.integers(0, 60), st.integers(1, 20)).map(lambda r: (r[0], r[0] + r[1]))
 
 

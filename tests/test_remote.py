@@ -209,6 +209,77 @@ async def test_one_round_trip_per_replay(ag_remote_runtime: ag.Runtime) -> None:
         np.testing.assert_array_equal(await rt.copyout(y), np.full(16, 3 * 50 + 49))
 
 
+async def test_a_replay_and_a_read_of_its_result_go_as_one_batch(
+    ag_remote_runtime: ag.Runtime,
+) -> None:
+    """graph.submit_reading: the read is part of the replay's batch (the worker sends its
+    bytes with the report of the job it ends), not a second batch; its program is the one
+    the worker kept, with each call's input and array."""
+    rt = ag_remote_runtime
+    r0, r1 = rt.devices
+    with trio.fail_after(GUARD):
+        x, x2, y = (rt.alloc(r0, 64, np.int32) for _ in range(3))
+        z = rt.alloc(r1, 64, np.int32)
+        items = [ag.Launch(ADD, [y, x, x]), ag.Copy(dst=z, src=y), ag.Launch(INC, [z, z])]
+        graph = await rt.compile(items, inputs=[x])
+        conn = rt.device(r0).connection
+        rng = np.random.default_rng(11)
+        for k in range(6):
+            given = rng.integers(-(1 << 20), 1 << 20, 64, dtype=np.int32)
+            src = (x, x2)[k % 2]
+            await rt.copyin(src, given)
+            out = np.empty(64, np.int32)  # a new array every call, as tinygrad's
+            batches, programs = conn.batches_sent, conn.programs.sent
+            replay = await graph.submit_reading([src], None, z, out)
+            assert replay is not None
+            await replay.wait()
+            assert conn.batches_sent == batches + 1
+            if k >= 2:  # both inputs seen: the worker's programs serve them
+                assert conn.programs.sent == programs
+            np.testing.assert_array_equal(out, 2 * given + 1)
+
+
+async def test_submit_reading_declines_what_cannot_go_with_the_replay(
+    workers: tuple[Worker, Worker],
+) -> None:
+    """None, submitting nothing, where the read cannot be an item of the replay's plan:
+    a buffer that is (or overlaps) an input, inputs replanned for aliasing, a buffer of
+    this host, a replay to be checked or profiled; the caller then submits and copies
+    out on its own."""
+    r = workers[0].name("CPU:0")
+    out = np.empty(8, np.int32)
+    with trio.fail_after(GUARD):
+        async with runtime([r, "CPU:0"], verify_plans=True) as rt:
+            a, b, tmp = (rt.alloc(r, 16, np.int32).view(0, 8) for _ in range(3))
+            items = [ag.Launch(ADD, [tmp, a, b]), ag.Launch(ADD, [b, tmp, a])]
+            graph = await rt.compile(items, inputs=[a, b], aliasing="replan")
+            here = rt.alloc("CPU:0", 8, np.int32)
+            conn = rt.device(r).connection
+            batches = conn.batches_sent
+            assert await graph.submit_reading([a, b], None, a, out) is None
+            assert await graph.submit_reading([a, b], None, a.base.view(4, 8), out) is None
+            assert await graph.submit_reading([a, a], None, tmp, out) is None  # replanned
+            assert await graph.submit_reading([a, b], None, here, out) is None
+            assert conn.batches_sent == batches
+            await rt.copyin(a, np.arange(8, dtype=np.int32))
+            await rt.copyin(b, np.full(8, 10, np.int32))
+            replay = await graph.submit_reading([a, b], None, tmp, out)
+            assert replay is not None
+            await replay.wait()
+            np.testing.assert_array_equal(out, np.arange(8) + 10)
+        for options in ({"check_replays": 1}, {"profile": True}):
+            async with runtime([r], **options) as rt:
+                x = rt.alloc(r, 8, np.int32)
+                graph = await rt.compile([ag.Launch(INC, [x, x])])
+                assert await graph.submit_reading([], None, x, out) is None
+                if options.get("check_replays"):
+                    await graph()  # its one checked replay: then the read goes with one
+                    replay = await graph.submit_reading([], None, x, out)
+                    assert replay is not None
+                    await replay.wait()
+                    np.testing.assert_array_equal(out, np.full(8, 2))
+
+
 async def test_the_programs_a_worker_keeps_are_bounded_and_a_forgotten_one_is_sent_again(
     ag_remote_runtime: ag.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
