@@ -392,10 +392,10 @@ def test_a_jit_over_workers_replays_as_one_batch_per_worker(two_workers: Any) ->
     assert agt.statistics().replays == stats.replays + 3
     assert (_stats(a).messages_sent, _stats(b).messages_sent) == sent  # recorded
     got = outs[-1].numpy()
-    # One batch per worker per replay (and B's read), all in one message to each. A's
-    # next replay overwrites what B's copy of the last one read: the client tells A when
-    # B is done with it (the two forwards A gets besides).
-    assert (_stats(a).batches_sent, _stats(b).batches_sent) == (batches[0] + 3, batches[1] + 4)
+    # One batch per worker per replay, B's read in the last one's (Graph.submit_reading),
+    # all in one message to each. A's next replay overwrites what B's copy of the last one
+    # read: the client tells A when B is done with it (the two forwards A gets besides).
+    assert (_stats(a).batches_sent, _stats(b).batches_sent) == (batches[0] + 3, batches[1] + 3)
     assert (_stats(a).messages_sent, _stats(b).messages_sent) == (sent[0] + 1 + 2, sent[1] + 1)
     assert agt.statistics().plans == stats.plans  # planned once, at capture
     want = local(Tensor(_data(32, 4, 16), device="CPU")).numpy()
@@ -441,9 +441,9 @@ def test_a_jit_tinygrad_cuts_into_parts_replays_as_one_batch_per_worker(
     for k, x in enumerate(inputs):
         batches = _stats(a).batches_sent, _stats(b).batches_sent
         got = remote(x).numpy()
-        # One batch to each worker (A's kernels, B's copy from A and kernels), and the
-        # read from B.
-        assert (_stats(a).batches_sent, _stats(b).batches_sent) == (batches[0] + 1, batches[1] + 2)
+        # One batch to each worker (A's kernels, B's copy from A, its kernels and the read
+        # of its result).
+        assert (_stats(a).batches_sent, _stats(b).batches_sent) == (batches[0] + 1, batches[1] + 1)
         want = local(Tensor(_data(30 + k, 4, 16), device="CPU")).numpy()
         assert got.tobytes() == want.tobytes(), k
     assert agt.statistics().replays == stats.replays + 4 * len(inputs)  # two parts of each
@@ -708,7 +708,7 @@ def test_a_symbolic_jit_cut_into_parts_on_a_worker_plans_once(two_workers: Any) 
             got = remote(ra[:, :n], rb[:n, :]).numpy()
             assert got.tobytes() == local(la[:, :n], lb[:n, :]).numpy().tobytes(), k
     assert agt.statistics().plans == plans  # the two parts' graph serves all 12 sizes
-    assert _stats(two_workers[0]).batches_sent == batches + 2 * 24  # each: one, and the read
+    assert _stats(two_workers[0]).batches_sent == batches + 24  # each one, the read in it
 
 
 async def test_graph_from_jit_runs_a_jit_on_workers(two_workers: Any) -> None:

@@ -42,7 +42,7 @@ from ..remote import WorkerCPU
 from ._batch import Batch, ChainKey
 from ._check import Reference, TinyCheck
 from ._convert import Wrapper
-from ._pending import Pending, ReplayRecord
+from ._pending import Pending, Reading, ReplayRecord
 from ._private import patch_cpu_devices, patched_devices
 from ._watch import watched
 
@@ -222,21 +222,33 @@ class Installed:
             self.pending.flush(here=True)
         return time.perf_counter() - start if wait else None
 
-    async def _submit_remote(self, run: Sequence[ReplayRecord], runtime: Runtime) -> list[Replay]:
+    async def _submit_remote(
+        self, run: Sequence[ReplayRecord], runtime: Runtime, reading: Reading | None
+    ) -> tuple[list[Replay], bool]:
         """On the runtime's thread: plan the replays of `run` (the batches of one jit
         call, in order) where their roots need it, and submit them: as one graph where
-        each batch can be a part of one (Batch.chain_part), else one graph each. Takes
-        no lock (a caller holding install()'s lock may be waiting for this thread)."""
+        each batch can be a part of one (Batch.chain_part), else one graph each; the last
+        with `reading` (a host read after it) where it can take it, saying whether it
+        did. Takes no lock (a caller holding install()'s lock may be waiting for this
+        thread)."""
         roots = [record.batch.resolve_roots(record.roots, runtime) for record in run]
         if len(run) > 1:
-            replay = await self._submit_chain(run, roots, runtime)
-            if replay is not None:
-                return [replay]
-        return [await self._submit_one(r, part, runtime) for r, part in zip(run, roots)]
+            chain = await self._chain_graph(run, roots, runtime)
+            if chain is not None:
+                graph, inputs, values = chain
+                replay, read = await _submit(graph, inputs, values, reading)
+                return [replay], read
+        replays = []
+        read = False
+        for k, (record, part) in enumerate(zip(run, roots)):
+            graph = await self._graph_of(record, part, runtime)
+            replay, read = await _submit(
+                graph, part, record.values, reading if k == len(run) - 1 else None
+            )
+            replays.append(replay)
+        return replays, read
 
-    async def _submit_one(
-        self, record: ReplayRecord, roots: list[Buffer], runtime: Runtime
-    ) -> Replay:
+    async def _graph_of(self, record: ReplayRecord, roots: list[Buffer], runtime: Runtime) -> Any:
         batch = record.batch
         graph = batch.graph_for(roots)
         if graph is None:
@@ -244,12 +256,13 @@ class Installed:
             graph = await runtime.compile(items, inputs=inputs, max_sizes=limits, aliasing="replan")
             batch.keep_plan(graph, limits, runtime)
             self.remote_plans += 1
-        replay: Replay = await graph.submit(roots, record.values)
-        return replay
+        return graph
 
-    async def _submit_chain(
+    async def _chain_graph(
         self, run: Sequence[ReplayRecord], roots: list[list[Buffer]], runtime: Runtime
-    ) -> Replay | None:
+    ) -> tuple[Any, list[Buffer], dict[Var, int] | None] | None:
+        """The graph of `run` planned as one, its inputs and var values; None where it
+        cannot be one (each batch is then replayed on its own)."""
         # A root in more than one batch (a jit input two parts use) is one input.
         inputs: list[Buffer] = []
         found: dict[int, int] = {}
@@ -271,8 +284,7 @@ class Installed:
         for record in run:
             if record.values:
                 values = {**(values or {}), **record.values}
-        replay: Replay = await graph.submit(inputs, values)
-        return replay
+        return graph, inputs, values
 
     async def _plan_chain(
         self,
@@ -484,3 +496,17 @@ def statistics() -> TinygradStatistics:
         flushes=state.pending.flushes,
         checked=state.checked,
     )
+
+
+async def _submit(
+    graph: Any, inputs: Sequence[Buffer], values: dict[Var, int] | None, reading: Reading | None
+) -> tuple[Replay, bool]:
+    """A replay of `graph`, with the host read `reading` where the graph can take it
+    (Graph.submit_reading): the Replay, and whether it took the read."""
+    if reading is not None:
+        replay: Replay | None = await graph.submit_reading(inputs, values, *reading)
+        if replay is not None:
+            return replay, True
+    replay = await graph.submit(inputs, values)
+    assert replay is not None
+    return replay, False

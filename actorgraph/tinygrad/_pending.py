@@ -41,6 +41,9 @@ from .._runtime import Runtime
 from .._vars import Var
 
 U8 = np.dtype(np.uint8)
+# A host read to go with the replays submitted last: a worker's buffer, and the array
+# (tinygrad's memory, as uint8) its bytes land in.
+Reading = tuple[Buffer, np.ndarray[Any, Any]]
 
 
 class AGMemory:
@@ -191,7 +194,9 @@ class ReplayRecord:
     jit call it is part of (tinygrad's own object for that call, compared by identity:
     a record keeps it alive until it is submitted). `start` submits a run of replays
     recorded one after another on the runtime's thread, returning a Replay for each
-    graph it submitted (one, where it could plan the run as one graph)."""
+    graph it submitted (one, where it could plan the run as one graph), and whether the
+    host read it was given (`Reading`: a buffer and the array its bytes go to) went with
+    the last one (Graph.submit_reading); if not, the caller reads it after them."""
 
     __slots__ = ("batch", "call", "held", "roots", "start", "values")
 
@@ -202,7 +207,9 @@ class ReplayRecord:
         held: Any,
         values: dict[Var, int] | None,
         call: object,
-        start: Callable[[Sequence[ReplayRecord], Runtime], Awaitable[list[Replay]]],
+        start: Callable[
+            [Sequence[ReplayRecord], Runtime, Reading | None], Awaitable[tuple[list[Replay], bool]]
+        ],
     ) -> None:
         self.batch = batch
         self.roots = roots
@@ -318,7 +325,7 @@ class Pending:
         runs: list[ReplayRecord] = []  # replays of one jit call, submitted together
         for record in records:
             if runs and not (isinstance(record, ReplayRecord) and record.joins(runs)):
-                await self._submit_replays(runtime, runs, held)
+                await self._submit_replays(runtime, runs, held, None)
                 runs = []
             if isinstance(record, _ITEM_RECORDS):
                 items.append(record.item(runtime))
@@ -332,13 +339,14 @@ class Pending:
                     continue
                 held.let_go_if_full(runtime)
                 self._in_flight.append(await record.submit(runtime))
-        await self._submit_replays(runtime, runs, held)
+        # Straight into tinygrad's memory: its bytes, of the buffer's (uint8) shape.
+        reading = None if read is None else (read[1].buffer(runtime), np.frombuffer(read[0], U8))
+        if await self._submit_replays(runtime, runs, held, reading):
+            reading = None  # it went with the replay of the jit call just before it
         await self._submit_items(runtime, items, held)
-        if read is not None:
+        if reading is not None:
             held.let_go_if_full(runtime)
-            # Straight into tinygrad's memory: its bytes, of the buffer's (uint8) shape.
-            into = np.frombuffer(read[0], U8)
-            copy = await runtime.submit_copyout(read[1].buffer(runtime), out=into)
+            copy = await runtime.submit_copyout(reading[0], out=reading[1])
             self._in_flight.append(copy)
         for memory in frees:
             buf = memory.allocated()
@@ -352,11 +360,20 @@ class Pending:
             self._in_flight.append(await graph.submit())
 
     async def _submit_replays(
-        self, runtime: Runtime, runs: list[ReplayRecord], held: _HeldSends
-    ) -> None:
-        if runs:
-            held.let_go_if_full(runtime)
-            self._in_flight += await runs[0].start(runs, runtime)
+        self,
+        runtime: Runtime,
+        runs: list[ReplayRecord],
+        held: _HeldSends,
+        reading: Reading | None,
+    ) -> bool:
+        """Submit the replays of one jit call (`runs`), with `reading` if the last of
+        them can take it: whether it did."""
+        if not runs:
+            return False
+        held.let_go_if_full(runtime)
+        replays, read = await runs[0].start(runs, runtime, reading)
+        self._in_flight += replays
+        return read
 
     def _reap(self) -> None:
         """Forget the submissions that are done, raising the first failure of one."""
