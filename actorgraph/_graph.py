@@ -12,7 +12,7 @@ import attrs
 import numpy as np
 import trio
 
-from actorgraph.devices import NOT_RUN, NotRun, Ran, without_bytes
+from actorgraph.devices import NOT_RUN, NotRun, Op, Ran, without_bytes
 from actorgraph.scheduler import Plan, QueueKind
 
 from . import _capture
@@ -327,11 +327,9 @@ class Graph(Hinted):
         # identity, so a hit means the very same buffers; only checked inputs (Buffers)
         # are stored. Cleared when anything is freed, and when the graph closes.
         self._bound: dict[tuple[Buffer, ...], Bound] = {}
-        # A replay's program with a copy out of a buffer after it (submit_reading), by
-        # that buffer; and by the buffer and the inputs, the binding each call's is made
-        # from. Cleared like `_bound`.
-        self._reading: dict[Buffer, Program] = {}
-        self._read_origins: dict[tuple[Buffer, tuple[Buffer, ...]], Bound] = {}
+        # By buffer: the program that copies it out after the replay (submit_reading),
+        # and its bindings kept by inputs, as `_bound` (see bind). Cleared like `_bound`.
+        self._reading: dict[Buffer, tuple[Program, dict[tuple[Buffer, ...], Bound]]] = {}
         self._frees_seen = runtime.frees
         # The runtime's epoch when the kept bindings were last checked good to use as
         # they are (-1: never yet).
@@ -674,32 +672,13 @@ class Graph(Hinted):
         if self._checks is not None or self._profiling:
             return None
         op = runtime.device(buffer.device).lower_host_read(buffer, out, QueueKind.COMPUTE)
-        stand_in = without_bytes(op)
-        if stand_in is None:
-            return None  # not a copy over a connection
-        bound = self.bind(inputs, var_vals)
-        program = bound.program
-        if program is not self._program or any(
-            buffer.overlaps(b) for b in (*program.inputs, *bound.inputs)
+        if without_bytes(op) is None or any(buffer.overlaps(b) for b in self._inputs):
+            return None  # not a copy over a connection; a copy of an input
+        bound = self.bind(inputs, var_vals, (buffer, op))
+        if bound.program is not self._reading[buffer][0] or any(
+            buffer.overlaps(b) for b in bound.inputs
         ):
-            return None
-        values = bound.var_vals or {}
-        origin = self._read_origins.get((buffer, bound.inputs))
-        if origin is None:
-            reading = self._reading.get(buffer)
-            if reading is None:
-                reading = self._reading[buffer] = program.reading(buffer, runtime.caps)
-                if runtime.verify_plans:
-                    reading.plan.verify()
-            # Its copy's op stands in without its bytes (as for `bind_host`): each call's
-            # binding is made from this one's Scripts, which the worker's program for
-            # them is found by, and no caller's array is kept.
-            origin = reading.bind(bound.inputs, values, host=stand_in)
-            origin.scripts  # noqa: B018 - made now, the Scripts the others are made from
-            if len(self._read_origins) >= _BOUND_CACHE:
-                self._read_origins.pop(next(iter(self._read_origins)))
-            self._read_origins[(buffer, bound.inputs)] = origin
-        bound = origin.program.bind(bound.inputs, values, origin, host=op)
+            return None  # inputs replanned for aliasing; a copy of one of them
         await self._window.admit()
         self._check_not_closed()
         return self._replay(bound, inputs, None, ())
@@ -793,10 +772,21 @@ class Graph(Hinted):
         self.waits_parked += sub.waits_parked
         self.time_blocked += sub.time_blocked
 
-    def bind(self, inputs: Sequence[Buffer], var_vals: Mapping[Var, int] | None) -> Bound:
+    def bind(
+        self,
+        inputs: Sequence[Buffer],
+        var_vals: Mapping[Var, int] | None,
+        read: tuple[Buffer, Op] | None = None,
+    ) -> Bound:
         """The binding a call with these inputs and var values runs: the one kept for
         these very inputs (and values) if there is one, else checked and made (and
-        kept). Raises what the call would raise for them."""
+        kept). Raises what the call would raise for them.
+
+        With `read` (a worker's buffer that is no input, and the op of a copy of it
+        out): the binding of the program that copies it out after the replay
+        (`submit_reading`), made from the one kept for these inputs, whose copy stands
+        in without its bytes; so every call's binding is made from it (the worker's
+        program is found through its Scripts), and none keeps a caller's array."""
         self._check_not_closed()
         runtime = self._runtime
         if not runtime.usable:
@@ -809,34 +799,49 @@ class Graph(Hinted):
         )
         if runtime.frees != self._frees_seen:
             self._freed_since()
+        program, kept = (self._program, self._bound) if read is None else self._reading_of(read[0])
         try:
-            bound = self._bound.get(inputs)
+            bound = kept.get(inputs)
         except (TypeError, ValueError):  # no Buffer, as it cannot be hashed: checked below
             bound = None
-        if bound is not None and (var_vals or None) == bound.var_vals:
+        if bound is None or (var_vals or None) != bound.var_vals:
+            if self._aliased:
+                replanned = self._aliased.get(inputs)
+                if replanned is not None:
+                    checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
+                    return replanned.bind(inputs, checked)
+            if bound is None:
+                overlap = self._check_inputs(inputs)
+                if overlap is not None:
+                    return self._replan(inputs, overlap, var_vals)
+            checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
+            # Made from the binding kept for these inputs (new var values only), else
+            # from the latest one: what the change leaves alone is taken from it.
+            latest = next(reversed(kept.values())) if kept else None
+            stand_in = None if read is None else without_bytes(read[1])
+            bound = program.bind(inputs, checked, bound or latest, host=stand_in)
+            if read is not None:
+                bound.scripts  # noqa: B018 - made now, the Scripts each call's are made from
+            if len(kept) >= _BOUND_CACHE:
+                kept.pop(next(iter(kept)))
+            kept[inputs] = bound
+            self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
+        if read is None:
             return bound
-        if self._aliased:
-            replanned = self._aliased.get(inputs)
-            if replanned is not None:
-                checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
-                return replanned.bind(inputs, checked)
-        if bound is None:
-            overlap = self._check_inputs(inputs)
-            if overlap is not None:
-                return self._replan(inputs, overlap, var_vals)
-        checked = check_var_vals(self._program.free_vars, var_vals or {}, "this graph")
-        # Made from the binding kept for these inputs (new var values only), else from
-        # the latest one: what the change leaves alone is taken from it (Program.bind).
-        bound = self._program.bind(inputs, checked, bound or self._latest())
-        if len(self._bound) >= _BOUND_CACHE:
-            self._bound.pop(next(iter(self._bound)))
-        self._bound[inputs] = bound
-        self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
-        return bound
+        return program.bind(inputs, bound.var_vals or {}, bound, host=read[1])
 
-    def _latest(self) -> Bound | None:
-        """The binding kept last, if any."""
-        return next(reversed(self._bound.values())) if self._bound else None
+    def _reading_of(self, buffer: Buffer) -> tuple[Program, dict[tuple[Buffer, ...], Bound]]:
+        """The program that copies `buffer` out after the replay (Program.reading), and
+        the bindings kept for it by inputs; made on first use, kept for a few buffers."""
+        found = self._reading.get(buffer)
+        if found is None:
+            program = self._program.reading(buffer, self._runtime.caps)
+            if self._runtime.verify_plans:
+                program.plan.verify()
+            if len(self._reading) >= _BOUND_CACHE:
+                self._reading.pop(next(iter(self._reading)))
+            found = self._reading[buffer] = (program, {})
+        return found
 
     def _freed_since(self) -> None:
         """A buffer was freed somewhere since the last call: before any kept binding is
@@ -848,7 +853,6 @@ class Graph(Hinted):
                 buf.check_live("this graph's buffer ")
         self._bound.clear()
         self._reading.clear()
-        self._read_origins.clear()
         self._aliased.clear()
         self._frees_seen = self._runtime.frees
 
@@ -955,7 +959,6 @@ class Graph(Hinted):
         self._closed = True
         self._bound.clear()
         self._reading.clear()
-        self._read_origins.clear()
         for sub in list(self._in_flight):
             await sub.done.wait()
 
