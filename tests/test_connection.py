@@ -85,6 +85,34 @@ async def test_a_worker_killed_between_hops_fails_the_replay(gate: Path, killed:
         b_worker.kill()
 
 
+async def test_a_reader_woken_by_bytes_and_cancelled_before_it_ran_takes_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reader task waits on the socket; bytes wake it, and before it runs a caller
+    takes the socket to read them itself (Transport.wait_done cancels the reader's
+    wait). Woken but cancelled, wait_more takes none of the bytes and never waits on the
+    socket again beside that caller (which trio refuses with BusyResourceError)."""
+    from actorgraph.devices.remote.frames import FrameStream
+
+    here, there = socket.socketpair()
+    with here, there:
+        stream = FrameStream(here, Limits())
+        scope = trio.CancelScope()
+        woken = trio.lowlevel.wait_readable
+
+        async def woken_then_taken(sock: Any) -> None:
+            there.send(b"for the caller")
+            await woken(sock)  # the bytes woke it...
+            scope.cancel()  # ...and the caller took the socket before it ran
+
+        monkeypatch.setattr(trio.lowlevel, "wait_readable", woken_then_taken)
+        with trio.fail_after(GUARD), scope:
+            await stream.wait_more()
+        assert scope.cancelled_caught
+        assert not stream.buffered
+        assert here.recv(64, socket.MSG_PEEK) == b"for the caller"
+
+
 async def test_worker_killed_mid_replay() -> None:
     worker = start("CPU:0")
     r0 = worker.name("CPU:0")

@@ -291,6 +291,10 @@ class FrameStream:
             except BlockingIOError:
                 self._eager = 0
                 await trio.lowlevel.wait_readable(raw)
+                # Woken by bytes, but cancelled before it ran (the reader task, whose
+                # socket a caller took meanwhile to read them itself: Transport.wait_done):
+                # take none of them, and never wait on the socket beside that caller.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 continue
             if not chunk:
                 raise ConnectionLostError("the connection was closed by the other side")
