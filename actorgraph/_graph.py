@@ -784,9 +784,10 @@ class Graph(Hinted):
 
         With `read` (a worker's buffer that is no input, and the op of a copy of it
         out): the binding of the program that copies it out after the replay
-        (`submit_reading`), made from the one kept for these inputs, whose copy stands
-        in without its bytes; so every call's binding is made from it (the worker's
-        program is found through its Scripts), and none keeps a caller's array."""
+        (`submit_reading`), made with the call's values from the one kept for these
+        inputs, whose copy stands in without its bytes; so every call's binding is made
+        from it (the worker's program is found through its Scripts), and none keeps a
+        caller's array."""
         self._check_not_closed()
         runtime = self._runtime
         if not runtime.usable:
@@ -804,31 +805,50 @@ class Graph(Hinted):
             bound = kept.get(inputs)
         except (TypeError, ValueError):  # no Buffer, as it cannot be hashed: checked below
             bound = None
-        if bound is None or (var_vals or None) != bound.var_vals:
-            if self._aliased:
-                replanned = self._aliased.get(inputs)
-                if replanned is not None:
-                    checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
-                    return replanned.bind(inputs, checked)
-            if bound is None:
-                overlap = self._check_inputs(inputs)
-                if overlap is not None:
-                    return self._replan(inputs, overlap, var_vals)
-            checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
-            # Made from the binding kept for these inputs (new var values only), else
-            # from the latest one: what the change leaves alone is taken from it.
-            latest = next(reversed(kept.values())) if kept else None
-            stand_in = None if read is None else without_bytes(read[1])
-            bound = program.bind(inputs, checked, bound or latest, host=stand_in)
-            if read is not None:
-                bound.scripts  # noqa: B018 - made now, the Scripts each call's are made from
-            if len(kept) >= _BOUND_CACHE:
-                kept.pop(next(iter(kept)))
-            kept[inputs] = bound
-            self._epoch_seen = runtime.epoch  # the runtime is usable, its frees seen
+        if bound is None or (read is None and (var_vals or None) != bound.var_vals):
+            bound = self._made(program, kept, inputs, var_vals, bound, read)
+            if bound.program is not program:
+                return bound  # replanned for aliasing
         if read is None:
             return bound
-        return program.bind(inputs, bound.var_vals or {}, bound, host=read[1])
+        values = bound.var_vals or {}
+        if (var_vals or None) != bound.var_vals:
+            values = check_var_vals(program.free_vars, var_vals or {}, "this graph")
+        return program.bind(inputs, values, bound, host=read[1])
+
+    def _made(
+        self,
+        program: Program,
+        kept: dict[tuple[Buffer, ...], Bound],
+        inputs: tuple[Buffer, ...],
+        var_vals: Mapping[Var, int] | None,
+        bound: Bound | None,
+        read: tuple[Buffer, Op] | None,
+    ) -> Bound:
+        """A binding of `program` for these inputs and values, made and kept in `kept`
+        (see bind); or, for inputs that alias, one of a program planned for them."""
+        if self._aliased:
+            replanned = self._aliased.get(inputs)
+            if replanned is not None:
+                checked = check_var_vals(replanned.free_vars, var_vals or {}, "this graph")
+                return replanned.bind(inputs, checked)
+        if bound is None:
+            overlap = self._check_inputs(inputs)
+            if overlap is not None:
+                return self._replan(inputs, overlap, var_vals)
+        checked = check_var_vals(program.free_vars, var_vals or {}, "this graph")
+        # Made from the binding kept for these inputs (new var values only), else from
+        # the latest one: what the change leaves alone is taken from it (Program.bind).
+        latest = next(reversed(kept.values())) if kept else None
+        stand_in = None if read is None else without_bytes(read[1])
+        bound = program.bind(inputs, checked, bound or latest, host=stand_in)
+        if read is not None:
+            bound.scripts  # noqa: B018 - made now, the Scripts each call's are made from
+        if len(kept) >= _BOUND_CACHE:
+            kept.pop(next(iter(kept)))
+        kept[inputs] = bound
+        self._epoch_seen = self._runtime.epoch  # the runtime is usable, its frees seen
+        return bound
 
     def _reading_of(self, buffer: Buffer) -> tuple[Program, dict[tuple[Buffer, ...], Bound]]:
         """The program that copies `buffer` out after the replay (Program.reading), and

@@ -217,26 +217,32 @@ async def test_a_replay_and_a_read_of_its_result_go_as_one_batch(
     the worker kept, with each call's input and array."""
     rt = ag_remote_runtime
     r0, r1 = rt.devices
+    n = ag.Var("n", 1, 10)
     with trio.fail_after(GUARD):
         x, x2, y = (rt.alloc(r0, 64, np.int32) for _ in range(3))
-        z = rt.alloc(r1, 64, np.int32)
-        items = [ag.Launch(ADD, [y, x, x]), ag.Copy(dst=z, src=y), ag.Launch(INC, [z, z])]
+        z, w = rt.alloc(r1, 64, np.int32), rt.alloc(r1, 64, np.int32)
+        items = [
+            ag.Launch(ADD, [y, x, x]),
+            ag.Copy(dst=z, src=y),
+            ag.Launch(INC, [z, z]),
+            ag.Launch(SCALE, [w, z], vars=[n]),  # a value per call
+        ]
         graph = await rt.compile(items, inputs=[x])
         conn = rt.device(r0).connection
         rng = np.random.default_rng(11)
-        for k in range(6):
+        for k in range(12):
             given = rng.integers(-(1 << 20), 1 << 20, 64, dtype=np.int32)
-            src = (x, x2)[k % 2]
+            src, value = (x, x2)[k % 2], 1 + k % 3
             await rt.copyin(src, given)
             out = np.empty(64, np.int32)  # a new array every call, as tinygrad's
             batches, programs = conn.batches_sent, conn.programs.sent
-            replay = await graph.submit_reading([src], None, z, out)
+            replay = await graph.submit_reading([src], {n: value}, w, out)
             assert replay is not None
             await replay.wait()
             assert conn.batches_sent == batches + 1
-            if k >= 2:  # both inputs seen: the worker's programs serve them
+            if k >= 6:  # each input with each value seen: the worker's programs serve them
                 assert conn.programs.sent == programs
-            np.testing.assert_array_equal(out, 2 * given + 1)
+            np.testing.assert_array_equal(out, (2 * given + 1) * value)
 
 
 async def test_submit_reading_declines_what_cannot_go_with_the_replay(
