@@ -455,7 +455,7 @@ class BackgroundRuntime:
         It is the same when, with the loop lock held (the run stopped between task
         steps, see _LoopLock): no call made before it is queued or running (so calls
         still run in the order they were made), and the replay runs as one loop on
-        idle CPU queues (`_graph.run_here`) moving no signal that a task waits on (so it
+        idle CPU queues (`_submitted.run_here`) moving no signal that a task waits on (so it
         wakes no task, which only the runtime's thread may do). Such a replay calls
         only numpy-level kernel bodies and changes plain Python state; the runtime's
         thread, when it next runs, finds it done as if a task step of its own had

@@ -22,11 +22,12 @@ from ._await import described, listed
 from ._buffer import Buffer
 from ._collector import collector_paused
 from ._errors import ClosedError, InputError, UsageError
-from ._graph import Graph, GraphHost, ReplayCounts, check_var_vals
+from ._graph import Graph, GraphHost
 from ._kernel import Copy, Item, Kernel, Launch
 from ._log import logger as _log
 from ._options import check_max_sizes
 from ._program import Program, check_item, plan_items
+from ._submitted import ReplayCounts, check_var_vals
 
 
 def checked_items(runtime: GraphHost, items: Sequence[Item], call: str) -> list[Item]:

@@ -3,7 +3,7 @@ copies into and out of buffers (`copyin`, `copyout`, and `submit_copyin`,
 `submit_copyout`, which do not wait for theirs: a `HostCopy` says when it is done).
 
 Each is a one-item program run as `await graph(...)` runs a replay: a cancel point, then
-here and now where it can be (`_graph.run_here`), else posted once there is room in the
+here and now where it can be (`_submitted.run_here`), else posted once there is room in the
 in-flight window, and waited for; a host copy not waited for goes as `graph.submit`
 submits a replay. `Runtime.run`, `copyin`, `copyout`, `submit_copyin` and
 `submit_copyout` are the public calls (their docstrings say what a user sees).
@@ -27,7 +27,7 @@ from ._await import Hinted, Pending, described
 from ._buffer import Buffer, check_out, dtype_text
 from ._compile import build_slow, checked_items, slow_builds
 from ._errors import UsageError
-from ._graph import GraphHost, Submitted, check_var_vals, run_here
+from ._graph import GraphHost
 from ._kernel import Item
 from ._program import (
     Bound,
@@ -38,6 +38,7 @@ from ._program import (
     raise_failure,
     raise_item_failure,
 )
+from ._submitted import Submitted, check_var_vals, run_here
 
 
 class HostCopy(Submitted):

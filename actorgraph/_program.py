@@ -634,7 +634,7 @@ class Program:
         first, and the rest run here while their actors are idle. With
         `profiles` (one per queue), each job carries its observer. `then(sub)` is called
         once the submission is done (at once if it ran to its end here). (A caller that can
-        run the binding here tries that first: `_graph.run_here`.)
+        run the binding here tries that first: `_submitted.run_here`.)
         """
         runtime = self.runtime
         actors = self.actors

@@ -4,7 +4,7 @@
 room in it before it posts (`admit`), which is the back-pressure of `max_in_flight`; a
 replay that waits for external timelines before it is posted holds its place meanwhile
 (`reserve`), and the window's one watcher task wakes it (`wait_timeline`). Work run where
-it was made (`_graph.run_here`) is never in flight and takes no room.
+it was made (`_submitted.run_here`) is never in flight and takes no room.
 
 `Watch`: a task that looks at the work in flight every `deadlock_check` seconds while
 there is some: a deadlock (every actor with work waits on a signal no pending work can

@@ -35,9 +35,10 @@ from .._background import BackgroundRuntime
 from .._buffer import Buffer
 from .._eager import HostCopy
 from .._errors import ClosedError, UsageError
-from .._graph import Replay, Submitted
+from .._graph import Replay
 from .._kernel import Copy, Item, Kernel, Launch
 from .._runtime import Runtime
+from .._submitted import Submitted
 from .._vars import Var
 
 U8 = np.dtype(np.uint8)
