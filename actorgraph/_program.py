@@ -582,13 +582,7 @@ class Program:
         items that write it, on its device's compute queue: a replay and a copy out of
         its result as one submission (on a worker, the read's bytes come back with the
         report of the job it ends). Its op is given per call: `bind(..., host=op)`."""
-        start, stop = buffer.byte_range
-        read = PlanItem(
-            "host read",
-            ItemKind.EXEC,
-            buffer.device,
-            (Access(buffer.device, buffer.alloc_id, start, stop, False),),
-        )
+        read = host_item(buffer, False, QueueKind.COMPUTE)
         return Program(
             self.runtime,
             self.items,
@@ -709,15 +703,21 @@ def host_program(
     """The one-item program of a host copy into (`write`) or out of `buffer`, on its
     device's copy queue where it has one; its op is filled in by `bind_host`."""
     device = runtime.device(buffer.device)
-    start, stop = buffer.byte_range
     kind = QueueKind.COPY if QueueKind.COPY in device.queues else QueueKind.COMPUTE
-    item = PlanItem(
+    item = host_item(buffer, write, kind)
+    return Program(runtime, (), (), build_plan([item], caps), host_bytes=buffer.nbytes)
+
+
+def host_item(buffer: Buffer, write: bool, kind: QueueKind) -> PlanItem:
+    """The planner's view of a host copy into (`write`) or out of `buffer`, on its
+    device's queue of `kind`."""
+    start, stop = buffer.byte_range
+    return PlanItem(
         "host write" if write else "host read",
         ItemKind.COPY if kind is QueueKind.COPY else ItemKind.EXEC,
         buffer.device,
         (Access(buffer.device, buffer.alloc_id, start, stop, write),),
     )
-    return Program(runtime, (), (), build_plan([item], caps), host_bytes=buffer.nbytes)
 
 
 async def post_and_wait(reader: Any, post: Callable[[], Submission]) -> Submission:

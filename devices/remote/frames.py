@@ -161,7 +161,7 @@ class FrameStream:
                 chunk = raw.recv(n)
             except BlockingIOError:
                 self._eager = 0
-                await trio.lowlevel.wait_readable(raw)
+                await _readable(raw)
                 continue
             self._eager += 1
             if self._eager >= 64:
@@ -190,7 +190,7 @@ class FrameStream:
             try:
                 return raw.recv_into(view, len(view))
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(raw)
+                await _readable(raw)
 
     async def _fill(self, need: int) -> None:
         while len(self._buf) - self._pos < need:
@@ -275,36 +275,13 @@ class FrameStream:
     async def wait_more(self) -> None:
         """Receive at least one more byte into the buffer (next_frame takes frames from
         it). Cancelling it loses nothing: bytes received are kept."""
-        raw = self.raw
         if self._pos:
             del self._buf[: self._pos]
             self._pos = 0
-        if raw is None:
-            chunk = await self._recv(1 << 16)
-            if not chunk:
-                raise ConnectionLostError("the connection was closed by the other side")
-            self._buf += chunk
-            return
-        while True:
-            try:
-                chunk = raw.recv(1 << 16)
-            except BlockingIOError:
-                self._eager = 0
-                await trio.lowlevel.wait_readable(raw)
-                # Woken by bytes, but cancelled before it ran (the reader task, whose
-                # socket a caller took meanwhile to read them itself: Transport.wait_done):
-                # take none of them, and never wait on the socket beside that caller.
-                await trio.lowlevel.checkpoint_if_cancelled()
-                continue
-            if not chunk:
-                raise ConnectionLostError("the connection was closed by the other side")
-            self._buf += chunk
-            self._eager += 1
-            if self._eager >= 64:
-                # Data kept coming without a wait: let other tasks (and cancellation) in.
-                self._eager = 0
-                await trio.lowlevel.checkpoint()
-            return
+        chunk = await self._recv(1 << 16)
+        if not chunk:
+            raise ConnectionLostError("the connection was closed by the other side")
+        self._buf += chunk
 
     async def receive_into(self, view: memoryview) -> None:
         """Fill `view` with the next len(view) bytes of the stream (a tail)."""
@@ -434,3 +411,12 @@ class Frame:
         self.error = error
         if self.sent is not None:
             self.sent.set()
+
+
+async def _readable(raw: socket.socket | TLSSocket) -> None:
+    """Wait until `raw` has bytes to take. Woken by them but cancelled before the task
+    ran (the reader task, whose socket a caller took meanwhile to read them itself:
+    Transport.wait_done), raise Cancelled: the task takes none of them, and never waits
+    on the socket beside that caller (trio refuses that: BusyResourceError)."""
+    await trio.lowlevel.wait_readable(raw)
+    await trio.lowlevel.checkpoint_if_cancelled()
